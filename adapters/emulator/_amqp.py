@@ -1,0 +1,642 @@
+"""AMQP 1.0 connections for one emulated namespace, on Proton's engine under asyncio.
+
+Proton's engine (``Transport``/``Connection``/``Collector``) does framing, SASL, sessions,
+links and flow control; this module feeds it bytes from an :class:`asyncio.Protocol`,
+reacts to its events, and maps links onto the broker: ``$cbs`` (SAS put-token),
+``<entity>/$management`` (schedule, peek, renew-lock, deferred, update-disposition) and
+entity links for sending and receiving. Driving the engine from asyncio, rather than
+Proton's own reactor, keeps every namespace, the admin HTTPS endpoint and the control
+endpoint on one event loop, with no cross-thread state.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import uuid
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+from urllib.parse import urlsplit
+
+from proton import (
+    SASL,
+    Collector,
+    Condition,
+    Connection,
+    Delivery,
+    Endpoint,
+    Event,
+    Link,
+    Message,
+    Transport,
+    symbol,
+)
+
+from georep.adapters.emulator._broker import BrokerError, Entity, StoredMessage, Topic
+from georep.adapters.emulator._codec import (
+    AmqpDecodeError,
+    Raw,
+    Timestamp,
+    decode_value,
+    encode_value,
+    long_array,
+    timestamp_array,
+)
+
+if TYPE_CHECKING:
+    from georep.adapters.emulator._server import NamespaceServer
+
+__all__ = ["AmqpConnection"]
+
+_LOG = logging.getLogger("georep.emulator.amqp")
+
+_TRACKING_ID = symbol("com.microsoft:tracking-id")
+_RECEIVE_CREDIT_WINDOW = 1000
+_MAX_MESSAGE_SIZE = 256 * 1024
+# AMQP's "null or unknown" for an unset message-id etc.
+_UNAUTHORIZED = "amqp:unauthorized-access"
+
+
+def _condition(name: str, description: str) -> Condition:
+    # Proton drops trailing nulls, and the SDK indexes error[2]: always send an info map.
+    return Condition(name, description, {_TRACKING_ID: str(uuid.uuid4())})
+
+
+def entity_path(address: str | None) -> str:
+    """The entity path of a link address (``amqps://host:port/q1`` -> ``q1``)."""
+    if not address:
+        return ""
+    if "://" in address:
+        address = urlsplit(address).path
+    return address.strip("/")
+
+
+class _ConsumerLink:
+    """A server-side sender link that delivers an entity's messages to a client receiver."""
+
+    __slots__ = ("connection", "entity", "link", "receive_and_delete")
+
+    def __init__(
+        self, connection: AmqpConnection, link: Link, entity: Entity, receive_and_delete: bool
+    ) -> None:
+        self.connection = connection
+        self.link = link
+        self.entity = entity
+        self.receive_and_delete = receive_and_delete
+
+    @property
+    def credit(self) -> int:
+        if self.connection.paused:
+            return 0
+        return int(self.link.credit)
+
+    def deliver(self, message: StoredMessage, lock_token: uuid.UUID | None) -> None:
+        link = self.link
+        if lock_token is not None:
+            tag = lock_token.bytes_le  # the SDK reads the lock token as UUID(bytes_le=tag)
+        else:
+            tag = self.connection.next_tag()
+        delivery = link.delivery(tag)
+        # Proton hands tags back as UTF-8-decoded text, which a binary tag is not: keep the
+        # token on the delivery's record instead.
+        delivery.lock_token = lock_token
+        link.send(message.encode(lock_token=lock_token))
+        link.advance()
+        if self.receive_and_delete:
+            delivery.settle()
+        self.connection.schedule_flush()
+
+
+class AmqpConnection(asyncio.Protocol):
+    """One client connection to a namespace."""
+
+    def __init__(self, server: NamespaceServer) -> None:
+        self.server = server
+        self.namespace = server.namespace
+        self.transport: asyncio.Transport | None = None
+        self.paused = False  # blackholed: read nothing, answer nothing
+        self._engine = Transport(Transport.SERVER)
+        sasl = self._engine.sasl()
+        sasl.allowed_mechs("ANONYMOUS")
+        self._connection = Connection()
+        self._collector = Collector()
+        self._connection.collect(self._collector)
+        self._engine.bind(self._connection)
+        self._flush_scheduled = False
+        self._tick_handle: asyncio.TimerHandle | None = None
+        self._consumers: dict[Link, _ConsumerLink] = {}
+        self._tokens: dict[str, float] = {}  # audience -> expiry (epoch seconds)
+        self._tag_counter = 0
+        self._closed = False
+
+    # -- asyncio protocol -------------------------------------------------------------
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        self.transport = transport
+        self.server.connections.add(self)
+
+    def data_received(self, data: bytes) -> None:
+        if self.paused:
+            return
+        delay = self.server.faults.latency
+        if delay > 0:
+            asyncio.get_running_loop().call_later(delay, self._feed, data)
+        else:
+            self._feed(data)
+
+    def eof_received(self) -> bool | None:
+        self._engine.close_tail()
+        self._process()
+        return None
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._closed = True
+        self.server.connections.discard(self)
+        for consumer in self._consumers.values():
+            consumer.entity.remove_consumer(consumer)
+        self._consumers.clear()
+        if self._tick_handle is not None:
+            self._tick_handle.cancel()
+
+    # -- engine plumbing ----------------------------------------------------------------
+    def _feed(self, data: bytes) -> None:
+        if self._closed or self.paused:
+            return
+        engine = self._engine
+        view = memoryview(data)
+        while view:
+            capacity = engine.capacity()
+            if capacity <= 0:
+                # The engine refuses input (closed tail): nothing more to read.
+                break
+            chunk = view[:capacity]
+            engine.push(bytes(chunk))
+            view = view[capacity:]
+            self._process()
+        self._process()
+
+    def _process(self) -> None:
+        collector = self._collector
+        while True:
+            event = collector.peek()
+            if event is None:
+                break
+            try:
+                self._dispatch(event)
+            except Exception:  # one bad frame must not take the namespace down
+                _LOG.exception("emulator: error handling %s", event.type)
+            collector.pop()
+        self._flush()
+
+    def schedule_flush(self) -> None:
+        if not self._flush_scheduled and not self._closed:
+            self._flush_scheduled = True
+            asyncio.get_running_loop().call_soon(self._flush)
+
+    def _flush(self) -> None:
+        self._flush_scheduled = False
+        if self._closed or self.transport is None:
+            return
+        engine = self._engine
+        if self.paused:
+            return
+        # Deliveries made by other connections queue events here too: process them.
+        if self._collector.peek() is not None:
+            self._process()
+            return
+        while True:
+            pending = engine.pending()
+            if pending < 0:
+                self.transport.close()
+                self._closed = True
+                return
+            if pending == 0:
+                break
+            self.transport.write(engine.peek(pending))
+            engine.pop(pending)
+        self._arm_tick()
+
+    def _arm_tick(self) -> None:
+        if self._engine.remote_idle_timeout <= 0 and self._engine.idle_timeout <= 0:
+            return
+        deadline = self._engine.tick(time.monotonic())
+        if deadline and self._tick_handle is None:
+            loop = asyncio.get_running_loop()
+            delay = max(0.0, deadline - time.monotonic())
+            self._tick_handle = loop.call_later(delay, self._on_tick)
+
+    def _on_tick(self) -> None:
+        self._tick_handle = None
+        self._flush()
+
+    def abort(self) -> None:
+        """Drop the TCP connection now (an outage)."""
+        if self.transport is not None:
+            self.transport.abort()
+
+    def next_tag(self) -> bytes:
+        self._tag_counter += 1
+        return self._tag_counter.to_bytes(8, "big")
+
+    # -- events ---------------------------------------------------------------------
+    def _dispatch(self, event: Event) -> None:
+        kind = event.type
+        if kind == Event.DELIVERY:
+            delivery = event.delivery
+            if delivery.link.is_receiver:
+                self._on_transfer(delivery)
+            else:
+                self._on_disposition(delivery)
+        elif kind == Event.LINK_FLOW:
+            consumer = self._consumers.get(event.link)
+            if consumer is not None:
+                consumer.entity.dispatch()
+                if event.link.drain_mode:
+                    event.link.drained()
+        elif kind == Event.CONNECTION_REMOTE_OPEN:
+            self._connection.container = f"georep-emulator-{self.namespace.name}"
+            self._connection.open()
+        elif kind == Event.SESSION_REMOTE_OPEN:
+            event.session.open()
+        elif kind == Event.LINK_REMOTE_OPEN:
+            self._on_attach(event.link)
+        elif kind == Event.LINK_REMOTE_CLOSE:
+            consumer = self._consumers.pop(event.link, None)
+            if consumer is not None:
+                consumer.entity.remove_consumer(consumer)
+            if not event.link.state & Endpoint.LOCAL_CLOSED:
+                event.link.close()
+        elif kind == Event.SESSION_REMOTE_CLOSE:
+            if not event.session.state & Endpoint.LOCAL_CLOSED:
+                event.session.close()
+        elif kind == Event.CONNECTION_REMOTE_CLOSE:
+            if not self._connection.state & Endpoint.LOCAL_CLOSED:
+                self._connection.close()
+        elif kind == Event.TRANSPORT_CLOSED:
+            if self.transport is not None:
+                self._flush_scheduled = False
+                self.transport.close()
+
+    # -- links --------------------------------------------------------------------------
+    def _refuse(self, link: Link, name: str, description: str) -> None:
+        # Attach with a null terminus, then detach with the error: echoing the client's
+        # terminus first would make the SDK believe the link opened.
+        link.open()
+        link.condition = _condition(name, description)
+        link.close()
+
+    def _on_attach(self, link: Link) -> None:
+        if link.is_sender:
+            address = link.remote_source.address or ""
+        else:
+            address = link.remote_target.address or ""
+        path = entity_path(address)
+        link.max_message_size = _MAX_MESSAGE_SIZE
+        if path == "$cbs" or path.endswith("/$management") or path == "$management":
+            self._open_echo(link)
+            if link.is_receiver:
+                link.flow(_RECEIVE_CREDIT_WINDOW)
+            return
+        try:
+            self._authorize(path)
+            if link.is_sender:
+                entity = self.namespace.resolve_source(path)
+                filters = link.remote_source.filter
+                if filters is not None and filters.format and self._has_session_filter(filters):
+                    raise BrokerError(
+                        "amqp:not-implemented",
+                        "Session receivers are not supported by the georep emulator yet; "
+                        "use a queue without sessions.",
+                    )
+                if entity.properties.requires_session:
+                    raise BrokerError(
+                        "amqp:not-implemented",
+                        f"'{path}' requires sessions, which the georep emulator does not support yet.",
+                    )
+            else:
+                self.namespace.resolve_target(path)
+        except BrokerError as exc:
+            self._refuse(link, exc.condition, exc.description)
+            return
+        self._open_echo(link)
+        if link.is_sender:
+            receive_and_delete = link.remote_snd_settle_mode == Link.SND_SETTLED
+            consumer = _ConsumerLink(self, link, entity, receive_and_delete)
+            self._consumers[link] = consumer
+            entity.add_consumer(consumer)
+        else:
+            link.flow(_RECEIVE_CREDIT_WINDOW)
+
+    @staticmethod
+    def _has_session_filter(filters: Any) -> bool:
+        try:
+            value = filters.get_object()
+        except Exception:
+            return False
+        if not isinstance(value, dict):
+            return False
+        return any("session-filter" in str(key) for key in value)
+
+    def _open_echo(self, link: Link) -> None:
+        link.source.copy(link.remote_source)
+        link.target.copy(link.remote_target)
+        link.snd_settle_mode = link.remote_snd_settle_mode
+        link.rcv_settle_mode = link.remote_rcv_settle_mode
+        link.open()
+
+    def _authorize(self, path: str) -> None:
+        now = time.time()
+        wanted = path.lower()
+        for audience, expiry in self._tokens.items():
+            scope = entity_path(audience).lower()
+            if expiry > now and (scope == "" or wanted == scope or wanted.startswith(scope + "/")):
+                return
+        raise BrokerError(
+            _UNAUTHORIZED,
+            f"Unauthorized access to '{path}': put a valid SAS token for it on $cbs first.",
+        )
+
+    # -- incoming transfers -------------------------------------------------------------
+    def _on_transfer(self, delivery: Delivery) -> None:
+        if delivery.partial or not delivery.readable:
+            return
+        link = delivery.link
+        payload = link.recv(delivery.pending) or b""
+        link.advance()
+        if link.credit < _RECEIVE_CREDIT_WINDOW // 2:
+            link.flow(_RECEIVE_CREDIT_WINDOW - link.credit)
+        path = entity_path(link.remote_target.address)
+        if path == "$cbs":
+            self._on_cbs_request(link, delivery, payload)
+        elif path.endswith("$management"):
+            self._on_management_request(link, delivery, payload, path)
+        else:
+            self._on_entity_send(delivery, payload, path)
+
+    def _settle(self, delivery: Delivery, condition: tuple[str, str] | None = None) -> None:
+        if condition is None:
+            delivery.update(Delivery.ACCEPTED)
+        else:
+            delivery.local.condition = _condition(*condition)
+            delivery.update(Delivery.REJECTED)
+        delivery.settle()
+
+    def _on_entity_send(self, delivery: Delivery, payload: bytes, path: str) -> None:
+        faults = self.server.faults
+        if faults.reject_sends is not None:
+            self._settle(delivery, faults.reject_condition())
+            return
+        try:
+            target = self.namespace.resolve_target(path)
+            self.server.count_operation()
+            self.namespace.send(target, payload)
+        except BrokerError as exc:
+            self._settle(delivery, (exc.condition, exc.description))
+            return
+        except AmqpDecodeError as exc:
+            self._settle(delivery, ("amqp:decode-error", f"Malformed message: {exc}"))
+            return
+        if faults.take_dropped_disposition():
+            return  # stored, never answered: the seed's "duplicate reception" hazard
+        self._settle(delivery)
+
+    # -- dispositions from receivers ----------------------------------------------------
+    def _on_disposition(self, delivery: Delivery) -> None:
+        if not delivery.updated:
+            return
+        consumer = self._consumers.get(delivery.link)
+        remote_state = delivery.remote_state
+        if consumer is None or consumer.receive_and_delete or remote_state is None:
+            delivery.settle()
+            return
+        token = getattr(delivery, "lock_token", None)
+        if token is None:
+            delivery.settle()
+            return
+        entity = consumer.entity
+        if self.server.faults.paused:
+            return
+        try:
+            if remote_state == Delivery.ACCEPTED:
+                entity.complete(token)
+                delivery.update(Delivery.ACCEPTED)
+            elif remote_state == Delivery.MODIFIED:
+                if delivery.remote.undeliverable:
+                    entity.defer(token)
+                    delivery.local.undeliverable = True
+                else:
+                    entity.abandon(token)
+                delivery.local.failed = True
+                delivery.update(Delivery.MODIFIED)
+            elif remote_state == Delivery.REJECTED:
+                reason, description = _dead_letter_details(delivery.remote.condition)
+                entity.dead_letter_by_token(token, reason, description)
+                delivery.update(Delivery.REJECTED)
+            elif remote_state == Delivery.RELEASED:
+                entity.abandon(token)
+                delivery.update(Delivery.RELEASED)
+            else:
+                return  # a non-terminal state (received): wait for the outcome
+        except BrokerError as exc:
+            delivery.local.condition = _condition(exc.condition, exc.description)
+            delivery.update(Delivery.REJECTED)
+        delivery.settle()
+        self.schedule_flush()
+
+    # -- $cbs ----------------------------------------------------------------------------
+    def _on_cbs_request(self, link: Link, delivery: Delivery, payload: bytes) -> None:
+        self._settle(delivery)
+        request = Message()
+        request.decode(payload)
+        props = request.properties or {}
+        audience = str(props.get("name", ""))
+        token = (
+            request.body
+            if isinstance(request.body, str)
+            else (request.body or b"").decode("utf-8", "replace")
+        )
+        try:
+            expiry = self.server.verify_sas(token, audience)
+        except PermissionError as exc:
+            status, description = 401, str(exc)
+        else:
+            self._tokens[audience] = expiry
+            status, description = 202, "Accepted"
+        response = Message(
+            correlation_id=request.id,
+            properties={"status-code": status, "status-description": description},
+        )
+        self._reply(link, request, response)
+
+    def _reply(self, request_link: Link, request: Message, response: Message) -> None:
+        target = request_link.remote_target.address
+        reply_link = None
+        for candidate in self._sender_links():
+            if candidate.remote_source.address == target or (
+                request.reply_to and candidate.remote_target.address == request.reply_to
+            ):
+                reply_link = candidate
+                if request.reply_to and candidate.remote_target.address == request.reply_to:
+                    break
+        if reply_link is None:
+            _LOG.warning("emulator: no reply link for %s", target)
+            return
+        reply_link.delivery(self.next_tag())
+        reply_link.send(response.encode())
+        reply_link.advance()
+
+    def _sender_links(self) -> list[Link]:
+        found = []
+        link = self._connection.link_head(Endpoint.LOCAL_ACTIVE)
+        while link is not None:
+            if link.is_sender:
+                found.append(link)
+            link = link.next(Endpoint.LOCAL_ACTIVE)
+        return found
+
+    # -- $management -------------------------------------------------------------------
+    def _on_management_request(
+        self, link: Link, delivery: Delivery, payload: bytes, path: str
+    ) -> None:
+        self._settle(delivery)
+        # The body is an AMQP map whose values the SDK encodes with precise types; decode it
+        # with our codec (Proton's Message would convert arrays/uuids less predictably).
+        request = Message()
+        request.decode(payload)
+        operation = str((request.properties or {}).get("operation", ""))
+        entity_address = path[: -len("$management")].rstrip("/")
+        status, description, body = 200, "OK", None
+        error_condition: str | None = None
+        try:
+            self._authorize(entity_address)
+            request_body = _decode_body(payload)
+            body = self._management(operation, entity_address, request_body)
+            if body is None:
+                status, description = 204, "No Content"
+        except BrokerError as exc:
+            status = {
+                "amqp:not-found": 404,
+                "com.microsoft:message-not-found": 404,
+                _UNAUTHORIZED: 401,
+                "com.microsoft:message-lock-lost": 410,
+            }.get(exc.condition, 400)
+            description, error_condition = exc.description, exc.condition
+        except (AmqpDecodeError, KeyError, TypeError, ValueError) as exc:
+            status, description, error_condition = (
+                400,
+                f"Bad management request: {exc}",
+                "amqp:decode-error",
+            )
+        properties: dict[str, Any] = {"statusCode": status, "statusDescription": description}
+        if error_condition:
+            properties["errorCondition"] = symbol(error_condition)
+        response = Message(correlation_id=request.id, properties=properties)
+        encoded = response.encode()
+        if body is not None:
+            # Append our own amqp-value section so typed arrays survive exactly.
+            encoded += b"\x00\x53\x77" + encode_value(body)
+        self._reply_raw(link, request, encoded)
+
+    def _reply_raw(self, request_link: Link, request: Message, encoded: bytes) -> None:
+        target = request_link.remote_target.address
+        for candidate in self._sender_links():
+            if candidate.remote_source.address == target:
+                candidate.delivery(self.next_tag())
+                candidate.send(encoded)
+                candidate.advance()
+                return
+        _LOG.warning("emulator: no management reply link for %s", target)
+
+    def _management(self, operation: str, path: str, body: dict[str, Any]) -> dict[str, Any] | None:
+        ns = self.namespace
+        if operation == "com.microsoft:schedule-message":
+            target = ns.resolve_target(path)
+            numbers = []
+            for item in body["messages"]:
+                encoded = item["message"]
+                numbers.append(ns.schedule(target, encoded, None))
+                self.server.count_operation()
+            return {"sequence-numbers": Raw(long_array(numbers))}
+        if operation == "com.microsoft:cancel-scheduled-message":
+            target = ns.resolve_target(path)
+            ns.cancel_scheduled(target, [int(n) for n in body["sequence-numbers"]])
+            return {}
+        if operation == "com.microsoft:renew-lock":
+            entity = ns.resolve_source(path)
+            expirations = [int(entity.renew_lock(token) * 1000) for token in body["lock-tokens"]]
+            return {"expirations": Raw(timestamp_array(expirations))}
+        if operation == "com.microsoft:peek-message":
+            entity = ns.resolve_source(path)
+            start = int(body.get("from-sequence-number", 0))
+            count = int(body.get("message-count", 1))
+            found = entity.peek(start, count)
+            if not found:
+                return None
+            return {"messages": [{"message": m.encode()} for m in found]}
+        if operation == "com.microsoft:receive-by-sequence-number":
+            entity = ns.resolve_source(path)
+            receive_and_delete = int(body.get("receiver-settle-mode", 1)) == 0
+            received = entity.receive_deferred(
+                [int(n) for n in body["sequence-numbers"]], receive_and_delete
+            )
+            messages: list[dict[str, Any]] = []
+            for message, token in received:
+                item: dict[str, Any] = {"message": message.encode(lock_token=token)}
+                if token is not None:
+                    item["lock-token"] = token
+                messages.append(item)
+            return {"messages": messages}
+        if operation == "com.microsoft:update-disposition":
+            entity = ns.resolve_source(path)
+            status = str(body["disposition-status"])
+            for token in body["lock-tokens"]:
+                if status == "completed":
+                    entity.complete(token)
+                elif status == "abandoned":
+                    entity.abandon(token)
+                elif status == "defered":
+                    entity.defer(token)
+                elif status == "suspended":
+                    entity.dead_letter_by_token(
+                        token, body.get("deadletter-reason"), body.get("deadletter-description")
+                    )
+                else:
+                    raise BrokerError(
+                        "amqp:invalid-field", f"Unknown disposition status '{status}'."
+                    )
+            return {}
+        raise BrokerError(
+            "amqp:not-implemented",
+            f"Management operation '{operation}' is not supported by the emulator.",
+        )
+
+
+def _decode_body(payload: bytes) -> dict[str, Any]:
+    """Decode the amqp-value body of a management request into a str-keyed dict."""
+    from georep.adapters.emulator._codec import SECTION_AMQP_VALUE, split_sections
+
+    for code, start, _end in split_sections(payload):
+        if code == SECTION_AMQP_VALUE:
+            value, _ = decode_value(payload, start + 3)
+            if not isinstance(value, dict):
+                raise AmqpDecodeError("management body is not a map")
+            return {str(k): v for k, v in value.items()}
+    return {}
+
+
+def _dead_letter_details(condition: Condition | None) -> tuple[str | None, str | None]:
+    if condition is None:
+        return None, None
+    info = condition.info or {}
+    reason = info.get("DeadLetterReason") or info.get(symbol("DeadLetterReason"))
+    description = info.get("DeadLetterErrorDescription") or info.get(
+        symbol("DeadLetterErrorDescription")
+    )
+    return (
+        str(reason) if reason is not None else None,
+        str(description) if description is not None else condition.description,
+    )
+
+
+__all__ += ["entity_path", "Timestamp", "SASL", "Topic", "Callable"]

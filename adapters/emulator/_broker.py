@@ -1,0 +1,816 @@
+"""The emulator's broker: entities, messages, locks and timers, with no I/O.
+
+One :class:`Namespace` per emulated region. Everything here is driven by explicit calls
+and an injected clock, so it is tested without a network or real sleeps; the AMQP layer
+(`_amqp.py`) calls into it and implements :class:`Consumer` for receiver links.
+
+Dispatch cost: each entity keeps its available messages in a deque and its consumers
+with credit in a ring; a new message or a credit grant touches only the head of each, so
+nothing rescans a queue per credit or per delivery.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import time
+import uuid
+from collections import OrderedDict, deque
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field, replace
+from datetime import timedelta
+from enum import Enum
+from typing import Any, Protocol
+
+from georep.adapters.emulator._codec import (
+    SECTION_APPLICATION_PROPERTIES,
+    Raw,
+    Symbol,
+    Timestamp,
+    decode_value,
+    encode_annotations_section,
+    encode_header_section,
+    encode_map_entries,
+    is_batch,
+    map_entries,
+    parse_message,
+    skip_value,
+    split_sections,
+)
+
+__all__ = [
+    "BrokerError",
+    "Consumer",
+    "Entity",
+    "EntityProperties",
+    "MessageState",
+    "Namespace",
+    "StoredMessage",
+    "SubscriptionProperties",
+]
+
+# Service Bus Standard tier: 256 KB per message.
+MAX_MESSAGE_SIZE = 256 * 1024
+_MAX_TIMESPAN = timedelta(days=10675199, seconds=10085, microseconds=477580)
+
+
+class BrokerError(Exception):
+    """An operation the broker refuses; ``condition`` is the AMQP error condition."""
+
+    def __init__(self, condition: str, description: str) -> None:
+        super().__init__(description)
+        self.condition = condition
+        self.description = description
+
+
+def not_found(path: str) -> BrokerError:
+    return BrokerError(
+        "amqp:not-found",
+        f"The messaging entity '{path}' could not be found. Create it first "
+        "(Emulator(queues=...), the admin client, or `georep emulator --queue`).",
+    )
+
+
+@dataclass(frozen=True, kw_only=True)
+class EntityProperties:
+    """Settings of a queue or topic (the names follow the SDK's ``QueueProperties``).
+
+    Times are :class:`datetime.timedelta`.
+    """
+
+    lock_duration: timedelta = timedelta(seconds=60)
+    max_delivery_count: int = 10
+    default_message_time_to_live: timedelta = _MAX_TIMESPAN
+    dead_lettering_on_message_expiration: bool = False
+    requires_duplicate_detection: bool = False
+    duplicate_detection_history_time_window: timedelta = timedelta(minutes=10)
+    requires_session: bool = False
+    enable_partitioning: bool = False
+    enable_batched_operations: bool = True
+    max_size_in_megabytes: int = 1024
+    max_message_size_in_kilobytes: int = 256
+    auto_delete_on_idle: timedelta = _MAX_TIMESPAN
+    status: str = "Active"
+    forward_to: str | None = None
+    forward_dead_lettered_messages_to: str | None = None
+    user_metadata: str | None = None
+    enable_express: bool = False
+    # Topics only, kept here so one type describes every sendable entity.
+    support_ordering: bool = True
+    filtering_messages_before_publishing: bool = False
+
+
+@dataclass(frozen=True, kw_only=True)
+class SubscriptionProperties:
+    """Settings of a topic subscription (the SDK's ``SubscriptionProperties`` names)."""
+
+    lock_duration: timedelta = timedelta(seconds=60)
+    max_delivery_count: int = 10
+    default_message_time_to_live: timedelta = _MAX_TIMESPAN
+    dead_lettering_on_message_expiration: bool = False
+    dead_lettering_on_filter_evaluation_exceptions: bool = True
+    requires_session: bool = False
+    enable_batched_operations: bool = True
+    auto_delete_on_idle: timedelta = _MAX_TIMESPAN
+    status: str = "Active"
+    forward_to: str | None = None
+    forward_dead_lettered_messages_to: str | None = None
+    user_metadata: str | None = None
+
+
+class MessageState(str, Enum):
+    """Where a stored message is in its life."""
+
+    AVAILABLE = "available"
+    """Waiting for a receiver."""
+    LOCKED = "locked"
+    """Delivered in peek-lock mode; settles or returns when the lock expires."""
+    DEFERRED = "deferred"
+    """Set aside by its receiver; retrievable only by sequence number."""
+    SCHEDULED = "scheduled"
+    """Enqueued for a future time."""
+    GONE = "gone"
+    """Completed, expired, moved or purged."""
+
+
+@dataclass(slots=True, eq=False)
+class StoredMessage:
+    """One copy of a message in one entity (a queue, a subscription, or a dead-letter queue)."""
+
+    sequence_number: int
+    message_id: Any
+    bare: bytes
+    annotation_entries: bytes
+    annotation_count: int
+    durable: bool
+    priority: int | None
+    ttl_ms: int | None
+    content_type: str | None
+    session_id: str | None
+    partition_key: str | None
+    enqueued_at: float
+    expires_at: float | None
+    scheduled_at: float | None = None
+    delivery_count: int = 0
+    state: MessageState = MessageState.AVAILABLE
+    lock_token: uuid.UUID | None = None
+    locked_until: float = 0.0
+    dead_letter_source: str | None = None
+
+    @property
+    def size(self) -> int:
+        return len(self.bare) + len(self.annotation_entries)
+
+    def encode(
+        self, *, lock_token: uuid.UUID | None = None, extra: dict[str, Any] | None = None
+    ) -> bytes:
+        """Encode for delivery: header and broker annotations, then the bare message."""
+        annotations: dict[Any, Any] = {
+            Symbol("x-opt-sequence-number"): self.sequence_number,
+            Symbol("x-opt-enqueued-time"): Timestamp(int(self.enqueued_at * 1000)),
+        }
+        if lock_token is not None:
+            annotations[Symbol("x-opt-locked-until")] = Timestamp(int(self.locked_until * 1000))
+            annotations[Symbol("x-opt-lock-token")] = lock_token
+        if self.dead_letter_source is not None:
+            annotations[Symbol("x-opt-deadletter-source")] = self.dead_letter_source
+        if extra:
+            annotations.update(extra)
+        header = encode_header_section(
+            self.durable, self.priority, self.ttl_ms, self.delivery_count
+        )
+        section = encode_annotations_section(
+            self.annotation_entries,
+            self.annotation_count,
+            encode_map_entries(annotations),
+            len(annotations) * 2,
+        )
+        return header + section + self.bare
+
+
+class Consumer(Protocol):
+    """A receiver link as the broker sees it (implemented by the AMQP layer)."""
+
+    receive_and_delete: bool
+
+    @property
+    def credit(self) -> int:
+        """How many more messages the link may take now."""
+
+    def deliver(self, message: StoredMessage, lock_token: uuid.UUID | None) -> None:
+        """Transfer ``message`` (already locked or removed by the broker)."""
+
+
+# Timer kinds on the namespace heap.
+_LOCK, _TTL, _SCHEDULE = 0, 1, 2
+
+
+class Entity:
+    """A queue, a topic subscription, or a dead-letter sub-queue: something receivers read."""
+
+    def __init__(
+        self,
+        namespace: Namespace,
+        path: str,
+        properties: EntityProperties | SubscriptionProperties,
+        *,
+        is_dead_letter: bool = False,
+    ) -> None:
+        self.namespace = namespace
+        self.path = path
+        self.properties = properties
+        self.is_dead_letter = is_dead_letter
+        self.available: deque[StoredMessage] = deque()
+        self.locked: dict[uuid.UUID, StoredMessage] = {}
+        self.deferred: dict[int, StoredMessage] = {}
+        self.scheduled: dict[int, StoredMessage] = {}
+        self.by_sequence: dict[int, StoredMessage] = {}
+        self.consumers: deque[Consumer] = deque()
+        self.dead_letter: Entity | None = (
+            None
+            if is_dead_letter
+            else Entity(namespace, f"{path}/$DeadLetterQueue", properties, is_dead_letter=True)
+        )
+        self.size_in_bytes = 0
+        self.created_at = namespace.clock()
+        self.updated_at = self.created_at
+        self.accessed_at = self.created_at
+
+    # -- counts -------------------------------------------------------------------
+    @property
+    def active_count(self) -> int:
+        return len(self.available) + len(self.locked)
+
+    @property
+    def message_count(self) -> int:
+        dead = self.dead_letter.message_count if self.dead_letter else 0
+        return len(self.by_sequence) + dead
+
+    def runtime(self) -> dict[str, Any]:
+        """Runtime counters, as the admin client reports them."""
+        return {
+            "active_message_count": self.active_count,
+            "dead_letter_message_count": len(self.dead_letter.by_sequence)
+            if self.dead_letter
+            else 0,
+            "scheduled_message_count": len(self.scheduled),
+            "transfer_message_count": 0,
+            "transfer_dead_letter_message_count": 0,
+            "total_message_count": self.message_count,
+            "size_in_bytes": self.size_in_bytes,
+            "created_at_utc": self.created_at,
+            "updated_at_utc": self.updated_at,
+            "accessed_at_utc": self.accessed_at,
+        }
+
+    # -- enqueue -------------------------------------------------------------------
+    def enqueue(self, message: StoredMessage) -> None:
+        """Add a message (a fresh copy owned by this entity) and dispatch it if possible."""
+        self.by_sequence[message.sequence_number] = message
+        self.size_in_bytes += message.size
+        now = self.namespace.clock()
+        if message.expires_at is not None:
+            self.namespace.add_timer(message.expires_at, _TTL, self, message)
+        if message.scheduled_at is not None and message.scheduled_at > now:
+            message.state = MessageState.SCHEDULED
+            self.scheduled[message.sequence_number] = message
+            self.namespace.add_timer(message.scheduled_at, _SCHEDULE, self, message)
+            return
+        message.state = MessageState.AVAILABLE
+        self.available.append(message)
+        self.dispatch()
+
+    def _remove(self, message: StoredMessage) -> None:
+        if self.by_sequence.pop(message.sequence_number, None) is not None:
+            self.size_in_bytes -= message.size
+        if message.state is MessageState.LOCKED and message.lock_token is not None:
+            self.locked.pop(message.lock_token, None)
+        elif message.state is MessageState.DEFERRED:
+            self.deferred.pop(message.sequence_number, None)
+            if message.lock_token is not None:
+                self.locked.pop(message.lock_token, None)
+        elif message.state is MessageState.SCHEDULED:
+            self.scheduled.pop(message.sequence_number, None)
+        # AVAILABLE messages stay in the deque and are skipped lazily (state is GONE).
+        message.state = MessageState.GONE
+        message.lock_token = None
+
+    # -- dispatch -----------------------------------------------------------------
+    def add_consumer(self, consumer: Consumer) -> None:
+        self.consumers.append(consumer)
+        self.dispatch()
+
+    def remove_consumer(self, consumer: Consumer) -> None:
+        try:
+            self.consumers.remove(consumer)
+        except ValueError:
+            pass
+
+    def dispatch(self) -> None:
+        """Hand available messages to consumers with credit, round-robin."""
+        consumers = self.consumers
+        available = self.available
+        if not consumers or not available:
+            return
+        clock = self.namespace.clock
+        idle = 0
+        while available and idle < len(consumers):
+            consumer = consumers[0]
+            if consumer.credit <= 0:
+                consumers.rotate(-1)
+                idle += 1
+                continue
+            message = available.popleft()
+            if message.state is not MessageState.AVAILABLE:
+                continue
+            now = clock()
+            if message.expires_at is not None and message.expires_at <= now:
+                self.expire(message)
+                continue
+            idle = 0
+            self.accessed_at = now
+            if consumer.receive_and_delete:
+                self._remove(message)
+                consumer.deliver(message, None)
+            else:
+                token = self._lock(message, now)
+                consumer.deliver(message, token)
+            consumers.rotate(-1)
+
+    def _lock(self, message: StoredMessage, now: float) -> uuid.UUID:
+        token = uuid.uuid4()
+        message.state = MessageState.LOCKED
+        message.lock_token = token
+        message.locked_until = now + self.properties.lock_duration.total_seconds()
+        self.locked[token] = message
+        self.namespace.add_timer(message.locked_until, _LOCK, self, message)
+        return token
+
+    # -- settlement -------------------------------------------------------------------
+    def _locked_message(self, token: uuid.UUID) -> StoredMessage:
+        message = self.locked.get(token)
+        if message is None or message.locked_until <= self.namespace.clock():
+            raise BrokerError(
+                "com.microsoft:message-lock-lost",
+                "The lock supplied is invalid: it expired, or the message was already settled "
+                "or received by another receiver.",
+            )
+        return message
+
+    def complete(self, token: uuid.UUID) -> None:
+        self._remove(self._locked_message(token))
+
+    def abandon(self, token: uuid.UUID) -> None:
+        message = self._locked_message(token)
+        self._release(message)
+
+    def _release(self, message: StoredMessage) -> None:
+        """Return a locked message after a failed attempt (abandon or lock expiry)."""
+        self.locked.pop(message.lock_token, None)  # type: ignore[arg-type]
+        message.lock_token = None
+        message.delivery_count += 1
+        if message.sequence_number in self.deferred:
+            message.state = MessageState.DEFERRED
+            return
+        if message.delivery_count >= self.properties.max_delivery_count and not self.is_dead_letter:
+            message.state = MessageState.LOCKED  # so _remove drops it from the right place
+            self.dead_letter_message(
+                message,
+                "MaxDeliveryCountExceeded",
+                f"Message could not be consumed after {self.properties.max_delivery_count} delivery attempts.",
+            )
+            return
+        message.state = MessageState.AVAILABLE
+        # Back to the head: the next receiver sees it first, as it was the oldest.
+        self.available.appendleft(message)
+        self.dispatch()
+
+    def defer(self, token: uuid.UUID) -> None:
+        message = self._locked_message(token)
+        self.locked.pop(token, None)
+        message.lock_token = None
+        message.state = MessageState.DEFERRED
+        self.deferred[message.sequence_number] = message
+
+    def dead_letter_by_token(
+        self, token: uuid.UUID, reason: str | None, description: str | None
+    ) -> None:
+        self.dead_letter_message(self._locked_message(token), reason, description)
+
+    def dead_letter_message(
+        self, message: StoredMessage, reason: str | None, description: str | None
+    ) -> None:
+        """Move ``message`` to this entity's dead-letter sub-queue with reason and description."""
+        self._remove(message)
+        if self.dead_letter is None:  # already in a DLQ: dead-lettering again just drops it
+            return
+        properties: dict[str, Any] = {}
+        if reason is not None:
+            properties["DeadLetterReason"] = reason
+        if description is not None:
+            properties["DeadLetterErrorDescription"] = description
+        copy = replace(
+            message,
+            bare=_with_application_properties(message.bare, properties),
+            state=MessageState.AVAILABLE,
+            lock_token=None,
+            expires_at=None,
+            scheduled_at=None,
+            dead_letter_source=self.path,
+        )
+        self.dead_letter.enqueue(copy)
+
+    def expire(self, message: StoredMessage) -> None:
+        """TTL reached: dead-letter when the entity says so, else drop."""
+        if message.state is MessageState.GONE:
+            return
+        if self.properties.dead_lettering_on_message_expiration and not self.is_dead_letter:
+            self.dead_letter_message(
+                message, "TTLExpiredException", "The message expired and was dead lettered."
+            )
+        else:
+            self._remove(message)
+
+    def renew_lock(self, token: uuid.UUID) -> float:
+        message = self._locked_message(token)
+        message.locked_until = (
+            self.namespace.clock() + self.properties.lock_duration.total_seconds()
+        )
+        self.namespace.add_timer(message.locked_until, _LOCK, self, message)
+        return message.locked_until
+
+    # -- management -----------------------------------------------------------------
+    def peek(self, from_sequence: int, count: int) -> list[StoredMessage]:
+        """Messages with sequence number >= ``from_sequence``, any state, oldest first."""
+        result = [m for seq, m in sorted(self.by_sequence.items()) if seq >= from_sequence]
+        return result[:count]
+
+    def cancel_scheduled(self, sequence_numbers: list[int]) -> None:
+        for seq in sequence_numbers:
+            message = self.scheduled.get(seq)
+            if message is not None:
+                self._remove(message)
+
+    def receive_deferred(
+        self, sequence_numbers: list[int], receive_and_delete: bool
+    ) -> list[tuple[StoredMessage, uuid.UUID | None]]:
+        """Lock (or remove) deferred messages by sequence number."""
+        now = self.namespace.clock()
+        result: list[tuple[StoredMessage, uuid.UUID | None]] = []
+        for seq in sequence_numbers:
+            message = self.deferred.get(seq)
+            if message is None:
+                raise BrokerError(
+                    "com.microsoft:message-not-found",
+                    f"No deferred message with sequence number {seq} in '{self.path}'.",
+                )
+            if receive_and_delete:
+                self._remove(message)
+                result.append((message, None))
+                continue
+            token = uuid.uuid4()
+            if message.lock_token is not None:
+                self.locked.pop(message.lock_token, None)
+            message.lock_token = token
+            message.locked_until = now + self.properties.lock_duration.total_seconds()
+            self.locked[token] = message
+            self.namespace.add_timer(message.locked_until, _LOCK, self, message)
+            result.append((message, token))
+        return result
+
+    def on_timer(self, kind: int, message: StoredMessage, now: float) -> None:
+        if message.state is MessageState.GONE:
+            return
+        if kind == _LOCK:
+            if message.lock_token is not None and message.locked_until <= now:
+                if message.state is MessageState.DEFERRED:
+                    self.locked.pop(message.lock_token, None)
+                    message.lock_token = None
+                else:
+                    self._release(message)
+        elif kind == _TTL:
+            if (
+                message.expires_at is not None
+                and message.expires_at <= now
+                and message.state is not MessageState.LOCKED
+            ):
+                self.expire(message)
+        elif kind == _SCHEDULE and message.state is MessageState.SCHEDULED:
+            self.scheduled.pop(message.sequence_number, None)
+            message.state = MessageState.AVAILABLE
+            message.enqueued_at = now
+            self.available.append(message)
+            self.dispatch()
+
+    def purge(self) -> None:
+        for message in list(self.by_sequence.values()):
+            message.state = MessageState.GONE
+        self.available.clear()
+        self.locked.clear()
+        self.deferred.clear()
+        self.scheduled.clear()
+        self.by_sequence.clear()
+        self.size_in_bytes = 0
+        if self.dead_letter is not None:
+            self.dead_letter.purge()
+
+
+def _with_application_properties(bare: bytes, extra: dict[str, Any]) -> bytes:
+    """Return ``bare`` with ``extra`` merged into its application-properties section."""
+    if not extra:
+        return bare
+    entries = b""
+    count = 0
+    before, after = bare, b""
+    for code, start, end in split_sections(bare):
+        if code == SECTION_APPLICATION_PROPERTIES:
+            value_start = start + 3 if bare[start + 1] == 0x53 else start + 10
+            entries, count = map_entries(bare, value_start)
+            before, after = bare[:start], bare[end:]
+            break
+        if code > SECTION_APPLICATION_PROPERTIES:
+            before, after = bare[:start], bare[start:]
+            break
+    merged = _merge_entries(entries, count, extra)
+    section = encode_annotations_section(merged[0], merged[1], b"", 0)
+    section = b"\x00\x53\x74" + section[3:]
+    return before + section + after
+
+
+def _merge_entries(entries: bytes, count: int, extra: dict[str, Any]) -> tuple[bytes, int]:
+    """Map entries with ``extra`` replacing any earlier values of the same keys."""
+    out = bytearray()
+    kept = 0
+    pos = 0
+    for _ in range(count // 2):
+        key_start = pos
+        key, pos = decode_value(entries, pos)
+        pos = skip_value(entries, pos)
+        if key not in extra:
+            out += entries[key_start:pos]
+            kept += 2
+    out += encode_map_entries({k: v for k, v in extra.items()})
+    return bytes(out), kept + len(extra) * 2
+
+
+@dataclass(eq=False)
+class Topic:
+    """A topic: fans each message out to its subscriptions."""
+
+    path: str
+    properties: EntityProperties
+    subscriptions: dict[str, Entity] = field(default_factory=dict)
+    created_at: float = 0.0
+    updated_at: float = 0.0
+    size_in_bytes: int = 0
+
+
+class DuplicateDetector:
+    """Remembers MessageIds for a history window; repeated ids inside it are dropped."""
+
+    def __init__(self) -> None:
+        self._seen: OrderedDict[Any, float] = OrderedDict()
+
+    def is_duplicate(self, message_id: Any, now: float, window: float) -> bool:
+        seen = self._seen
+        while seen:
+            oldest_id, at = next(iter(seen.items()))
+            if at + window > now:
+                break
+            seen.popitem(last=False)
+        if message_id is None:
+            return False
+        if message_id in seen:
+            return True
+        seen[message_id] = now
+        return False
+
+
+class Namespace:
+    """One emulated Service Bus namespace (a region).
+
+    Args:
+        name: namespace name, e.g. ``"primary"``.
+        clock: seconds since the epoch; injectable for tests.
+        on_timer_change: called with the earliest pending deadline whenever it moves
+            earlier, so the event loop can arm a single timer.
+    """
+
+    def __init__(
+        self,
+        name: str,
+        *,
+        clock: Callable[[], float] = time.time,
+        on_timer_change: Callable[[float], None] | None = None,
+    ) -> None:
+        self.name = name
+        self.clock = clock
+        self.queues: dict[str, Entity] = {}
+        self.topics: dict[str, Topic] = {}
+        self._dedup: dict[str, DuplicateDetector] = {}
+        self._sequence = itertools.count(1)
+        self._timers: list[tuple[float, int, int, Entity, StoredMessage]] = []
+        self._timer_ids = itertools.count()
+        self._on_timer_change = on_timer_change
+
+    # -- entities ---------------------------------------------------------------------
+    def create_queue(self, path: str, properties: EntityProperties | None = None) -> Entity:
+        self._check_free(path)
+        entity = Entity(self, path, properties or EntityProperties())
+        self.queues[path] = entity
+        return entity
+
+    def create_topic(self, path: str, properties: EntityProperties | None = None) -> Topic:
+        self._check_free(path)
+        now = self.clock()
+        topic = Topic(path, properties or EntityProperties(), created_at=now, updated_at=now)
+        self.topics[path] = topic
+        return topic
+
+    def create_subscription(
+        self, topic_path: str, name: str, properties: SubscriptionProperties | None = None
+    ) -> Entity:
+        topic = self.topics.get(topic_path)
+        if topic is None:
+            raise not_found(topic_path)
+        if name in topic.subscriptions:
+            raise BrokerError(
+                "com.microsoft:entity-already-exists",
+                f"Subscription '{topic_path}/Subscriptions/{name}' already exists.",
+            )
+        entity = Entity(
+            self, f"{topic_path}/Subscriptions/{name}", properties or SubscriptionProperties()
+        )
+        topic.subscriptions[name] = entity
+        return entity
+
+    def _check_free(self, path: str) -> None:
+        if path in self.queues or path in self.topics:
+            raise BrokerError(
+                "com.microsoft:entity-already-exists", f"An entity named '{path}' already exists."
+            )
+
+    def delete(self, path: str) -> bool:
+        entity = self.queues.pop(path, None)
+        if entity is not None:
+            entity.purge()
+            return True
+        return self.topics.pop(path, None) is not None
+
+    def purge(self) -> None:
+        """Lose every message (a disaster); entity definitions stay."""
+        for entity in self.iter_entities():
+            entity.purge()
+        self._dedup.clear()
+        self._timers.clear()
+
+    def iter_entities(self) -> Iterator[Entity]:
+        yield from self.queues.values()
+        for topic in self.topics.values():
+            yield from topic.subscriptions.values()
+
+    def resolve_source(self, address: str) -> Entity:
+        """The entity a receiver address reads: a queue, a subscription, or a DLQ of either."""
+        path = address.strip("/")
+        dead_letter = False
+        if path.lower().endswith("/$deadletterqueue"):
+            path = path[: -len("/$DeadLetterQueue")]
+            dead_letter = True
+        entity = self.queues.get(path)
+        if entity is None:
+            parts = path.split("/")
+            if len(parts) == 3 and parts[1].lower() == "subscriptions":
+                topic = self.topics.get(parts[0])
+                if topic is not None:
+                    entity = topic.subscriptions.get(parts[2])
+        if entity is None:
+            raise not_found(path)
+        if dead_letter:
+            assert entity.dead_letter is not None
+            return entity.dead_letter
+        return entity
+
+    def resolve_target(self, address: str) -> Entity | Topic:
+        """The entity a sender address writes to: a queue or a topic."""
+        path = address.strip("/")
+        target: Entity | Topic | None = self.queues.get(path) or self.topics.get(path)
+        if target is None:
+            raise not_found(path)
+        return target
+
+    # -- sending ------------------------------------------------------------------------
+    def send(self, target: Entity | Topic, payload: bytes) -> int:
+        """Accept one transfer (a message or a batch); return how many messages it held.
+
+        Raises:
+            BrokerError: the message is too large or malformed.
+        """
+        if len(payload) > MAX_MESSAGE_SIZE:
+            raise BrokerError(
+                "com.microsoft:message-size-exceeded",
+                f"The message of {len(payload)} bytes exceeds the {MAX_MESSAGE_SIZE}-byte limit of "
+                "this entity. Send a smaller message or split the batch.",
+            )
+        parsed = parse_message(payload)
+        if is_batch(parsed):
+            try:
+                inner = [parse_message(payload[start:end]) for start, end in parsed.data_sections]
+            except ValueError:
+                inner = [parsed]
+        else:
+            inner = [parsed]
+        properties = target.properties
+        now = self.clock()
+        for message in inner:
+            if properties.requires_duplicate_detection:
+                detector = self._dedup.setdefault(target.path, DuplicateDetector())
+                window = properties.duplicate_detection_history_time_window.total_seconds()
+                if detector.is_duplicate(message.message_id, now, window):
+                    continue
+            self._enqueue_parsed(target, message, now, scheduled_at=None)
+        return len(inner)
+
+    def schedule(self, target: Entity | Topic, payload: bytes, at: float | None) -> int:
+        """Enqueue one message for later; return its sequence number."""
+        parsed = parse_message(payload)
+        return self._enqueue_parsed(target, parsed, self.clock(), scheduled_at=at)
+
+    def _enqueue_parsed(
+        self, target: Entity | Topic, parsed: Any, now: float, scheduled_at: float | None
+    ) -> int:
+        annotations = parsed.annotations
+        if scheduled_at is None:
+            raw_time = annotations.get("x-opt-scheduled-enqueue-time")
+            if raw_time is not None:
+                scheduled_at = _timestamp_seconds(raw_time)
+        sequence = next(self._sequence)
+        ttl_ms = parsed.ttl_ms
+        default_ttl = target.properties.default_message_time_to_live
+        ttl = ttl_ms / 1000 if ttl_ms else None
+        if default_ttl < _MAX_TIMESPAN:
+            ttl = min(ttl, default_ttl.total_seconds()) if ttl else default_ttl.total_seconds()
+        starts_at = scheduled_at if scheduled_at and scheduled_at > now else now
+        expires_at = starts_at + ttl if ttl else None
+        partition_key = annotations.get("x-opt-partition-key")
+        base = StoredMessage(
+            sequence_number=sequence,
+            message_id=parsed.message_id,
+            bare=parsed.bare,
+            annotation_entries=parsed.annotation_entries,
+            annotation_count=parsed.annotation_count,
+            durable=parsed.durable,
+            priority=parsed.priority,
+            ttl_ms=ttl_ms,
+            content_type=parsed.content_type,
+            session_id=parsed.session_id,
+            partition_key=str(partition_key) if partition_key is not None else None,
+            enqueued_at=now,
+            expires_at=expires_at,
+            scheduled_at=scheduled_at,
+        )
+        if base.content_type == PING_CONTENT_TYPE:
+            # Service Bus never delivers a ping: accepted, billed, dropped (SPEC §3).
+            return sequence
+        if isinstance(target, Topic):
+            for subscription in target.subscriptions.values():
+                subscription.enqueue(replace(base))
+        else:
+            target.enqueue(base)
+        return sequence
+
+    def cancel_scheduled(self, target: Entity | Topic, sequence_numbers: list[int]) -> None:
+        if isinstance(target, Topic):
+            for subscription in target.subscriptions.values():
+                subscription.cancel_scheduled(sequence_numbers)
+        else:
+            target.cancel_scheduled(sequence_numbers)
+
+    # -- timers -------------------------------------------------------------------------
+    def add_timer(self, deadline: float, kind: int, entity: Entity, message: StoredMessage) -> None:
+        earliest = self._timers[0][0] if self._timers else None
+        heapq.heappush(self._timers, (deadline, next(self._timer_ids), kind, entity, message))
+        if self._on_timer_change is not None and (earliest is None or deadline < earliest):
+            self._on_timer_change(deadline)
+
+    def next_deadline(self) -> float | None:
+        return self._timers[0][0] if self._timers else None
+
+    def run_timers(self) -> None:
+        """Fire every timer that is due."""
+        now = self.clock()
+        timers = self._timers
+        while timers and timers[0][0] <= now:
+            _, _, kind, entity, message = heapq.heappop(timers)
+            entity.on_timer(kind, message, now)
+
+
+PING_CONTENT_TYPE = "application/vnd.ms-servicebus-ping"
+
+
+def _timestamp_seconds(value: Any) -> float:
+    if isinstance(value, int):
+        return value / 1000
+    raise BrokerError("amqp:invalid-field", "x-opt-scheduled-enqueue-time must be a timestamp")
+
+
+__all__ += ["MAX_MESSAGE_SIZE", "PING_CONTENT_TYPE", "Raw", "Topic"]

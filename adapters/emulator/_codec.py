@@ -1,0 +1,524 @@
+"""A small AMQP 1.0 type codec for the emulator's message path.
+
+Proton handles framing, sessions, links and flow control; this module only deals with
+the *payload* of a transfer: splitting an encoded message into its sections, decoding the
+few sections the broker must read (header, annotations, properties), and splicing new
+header/annotation sections in front of the untouched bare message on delivery. The bare
+message (properties .. footer) is kept as the client's bytes, as AMQP requires of an
+intermediary, and re-encoding it on every delivery would dominate the dispatch cost.
+"""
+
+from __future__ import annotations
+
+import struct
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = [
+    "SECTION_APPLICATION_PROPERTIES",
+    "SECTION_DATA",
+    "SECTION_FOOTER",
+    "SECTION_HEADER",
+    "SECTION_MESSAGE_ANNOTATIONS",
+    "SECTION_PROPERTIES",
+    "AmqpDecodeError",
+    "ParsedMessage",
+    "Symbol",
+    "Timestamp",
+    "decode_value",
+    "encode_annotations_section",
+    "encode_header_section",
+    "encode_value",
+    "parse_message",
+    "split_sections",
+]
+
+SECTION_HEADER = 0x70
+SECTION_DELIVERY_ANNOTATIONS = 0x71
+SECTION_MESSAGE_ANNOTATIONS = 0x72
+SECTION_PROPERTIES = 0x73
+SECTION_APPLICATION_PROPERTIES = 0x74
+SECTION_DATA = 0x75
+SECTION_AMQP_SEQUENCE = 0x76
+SECTION_AMQP_VALUE = 0x77
+SECTION_FOOTER = 0x78
+_BARE_SECTIONS = frozenset(range(SECTION_PROPERTIES, SECTION_FOOTER + 1))
+
+
+class AmqpDecodeError(ValueError):
+    """The payload is not a well-formed AMQP 1.0 message."""
+
+
+class Symbol(str):
+    """An AMQP symbol (annotation keys, error conditions)."""
+
+    __slots__ = ()
+
+
+class Timestamp(int):
+    """An AMQP timestamp: milliseconds since the Unix epoch."""
+
+    __slots__ = ()
+
+
+# Width of the value that follows a fixed-width constructor.
+_FIXED_WIDTH = {
+    0x40: 0, 0x41: 0, 0x42: 0, 0x43: 0, 0x44: 0, 0x45: 0,
+    0x50: 1, 0x51: 1, 0x52: 1, 0x53: 1, 0x54: 1, 0x55: 1, 0x56: 1,
+    0x60: 2, 0x61: 2,
+    0x70: 4, 0x71: 4, 0x72: 4, 0x73: 4, 0x74: 4,
+    0x80: 8, 0x81: 8, 0x82: 8, 0x83: 8, 0x84: 8,
+    0x94: 16, 0x98: 16,
+}  # fmt: skip
+_U32 = struct.Struct(">I")
+_I32 = struct.Struct(">i")
+_U64 = struct.Struct(">Q")
+_I64 = struct.Struct(">q")
+_F32 = struct.Struct(">f")
+_F64 = struct.Struct(">d")
+_U16 = struct.Struct(">H")
+_I16 = struct.Struct(">h")
+
+
+def skip_value(buf: bytes | memoryview, pos: int) -> int:
+    """Return the offset just past the AMQP value that starts at ``pos``."""
+    try:
+        code = buf[pos]
+        pos += 1
+        if code == 0x00:  # described: descriptor, then the value
+            return skip_value(buf, skip_value(buf, pos))
+        width = _FIXED_WIDTH.get(code)
+        if width is not None:
+            end = pos + width
+        elif code in (0xA0, 0xA1, 0xA3, 0xC0, 0xC1, 0xE0):
+            end = pos + 1 + buf[pos]
+        elif code in (0xB0, 0xB1, 0xB3, 0xD0, 0xD1, 0xF0):
+            end = pos + 4 + _U32.unpack_from(buf, pos)[0]
+        else:
+            raise AmqpDecodeError(f"unknown AMQP type constructor 0x{code:02x} at offset {pos - 1}")
+    except (IndexError, struct.error) as exc:
+        raise AmqpDecodeError("truncated AMQP value") from exc
+    if end > len(buf):
+        raise AmqpDecodeError("truncated AMQP value")
+    return end
+
+
+def split_sections(buf: bytes | memoryview) -> list[tuple[int, int, int]]:
+    """Split an encoded message into ``(section code, start, end)`` triples, in order."""
+    sections: list[tuple[int, int, int]] = []
+    pos = 0
+    size = len(buf)
+    while pos < size:
+        if buf[pos] != 0x00:
+            raise AmqpDecodeError(f"expected a described section at offset {pos}")
+        if buf[pos + 1] == 0x53:
+            code = buf[pos + 2]
+        elif buf[pos + 1] == 0x80:
+            code = _U64.unpack_from(buf, pos + 2)[0]
+        else:
+            raise AmqpDecodeError(f"unsupported section descriptor at offset {pos}")
+        end = skip_value(buf, pos)
+        sections.append((code, pos, end))
+        pos = end
+    return sections
+
+
+def decode_value(buf: bytes | memoryview, pos: int = 0) -> tuple[Any, int]:
+    """Decode one AMQP value at ``pos``; return ``(value, offset after it)``.
+
+    Described values decode to ``(descriptor, value)`` tuples; symbols to :class:`Symbol`,
+    timestamps to :class:`Timestamp`, uuids to :class:`uuid.UUID`, binaries to ``bytes``.
+    """
+    try:
+        return _decode(buf, pos)
+    except (IndexError, struct.error, UnicodeDecodeError) as exc:
+        raise AmqpDecodeError(f"malformed AMQP value at offset {pos}") from exc
+
+
+def _decode(buf: bytes | memoryview, pos: int) -> tuple[Any, int]:  # noqa: PLR0911, PLR0912
+    code = buf[pos]
+    pos += 1
+    if code == 0x40:
+        return None, pos
+    if code == 0x41:
+        return True, pos
+    if code == 0x42:
+        return False, pos
+    if code in (0x43, 0x44):
+        return 0, pos
+    if code == 0x45:
+        return [], pos
+    if code in (0x50, 0x52, 0x53):
+        return buf[pos], pos + 1
+    if code in (0x51, 0x54, 0x55):
+        value = buf[pos]
+        return (value - 256 if value > 127 else value), pos + 1
+    if code == 0x56:
+        return buf[pos] != 0, pos + 1
+    if code == 0x60:
+        return _U16.unpack_from(buf, pos)[0], pos + 2
+    if code == 0x61:
+        return _I16.unpack_from(buf, pos)[0], pos + 2
+    if code == 0x70:
+        return _U32.unpack_from(buf, pos)[0], pos + 4
+    if code == 0x71:
+        return _I32.unpack_from(buf, pos)[0], pos + 4
+    if code == 0x72:
+        return _F32.unpack_from(buf, pos)[0], pos + 4
+    if code == 0x80:
+        return _U64.unpack_from(buf, pos)[0], pos + 8
+    if code == 0x81:
+        return _I64.unpack_from(buf, pos)[0], pos + 8
+    if code == 0x82:
+        return _F64.unpack_from(buf, pos)[0], pos + 8
+    if code == 0x83:
+        return Timestamp(_I64.unpack_from(buf, pos)[0]), pos + 8
+    if code == 0x98:
+        return uuid.UUID(bytes=bytes(buf[pos : pos + 16])), pos + 16
+    if code in (0xA0, 0xA1, 0xA3):
+        size = buf[pos]
+        pos += 1
+        return _variable(code, buf[pos : pos + size]), pos + size
+    if code in (0xB0, 0xB1, 0xB3):
+        size = _U32.unpack_from(buf, pos)[0]
+        pos += 4
+        return _variable(code, buf[pos : pos + size]), pos + size
+    if code in (0xC0, 0xC1):
+        end = pos + 1 + buf[pos]
+        count = buf[pos + 1]
+        return _compound(code == 0xC1, buf, pos + 2, count), end
+    if code in (0xD0, 0xD1):
+        end = pos + 4 + _U32.unpack_from(buf, pos)[0]
+        count = _U32.unpack_from(buf, pos + 4)[0]
+        return _compound(code == 0xD1, buf, pos + 8, count), end
+    if code in (0xE0, 0xF0):
+        if code == 0xE0:
+            end = pos + 1 + buf[pos]
+            count = buf[pos + 1]
+            pos += 2
+        else:
+            end = pos + 4 + _U32.unpack_from(buf, pos)[0]
+            count = _U32.unpack_from(buf, pos + 4)[0]
+            pos += 8
+        return _array(buf, pos, count), end
+    if code == 0x00:
+        descriptor, pos = _decode(buf, pos)
+        value, pos = _decode(buf, pos)
+        return (descriptor, value), pos
+    width = _FIXED_WIDTH.get(code)
+    if width is not None:  # decimal and char types: keep the raw bytes
+        return bytes(buf[pos : pos + width]), pos + width
+    raise AmqpDecodeError(f"unknown AMQP type constructor 0x{code:02x}")
+
+
+def _variable(code: int, raw: bytes | memoryview) -> Any:
+    if code in (0xA0, 0xB0):
+        return bytes(raw)
+    text = bytes(raw).decode("utf-8")
+    return Symbol(text) if code in (0xA3, 0xB3) else text
+
+
+def _compound(is_map: bool, buf: bytes | memoryview, pos: int, count: int) -> Any:
+    items = []
+    for _ in range(count):
+        item, pos = _decode(buf, pos)
+        items.append(item)
+    if not is_map:
+        return items
+    return dict(zip(items[0::2], items[1::2], strict=True))
+
+
+def _array(buf: bytes | memoryview, pos: int, count: int) -> list[Any]:
+    # An array shares one constructor: decode each element by prefixing it again.
+    constructor_start = pos
+    if buf[pos] == 0x00:
+        raise AmqpDecodeError("described arrays are not supported")
+    code = buf[pos]
+    pos += 1
+    items = []
+    prefix = bytes([code])
+    for _ in range(count):
+        width = _FIXED_WIDTH.get(code)
+        if width is not None:
+            chunk = prefix + bytes(buf[pos : pos + width])
+            pos += width
+        elif code in (0xA0, 0xA1, 0xA3, 0xC0, 0xC1, 0xE0):
+            size = buf[pos]
+            chunk = prefix + bytes(buf[pos : pos + 1 + size])
+            pos += 1 + size
+        else:
+            size = _U32.unpack_from(buf, pos)[0]
+            chunk = prefix + bytes(buf[pos : pos + 4 + size])
+            pos += 4 + size
+        items.append(_decode(chunk, 0)[0])
+    del constructor_start
+    return items
+
+
+def encode_value(value: Any) -> bytes:
+    """Encode a Python value as AMQP (see :func:`decode_value` for the mapping)."""
+    out = bytearray()
+    _encode(out, value)
+    return bytes(out)
+
+
+def _encode(out: bytearray, value: Any) -> None:  # noqa: PLR0912
+    if value is None:
+        out.append(0x40)
+    elif value is True:
+        out.append(0x41)
+    elif value is False:
+        out.append(0x42)
+    elif isinstance(value, Timestamp):
+        out.append(0x83)
+        out += _I64.pack(value)
+    elif isinstance(value, int):
+        out.append(0x81)
+        out += _I64.pack(value)
+    elif isinstance(value, float):
+        out.append(0x82)
+        out += _F64.pack(value)
+    elif isinstance(value, Symbol):
+        raw = value.encode("ascii")
+        _encode_variable(out, 0xA3, 0xB3, raw)
+    elif isinstance(value, str):
+        _encode_variable(out, 0xA1, 0xB1, value.encode("utf-8"))
+    elif isinstance(value, bytes | bytearray | memoryview):
+        _encode_variable(out, 0xA0, 0xB0, bytes(value))
+    elif isinstance(value, uuid.UUID):
+        out.append(0x98)
+        out += value.bytes
+    elif isinstance(value, dict):
+        body = bytearray()
+        for key, item in value.items():
+            _encode(body, key)
+            _encode(body, item)
+        _encode_compound(out, 0xD1, body, len(value) * 2)
+    elif isinstance(value, list | tuple):
+        body = bytearray()
+        for item in value:
+            _encode(body, item)
+        _encode_compound(out, 0xD0, body, len(value))
+    else:
+        raise TypeError(f"cannot encode {type(value).__name__} as AMQP")
+
+
+def _encode_variable(out: bytearray, small: int, large: int, raw: bytes) -> None:
+    if len(raw) < 256:
+        out.append(small)
+        out.append(len(raw))
+    else:
+        out.append(large)
+        out += _U32.pack(len(raw))
+    out += raw
+
+
+def _encode_compound(out: bytearray, code32: int, body: bytes | bytearray, count: int) -> None:
+    out.append(code32)
+    out += _U32.pack(len(body) + 4)
+    out += _U32.pack(count)
+    out += body
+
+
+def encode_array(element_code: int, encoded_elements: list[bytes]) -> bytes:
+    """Encode an AMQP array of one primitive type from elements encoded without constructor."""
+    body = b"".join(encoded_elements)
+    return (
+        b"\xf0"
+        + _U32.pack(len(body) + 5)
+        + _U32.pack(len(encoded_elements))
+        + bytes([element_code])
+        + body
+    )
+
+
+def long_array(values: list[int]) -> bytes:
+    """An AMQP ``long[]`` (sequence numbers)."""
+    return encode_array(0x81, [_I64.pack(v) for v in values])
+
+
+def timestamp_array(values: list[int]) -> bytes:
+    """An AMQP ``timestamp[]`` (lock expirations), values in ms since the epoch."""
+    return encode_array(0x83, [_I64.pack(v) for v in values])
+
+
+def uuid_array(values: list[uuid.UUID]) -> bytes:
+    """An AMQP ``uuid[]`` (lock tokens)."""
+    return encode_array(0x98, [v.bytes for v in values])
+
+
+class Raw(bytes):
+    """Pre-encoded AMQP bytes to embed verbatim when encoding a container."""
+
+    __slots__ = ()
+
+
+def encode_header_section(
+    durable: bool, priority: int | None, ttl_ms: int | None, delivery_count: int
+) -> bytes:
+    """Encode a header section (first-acquirer is always false)."""
+    fields = bytearray()
+    fields.append(0x41 if durable else 0x42)
+    if priority is None:
+        fields.append(0x40)
+    else:
+        fields += bytes((0x50, priority & 0xFF))
+    if ttl_ms is None:
+        fields.append(0x40)
+    else:
+        fields.append(0x70)
+        fields += _U32.pack(min(ttl_ms, 0xFFFFFFFF))
+    fields.append(0x42)
+    fields.append(0x70)
+    fields += _U32.pack(delivery_count)
+    return b"\x00\x53\x70\xc0" + bytes((len(fields) + 1, 5)) + bytes(fields)
+
+
+def encode_annotations_section(
+    original_entries: bytes, original_count: int, extra: bytes, extra_count: int
+) -> bytes:
+    """Encode a message-annotations section from raw map entries (keys and values)."""
+    body = original_entries + extra
+    count = original_count + extra_count
+    return b"\x00\x53\x72\xd1" + _U32.pack(len(body) + 4) + _U32.pack(count) + body
+
+
+def encode_map_entries(entries: dict[Any, Any]) -> bytes:
+    """Encode map entries without the map constructor (to append to an existing map)."""
+    out = bytearray()
+    for key, value in entries.items():
+        if isinstance(value, Raw):
+            _encode(out, key)
+            out += value
+        else:
+            _encode(out, key)
+            _encode(out, value)
+    return bytes(out)
+
+
+def map_entries(buf: bytes | memoryview, start: int) -> tuple[bytes, int]:
+    """Return ``(raw entries, element count)`` of the map value at ``start``."""
+    code = buf[start]
+    if code == 0xC1:
+        size, count = buf[start + 1], buf[start + 2]
+        return bytes(buf[start + 3 : start + 2 + size]), count
+    if code == 0xD1:
+        size = _U32.unpack_from(buf, start + 1)[0]
+        count = _U32.unpack_from(buf, start + 5)[0]
+        return bytes(buf[start + 9 : start + 5 + size]), count
+    if code == 0x40:
+        return b"", 0
+    raise AmqpDecodeError("annotations section does not hold a map")
+
+
+@dataclass(slots=True)
+class ParsedMessage:
+    """What the broker needs to know of a message, plus its bare bytes.
+
+    Attributes:
+        bare: properties through footer, exactly as the client encoded them.
+        annotation_entries: raw map entries of the client's message annotations.
+        annotation_count: number of elements (keys + values) in ``annotation_entries``.
+        annotations: decoded message annotations (keys as str).
+        properties: decoded properties list (AMQP order: message-id, user-id, to, subject,
+            reply-to, correlation-id, content-type, content-encoding, absolute-expiry-time,
+            creation-time, group-id, group-sequence, reply-to-group-id).
+        data_sections: (start, end) offsets in ``payload`` of each data section's binary.
+        ttl_ms: header time-to-live, if set.
+    """
+
+    payload: bytes
+    bare: bytes
+    annotation_entries: bytes
+    annotation_count: int
+    annotations: dict[str, Any]
+    properties: list[Any]
+    data_sections: list[tuple[int, int]]
+    durable: bool
+    priority: int | None
+    ttl_ms: int | None
+
+    @property
+    def message_id(self) -> Any:
+        return self.properties[0] if self.properties else None
+
+    @property
+    def content_type(self) -> str | None:
+        value = self.properties[6] if len(self.properties) > 6 else None
+        return str(value) if value is not None else None
+
+    @property
+    def session_id(self) -> str | None:
+        value = self.properties[10] if len(self.properties) > 10 else None
+        return str(value) if value is not None else None
+
+
+def parse_message(payload: bytes) -> ParsedMessage:
+    """Parse an encoded message into a :class:`ParsedMessage`.
+
+    Raises:
+        AmqpDecodeError: the payload is not a well-formed message.
+    """
+    durable = False
+    priority: int | None = None
+    ttl_ms: int | None = None
+    annotation_entries = b""
+    annotation_count = 0
+    annotations: dict[str, Any] = {}
+    properties: list[Any] = []
+    data_sections: list[tuple[int, int]] = []
+    bare_start: int | None = None
+    for code, start, end in split_sections(payload):
+        if code in _BARE_SECTIONS and bare_start is None:
+            bare_start = start
+        value_start = start + 3 if payload[start + 1] == 0x53 else start + 10
+        if code == SECTION_HEADER:
+            header, _ = decode_value(payload, value_start)
+            header = list(header) + [None] * (5 - len(header))
+            durable = bool(header[0])
+            priority = header[1]
+            ttl_ms = header[2]
+        elif code == SECTION_MESSAGE_ANNOTATIONS:
+            annotation_entries, annotation_count = map_entries(payload, value_start)
+            decoded, _ = decode_value(payload, value_start)
+            annotations = {str(k): v for k, v in (decoded or {}).items()}
+        elif code == SECTION_PROPERTIES:
+            properties, _ = decode_value(payload, value_start)
+        elif code == SECTION_DATA:
+            inner_start = value_start + (2 if payload[value_start] == 0xA0 else 5)
+            data_sections.append((inner_start, end))
+    bare = payload[bare_start:] if bare_start is not None else b""
+    return ParsedMessage(
+        payload=payload,
+        bare=bare,
+        annotation_entries=annotation_entries,
+        annotation_count=annotation_count,
+        annotations=annotations,
+        properties=list(properties or []),
+        data_sections=data_sections,
+        durable=durable,
+        priority=priority,
+        ttl_ms=ttl_ms,
+    )
+
+
+def is_batch(parsed: ParsedMessage) -> bool:
+    """Guess whether a transfer is a Service Bus batch (message format 0x80013700).
+
+    Proton's Python binding does not expose a transfer's message-format, so a batch is
+    recognised by its shape: every data section holds an encoded AMQP message (it starts
+    with a described section constructor ``00 53 7x``). A single message whose binary body
+    happens to start with those bytes would be taken for a batch; the SDK never sends such
+    a body for an unbatched send of application data, and the payload would still have to
+    parse as a complete message, so the ambiguity is accepted.
+    """
+    if not parsed.data_sections:
+        return False
+    payload = parsed.payload
+    for start, end in parsed.data_sections:
+        if end - start < 3 or payload[start] != 0x00 or payload[start + 1] != 0x53:
+            return False
+        if not 0x70 <= payload[start + 2] <= 0x78:
+            return False
+    return True

@@ -1,0 +1,147 @@
+"""The emulator's HTTP control endpoint (loopback only): faults, entities, inspection.
+
+Routes (JSON in, JSON out):
+
+- ``GET  /``                                   every namespace, its port and connection string
+- ``GET  /namespaces/{ns}/entities``           runtime counts per queue/subscription
+- ``POST /namespaces/{ns}/queues``             ``{"name": ..., "properties": {...}}``
+- ``POST /namespaces/{ns}/topics``             ``{"name": ..., "subscriptions": [...], "properties": {...}}``
+- ``POST /namespaces/{ns}/faults/{fault}``     ``outage``, ``restore``, ``blackhole``,
+  ``latency`` (``{"seconds": 0.2}``), ``reject-sends`` (``{"condition": "server-busy"}``),
+  ``drop-dispositions`` (``{"count": 3}``), ``disaster``
+- ``GET  /namespaces/{ns}/faults``             the namespace's current faults
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from aiohttp import web
+
+from georep.adapters.emulator._broker import BrokerError
+from georep.adapters.emulator._server import SEND_REJECT_CONDITIONS, NamespaceServer, default_properties
+
+if TYPE_CHECKING:
+    from georep.adapters.emulator._server import EmulatorServer
+
+__all__ = ["FAULTS", "build_control_app"]
+
+FAULTS = ("outage", "restore", "blackhole", "latency", "reject-sends", "drop-dispositions", "disaster")
+
+
+def _error(status: int, message: str) -> web.Response:
+    return web.json_response({"error": message}, status=status)
+
+
+def build_control_app(emulator: EmulatorServer) -> web.Application:
+    """The aiohttp application serving the control routes for ``emulator``."""
+    routes = web.RouteTableDef()
+
+    def namespace(request: web.Request) -> NamespaceServer:
+        name = request.match_info["ns"]
+        server = emulator.namespaces.get(name)
+        if server is None:
+            known = ", ".join(emulator.namespaces)
+            raise web.HTTPNotFound(
+                text=f'{{"error": "unknown namespace \'{name}\'; this emulator has: {known}"}}',
+                content_type="application/json",
+            )
+        return server
+
+    async def body(request: web.Request) -> dict[str, Any]:
+        if not request.can_read_body:
+            return {}
+        try:
+            value = await request.json()
+        except ValueError:
+            raise web.HTTPBadRequest(text='{"error": "the body must be JSON"}', content_type="application/json") from None
+        if not isinstance(value, dict):
+            raise web.HTTPBadRequest(text='{"error": "the body must be a JSON object"}', content_type="application/json")
+        return value
+
+    @routes.get("/")
+    async def describe(request: web.Request) -> web.Response:
+        return web.json_response(emulator.describe())
+
+    @routes.get("/namespaces/{ns}/entities")
+    async def entities(request: web.Request) -> web.Response:
+        return web.json_response(namespace(request).describe_entities())
+
+    @routes.get("/namespaces/{ns}/faults")
+    async def faults(request: web.Request) -> web.Response:
+        return web.json_response(namespace(request).faults.as_dict())
+
+    @routes.post("/namespaces/{ns}/queues")
+    async def create_queue(request: web.Request) -> web.Response:
+        server = namespace(request)
+        data = await body(request)
+        try:
+            properties = default_properties("queue", dict(data.get("properties") or {}))
+            server.namespace.create_queue(str(data["name"]), properties)  # type: ignore[arg-type]
+        except KeyError:
+            return _error(400, "a queue needs a 'name'")
+        except TypeError as exc:
+            return _error(400, f"unknown queue property: {exc}")
+        except BrokerError as exc:
+            return _error(409, exc.description)
+        return web.json_response({"created": data["name"]}, status=201)
+
+    @routes.post("/namespaces/{ns}/topics")
+    async def create_topic(request: web.Request) -> web.Response:
+        server = namespace(request)
+        data = await body(request)
+        try:
+            name = str(data["name"])
+            properties = default_properties("topic", dict(data.get("properties") or {}))
+            server.namespace.create_topic(name, properties)  # type: ignore[arg-type]
+            for subscription in data.get("subscriptions") or ():
+                server.namespace.create_subscription(name, str(subscription))
+        except KeyError:
+            return _error(400, "a topic needs a 'name'")
+        except TypeError as exc:
+            return _error(400, f"unknown topic property: {exc}")
+        except BrokerError as exc:
+            return _error(409, exc.description)
+        return web.json_response({"created": name}, status=201)
+
+    @routes.post("/namespaces/{ns}/faults/{fault}")
+    async def inject(request: web.Request) -> web.Response:
+        server = namespace(request)
+        fault = request.match_info["fault"]
+        data = await body(request)
+        if fault == "outage":
+            await server.outage()
+        elif fault == "restore":
+            await server.restore()
+        elif fault == "blackhole":
+            server.blackhole()
+        elif fault == "disaster":
+            await server.disaster()
+        elif fault == "latency":
+            try:
+                seconds = float(data["seconds"])
+            except (KeyError, TypeError, ValueError):
+                return _error(400, "latency needs {'seconds': <number >= 0>}")
+            if seconds < 0:
+                return _error(400, "latency seconds must be >= 0")
+            server.faults.latency = seconds
+        elif fault == "reject-sends":
+            condition = data.get("condition")
+            if condition is not None and condition not in SEND_REJECT_CONDITIONS:
+                return _error(400, f"condition must be one of {sorted(SEND_REJECT_CONDITIONS)} or null")
+            server.faults.reject_sends = condition
+        elif fault == "drop-dispositions":
+            try:
+                count = int(data["count"])
+            except (KeyError, TypeError, ValueError):
+                return _error(400, "drop-dispositions needs {'count': <int >= 0>}")
+            if count < 0:
+                return _error(400, "count must be >= 0")
+            server.faults.dropped_dispositions = count
+        else:
+            return _error(404, f"unknown fault '{fault}'; one of {', '.join(FAULTS)}")
+        return web.json_response(server.faults.as_dict())
+
+    app = web.Application()
+    app.add_routes(routes)
+    return app

@@ -1,0 +1,305 @@
+"""The emulator as a Python object: start it, get connection strings, inject faults.
+
+The emulator runs in a child process, so the AMQP server never competes with the code
+under test for the GIL and a sync SDK client cannot deadlock it. Control calls go to the
+child's loopback HTTP control endpoint and return once the fault is in force.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from types import TracebackType
+from typing import IO, TYPE_CHECKING, Any, Literal, Self
+
+from georep.exceptions import EmulatorError
+
+if TYPE_CHECKING:
+    from azure.servicebus.aio.management import ServiceBusAdministrationClient as AsyncAdminClient
+    from azure.servicebus.management import ServiceBusAdministrationClient
+
+__all__ = ["Emulator", "NamespaceControl", "SendRejection"]
+
+SendRejection = Literal["server-busy", "timeout", "internal-error", "quota-exceeded"]
+_CONTROL_TIMEOUT = 10.0
+
+
+class NamespaceControl:
+    """One emulated namespace: its connection string and its faults.
+
+    Every fault call returns once the fault is in force and lasts until :meth:`restore`.
+    """
+
+    def __init__(self, emulator: Emulator, name: str, port: int, connection_string: str) -> None:
+        self._emulator = emulator
+        self.name = name
+        self.port = port
+        self.connection_string = connection_string
+
+    def __repr__(self) -> str:  # never show the key
+        return f"NamespaceControl(name={self.name!r}, port={self.port})"
+
+    def _fault(self, fault: str, body: dict[str, Any] | None = None) -> dict[str, Any]:
+        result: dict[str, Any] = self._emulator._call("POST", f"/namespaces/{self.name}/faults/{fault}", body)
+        return result
+
+    def outage(self) -> None:
+        """Refuse connections and drop existing ones (SDK: ``ServiceBusConnectionError``). Data is kept."""
+        self._fault("outage")
+
+    def restore(self) -> None:
+        """End every fault; the namespace listens again on the same port."""
+        self._fault("restore")
+
+    def blackhole(self) -> None:
+        """Accept connections but never answer (SDK: ``OperationTimeoutError`` after its timeout)."""
+        self._fault("blackhole")
+
+    def latency(self, seconds: float) -> None:
+        """Add ``seconds`` to every response of this namespace (0 removes it)."""
+        self._fault("latency", {"seconds": seconds})
+
+    def reject_sends(self, condition: SendRejection | None = "server-busy") -> None:
+        """Reject every send with ``condition`` (``None`` stops rejecting).
+
+        ``server-busy`` -> ``ServiceBusServerBusyError``, ``timeout`` -> ``OperationTimeoutError``,
+        ``internal-error`` -> ``ServiceBusError``, ``quota-exceeded`` -> ``ServiceBusQuotaExceededError``.
+        """
+        self._fault("reject-sends", {"condition": condition})
+
+    def drop_dispositions(self, count: int) -> None:
+        """Store the next ``count`` sent messages but never answer their sends.
+
+        The sender times out although the message was stored: the seed's "duplicate
+        reception" hazard when the sender then retries elsewhere.
+        """
+        self._fault("drop-dispositions", {"count": count})
+
+    def disaster(self) -> None:
+        """An outage in which every message of this namespace is lost (entities stay)."""
+        self._fault("disaster")
+
+    def faults(self) -> dict[str, Any]:
+        """The faults in force now."""
+        result: dict[str, Any] = self._emulator._call("GET", f"/namespaces/{self.name}/faults")
+        return result
+
+    def entities(self) -> dict[str, dict[str, Any]]:
+        """Runtime counts per queue and subscription (``active_message_count``, ...)."""
+        result: dict[str, dict[str, Any]] = self._emulator._call("GET", f"/namespaces/{self.name}/entities")
+        return result
+
+    def message_count(self, entity: str) -> int:
+        """Messages stored in ``entity`` (active, locked, deferred, scheduled, dead-lettered)."""
+        try:
+            return int(self.entities()[entity]["total_message_count"])
+        except KeyError:
+            raise EmulatorError(f"namespace '{self.name}' has no queue or subscription '{entity}'") from None
+
+    def create_queue(self, name: str, **properties: Any) -> None:
+        """Create a queue; ``properties`` are ``QueueProperties`` names, durations in seconds."""
+        self._emulator._call("POST", f"/namespaces/{self.name}/queues", {"name": name, "properties": properties})
+
+    def create_topic(self, name: str, subscriptions: Sequence[str] = (), **properties: Any) -> None:
+        """Create a topic with subscriptions."""
+        self._emulator._call(
+            "POST",
+            f"/namespaces/{self.name}/topics",
+            {"name": name, "subscriptions": list(subscriptions), "properties": properties},
+        )
+
+
+class Emulator:
+    """A local multi-region Service Bus, run in a child process.
+
+    Use it as a context manager (sync or async)::
+
+        async with Emulator(namespaces=("primary", "secondary"), queues=("orders",)) as emu:
+            conn = emu.connection_string("primary")
+            emu.namespace("primary").outage()
+
+    Args:
+        namespaces: namespace (region) names; each gets its own loopback port and keys.
+        queues: queues created in every namespace.
+        topics: topics created in every namespace, mapped to their subscription names.
+        ports: one port per namespace; default: any free port.
+        control_port: the HTTP control endpoint's port; default: any free port.
+        startup_timeout: seconds to wait for the child to be ready.
+    """
+
+    def __init__(
+        self,
+        namespaces: Sequence[str] = ("primary", "secondary"),
+        queues: Sequence[str] = (),
+        topics: Mapping[str, Sequence[str]] | None = None,
+        *,
+        ports: Sequence[int] | None = None,
+        control_port: int = 0,
+        startup_timeout: float = 30.0,
+    ) -> None:
+        if isinstance(namespaces, str) or isinstance(queues, str):
+            raise TypeError("namespaces and queues are sequences of names, not a single string")
+        if ports is not None and len(ports) != len(namespaces):
+            raise ValueError("give one port per namespace")
+        self._namespace_names = tuple(namespaces)
+        self._queues = tuple(queues)
+        self._topics = {k: tuple(v) for k, v in (topics or {}).items()}
+        self._ports = tuple(ports) if ports is not None else (0,) * len(self._namespace_names)
+        self._control_port = control_port
+        self._startup_timeout = startup_timeout
+        self._process: subprocess.Popen[bytes] | None = None
+        self._description: dict[str, Any] | None = None
+        self._namespaces: dict[str, NamespaceControl] = {}
+        self._stderr: IO[bytes] = io.BytesIO()
+
+    # -- lifecycle ---------------------------------------------------------------------
+    def start(self) -> None:
+        """Start the child process and wait until every namespace listens.
+
+        Raises:
+            EmulatorError: the child failed to start in time (its stderr is in the message).
+        """
+        if self._process is not None:
+            raise EmulatorError("this emulator is already running")
+        command = [sys.executable, "-m", "georep.adapters.emulator", "--json", "--stop-on-stdin-eof"]
+        command += ["--control-port", str(self._control_port)]
+        for name, port in zip(self._namespace_names, self._ports, strict=True):
+            command += ["--namespace", name, "--port", str(port)]
+        for queue in self._queues:
+            command += ["--queue", queue]
+        for topic, subscriptions in self._topics.items():
+            command += ["--topic", f"{topic}:{','.join(subscriptions)}"]
+        # The child's log goes to a private file, read back only if it fails to start.
+        self._stderr = tempfile.TemporaryFile()
+        process = subprocess.Popen(
+            command,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=self._stderr,
+            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        )
+        self._process = process
+        assert process.stdout is not None
+        deadline = time.monotonic() + self._startup_timeout
+        line = b""
+        while time.monotonic() < deadline:
+            line = process.stdout.readline()
+            if line.startswith(b"{") or process.poll() is not None:
+                break
+        if not line.startswith(b"{"):
+            self._kill()
+            self._process = None
+            self._stderr.seek(0)
+            stderr = self._stderr.read().decode(errors="replace")
+            raise EmulatorError(f"the emulator did not start: {stderr.strip()[-2000:] or 'no output'}")
+        self._description = json.loads(line)
+        process.stdout.close()
+        for name, info in self._description["namespaces"].items():
+            self._namespaces[name] = NamespaceControl(self, name, int(info["port"]), info["connection_string"])
+
+    def stop(self) -> None:
+        """Stop the child process (idempotent)."""
+        process = self._process
+        if process is None:
+            return
+        if process.stdin is not None:
+            process.stdin.close()  # the child exits on EOF
+        try:
+            process.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self._kill()
+        self._process = None
+        self._stderr.close()
+
+    def _kill(self) -> None:
+        if self._process is not None and self._process.poll() is None:
+            self._process.kill()
+            self._process.wait(timeout=10)
+
+    def __enter__(self) -> Self:
+        self.start()
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
+        self.stop()
+
+    async def __aenter__(self) -> Self:
+        await asyncio.to_thread(self.start)
+        return self
+
+    async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
+        await asyncio.to_thread(self.stop)
+
+    # -- access ----------------------------------------------------------------------------
+    def _require(self) -> dict[str, Any]:
+        if self._description is None or self._process is None:
+            raise EmulatorError("the emulator is not running: use it as a context manager or call start()")
+        return self._description
+
+    @property
+    def namespaces(self) -> tuple[str, ...]:
+        return self._namespace_names
+
+    @property
+    def control_url(self) -> str:
+        return str(self._require()["control_url"])
+
+    @property
+    def ca_file(self) -> Path:
+        """The emulator's self-signed certificate, for the admin client's ``connection_verify``."""
+        return Path(self._require()["ca_file"])
+
+    @property
+    def pid(self) -> int:
+        return int(self._require()["pid"])
+
+    def namespace(self, name: str) -> NamespaceControl:
+        self._require()
+        try:
+            return self._namespaces[name]
+        except KeyError:
+            raise EmulatorError(f"unknown namespace '{name}'; this emulator has {', '.join(self._namespaces)}") from None
+
+    def connection_string(self, name: str) -> str:
+        """The namespace's connection string (``UseDevelopmentEmulator=true``, plain AMQP)."""
+        return self.namespace(name).connection_string
+
+    def admin_client(self, name: str) -> ServiceBusAdministrationClient:
+        """A sync ``ServiceBusAdministrationClient`` for ``name`` that trusts the emulator's certificate."""
+        from azure.servicebus.management import ServiceBusAdministrationClient
+
+        return ServiceBusAdministrationClient.from_connection_string(
+            self.connection_string(name), connection_verify=str(self.ca_file)
+        )
+
+    def async_admin_client(self, name: str) -> AsyncAdminClient:
+        """An async ``ServiceBusAdministrationClient`` (needs aiohttp) for ``name``."""
+        from azure.servicebus.aio.management import ServiceBusAdministrationClient as AsyncAdmin
+
+        return AsyncAdmin.from_connection_string(self.connection_string(name), connection_verify=str(self.ca_file))
+
+    def _call(self, method: str, path: str, body: dict[str, Any] | None = None) -> Any:
+        url = self.control_url + path
+        data = json.dumps(body).encode() if body is not None else None
+        request = urllib.request.Request(url, data=data, method=method, headers={"Content-Type": "application/json"})
+        try:
+            with urllib.request.urlopen(request, timeout=_CONTROL_TIMEOUT) as response:
+                return json.loads(response.read() or b"null")
+        except urllib.error.HTTPError as exc:
+            try:
+                message = json.loads(exc.read()).get("error", str(exc))
+            except ValueError:
+                message = str(exc)
+            raise EmulatorError(f"emulator control {method} {path} failed: {message}") from None
+        except (urllib.error.URLError, OSError) as exc:
+            raise EmulatorError(f"emulator control endpoint unreachable ({exc}); is the emulator still running?") from None

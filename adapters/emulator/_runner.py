@@ -1,0 +1,131 @@
+"""Run the emulator in the foreground: ``python -m georep.adapters.emulator`` and ``georep emulator``."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import logging
+import signal
+import sys
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from georep.adapters.emulator._server import (
+    DEFAULT_CONTROL_PORT,
+    DEFAULT_PORTS,
+    EmulatorServer,
+    NamespaceSpec,
+)
+
+__all__ = ["build_specs", "main", "parse_topic", "serve"]
+
+
+def parse_topic(text: str) -> tuple[str, tuple[str, ...]]:
+    """``"events:audit,billing"`` -> ``("events", ("audit", "billing"))``."""
+    name, _, subscriptions = text.partition(":")
+    if not name:
+        raise ValueError(f"topic '{text}' needs a name, as NAME or NAME:SUB1,SUB2")
+    return name, tuple(s for s in subscriptions.split(",") if s)
+
+
+def build_specs(
+    namespaces: Sequence[str],
+    ports: Sequence[int],
+    queues: Sequence[str],
+    topics: Sequence[str],
+) -> list[NamespaceSpec]:
+    """One spec per namespace; every namespace gets the same entities (a geo pair)."""
+    if ports and len(ports) != len(namespaces):
+        raise ValueError(f"give one port per namespace: {len(namespaces)} namespaces, {len(ports)} ports")
+    parsed_topics = dict(parse_topic(t) for t in topics)
+    return [
+        NamespaceSpec(
+            name=name,
+            port=ports[i] if ports else 0,
+            queues=tuple(queues),
+            topics=parsed_topics,
+        )
+        for i, name in enumerate(namespaces)
+    ]
+
+
+async def serve(
+    specs: Sequence[NamespaceSpec],
+    *,
+    control_port: int,
+    on_ready: Callable[[dict[str, Any]], None],
+    stop_on_stdin_eof: bool = False,
+) -> None:
+    """Start the emulator, call ``on_ready`` with its description, run until stopped.
+
+    Stops on SIGINT/SIGTERM, or when standard input closes if ``stop_on_stdin_eof``
+    (how a parent process that dies takes its emulator with it).
+    """
+    server = EmulatorServer(specs, control_port=control_port)
+    await server.start()
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    watcher: asyncio.Task[None] | None = None
+    if stop_on_stdin_eof:
+        watcher = asyncio.create_task(_wait_for_stdin_eof(stop))
+    try:
+        on_ready(server.describe())
+        await stop.wait()
+    finally:
+        if watcher is not None:
+            watcher.cancel()
+        await server.close()
+
+
+async def _wait_for_stdin_eof(stop: asyncio.Event) -> None:
+    await asyncio.to_thread(sys.stdin.buffer.read)
+    stop.set()
+
+
+def _argument_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m georep.adapters.emulator",
+        description="A local two-region Azure Service Bus emulator (AMQP 1.0, real SAS, fault injection).",
+    )
+    parser.add_argument("--namespace", action="append", dest="namespaces", help="namespace name (repeat); default primary, secondary")
+    parser.add_argument("--port", action="append", type=int, dest="ports", help="port per namespace, in order (0 = any free)")
+    parser.add_argument("--queue", action="append", dest="queues", default=[], help="queue to create in every namespace (repeat)")
+    parser.add_argument("--topic", action="append", dest="topics", default=[], help="topic NAME[:SUB1,SUB2] to create in every namespace")
+    parser.add_argument("--control-port", type=int, default=DEFAULT_CONTROL_PORT, help="HTTP control port (0 = any free)")
+    parser.add_argument("--json", action="store_true", help="print one JSON line describing the emulator once it is ready")
+    parser.add_argument("--stop-on-stdin-eof", action="store_true", help="exit when standard input closes")
+    parser.add_argument("--log-level", default="WARNING")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _argument_parser().parse_args(argv)
+    logging.basicConfig(level=args.log_level.upper(), stream=sys.stderr, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    namespaces = args.namespaces or ["primary", "secondary"]
+    ports = args.ports or ([*DEFAULT_PORTS] if namespaces == ["primary", "secondary"] else [])
+    try:
+        specs = build_specs(namespaces, ports, args.queues, args.topics)
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+
+    def on_ready(description: dict[str, Any]) -> None:
+        if args.json:
+            print(json.dumps(description), flush=True)
+            return
+        print(f"georep emulator ready (control: {description['control_url']}, CA file: {description['ca_file']})")
+        for name, info in description["namespaces"].items():
+            print(f"  {name}: {info['connection_string']}")
+        print("Ctrl-C to stop.", flush=True)
+
+    with contextlib.suppress(KeyboardInterrupt):
+        try:
+            asyncio.run(serve(specs, control_port=args.control_port, on_ready=on_ready, stop_on_stdin_eof=args.stop_on_stdin_eof))
+        except OSError as exc:
+            print(f"error: cannot start the emulator: {exc}. Pick free ports with --port/--control-port (0 = any).", file=sys.stderr)
+            return 1
+    return 0

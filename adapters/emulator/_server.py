@@ -1,0 +1,454 @@
+"""The emulator's servers: one listener per namespace, plus the HTTP control endpoint.
+
+Each namespace listens on one loopback port. The first byte a client sends picks the
+protocol: ``AMQP`` goes to Proton (the SDK's senders and receivers), ``0x16`` (a TLS
+ClientHello) goes to the admin HTTPS endpoint, so ``ServiceBusAdministrationClient``
+works with the namespace's own connection string (pass ``connection_verify`` the
+emulator's CA file). Faults are applied per namespace without stopping the process, so
+state survives an outage.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import contextlib
+import hashlib
+import hmac
+import logging
+import os
+import secrets
+import socket
+import tempfile
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+from urllib.parse import parse_qs, quote_plus
+
+from aiohttp import web
+
+from georep.adapters.emulator._amqp import AmqpConnection
+from georep.adapters.emulator._broker import EntityProperties, Namespace, SubscriptionProperties
+
+__all__ = [
+    "DEFAULT_CONTROL_PORT",
+    "DEFAULT_KEY_NAME",
+    "DEFAULT_PORTS",
+    "EmulatorServer",
+    "Faults",
+    "NamespaceServer",
+    "NamespaceSpec",
+]
+
+_LOG = logging.getLogger("georep.emulator")
+
+DEFAULT_KEY_NAME = "RootManageSharedAccessKey"
+# Away from RabbitMQ (5672), Redis (6379) and the AMQP/TLS default 5671.
+DEFAULT_PORTS = (5700, 5701)
+DEFAULT_CONTROL_PORT = 5710
+
+SEND_REJECT_CONDITIONS = {
+    "server-busy": (
+        "com.microsoft:server-busy",
+        "The server is busy. Retry the operation later (injected fault).",
+    ),
+    "timeout": (
+        "com.microsoft:timeout",
+        "The operation did not complete in time (injected fault).",
+    ),
+    "internal-error": (
+        "amqp:internal-error",
+        "The service had an internal error (injected fault).",
+    ),
+    "quota-exceeded": ("amqp:resource-limit-exceeded", "The entity is full (injected fault)."),
+}
+
+
+@dataclass
+class Faults:
+    """Faults injected into one namespace. All off by default."""
+
+    down: bool = False
+    paused: bool = False
+    latency: float = 0.0
+    reject_sends: str | None = None
+    dropped_dispositions: int = 0
+
+    def reject_condition(self) -> tuple[str, str]:
+        assert self.reject_sends is not None
+        return SEND_REJECT_CONDITIONS[self.reject_sends]
+
+    def take_dropped_disposition(self) -> bool:
+        if self.dropped_dispositions > 0:
+            self.dropped_dispositions -= 1
+            return True
+        return False
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "down": self.down,
+            "blackhole": self.paused,
+            "latency": self.latency,
+            "reject_sends": self.reject_sends,
+            "dropped_dispositions": self.dropped_dispositions,
+        }
+
+
+@dataclass(frozen=True, kw_only=True)
+class NamespaceSpec:
+    """What one emulated namespace starts with."""
+
+    name: str
+    port: int = 0
+    key_name: str = DEFAULT_KEY_NAME
+    key: str = ""
+    queues: tuple[str, ...] = ()
+    topics: dict[str, tuple[str, ...]] = field(default_factory=dict)
+
+
+class NamespaceServer:
+    """One namespace: broker state, its listener, SAS keys and faults."""
+
+    def __init__(
+        self, spec: NamespaceSpec, *, ssl_context: Any | None, admin_handler: Any | None
+    ) -> None:
+        self.spec = spec
+        self.name = spec.name
+        self.key_name = spec.key_name
+        self.key = spec.key or base64.b64encode(secrets.token_bytes(32)).decode()
+        self.faults = Faults()
+        self.connections: set[AmqpConnection] = set()
+        self.operations = 0
+        self._idle_sockets: set[socket.socket] = set()
+        self._ssl_context = ssl_context
+        self._admin_handler = admin_handler
+        self._listener: socket.socket | None = None
+        self._accept_task: asyncio.Task[None] | None = None
+        self._timer: asyncio.TimerHandle | None = None
+        self._timer_at: float | None = None
+        self.port = spec.port
+        self.namespace = Namespace(spec.name, on_timer_change=self._arm_timer)
+        for queue in spec.queues:
+            self.namespace.create_queue(queue)
+        for topic, subscriptions in spec.topics.items():
+            self.namespace.create_topic(topic)
+            for subscription in subscriptions:
+                self.namespace.create_subscription(topic, subscription)
+
+    # -- identity ---------------------------------------------------------------------
+    @property
+    def host(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    def connection_string(self) -> str:
+        return (
+            f"Endpoint=sb://{self.host};SharedAccessKeyName={self.key_name};"
+            f"SharedAccessKey={self.key};UseDevelopmentEmulator=true"
+        )
+
+    def count_operation(self) -> None:
+        self.operations += 1
+
+    def verify_sas(self, token: str, audience: str | None = None) -> float:
+        """Check a ``SharedAccessSignature`` token; return its expiry (epoch seconds).
+
+        Raises:
+            PermissionError: the token is malformed, signed with another key, or expired.
+        """
+        prefix = "SharedAccessSignature "
+        if not token.startswith(prefix):
+            raise PermissionError("The token is not a SharedAccessSignature.")
+        fields = {
+            k: v[0] for k, v in parse_qs(token[len(prefix) :], keep_blank_values=True).items()
+        }
+        try:
+            resource, signature, expiry_text, key_name = (
+                fields["sr"],
+                fields["sig"],
+                fields["se"],
+                fields["skn"],
+            )
+            expiry = float(expiry_text)
+        except (KeyError, ValueError):
+            raise PermissionError("The SAS token lacks sr, sig, se or skn.") from None
+        if key_name != self.key_name:
+            raise PermissionError(f"Unknown SAS key name '{key_name}' for namespace '{self.name}'.")
+        to_sign = f"{quote_plus(resource)}\n{expiry_text}".encode()
+        expected = base64.b64encode(
+            hmac.new(self.key.encode(), to_sign, hashlib.sha256).digest()
+        ).decode()
+        if not hmac.compare_digest(expected, signature):
+            raise PermissionError(
+                f"The SAS signature does not match namespace '{self.name}': check the key in the connection string."
+            )
+        if expiry <= time.time():
+            raise PermissionError("The SAS token has expired: mint a new one.")
+        if not _same_host(resource, self.port):
+            raise PermissionError(f"The SAS token is for '{resource}', not this namespace.")
+        return expiry
+
+    # -- timers -----------------------------------------------------------------------
+    def _arm_timer(self, deadline: float) -> None:
+        if self._timer_at is not None and self._timer_at <= deadline:
+            return
+        if self._timer is not None:
+            self._timer.cancel()
+        loop = asyncio.get_running_loop()
+        self._timer_at = deadline
+        self._timer = loop.call_later(max(0.0, deadline - time.time()), self._fire_timers)
+
+    def _fire_timers(self) -> None:
+        self._timer = None
+        self._timer_at = None
+        self.namespace.run_timers()
+        deadline = self.namespace.next_deadline()
+        if deadline is not None:
+            self._arm_timer(deadline)
+        for connection in list(self.connections):
+            connection.schedule_flush()
+
+    # -- listening ----------------------------------------------------------------------
+    async def start(self) -> None:
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(("127.0.0.1", self.port))
+        sock.listen(256)
+        sock.setblocking(False)
+        self.port = sock.getsockname()[1]
+        self._listener = sock
+        self._accept_task = asyncio.create_task(
+            self._accept_loop(sock), name=f"emulator-accept-{self.name}"
+        )
+
+    async def stop_listening(self) -> None:
+        if self._accept_task is not None:
+            self._accept_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._accept_task
+            self._accept_task = None
+        if self._listener is not None:
+            self._listener.close()
+            self._listener = None
+
+    async def _accept_loop(self, listener: socket.socket) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            client, _ = await loop.sock_accept(listener)
+            client.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            if self.faults.paused:
+                self._idle_sockets.add(client)  # accept, never answer
+                continue
+            asyncio.create_task(self._route(client))
+
+    async def _route(self, client: socket.socket) -> None:
+        loop = asyncio.get_running_loop()
+        try:
+            first = await asyncio.wait_for(_peek(client), timeout=30)
+        except (TimeoutError, OSError):
+            client.close()
+            return
+        if not first or self.faults.down:
+            client.close()
+            return
+        if self.faults.paused:
+            self._idle_sockets.add(client)
+            return
+        try:
+            if (
+                first[0] == 0x16
+                and self._ssl_context is not None
+                and self._admin_handler is not None
+            ):
+                await loop.connect_accepted_socket(
+                    self._admin_handler, client, ssl=self._ssl_context
+                )
+            else:
+                await loop.connect_accepted_socket(lambda: AmqpConnection(self), client)
+        except (OSError, ConnectionError) as exc:
+            _LOG.debug("emulator %s: connection setup failed: %s", self.name, exc)
+            client.close()
+
+    # -- faults ---------------------------------------------------------------------------
+    async def outage(self) -> None:
+        """Refuse new connections and drop existing ones; keep every message."""
+        self.faults.down = True
+        await self.stop_listening()
+        self._drop_connections()
+
+    async def restore(self) -> None:
+        """Clear every fault and listen again on the same port."""
+        was_down = self.faults.down
+        self.faults = Faults()
+        for sock in self._idle_sockets:
+            sock.close()
+        self._idle_sockets.clear()
+        for connection in list(self.connections):
+            if connection.paused:
+                connection.abort()  # its stream lost bytes while blackholed
+        if was_down or self._listener is None:
+            await self.start()
+
+    def blackhole(self) -> None:
+        """Accept connections but never answer, on new and existing connections."""
+        self.faults.paused = True
+        for connection in self.connections:
+            connection.paused = True
+
+    async def disaster(self) -> None:
+        """An outage in which every message is lost (entities stay defined)."""
+        await self.outage()
+        self.namespace.purge()
+
+    def _drop_connections(self) -> None:
+        for connection in list(self.connections):
+            connection.abort()
+        for sock in self._idle_sockets:
+            sock.close()
+        self._idle_sockets.clear()
+
+    async def close(self) -> None:
+        await self.stop_listening()
+        self._drop_connections()
+        if self._timer is not None:
+            self._timer.cancel()
+
+    # -- inspection -------------------------------------------------------------------------
+    def describe_entities(self) -> dict[str, Any]:
+        result: dict[str, Any] = {}
+        for entity in self.namespace.iter_entities():
+            result[entity.path] = entity.runtime()
+        return result
+
+
+def _same_host(resource: str, port: int) -> bool:
+    # The audience names this namespace's endpoint: sb://127.0.0.1:PORT/..., https://...
+    without_scheme = resource.split("://", 1)[-1]
+    host = without_scheme.split("/", 1)[0].lower()
+    return host in {f"127.0.0.1:{port}", f"localhost:{port}"}
+
+
+async def _peek(sock: socket.socket) -> bytes:
+    loop = asyncio.get_running_loop()
+    ready: asyncio.Future[None] = loop.create_future()
+    fd = sock.fileno()
+
+    def on_readable() -> None:
+        if not ready.done():
+            ready.set_result(None)
+
+    loop.add_reader(fd, on_readable)
+    try:
+        await ready
+    finally:
+        loop.remove_reader(fd)
+    return sock.recv(1, socket.MSG_PEEK)
+
+
+class EmulatorServer:
+    """Every namespace of one emulator, plus the control endpoint, on one event loop."""
+
+    def __init__(
+        self,
+        specs: Iterable[NamespaceSpec],
+        *,
+        control_port: int = 0,
+        state_dir: Path | None = None,
+    ) -> None:
+        self._specs = list(specs)
+        names = [s.name for s in self._specs]
+        if len(set(names)) != len(names):
+            raise ValueError(f"namespace names must be unique, got {names}")
+        self.control_port = control_port
+        self._own_dir = state_dir is None
+        self.state_dir = Path(state_dir or tempfile.mkdtemp(prefix="georep-emulator-"))
+        self.namespaces: dict[str, NamespaceServer] = {}
+        self._control_runner: web.AppRunner | None = None
+        self._admin_runners: list[web.AppRunner] = []
+        self.ca_file: Path | None = None
+
+    @property
+    def control_url(self) -> str:
+        return f"http://127.0.0.1:{self.control_port}"
+
+    async def start(self) -> None:
+        from georep.adapters.emulator._admin import build_admin_app
+        from georep.adapters.emulator._admin_backend import NamespaceAdminBackend
+        from georep.adapters.emulator._tls import make_self_signed_certificate, server_ssl_context
+
+        cert, key = make_self_signed_certificate(self.state_dir)
+        self.ca_file = cert
+        ssl_context = server_ssl_context(cert, key)
+        for spec in self._specs:
+            server = NamespaceServer(spec, ssl_context=ssl_context, admin_handler=None)
+            runner = web.AppRunner(build_admin_app(NamespaceAdminBackend(server)), access_log=None)
+            await runner.setup()
+            self._admin_runners.append(runner)
+            server._admin_handler = runner.server
+            await server.start()
+            self.namespaces[spec.name] = server
+        await self._start_control()
+
+    async def _start_control(self) -> None:
+        from georep.adapters.emulator._control import build_control_app
+
+        runner = web.AppRunner(build_control_app(self), access_log=None)
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", self.control_port, reuse_address=True)
+        await site.start()
+        sockets = site._server.sockets if site._server is not None else []  # type: ignore[union-attr]
+        self.control_port = sockets[0].getsockname()[1]
+        self._control_runner = runner
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "control_url": self.control_url,
+            "ca_file": str(self.ca_file) if self.ca_file else None,
+            "pid": os.getpid(),
+            "namespaces": {
+                name: {
+                    "port": ns.port,
+                    "connection_string": ns.connection_string(),
+                    "key_name": ns.key_name,
+                }
+                for name, ns in self.namespaces.items()
+            },
+        }
+
+    async def close(self) -> None:
+        for server in self.namespaces.values():
+            await server.close()
+        for runner in self._admin_runners:
+            await runner.cleanup()
+        if self._control_runner is not None:
+            await self._control_runner.cleanup()
+        if self._own_dir:
+            for path in self.state_dir.glob("*"):
+                path.unlink(missing_ok=True)
+            with contextlib.suppress(OSError):
+                self.state_dir.rmdir()
+
+
+def default_properties(
+    kind: str, values: dict[str, Any]
+) -> EntityProperties | SubscriptionProperties:
+    """Entity properties from plain values (as the control endpoint receives them)."""
+    from datetime import timedelta
+
+    converted = {
+        k: (timedelta(seconds=v) if _is_duration(k) and isinstance(v, int | float) else v)
+        for k, v in values.items()
+    }
+    if kind == "subscription":
+        return SubscriptionProperties(**converted)
+    return EntityProperties(**converted)
+
+
+def _is_duration(name: str) -> bool:
+    return name in {
+        "lock_duration",
+        "default_message_time_to_live",
+        "duplicate_detection_history_time_window",
+        "auto_delete_on_idle",
+    }
