@@ -407,10 +407,9 @@ def _subscription_created_at(call: _Call) -> datetime | None:
 
 def _list_rules(call: _Call) -> web.Response:
     created_at = _subscription_created_at(call)
-    path = f"{call.route.subscription_path}/rules"
-    rules: list[_Item] = [("$Default", {})] if created_at is not None else []
-    page, self_url, _ = call.page(rules, path)
-    if not page or created_at is None:
+    rules: list[_Item] = [] if created_at is None else [("$Default", {})]
+    page, self_url, _ = call.page(rules, f"{call.route.subscription_path}/rules")
+    if created_at is None or not page:  # no such subscription, or paged past $Default
         return _not_found_feed()
     body = render_default_rule_feed(
         call.context, call.route.subscription_path, created_at, self_url=self_url

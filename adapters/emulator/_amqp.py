@@ -29,6 +29,7 @@ from proton import (
     Event,
     Link,
     Message,
+    Terminus,
     Transport,
     symbol,
 )
@@ -282,6 +283,8 @@ class AmqpConnection(asyncio.Protocol):
     def _refuse(self, link: Link, name: str, description: str) -> None:
         # Attach with a null terminus, then detach with the error: echoing the client's
         # terminus first would make the SDK believe the link opened.
+        link.source.type = Terminus.UNSPECIFIED
+        link.target.type = Terminus.UNSPECIFIED
         link.open()
         link.condition = _condition(name, description)
         link.close()
@@ -302,8 +305,7 @@ class AmqpConnection(asyncio.Protocol):
             self._authorize(path)
             if link.is_sender:
                 entity = self.namespace.resolve_source(path)
-                filters = link.remote_source.filter
-                if filters is not None and filters.format and self._has_session_filter(filters):
+                if self._has_session_filter(link.remote_source.filter):
                     raise BrokerError(
                         "amqp:not-implemented",
                         "Session receivers are not supported by the georep emulator yet; "
@@ -330,10 +332,12 @@ class AmqpConnection(asyncio.Protocol):
 
     @staticmethod
     def _has_session_filter(filters: Any) -> bool:
-        try:
-            value = filters.get_object()
-        except Exception:
+        if filters is None:
             return False
+        filters.rewind()
+        if filters.next() is None:
+            return False
+        value = filters.get_object()
         if not isinstance(value, dict):
             return False
         return any("session-filter" in str(key) for key in value)

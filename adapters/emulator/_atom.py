@@ -47,8 +47,8 @@ __all__ = [
     "render_namespace_entry",
 ]
 
-ATOM_NS: Final = "http://www.w3.org/2005/Atom"
-SB_NS: Final = "http://schemas.microsoft.com/netservices/2010/10/servicebus/connect"
+_ATOM_NS: Final = "http://www.w3.org/2005/Atom"
+_SB_NS: Final = "http://schemas.microsoft.com/netservices/2010/10/servicebus/connect"
 _COUNTS_NS: Final = "http://schemas.microsoft.com/netservices/2011/06/servicebus"
 _XSI_TYPE: Final = "{http://www.w3.org/2001/XMLSchema-instance}type"
 
@@ -339,11 +339,11 @@ def default_properties(kind: str) -> dict[str, Any]:
 
 
 def _atom(tag: str) -> str:
-    return f"{{{ATOM_NS}}}{tag}"
+    return f"{{{_ATOM_NS}}}{tag}"
 
 
 def _sb(tag: str) -> str:
-    return f"{{{SB_NS}}}{tag}"
+    return f"{{{_SB_NS}}}{tag}"
 
 
 def parse_description(body: bytes) -> tuple[str, dict[str, Any]]:

@@ -221,6 +221,7 @@ class Entity:
         self.properties = properties
         self.is_dead_letter = is_dead_letter
         self.available: deque[StoredMessage] = deque()
+        self._dead_in_available = 0
         self.locked: dict[uuid.UUID, StoredMessage] = {}
         self.deferred: dict[int, StoredMessage] = {}
         self.scheduled: dict[int, StoredMessage] = {}
@@ -239,7 +240,8 @@ class Entity:
     # -- counts -------------------------------------------------------------------
     @property
     def active_count(self) -> int:
-        return len(self.available) + len(self.locked)
+        # Service Bus counts locked and deferred messages as active; scheduled ones are not.
+        return len(self.by_sequence) - len(self.scheduled)
 
     @property
     def message_count(self) -> int:
@@ -291,7 +293,9 @@ class Entity:
                 self.locked.pop(message.lock_token, None)
         elif message.state is MessageState.SCHEDULED:
             self.scheduled.pop(message.sequence_number, None)
-        # AVAILABLE messages stay in the deque and are skipped lazily (state is GONE).
+        elif message.state is MessageState.AVAILABLE:
+            # Left in the deque and skipped lazily (see _compact).
+            self._dead_in_available += 1
         message.state = MessageState.GONE
         message.lock_token = None
 
@@ -322,6 +326,7 @@ class Entity:
                 continue
             message = available.popleft()
             if message.state is not MessageState.AVAILABLE:
+                self._dead_in_available = max(0, self._dead_in_available - 1)
                 continue
             now = clock()
             if message.expires_at is not None and message.expires_at <= now:
@@ -495,6 +500,7 @@ class Entity:
                 and message.state is not MessageState.LOCKED
             ):
                 self.expire(message)
+                self._compact()
         elif kind == _SCHEDULE and message.state is MessageState.SCHEDULED:
             self.scheduled.pop(message.sequence_number, None)
             message.state = MessageState.AVAILABLE
@@ -502,10 +508,21 @@ class Entity:
             self.available.append(message)
             self.dispatch()
 
+    def _compact(self) -> None:
+        """Drop dead entries from the available deque once they dominate it.
+
+        Messages that expire unread would otherwise pile up. Never called from
+        :meth:`dispatch`, which holds the deque while it works.
+        """
+        if self._dead_in_available > 1024 and self._dead_in_available * 2 > len(self.available):
+            self.available = deque(m for m in self.available if m.state is MessageState.AVAILABLE)
+            self._dead_in_available = 0
+
     def purge(self) -> None:
         for message in list(self.by_sequence.values()):
             message.state = MessageState.GONE
         self.available.clear()
+        self._dead_in_available = 0
         self.locked.clear()
         self.deferred.clear()
         self.scheduled.clear()
@@ -707,7 +724,7 @@ class Namespace:
         """
         if len(payload) > MAX_MESSAGE_SIZE:
             raise BrokerError(
-                "com.microsoft:message-size-exceeded",
+                "amqp:link:message-size-exceeded",
                 f"The message of {len(payload)} bytes exceeds the {MAX_MESSAGE_SIZE}-byte limit of "
                 "this entity. Send a smaller message or split the batch.",
             )

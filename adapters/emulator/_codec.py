@@ -264,7 +264,9 @@ def encode_value(value: Any) -> bytes:
 
 
 def _encode(out: bytearray, value: Any) -> None:  # noqa: PLR0912
-    if value is None:
+    if isinstance(value, Raw):
+        out += value
+    elif value is None:
         out.append(0x40)
     elif value is True:
         out.append(0x41)
@@ -388,12 +390,8 @@ def encode_map_entries(entries: dict[Any, Any]) -> bytes:
     """Encode map entries without the map constructor (to append to an existing map)."""
     out = bytearray()
     for key, value in entries.items():
-        if isinstance(value, Raw):
-            _encode(out, key)
-            out += value
-        else:
-            _encode(out, key)
-            _encode(out, value)
+        _encode(out, key)
+        _encode(out, value)
     return bytes(out)
 
 

@@ -1,0 +1,256 @@
+"""Authentication, bad input and injected faults, each mapped to the SDK's own exception."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import hashlib
+import hmac
+import json
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Callable
+from urllib.parse import quote_plus, urlencode
+
+import pytest
+from azure.core.credentials import AzureSasCredential
+from azure.servicebus import ServiceBusMessage
+from azure.servicebus.aio import ServiceBusClient
+from azure.servicebus.exceptions import (
+    MessageSizeExceededError,
+    MessagingEntityNotFoundError,
+    OperationTimeoutError,
+    ServiceBusAuthenticationError,
+    ServiceBusConnectionError,
+    ServiceBusError,
+    ServiceBusQuotaExceededError,
+    ServiceBusServerBusyError,
+)
+
+from georep.adapters.emulator import Emulator
+from georep.exceptions import EmulatorError
+
+pytestmark = pytest.mark.integration
+
+EmulatorFactory = Callable[..., Emulator]
+
+
+def _key(connection_string: str) -> tuple[str, str]:
+    parts = dict(p.split("=", 1) for p in connection_string.split(";") if p)
+    return parts["SharedAccessKeyName"], parts["SharedAccessKey"]
+
+
+def _sas(audience: str, key_name: str, key: str, expiry: int) -> str:
+    signed = base64.b64encode(
+        hmac.new(key.encode(), f"{quote_plus(audience)}\n{expiry}".encode(), hashlib.sha256).digest()
+    ).decode()
+    return "SharedAccessSignature " + urlencode({"sr": audience, "sig": signed, "se": str(expiry), "skn": key_name})
+
+
+async def _send(connection_string: str, queue: str, **send_kwargs: object) -> None:
+    async with ServiceBusClient.from_connection_string(connection_string, retry_total=0) as client:
+        async with client.get_queue_sender(queue) as sender:
+            await sender.send_messages(ServiceBusMessage("m"), **send_kwargs)  # type: ignore[arg-type]
+
+
+# -- authentication and bad input --------------------------------------------------------
+
+
+async def test_wrong_key_raises_authentication_error(georep_emulator: Emulator) -> None:
+    good = georep_emulator.connection_string("primary")
+    key_name, key = _key(good)
+    wrong = good.replace(key, base64.b64encode(b"not the key").decode())
+    with pytest.raises(ServiceBusAuthenticationError):
+        await _send(wrong, "orders")
+
+
+async def test_each_namespace_has_its_own_key(georep_emulator: Emulator) -> None:
+    _, secondary_key = _key(georep_emulator.connection_string("secondary"))
+    primary = georep_emulator.connection_string("primary")
+    with pytest.raises(ServiceBusAuthenticationError):
+        await _send(primary.replace(_key(primary)[1], secondary_key), "orders")
+
+
+async def test_expired_token_is_refused_and_fresh_one_accepted(georep_emulator: Emulator) -> None:
+    control = georep_emulator.namespace("primary")
+    key_name, key = _key(control.connection_string)
+    host = f"127.0.0.1:{control.port}"
+    audience = f"sb://{host}/orders"
+    expired = AzureSasCredential(_sas(audience, key_name, key, int(time.time()) - 60))
+    async with ServiceBusClient(host, expired, retry_total=0, use_tls=False) as client:
+        with pytest.raises(ServiceBusAuthenticationError):
+            async with client.get_queue_sender("orders") as sender:
+                await sender.send_messages(ServiceBusMessage("m"))
+    fresh = AzureSasCredential(_sas(audience, key_name, key, int(time.time()) + 3600))
+    async with ServiceBusClient(host, fresh, retry_total=0, use_tls=False) as client:
+        async with client.get_queue_sender("orders") as sender:
+            await sender.send_messages(ServiceBusMessage("m"))
+
+
+async def test_oversize_message_raises_size_error_and_stores_nothing(georep_emulator: Emulator, queue: str) -> None:
+    async with ServiceBusClient.from_connection_string(georep_emulator.connection_string("primary"), retry_total=0) as client:
+        async with client.get_queue_sender(queue) as sender:
+            with pytest.raises(MessageSizeExceededError, match="262144"):
+                await sender.send_messages(ServiceBusMessage(b"x" * 300_000))
+    assert georep_emulator.namespace("primary").message_count(queue) == 0
+
+
+async def test_unknown_entity_raises_not_found(georep_emulator: Emulator) -> None:
+    with pytest.raises(MessagingEntityNotFoundError, match="no-such-queue"):
+        await _send(georep_emulator.connection_string("primary"), "no-such-queue")
+
+
+async def test_session_receiver_fails_fast_with_a_clear_error(georep_emulator: Emulator, queue: str) -> None:
+    async with ServiceBusClient.from_connection_string(georep_emulator.connection_string("primary"), retry_total=0) as client:
+        started = time.monotonic()
+        with pytest.raises(ServiceBusError, match="[Ss]ession"):
+            async with client.get_queue_receiver(queue, session_id="s1") as receiver:
+                await receiver.receive_messages(max_wait_time=5)
+        assert time.monotonic() - started < 5
+
+
+# -- faults ----------------------------------------------------------------------------------
+
+
+async def test_outage_refuses_connections_keeps_data_and_restore_recovers(georep_emulator_factory: EmulatorFactory) -> None:
+    emu = georep_emulator_factory(queues=("q",))
+    control = emu.namespace("primary")
+    conn = emu.connection_string("primary")
+    async with ServiceBusClient.from_connection_string(conn, retry_total=0) as client:
+        async with client.get_queue_sender("q") as sender:
+            await sender.send_messages(ServiceBusMessage("stored"))
+            control.outage()
+            with pytest.raises(ServiceBusConnectionError):
+                await sender.send_messages(ServiceBusMessage("lost?"))
+    with pytest.raises(ServiceBusConnectionError):
+        await _send(conn, "q")
+    await _send(emu.connection_string("secondary"), "q")  # the other region is unaffected
+    control.restore()
+    assert control.message_count("q") == 1
+    await _send(conn, "q")
+    assert control.message_count("q") == 2
+
+
+async def test_blackhole_times_out_existing_and_new_connections(georep_emulator_factory: EmulatorFactory) -> None:
+    emu = georep_emulator_factory(queues=("q",))
+    control = emu.namespace("primary")
+    conn = emu.connection_string("primary")
+    async with ServiceBusClient.from_connection_string(conn, retry_total=0) as client:
+        async with client.get_queue_sender("q") as sender:
+            await sender.send_messages(ServiceBusMessage("ok"))
+            control.blackhole()
+            with pytest.raises(OperationTimeoutError):
+                await sender.send_messages(ServiceBusMessage("unanswered"), timeout=1)
+    # A new connection: the SDK's own open has no deadline (``async with sender`` would hang
+    # here), so the send's timeout must bound the open as well.
+    async with ServiceBusClient.from_connection_string(conn, retry_total=0) as client:
+        sender = client.get_queue_sender("q")
+        with pytest.raises(OperationTimeoutError):
+            await asyncio.wait_for(sender.send_messages(ServiceBusMessage("m"), timeout=1), timeout=30)
+        await sender.close()
+    control.restore()
+    await _send(conn, "q")
+
+
+async def test_latency_delays_every_response(georep_emulator_factory: EmulatorFactory) -> None:
+    emu = georep_emulator_factory(queues=("q",))
+    async with ServiceBusClient.from_connection_string(emu.connection_string("primary")) as client:
+        async with client.get_queue_sender("q") as sender:
+            await sender.send_messages(ServiceBusMessage("warm"))
+            started = time.perf_counter()
+            await sender.send_messages(ServiceBusMessage("fast"))
+            fast = time.perf_counter() - started
+            emu.namespace("primary").latency(0.3)
+            started = time.perf_counter()
+            await sender.send_messages(ServiceBusMessage("slow"))
+            slow = time.perf_counter() - started
+    assert slow >= 0.3 > fast
+
+
+@pytest.mark.parametrize(
+    ("condition", "error"),
+    [
+        ("server-busy", ServiceBusServerBusyError),
+        ("timeout", OperationTimeoutError),
+        ("quota-exceeded", ServiceBusQuotaExceededError),
+        ("internal-error", ServiceBusError),
+    ],
+)
+async def test_reject_sends_maps_to_sdk_errors(
+    georep_emulator_factory: EmulatorFactory, condition: str, error: type[Exception]
+) -> None:
+    emu = georep_emulator_factory(queues=("q",))
+    control = emu.namespace("primary")
+    control.reject_sends(condition)  # type: ignore[arg-type]
+    with pytest.raises(error):
+        await _send(emu.connection_string("primary"), "q")
+    assert control.message_count("q") == 0
+    control.reject_sends(None)
+    await _send(emu.connection_string("primary"), "q")
+    assert control.message_count("q") == 1
+
+
+async def test_drop_dispositions_stores_but_never_answers(georep_emulator_factory: EmulatorFactory) -> None:
+    emu = georep_emulator_factory(queues=("q",))
+    control = emu.namespace("primary")
+    control.drop_dispositions(1)
+    with pytest.raises(OperationTimeoutError):
+        await _send(emu.connection_string("primary"), "q", timeout=1)
+    assert control.message_count("q") == 1  # stored although the sender saw a failure
+    await _send(emu.connection_string("primary"), "q")  # only one was dropped
+    assert control.message_count("q") == 2
+
+
+async def test_disaster_loses_the_data_of_that_namespace_only(georep_emulator_factory: EmulatorFactory) -> None:
+    emu = georep_emulator_factory(queues=("q",))
+    for namespace in emu.namespaces:
+        await _send(emu.connection_string(namespace), "q")
+    emu.namespace("primary").disaster()
+    with pytest.raises(ServiceBusConnectionError):
+        await _send(emu.connection_string("primary"), "q")
+    emu.namespace("primary").restore()
+    assert emu.namespace("primary").message_count("q") == 0
+    assert emu.namespace("secondary").message_count("q") == 1
+
+
+# -- control interfaces ------------------------------------------------------------------------
+
+
+def test_http_control_endpoint_injects_faults(georep_emulator_factory: EmulatorFactory) -> None:
+    emu = georep_emulator_factory(queues=("q",))
+
+    def post(path: str, body: dict[str, object]) -> dict[str, object]:
+        request = urllib.request.Request(
+            emu.control_url + path, data=json.dumps(body).encode(), method="POST",
+            headers={"Content-Type": "application/json"},
+        )  # fmt: skip
+        with urllib.request.urlopen(request, timeout=5) as response:
+            return json.loads(response.read())  # type: ignore[no-any-return]
+
+    state = post("/namespaces/primary/faults/latency", {"seconds": 0.25})
+    assert state["latency"] == 0.25
+    assert emu.namespace("primary").faults()["latency"] == 0.25
+    with pytest.raises(urllib.error.HTTPError) as info:
+        post("/namespaces/primary/faults/meteor", {})
+    assert info.value.code == 404
+    with pytest.raises(EmulatorError, match="unknown namespace"):
+        emu._call("GET", "/namespaces/nowhere/faults")
+
+
+def test_cli_runs_the_emulator_in_the_foreground_and_stops_on_signal() -> None:
+    process = subprocess.Popen(
+        [sys.executable, "-m", "georep.cli", "emulator", "--port", "0", "--port", "0", "--control-port", "0"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        lines = [process.stdout.readline() for _ in range(3)]  # type: ignore[union-attr]
+        assert "georep emulator ready" in lines[0]
+        assert lines[1].strip().startswith("primary: Endpoint=sb://127.0.0.1:")
+        assert "UseDevelopmentEmulator=true" in lines[2]
+    finally:
+        process.send_signal(2)  # Ctrl-C
+        assert process.wait(timeout=15) == 0
