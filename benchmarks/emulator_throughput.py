@@ -65,53 +65,61 @@ class _Timer:
 
 
 async def _send_single(conn: str, queue: str, count: int, pid: int) -> Window:
-    async with ServiceBusClient.from_connection_string(conn) as client:
-        async with client.get_queue_sender(queue) as sender:
-            await sender.send_messages(ServiceBusMessage(BODY))  # warm up the link
-            with _Timer(pid) as timer:
-                for _ in range(count):
-                    await sender.send_messages(ServiceBusMessage(BODY))
-            return timer.window
+    async with (
+        ServiceBusClient.from_connection_string(conn) as client,
+        client.get_queue_sender(queue) as sender,
+    ):
+        await sender.send_messages(ServiceBusMessage(BODY))  # warm up the link
+        with _Timer(pid) as timer:
+            for _ in range(count):
+                await sender.send_messages(ServiceBusMessage(BODY))
+        return timer.window
 
 
 async def _send_batches(conn: str, queue: str, count: int, pid: int, prebuilt: bool) -> Window:
-    async with ServiceBusClient.from_connection_string(conn) as client:
-        async with client.get_queue_sender(queue) as sender:
-            batch = await sender.create_message_batch()
-            for _ in range(100):
-                batch.add_message(ServiceBusMessage(BODY))
-            await sender.send_messages(ServiceBusMessage(BODY))
-            with _Timer(pid) as timer:
-                for _ in range(count // 100):
-                    if prebuilt:
-                        await sender.send_messages(batch)
-                    else:
-                        await sender.send_messages([ServiceBusMessage(BODY) for _ in range(100)])
-            return timer.window
+    async with (
+        ServiceBusClient.from_connection_string(conn) as client,
+        client.get_queue_sender(queue) as sender,
+    ):
+        batch = await sender.create_message_batch()
+        for _ in range(100):
+            batch.add_message(ServiceBusMessage(BODY))
+        await sender.send_messages(ServiceBusMessage(BODY))
+        with _Timer(pid) as timer:
+            for _ in range(count // 100):
+                if prebuilt:
+                    await sender.send_messages(batch)
+                else:
+                    await sender.send_messages([ServiceBusMessage(BODY) for _ in range(100)])
+        return timer.window
 
 
 async def _receive(conn: str, queue: str, count: int, pid: int, delete: bool) -> Window:
     mode = ServiceBusReceiveMode.RECEIVE_AND_DELETE if delete else ServiceBusReceiveMode.PEEK_LOCK
-    async with ServiceBusClient.from_connection_string(conn) as client:
-        async with client.get_queue_receiver(queue, receive_mode=mode, prefetch_count=100) as receiver:
-            got = 0
-            with _Timer(pid) as timer:
-                while got < count:
-                    messages = await receiver.receive_messages(max_message_count=100, max_wait_time=5)
-                    if not messages:
-                        raise RuntimeError(f"queue ran dry after {got} of {count} messages")
-                    if not delete:
-                        for message in messages:
-                            await receiver.complete_message(message)
-                    got += len(messages)
-            return timer.window
+    async with (
+        ServiceBusClient.from_connection_string(conn) as client,
+        client.get_queue_receiver(queue, receive_mode=mode, prefetch_count=100) as receiver,
+    ):
+        got = 0
+        with _Timer(pid) as timer:
+            while got < count:
+                messages = await receiver.receive_messages(max_message_count=100, max_wait_time=5)
+                if not messages:
+                    raise RuntimeError(f"queue ran dry after {got} of {count} messages")
+                if not delete:
+                    for message in messages:
+                        await receiver.complete_message(message)
+                got += len(messages)
+        return timer.window
 
 
 def _phase_in_process(phase: str, conn: str, queue: str, count: int, pid: int) -> Window:
     runners: dict[str, Callable[[], Coroutine[Any, Any, Window]]] = {
         "single awaited sends": lambda: _send_single(conn, queue, count, pid),
         "batches of 100 (pre-built)": lambda: _send_batches(conn, queue, count, pid, prebuilt=True),
-        "batches of 100 (built in loop)": lambda: _send_batches(conn, queue, count, pid, prebuilt=False),
+        "batches of 100 (built in loop)": lambda: _send_batches(
+            conn, queue, count, pid, prebuilt=False
+        ),
         "receive(100) + complete": lambda: _receive(conn, queue, count, pid, delete=False),
         "receive-and-delete": lambda: _receive(conn, queue, count, pid, delete=True),
     }
@@ -153,7 +161,16 @@ def run(messages: int, clients: int) -> list[Figure]:
                     emu.namespace("primary").create_queue(queue)
                     if phase.startswith("receive"):
                         _prefill(conn, queue, count, emu.pid)
-                windows = list(pool.map(_phase_in_process, [phase] * n, [conn] * n, queues, [count] * n, [emu.pid] * n))
+                windows = list(
+                    pool.map(
+                        _phase_in_process,
+                        [phase] * n,
+                        [conn] * n,
+                        queues,
+                        [count] * n,
+                        [emu.pid] * n,
+                    )
+                )
                 # From the first client's start to the last client's end: setup is excluded.
                 wall = max(w[1] for w in windows) - min(w[0] for w in windows)
                 cpu = max(w[3] for w in windows) - min(w[2] for w in windows)
@@ -163,19 +180,30 @@ def run(messages: int, clients: int) -> list[Figure]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--messages", type=int, default=20_000, help="messages per phase and client")
-    parser.add_argument("--clients", type=int, default=2, help="client processes for the aggregate figures")
+    parser.add_argument(
+        "--messages", type=int, default=20_000, help="messages per phase and client"
+    )
+    parser.add_argument(
+        "--clients", type=int, default=2, help="client processes for the aggregate figures"
+    )
     args = parser.parse_args()
     figures = run(args.messages, args.clients)
-    print(f"\nemulator throughput, real async SDK on loopback, 200-byte bodies, {os.cpu_count()} cores")
+    print(
+        "\nemulator throughput, real async SDK on loopback, 200-byte bodies,",
+        f"{os.cpu_count()} cores",
+    )
     header = f"{'phase':32} {'clients':>7} {'msg/s':>9} {'vs baseline':>11} {'emulator CPU':>12}"
     print(header)
     print("-" * len(header))
     for f in figures:
         ratio = f.rate / BASELINE[f.phase]
-        print(f"{f.phase:32} {f.clients:>7} {f.rate:>9,.0f} {ratio:>10.2f}x {f.emulator_cpu:>11.0%}")
+        print(
+            f"{f.phase:32} {f.clients:>7} {f.rate:>9,.0f} {ratio:>10.2f}x {f.emulator_cpu:>11.0%}"
+        )
     print("\nTimed from the first client's first message to the last client's last; connection")
-    print("setup excluded. Emulator CPU: its process's CPU seconds over that window (1.0 = a core).")
+    print(
+        "setup excluded. Emulator CPU: its process's CPU seconds over that window (1.0 = a core)."
+    )
 
 
 if __name__ == "__main__":

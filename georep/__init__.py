@@ -10,7 +10,10 @@ from georep.exceptions import ConfigurationError, EmulatorError, GeoReplicationE
 # adapters/ folder there). Imported straight from a source checkout (the repository root on
 # sys.path, e.g. `python -m pytest`), it is the sibling folder: let the import system find it.
 _checkout_root = _Path(__file__).resolve().parent.parent
-if not (_Path(__file__).parent / "adapters").is_dir() and (_checkout_root / "adapters" / "__init__.py").is_file():
+if (
+    not (_Path(__file__).parent / "adapters").is_dir()
+    and (_checkout_root / "adapters" / "__init__.py").is_file()
+):
     __path__.append(str(_checkout_root))
 
 __all__ = [

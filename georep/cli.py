@@ -25,11 +25,21 @@ console = Console()
 
 @app.command()
 def emulator(
-    namespace: Annotated[list[str] | None, typer.Option(help="Namespace name (repeat). Default: primary, secondary.")] = None,
-    port: Annotated[list[int] | None, typer.Option(help="Port per namespace, in order (0 = any free).")] = None,
-    queue: Annotated[list[str] | None, typer.Option(help="Queue created in every namespace (repeat).")] = None,
-    topic: Annotated[list[str] | None, typer.Option(help="Topic NAME[:SUB1,SUB2] created in every namespace.")] = None,
-    control_port: Annotated[int, typer.Option(help="HTTP control endpoint port (0 = any free).")] = 5710,
+    namespace: Annotated[
+        list[str] | None, typer.Option(help="Namespace name (repeat). Default: primary, secondary.")
+    ] = None,
+    port: Annotated[
+        list[int] | None, typer.Option(help="Port per namespace, in order (0 = any free).")
+    ] = None,
+    queue: Annotated[
+        list[str] | None, typer.Option(help="Queue created in every namespace (repeat).")
+    ] = None,
+    topic: Annotated[
+        list[str] | None, typer.Option(help="Topic NAME[:SUB1,SUB2] created in every namespace.")
+    ] = None,
+    control_port: Annotated[
+        int, typer.Option(help="HTTP control endpoint port (0 = any free).")
+    ] = 5710,
 ) -> None:
     """Run the local two-region Service Bus emulator in the foreground (Ctrl-C stops it)."""
     from georep.adapters.emulator._runner import main as run
@@ -59,12 +69,18 @@ async def _demo(messages: int) -> int:
     from georep.adapters.servicebus._roundtrip import outage_check, round_trip
 
     queue = "orders"
-    console.print("[bold]georep demo[/]: starting a two-region Service Bus emulator on loopback ...")
+    console.print(
+        "[bold]georep demo[/]: starting a two-region Service Bus emulator on loopback ..."
+    )
     async with Emulator(namespaces=("primary", "secondary"), queues=(queue,)) as emu:
         results = []
         for region in emu.namespaces:
-            with console.status(f"{region}: sending and receiving {messages} messages through azure-servicebus"):
-                results.append(await round_trip(region, emu.connection_string(region), queue, messages))
+            with console.status(
+                f"{region}: sending and receiving {messages} messages through azure-servicebus"
+            ):
+                results.append(
+                    await round_trip(region, emu.connection_string(region), queue, messages)
+                )
         control = emu.namespace("primary")
         with console.status("primary: outage, then restore"):
             outage = await outage_check(
@@ -76,7 +92,15 @@ async def _demo(messages: int) -> int:
                 stored=lambda: control.message_count(queue),
             )
     table = Table(title="Round trip per region (real azure-servicebus SDK, local emulator)")
-    for column in ("region", "sent", "received", "lost", "duplicates", "send msg/s", "receive+complete msg/s"):
+    for column in (
+        "region",
+        "sent",
+        "received",
+        "lost",
+        "duplicates",
+        "send msg/s",
+        "receive+complete msg/s",
+    ):
         table.add_column(column, justify="right" if column != "region" else "left")
     for r in results:
         table.add_row(
@@ -86,7 +110,8 @@ async def _demo(messages: int) -> int:
     console.print(table)
     console.print(
         f"Outage on primary: the send failed with [bold]{outage.error_during_outage}[/]; "
-        f"stored messages {outage.stored_before} before, {outage.stored_after_restore} after restore; "
+        f"stored messages {outage.stored_before} before, "
+        f"{outage.stored_after_restore} after restore; "
         f"send after restore: {'ok' if outage.send_after_restore_ok else 'FAILED'}."
     )
     healthy = (
@@ -95,7 +120,9 @@ async def _demo(messages: int) -> int:
         and outage.send_after_restore_ok
         and outage.error_during_outage != "none (unexpected)"
     )
-    console.print("[green]OK[/]: nothing lost, nothing duplicated." if healthy else "[red]FAILED[/]")
+    console.print(
+        "[green]OK[/]: nothing lost, nothing duplicated." if healthy else "[red]FAILED[/]"
+    )
     return 0 if healthy else 1
 
 

@@ -22,6 +22,6 @@ except ImportError as exc:  # pragma: no cover - depends on the install
         "georep.adapters.emulator needs python-qpid-proton: pip install 'georep[emulator]'"
     ) from exc
 
-from georep.adapters.emulator._emulator import Emulator, NamespaceControl, SendRejection
+from ._emulator import Emulator, NamespaceControl, SendRejection
 
 __all__ = ["Emulator", "NamespaceControl", "SendRejection"]

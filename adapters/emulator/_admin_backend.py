@@ -6,24 +6,32 @@ import dataclasses
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
-from georep.adapters.emulator._admin import (
+from ._admin import (
     AdminAuthError,
     EntityExistsError,
     EntityKind,
     EntityNotFoundError,
     InvalidEntityError,
 )
-from georep.adapters.emulator._broker import BrokerError, Entity, EntityProperties, SubscriptionProperties, Topic
+from ._broker import (
+    BrokerError,
+    Entity,
+    EntityProperties,
+    SubscriptionProperties,
+    Topic,
+)
 
 if TYPE_CHECKING:
-    from georep.adapters.emulator._server import NamespaceServer
+    from ._server import NamespaceServer
 
 __all__ = ["NamespaceAdminBackend"]
 
 _IMMUTABLE = ("requires_session", "enable_partitioning")
 
 
-def _properties_of(kind: EntityKind, values: dict[str, Any]) -> EntityProperties | SubscriptionProperties:
+def _properties_of(
+    kind: EntityKind, values: dict[str, Any]
+) -> EntityProperties | SubscriptionProperties:
     cls: type[EntityProperties] | type[SubscriptionProperties] = (
         SubscriptionProperties if kind is EntityKind.SUBSCRIPTION else EntityProperties
     )
@@ -35,7 +43,11 @@ def _properties_of(kind: EntityKind, values: dict[str, Any]) -> EntityProperties
         raise InvalidEntityError(f"Invalid entity description: {exc}") from None
     if getattr(properties, "max_delivery_count", 1) < 1:
         raise InvalidEntityError("MaxDeliveryCount must be at least 1.")
-    if properties.lock_duration.total_seconds() > 300 if hasattr(properties, "lock_duration") else False:
+    if (
+        properties.lock_duration.total_seconds() > 300
+        if hasattr(properties, "lock_duration")
+        else False
+    ):
         raise InvalidEntityError("LockDuration must be at most 5 minutes.")
     return properties
 
@@ -56,7 +68,9 @@ class NamespaceAdminBackend:
 
     def authorize(self, authorization: str | None, url: str) -> None:
         if not authorization:
-            raise AdminAuthError("MalformedToken: The request has no Authorization header with a SAS token.")
+            raise AdminAuthError(
+                "MalformedToken: The request has no Authorization header with a SAS token."
+            )
         try:
             self._server.verify_sas(authorization)
         except PermissionError as exc:
@@ -64,12 +78,14 @@ class NamespaceAdminBackend:
 
     # -- views ----------------------------------------------------------------------------
     def _describe(self, kind: EntityKind, target: Entity | Topic) -> dict[str, Any]:
-        values = dataclasses.asdict(target.properties)  # type: ignore[call-overload]
+        values = dataclasses.asdict(target.properties)
         if isinstance(target, Topic):
             runtime: dict[str, Any] = {
                 "size_in_bytes": sum(s.size_in_bytes for s in target.subscriptions.values()),
                 "subscription_count": len(target.subscriptions),
-                "scheduled_message_count": sum(len(s.scheduled) for s in target.subscriptions.values()),
+                "scheduled_message_count": sum(
+                    len(s.scheduled) for s in target.subscriptions.values()
+                ),
                 "active_message_count": 0,
                 "dead_letter_message_count": 0,
                 "transfer_message_count": 0,
@@ -100,7 +116,9 @@ class NamespaceAdminBackend:
         return topic.subscriptions.get(subscription) if topic is not None else None
 
     # -- operations ---------------------------------------------------------------------
-    def create_entity(self, kind: EntityKind, path: str, properties: dict[str, Any]) -> dict[str, Any]:
+    def create_entity(
+        self, kind: EntityKind, path: str, properties: dict[str, Any]
+    ) -> dict[str, Any]:
         ns = self._namespace
         settings = _properties_of(kind, properties)
         try:
@@ -117,7 +135,9 @@ class NamespaceAdminBackend:
             raise EntityExistsError(exc.description) from None
         return self._describe(kind, target)
 
-    def update_entity(self, kind: EntityKind, path: str, properties: dict[str, Any]) -> dict[str, Any]:
+    def update_entity(
+        self, kind: EntityKind, path: str, properties: dict[str, Any]
+    ) -> dict[str, Any]:
         target = self._lookup(kind, path)
         if target is None:
             raise EntityNotFoundError(f"The messaging entity '{path}' could not be found.")
@@ -128,7 +148,7 @@ class NamespaceAdminBackend:
                     f"The value for the {name} property of an existing entity cannot be changed; "
                     "delete and recreate the entity instead."
                 )
-        target.properties = settings  # type: ignore[assignment]
+        target.properties = settings
         if isinstance(target, Entity) and target.dead_letter is not None:
             target.dead_letter.properties = settings
         target.updated_at = self._namespace.clock()
@@ -138,7 +158,9 @@ class NamespaceAdminBackend:
         target = self._lookup(kind, path)
         return None if target is None else self._describe(kind, target)
 
-    def list_entities(self, kind: EntityKind, parent: str | None) -> list[tuple[str, dict[str, Any]]]:
+    def list_entities(
+        self, kind: EntityKind, parent: str | None
+    ) -> list[tuple[str, dict[str, Any]]]:
         ns = self._namespace
         if kind is EntityKind.QUEUE:
             return [(path, self._describe(kind, e)) for path, e in ns.queues.items()]
@@ -147,7 +169,10 @@ class NamespaceAdminBackend:
         topic = ns.topics.get(parent)
         if topic is None:
             return []
-        return [(f"{parent}/subscriptions/{name}", self._describe(kind, e)) for name, e in topic.subscriptions.items()]
+        return [
+            (f"{parent}/subscriptions/{name}", self._describe(kind, e))
+            for name, e in topic.subscriptions.items()
+        ]
 
     def delete_entity(self, kind: EntityKind, path: str) -> bool:
         ns = self._namespace

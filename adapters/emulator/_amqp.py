@@ -15,12 +15,10 @@ import asyncio
 import logging
 import time
 import uuid
-from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
 from proton import (
-    SASL,
     Collector,
     Condition,
     Connection,
@@ -34,19 +32,20 @@ from proton import (
     symbol,
 )
 
-from georep.adapters.emulator._broker import BrokerError, Entity, StoredMessage, Topic
-from georep.adapters.emulator._codec import (
+from ._broker import BrokerError, Entity, StoredMessage
+from ._codec import (
+    SECTION_AMQP_VALUE,
     AmqpDecodeError,
     Raw,
-    Timestamp,
     decode_value,
     encode_value,
     long_array,
+    split_sections,
     timestamp_array,
 )
 
 if TYPE_CHECKING:
-    from georep.adapters.emulator._server import NamespaceServer
+    from ._server import NamespaceServer
 
 __all__ = ["AmqpConnection"]
 
@@ -94,10 +93,8 @@ class _ConsumerLink:
 
     def deliver(self, message: StoredMessage, lock_token: uuid.UUID | None) -> None:
         link = self.link
-        if lock_token is not None:
-            tag = lock_token.bytes_le  # the SDK reads the lock token as UUID(bytes_le=tag)
-        else:
-            tag = self.connection.next_tag()
+        # The SDK reads the lock token as UUID(bytes_le=tag).
+        tag = lock_token.bytes_le if lock_token is not None else self.connection.next_tag()
         delivery = link.delivery(tag)
         # Proton hands tags back as UTF-8-decoded text, which a binary tag is not: keep the
         # token on the delivery's record instead.
@@ -274,10 +271,9 @@ class AmqpConnection(asyncio.Protocol):
         elif kind == Event.CONNECTION_REMOTE_CLOSE:
             if not self._connection.state & Endpoint.LOCAL_CLOSED:
                 self._connection.close()
-        elif kind == Event.TRANSPORT_CLOSED:
-            if self.transport is not None:
-                self._flush_scheduled = False
-                self.transport.close()
+        elif kind == Event.TRANSPORT_CLOSED and self.transport is not None:
+            self._flush_scheduled = False
+            self.transport.close()
 
     # -- links --------------------------------------------------------------------------
     def _refuse(self, link: Link, name: str, description: str) -> None:
@@ -314,7 +310,8 @@ class AmqpConnection(asyncio.Protocol):
                 if entity.properties.requires_session:
                     raise BrokerError(
                         "amqp:not-implemented",
-                        f"'{path}' requires sessions, which the georep emulator does not support yet.",
+                        f"'{path}' requires sessions, which the georep emulator does not "
+                        "support yet.",
                     )
             else:
                 self.namespace.resolve_target(path)
@@ -557,8 +554,8 @@ class AmqpConnection(asyncio.Protocol):
         if operation == "com.microsoft:schedule-message":
             target = ns.resolve_target(path)
             numbers = []
-            for item in body["messages"]:
-                encoded = item["message"]
+            for scheduled in body["messages"]:
+                encoded = scheduled["message"]
                 numbers.append(ns.schedule(target, encoded, None))
                 self.server.count_operation()
             return {"sequence-numbers": Raw(long_array(numbers))}
@@ -618,8 +615,6 @@ class AmqpConnection(asyncio.Protocol):
 
 def _decode_body(payload: bytes) -> dict[str, Any]:
     """Decode the amqp-value body of a management request into a str-keyed dict."""
-    from georep.adapters.emulator._codec import SECTION_AMQP_VALUE, split_sections
-
     for code, start, _end in split_sections(payload):
         if code == SECTION_AMQP_VALUE:
             value, _ = decode_value(payload, start + 3)
@@ -641,6 +636,3 @@ def _dead_letter_details(condition: Condition | None) -> tuple[str | None, str |
         str(reason) if reason is not None else None,
         str(description) if description is not None else condition.description,
     )
-
-
-__all__ += ["entity_path", "Timestamp", "SASL", "Topic", "Callable"]

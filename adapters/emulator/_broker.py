@@ -11,6 +11,7 @@ nothing rescans a queue per credit or per delivery.
 
 from __future__ import annotations
 
+import contextlib
 import heapq
 import itertools
 import time
@@ -19,12 +20,11 @@ from collections import OrderedDict, deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
 from datetime import timedelta
-from enum import Enum
+from enum import StrEnum
 from typing import Any, Protocol
 
-from georep.adapters.emulator._codec import (
+from ._codec import (
     SECTION_APPLICATION_PROPERTIES,
-    Raw,
     Symbol,
     Timestamp,
     decode_value,
@@ -39,6 +39,8 @@ from georep.adapters.emulator._codec import (
 )
 
 __all__ = [
+    "MAX_MESSAGE_SIZE",
+    "PING_CONTENT_TYPE",
     "BrokerError",
     "Consumer",
     "Entity",
@@ -47,6 +49,7 @@ __all__ = [
     "Namespace",
     "StoredMessage",
     "SubscriptionProperties",
+    "Topic",
 ]
 
 # Service Bus Standard tier: 256 KB per message.
@@ -118,7 +121,7 @@ class SubscriptionProperties:
     user_metadata: str | None = None
 
 
-class MessageState(str, Enum):
+class MessageState(StrEnum):
     """Where a stored message is in its life."""
 
     AVAILABLE = "available"
@@ -305,10 +308,8 @@ class Entity:
         self.dispatch()
 
     def remove_consumer(self, consumer: Consumer) -> None:
-        try:
+        with contextlib.suppress(ValueError):
             self.consumers.remove(consumer)
-        except ValueError:
-            pass
 
     def dispatch(self) -> None:
         """Hand available messages to consumers with credit, round-robin."""
@@ -382,7 +383,8 @@ class Entity:
             self.dead_letter_message(
                 message,
                 "MaxDeliveryCountExceeded",
-                f"Message could not be consumed after {self.properties.max_delivery_count} delivery attempts.",
+                f"Message could not be consumed after {self.properties.max_delivery_count} "
+                "delivery attempts.",
             )
             return
         message.state = MessageState.AVAILABLE
@@ -591,7 +593,7 @@ class DuplicateDetector:
     def is_duplicate(self, message_id: Any, now: float, window: float) -> bool:
         seen = self._seen
         while seen:
-            oldest_id, at = next(iter(seen.items()))
+            at = next(iter(seen.values()))
             if at + window > now:
                 break
             seen.popitem(last=False)
@@ -737,6 +739,8 @@ class Namespace:
         else:
             inner = [parsed]
         properties = target.properties
+        # Send targets are queues and topics, never subscriptions (see resolve_target).
+        assert isinstance(properties, EntityProperties)
         now = self.clock()
         for message in inner:
             if properties.requires_duplicate_detection:
@@ -828,6 +832,3 @@ def _timestamp_seconds(value: Any) -> float:
     if isinstance(value, int):
         return value / 1000
     raise BrokerError("amqp:invalid-field", "x-opt-scheduled-enqueue-time must be a timestamp")
-
-
-__all__ += ["MAX_MESSAGE_SIZE", "PING_CONTENT_TYPE", "Raw", "Topic"]

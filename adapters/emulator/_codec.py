@@ -136,7 +136,7 @@ def decode_value(buf: bytes | memoryview, pos: int = 0) -> tuple[Any, int]:
         raise AmqpDecodeError(f"malformed AMQP value at offset {pos}") from exc
 
 
-def _decode(buf: bytes | memoryview, pos: int) -> tuple[Any, int]:  # noqa: PLR0911, PLR0912
+def _decode(buf: bytes | memoryview, pos: int) -> tuple[Any, int]:
     code = buf[pos]
     pos += 1
     if code == 0x40:
@@ -231,7 +231,6 @@ def _compound(is_map: bool, buf: bytes | memoryview, pos: int, count: int) -> An
 
 def _array(buf: bytes | memoryview, pos: int, count: int) -> list[Any]:
     # An array shares one constructor: decode each element by prefixing it again.
-    constructor_start = pos
     if buf[pos] == 0x00:
         raise AmqpDecodeError("described arrays are not supported")
     code = buf[pos]
@@ -252,7 +251,6 @@ def _array(buf: bytes | memoryview, pos: int, count: int) -> list[Any]:
             chunk = prefix + bytes(buf[pos : pos + 4 + size])
             pos += 4 + size
         items.append(_decode(chunk, 0)[0])
-    del constructor_start
     return items
 
 
@@ -263,7 +261,7 @@ def encode_value(value: Any) -> bytes:
     return bytes(out)
 
 
-def _encode(out: bytearray, value: Any) -> None:  # noqa: PLR0912
+def _encode(out: bytearray, value: Any) -> None:
     if isinstance(value, Raw):
         out += value
     elif value is None:

@@ -5,7 +5,8 @@ Routes (JSON in, JSON out):
 - ``GET  /``                                   every namespace, its port and connection string
 - ``GET  /namespaces/{ns}/entities``           runtime counts per queue/subscription
 - ``POST /namespaces/{ns}/queues``             ``{"name": ..., "properties": {...}}``
-- ``POST /namespaces/{ns}/topics``             ``{"name": ..., "subscriptions": [...], "properties": {...}}``
+- ``POST /namespaces/{ns}/topics``             a topic and its subscriptions:
+  ``{"name": ..., "subscriptions": [...], "properties": {...}}``
 - ``POST /namespaces/{ns}/faults/{fault}``     ``outage``, ``restore``, ``blackhole``,
   ``latency`` (``{"seconds": 0.2}``), ``reject-sends`` (``{"condition": "server-busy"}``),
   ``drop-dispositions`` (``{"count": 3}``), ``disaster``
@@ -18,15 +19,27 @@ from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
-from georep.adapters.emulator._broker import BrokerError
-from georep.adapters.emulator._server import SEND_REJECT_CONDITIONS, NamespaceServer, default_properties
+from ._broker import BrokerError
+from ._server import (
+    SEND_REJECT_CONDITIONS,
+    NamespaceServer,
+    default_properties,
+)
 
 if TYPE_CHECKING:
-    from georep.adapters.emulator._server import EmulatorServer
+    from ._server import EmulatorServer
 
 __all__ = ["FAULTS", "build_control_app"]
 
-FAULTS = ("outage", "restore", "blackhole", "latency", "reject-sends", "drop-dispositions", "disaster")
+FAULTS = (
+    "outage",
+    "restore",
+    "blackhole",
+    "latency",
+    "reject-sends",
+    "drop-dispositions",
+    "disaster",
+)
 
 
 def _error(status: int, message: str) -> web.Response:
@@ -54,9 +67,13 @@ def build_control_app(emulator: EmulatorServer) -> web.Application:
         try:
             value = await request.json()
         except ValueError:
-            raise web.HTTPBadRequest(text='{"error": "the body must be JSON"}', content_type="application/json") from None
+            raise web.HTTPBadRequest(
+                text='{"error": "the body must be JSON"}', content_type="application/json"
+            ) from None
         if not isinstance(value, dict):
-            raise web.HTTPBadRequest(text='{"error": "the body must be a JSON object"}', content_type="application/json")
+            raise web.HTTPBadRequest(
+                text='{"error": "the body must be a JSON object"}', content_type="application/json"
+            )
         return value
 
     @routes.get("/")
@@ -128,7 +145,9 @@ def build_control_app(emulator: EmulatorServer) -> web.Application:
         elif fault == "reject-sends":
             condition = data.get("condition")
             if condition is not None and condition not in SEND_REJECT_CONDITIONS:
-                return _error(400, f"condition must be one of {sorted(SEND_REJECT_CONDITIONS)} or null")
+                return _error(
+                    400, f"condition must be one of {sorted(SEND_REJECT_CONDITIONS)} or null"
+                )
             server.faults.reject_sends = condition
         elif fault == "drop-dispositions":
             try:

@@ -50,11 +50,16 @@ class NamespaceControl:
         return f"NamespaceControl(name={self.name!r}, port={self.port})"
 
     def _fault(self, fault: str, body: dict[str, Any] | None = None) -> dict[str, Any]:
-        result: dict[str, Any] = self._emulator._call("POST", f"/namespaces/{self.name}/faults/{fault}", body)
+        result: dict[str, Any] = self._emulator._call(
+            "POST", f"/namespaces/{self.name}/faults/{fault}", body
+        )
         return result
 
     def outage(self) -> None:
-        """Refuse connections and drop existing ones (SDK: ``ServiceBusConnectionError``). Data is kept."""
+        """Refuse connections and drop existing ones (SDK: ``ServiceBusConnectionError``).
+
+        Data is kept.
+        """
         self._fault("outage")
 
     def restore(self) -> None:
@@ -62,7 +67,10 @@ class NamespaceControl:
         self._fault("restore")
 
     def blackhole(self) -> None:
-        """Accept connections but never answer (SDK: ``OperationTimeoutError`` after its timeout)."""
+        """Accept connections but never answer.
+
+        The SDK raises ``OperationTimeoutError`` after its timeout.
+        """
         self._fault("blackhole")
 
     def latency(self, seconds: float) -> None:
@@ -73,7 +81,8 @@ class NamespaceControl:
         """Reject every send with ``condition`` (``None`` stops rejecting).
 
         ``server-busy`` -> ``ServiceBusServerBusyError``, ``timeout`` -> ``OperationTimeoutError``,
-        ``internal-error`` -> ``ServiceBusError``, ``quota-exceeded`` -> ``ServiceBusQuotaExceededError``.
+        ``internal-error`` -> ``ServiceBusError``,
+        ``quota-exceeded`` -> ``ServiceBusQuotaExceededError``.
         """
         self._fault("reject-sends", {"condition": condition})
 
@@ -96,7 +105,9 @@ class NamespaceControl:
 
     def entities(self) -> dict[str, dict[str, Any]]:
         """Runtime counts per queue and subscription (``active_message_count``, ...)."""
-        result: dict[str, dict[str, Any]] = self._emulator._call("GET", f"/namespaces/{self.name}/entities")
+        result: dict[str, dict[str, Any]] = self._emulator._call(
+            "GET", f"/namespaces/{self.name}/entities"
+        )
         return result
 
     def message_count(self, entity: str) -> int:
@@ -104,11 +115,15 @@ class NamespaceControl:
         try:
             return int(self.entities()[entity]["total_message_count"])
         except KeyError:
-            raise EmulatorError(f"namespace '{self.name}' has no queue or subscription '{entity}'") from None
+            raise EmulatorError(
+                f"namespace '{self.name}' has no queue or subscription '{entity}'"
+            ) from None
 
     def create_queue(self, name: str, **properties: Any) -> None:
         """Create a queue; ``properties`` are ``QueueProperties`` names, durations in seconds."""
-        self._emulator._call("POST", f"/namespaces/{self.name}/queues", {"name": name, "properties": properties})
+        self._emulator._call(
+            "POST", f"/namespaces/{self.name}/queues", {"name": name, "properties": properties}
+        )
 
     def create_topic(self, name: str, subscriptions: Sequence[str] = (), **properties: Any) -> None:
         """Create a topic with subscriptions."""
@@ -171,7 +186,13 @@ class Emulator:
         """
         if self._process is not None:
             raise EmulatorError("this emulator is already running")
-        command = [sys.executable, "-m", "georep.adapters.emulator", "--json", "--stop-on-stdin-eof"]
+        command = [
+            sys.executable,
+            "-m",
+            "georep.adapters.emulator",
+            "--json",
+            "--stop-on-stdin-eof",
+        ]
         command += ["--control-port", str(self._control_port)]
         for name, port in zip(self._namespace_names, self._ports, strict=True):
             command += ["--namespace", name, "--port", str(port)]
@@ -180,7 +201,8 @@ class Emulator:
         for topic, subscriptions in self._topics.items():
             command += ["--topic", f"{topic}:{','.join(subscriptions)}"]
         # The child's log goes to a private file, read back only if it fails to start.
-        self._stderr = tempfile.TemporaryFile()
+        # Kept open for the child's lifetime and closed when it stops, so no ``with`` block.
+        self._stderr = tempfile.TemporaryFile()  # noqa: SIM115
         process = subprocess.Popen(
             command,
             stdin=subprocess.PIPE,
@@ -201,11 +223,15 @@ class Emulator:
             self._process = None
             self._stderr.seek(0)
             stderr = self._stderr.read().decode(errors="replace")
-            raise EmulatorError(f"the emulator did not start: {stderr.strip()[-2000:] or 'no output'}")
+            raise EmulatorError(
+                f"the emulator did not start: {stderr.strip()[-2000:] or 'no output'}"
+            )
         self._description = json.loads(line)
         process.stdout.close()
         for name, info in self._description["namespaces"].items():
-            self._namespaces[name] = NamespaceControl(self, name, int(info["port"]), info["connection_string"])
+            self._namespaces[name] = NamespaceControl(
+                self, name, int(info["port"]), info["connection_string"]
+            )
 
     def stop(self) -> None:
         """Stop the child process (idempotent)."""
@@ -230,20 +256,32 @@ class Emulator:
         self.start()
         return self
 
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
         self.stop()
 
     async def __aenter__(self) -> Self:
         await asyncio.to_thread(self.start)
         return self
 
-    async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
         await asyncio.to_thread(self.stop)
 
     # -- access ----------------------------------------------------------------------------
     def _require(self) -> dict[str, Any]:
         if self._description is None or self._process is None:
-            raise EmulatorError("the emulator is not running: use it as a context manager or call start()")
+            raise EmulatorError(
+                "the emulator is not running: use it as a context manager or call start()"
+            )
         return self._description
 
     @property
@@ -268,14 +306,19 @@ class Emulator:
         try:
             return self._namespaces[name]
         except KeyError:
-            raise EmulatorError(f"unknown namespace '{name}'; this emulator has {', '.join(self._namespaces)}") from None
+            raise EmulatorError(
+                f"unknown namespace '{name}'; this emulator has {', '.join(self._namespaces)}"
+            ) from None
 
     def connection_string(self, name: str) -> str:
         """The namespace's connection string (``UseDevelopmentEmulator=true``, plain AMQP)."""
         return self.namespace(name).connection_string
 
     def admin_client(self, name: str) -> ServiceBusAdministrationClient:
-        """A sync ``ServiceBusAdministrationClient`` for ``name`` that trusts the emulator's certificate."""
+        """A sync ``ServiceBusAdministrationClient`` for ``name``.
+
+        It trusts the emulator's self-signed certificate.
+        """
         from azure.servicebus.management import ServiceBusAdministrationClient
 
         return ServiceBusAdministrationClient.from_connection_string(
@@ -286,12 +329,16 @@ class Emulator:
         """An async ``ServiceBusAdministrationClient`` (needs aiohttp) for ``name``."""
         from azure.servicebus.aio.management import ServiceBusAdministrationClient as AsyncAdmin
 
-        return AsyncAdmin.from_connection_string(self.connection_string(name), connection_verify=str(self.ca_file))
+        return AsyncAdmin.from_connection_string(
+            self.connection_string(name), connection_verify=str(self.ca_file)
+        )
 
     def _call(self, method: str, path: str, body: dict[str, Any] | None = None) -> Any:
         url = self.control_url + path
         data = json.dumps(body).encode() if body is not None else None
-        request = urllib.request.Request(url, data=data, method=method, headers={"Content-Type": "application/json"})
+        request = urllib.request.Request(
+            url, data=data, method=method, headers={"Content-Type": "application/json"}
+        )
         try:
             with urllib.request.urlopen(request, timeout=_CONTROL_TIMEOUT) as response:
                 return json.loads(response.read() or b"null")
@@ -302,4 +349,6 @@ class Emulator:
                 message = str(exc)
             raise EmulatorError(f"emulator control {method} {path} failed: {message}") from None
         except (urllib.error.URLError, OSError) as exc:
-            raise EmulatorError(f"emulator control endpoint unreachable ({exc}); is the emulator still running?") from None
+            raise EmulatorError(
+                f"emulator control endpoint unreachable ({exc}); is the emulator still running?"
+            ) from None

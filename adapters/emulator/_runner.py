@@ -1,4 +1,7 @@
-"""Run the emulator in the foreground: ``python -m georep.adapters.emulator`` and ``georep emulator``."""
+"""Run the emulator in the foreground.
+
+Entry point of ``python -m georep.adapters.emulator`` and ``georep emulator``.
+"""
 
 from __future__ import annotations
 
@@ -12,7 +15,7 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from georep.adapters.emulator._server import (
+from ._server import (
     DEFAULT_CONTROL_PORT,
     DEFAULT_PORTS,
     EmulatorServer,
@@ -38,7 +41,9 @@ def build_specs(
 ) -> list[NamespaceSpec]:
     """One spec per namespace; every namespace gets the same entities (a geo pair)."""
     if ports and len(ports) != len(namespaces):
-        raise ValueError(f"give one port per namespace: {len(namespaces)} namespaces, {len(ports)} ports")
+        raise ValueError(
+            f"give one port per namespace: {len(namespaces)} namespaces, {len(ports)} ports"
+        )
     parsed_topics = dict(parse_topic(t) for t in topics)
     return [
         NamespaceSpec(
@@ -89,22 +94,62 @@ async def _wait_for_stdin_eof(stop: asyncio.Event) -> None:
 def _argument_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m georep.adapters.emulator",
-        description="A local two-region Azure Service Bus emulator (AMQP 1.0, real SAS, fault injection).",
+        description=(
+            "A local two-region Azure Service Bus emulator (AMQP 1.0, real SAS, fault injection)."
+        ),
     )
-    parser.add_argument("--namespace", action="append", dest="namespaces", help="namespace name (repeat); default primary, secondary")
-    parser.add_argument("--port", action="append", type=int, dest="ports", help="port per namespace, in order (0 = any free)")
-    parser.add_argument("--queue", action="append", dest="queues", default=[], help="queue to create in every namespace (repeat)")
-    parser.add_argument("--topic", action="append", dest="topics", default=[], help="topic NAME[:SUB1,SUB2] to create in every namespace")
-    parser.add_argument("--control-port", type=int, default=DEFAULT_CONTROL_PORT, help="HTTP control port (0 = any free)")
-    parser.add_argument("--json", action="store_true", help="print one JSON line describing the emulator once it is ready")
-    parser.add_argument("--stop-on-stdin-eof", action="store_true", help="exit when standard input closes")
+    parser.add_argument(
+        "--namespace",
+        action="append",
+        dest="namespaces",
+        help="namespace name (repeat); default primary, secondary",
+    )
+    parser.add_argument(
+        "--port",
+        action="append",
+        type=int,
+        dest="ports",
+        help="port per namespace, in order (0 = any free)",
+    )
+    parser.add_argument(
+        "--queue",
+        action="append",
+        dest="queues",
+        default=[],
+        help="queue to create in every namespace (repeat)",
+    )
+    parser.add_argument(
+        "--topic",
+        action="append",
+        dest="topics",
+        default=[],
+        help="topic NAME[:SUB1,SUB2] to create in every namespace",
+    )
+    parser.add_argument(
+        "--control-port",
+        type=int,
+        default=DEFAULT_CONTROL_PORT,
+        help="HTTP control port (0 = any free)",
+    )
+    parser.add_argument(
+        "--json",
+        action="store_true",
+        help="print one JSON line describing the emulator once it is ready",
+    )
+    parser.add_argument(
+        "--stop-on-stdin-eof", action="store_true", help="exit when standard input closes"
+    )
     parser.add_argument("--log-level", default="WARNING")
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = _argument_parser().parse_args(argv)
-    logging.basicConfig(level=args.log_level.upper(), stream=sys.stderr, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    logging.basicConfig(
+        level=args.log_level.upper(),
+        stream=sys.stderr,
+        format="%(asctime)s %(name)s %(levelname)s %(message)s",
+    )
     namespaces = args.namespaces or ["primary", "secondary"]
     ports = args.ports or ([*DEFAULT_PORTS] if namespaces == ["primary", "secondary"] else [])
     try:
@@ -117,15 +162,29 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.json:
             print(json.dumps(description), flush=True)
             return
-        print(f"georep emulator ready (control: {description['control_url']}, CA file: {description['ca_file']})")
+        print(
+            f"georep emulator ready (control: {description['control_url']}, "
+            f"CA file: {description['ca_file']})"
+        )
         for name, info in description["namespaces"].items():
             print(f"  {name}: {info['connection_string']}")
         print("Ctrl-C to stop.", flush=True)
 
     with contextlib.suppress(KeyboardInterrupt):
         try:
-            asyncio.run(serve(specs, control_port=args.control_port, on_ready=on_ready, stop_on_stdin_eof=args.stop_on_stdin_eof))
+            asyncio.run(
+                serve(
+                    specs,
+                    control_port=args.control_port,
+                    on_ready=on_ready,
+                    stop_on_stdin_eof=args.stop_on_stdin_eof,
+                )
+            )
         except OSError as exc:
-            print(f"error: cannot start the emulator: {exc}. Pick free ports with --port/--control-port (0 = any).", file=sys.stderr)
+            print(
+                f"error: cannot start the emulator: {exc}. "
+                "Pick free ports with --port/--control-port (0 = any).",
+                file=sys.stderr,
+            )
             return 1
     return 0

@@ -23,14 +23,15 @@ import tempfile
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, quote_plus
 
 from aiohttp import web
 
-from georep.adapters.emulator._amqp import AmqpConnection
-from georep.adapters.emulator._broker import EntityProperties, Namespace, SubscriptionProperties
+from ._amqp import AmqpConnection
+from ._broker import EntityProperties, Namespace, SubscriptionProperties
 
 __all__ = [
     "DEFAULT_CONTROL_PORT",
@@ -126,6 +127,8 @@ class NamespaceServer:
         self._admin_handler = admin_handler
         self._listener: socket.socket | None = None
         self._accept_task: asyncio.Task[None] | None = None
+        # Strong references to in-flight _route tasks: the loop only keeps weak ones.
+        self._route_tasks: set[asyncio.Task[None]] = set()
         self._timer: asyncio.TimerHandle | None = None
         self._timer_at: float | None = None
         self.port = spec.port
@@ -181,7 +184,8 @@ class NamespaceServer:
         ).decode()
         if not hmac.compare_digest(expected, signature):
             raise PermissionError(
-                f"The SAS signature does not match namespace '{self.name}': check the key in the connection string."
+                f"The SAS signature does not match namespace '{self.name}': "
+                "check the key in the connection string."
             )
         if expiry <= time.time():
             raise PermissionError("The SAS token has expired: mint a new one.")
@@ -240,7 +244,9 @@ class NamespaceServer:
             if self.faults.paused:
                 self._idle_sockets.add(client)  # accept, never answer
                 continue
-            asyncio.create_task(self._route(client))
+            task = asyncio.create_task(self._route(client))
+            self._route_tasks.add(task)
+            task.add_done_callback(self._route_tasks.discard)
 
     async def _route(self, client: socket.socket) -> None:
         loop = asyncio.get_running_loop()
@@ -373,9 +379,9 @@ class EmulatorServer:
         return f"http://127.0.0.1:{self.control_port}"
 
     async def start(self) -> None:
-        from georep.adapters.emulator._admin import build_admin_app
-        from georep.adapters.emulator._admin_backend import NamespaceAdminBackend
-        from georep.adapters.emulator._tls import make_self_signed_certificate, server_ssl_context
+        from ._admin import build_admin_app
+        from ._admin_backend import NamespaceAdminBackend
+        from ._tls import make_self_signed_certificate, server_ssl_context
 
         cert, key = make_self_signed_certificate(self.state_dir)
         self.ca_file = cert
@@ -391,13 +397,14 @@ class EmulatorServer:
         await self._start_control()
 
     async def _start_control(self) -> None:
-        from georep.adapters.emulator._control import build_control_app
+        from ._control import build_control_app
 
         runner = web.AppRunner(build_control_app(self), access_log=None)
         await runner.setup()
         site = web.TCPSite(runner, "127.0.0.1", self.control_port, reuse_address=True)
         await site.start()
-        sockets = site._server.sockets if site._server is not None else []  # type: ignore[union-attr]
+        # aiohttp types _server as AbstractServer, which lacks .sockets (it is an asyncio.Server).
+        sockets = site._server.sockets if site._server is not None else []  # type: ignore[attr-defined]
         self.control_port = sockets[0].getsockname()[1]
         self._control_runner = runner
 
@@ -434,9 +441,7 @@ def default_properties(
     kind: str, values: dict[str, Any]
 ) -> EntityProperties | SubscriptionProperties:
     """Entity properties from plain values (as the control endpoint receives them)."""
-    from datetime import timedelta
-
-    converted = {
+    converted: dict[str, Any] = {
         k: (timedelta(seconds=v) if _is_duration(k) and isinstance(v, int | float) else v)
         for k, v in values.items()
     }

@@ -19,31 +19,43 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 if TYPE_CHECKING:
-    from georep.adapters.emulator import Emulator
+    from . import Emulator
 
 __all__ = ["georep_emulator", "georep_emulator_factory", "pytest_addoption"]
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
-    parser.addini("georep_emulator_queues", "queues for the georep_emulator fixture", type="args", default=["orders"])
-    parser.addini("georep_emulator_topics", "topics (NAME:SUB1,SUB2) for the georep_emulator fixture", type="args", default=[])
+    parser.addini(
+        "georep_emulator_queues",
+        "queues for the georep_emulator fixture",
+        type="args",
+        default=["orders"],
+    )
+    parser.addini(
+        "georep_emulator_topics",
+        "topics (NAME:SUB1,SUB2) for the georep_emulator fixture",
+        type="args",
+        default=[],
+    )
 
 
 @pytest.fixture(scope="session")
 def georep_emulator(pytestconfig: pytest.Config) -> Iterator[Emulator]:
     """A two-region emulator shared by the whole test session."""
-    from georep.adapters.emulator import Emulator
-    from georep.adapters.emulator._runner import parse_topic
+    from . import Emulator
+    from ._runner import parse_topic
 
     topics = dict(parse_topic(t) for t in pytestconfig.getini("georep_emulator_topics"))
-    with Emulator(queues=tuple(pytestconfig.getini("georep_emulator_queues")), topics=topics) as emulator:
+    with Emulator(
+        queues=tuple(pytestconfig.getini("georep_emulator_queues")), topics=topics
+    ) as emulator:
         yield emulator
 
 
 @pytest.fixture
 def georep_emulator_factory() -> Iterator[Callable[..., Emulator]]:
     """Start private emulators for one test: ``georep_emulator_factory(queues=("q",))``."""
-    from georep.adapters.emulator import Emulator
+    from . import Emulator
 
     started: list[Emulator] = []
 

@@ -69,13 +69,17 @@ async def round_trip(
         async with client.get_queue_sender(queue) as sender:
             for start in range(0, count, batch_size):
                 chunk = ids[start : start + batch_size]
-                await sender.send_messages([ServiceBusMessage(f"order {i}", message_id=i) for i in chunk])
+                await sender.send_messages(
+                    [ServiceBusMessage(f"order {i}", message_id=i) for i in chunk]
+                )
         send_seconds = time.perf_counter() - started
         seen: Counter[str] = Counter()
         started = time.perf_counter()
         async with client.get_queue_receiver(queue, prefetch_count=batch_size) as receiver:
             while sum(seen.values()) < count:
-                messages = await receiver.receive_messages(max_message_count=batch_size, max_wait_time=5)
+                messages = await receiver.receive_messages(
+                    max_message_count=batch_size, max_wait_time=5
+                )
                 if not messages:
                     break
                 for message in messages:

@@ -34,5 +34,7 @@ def queue(make_queue: Callable[..., str]) -> str:
 
 @pytest.fixture
 async def client(georep_emulator: Emulator) -> AsyncIterator[ServiceBusClient]:
-    async with ServiceBusClient.from_connection_string(georep_emulator.connection_string("primary")) as sb:
+    async with ServiceBusClient.from_connection_string(
+        georep_emulator.connection_string("primary")
+    ) as sb:
         yield sb

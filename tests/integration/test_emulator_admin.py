@@ -1,4 +1,7 @@
-"""ServiceBusAdministrationClient (sync and async) against the emulator, over HTTPS on the AMQP port."""
+"""ServiceBusAdministrationClient (sync and async) against the emulator.
+
+Over HTTPS, on the AMQP port.
+"""
 
 from __future__ import annotations
 
@@ -29,9 +32,13 @@ async def test_async_admin_queue_lifecycle_with_runtime_counts(georep_emulator: 
         assert queue.lock_duration == dt.timedelta(seconds=30)
         assert queue.max_delivery_count == 4
         assert queue.requires_duplicate_detection is True
-        async with ServiceBusClient.from_connection_string(georep_emulator.connection_string("secondary")) as client:
-            async with client.get_queue_sender("admin-q") as sender:
-                await sender.send_messages([ServiceBusMessage("a"), ServiceBusMessage("b")])
+        async with (
+            ServiceBusClient.from_connection_string(
+                georep_emulator.connection_string("secondary")
+            ) as client,
+            client.get_queue_sender("admin-q") as sender,
+        ):
+            await sender.send_messages([ServiceBusMessage("a"), ServiceBusMessage("b")])
         runtime = await admin.get_queue_runtime_properties("admin-q")
         assert runtime.active_message_count == 2
         assert runtime.total_message_count == 2
@@ -69,7 +76,11 @@ def test_admin_with_the_wrong_key_is_refused(georep_emulator: Emulator) -> None:
     conn = georep_emulator.connection_string("primary")
     key = conn.split("SharedAccessKey=")[1].split(";")[0]
     wrong = conn.replace(key, "d3Jvbmcta2V5")
-    with ServiceBusAdministrationClient.from_connection_string(wrong, connection_verify=str(georep_emulator.ca_file)) as admin:
-        with pytest.raises(ClientAuthenticationError) as info:
-            admin.get_queue("orders")
+    with (
+        ServiceBusAdministrationClient.from_connection_string(
+            wrong, connection_verify=str(georep_emulator.ca_file)
+        ) as admin,
+        pytest.raises(ClientAuthenticationError) as info,
+    ):
+        admin.get_queue("orders")
     assert key not in str(info.value)

@@ -44,15 +44,21 @@ def _key(connection_string: str) -> tuple[str, str]:
 
 def _sas(audience: str, key_name: str, key: str, expiry: int) -> str:
     signed = base64.b64encode(
-        hmac.new(key.encode(), f"{quote_plus(audience)}\n{expiry}".encode(), hashlib.sha256).digest()
+        hmac.new(
+            key.encode(), f"{quote_plus(audience)}\n{expiry}".encode(), hashlib.sha256
+        ).digest()
     ).decode()
-    return "SharedAccessSignature " + urlencode({"sr": audience, "sig": signed, "se": str(expiry), "skn": key_name})
+    return "SharedAccessSignature " + urlencode(
+        {"sr": audience, "sig": signed, "se": str(expiry), "skn": key_name}
+    )
 
 
 async def _send(connection_string: str, queue: str, **send_kwargs: object) -> None:
-    async with ServiceBusClient.from_connection_string(connection_string, retry_total=0) as client:
-        async with client.get_queue_sender(queue) as sender:
-            await sender.send_messages(ServiceBusMessage("m"), **send_kwargs)  # type: ignore[arg-type]
+    async with (
+        ServiceBusClient.from_connection_string(connection_string, retry_total=0) as client,
+        client.get_queue_sender(queue) as sender,
+    ):
+        await sender.send_messages(ServiceBusMessage("m"), **send_kwargs)  # type: ignore[arg-type]
 
 
 # -- authentication and bad input --------------------------------------------------------
@@ -60,7 +66,7 @@ async def _send(connection_string: str, queue: str, **send_kwargs: object) -> No
 
 async def test_wrong_key_raises_authentication_error(georep_emulator: Emulator) -> None:
     good = georep_emulator.connection_string("primary")
-    key_name, key = _key(good)
+    _, key = _key(good)
     wrong = good.replace(key, base64.b64encode(b"not the key").decode())
     with pytest.raises(ServiceBusAuthenticationError):
         await _send(wrong, "orders")
@@ -84,16 +90,24 @@ async def test_expired_token_is_refused_and_fresh_one_accepted(georep_emulator: 
             async with client.get_queue_sender("orders") as sender:
                 await sender.send_messages(ServiceBusMessage("m"))
     fresh = AzureSasCredential(_sas(audience, key_name, key, int(time.time()) + 3600))
-    async with ServiceBusClient(host, fresh, retry_total=0, use_tls=False) as client:
-        async with client.get_queue_sender("orders") as sender:
-            await sender.send_messages(ServiceBusMessage("m"))
+    async with (
+        ServiceBusClient(host, fresh, retry_total=0, use_tls=False) as client,
+        client.get_queue_sender("orders") as sender,
+    ):
+        await sender.send_messages(ServiceBusMessage("m"))
 
 
-async def test_oversize_message_raises_size_error_and_stores_nothing(georep_emulator: Emulator, queue: str) -> None:
-    async with ServiceBusClient.from_connection_string(georep_emulator.connection_string("primary"), retry_total=0) as client:
-        async with client.get_queue_sender(queue) as sender:
-            with pytest.raises(MessageSizeExceededError, match="262144"):
-                await sender.send_messages(ServiceBusMessage(b"x" * 300_000))
+async def test_oversize_message_raises_size_error_and_stores_nothing(
+    georep_emulator: Emulator, queue: str
+) -> None:
+    async with (
+        ServiceBusClient.from_connection_string(
+            georep_emulator.connection_string("primary"), retry_total=0
+        ) as client,
+        client.get_queue_sender(queue) as sender,
+    ):
+        with pytest.raises(MessageSizeExceededError, match="262144"):
+            await sender.send_messages(ServiceBusMessage(b"x" * 300_000))
     assert georep_emulator.namespace("primary").message_count(queue) == 0
 
 
@@ -102,10 +116,14 @@ async def test_unknown_entity_raises_not_found(georep_emulator: Emulator) -> Non
         await _send(georep_emulator.connection_string("primary"), "no-such-queue")
 
 
-async def test_session_receiver_fails_fast_with_a_clear_error(georep_emulator: Emulator, queue: str) -> None:
-    async with ServiceBusClient.from_connection_string(georep_emulator.connection_string("primary"), retry_total=0) as client:
+async def test_session_receiver_fails_fast_with_a_clear_error(
+    georep_emulator: Emulator, queue: str
+) -> None:
+    async with ServiceBusClient.from_connection_string(
+        georep_emulator.connection_string("primary"), retry_total=0
+    ) as client:
         started = time.monotonic()
-        with pytest.raises(ServiceBusError, match="[Ss]ession"):
+        with pytest.raises(ServiceBusError, match=r"[Ss]ession"):
             async with client.get_queue_receiver(queue, session_id="s1") as receiver:
                 await receiver.receive_messages(max_wait_time=5)
         assert time.monotonic() - started < 5
@@ -114,16 +132,20 @@ async def test_session_receiver_fails_fast_with_a_clear_error(georep_emulator: E
 # -- faults ----------------------------------------------------------------------------------
 
 
-async def test_outage_refuses_connections_keeps_data_and_restore_recovers(georep_emulator_factory: EmulatorFactory) -> None:
+async def test_outage_refuses_connections_keeps_data_and_restore_recovers(
+    georep_emulator_factory: EmulatorFactory,
+) -> None:
     emu = georep_emulator_factory(queues=("q",))
     control = emu.namespace("primary")
     conn = emu.connection_string("primary")
-    async with ServiceBusClient.from_connection_string(conn, retry_total=0) as client:
-        async with client.get_queue_sender("q") as sender:
-            await sender.send_messages(ServiceBusMessage("stored"))
-            control.outage()
-            with pytest.raises(ServiceBusConnectionError):
-                await sender.send_messages(ServiceBusMessage("lost?"))
+    async with (
+        ServiceBusClient.from_connection_string(conn, retry_total=0) as client,
+        client.get_queue_sender("q") as sender,
+    ):
+        await sender.send_messages(ServiceBusMessage("stored"))
+        control.outage()
+        with pytest.raises(ServiceBusConnectionError):
+            await sender.send_messages(ServiceBusMessage("lost?"))
     with pytest.raises(ServiceBusConnectionError):
         await _send(conn, "q")
     await _send(emu.connection_string("secondary"), "q")  # the other region is unaffected
@@ -133,22 +155,28 @@ async def test_outage_refuses_connections_keeps_data_and_restore_recovers(georep
     assert control.message_count("q") == 2
 
 
-async def test_blackhole_times_out_existing_and_new_connections(georep_emulator_factory: EmulatorFactory) -> None:
+async def test_blackhole_times_out_existing_and_new_connections(
+    georep_emulator_factory: EmulatorFactory,
+) -> None:
     emu = georep_emulator_factory(queues=("q",))
     control = emu.namespace("primary")
     conn = emu.connection_string("primary")
-    async with ServiceBusClient.from_connection_string(conn, retry_total=0) as client:
-        async with client.get_queue_sender("q") as sender:
-            await sender.send_messages(ServiceBusMessage("ok"))
-            control.blackhole()
-            with pytest.raises(OperationTimeoutError):
-                await sender.send_messages(ServiceBusMessage("unanswered"), timeout=1)
+    async with (
+        ServiceBusClient.from_connection_string(conn, retry_total=0) as client,
+        client.get_queue_sender("q") as sender,
+    ):
+        await sender.send_messages(ServiceBusMessage("ok"))
+        control.blackhole()
+        with pytest.raises(OperationTimeoutError):
+            await sender.send_messages(ServiceBusMessage("unanswered"), timeout=1)
     # A new connection: the SDK's own open has no deadline (``async with sender`` would hang
     # here), so the send's timeout must bound the open as well.
     async with ServiceBusClient.from_connection_string(conn, retry_total=0) as client:
         sender = client.get_queue_sender("q")
         with pytest.raises(OperationTimeoutError):
-            await asyncio.wait_for(sender.send_messages(ServiceBusMessage("m"), timeout=1), timeout=30)
+            await asyncio.wait_for(
+                sender.send_messages(ServiceBusMessage("m"), timeout=1), timeout=30
+            )
         await sender.close()
     control.restore()
     await _send(conn, "q")
@@ -156,16 +184,18 @@ async def test_blackhole_times_out_existing_and_new_connections(georep_emulator_
 
 async def test_latency_delays_every_response(georep_emulator_factory: EmulatorFactory) -> None:
     emu = georep_emulator_factory(queues=("q",))
-    async with ServiceBusClient.from_connection_string(emu.connection_string("primary")) as client:
-        async with client.get_queue_sender("q") as sender:
-            await sender.send_messages(ServiceBusMessage("warm"))
-            started = time.perf_counter()
-            await sender.send_messages(ServiceBusMessage("fast"))
-            fast = time.perf_counter() - started
-            emu.namespace("primary").latency(0.3)
-            started = time.perf_counter()
-            await sender.send_messages(ServiceBusMessage("slow"))
-            slow = time.perf_counter() - started
+    async with (
+        ServiceBusClient.from_connection_string(emu.connection_string("primary")) as client,
+        client.get_queue_sender("q") as sender,
+    ):
+        await sender.send_messages(ServiceBusMessage("warm"))
+        started = time.perf_counter()
+        await sender.send_messages(ServiceBusMessage("fast"))
+        fast = time.perf_counter() - started
+        emu.namespace("primary").latency(0.3)
+        started = time.perf_counter()
+        await sender.send_messages(ServiceBusMessage("slow"))
+        slow = time.perf_counter() - started
     assert slow >= 0.3 > fast
 
 
@@ -192,7 +222,9 @@ async def test_reject_sends_maps_to_sdk_errors(
     assert control.message_count("q") == 1
 
 
-async def test_drop_dispositions_stores_but_never_answers(georep_emulator_factory: EmulatorFactory) -> None:
+async def test_drop_dispositions_stores_but_never_answers(
+    georep_emulator_factory: EmulatorFactory,
+) -> None:
     emu = georep_emulator_factory(queues=("q",))
     control = emu.namespace("primary")
     control.drop_dispositions(1)
@@ -203,7 +235,9 @@ async def test_drop_dispositions_stores_but_never_answers(georep_emulator_factor
     assert control.message_count("q") == 2
 
 
-async def test_disaster_loses_the_data_of_that_namespace_only(georep_emulator_factory: EmulatorFactory) -> None:
+async def test_disaster_loses_the_data_of_that_namespace_only(
+    georep_emulator_factory: EmulatorFactory,
+) -> None:
     emu = georep_emulator_factory(queues=("q",))
     for namespace in emu.namespaces:
         await _send(emu.connection_string(namespace), "q")
@@ -241,7 +275,18 @@ def test_http_control_endpoint_injects_faults(georep_emulator_factory: EmulatorF
 
 def test_cli_runs_the_emulator_in_the_foreground_and_stops_on_signal() -> None:
     process = subprocess.Popen(
-        [sys.executable, "-m", "georep.cli", "emulator", "--port", "0", "--port", "0", "--control-port", "0"],
+        [
+            sys.executable,
+            "-m",
+            "georep.cli",
+            "emulator",
+            "--port",
+            "0",
+            "--port",
+            "0",
+            "--control-port",
+            "0",
+        ],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,

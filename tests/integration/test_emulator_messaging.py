@@ -28,12 +28,16 @@ def _utc_in(seconds: float) -> dt.datetime:
     return dt.datetime.now(dt.UTC) + dt.timedelta(seconds=seconds)
 
 
-async def _drain(client: ServiceBusClient, queue: str, *, expect: int, wait: float = 2.0, **kwargs: object) -> list:  # type: ignore[type-arg]
+async def _drain(
+    client: ServiceBusClient, queue: str, *, expect: int, wait: float = 2.0, **kwargs: object
+) -> list:  # type: ignore[type-arg]
     received = []
     async with client.get_queue_receiver(queue, **kwargs) as receiver:  # type: ignore[arg-type]
         deadline = time.monotonic() + 10
         while len(received) < expect and time.monotonic() < deadline:
-            batch = await receiver.receive_messages(max_message_count=expect - len(received), max_wait_time=wait)
+            batch = await receiver.receive_messages(
+                max_message_count=expect - len(received), max_wait_time=wait
+            )
             for message in batch:
                 if kwargs.get("receive_mode") != ServiceBusReceiveMode.RECEIVE_AND_DELETE:
                     await receiver.complete_message(message)
@@ -97,14 +101,20 @@ async def test_send_single_list_and_batch(client: ServiceBusClient, queue: str) 
         await sender.send_messages(batch)
     received = await _drain(client, queue, expect=9)
     bodies = sorted(str(m) for m in received)
-    assert bodies == sorted(["single", *(f"list-{i}" for i in range(3)), *(f"batch-{i}" for i in range(5))])
-    assert {m.message_id for m in received if str(m).startswith("batch")} == {f"b{i}" for i in range(5)}
+    assert bodies == sorted(
+        ["single", *(f"list-{i}" for i in range(3)), *(f"batch-{i}" for i in range(5))]
+    )
+    assert {m.message_id for m in received if str(m).startswith("batch")} == {
+        f"b{i}" for i in range(5)
+    }
     sequence_numbers = [m.sequence_number for m in received]
     assert len(set(sequence_numbers)) == 9
 
 
 def test_sync_sdk_send_and_receive(georep_emulator: Emulator, queue: str) -> None:
-    with SyncClient.from_connection_string(georep_emulator.connection_string("secondary")) as client:
+    with SyncClient.from_connection_string(
+        georep_emulator.connection_string("secondary")
+    ) as client:
         with client.get_queue_sender(queue) as sender:
             sender.send_messages([ServiceBusMessage(f"sync-{i}") for i in range(3)])
         with client.get_queue_receiver(queue) as receiver:
@@ -118,7 +128,9 @@ def test_sync_sdk_send_and_receive(georep_emulator: Emulator, queue: str) -> Non
 async def test_topic_fans_out_to_every_subscription(georep_emulator: Emulator) -> None:
     control = georep_emulator.namespace("primary")
     control.create_topic("fanout", subscriptions=("audit", "billing"))
-    async with ServiceBusClient.from_connection_string(georep_emulator.connection_string("primary")) as client:
+    async with ServiceBusClient.from_connection_string(
+        georep_emulator.connection_string("primary")
+    ) as client:
         async with client.get_topic_sender("fanout") as sender:
             await sender.send_messages([ServiceBusMessage(f"e{i}") for i in range(3)])
         for subscription in ("audit", "billing"):
@@ -129,12 +141,16 @@ async def test_topic_fans_out_to_every_subscription(georep_emulator: Emulator) -
             assert sorted(str(m) for m in got) == ["e0", "e1", "e2"]
 
 
-async def test_dead_letter_with_reason_and_description(client: ServiceBusClient, queue: str) -> None:
+async def test_dead_letter_with_reason_and_description(
+    client: ServiceBusClient, queue: str
+) -> None:
     async with client.get_queue_sender(queue) as sender:
         await sender.send_messages(ServiceBusMessage("poison", application_properties={"k": "v"}))
     async with client.get_queue_receiver(queue) as receiver:
         [message] = await receiver.receive_messages(max_wait_time=5)
-        await receiver.dead_letter_message(message, reason="BadOrder", error_description="quantity < 0")
+        await receiver.dead_letter_message(
+            message, reason="BadOrder", error_description="quantity < 0"
+        )
     [dead] = await _drain(client, queue, expect=1, sub_queue=ServiceBusSubQueue.DEAD_LETTER)
     assert str(dead) == "poison"
     assert dead.dead_letter_reason == "BadOrder"
@@ -142,7 +158,9 @@ async def test_dead_letter_with_reason_and_description(client: ServiceBusClient,
     assert dead.application_properties[b"k"] == b"v"
 
 
-async def test_schedule_and_cancel(client: ServiceBusClient, queue: str, georep_emulator: Emulator) -> None:
+async def test_schedule_and_cancel(
+    client: ServiceBusClient, queue: str, georep_emulator: Emulator
+) -> None:
     async with client.get_queue_sender(queue) as sender:
         [kept] = await sender.schedule_messages(ServiceBusMessage("later"), _utc_in(3))
         [cancelled] = await sender.schedule_messages(ServiceBusMessage("never"), _utc_in(3))
@@ -189,7 +207,9 @@ async def test_abandon_redelivers(client: ServiceBusClient, queue: str) -> None:
         await receiver.complete_message(again)
 
 
-async def test_max_delivery_count_moves_to_dead_letter(client: ServiceBusClient, make_queue: Callable[..., str]) -> None:
+async def test_max_delivery_count_moves_to_dead_letter(
+    client: ServiceBusClient, make_queue: Callable[..., str]
+) -> None:
     queue = make_queue(max_delivery_count=2)
     async with client.get_queue_sender(queue) as sender:
         await sender.send_messages(ServiceBusMessage("cursed"))
@@ -202,7 +222,9 @@ async def test_max_delivery_count_moves_to_dead_letter(client: ServiceBusClient,
     assert dead.dead_letter_reason == "MaxDeliveryCountExceeded"
 
 
-async def test_defer_then_receive_deferred_and_complete(client: ServiceBusClient, queue: str) -> None:
+async def test_defer_then_receive_deferred_and_complete(
+    client: ServiceBusClient, queue: str
+) -> None:
     async with client.get_queue_sender(queue) as sender:
         await sender.send_messages(ServiceBusMessage("later please"))
     async with client.get_queue_receiver(queue) as receiver:
@@ -218,7 +240,9 @@ async def test_defer_then_receive_deferred_and_complete(client: ServiceBusClient
             await receiver.receive_deferred_messages([sequence_number])
 
 
-async def test_renew_lock_extends_locked_until(client: ServiceBusClient, make_queue: Callable[..., str]) -> None:
+async def test_renew_lock_extends_locked_until(
+    client: ServiceBusClient, make_queue: Callable[..., str]
+) -> None:
     queue = make_queue(lock_duration=2)
     async with client.get_queue_sender(queue) as sender:
         await sender.send_messages(ServiceBusMessage("long job"))
@@ -243,10 +267,14 @@ async def test_peek_does_not_lock_or_remove(client: ServiceBusClient, queue: str
     assert len(await _drain(client, queue, expect=4)) == 4
 
 
-async def test_receive_and_delete(client: ServiceBusClient, queue: str, georep_emulator: Emulator) -> None:
+async def test_receive_and_delete(
+    client: ServiceBusClient, queue: str, georep_emulator: Emulator
+) -> None:
     async with client.get_queue_sender(queue) as sender:
         await sender.send_messages([ServiceBusMessage(f"r{i}") for i in range(5)])
-    got = await _drain(client, queue, expect=5, receive_mode=ServiceBusReceiveMode.RECEIVE_AND_DELETE)
+    got = await _drain(
+        client, queue, expect=5, receive_mode=ServiceBusReceiveMode.RECEIVE_AND_DELETE
+    )
     assert sorted(str(m) for m in got) == [f"r{i}" for i in range(5)]
     assert georep_emulator.namespace("primary").message_count(queue) == 0
 
@@ -259,23 +287,31 @@ async def test_ttl_expiry_dead_letters_when_configured(
     for queue in (dead_lettering, dropping):
         async with client.get_queue_sender(queue) as sender:
             # The SDK sends whole seconds of time_to_live (0.5 s would become "no TTL").
-            await sender.send_messages(ServiceBusMessage("short-lived", time_to_live=dt.timedelta(seconds=1)))
+            await sender.send_messages(
+                ServiceBusMessage("short-lived", time_to_live=dt.timedelta(seconds=1))
+            )
     await asyncio.sleep(1.3)
     counts = georep_emulator.namespace("primary").entities()
     assert counts[dead_lettering]["active_message_count"] == 0
     assert counts[dead_lettering]["dead_letter_message_count"] == 1
     assert counts[dropping]["total_message_count"] == 0
-    [dead] = await _drain(client, dead_lettering, expect=1, sub_queue=ServiceBusSubQueue.DEAD_LETTER)
+    [dead] = await _drain(
+        client, dead_lettering, expect=1, sub_queue=ServiceBusSubQueue.DEAD_LETTER
+    )
     assert dead.dead_letter_reason == "TTLExpiredException"
 
 
 async def test_duplicate_detection_drops_a_repeated_message_id(
     client: ServiceBusClient, make_queue: Callable[..., str], georep_emulator: Emulator
 ) -> None:
-    queue = make_queue(requires_duplicate_detection=True, duplicate_detection_history_time_window=60)
+    queue = make_queue(
+        requires_duplicate_detection=True, duplicate_detection_history_time_window=60
+    )
     async with client.get_queue_sender(queue) as sender:
         await sender.send_messages(ServiceBusMessage("first", message_id="same"))
-        await sender.send_messages(ServiceBusMessage("second", message_id="same"))  # accepted, dropped
+        await sender.send_messages(
+            ServiceBusMessage("second", message_id="same")
+        )  # accepted, dropped
         await sender.send_messages(ServiceBusMessage("other", message_id="different"))
     assert georep_emulator.namespace("primary").message_count(queue) == 2
     got = await _drain(client, queue, expect=2)
@@ -288,7 +324,9 @@ async def test_ping_messages_are_accepted_but_never_delivered(
     async with client.get_queue_sender(queue) as sender:
         await sender.send_messages(
             ServiceBusMessage(
-                b"", content_type="application/vnd.ms-servicebus-ping", time_to_live=dt.timedelta(seconds=1)
+                b"",
+                content_type="application/vnd.ms-servicebus-ping",
+                time_to_live=dt.timedelta(seconds=1),
             )
         )
         await sender.send_messages(ServiceBusMessage("real"))

@@ -43,6 +43,7 @@ from azure.servicebus.management import (
     TrueRuleFilter,
 )
 from azure.servicebus.management._generated import models as sdk_models
+
 from georep.adapters.emulator import _atom
 from georep.adapters.emulator._admin import (
     AdminAuthError,

@@ -48,7 +48,11 @@ def message(
 
 
 def batch(*inner: bytes) -> bytes:
-    return b"\x00\x53\x73" + encode_value(["batch"]) + b"".join(b"\x00\x53\x75" + encode_value(m) for m in inner)
+    return (
+        b"\x00\x53\x73"
+        + encode_value(["batch"])
+        + b"".join(b"\x00\x53\x75" + encode_value(m) for m in inner)
+    )
 
 
 class Clock:
@@ -105,7 +109,9 @@ def test_codec_rejects_malformed_payloads() -> None:
 
 
 def test_parse_keeps_bare_message_bytes_and_reads_fields() -> None:
-    payload = message(b"hello", message_id="m1", ttl_ms=5000, annotations={Symbol("x-opt-partition-key"): "pk"})
+    payload = message(
+        b"hello", message_id="m1", ttl_ms=5000, annotations={Symbol("x-opt-partition-key"): "pk"}
+    )
     parsed = parse_message(payload)
     assert parsed.message_id == "m1"
     assert parsed.ttl_ms == 5000
@@ -149,7 +155,9 @@ def test_batch_is_unpacked_into_messages(ns: Namespace) -> None:
     assert [m.sequence_number for m in q.available] == [1, 2]
 
 
-def test_lock_expiry_returns_the_message_with_a_higher_delivery_count(ns: Namespace, clock: Clock) -> None:
+def test_lock_expiry_returns_the_message_with_a_higher_delivery_count(
+    ns: Namespace, clock: Clock
+) -> None:
     q = ns.create_queue("q", EntityProperties(lock_duration=timedelta(seconds=30)))
     consumer = FakeConsumer(credit=1)
     q.add_consumer(consumer)
@@ -220,7 +228,9 @@ def test_dead_letter_merges_reason_into_existing_application_properties(ns: Name
 
 
 def test_ttl_expiry_dead_letters_or_drops(ns: Namespace, clock: Clock) -> None:
-    keeping = ns.create_queue("keeping", EntityProperties(dead_lettering_on_message_expiration=True))
+    keeping = ns.create_queue(
+        "keeping", EntityProperties(dead_lettering_on_message_expiration=True)
+    )
     dropping = ns.create_queue("dropping")
     for q in (keeping, dropping):
         ns.send(q, message(ttl_ms=1000))
@@ -242,7 +252,9 @@ def test_scheduled_message_becomes_available_at_its_time(ns: Namespace, clock: C
     consumer = FakeConsumer(credit=10)
     q.add_consumer(consumer)
     at = Timestamp(int((clock.now + 60) * 1000))
-    ns.send(q, message(message_id="later", annotations={Symbol("x-opt-scheduled-enqueue-time"): at}))
+    ns.send(
+        q, message(message_id="later", annotations={Symbol("x-opt-scheduled-enqueue-time"): at})
+    )
     assert q.runtime()["scheduled_message_count"] == 1 and not consumer.got
     advance(ns, clock, 59)
     assert not consumer.got
@@ -260,7 +272,10 @@ def test_cancel_scheduled(ns: Namespace) -> None:
 def test_duplicate_detection_window(ns: Namespace, clock: Clock) -> None:
     q = ns.create_queue(
         "q",
-        EntityProperties(requires_duplicate_detection=True, duplicate_detection_history_time_window=timedelta(minutes=1)),
+        EntityProperties(
+            requires_duplicate_detection=True,
+            duplicate_detection_history_time_window=timedelta(minutes=1),
+        ),
     )
     ns.send(q, message(message_id="same"))
     ns.send(q, message(message_id="same"))

@@ -15,15 +15,26 @@ from georep.adapters.emulator._server import NamespaceServer, NamespaceSpec
 KEY = base64.b64encode(b"k" * 32).decode()
 
 
-def token(audience: str, key: str = KEY, key_name: str = "RootManageSharedAccessKey", expiry: float | None = None) -> str:
+def token(
+    audience: str,
+    key: str = KEY,
+    key_name: str = "RootManageSharedAccessKey",
+    expiry: float | None = None,
+) -> str:
     se = str(int(expiry if expiry is not None else time.time() + 600))
-    sig = base64.b64encode(hmac.new(key.encode(), f"{quote_plus(audience)}\n{se}".encode(), hashlib.sha256).digest())
-    return "SharedAccessSignature " + urlencode({"sr": audience, "sig": sig.decode(), "se": se, "skn": key_name})
+    sig = base64.b64encode(
+        hmac.new(key.encode(), f"{quote_plus(audience)}\n{se}".encode(), hashlib.sha256).digest()
+    )
+    return "SharedAccessSignature " + urlencode(
+        {"sr": audience, "sig": sig.decode(), "se": se, "skn": key_name}
+    )
 
 
 @pytest.fixture
 def server() -> NamespaceServer:
-    ns = NamespaceServer(NamespaceSpec(name="p", port=5999, key=KEY), ssl_context=None, admin_handler=None)
+    ns = NamespaceServer(
+        NamespaceSpec(name="p", port=5999, key=KEY), ssl_context=None, admin_handler=None
+    )
     return ns
 
 
@@ -43,7 +54,9 @@ def test_valid_token_returns_its_expiry(server: NamespaceServer) -> None:
         ("SharedAccessSignature sr=x", "lacks"),
     ],
 )
-def test_bad_tokens_are_refused_with_a_reason_and_no_secret(server: NamespaceServer, bad: str, message: str) -> None:
+def test_bad_tokens_are_refused_with_a_reason_and_no_secret(
+    server: NamespaceServer, bad: str, message: str
+) -> None:
     with pytest.raises(PermissionError, match=message) as info:
         server.verify_sas(bad)
     assert KEY not in str(info.value)
