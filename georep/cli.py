@@ -57,6 +57,58 @@ def emulator(
 
 
 @app.command()
+def fault(
+    namespace: Annotated[str, typer.Argument(help="Namespace to act on, e.g. primary.")],
+    action: Annotated[
+        str,
+        typer.Argument(
+            help="outage, restore, blackhole, latency, reject-sends, drop-dispositions, disaster"
+        ),
+    ],
+    seconds: Annotated[float, typer.Option(help="For latency: seconds added per response.")] = 0.0,
+    condition: Annotated[
+        str | None,
+        typer.Option(
+            help="For reject-sends: server-busy | timeout | internal-error | quota-exceeded."
+        ),
+    ] = None,
+    count: Annotated[int, typer.Option(help="For drop-dispositions: how many sends.")] = 1,
+    control_url: Annotated[
+        str, typer.Option(envvar="GEOREP_EMULATOR_CONTROL_URL", help="The emulator's control URL.")
+    ] = "http://127.0.0.1:5710",
+) -> None:
+    """Inject a fault into a running emulator (`georep emulator`) through its control endpoint."""
+    import json
+    import urllib.error
+    import urllib.request
+
+    bodies: dict[str, dict[str, object]] = {
+        "latency": {"seconds": seconds},
+        "reject-sends": {"condition": condition},
+        "drop-dispositions": {"count": count},
+    }
+    request = urllib.request.Request(
+        f"{control_url.rstrip('/')}/namespaces/{namespace}/faults/{action}",
+        data=json.dumps(bodies.get(action, {})).encode(),
+        method="POST",
+        headers={"Content-Type": "application/json"},
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=10) as response:
+            state = json.loads(response.read())
+    except urllib.error.HTTPError as exc:
+        console.print(f"[red]error[/]: {json.loads(exc.read()).get('error', exc)}")
+        raise typer.Exit(2) from None
+    except (urllib.error.URLError, OSError) as exc:
+        console.print(
+            f"[red]error[/]: no emulator answers at {control_url} ({exc}); "
+            "start one with `georep emulator`."
+        )
+        raise typer.Exit(1) from None
+    console.print(f"{namespace}: {action} -> {state}")
+
+
+@app.command()
 def demo(
     messages: Annotated[int, typer.Option(min=1, help="Messages per region.")] = 2000,
 ) -> None:

@@ -299,3 +299,29 @@ def test_cli_runs_the_emulator_in_the_foreground_and_stops_on_signal() -> None:
     finally:
         process.send_signal(2)  # Ctrl-C
         assert process.wait(timeout=15) == 0
+
+
+def test_cli_injects_faults_into_a_running_emulator(
+    georep_emulator_factory: EmulatorFactory,
+) -> None:
+    emu = georep_emulator_factory(queues=("q",))
+
+    def cli(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "georep.cli", "fault", *args, "--control-url", emu.control_url],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+
+    assert cli("primary", "reject-sends", "--condition", "server-busy").returncode == 0
+    assert emu.namespace("primary").faults()["reject_sends"] == "server-busy"
+    assert cli("primary", "latency", "--seconds", "0.5").returncode == 0
+    assert emu.namespace("primary").faults()["latency"] == 0.5
+    assert cli("primary", "outage").returncode == 0
+    assert emu.namespace("primary").faults()["down"] is True
+    assert cli("primary", "restore").returncode == 0
+    cleared = {"down": False, "blackhole": False, "latency": 0.0, "reject_sends": None}
+    assert emu.namespace("primary").faults() == {**cleared, "dropped_dispositions": 0}
+    bad = cli("primary", "meteor")
+    assert bad.returncode == 2 and "unknown fault" in bad.stdout
