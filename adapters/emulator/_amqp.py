@@ -40,6 +40,7 @@ from ._codec import (
     decode_value,
     encode_value,
     long_array,
+    section_value_start,
     split_sections,
     timestamp_array,
 )
@@ -468,33 +469,31 @@ class AmqpConnection(asyncio.Protocol):
             correlation_id=request.id,
             properties={"status-code": status, "status-description": description},
         )
-        self._reply(link, request, response)
+        self._reply(link, request, response.encode())
 
-    def _reply(self, request_link: Link, request: Message, response: Message) -> None:
-        target = request_link.remote_target.address
+    def _reply(self, request_link: Link, request: Message, encoded: bytes) -> None:
+        """Send a $cbs or $management response on the link the client reads replies from.
+
+        That is the sender link whose target is the request's reply-to address, else the one
+        whose source is the address the request was sent to (the SDK pairs them that way).
+        """
+        request_address = request_link.remote_target.address
         reply_link = None
-        for candidate in self._sender_links():
-            if candidate.remote_source.address == target or (
-                request.reply_to and candidate.remote_target.address == request.reply_to
-            ):
-                reply_link = candidate
-                if request.reply_to and candidate.remote_target.address == request.reply_to:
-                    break
-        if reply_link is None:
-            _LOG.warning("emulator: no reply link for %s", target)
-            return
-        reply_link.delivery(self.next_tag())
-        reply_link.send(response.encode())
-        reply_link.advance()
-
-    def _sender_links(self) -> list[Link]:
-        found = []
         link = self._connection.link_head(Endpoint.LOCAL_ACTIVE)
         while link is not None:
             if link.is_sender:
-                found.append(link)
+                if request.reply_to and link.remote_target.address == request.reply_to:
+                    reply_link = link
+                    break
+                if reply_link is None and link.remote_source.address == request_address:
+                    reply_link = link
             link = link.next(Endpoint.LOCAL_ACTIVE)
-        return found
+        if reply_link is None:
+            _LOG.warning("emulator: no reply link for %s", request_address)
+            return
+        reply_link.delivery(self.next_tag())
+        reply_link.send(encoded)
+        reply_link.advance()
 
     # -- $management -------------------------------------------------------------------
     def _on_management_request(
@@ -537,17 +536,7 @@ class AmqpConnection(asyncio.Protocol):
         if body is not None:
             # Append our own amqp-value section so typed arrays survive exactly.
             encoded += b"\x00\x53\x77" + encode_value(body)
-        self._reply_raw(link, request, encoded)
-
-    def _reply_raw(self, request_link: Link, request: Message, encoded: bytes) -> None:
-        target = request_link.remote_target.address
-        for candidate in self._sender_links():
-            if candidate.remote_source.address == target:
-                candidate.delivery(self.next_tag())
-                candidate.send(encoded)
-                candidate.advance()
-                return
-        _LOG.warning("emulator: no management reply link for %s", target)
+        self._reply(link, request, encoded)
 
     def _management(self, operation: str, path: str, body: dict[str, Any]) -> dict[str, Any] | None:
         ns = self.namespace
@@ -617,7 +606,7 @@ def _decode_body(payload: bytes) -> dict[str, Any]:
     """Decode the amqp-value body of a management request into a str-keyed dict."""
     for code, start, _end in split_sections(payload):
         if code == SECTION_AMQP_VALUE:
-            value, _ = decode_value(payload, start + 3)
+            value, _ = decode_value(payload, section_value_start(payload, start))
             if not isinstance(value, dict):
                 raise AmqpDecodeError("management body is not a map")
             return {str(k): v for k, v in value.items()}

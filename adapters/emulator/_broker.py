@@ -25,15 +25,17 @@ from typing import Any, Protocol
 
 from ._codec import (
     SECTION_APPLICATION_PROPERTIES,
+    SECTION_MESSAGE_ANNOTATIONS,
     Symbol,
     Timestamp,
     decode_value,
-    encode_annotations_section,
     encode_header_section,
     encode_map_entries,
+    encode_map_section,
     is_batch,
     map_entries,
     parse_message,
+    section_value_start,
     skip_value,
     split_sections,
 )
@@ -182,11 +184,10 @@ class StoredMessage:
         header = encode_header_section(
             self.durable, self.priority, self.ttl_ms, self.delivery_count
         )
-        section = encode_annotations_section(
-            self.annotation_entries,
-            self.annotation_count,
-            encode_map_entries(annotations),
-            len(annotations) * 2,
+        section = encode_map_section(
+            SECTION_MESSAGE_ANNOTATIONS,
+            self.annotation_entries + encode_map_entries(annotations),
+            self.annotation_count + len(annotations) * 2,
         )
         return header + section + self.bare
 
@@ -543,17 +544,14 @@ def _with_application_properties(bare: bytes, extra: dict[str, Any]) -> bytes:
     before, after = bare, b""
     for code, start, end in split_sections(bare):
         if code == SECTION_APPLICATION_PROPERTIES:
-            value_start = start + 3 if bare[start + 1] == 0x53 else start + 10
-            entries, count = map_entries(bare, value_start)
+            entries, count = map_entries(bare, section_value_start(bare, start))
             before, after = bare[:start], bare[end:]
             break
         if code > SECTION_APPLICATION_PROPERTIES:
             before, after = bare[:start], bare[start:]
             break
-    merged = _merge_entries(entries, count, extra)
-    section = encode_annotations_section(merged[0], merged[1], b"", 0)
-    section = b"\x00\x53\x74" + section[3:]
-    return before + section + after
+    merged, merged_count = _merge_entries(entries, count, extra)
+    return before + encode_map_section(SECTION_APPLICATION_PROPERTIES, merged, merged_count) + after
 
 
 def _merge_entries(entries: bytes, count: int, extra: dict[str, Any]) -> tuple[bytes, int]:

@@ -27,10 +27,11 @@ __all__ = [
     "Symbol",
     "Timestamp",
     "decode_value",
-    "encode_annotations_section",
     "encode_header_section",
+    "encode_map_section",
     "encode_value",
     "parse_message",
+    "section_value_start",
     "split_sections",
 ]
 
@@ -375,13 +376,22 @@ def encode_header_section(
     return b"\x00\x53\x70\xc0" + bytes((len(fields) + 1, 5)) + bytes(fields)
 
 
-def encode_annotations_section(
-    original_entries: bytes, original_count: int, extra: bytes, extra_count: int
-) -> bytes:
-    """Encode a message-annotations section from raw map entries (keys and values)."""
-    body = original_entries + extra
-    count = original_count + extra_count
-    return b"\x00\x53\x72\xd1" + _U32.pack(len(body) + 4) + _U32.pack(count) + body
+def encode_map_section(code: int, entries: bytes, count: int) -> bytes:
+    """Encode a map-valued section (annotations, application properties) from raw entries.
+
+    Args:
+        code: the section descriptor, e.g. ``SECTION_MESSAGE_ANNOTATIONS``.
+        entries: encoded keys and values, one after the other.
+        count: number of elements in ``entries`` (keys plus values).
+    """
+    return (
+        b"\x00\x53" + bytes((code, 0xD1)) + _U32.pack(len(entries) + 4) + _U32.pack(count) + entries
+    )
+
+
+def section_value_start(buf: bytes | memoryview, start: int) -> int:
+    """Offset of the value of the section at ``start`` (past ``00 53 code`` or ``00 80 <code>``)."""
+    return start + 3 if buf[start + 1] == 0x53 else start + 10
 
 
 def encode_map_entries(entries: dict[Any, Any]) -> bytes:
@@ -468,7 +478,7 @@ def parse_message(payload: bytes) -> ParsedMessage:
     for code, start, end in split_sections(payload):
         if code in _BARE_SECTIONS and bare_start is None:
             bare_start = start
-        value_start = start + 3 if payload[start + 1] == 0x53 else start + 10
+        value_start = section_value_start(payload, start)
         if code == SECTION_HEADER:
             header, _ = decode_value(payload, value_start)
             header = list(header) + [None] * (5 - len(header))

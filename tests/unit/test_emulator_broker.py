@@ -23,6 +23,7 @@ from georep.adapters.emulator._codec import (
     decode_value,
     encode_value,
     parse_message,
+    section_value_start,
     split_sections,
 )
 
@@ -223,7 +224,7 @@ def test_dead_letter_merges_reason_into_existing_application_properties(ns: Name
     dead = q.dead_letter.available[0]
     sections = {code: (start, end) for code, start, end in split_sections(dead.bare)}
     start, _ = sections[0x74]
-    props, _ = decode_value(dead.bare, start + 3)
+    props, _ = decode_value(dead.bare, section_value_start(dead.bare, start))
     assert props == {"keep": "me", "DeadLetterReason": "Bad", "DeadLetterErrorDescription": "why"}
 
 
