@@ -210,8 +210,7 @@ class NamespaceServer:
         deadline = self.namespace.next_deadline()
         if deadline is not None:
             self._arm_timer(deadline)
-        for connection in list(self.connections):
-            connection.schedule_flush()
+        # No flush here: a delivery a timer causes schedules its own connection's flush.
 
     # -- listening ----------------------------------------------------------------------
     async def start(self) -> None:
