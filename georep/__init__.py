@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path as _Path
 
-from georep.exceptions import ConfigurationError, EmulatorError, GeoReplicationError
+__version__ = "0.1.0"
 
 # Installed, georep.adapters lives inside this package (setuptools maps the top-level
 # adapters/ folder there). Imported straight from a source checkout (the repository root on
@@ -16,11 +16,55 @@ if (
 ):
     __path__.append(str(_checkout_root))
 
+from georep._outbox import SqliteOutbox  # noqa: E402
+from georep._policy import (  # noqa: E402
+    DEFAULT_FAILOVER_KINDS,
+    DedupKey,
+    DrainPolicy,
+    FailoverPolicy,
+    ReplicationMode,
+)
+from georep._roles import RoleState  # noqa: E402
+from georep._sender import GeoSender, SenderStats, SendResult  # noqa: E402
+from georep.exceptions import (  # noqa: E402
+    AllRegionsUnavailableError,
+    AuthenticationError,
+    ClosedError,
+    ConfigurationError,
+    EmulatorError,
+    EntityNotFoundError,
+    GeoReplicationError,
+    InvalidMessageError,
+    MessageTooLargeError,
+    OutboxFullError,
+    RegionError,
+    RegionUnavailableError,
+)
+from georep.ports import ErrorKind  # noqa: E402
+
 __all__ = [
+    "DEFAULT_FAILOVER_KINDS",
+    "AllRegionsUnavailableError",
+    "AuthenticationError",
+    "ClosedError",
     "ConfigurationError",
+    "DedupKey",
+    "DrainPolicy",
     "EmulatorError",
+    "EntityNotFoundError",
+    "ErrorKind",
+    "FailoverPolicy",
     "GeoReplicationError",
+    "GeoSender",
+    "InvalidMessageError",
+    "MessageTooLargeError",
+    "OutboxFullError",
+    "RegionError",
+    "RegionUnavailableError",
+    "ReplicationMode",
+    "RoleState",
+    "SendResult",
+    "SenderStats",
+    "SqliteOutbox",
     "__version__",
 ]
-
-__version__ = "0.1.0"

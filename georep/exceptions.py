@@ -7,10 +7,25 @@ type fits, the class inherits it too so callers can keep their existing ``except
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from georep.ports import ErrorKind
+
 __all__ = [
+    "AllRegionsUnavailableError",
+    "AuthenticationError",
+    "ClosedError",
     "ConfigurationError",
     "EmulatorError",
+    "EntityNotFoundError",
     "GeoReplicationError",
+    "InvalidMessageError",
+    "MessageTooLargeError",
+    "OutboxFullError",
+    "RegionError",
+    "RegionUnavailableError",
 ]
 
 
@@ -30,3 +45,76 @@ class ConfigurationError(GeoReplicationError, ValueError):
 
 class EmulatorError(GeoReplicationError, RuntimeError):
     """The local Service Bus emulator failed to start, stopped, or refused a control call."""
+
+
+class InvalidMessageError(GeoReplicationError, ValueError):
+    """A message (or the way it was passed) cannot be sent; the text says what to change."""
+
+
+class ClosedError(GeoReplicationError, RuntimeError):
+    """The object was closed; create a new one."""
+
+
+class OutboxFullError(GeoReplicationError):
+    """The durable outbox reached its bound; the message was not stored and not sent.
+
+    Raise the bound, or drain the backlog (restore a region) before sending more.
+    """
+
+    retryable = True
+
+
+class RegionError(GeoReplicationError):
+    """An operation failed in one region.
+
+    Attributes:
+        region: The region's label (``"primary"``, ``"secondary"``).
+        kind: What the failure says about the region (see :class:`georep.ports.ErrorKind`).
+    """
+
+    def __init__(self, message: str, *, region: str, kind: ErrorKind) -> None:
+        super().__init__(message)
+        self.region = region
+        self.kind = kind
+
+    @property
+    def retryable(self) -> bool:  # type: ignore[override]
+        from georep.ports import ErrorKind
+
+        return self.kind in {
+            ErrorKind.CONNECTION,
+            ErrorKind.TIMEOUT,
+            ErrorKind.SERVICE_ERROR,
+            ErrorKind.SERVER_BUSY,
+        }
+
+
+class RegionUnavailableError(RegionError):
+    """The region did not answer or failed in a way that means it may be down."""
+
+
+class MessageTooLargeError(RegionError, ValueError):
+    """The message or batch is over the entity's size limit; split it or shrink it."""
+
+
+class AuthenticationError(RegionError, PermissionError):
+    """The region refused the credentials; check the key name and key for that namespace."""
+
+
+class EntityNotFoundError(RegionError, LookupError):
+    """The queue or topic does not exist (or is disabled) in that region; create it there."""
+
+
+class AllRegionsUnavailableError(GeoReplicationError):
+    """No region accepted the operation.
+
+    Attributes:
+        causes: Each region's error, by region label, in the order they were tried.
+    """
+
+    retryable = True
+
+    def __init__(self, message: str, causes: Mapping[str, BaseException]) -> None:
+        detail = "; ".join(f"{region}: {cause}" for region, cause in causes.items())
+        super().__init__(f"{message} ({detail})" if detail else message)
+        self.causes = dict(causes)

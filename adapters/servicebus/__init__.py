@@ -12,4 +12,14 @@ except ImportError as exc:  # pragma: no cover - depends on the install
         "georep.adapters.servicebus needs azure-servicebus: pip install 'georep[servicebus]'"
     ) from exc
 
-__all__: list[str] = []
+from ._codec import GeoMessageBatch, ServiceBusCodec
+from ._errors import translate_error
+from ._sender import ServiceBusRegionSender, open_region_sender
+
+__all__ = [
+    "GeoMessageBatch",
+    "ServiceBusCodec",
+    "ServiceBusRegionSender",
+    "open_region_sender",
+    "translate_error",
+]

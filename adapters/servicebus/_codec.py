@@ -1,0 +1,224 @@
+"""How georep reads, copies, stores and batches azure-servicebus messages."""
+
+from __future__ import annotations
+
+import base64
+import json
+import uuid
+from collections.abc import Callable, Iterable, Mapping
+from datetime import datetime, timedelta
+from typing import Any
+
+from azure.servicebus import ServiceBusMessage, ServiceBusMessageBatch
+from azure.servicebus.amqp import AmqpAnnotatedMessage, AmqpMessageBodyType
+
+from georep.exceptions import InvalidMessageError
+
+__all__ = ["GeoMessageBatch", "ServiceBusCodec"]
+
+_FORMAT_VERSION = 1
+
+# Plain optional fields of ServiceBusMessage copied and stored as they are.
+_TEXT_FIELDS = (
+    "message_id",
+    "session_id",
+    "content_type",
+    "correlation_id",
+    "subject",
+    "partition_key",
+    "to",
+    "reply_to",
+    "reply_to_session_id",
+)
+
+
+class GeoMessageBatch(ServiceBusMessageBatch):
+    """A ServiceBusMessageBatch that gives each message its MessageId as it is added.
+
+    Returned by ``GeoSender.create_message_batch``; use it exactly like the SDK's batch.
+    """
+
+    georep_prepared = True
+
+    def __init__(
+        self, max_size_in_bytes: int, prepare: Callable[[Any], object], **kwargs: Any
+    ) -> None:
+        super().__init__(max_size_in_bytes, **kwargs)
+        self._georep_prepare = prepare
+
+    def add_message(self, message: ServiceBusMessage | Mapping[str, Any] | Any) -> None:
+        if isinstance(message, Mapping):
+            message = ServiceBusMessage(**message)
+        if isinstance(message, AmqpAnnotatedMessage):
+            raise InvalidMessageError(_AMQP_MESSAGE_UNSUPPORTED)
+        self._georep_prepare(message)
+        super().add_message(message)
+
+
+_AMQP_MESSAGE_UNSUPPORTED = (
+    "GeoSender sends ServiceBusMessage objects (or dicts of their fields); wrap the "
+    "AmqpAnnotatedMessage's body and properties in a ServiceBusMessage"
+)
+
+
+def _body_bytes(message: ServiceBusMessage) -> bytes:
+    if message.body_type != AmqpMessageBodyType.DATA:
+        raise InvalidMessageError(
+            f"GeoSender copies data bodies only; this message has a {message.body_type} body"
+        )
+    body = message.body
+    if body is None:
+        return b""
+    if isinstance(body, bytes):
+        return body
+    return b"".join(body)
+
+
+def _tag(value: Any) -> list[Any]:
+    """A JSON-safe, type-preserving form of an application property key or value."""
+    if value is None:
+        return ["n", None]
+    if isinstance(value, bool):
+        return ["b", value]
+    if isinstance(value, int):
+        return ["i", value]
+    if isinstance(value, float):
+        return ["f", value]
+    if isinstance(value, str):
+        return ["s", value]
+    if isinstance(value, bytes | bytearray | memoryview):
+        return ["y", base64.b64encode(bytes(value)).decode("ascii")]
+    if isinstance(value, uuid.UUID):
+        return ["u", str(value)]
+    if isinstance(value, datetime):
+        return ["t", value.isoformat()]
+    raise InvalidMessageError(
+        f"application property value of type {type(value).__name__} cannot be stored in the "
+        "outbox: use str, bytes, int, float, bool, UUID or datetime"
+    )
+
+
+def _untag(tagged: list[Any]) -> Any:
+    kind, value = tagged
+    if kind == "y":
+        return base64.b64decode(value)
+    if kind == "u":
+        return uuid.UUID(value)
+    if kind == "t":
+        return datetime.fromisoformat(value)
+    return value
+
+
+class ServiceBusCodec:
+    """The :class:`georep.ports.MessageCodec` for azure-servicebus messages."""
+
+    def __init__(self, amqp_transport: Any = None) -> None:
+        # The SDK rebuilds (re-encodes) a batch made for another transport class; batches
+        # we create use the sender's own.
+        self._batch_kwargs = {} if amqp_transport is None else {"amqp_transport": amqp_transport}
+
+    def split(self, messages: Any) -> list[Any]:
+        if isinstance(messages, ServiceBusMessage):
+            return [messages]
+        if isinstance(messages, ServiceBusMessageBatch):
+            # The SDK keeps the messages it batched; georep needs them to copy or persist.
+            return list(messages._messages)
+        if isinstance(messages, Mapping):
+            return [ServiceBusMessage(**messages)]
+        if isinstance(messages, AmqpAnnotatedMessage):
+            raise InvalidMessageError(_AMQP_MESSAGE_UNSUPPORTED)
+        if isinstance(messages, Iterable) and not isinstance(messages, str | bytes):
+            result: list[Any] = []
+            for message in messages:
+                if isinstance(message, Mapping):
+                    message = ServiceBusMessage(**message)
+                elif not isinstance(message, ServiceBusMessage):
+                    raise InvalidMessageError(
+                        f"cannot send a {type(message).__name__} in a list: expected "
+                        "ServiceBusMessage objects"
+                    )
+                result.append(message)
+            return result
+        raise InvalidMessageError(
+            f"cannot send a {type(messages).__name__}: pass a ServiceBusMessage, a list of "
+            "them, or a batch from create_message_batch()"
+        )
+
+    def is_batch(self, messages: Any) -> bool:
+        return isinstance(messages, ServiceBusMessageBatch)
+
+    def message_id(self, message: Any) -> str | None:
+        value = message.message_id
+        return None if value is None else str(value)
+
+    def set_message_id(self, message: Any, message_id: str) -> None:
+        message.message_id = message_id
+
+    def subject(self, message: Any) -> str | None:
+        value = message.subject
+        return None if value is None else str(value)
+
+    def application_property(self, message: Any, name: str) -> Any:
+        properties = message.application_properties
+        if not properties:
+            return None
+        if name in properties:
+            return properties[name]
+        # Received messages carry bytes keys (SDK behaviour).
+        return properties.get(name.encode())
+
+    def set_application_property(self, message: Any, name: str, value: str) -> None:
+        properties = message.application_properties
+        if properties is None:
+            message.application_properties = {name: value}
+        else:
+            properties[name] = value
+
+    def _fields(self, message: ServiceBusMessage) -> dict[str, Any]:
+        fields: dict[str, Any] = {name: getattr(message, name) for name in _TEXT_FIELDS}
+        fields["application_properties"] = (
+            dict(message.application_properties) if message.application_properties else None
+        )
+        fields["time_to_live"] = message.time_to_live
+        fields["scheduled_enqueue_time_utc"] = message.scheduled_enqueue_time_utc
+        return fields
+
+    def copy(self, message: Any) -> Any:
+        return ServiceBusMessage(_body_bytes(message), **self._fields(message))
+
+    def encode(self, message: Any) -> bytes:
+        fields = self._fields(message)
+        properties = fields.pop("application_properties") or {}
+        ttl: timedelta | None = fields.pop("time_to_live")
+        scheduled: datetime | None = fields.pop("scheduled_enqueue_time_utc")
+        document = {
+            "v": _FORMAT_VERSION,
+            "body": base64.b64encode(_body_bytes(message)).decode("ascii"),
+            "fields": {k: v for k, v in fields.items() if v is not None},
+            "properties": [[_tag(k), _tag(v)] for k, v in properties.items()],
+            "ttl": None if ttl is None else ttl.total_seconds(),
+            "scheduled": None if scheduled is None else scheduled.isoformat(),
+        }
+        return json.dumps(document, separators=(",", ":")).encode()
+
+    def decode(self, payload: bytes) -> Any:
+        document = json.loads(payload)
+        if document.get("v") != _FORMAT_VERSION:
+            raise InvalidMessageError(
+                f"outbox entry format {document.get('v')!r} is unknown to this georep version"
+            )
+        properties = {_untag(k): _untag(v) for k, v in document["properties"]}
+        ttl = document["ttl"]
+        scheduled = document["scheduled"]
+        return ServiceBusMessage(
+            base64.b64decode(document["body"]),
+            application_properties=properties or None,
+            time_to_live=None if ttl is None else timedelta(seconds=ttl),
+            scheduled_enqueue_time_utc=None
+            if scheduled is None
+            else datetime.fromisoformat(scheduled),
+            **document["fields"],
+        )
+
+    def new_batch(self, max_size_in_bytes: int, prepare: Callable[[Any], object]) -> Any:
+        return GeoMessageBatch(max_size_in_bytes, prepare, **self._batch_kwargs)

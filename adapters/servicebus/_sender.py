@@ -1,0 +1,183 @@
+"""The :class:`georep.ports.RegionSender` on an azure-servicebus async sender."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable, Sequence
+from datetime import datetime
+from typing import Any, TypeVar
+
+from azure.servicebus import ServiceBusMessageBatch
+from azure.servicebus.aio import ServiceBusClient, ServiceBusSender
+
+from georep.exceptions import ConfigurationError
+
+from ._codec import ServiceBusCodec
+from ._errors import translate_error
+
+__all__ = ["ServiceBusRegionSender", "open_region_sender"]
+
+_T = TypeVar("_T")
+
+
+class ServiceBusRegionSender:
+    """One region's ``ServiceBusSender`` behind georep's port.
+
+    Args:
+        sender: The SDK sender. Closed by :meth:`close` only if ``client`` is given
+            (georep created both); a caller's sender is never closed.
+        region: The region's label.
+        client: The client georep created for this sender, closed with it.
+    """
+
+    def __init__(
+        self, sender: ServiceBusSender, *, region: str, client: ServiceBusClient | None = None
+    ) -> None:
+        self._sender = sender
+        self._client = client
+        self._region = region
+        self._namespace = str(sender.fully_qualified_namespace)
+        self._entity = str(sender.entity_name)
+        self._codec = ServiceBusCodec(getattr(sender, "_amqp_transport", None))
+        # One call at a time per SDK sender: concurrent send_messages on one async
+        # ServiceBusSender interleave AMQP transfers out of order and race on reopening the
+        # link ("'NoneType' object has no attribute 'create_sender_link'",
+        # Azure/azure-sdk-for-python#36334). The lock also makes waiting count against
+        # georep's attempt deadline, which wraps the whole call.
+        self._lock = asyncio.Lock()
+
+    @property
+    def namespace(self) -> str:
+        return self._namespace
+
+    @property
+    def entity(self) -> str:
+        return self._entity
+
+    @property
+    def region(self) -> str:
+        return self._region
+
+    @property
+    def codec(self) -> ServiceBusCodec:
+        return self._codec
+
+    @property
+    def sdk_sender(self) -> ServiceBusSender:
+        """The wrapped SDK sender."""
+        return self._sender
+
+    async def _call(self, operation: Callable[[], Awaitable[_T]]) -> _T:
+        async with self._lock:
+            try:
+                return await operation()
+            except Exception as exc:
+                raise self._translate(exc) from exc
+
+    def _translate(self, exc: Exception) -> Exception:
+        return translate_error(exc, region=self._region, namespace=self._namespace) or exc
+
+    async def send(self, messages: Any, *, timeout: float) -> None:
+        await self._call(lambda: self._sender.send_messages(messages, timeout=timeout))
+
+    async def schedule(
+        self, messages: Sequence[Any], schedule_time_utc: datetime, *, timeout: float
+    ) -> list[int]:
+        return await self._call(
+            lambda: self._sender.schedule_messages(
+                list(messages), schedule_time_utc, timeout=timeout
+            )
+        )
+
+    async def cancel_scheduled(self, sequence_numbers: Sequence[int], *, timeout: float) -> None:
+        await self._call(
+            lambda: self._sender.cancel_scheduled_messages(list(sequence_numbers), timeout=timeout)
+        )
+
+    async def max_message_size(self, *, timeout: float) -> int:
+        # create_message_batch opens the link and reads the size the service announced.
+        batch: ServiceBusMessageBatch = await self._call(self._sender.create_message_batch)
+        return int(batch.max_size_in_bytes)
+
+    async def close(self) -> None:
+        if self._client is None:
+            return
+        try:
+            await self._sender.close()
+        finally:
+            await self._client.close()
+
+
+def _check_connection_string(connection_string: str, region: str) -> None:
+    """Reject a malformed connection string without ever echoing it (it holds the key)."""
+    if not isinstance(connection_string, str) or not connection_string.strip():
+        raise ConfigurationError(
+            f"the {region} connection string is empty: copy it from the namespace's "
+            "'Shared access policies' page"
+        )
+    parts = dict(
+        part.split("=", 1)
+        for part in connection_string.strip().rstrip(";").split(";")
+        if "=" in part
+    )
+    keys = {key.lower() for key in parts}
+    missing = [
+        name
+        for name, present in (
+            ("Endpoint", "endpoint" in keys),
+            (
+                "SharedAccessKeyName/SharedAccessKey or SharedAccessSignature",
+                {"sharedaccesskeyname", "sharedaccesskey"} <= keys
+                or "sharedaccesssignature" in keys,
+            ),
+        )
+        if not present
+    ]
+    malformed = any("=" not in part for part in connection_string.strip().rstrip(";").split(";"))
+    if missing or malformed:
+        problem = f"lacks {' and '.join(missing)}" if missing else "is malformed"
+        raise ConfigurationError(
+            f"the {region} connection string {problem}: expected "
+            "'Endpoint=sb://NAME.servicebus.windows.net/;SharedAccessKeyName=...;"
+            "SharedAccessKey=...' (copy it from the namespace's 'Shared access policies')"
+        )
+
+
+def open_region_sender(
+    connection_string: str,
+    *,
+    region: str,
+    queue_name: str | None = None,
+    topic_name: str | None = None,
+    retry_total: int = 1,
+    retry_backoff_factor: float = 0.01,
+    **client_kwargs: Any,
+) -> ServiceBusRegionSender:
+    """Create a client and sender for one region, owned by the returned object.
+
+    The SDK's own retries are kept short (``retry_total`` tries, ``retry_backoff_factor``
+    seconds apart, growing exponentially) because every retry delays failover.
+
+    Raises:
+        ConfigurationError: The connection string is malformed (the message never shows it).
+    """
+    _check_connection_string(connection_string, region)
+    try:
+        client = ServiceBusClient.from_connection_string(
+            connection_string,
+            retry_total=retry_total,
+            retry_backoff_factor=retry_backoff_factor,
+            retry_backoff_max=2,
+            **client_kwargs,
+        )
+    except ValueError as exc:
+        raise ConfigurationError(
+            f"the {region} connection string was refused by azure-servicebus "
+            f"({type(exc).__name__}); check Endpoint, SharedAccessKeyName and SharedAccessKey"
+        ) from None
+    sender = (
+        client.get_queue_sender(queue_name)
+        if queue_name is not None
+        else client.get_topic_sender(str(topic_name))
+    )
+    return ServiceBusRegionSender(sender, region=region, client=client)

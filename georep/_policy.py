@@ -1,0 +1,180 @@
+"""Replication modes and the configuration objects that steer them."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import ClassVar, Literal
+
+from georep.exceptions import ConfigurationError
+from georep.ports import ErrorKind
+
+__all__ = [
+    "DEFAULT_FAILOVER_KINDS",
+    "DedupKey",
+    "DrainPolicy",
+    "FailoverPolicy",
+    "ReplicationMode",
+    "as_seconds",
+    "seconds",
+]
+
+Seconds = float | timedelta
+
+
+def seconds(value: Seconds, name: str) -> float:
+    """``value`` in seconds; ``timedelta`` accepted.
+
+    Raises:
+        ConfigurationError: ``value`` is negative or not a number.
+    """
+    result = value.total_seconds() if isinstance(value, timedelta) else value
+    if isinstance(result, bool) or not isinstance(result, int | float) or result < 0:
+        raise ConfigurationError(f"{name} must be a non-negative number of seconds, got {value!r}")
+    return float(result)
+
+
+def as_seconds(value: Seconds) -> float:
+    """A validated ``Seconds`` field as a float."""
+    return value.total_seconds() if isinstance(value, timedelta) else float(value)
+
+
+class ReplicationMode(enum.StrEnum):
+    """How a :class:`georep.GeoSender` uses its two regions."""
+
+    PASSIVE = "passive"
+    """One region at a time; on a failure that means the region may be down, send to the
+    other and swap roles (SPEC §2.2). Costs what an unreplicated send costs."""
+    ACTIVE = "active"
+    """Every message to both regions at once, one MessageId for both copies; success when
+    at least one accepted (SPEC §2.1). Twice the operations."""
+
+
+#: Failures that mean "the region may be unavailable" (SPEC §2.2). Server-busy is left
+#: out on purpose: throttling is the namespace protecting itself, and the SDK already
+#: retries it with backoff; add ``ErrorKind.SERVER_BUSY`` to fail over on it too.
+DEFAULT_FAILOVER_KINDS: frozenset[ErrorKind] = frozenset(
+    {ErrorKind.CONNECTION, ErrorKind.TIMEOUT, ErrorKind.SERVICE_ERROR}
+)
+
+
+@dataclass(frozen=True, kw_only=True)
+class FailoverPolicy:
+    """When a passive sender fails over, and how long it waits for a region.
+
+    Attributes:
+        fail_over_on: Error kinds that send the message to the other region. Anything
+            else (size, argument, authentication, entity not found or disabled) is raised
+            at once. Default: :data:`DEFAULT_FAILOVER_KINDS`.
+        attempt_timeout: georep's own deadline for one region's attempt, in seconds
+            (``float`` or ``timedelta``), covering the link open and the send. The SDK can
+            wait forever when a response is lost, so this is never unbounded. Default 10 s.
+        switch_back: Move back to the original active region once it is healthy again.
+            Off by default: like the seed, roles stay swapped until the next failure.
+        switch_back_probe_interval: Seconds between health probes of the old active
+            region when ``switch_back`` is on. Default 30 s.
+        region_cooldown: Active mode: after a region fails with an unavailability error,
+            sends skip it for this many seconds (its copy counts as failed, and is queued
+            for repair when ``repair=True``), then try it again. Without it every send
+            would wait for the dead region's failure, up to ``attempt_timeout``. 0 turns it
+            off. Default 5 s.
+    """
+
+    fail_over_on: frozenset[ErrorKind] = DEFAULT_FAILOVER_KINDS
+    attempt_timeout: Seconds = 10.0
+    switch_back: bool = False
+    switch_back_probe_interval: Seconds = 30.0
+    region_cooldown: Seconds = 5.0
+
+    def __post_init__(self) -> None:
+        for name in ("attempt_timeout", "switch_back_probe_interval", "region_cooldown"):
+            value = seconds(getattr(self, name), f"FailoverPolicy.{name}")
+            if value == 0 and name != "region_cooldown":
+                raise ConfigurationError(f"FailoverPolicy.{name} must be greater than 0")
+            object.__setattr__(self, name, value)
+        kinds = frozenset(ErrorKind(kind) for kind in self.fail_over_on)
+        object.__setattr__(self, "fail_over_on", kinds)
+
+    @property
+    def attempt_seconds(self) -> float:
+        """``attempt_timeout`` in seconds."""
+        return as_seconds(self.attempt_timeout)
+
+    @property
+    def region_cooldown_seconds(self) -> float:
+        """``region_cooldown`` in seconds."""
+        return as_seconds(self.region_cooldown)
+
+
+@dataclass(frozen=True, kw_only=True)
+class DrainPolicy:
+    """How the background drainer resends what the outbox holds.
+
+    Attributes:
+        initial_backoff: Seconds before the first retry of an entry that failed. Default 0.5.
+        max_backoff: Upper bound of the exponential backoff, in seconds: after a region
+            returns, the outbox starts draining within this time. Default 5.
+        batch_size: Entries claimed per round. Default 100.
+        lease: Seconds an entry stays claimed by one drainer (so two processes sharing an
+            outbox file do not both send it). Default 60.
+        idle_interval: Seconds between checks when nothing is due. Default 1.
+    """
+
+    initial_backoff: Seconds = 0.5
+    max_backoff: Seconds = 5.0
+    batch_size: int = 100
+    lease: Seconds = 60.0
+    idle_interval: Seconds = 1.0
+
+    def __post_init__(self) -> None:
+        for name in ("initial_backoff", "max_backoff", "lease", "idle_interval"):
+            value = seconds(getattr(self, name), f"DrainPolicy.{name}")
+            if value == 0:
+                raise ConfigurationError(f"DrainPolicy.{name} must be greater than 0")
+            object.__setattr__(self, name, value)
+        if self.batch_size < 1:
+            raise ConfigurationError("DrainPolicy.batch_size must be at least 1")
+
+    def backoff(self, attempts: int) -> float:
+        """Seconds to wait after ``attempts`` failed attempts."""
+        initial = as_seconds(self.initial_backoff)
+        return min(as_seconds(self.max_backoff), initial * 2.0 ** max(attempts - 1, 0))
+
+
+@dataclass(frozen=True)
+class DedupKey:
+    """Which field identifies a logical message (both copies share it).
+
+    Use the constants: ``DedupKey.MESSAGE_ID`` (default), ``DedupKey.SUBJECT``, or
+    ``DedupKey.application_property("order-id")``.
+    """
+
+    source: Literal["message_id", "subject", "application_property"] = "message_id"
+    name: str | None = field(default=None)
+
+    MESSAGE_ID: ClassVar[DedupKey]
+    SUBJECT: ClassVar[DedupKey]
+
+    def __post_init__(self) -> None:
+        if self.source not in ("message_id", "subject", "application_property"):
+            raise ConfigurationError(
+                f"DedupKey source {self.source!r} is unknown: use message_id, subject or "
+                "application_property"
+            )
+        if (self.source == "application_property") != bool(self.name):
+            raise ConfigurationError(
+                "DedupKey.application_property needs a property name (and only it takes one)"
+            )
+
+    @classmethod
+    def application_property(cls, name: str) -> DedupKey:
+        """The value of the application property ``name``."""
+        return cls("application_property", name)
+
+    def __str__(self) -> str:
+        return f"application property {self.name!r}" if self.name else self.source
+
+
+DedupKey.MESSAGE_ID = DedupKey("message_id")
+DedupKey.SUBJECT = DedupKey("subject")

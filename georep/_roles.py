@@ -1,0 +1,76 @@
+"""Which region of a namespace pair is active, shared by every sender on the pair."""
+
+from __future__ import annotations
+
+import asyncio
+import weakref
+from dataclasses import dataclass
+
+import aiorwlock
+
+__all__ = ["RoleSnapshot", "RoleState", "role_state_for"]
+
+
+@dataclass(frozen=True, slots=True)
+class RoleSnapshot:
+    """The active namespace and the generation it belongs to."""
+
+    active: str
+    generation: int
+
+
+class RoleState:
+    """The active namespace of a pair and a generation number bumped by every swap.
+
+    Sends read it (shared lock); a swap writes it (exclusive lock) and only when the
+    generation is still the one the failed send started from. A burst of concurrent
+    failures therefore swaps exactly once, and a late failure from before the swap can
+    never swap the roles back.
+    """
+
+    def __init__(self, active: str) -> None:
+        self._lock = aiorwlock.RWLock()
+        self._snapshot = RoleSnapshot(active, 0)
+        self.swaps = 0
+
+    @property
+    def current(self) -> RoleSnapshot:
+        """The latest snapshot, without waiting (for stats and logs)."""
+        return self._snapshot
+
+    async def read(self) -> RoleSnapshot:
+        async with self._lock.reader_lock:
+            return self._snapshot
+
+    async def swap(self, *, expected: RoleSnapshot, new_active: str) -> bool:
+        """Make ``new_active`` active if nothing changed since ``expected``.
+
+        Returns:
+            True when this call swapped the roles.
+        """
+        async with self._lock.writer_lock:
+            if self._snapshot != expected or expected.active == new_active:
+                return False
+            self._snapshot = RoleSnapshot(new_active, expected.generation + 1)
+            self.swaps += 1
+            return True
+
+
+_shared: weakref.WeakValueDictionary[
+    tuple[asyncio.AbstractEventLoop, frozenset[str]], RoleState
+] = weakref.WeakValueDictionary()
+
+
+def role_state_for(primary: str, secondary: str) -> RoleState:
+    """The role state every sender on this namespace pair shares (in this event loop).
+
+    The first sender on a pair makes its primary active; senders created later on the same
+    pair (in either order) see the current roles. The state lives as long as one sender
+    holds it.
+    """
+    key = (asyncio.get_running_loop(), frozenset((primary, secondary)))
+    state = _shared.get(key)
+    if state is None:
+        state = RoleState(primary)
+        _shared[key] = state
+    return state

@@ -1,0 +1,919 @@
+"""GeoSender: active and passive replication over two regions' senders (SPEC §2.1-2.3)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from functools import partial
+import logging
+import uuid
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from types import TracebackType
+from typing import TYPE_CHECKING, Any, Self, TypeVar
+
+from opentelemetry.trace import Span, SpanKind, Status, StatusCode
+
+from georep._clock import SystemClock
+from georep._policy import DedupKey, DrainPolicy, FailoverPolicy, ReplicationMode, as_seconds
+from georep._roles import RoleSnapshot, RoleState, role_state_for
+from georep._telemetry import SenderTelemetry, traceparent_of
+from georep.exceptions import (
+    AllRegionsUnavailableError,
+    ClosedError,
+    ConfigurationError,
+    GeoReplicationError,
+    InvalidMessageError,
+    RegionError,
+    RegionUnavailableError,
+)
+from georep.ports import Clock, ErrorKind, MessageCodec, Outbox, RegionSender
+
+if TYPE_CHECKING:
+    from opentelemetry.metrics import MeterProvider
+    from opentelemetry.trace import TracerProvider
+
+__all__ = ["GeoSender", "SendResult", "SenderStats"]
+
+_log = logging.getLogger("georep.sender")
+
+_TRACEPARENT = "traceparent"
+_PRODUCER = SpanKind.PRODUCER
+_T = TypeVar("_T")
+
+
+@dataclass(frozen=True, slots=True)
+class SendResult:
+    """What happened to one ``send_messages`` call.
+
+    Attributes:
+        accepted: Regions that accepted the message(s), in the order they answered.
+        failed: Each region that failed, with its error.
+        failed_over: True when the active region failed and the backup accepted (passive).
+        queued: True when no region accepted and the message(s) went to the durable outbox;
+            the outbox sends them later, so the call still counts as delivered.
+        repair_queued: Regions whose copy went to the outbox for a later resend (active
+            mode with ``repair=True``).
+        message_ids: The MessageId of every message sent, in order.
+    """
+
+    accepted: tuple[str, ...]
+    failed: Mapping[str, BaseException] = field(default_factory=dict)
+    failed_over: bool = False
+    queued: bool = False
+    repair_queued: tuple[str, ...] = ()
+    message_ids: tuple[str, ...] = ()
+
+
+@dataclass(slots=True)
+class SenderStats:
+    """Counters of one GeoSender since it was created."""
+
+    accepted: dict[str, int] = field(default_factory=dict)
+    failed: dict[str, int] = field(default_factory=dict)
+    failovers: int = 0
+    role_swaps: int = 0
+    queued: int = 0
+    drained: int = 0
+    outbox_depth: int | None = None
+
+
+def _as_region_sender(sender: Any, region: str) -> RegionSender:
+    if isinstance(sender, RegionSender):
+        return sender
+    try:
+        from georep.adapters.servicebus import ServiceBusRegionSender
+    except ImportError as exc:  # pragma: no cover - depends on the install
+        raise ConfigurationError(
+            f"{region} sender is a {type(sender).__name__}; wrapping an SDK sender needs "
+            "pip install 'georep[servicebus]'"
+        ) from exc
+    wrapped: RegionSender = ServiceBusRegionSender(sender, region=region)
+    return wrapped
+
+
+class GeoSender:
+    """Send to a queue or topic that exists in two regions, surviving the loss of one.
+
+    Wraps two existing ``azure.servicebus.aio.ServiceBusSender`` objects (one per region;
+    the caller keeps owning them) and has the same methods, so an application swaps its
+    sender for a GeoSender and changes nothing else. See :meth:`from_connection_strings`
+    for a GeoSender that creates and owns its clients.
+
+    Args:
+        primary: The primary region's sender (an SDK sender or any
+            :class:`georep.ports.RegionSender`).
+        secondary: The secondary region's sender, for the same entity.
+        mode: :attr:`ReplicationMode.PASSIVE` (default) or :attr:`ReplicationMode.ACTIVE`.
+        policy: When to fail over, and georep's own per-attempt deadline.
+        outbox: A durable :class:`georep.ports.Outbox` (e.g. :class:`georep.SqliteOutbox`).
+            With one, a message no region accepts is persisted and sent later
+            (``SendResult(queued=True)``) instead of raising. The caller owns it.
+        repair: Active mode: when one region fails, queue its copy in the outbox so both
+            regions end up with the message. Needs ``outbox``.
+        dedup_key: The field receivers deduplicate on; every message must carry it.
+            MessageIds are assigned (UUID4) to messages without one whatever the key.
+        drain: How the outbox is drained.
+        role_state: Share roles explicitly; by default every GeoSender on the same
+            namespace pair in this event loop shares one.
+        clock: Time source (tests inject :class:`georep.testing.FakeClock`).
+        tracer_provider: OpenTelemetry tracer provider (default: the global one).
+        meter_provider: OpenTelemetry meter provider (default: the global one).
+
+    Raises:
+        ConfigurationError: Both senders point at the same namespace, or ``repair`` is
+            set without an outbox or outside active mode.
+    """
+
+    def __init__(
+        self,
+        primary: Any,
+        secondary: Any,
+        *,
+        mode: ReplicationMode | str = ReplicationMode.PASSIVE,
+        policy: FailoverPolicy | None = None,
+        outbox: Outbox | None = None,
+        repair: bool = False,
+        dedup_key: DedupKey = DedupKey.MESSAGE_ID,
+        drain: DrainPolicy | None = None,
+        role_state: RoleState | None = None,
+        clock: Clock | None = None,
+        tracer_provider: TracerProvider | None = None,
+        meter_provider: MeterProvider | None = None,
+    ) -> None:
+        self.mode = ReplicationMode(mode)
+        self.policy = policy or FailoverPolicy()
+        self.drain_policy = drain or DrainPolicy()
+        self.dedup_key = dedup_key
+        self.outbox = outbox
+        self.repair = repair
+        self._clock: Clock = clock or SystemClock()
+        self._primary = _as_region_sender(primary, "primary")
+        self._secondary = _as_region_sender(secondary, "secondary")
+        if self._primary.region == self._secondary.region:
+            raise ConfigurationError(
+                f"both senders are labelled {self._primary.region!r}: give each region its "
+                "own label"
+            )
+        if self._primary.namespace == self._secondary.namespace:
+            raise ConfigurationError(
+                f"primary and secondary are the same namespace ({self._primary.namespace}): "
+                "geo-replication needs a namespace in each region"
+            )
+        if repair and (outbox is None or self.mode is not ReplicationMode.ACTIVE):
+            raise ConfigurationError(
+                "repair=True re-sends a failed region's copy through the outbox: it needs "
+                "mode=ReplicationMode.ACTIVE and an outbox (e.g. SqliteOutbox(path))"
+            )
+        self._codec: MessageCodec = self._primary.codec
+        self._regions = {
+            self._primary.region: self._primary,
+            self._secondary.region: self._secondary,
+        }
+        self._by_namespace = {
+            self._primary.namespace: self._primary,
+            self._secondary.namespace: self._secondary,
+        }
+        self._role_state = role_state
+        self.entity = self._primary.entity
+        self.channel = f"{self._primary.namespace}|{self._secondary.namespace}|{self.entity}"
+        self.stats = SenderStats()
+        self._telemetry = SenderTelemetry(
+            entity=self.entity,
+            mode=self.mode.value,
+            tracer_provider=tracer_provider,
+            meter_provider=meter_provider,
+            outbox_depth=lambda: self.stats.outbox_depth,
+        )
+        self._max_sizes: dict[str, int] = {}
+        self._cooling_down: dict[str, tuple[float, RegionError]] = {}
+        self._owned: list[Any] = []
+        self._closed = False
+        self._close_task: asyncio.Task[None] | None = None
+        self._drainer: asyncio.Task[None] | None = None
+        self._probe: asyncio.Task[None] | None = None
+        self._outbox_has_work = asyncio.Event()
+
+    # ----------------------------------------------------------------- construction
+
+    @classmethod
+    def from_connection_strings(
+        cls,
+        primary: str,
+        secondary: str,
+        *,
+        queue_name: str | None = None,
+        topic_name: str | None = None,
+        retry_total: int = 1,
+        **kwargs: Any,
+    ) -> GeoSender:
+        """A GeoSender that creates, and closes, its own clients and senders.
+
+        Args:
+            primary: The primary namespace's connection string.
+            secondary: The secondary namespace's connection string.
+            queue_name: The queue to send to (exactly one of ``queue_name``/``topic_name``).
+            topic_name: The topic to send to.
+            retry_total: The SDK's own retries per attempt (default 1: one reconnect for
+                a stale connection). Each retry delays failover, so keep it small.
+            **kwargs: Passed on to :class:`GeoSender` (mode, policy, outbox, ...).
+
+        Raises:
+            ConfigurationError: A connection string is malformed or the entity is not
+                named exactly once. The message never contains the key.
+        """
+        from georep.adapters.servicebus import open_region_sender
+
+        if (queue_name is None) == (topic_name is None):
+            raise ConfigurationError("name exactly one of queue_name= or topic_name=")
+        regions = [
+            open_region_sender(
+                connection_string,
+                region=region,
+                queue_name=queue_name,
+                topic_name=topic_name,
+                retry_total=retry_total,
+            )
+            for region, connection_string in (("primary", primary), ("secondary", secondary))
+        ]
+        sender = cls(regions[0], regions[1], **kwargs)
+        sender._owned.extend(regions)
+        return sender
+
+    # ------------------------------------------------------------------- lifecycle
+
+    async def __aenter__(self) -> Self:
+        self._check_open()
+        await self.warm_up()
+        self._start_background()
+        return self
+
+    async def warm_up(self) -> None:
+        """Open both regions' links now (bounded by the attempt deadline).
+
+        A failover then costs one send to an already connected backup instead of a new
+        connection (0.3-1 s). A region that is down now is skipped; it connects on first use.
+        """
+        await self._learn_max_sizes([self._primary, self._secondary])
+
+    async def _learn_max_sizes(self, regions: Sequence[RegionSender]) -> dict[str, BaseException]:
+        errors: dict[str, BaseException] = {}
+        timeout = self.policy.attempt_seconds
+
+        async def size_of(region: RegionSender) -> None:
+            try:
+                self._max_sizes[region.region] = await self._bounded(
+                    region, lambda: region.max_message_size(timeout=timeout), timeout
+                )
+            except RegionError as exc:
+                errors[region.region] = exc
+                _log.warning("%s did not answer while connecting: %s", region.region, exc)
+
+        await asyncio.gather(*(size_of(region) for region in regions))
+        return errors
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        """Stop the outbox drainer and close what this GeoSender created. Idempotent.
+
+        Senders passed in by the caller and the outbox stay open: the caller owns them.
+        Messages still in the outbox stay there for the next GeoSender on the same file.
+        """
+        if self._close_task is None:
+            self._closed = True
+            self._close_task = asyncio.ensure_future(self._close())
+        # Shielded: a caller cancelled mid-close must not leave owned connections open.
+        await asyncio.shield(self._close_task)
+
+    async def close(self) -> None:
+        """Same as :meth:`aclose` (the SDK's name)."""
+        await self.aclose()
+
+    async def _close(self) -> None:
+        for task in (self._drainer, self._probe):
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+        for region in self._owned:
+            with contextlib.suppress(Exception):
+                await region.close()
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise ClosedError(f"GeoSender for {self.entity!r} is closed; create a new one")
+
+    def _start_background(self) -> None:
+        if self.outbox is not None and self._drainer is None:
+            self._drainer = asyncio.create_task(self._drain_forever(), name="georep-outbox-drainer")
+
+    @property
+    def roles(self) -> RoleState:
+        """The role state this sender shares with every sender on its namespace pair."""
+        if self._role_state is None:
+            self._role_state = role_state_for(self._primary.namespace, self._secondary.namespace)
+        return self._role_state
+
+    @property
+    def active_region(self) -> str:
+        """The label of the region passive sends go to now."""
+        return self._by_namespace[self.roles.current.active].region
+
+    # ----------------------------------------------------------------------- sends
+
+    async def send_messages(self, message: Any, *, timeout: float | None = None) -> SendResult:
+        """Send a message, a list of messages (as one batch) or a batch.
+
+        Messages without a MessageId get a UUID4 one (set on the caller's object, so the
+        caller can see it). In active mode both regions get a copy with the same MessageId.
+
+        Args:
+            message: ``ServiceBusMessage``, a list of them, or a batch from
+                :meth:`create_message_batch`.
+            timeout: Deadline per region attempt in seconds (default:
+                ``policy.attempt_timeout``).
+
+        Returns:
+            Which regions accepted, whether it failed over or was queued.
+
+        Raises:
+            AllRegionsUnavailableError: No region accepted and there is no outbox.
+            MessageTooLargeError, AuthenticationError, EntityNotFoundError, RegionError:
+                A failure that does not mean the region is down; never failed over.
+            OutboxFullError: No region accepted and the outbox is full.
+            ClosedError: The sender was closed.
+        """
+        self._check_open()
+        if self._drainer is None:
+            self._start_background()
+        attempt_timeout = self.policy.attempt_seconds if timeout is None else timeout
+        if attempt_timeout <= 0:
+            raise ConfigurationError("timeout must be greater than 0 seconds")
+        codec = self._codec
+        messages = codec.split(message)
+        if not messages:
+            return SendResult(accepted=())
+        started = self._clock.monotonic()
+        telemetry = self._telemetry
+        with telemetry.tracer.start_as_current_span(
+            telemetry.span_name,
+            kind=_PRODUCER,
+            attributes=telemetry.span_attributes,
+            record_exception=False,
+            set_status_on_exception=False,
+        ) as span:
+            payload = message if codec.is_batch(message) else messages
+            ids = self._prepare_all(messages, traceparent_of(span))
+            if codec.is_batch(message) and not getattr(message, "georep_prepared", False):
+                # A batch the SDK built before we could give its messages ids: resend its
+                # (now prepared) messages as a list so both regions see the same ids.
+                payload = messages
+            try:
+                if self.mode is ReplicationMode.ACTIVE:
+                    result = await self._send_active(payload, messages, attempt_timeout, span)
+                else:
+                    result = await self._send_passive(payload, messages, attempt_timeout, span)
+            except BaseException as exc:
+                span.set_status(Status(StatusCode.ERROR, type(exc).__name__))
+                span.set_attribute("error.type", type(exc).__name__)
+                telemetry.duration(self._clock.monotonic() - started, "failed")
+                raise
+            telemetry.duration(
+                self._clock.monotonic() - started, "queued" if result.queued else "accepted"
+            )
+        return SendResult(
+            accepted=result.accepted,
+            failed=result.failed,
+            failed_over=result.failed_over,
+            queued=result.queued,
+            repair_queued=result.repair_queued,
+            message_ids=ids,
+        )
+
+    def _prepare_all(self, messages: Sequence[Any], traceparent: str | None) -> tuple[str, ...]:
+        return tuple(self._prepare(message, traceparent) for message in messages)
+
+    def _prepare(self, message: Any, traceparent: str | None = None) -> str:
+        """Give ``message`` a MessageId and a traceparent; check its dedup key."""
+        codec = self._codec
+        message_id = codec.message_id(message)
+        if not message_id:
+            message_id = str(uuid.uuid4())
+            codec.set_message_id(message, message_id)
+        if self.dedup_key.source == "subject":
+            if not codec.subject(message):
+                raise InvalidMessageError(
+                    "dedup_key is the subject but a message has none: set message.subject "
+                    "(receivers would not recognise its copies)"
+                )
+        elif self.dedup_key.source == "application_property":
+            name = self.dedup_key.name or ""
+            if codec.application_property(message, name) is None:
+                raise InvalidMessageError(
+                    f"dedup_key is application property {name!r} but a message lacks it: "
+                    "set it on every message"
+                )
+        if traceparent is not None and codec.application_property(message, _TRACEPARENT) is None:
+            codec.set_application_property(message, _TRACEPARENT, traceparent)
+        return message_id
+
+    async def _bounded(
+        self, region: RegionSender, call: Callable[[], Awaitable[_T]], attempt_timeout: float
+    ) -> _T:
+        """One call to one region, bounded by georep's own deadline.
+
+        The SDK gets the same deadline, but it can wait forever when a response is lost
+        (a link that never opens, a disposition that never comes), so ours is the backstop.
+        """
+        try:
+            async with self._clock.timeout(attempt_timeout):
+                return await call()
+        except TimeoutError as exc:
+            raise RegionUnavailableError(
+                f"{region.region} ({region.namespace}) did not answer within {attempt_timeout:g} s",
+                region=region.region,
+                kind=ErrorKind.TIMEOUT,
+            ) from exc
+
+    async def _attempt(self, region: RegionSender, payload: Any, attempt_timeout: float) -> None:
+        """One send to one region, one try, bounded by georep's own deadline."""
+        await self._bounded(
+            region, lambda: region.send(payload, timeout=attempt_timeout), attempt_timeout
+        )
+
+    def _other(self, region: RegionSender) -> RegionSender:
+        return self._secondary if region is self._primary else self._primary
+
+    async def _send_passive(
+        self,
+        payload: Any,
+        messages: Sequence[Any],
+        attempt_timeout: float,
+        span: Span,
+        *,
+        may_queue: bool = True,
+    ) -> SendResult:
+        roles = self.roles
+        snapshot = await roles.read()
+        active = self._by_namespace[snapshot.active]
+        try:
+            await self._attempt(active, payload, attempt_timeout)
+        except RegionError as first_error:
+            if first_error.kind not in self.policy.fail_over_on:
+                self._count_failed(active.region, len(messages))
+                raise
+            return await self._fail_over(
+                snapshot, active, payload, messages, first_error, attempt_timeout, span, may_queue
+            )
+        self._count_accepted(active.region, len(messages))
+        span.set_attribute("georep.region", active.region)
+        return SendResult(accepted=(active.region,))
+
+    async def _fail_over(
+        self,
+        snapshot: RoleSnapshot,
+        active: RegionSender,
+        payload: Any,
+        messages: Sequence[Any],
+        first_error: RegionError,
+        attempt_timeout: float,
+        span: Span,
+        may_queue: bool,
+    ) -> SendResult:
+        backup = self._other(active)
+        count = len(messages)
+        self._count_failed(active.region, count)
+        span.add_event(
+            "georep.region_failed",
+            {"georep.region": active.region, "error.type": first_error.kind.value},
+        )
+        _log.warning(
+            "send to %s failed (%s: %s); failing over to %s",
+            active.region,
+            first_error.kind.value,
+            first_error,
+            backup.region,
+        )
+        # The SDK may have kept state on the objects it tried to send; the backup gets
+        # copies with the same MessageIds (a batch is immutable once built, so it is reused).
+        retry_payload = payload if self._codec.is_batch(payload) else self._copies(messages)
+        try:
+            await self._attempt(backup, retry_payload, attempt_timeout)
+        except RegionError as second_error:
+            self._count_failed(backup.region, count)
+            span.add_event(
+                "georep.region_failed",
+                {"georep.region": backup.region, "error.type": second_error.kind.value},
+            )
+            causes = {active.region: first_error, backup.region: second_error}
+            if self.outbox is not None and may_queue:
+                await self._queue(messages, [None])
+                span.set_attribute("georep.queued", True)
+                return SendResult(accepted=(), failed=causes, queued=True)
+            raise AllRegionsUnavailableError(
+                f"no region accepted the send to {self.entity!r}", causes
+            ) from second_error
+        self._count_accepted(backup.region, count)
+        self.stats.failovers += 1
+        self._telemetry.failover(active.region, backup.region)
+        span.set_attribute("georep.region", backup.region)
+        span.set_attribute("georep.failover", True)
+        if await self.roles.swap(expected=snapshot, new_active=backup.namespace):
+            self.stats.role_swaps += 1
+            self._telemetry.role_swap(backup.region)
+            span.add_event("georep.role_swap", {"georep.region": backup.region})
+            _log.warning("%s is now the active region for %s", backup.region, self.entity)
+            if self.policy.switch_back and self._probe is None:
+                self._probe = asyncio.create_task(self._probe_for_switch_back())
+        return SendResult(
+            accepted=(backup.region,), failed={active.region: first_error}, failed_over=True
+        )
+
+    async def _send_active(
+        self, payload: Any, messages: Sequence[Any], attempt_timeout: float, span: Span
+    ) -> SendResult:
+        primary, secondary = self._primary, self._secondary
+        now = self._clock.monotonic()
+        cooling = self._cooling_down
+        # A region that just failed is skipped until its cool-down ends (its last error
+        # stands for this send), so one dead region does not slow every send to its
+        # failure latency. If both are cooling down, both are tried: nothing to lose.
+        skip = {r.region for r in (primary, secondary) if cooling.get(r.region, (0.0,))[0] > now}
+        if len(skip) == 2:
+            skip.clear()
+        errors: dict[str, RegionError] = {r: cooling[r][1] for r in skip}
+        secondary_attempt: asyncio.Future[None] | None = None
+        if secondary.region not in skip:
+            copies = payload if self._codec.is_batch(payload) else self._copies(messages)
+            # One task, not two: the primary's attempt runs in this task.
+            secondary_attempt = asyncio.ensure_future(
+                self._attempt(secondary, copies, attempt_timeout)
+            )
+        if primary.region not in skip:
+            try:
+                await self._attempt(primary, payload, attempt_timeout)
+            except RegionError as exc:
+                errors[primary.region] = exc
+            except BaseException:
+                if secondary_attempt is not None:
+                    secondary_attempt.cancel()
+                raise
+        if secondary_attempt is not None:
+            try:
+                await secondary_attempt
+            except RegionError as exc:
+                errors[secondary.region] = exc
+        cooldown = self.policy.region_cooldown_seconds
+        for label in (primary.region, secondary.region):
+            error = errors.get(label)
+            if label in skip:
+                continue
+            if error is None:
+                cooling.pop(label, None)
+            elif error.kind in self.policy.fail_over_on and cooldown > 0:
+                cooling[label] = (self._clock.monotonic() + cooldown, error)
+        count = len(messages)
+        accepted = tuple(r.region for r in (primary, secondary) if r.region not in errors)
+        for region in accepted:
+            self._count_accepted(region, count)
+        for region, error in errors.items():
+            self._count_failed(region, count)
+            span.add_event(
+                "georep.region_failed", {"georep.region": region, "error.type": error.kind.value}
+            )
+        if not errors:
+            return SendResult(accepted=accepted)
+        if accepted:
+            span.set_attribute("georep.region", accepted[0])
+            repair: tuple[str, ...] = ()
+            if self.repair:
+                repair = tuple(r for r, e in errors.items() if e.kind in self.policy.fail_over_on)
+                if repair:
+                    await self._queue(messages, list(repair))
+            _log.warning(
+                "send to %s failed (%s); %s accepted%s",
+                ", ".join(errors),
+                "; ".join(f"{e.kind.value}: {e}" for e in errors.values()),
+                accepted[0],
+                ", copy queued for repair" if repair else "",
+            )
+            return SendResult(accepted=accepted, failed=dict(errors), repair_queued=repair)
+        transient = [r for r, e in errors.items() if e.kind in self.policy.fail_over_on]
+        if not transient:
+            # Both regions refused the message itself (too large, bad key...): not an outage.
+            raise errors[primary.region]
+        if self.outbox is not None:
+            await self._queue(messages, transient)
+            span.set_attribute("georep.queued", True)
+            return SendResult(accepted=(), failed=dict(errors), queued=True)
+        raise AllRegionsUnavailableError(
+            f"no region accepted the send to {self.entity!r}", errors
+        ) from errors[secondary.region]
+
+    def _copies(self, messages: Sequence[Any]) -> list[Any]:
+        copy = self._codec.copy
+        return [copy(message) for message in messages]
+
+    def _count_accepted(self, region: str, count: int) -> None:
+        accepted = self.stats.accepted
+        accepted[region] = accepted.get(region, 0) + count
+        self._telemetry.messages(count, region, "accepted")
+
+    def _count_failed(self, region: str, count: int) -> None:
+        failed = self.stats.failed
+        failed[region] = failed.get(region, 0) + count
+        self._telemetry.messages(count, region, "failed")
+
+    # ------------------------------------------------------------------ scheduling
+
+    async def schedule_messages(
+        self, messages: Any, schedule_time_utc: datetime, *, timeout: float | None = None
+    ) -> dict[str, list[int]]:
+        """Schedule messages for later delivery.
+
+        Passive: in the active region, failing over like a send. Active: in both regions.
+
+        Returns:
+            The sequence numbers per region label; pass the mapping back to
+            :meth:`cancel_scheduled_messages` as it is.
+
+        Raises:
+            AllRegionsUnavailableError: No region scheduled them (schedules never go to
+                the outbox: a late schedule would fire at the wrong time).
+        """
+        self._check_open()
+        attempt_timeout = self.policy.attempt_seconds if timeout is None else timeout
+        batch = self._codec.split(messages)
+        if not batch:
+            return {}
+        self._prepare_all(batch, None)
+
+        async def schedule(region: RegionSender, items: Sequence[Any]) -> list[int]:
+            return await self._bounded(
+                region,
+                lambda: region.schedule(items, schedule_time_utc, timeout=attempt_timeout),
+                attempt_timeout,
+            )
+
+        if self.mode is ReplicationMode.ACTIVE:
+            results = await asyncio.gather(
+                schedule(self._primary, batch),
+                schedule(self._secondary, self._copies(batch)),
+                return_exceptions=True,
+            )
+            scheduled: dict[str, list[int]] = {}
+            errors: dict[str, BaseException] = {}
+            for region, outcome in zip((self._primary, self._secondary), results, strict=True):
+                if isinstance(outcome, RegionError):
+                    errors[region.region] = outcome
+                elif isinstance(outcome, BaseException):
+                    raise outcome
+                else:
+                    scheduled[region.region] = outcome
+            if not scheduled:
+                raise AllRegionsUnavailableError(
+                    f"no region scheduled the messages for {self.entity!r}", errors
+                )
+            return scheduled
+        snapshot = await self.roles.read()
+        active = self._by_namespace[snapshot.active]
+        try:
+            return {active.region: await schedule(active, batch)}
+        except RegionError as first_error:
+            if first_error.kind not in self.policy.fail_over_on:
+                raise
+            backup = self._other(active)
+            try:
+                numbers = await schedule(backup, self._copies(batch))
+            except RegionError as second_error:
+                raise AllRegionsUnavailableError(
+                    f"no region scheduled the messages for {self.entity!r}",
+                    {active.region: first_error, backup.region: second_error},
+                ) from second_error
+            if await self.roles.swap(expected=snapshot, new_active=backup.namespace):
+                self.stats.role_swaps += 1
+                self._telemetry.role_swap(backup.region)
+            return {backup.region: numbers}
+
+    async def cancel_scheduled_messages(
+        self, sequence_numbers: Mapping[str, Sequence[int]], *, timeout: float | None = None
+    ) -> None:
+        """Cancel messages scheduled by :meth:`schedule_messages`.
+
+        Args:
+            sequence_numbers: The mapping :meth:`schedule_messages` returned (region label
+                → that region's sequence numbers).
+
+        Raises:
+            RegionError: A region could not cancel (the others were still cancelled); the
+                scheduled message in that region will still be delivered.
+        """
+        self._check_open()
+        if not isinstance(sequence_numbers, Mapping):
+            raise InvalidMessageError(
+                "cancel_scheduled_messages takes the mapping schedule_messages returned "
+                "(region -> sequence numbers): sequence numbers differ between regions"
+            )
+        attempt_timeout = self.policy.attempt_seconds if timeout is None else timeout
+        errors: list[RegionError] = []
+        for label, numbers in sequence_numbers.items():
+            region = self._regions.get(label)
+            if region is None:
+                raise InvalidMessageError(
+                    f"unknown region {label!r}: expected one of {sorted(self._regions)}"
+                )
+            if not numbers:
+                continue
+            try:
+                await self._bounded(
+                    region,
+                    partial(region.cancel_scheduled, list(numbers), timeout=attempt_timeout),
+                    attempt_timeout,
+                )
+            except RegionError as exc:
+                errors.append(exc)
+        if errors:
+            raise errors[0]
+
+    # ---------------------------------------------------------------------- batches
+
+    async def create_message_batch(self, max_size_in_bytes: int | None = None) -> Any:
+        """An empty batch that fits both regions' size limits.
+
+        Messages added to it get their MessageId (and traceparent) as they are added.
+
+        Raises:
+            AllRegionsUnavailableError: Neither region could tell its size limit and
+                ``max_size_in_bytes`` was not given.
+        """
+        self._check_open()
+        missing = [r for r in (self._primary, self._secondary) if r.region not in self._max_sizes]
+        errors = await self._learn_max_sizes(missing) if missing else {}
+        sizes = list(self._max_sizes.values())
+        if max_size_in_bytes is not None:
+            if max_size_in_bytes <= 0:
+                raise ConfigurationError("max_size_in_bytes must be greater than 0")
+            sizes.append(max_size_in_bytes)
+        if not sizes:
+            raise AllRegionsUnavailableError(
+                "no region could tell its message size limit; pass max_size_in_bytes", errors
+            )
+        return self._codec.new_batch(min(sizes), self._prepare)
+
+    # ----------------------------------------------------------------------- outbox
+
+    async def _queue(self, messages: Sequence[Any], regions: Sequence[str | None]) -> None:
+        assert self.outbox is not None
+        encode = self._codec.encode
+        items = [(region, encode(message)) for region in regions for message in messages]
+        await self.outbox.put(self.channel, items, now=self._clock.time())
+        count = len(messages)
+        self.stats.queued += count
+        self.stats.outbox_depth = (self.stats.outbox_depth or 0) + len(items)
+        for region in regions:
+            self._telemetry.messages(count, region or "any", "queued")
+        self._outbox_has_work.set()
+
+    async def drain_outbox(self) -> int:
+        """Try once to send everything due in the outbox; return how many were delivered."""
+        self._check_open()
+        return await self._drain_once()
+
+    async def _drain_once(self) -> int:
+        outbox = self.outbox
+        if outbox is None:
+            return 0
+        policy = self.drain_policy
+        delivered = 0
+        while not self._closed:
+            now = self._clock.time()
+            entries = await outbox.claim(
+                self.channel,
+                limit=policy.batch_size,
+                now=now,
+                lease=as_seconds(policy.lease),
+            )
+            if not entries:
+                break
+            done: list[int] = []
+            unsent: list[int] = []
+            region_down: BaseException | None = None
+            for entry in entries:
+                if self._closed or region_down is not None:
+                    unsent.append(entry.entry_id)
+                    continue
+                try:
+                    await self._deliver(entry.region, self._codec.decode(entry.payload))
+                except (AllRegionsUnavailableError, RegionUnavailableError) as exc:
+                    # The region(s) will refuse the next entry too: back off the rest.
+                    region_down = exc
+                    unsent.append(entry.entry_id)
+                    _log.warning("outbox: regions still unavailable (%s); backing off", exc)
+                except (GeoReplicationError, ValueError) as exc:
+                    # Refused for itself (too large, entity missing...): keep it, never drop
+                    # an acknowledged message, but do not let it hold up the others.
+                    _log.error(
+                        "outbox entry %d refused (attempt %d), kept for retry: %s",
+                        entry.entry_id,
+                        entry.attempts + 1,
+                        exc,
+                    )
+                    await outbox.retry_later(
+                        [entry.entry_id],
+                        not_before=self._clock.time() + policy.backoff(entry.attempts + 1),
+                    )
+                else:
+                    done.append(entry.entry_id)
+            if done:
+                await outbox.delete(done)
+                delivered += len(done)
+                self.stats.drained += len(done)
+            if unsent:
+                attempts = max(entry.attempts for entry in entries) + 1
+                await outbox.retry_later(
+                    unsent,
+                    not_before=self._clock.time() + policy.backoff(attempts)
+                    if region_down is not None
+                    else self._clock.time(),
+                )
+                break
+        self.stats.outbox_depth = await outbox.depth(self.channel)
+        return delivered
+
+    async def _deliver(self, region_label: str | None, message: Any) -> None:
+        timeout = self.policy.attempt_seconds
+        if region_label is not None:
+            region = self._regions.get(region_label)
+            if region is None:
+                raise InvalidMessageError(f"outbox entry names unknown region {region_label!r}")
+            # The drainer ignores the cool-down (its own backoff paces it) so that it is
+            # the one that notices a region is back; its failures do cool live sends down.
+            try:
+                await self._attempt(region, message, timeout)
+            except RegionError as exc:
+                cooldown = self.policy.region_cooldown_seconds
+                if exc.kind in self.policy.fail_over_on and cooldown > 0:
+                    self._cooling_down[region.region] = (self._clock.monotonic() + cooldown, exc)
+                raise
+            self._cooling_down.pop(region.region, None)
+            self._count_accepted(region.region, 1)
+            return
+        with self._telemetry.tracer.start_as_current_span(
+            self._telemetry.span_name,
+            kind=_PRODUCER,
+            attributes={**self._telemetry.span_attributes, "georep.outbox": True},
+        ) as span:
+            await self._send_passive(message, [message], timeout, span, may_queue=False)
+
+    async def _drain_forever(self) -> None:
+        assert self.outbox is not None
+        self.stats.outbox_depth = await self.outbox.depth(self.channel)
+        idle = as_seconds(self.drain_policy.idle_interval)
+        while not self._closed:
+            try:
+                await self._drain_once()
+            except asyncio.CancelledError:
+                raise
+            except Exception:  # never let the drainer die: it holds acknowledged messages
+                _log.exception("outbox drainer failed; retrying in %.1f s", idle)
+            self._outbox_has_work.clear()
+            with contextlib.suppress(TimeoutError):
+                async with self._clock.timeout(idle):
+                    await self._outbox_has_work.wait()
+            # A fresh put is not due before its backoff either; waking only re-checks.
+
+    # ------------------------------------------------------------------ switch back
+
+    async def _probe_for_switch_back(self) -> None:
+        """After a swap, move back to the original primary once it answers again."""
+        interval = as_seconds(self.policy.switch_back_probe_interval)
+        try:
+            while not self._closed:
+                await self._clock.sleep(interval)
+                snapshot = await self.roles.read()
+                if snapshot.active == self._primary.namespace:
+                    return
+                timeout = self.policy.attempt_seconds
+                try:
+                    await self._bounded(
+                        self._primary,
+                        partial(self._primary.max_message_size, timeout=timeout),
+                        timeout,
+                    )
+                except RegionError:
+                    continue
+                if await self.roles.swap(expected=snapshot, new_active=self._primary.namespace):
+                    self.stats.role_swaps += 1
+                    self._telemetry.role_swap(self._primary.region)
+                    _log.warning("%s answers again; switched back to it", self._primary.region)
+                return
+        finally:
+            self._probe = None

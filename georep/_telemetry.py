@@ -1,0 +1,112 @@
+"""OpenTelemetry spans and metrics for senders (API only; the application picks the SDK).
+
+Names follow the messaging semantic conventions (``messaging.system = "servicebus"``) and
+keep georep's own attributes under ``georep.*``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from opentelemetry import metrics, trace
+from opentelemetry.metrics import CallbackOptions, Observation
+from opentelemetry.trace import Span
+from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+
+__all__ = ["SenderTelemetry", "traceparent_of"]
+
+_INSTRUMENTATION = "georep"
+_propagator = TraceContextTextMapPropagator()
+
+
+def traceparent_of(span: Span) -> str | None:
+    """The W3C ``traceparent`` of ``span``, or None when it has no valid context."""
+    if not span.get_span_context().is_valid:
+        return None
+    carrier: dict[str, str] = {}
+    _propagator.inject(carrier, context=trace.set_span_in_context(span))
+    return carrier.get("traceparent")
+
+
+class SenderTelemetry:
+    """The instruments one :class:`georep.GeoSender` records into."""
+
+    def __init__(
+        self,
+        *,
+        entity: str,
+        mode: str,
+        tracer_provider: trace.TracerProvider | None,
+        meter_provider: metrics.MeterProvider | None,
+        outbox_depth: Callable[[], int | None],
+    ) -> None:
+        from georep import __version__
+
+        self.entity = entity
+        self.mode = mode
+        self.span_name = f"send {entity}"
+        self.tracer = trace.get_tracer(_INSTRUMENTATION, __version__, tracer_provider)
+        meter = metrics.get_meter(_INSTRUMENTATION, __version__, meter_provider)
+        self._base = {"messaging.destination.name": entity, "georep.mode": mode}
+        self.span_attributes: dict[str, Any] = {
+            "messaging.system": "servicebus",
+            "messaging.operation.type": "send",
+            **self._base,
+        }
+        self._messages = meter.create_counter(
+            "georep.messages.sent",
+            unit="{message}",
+            description="Messages handed to a region, by region and outcome "
+            "(accepted, failed, queued).",
+        )
+        self._failovers = meter.create_counter(
+            "georep.failovers",
+            unit="{failover}",
+            description="Sends that went to the backup region after the active one failed.",
+        )
+        self._role_swaps = meter.create_counter(
+            "georep.role_swaps",
+            unit="{swap}",
+            description="Times the active and backup regions swapped roles.",
+        )
+        self._duration = meter.create_histogram(
+            "georep.send.duration",
+            unit="s",
+            description="Duration of send_messages calls, failover included.",
+        )
+        self._outbox_depth = outbox_depth
+
+        def observe_depth(_options: CallbackOptions) -> Iterable[Observation]:
+            depth = self._outbox_depth()
+            if depth is not None:
+                yield Observation(depth, self._base)
+
+        meter.create_observable_gauge(
+            "georep.outbox.depth",
+            callbacks=[observe_depth],
+            unit="{message}",
+            description="Messages waiting in the durable outbox.",
+        )
+        # Attribute dicts are built once: the send path must stay within a few microseconds.
+        self._outcome_attributes: dict[tuple[str, str], dict[str, str]] = {}
+
+    def _attributes(self, region: str, outcome: str) -> dict[str, str]:
+        key = (region, outcome)
+        attributes = self._outcome_attributes.get(key)
+        if attributes is None:
+            attributes = {**self._base, "georep.region": region, "georep.outcome": outcome}
+            self._outcome_attributes[key] = attributes
+        return attributes
+
+    def messages(self, count: int, region: str, outcome: str) -> None:
+        self._messages.add(count, self._attributes(region, outcome))
+
+    def failover(self, from_region: str, to_region: str) -> None:
+        self._failovers.add(1, {**self._base, "georep.from": from_region, "georep.to": to_region})
+
+    def role_swap(self, new_active: str) -> None:
+        self._role_swaps.add(1, {**self._base, "georep.region": new_active})
+
+    def duration(self, seconds: float, outcome: str) -> None:
+        self._duration.record(seconds, self._attributes("all", outcome))

@@ -1,0 +1,231 @@
+"""The ports georep's core depends on; adapters implement them.
+
+The core (``georep``) never imports a network client. It talks to Service Bus through
+:class:`RegionSender` and :class:`MessageCodec`, persists unsent messages through
+:class:`Outbox`, and reads time through :class:`Clock`. ``georep.adapters.servicebus``
+implements the Service Bus ports on the azure-servicebus SDK; :class:`georep.SqliteOutbox`
+is the embedded outbox; ``georep.testing`` has in-memory fakes of every port for unit tests.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Callable, Sequence
+from contextlib import AbstractAsyncContextManager
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any, Protocol, runtime_checkable
+
+__all__ = [
+    "Clock",
+    "ErrorKind",
+    "MessageCodec",
+    "Outbox",
+    "OutboxEntry",
+    "RegionSender",
+]
+
+
+class ErrorKind(enum.StrEnum):
+    """What a failed Service Bus operation says about its region.
+
+    Adapters translate their client's exceptions into one of these; the failover policy
+    decides, per kind, whether the other region should be tried.
+    """
+
+    CONNECTION = "connection"
+    """The connection could not be opened or was lost: the region may be unavailable."""
+    TIMEOUT = "timeout"
+    """No answer within the deadline (the service's or georep's own)."""
+    SERVICE_ERROR = "service-error"
+    """The service failed internally (``amqp:internal-error`` and the like)."""
+    SERVER_BUSY = "server-busy"
+    """The namespace is throttling requests."""
+    QUOTA_EXCEEDED = "quota-exceeded"
+    """The entity or namespace is full."""
+    AUTHENTICATION = "authentication"
+    """The key or token was refused."""
+    ENTITY_NOT_FOUND = "entity-not-found"
+    """The queue or topic does not exist in that namespace."""
+    ENTITY_DISABLED = "entity-disabled"
+    """The queue or topic exists but is disabled."""
+    MESSAGE_TOO_LARGE = "message-too-large"
+    """The message or batch is over the entity's size limit."""
+    INVALID_ARGUMENT = "invalid-argument"
+    """The request itself is wrong (bad property, bad schedule time, ...)."""
+    UNKNOWN = "unknown"
+    """Anything else."""
+
+
+@runtime_checkable
+class Clock(Protocol):
+    """Time, injectable so unit tests never sleep for real."""
+
+    def monotonic(self) -> float:
+        """Seconds on a clock that never goes backwards."""
+        ...
+
+    def time(self) -> float:
+        """Wall-clock seconds since the Unix epoch (UTC)."""
+        ...
+
+    async def sleep(self, seconds: float) -> None:
+        """Wait ``seconds``."""
+        ...
+
+    def timeout(self, seconds: float) -> AbstractAsyncContextManager[object]:
+        """A context that cancels its body after ``seconds`` and raises ``TimeoutError``."""
+        ...
+
+
+@runtime_checkable
+class RegionSender(Protocol):
+    """One region's sender for one entity (queue or topic).
+
+    Every method raises :class:`georep.exceptions.RegionError` (with its
+    :class:`ErrorKind`) and nothing else for a failed operation.
+    """
+
+    @property
+    def namespace(self) -> str:
+        """The fully qualified namespace, e.g. ``contoso-east.servicebus.windows.net``."""
+        ...
+
+    @property
+    def entity(self) -> str:
+        """The queue or topic name."""
+        ...
+
+    @property
+    def region(self) -> str:
+        """The region's label in georep's results, errors and telemetry (``"primary"``)."""
+        ...
+
+    @property
+    def codec(self) -> MessageCodec:
+        """How to read and copy the messages this sender sends."""
+        ...
+
+    async def send(self, messages: Any, *, timeout: float) -> None:
+        """Send one message, a list of messages (as one batch), or a batch."""
+        ...
+
+    async def schedule(
+        self, messages: Sequence[Any], schedule_time_utc: datetime, *, timeout: float
+    ) -> list[int]:
+        """Schedule messages; return their sequence numbers in this region."""
+        ...
+
+    async def cancel_scheduled(self, sequence_numbers: Sequence[int], *, timeout: float) -> None:
+        """Cancel scheduled messages by this region's sequence numbers."""
+        ...
+
+    async def max_message_size(self, *, timeout: float) -> int:
+        """The largest message or batch the entity accepts, in bytes."""
+        ...
+
+    async def close(self) -> None:
+        """Close what this adapter created (never the caller's client)."""
+        ...
+
+
+class MessageCodec(Protocol):
+    """How the core reads, copies, stores and batches the client library's messages."""
+
+    def split(self, messages: Any) -> list[Any]:
+        """The messages in ``messages``: a message, an iterable of messages, or a batch."""
+        ...
+
+    def is_batch(self, messages: Any) -> bool:
+        """True when ``messages`` is a batch object (not a message or a list)."""
+        ...
+
+    def message_id(self, message: Any) -> str | None: ...
+
+    def set_message_id(self, message: Any, message_id: str) -> None: ...
+
+    def subject(self, message: Any) -> str | None: ...
+
+    def application_property(self, message: Any, name: str) -> Any: ...
+
+    def set_application_property(self, message: Any, name: str, value: str) -> None: ...
+
+    def copy(self, message: Any) -> Any:
+        """An independent copy with the same body and properties (never the same object)."""
+        ...
+
+    def encode(self, message: Any) -> bytes:
+        """Bytes that :meth:`decode` turns back into an equal message (for the outbox)."""
+        ...
+
+    def decode(self, payload: bytes) -> Any: ...
+
+    def new_batch(self, max_size_in_bytes: int, prepare: Callable[[Any], object]) -> Any:
+        """An empty batch for the caller to fill; ``prepare`` runs on every added message."""
+        ...
+
+
+@dataclass(frozen=True, slots=True)
+class OutboxEntry:
+    """One message waiting in the outbox.
+
+    Attributes:
+        entry_id: Assigned by the store, unique within it.
+        channel: Which sender it belongs to (namespace pair and entity).
+        region: The region it must reach, or None for whichever region accepts it.
+        payload: The message, encoded by :meth:`MessageCodec.encode`.
+        enqueued_at: Wall-clock seconds when it was stored.
+        attempts: Failed delivery attempts so far.
+    """
+
+    entry_id: int
+    channel: str
+    region: str | None
+    payload: bytes
+    enqueued_at: float
+    attempts: int
+
+
+@runtime_checkable
+class Outbox(Protocol):
+    """A durable local queue of messages no region accepted yet (SPEC §2.3).
+
+    Implementations persist every entry before :meth:`put` returns, and delete it only
+    when told to (after a region accepted it), so nothing acknowledged is lost.
+    """
+
+    async def put(
+        self, channel: str, items: Sequence[tuple[str | None, bytes]], *, now: float
+    ) -> list[int]:
+        """Store ``(region, payload)`` items atomically; return their entry ids.
+
+        Raises:
+            OutboxFullError: Storing them would exceed the outbox's bound; none is stored.
+        """
+        ...
+
+    async def claim(
+        self, channel: str, *, limit: int, now: float, lease: float
+    ) -> list[OutboxEntry]:
+        """Up to ``limit`` entries of ``channel`` that are due and not leased, oldest first.
+
+        They stay leased for ``lease`` seconds, so a second drainer (in this process or
+        another) does not send them at the same time.
+        """
+        ...
+
+    async def delete(self, entry_ids: Sequence[int]) -> None:
+        """Remove delivered entries."""
+        ...
+
+    async def retry_later(self, entry_ids: Sequence[int], *, not_before: float) -> None:
+        """Count a failed attempt, drop the lease, and make them due again at ``not_before``."""
+        ...
+
+    async def depth(self, channel: str | None = None) -> int:
+        """Entries stored (for ``channel``, or in total)."""
+        ...
+
+    async def aclose(self) -> None:
+        """Release the store; idempotent."""
+        ...

@@ -1,0 +1,351 @@
+"""In-memory fakes of georep's ports, for unit tests (yours and ours).
+
+Nothing here does I/O or sleeps for real:
+
+- :class:`FakeClock`: time moves only when the test calls :meth:`FakeClock.advance`.
+- :class:`InMemoryRegionSender` with :class:`FakeMessage`/:class:`FakeCodec`: a region
+  that accepts, fails with a chosen :class:`~georep.ports.ErrorKind`, or hangs.
+- :class:`InMemoryOutbox`: the outbox contract without a file.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import heapq
+import itertools
+import json
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from types import TracebackType
+from typing import Any
+
+from georep._testing_outbox import InMemoryOutbox
+from georep.exceptions import (
+    AuthenticationError,
+    EntityNotFoundError,
+    InvalidMessageError,
+    MessageTooLargeError,
+    RegionError,
+    RegionUnavailableError,
+)
+from georep.ports import ErrorKind
+
+__all__ = [
+    "FakeBatch",
+    "FakeClock",
+    "FakeCodec",
+    "FakeMessage",
+    "InMemoryOutbox",
+    "InMemoryRegionSender",
+]
+
+
+class _FakeTimeout:
+    def __init__(self, clock: FakeClock, seconds: float) -> None:
+        self._clock = clock
+        self._seconds = seconds
+        self._inner = asyncio.timeout(None)
+
+    async def __aenter__(self) -> None:
+        await self._inner.__aenter__()
+        self._clock._arm(self._clock.monotonic() + self._seconds, self._inner)
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> bool | None:
+        self._clock._disarm(self._inner)
+        await self._inner.__aexit__(exc_type, exc, traceback)
+        return None
+
+
+class FakeClock:
+    """A clock that stands still until :meth:`advance` moves it.
+
+    ``sleep`` and ``timeout`` wait for virtual time, so a test drives a 10-second deadline
+    in microseconds: start the operation as a task, then ``await clock.advance(10)``.
+    """
+
+    def __init__(self, start: float = 1_700_000_000.0) -> None:
+        self._epoch = start
+        self._now = 0.0
+        self._order = itertools.count()
+        self._sleepers: list[tuple[float, int, asyncio.Future[None]]] = []
+        self._timeouts: dict[asyncio.Timeout, float] = {}
+
+    def monotonic(self) -> float:
+        return self._now
+
+    def time(self) -> float:
+        return self._epoch + self._now
+
+    async def sleep(self, seconds: float) -> None:
+        if seconds <= 0:
+            await asyncio.sleep(0)
+            return
+        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        heapq.heappush(self._sleepers, (self._now + seconds, next(self._order), future))
+        await future
+
+    def timeout(self, seconds: float) -> _FakeTimeout:
+        return _FakeTimeout(self, seconds)
+
+    def _arm(self, deadline: float, timeout: asyncio.Timeout) -> None:
+        self._timeouts[timeout] = deadline
+
+    def _disarm(self, timeout: asyncio.Timeout) -> None:
+        self._timeouts.pop(timeout, None)
+
+    @property
+    def pending(self) -> int:
+        """Sleepers and deadlines waiting for virtual time."""
+        return len(self._sleepers) + len(self._timeouts)
+
+    async def advance(self, seconds: float = 0.0) -> None:
+        """Move time forward, waking every sleeper and deadline due on the way, in order."""
+        target = self._now + seconds
+        await settle()
+        while True:
+            due = [d for d, _, f in self._sleepers if not f.done()]
+            due += list(self._timeouts.values())
+            next_due = min((d for d in due if d <= target), default=None)
+            if next_due is None:
+                break
+            self._now = max(self._now, next_due)
+            while self._sleepers and self._sleepers[0][0] <= self._now:
+                _, _, future = heapq.heappop(self._sleepers)
+                if not future.done():
+                    future.set_result(None)
+            loop_now = asyncio.get_running_loop().time()
+            for timeout, deadline in list(self._timeouts.items()):
+                if deadline <= self._now:
+                    del self._timeouts[timeout]
+                    timeout.reschedule(loop_now)
+            await settle()
+        self._now = target
+        await settle()
+
+
+async def settle(rounds: int = 20) -> None:
+    """Let ready tasks run (no real time passes)."""
+    for _ in range(rounds):
+        await asyncio.sleep(0)
+
+
+@dataclass
+class FakeMessage:
+    """A message for :class:`InMemoryRegionSender`: a body and the fields georep reads."""
+
+    body: bytes = b""
+    message_id: str | None = None
+    subject: str | None = None
+    application_properties: dict[str, Any] = field(default_factory=dict)
+
+
+class FakeBatch:
+    """A batch of :class:`FakeMessage` built by :meth:`FakeCodec.new_batch`."""
+
+    georep_prepared = True
+
+    def __init__(self, max_size_in_bytes: int, prepare: Callable[[Any], object]) -> None:
+        self.max_size_in_bytes = max_size_in_bytes
+        self.messages: list[FakeMessage] = []
+        self.size_in_bytes = 0
+        self._prepare = prepare
+
+    def add_message(self, message: FakeMessage) -> None:
+        size = len(message.body)
+        if self.size_in_bytes + size > self.max_size_in_bytes:
+            raise ValueError(f"batch is full ({self.max_size_in_bytes} bytes)")
+        self._prepare(message)
+        self.messages.append(message)
+        self.size_in_bytes += size
+
+    def __len__(self) -> int:
+        return len(self.messages)
+
+
+class FakeCodec:
+    """The :class:`georep.ports.MessageCodec` for :class:`FakeMessage`."""
+
+    def split(self, messages: Any) -> list[Any]:
+        if isinstance(messages, FakeMessage):
+            return [messages]
+        if isinstance(messages, FakeBatch):
+            return list(messages.messages)
+        if isinstance(messages, Iterable) and not isinstance(messages, str | bytes):
+            items = list(messages)
+            if all(isinstance(item, FakeMessage) for item in items):
+                return items
+        raise InvalidMessageError(f"cannot send a {type(messages).__name__}")
+
+    def is_batch(self, messages: Any) -> bool:
+        return isinstance(messages, FakeBatch)
+
+    def message_id(self, message: Any) -> str | None:
+        return message.message_id  # type: ignore[no-any-return]
+
+    def set_message_id(self, message: Any, message_id: str) -> None:
+        message.message_id = message_id
+
+    def subject(self, message: Any) -> str | None:
+        return message.subject  # type: ignore[no-any-return]
+
+    def application_property(self, message: Any, name: str) -> Any:
+        return message.application_properties.get(name)
+
+    def set_application_property(self, message: Any, name: str, value: str) -> None:
+        message.application_properties[name] = value
+
+    def copy(self, message: Any) -> Any:
+        return FakeMessage(
+            message.body,
+            message.message_id,
+            message.subject,
+            dict(message.application_properties),
+        )
+
+    def encode(self, message: Any) -> bytes:
+        return json.dumps(
+            {
+                "body": base64.b64encode(message.body).decode(),
+                "message_id": message.message_id,
+                "subject": message.subject,
+                "application_properties": message.application_properties,
+            }
+        ).encode()
+
+    def decode(self, payload: bytes) -> Any:
+        document = json.loads(payload)
+        return FakeMessage(
+            base64.b64decode(document["body"]),
+            document["message_id"],
+            document["subject"],
+            document["application_properties"],
+        )
+
+    def new_batch(self, max_size_in_bytes: int, prepare: Callable[[Any], object]) -> Any:
+        return FakeBatch(max_size_in_bytes, prepare)
+
+
+_ERROR_TYPES: dict[ErrorKind, type[RegionError]] = {
+    ErrorKind.CONNECTION: RegionUnavailableError,
+    ErrorKind.TIMEOUT: RegionUnavailableError,
+    ErrorKind.SERVICE_ERROR: RegionUnavailableError,
+    ErrorKind.MESSAGE_TOO_LARGE: MessageTooLargeError,
+    ErrorKind.AUTHENTICATION: AuthenticationError,
+    ErrorKind.ENTITY_NOT_FOUND: EntityNotFoundError,
+    ErrorKind.ENTITY_DISABLED: EntityNotFoundError,
+}
+
+
+class InMemoryRegionSender:
+    """One fake region: it stores what it accepts and fails on demand.
+
+    Attributes:
+        accepted: Every message this region accepted, in order.
+        scheduled: Scheduled messages by sequence number (cancelled ones removed).
+        attempts: Send calls made to it (accepted or not).
+    """
+
+    def __init__(
+        self,
+        region: str,
+        namespace: str | None = None,
+        entity: str = "orders",
+        *,
+        max_message_size: int = 262_144,
+    ) -> None:
+        self._region = region
+        self._namespace = namespace or f"{region}.servicebus.example"
+        self._entity = entity
+        self._codec = FakeCodec()
+        self._failure: ErrorKind | None = None
+        self._failures_left: int | None = None
+        self._hanging = False
+        self._max_message_size = max_message_size
+        self._sequence = itertools.count(1)
+        self.accepted: list[FakeMessage] = []
+        self.scheduled: dict[int, FakeMessage] = {}
+        self.attempts = 0
+        self.closed = False
+        self.payloads: list[Any] = []
+
+    @property
+    def namespace(self) -> str:
+        return self._namespace
+
+    @property
+    def entity(self) -> str:
+        return self._entity
+
+    @property
+    def region(self) -> str:
+        return self._region
+
+    @property
+    def codec(self) -> FakeCodec:
+        return self._codec
+
+    def fail_with(self, kind: ErrorKind | str, *, times: int | None = None) -> None:
+        """Fail every operation (or the next ``times``) with an error of ``kind``."""
+        self._failure = ErrorKind(kind)
+        self._failures_left = times
+        self._hanging = False
+
+    def hang(self) -> None:
+        """Never answer (like a blackholed namespace) until :meth:`restore`."""
+        self._hanging = True
+        self._failure = None
+
+    def restore(self) -> None:
+        """Accept again."""
+        self._failure = None
+        self._hanging = False
+
+    async def _check(self) -> None:
+        self.attempts += 1
+        if self._hanging:
+            await asyncio.Event().wait()  # until the caller's deadline cancels it
+        if self._failure is not None:
+            kind = self._failure
+            if self._failures_left is not None:
+                self._failures_left -= 1
+                if self._failures_left <= 0:
+                    self._failure = None
+            error_type = _ERROR_TYPES.get(kind, RegionError)
+            raise error_type(
+                f"{self._region}: injected {kind.value}", region=self._region, kind=kind
+            )
+
+    async def send(self, messages: Any, *, timeout: float) -> None:
+        await self._check()
+        self.payloads.append(messages)
+        self.accepted.extend(self._codec.split(messages))
+
+    async def schedule(
+        self, messages: Sequence[Any], schedule_time_utc: datetime, *, timeout: float
+    ) -> list[int]:
+        await self._check()
+        numbers = []
+        for message in messages:
+            number = next(self._sequence)
+            self.scheduled[number] = message
+            numbers.append(number)
+        return numbers
+
+    async def cancel_scheduled(self, sequence_numbers: Sequence[int], *, timeout: float) -> None:
+        await self._check()
+        for number in sequence_numbers:
+            self.scheduled.pop(number, None)
+
+    async def max_message_size(self, *, timeout: float) -> int:
+        await self._check()
+        return self._max_message_size
+
+    async def close(self) -> None:
+        self.closed = True

@@ -1,0 +1,342 @@
+"""GeoSender through the real azure-servicebus SDK against the two-region emulator."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections import Counter
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import pytest
+from azure.servicebus import ServiceBusMessage, ServiceBusReceiveMode
+from azure.servicebus.aio import ServiceBusClient
+
+from georep import (
+    AllRegionsUnavailableError,
+    AuthenticationError,
+    DrainPolicy,
+    EntityNotFoundError,
+    FailoverPolicy,
+    GeoSender,
+    MessageTooLargeError,
+    ReplicationMode,
+    SqliteOutbox,
+)
+from georep.adapters.emulator import Emulator
+
+pytestmark = pytest.mark.integration
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def emu() -> Iterator[Emulator]:
+    """A private emulator for this module: these tests inject faults."""
+    with Emulator() as emulator:
+        yield emulator
+
+
+@pytest.fixture
+def queue(emu: Emulator) -> Iterator[str]:
+    name = f"geo-{uuid.uuid4().hex[:8]}"
+    for namespace in emu.namespaces:
+        emu.namespace(namespace).create_queue(name)
+    yield name
+    for namespace in emu.namespaces:
+        emu.namespace(namespace).restore()
+
+
+async def fault(emu: Emulator, namespace: str, action: str, *args: object) -> None:
+    """Inject a fault without blocking the event loop the SDK runs on."""
+    await asyncio.to_thread(getattr(emu.namespace(namespace), action), *args)
+
+
+async def drain(emu: Emulator, namespace: str, queue: str) -> Counter[str]:
+    """Every MessageId in ``queue``, received and deleted, with its count."""
+    ids: Counter[str] = Counter()
+    expected = emu.namespace(namespace).message_count(queue)
+    async with (
+        ServiceBusClient.from_connection_string(emu.connection_string(namespace)) as client,
+        client.get_queue_receiver(
+            queue, receive_mode=ServiceBusReceiveMode.RECEIVE_AND_DELETE, prefetch_count=200
+        ) as receiver,
+    ):
+        while sum(ids.values()) < expected:
+            batch = await receiver.receive_messages(max_message_count=200, max_wait_time=2)
+            if not batch:
+                break
+            ids.update(str(m.message_id) for m in batch)
+    return ids
+
+
+async def outbox_emptied(outbox: SqliteOutbox, within: float = 30.0) -> bool:
+    """Wait for the background drainer to empty ``outbox``."""
+    deadline = time.monotonic() + within
+    # The outbox is a file other processes may write too: polling it is the only way.
+    while await outbox.depth():
+        if time.monotonic() > deadline:
+            return False
+        await asyncio.sleep(0.1)
+    return True
+
+
+@pytest.fixture
+async def passive(emu: Emulator, queue: str) -> AsyncIterator[GeoSender]:
+    async with GeoSender.from_connection_strings(
+        emu.connection_string("primary"),
+        emu.connection_string("secondary"),
+        queue_name=queue,
+        policy=FailoverPolicy(attempt_timeout=2.0),
+    ) as sender:
+        yield sender
+
+
+async def test_passive_outage_halfway_loses_nothing_and_swaps_once(
+    emu: Emulator, queue: str, passive: GeoSender
+) -> None:
+    total, workers = 2000, 8
+    sent: list[str] = []
+    next_index = iter(range(total))
+
+    async def worker() -> None:
+        for index in next_index:
+            if index == total // 2:
+                await fault(emu, "primary", "outage")
+            result = await passive.send_messages(ServiceBusMessage(f"m{index}"))
+            sent.extend(result.message_ids)
+
+    await asyncio.gather(*(worker() for _ in range(workers)))
+    assert len(sent) == total
+    assert passive.stats.role_swaps == 1 and passive.roles.swaps == 1
+    assert passive.active_region == "secondary"
+
+    await fault(emu, "primary", "restore")
+    stored = await drain(emu, "primary", queue) + await drain(emu, "secondary", queue)
+    assert set(stored) == set(sent), "every acknowledged message is in one of the queues"
+    assert stored.total() == total, "an outage (refused connection) creates no duplicates"
+
+
+async def test_passive_blackhole_fails_over_within_the_attempt_deadline(
+    emu: Emulator, queue: str, passive: GeoSender
+) -> None:
+    await fault(emu, "primary", "blackhole")
+    started = time.monotonic()
+    result = await passive.send_messages(ServiceBusMessage("during"))
+    elapsed = time.monotonic() - started
+
+    assert result.failed_over and result.accepted == ("secondary",)
+    # The deadline, plus one send to the backup (connected when the GeoSender started).
+    assert elapsed < 2.0 + 0.3, f"failover took {elapsed:.2f} s with a 2 s attempt deadline"
+    await fault(emu, "primary", "restore")
+    assert set(await drain(emu, "secondary", queue)) == set(result.message_ids)
+
+
+async def test_lost_response_leads_to_the_same_message_id_in_both_regions(
+    emu: Emulator, queue: str, passive: GeoSender
+) -> None:
+    await passive.send_messages(ServiceBusMessage("warm-up"))
+    await drain(emu, "primary", queue)
+    await fault(emu, "primary", "drop_dispositions", 1)
+
+    result = await passive.send_messages(ServiceBusMessage("stored but unanswered"))
+
+    assert result.failed_over
+    [message_id] = result.message_ids
+    assert await drain(emu, "primary", queue) == Counter({message_id: 1})
+    assert await drain(emu, "secondary", queue) == Counter({message_id: 1})
+
+
+async def test_active_keeps_twins_and_survives_one_region(emu: Emulator, queue: str) -> None:
+    async with GeoSender.from_connection_strings(
+        emu.connection_string("primary"),
+        emu.connection_string("secondary"),
+        queue_name=queue,
+        mode=ReplicationMode.ACTIVE,
+        policy=FailoverPolicy(attempt_timeout=2.0),
+    ) as sender:
+        both = [await sender.send_messages(ServiceBusMessage(f"b{i}")) for i in range(50)]
+        await fault(emu, "secondary", "outage")
+        one = [await sender.send_messages(ServiceBusMessage(f"o{i}")) for i in range(50)]
+
+        assert all(set(r.accepted) == {"primary", "secondary"} for r in both)
+        assert all(r.accepted == ("primary",) and "secondary" in r.failed for r in one)
+
+        await fault(emu, "primary", "outage")
+        with pytest.raises(AllRegionsUnavailableError) as raised:
+            await sender.send_messages(ServiceBusMessage("nowhere"))
+        assert set(raised.value.causes) == {"primary", "secondary"}
+
+    await fault(emu, "primary", "restore")
+    await fault(emu, "secondary", "restore")
+    in_primary = await drain(emu, "primary", queue)
+    in_secondary = await drain(emu, "secondary", queue)
+    both_ids = {r.message_ids[0] for r in both}
+    assert set(in_primary) == both_ids | {r.message_ids[0] for r in one}
+    assert set(in_secondary) == both_ids, "twins carry the same MessageId"
+
+
+async def test_active_outbox_queues_while_both_are_down_then_delivers(
+    emu: Emulator, queue: str, tmp_path: Path
+) -> None:
+    async with (
+        SqliteOutbox(tmp_path / "outbox.db") as outbox,
+        GeoSender.from_connection_strings(
+            emu.connection_string("primary"),
+            emu.connection_string("secondary"),
+            queue_name=queue,
+            mode="active",
+            outbox=outbox,
+            policy=FailoverPolicy(attempt_timeout=2.0),
+            drain=DrainPolicy(max_backoff=1.0),
+        ) as sender,
+    ):
+        await fault(emu, "primary", "outage")
+        await fault(emu, "secondary", "outage")
+        results = [await sender.send_messages(ServiceBusMessage(f"q{i}")) for i in range(20)]
+        assert all(r.queued for r in results)
+        assert await outbox.depth() == 40, "one entry per region per message"
+
+        await fault(emu, "primary", "restore")
+        await fault(emu, "secondary", "restore")
+        assert await outbox_emptied(outbox), "the drainer did not empty the outbox in 30 s"
+
+    ids = {r.message_ids[0] for r in results}
+    assert set(await drain(emu, "primary", queue)) == ids
+    assert set(await drain(emu, "secondary", queue)) == ids
+
+
+async def test_bad_input_is_raised_at_once_without_failover_or_outbox(
+    emu: Emulator, queue: str, tmp_path: Path
+) -> None:
+    primary, secondary = emu.connection_string("primary"), emu.connection_string("secondary")
+    async with (
+        SqliteOutbox(tmp_path / "outbox.db") as outbox,
+        GeoSender.from_connection_strings(
+            primary, secondary, queue_name=queue, outbox=outbox
+        ) as sender,
+    ):
+        with pytest.raises(MessageTooLargeError, match="primary"):
+            await sender.send_messages(ServiceBusMessage(b"x" * 300_000))
+        assert sender.active_region == "primary"
+
+    key = dict(p.split("=", 1) for p in primary.split(";") if p)["SharedAccessKey"]
+    wrong = primary.replace(key, base64.b64encode(b"wrong key").decode())
+    async with (
+        SqliteOutbox(tmp_path / "outbox.db") as outbox,
+        GeoSender.from_connection_strings(wrong, secondary, queue_name=queue, outbox=outbox) as s,
+    ):
+        with pytest.raises(AuthenticationError) as raised:
+            await s.send_messages(ServiceBusMessage("m"))
+        assert key not in str(raised.value) and "wrong" not in str(raised.value)
+        assert s.active_region == "primary"
+
+    async with (
+        SqliteOutbox(tmp_path / "outbox.db") as outbox,
+        GeoSender.from_connection_strings(
+            primary, secondary, queue_name="no-such-queue", outbox=outbox
+        ) as s,
+    ):
+        with pytest.raises(EntityNotFoundError, match=r"no-such-queue|not found|create"):
+            await s.send_messages(ServiceBusMessage("m"))
+        assert await outbox.depth() == 0
+
+    assert emu.namespace("secondary").message_count(queue) == 0
+
+
+_CRASHING_SENDER = """
+import asyncio, os, sys
+from azure.servicebus import ServiceBusMessage
+from georep import DrainPolicy, GeoSender, FailoverPolicy, SqliteOutbox
+
+async def main():
+    async with SqliteOutbox(os.environ["OUTBOX"]) as outbox:
+        sender = GeoSender.from_connection_strings(
+            os.environ["PRIMARY"], os.environ["SECONDARY"], queue_name=os.environ["QUEUE"],
+            outbox=outbox, policy=FailoverPolicy(attempt_timeout=2.0),
+            drain=DrainPolicy(max_backoff=1.0),
+        )
+        for index in range(1_000_000):
+            result = await sender.send_messages(ServiceBusMessage(f"c{index}"))
+            assert result.queued
+            print(result.message_ids[0], flush=True)
+
+asyncio.run(main())
+"""
+
+
+async def test_queued_messages_survive_a_sigkilled_process(
+    emu: Emulator, queue: str, tmp_path: Path
+) -> None:
+    await fault(emu, "primary", "outage")
+    await fault(emu, "secondary", "outage")
+    outbox_path = tmp_path / "outbox.db"
+    env = {
+        **os.environ,
+        "PRIMARY": emu.connection_string("primary"),
+        "SECONDARY": emu.connection_string("secondary"),
+        "QUEUE": queue,
+        "OUTBOX": str(outbox_path),
+    }
+    child = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-c",
+        _CRASHING_SENDER,
+        cwd=REPO,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    acknowledged: list[str] = []
+    try:
+        assert child.stdout is not None and child.stderr is not None
+        while len(acknowledged) < 25:
+            line = await asyncio.wait_for(child.stdout.readline(), 30)
+            if not line:
+                stderr = (await child.stderr.read()).decode()
+                pytest.fail(f"the sender process died early: {stderr[-2000:]}")
+            acknowledged.append(line.decode().strip())
+        os.kill(child.pid, signal.SIGKILL)
+    finally:
+        if child.returncode is None:
+            child.kill()
+        await child.wait()
+
+    await fault(emu, "primary", "restore")
+    await fault(emu, "secondary", "restore")
+    async with (
+        SqliteOutbox(outbox_path) as outbox,
+        GeoSender.from_connection_strings(
+            emu.connection_string("primary"),
+            emu.connection_string("secondary"),
+            queue_name=queue,
+            outbox=outbox,
+            drain=DrainPolicy(max_backoff=1.0),
+        ) as sender,
+    ):
+        assert await outbox_emptied(outbox), "the drainer did not empty the outbox in 30 s"
+        assert sender.stats.drained >= len(acknowledged)
+
+    delivered = await drain(emu, "primary", queue) + await drain(emu, "secondary", queue)
+    assert set(acknowledged) <= set(delivered), "every acknowledged message was delivered"
+
+
+async def test_a_malformed_connection_string_never_shows_the_key() -> None:
+    secret = "c2VjcmV0LWtleS12YWx1ZQ=="
+    from georep import ConfigurationError
+
+    with pytest.raises(ConfigurationError) as raised:
+        GeoSender.from_connection_strings(
+            f"SharedAccessKeyName=root;SharedAccessKey={secret}",
+            f"Endpoint=sb://x/;SharedAccessKeyName=root;SharedAccessKey={secret}",
+            queue_name="q",
+        )
+    assert "Endpoint" in str(raised.value) and secret not in str(raised.value)
+    assert json.dumps(str(raised.value))  # a plain, printable message

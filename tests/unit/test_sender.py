@@ -1,0 +1,476 @@
+"""GeoSender's replication logic against in-memory regions (no network, no real sleeps)."""
+
+from __future__ import annotations
+
+import asyncio
+from datetime import UTC, datetime
+
+import pytest
+
+from georep import (
+    AllRegionsUnavailableError,
+    AuthenticationError,
+    ClosedError,
+    ConfigurationError,
+    DedupKey,
+    DrainPolicy,
+    EntityNotFoundError,
+    ErrorKind,
+    FailoverPolicy,
+    GeoSender,
+    InvalidMessageError,
+    MessageTooLargeError,
+    OutboxFullError,
+    ReplicationMode,
+    RoleState,
+)
+from georep.testing import (
+    FakeClock,
+    FakeMessage,
+    InMemoryOutbox,
+    InMemoryRegionSender,
+    settle,
+)
+
+
+def regions(entity: str = "orders") -> tuple[InMemoryRegionSender, InMemoryRegionSender]:
+    return (
+        InMemoryRegionSender("primary", "east.example", entity),
+        InMemoryRegionSender("secondary", "west.example", entity),
+    )
+
+
+def geo(
+    primary: InMemoryRegionSender, secondary: InMemoryRegionSender, **kwargs: object
+) -> GeoSender:
+    kwargs.setdefault("role_state", RoleState(primary.namespace))
+    return GeoSender(primary, secondary, **kwargs)  # type: ignore[arg-type]
+
+
+# ----------------------------------------------------------------------------- passive
+
+
+async def test_passive_sends_only_to_the_active_region_and_assigns_a_message_id() -> None:
+    primary, secondary = regions()
+    sender = geo(primary, secondary)
+    message = FakeMessage(b"hello")
+
+    result = await sender.send_messages(message)
+
+    assert result.accepted == ("primary",)
+    assert not result.failed_over and not result.queued
+    assert message.message_id and result.message_ids == (message.message_id,)
+    assert primary.accepted == [message] and secondary.accepted == []
+
+
+async def test_passive_keeps_a_caller_message_id() -> None:
+    primary, secondary = regions()
+    sender = geo(primary, secondary)
+    await sender.send_messages(FakeMessage(b"x", message_id="order-17"))
+    assert primary.accepted[0].message_id == "order-17"
+
+
+@pytest.mark.parametrize("kind", [ErrorKind.CONNECTION, ErrorKind.TIMEOUT, ErrorKind.SERVICE_ERROR])
+async def test_passive_fails_over_with_a_copy_and_swaps_roles(kind: ErrorKind) -> None:
+    primary, secondary = regions()
+    sender = geo(primary, secondary)
+    primary.fail_with(kind)
+    message = FakeMessage(b"m1")
+
+    result = await sender.send_messages(message)
+
+    assert result.accepted == ("secondary",) and result.failed_over
+    assert result.failed["primary"].kind is kind  # type: ignore[attr-defined]
+    [copy] = secondary.accepted
+    assert copy is not message, "the backup must get a copy, never the same object"
+    assert copy.message_id == message.message_id and copy.body == message.body
+    assert sender.active_region == "secondary"
+    assert sender.stats.role_swaps == 1 and sender.stats.failovers == 1
+
+    # The next send goes straight to the new active region.
+    await sender.send_messages(FakeMessage(b"m2"))
+    assert primary.attempts == 1 and [m.body for m in secondary.accepted] == [b"m1", b"m2"]
+
+
+async def test_a_burst_of_concurrent_failures_swaps_exactly_once() -> None:
+    primary, secondary = regions()
+    sender = geo(primary, secondary)
+    primary.fail_with(ErrorKind.CONNECTION)
+
+    results = await asyncio.gather(*(sender.send_messages(FakeMessage(b"x")) for _ in range(50)))
+
+    assert all(r.accepted == ("secondary",) for r in results)
+    assert sender.roles.swaps == 1 and sender.stats.role_swaps == 1
+    assert len(secondary.accepted) == 50
+
+
+async def test_a_late_failure_from_before_the_swap_never_swaps_back() -> None:
+    state = RoleState("east")
+    before = await state.read()
+    assert await state.swap(expected=before, new_active="west")
+    # A send that read the roles before the swap fails on the new active: stale snapshot.
+    assert not await state.swap(expected=before, new_active="east")
+    assert (await state.read()).active == "west" and state.swaps == 1
+
+
+async def test_senders_on_the_same_pair_share_roles() -> None:
+    primary, secondary = regions("orders")
+    other_primary = InMemoryRegionSender("primary", "east.example", "invoices")
+    other_secondary = InMemoryRegionSender("secondary", "west.example", "invoices")
+    orders = GeoSender(primary, secondary)
+    invoices = GeoSender(other_primary, other_secondary)
+    primary.fail_with(ErrorKind.CONNECTION)
+
+    await orders.send_messages(FakeMessage(b"o"))
+    await invoices.send_messages(FakeMessage(b"i"))
+
+    assert orders.roles is invoices.roles
+    assert invoices.active_region == "secondary"
+    assert other_primary.attempts == 0 and len(other_secondary.accepted) == 1
+
+
+@pytest.mark.parametrize(
+    ("kind", "error_type"),
+    [
+        (ErrorKind.MESSAGE_TOO_LARGE, MessageTooLargeError),
+        (ErrorKind.AUTHENTICATION, AuthenticationError),
+        (ErrorKind.ENTITY_NOT_FOUND, EntityNotFoundError),
+        (ErrorKind.ENTITY_DISABLED, EntityNotFoundError),
+        (ErrorKind.SERVER_BUSY, Exception),
+    ],
+)
+async def test_errors_that_do_not_mean_unavailability_never_fail_over(
+    kind: ErrorKind, error_type: type[Exception]
+) -> None:
+    primary, secondary = regions()
+    outbox = InMemoryOutbox()
+    sender = geo(primary, secondary, outbox=outbox)
+    primary.fail_with(kind)
+
+    with pytest.raises(error_type) as raised:
+        await sender.send_messages(FakeMessage(b"x"))
+
+    assert raised.value.kind is kind  # type: ignore[attr-defined]
+    assert secondary.attempts == 0 and sender.active_region == "primary"
+    assert await outbox.depth() == 0
+    await sender.aclose()
+
+
+async def test_server_busy_fails_over_when_the_policy_says_so() -> None:
+    primary, secondary = regions()
+    policy = FailoverPolicy(fail_over_on=frozenset({ErrorKind.SERVER_BUSY}))
+    sender = geo(primary, secondary, policy=policy)
+    primary.fail_with(ErrorKind.SERVER_BUSY)
+    assert (await sender.send_messages(FakeMessage(b"x"))).failed_over
+
+
+async def test_both_regions_down_raises_with_both_causes_and_keeps_roles() -> None:
+    primary, secondary = regions()
+    sender = geo(primary, secondary)
+    primary.fail_with(ErrorKind.CONNECTION)
+    secondary.fail_with(ErrorKind.TIMEOUT)
+
+    with pytest.raises(AllRegionsUnavailableError) as raised:
+        await sender.send_messages(FakeMessage(b"x"))
+
+    causes = raised.value.causes
+    assert list(causes) == ["primary", "secondary"]
+    assert causes["primary"].kind is ErrorKind.CONNECTION  # type: ignore[attr-defined]
+    assert causes["secondary"].kind is ErrorKind.TIMEOUT  # type: ignore[attr-defined]
+    assert "primary" in str(raised.value) and "secondary" in str(raised.value)
+    assert sender.active_region == "primary" and sender.roles.swaps == 0
+
+
+async def test_a_hanging_region_fails_over_at_georeps_own_deadline() -> None:
+    clock = FakeClock()
+    primary, secondary = regions()
+    sender = geo(primary, secondary, clock=clock, policy=FailoverPolicy(attempt_timeout=2.0))
+    primary.hang()
+
+    send = asyncio.create_task(sender.send_messages(FakeMessage(b"x")))
+    await clock.advance(1.9)
+    assert not send.done() and secondary.attempts == 0
+    await clock.advance(0.1)
+    result = await asyncio.wait_for(send, 1)
+
+    assert result.failed_over and result.accepted == ("secondary",)
+    assert result.failed["primary"].kind is ErrorKind.TIMEOUT  # type: ignore[attr-defined]
+    assert clock.monotonic() == pytest.approx(2.0)
+
+
+async def test_switch_back_after_the_old_active_answers_again() -> None:
+    clock = FakeClock()
+    primary, secondary = regions()
+    policy = FailoverPolicy(switch_back=True, switch_back_probe_interval=30)
+    sender = geo(primary, secondary, clock=clock, policy=policy)
+    primary.fail_with(ErrorKind.CONNECTION)
+    await sender.send_messages(FakeMessage(b"x"))
+    assert sender.active_region == "secondary"
+
+    await clock.advance(30)  # probe fails: primary still down
+    assert sender.active_region == "secondary"
+    primary.restore()
+    await clock.advance(30)
+    assert sender.active_region == "primary" and sender.stats.role_swaps == 2
+    await sender.aclose()
+
+
+# ------------------------------------------------------------------------------ active
+
+
+async def test_active_sends_a_copy_with_the_same_id_to_each_region() -> None:
+    primary, secondary = regions()
+    sender = geo(primary, secondary, mode=ReplicationMode.ACTIVE)
+    message = FakeMessage(b"twin")
+
+    result = await sender.send_messages(message)
+
+    assert set(result.accepted) == {"primary", "secondary"}
+    [first], [second] = primary.accepted, secondary.accepted
+    assert first.message_id == second.message_id == message.message_id
+    assert first is not second
+
+
+async def test_active_with_one_region_down_succeeds_and_records_the_failure() -> None:
+    primary, secondary = regions()
+    sender = geo(primary, secondary, mode="active")
+    secondary.fail_with(ErrorKind.CONNECTION)
+
+    result = await sender.send_messages(FakeMessage(b"x"))
+
+    assert result.accepted == ("primary",) and "secondary" in result.failed
+    assert sender.stats.failed == {"secondary": 1}
+    assert not result.repair_queued
+
+
+async def test_active_skips_a_failed_region_until_its_cooldown_ends() -> None:
+    clock = FakeClock()
+    primary, secondary = regions()
+    outbox = InMemoryOutbox()
+    policy = FailoverPolicy(attempt_timeout=2, region_cooldown=5)
+    sender = geo(
+        primary, secondary, mode="active", policy=policy, clock=clock, outbox=outbox, repair=True
+    )
+    secondary.hang()  # a blackholed region: the first send waits for the deadline
+
+    first = asyncio.create_task(sender.send_messages(FakeMessage(b"1")))
+    await clock.advance(2)
+    assert (await first).accepted == ("primary",)
+    for body in (b"2", b"3"):
+        result = await sender.send_messages(FakeMessage(body))  # no wait: region skipped
+        assert result.accepted == ("primary",) and result.repair_queued == ("secondary",)
+    assert clock.monotonic() == pytest.approx(2), "live sends did not wait for the region"
+
+    secondary.restore()
+    await clock.advance(5)
+    assert set((await sender.send_messages(FakeMessage(b"4"))).accepted) == {
+        "primary",
+        "secondary",
+    }
+    await clock.advance(5)  # the drainer repairs the skipped copies
+    assert sorted(m.body for m in secondary.accepted) == [b"1", b"2", b"3", b"4"]
+    await sender.aclose()
+
+
+async def test_active_with_both_regions_down_raises_with_each_cause() -> None:
+    primary, secondary = regions()
+    sender = geo(primary, secondary, mode="active")
+    primary.fail_with(ErrorKind.CONNECTION)
+    secondary.fail_with(ErrorKind.SERVICE_ERROR)
+    with pytest.raises(AllRegionsUnavailableError) as raised:
+        await sender.send_messages(FakeMessage(b"x"))
+    assert set(raised.value.causes) == {"primary", "secondary"}
+
+
+async def test_active_raises_a_message_error_both_regions_agree_on() -> None:
+    primary, secondary = regions()
+    sender = geo(primary, secondary, mode="active", outbox=InMemoryOutbox())
+    primary.fail_with(ErrorKind.MESSAGE_TOO_LARGE)
+    secondary.fail_with(ErrorKind.MESSAGE_TOO_LARGE)
+    with pytest.raises(MessageTooLargeError):
+        await sender.send_messages(FakeMessage(b"x"))
+    assert await sender.outbox.depth() == 0  # type: ignore[union-attr]
+    await sender.aclose()
+
+
+async def test_active_repair_queues_the_missed_copy_for_its_region() -> None:
+    clock = FakeClock()
+    primary, secondary = regions()
+    outbox = InMemoryOutbox()
+    sender = geo(primary, secondary, mode="active", outbox=outbox, repair=True, clock=clock)
+    secondary.fail_with(ErrorKind.CONNECTION)
+
+    result = await sender.send_messages(FakeMessage(b"x", message_id="m-1"))
+    assert result.repair_queued == ("secondary",) and await outbox.depth() == 1
+
+    secondary.restore()
+    await clock.advance(10)  # past the region's cool-down and the drainer's backoff
+    assert [m.message_id for m in secondary.accepted] == ["m-1"]
+    assert [m.message_id for m in primary.accepted] == ["m-1"], "repair must not resend"
+    assert await outbox.depth() == 0
+    await sender.aclose()
+
+
+# ------------------------------------------------------------------------------ outbox
+
+
+async def test_outbox_queues_when_no_region_accepts_and_drains_after_restore() -> None:
+    clock = FakeClock()
+    primary, secondary = regions()
+    outbox = InMemoryOutbox()
+    drain = DrainPolicy(initial_backoff=1, max_backoff=8, idle_interval=1)
+    sender = geo(primary, secondary, outbox=outbox, clock=clock, drain=drain)
+    primary.fail_with(ErrorKind.CONNECTION)
+    secondary.fail_with(ErrorKind.CONNECTION)
+
+    results = [await sender.send_messages(FakeMessage(b"%d" % i)) for i in range(3)]
+    assert all(r.queued and not r.accepted for r in results)
+    assert await outbox.depth() == 3 and sender.stats.queued == 3
+
+    await clock.advance(5)  # the drainer retries with backoff; both regions still down
+    assert await outbox.depth() == 3
+
+    secondary.restore()
+    await clock.advance(10)
+    assert await outbox.depth() == 0
+    assert [m.body for m in secondary.accepted] == [b"0", b"1", b"2"]
+    assert [m.message_id for m in secondary.accepted] == [r.message_ids[0] for r in results]
+    assert sender.active_region == "secondary", "the drain fails over like a send"
+    await sender.aclose()
+
+
+async def test_a_new_sender_drains_what_an_earlier_one_left_in_the_outbox() -> None:
+    clock = FakeClock()
+    outbox = InMemoryOutbox()
+    primary, secondary = regions()
+    primary.fail_with(ErrorKind.CONNECTION)
+    secondary.fail_with(ErrorKind.CONNECTION)
+    first = geo(primary, secondary, outbox=outbox, clock=clock)
+    await first.send_messages(FakeMessage(b"left"))
+    await first.aclose()
+
+    primary.restore()
+    secondary.restore()
+    async with geo(primary, secondary, outbox=outbox, clock=clock):
+        await clock.advance(2)
+        assert [m.body for m in primary.accepted] == [b"left"]
+    assert await outbox.depth() == 0
+
+
+async def test_outbox_full_raises_and_stores_nothing() -> None:
+    primary, secondary = regions()
+    outbox = InMemoryOutbox(max_entries=1)
+    sender = geo(primary, secondary, outbox=outbox, clock=FakeClock())
+    primary.fail_with(ErrorKind.CONNECTION)
+    secondary.fail_with(ErrorKind.CONNECTION)
+    await sender.send_messages(FakeMessage(b"1"))
+    with pytest.raises(OutboxFullError):
+        await sender.send_messages(FakeMessage(b"2"))
+    assert await outbox.depth() == 1
+    await sender.aclose()
+
+
+async def test_a_refused_outbox_entry_does_not_block_the_others() -> None:
+    clock = FakeClock()
+    outbox = InMemoryOutbox()
+    primary, secondary = regions()
+    sender = geo(primary, secondary, outbox=outbox, clock=clock)
+    channel = sender.channel
+    codec = primary.codec
+    await outbox.put(
+        channel,
+        [("nowhere", codec.encode(FakeMessage(b"bad"))), (None, codec.encode(FakeMessage(b"ok")))],
+        now=clock.time(),
+    )
+    assert await sender.drain_outbox() == 1
+    assert [m.body for m in primary.accepted] == [b"ok"]
+    assert await outbox.depth() == 1, "a refused entry is kept, never dropped"
+    await sender.aclose()
+
+
+# ------------------------------------------------------------------------ input checks
+
+
+async def test_a_missing_dedup_subject_is_refused_before_anything_is_sent() -> None:
+    primary, secondary = regions()
+    sender = geo(primary, secondary, dedup_key=DedupKey.SUBJECT)
+    with pytest.raises(InvalidMessageError, match="subject"):
+        await sender.send_messages([FakeMessage(b"a", subject="s"), FakeMessage(b"b")])
+    assert primary.attempts == 0
+
+
+async def test_dedup_on_an_application_property() -> None:
+    primary, secondary = regions()
+    sender = geo(primary, secondary, mode="active", dedup_key=DedupKey.application_property("k"))
+    with pytest.raises(InvalidMessageError, match="'k'"):
+        await sender.send_messages(FakeMessage(b"a"))
+    await sender.send_messages(FakeMessage(b"a", application_properties={"k": "v"}))
+    assert secondary.accepted[0].application_properties["k"] == "v"
+
+
+def test_configuration_errors_name_the_problem() -> None:
+    with pytest.raises(ConfigurationError, match="same namespace"):
+        GeoSender(
+            InMemoryRegionSender("primary", "east"), InMemoryRegionSender("secondary", "east")
+        )
+    with pytest.raises(ConfigurationError, match="outbox"):
+        GeoSender(*regions(), mode="active", repair=True)
+    with pytest.raises(ConfigurationError, match="attempt_timeout"):
+        FailoverPolicy(attempt_timeout=0)
+    with pytest.raises(ConfigurationError, match="name"):
+        DedupKey("application_property")
+
+
+# ------------------------------------------------------------------ batches, schedules
+
+
+async def test_batches_fit_both_regions_and_their_messages_get_ids() -> None:
+    primary = InMemoryRegionSender("primary", "east", max_message_size=1000)
+    secondary = InMemoryRegionSender("secondary", "west", max_message_size=600)
+    sender = geo(primary, secondary, mode="active")
+
+    batch = await sender.create_message_batch()
+    assert batch.max_size_in_bytes == 600
+    batch.add_message(FakeMessage(b"a" * 10))
+    batch.add_message(FakeMessage(b"b" * 10))
+    assert all(m.message_id for m in batch.messages)
+
+    result = await sender.send_messages(batch)
+    assert set(result.accepted) == {"primary", "secondary"}
+    assert [m.message_id for m in primary.accepted] == [m.message_id for m in secondary.accepted]
+
+
+async def test_schedule_returns_numbers_per_region_and_cancel_takes_them_back() -> None:
+    primary, secondary = regions()
+    sender = geo(primary, secondary, mode="active")
+    when = datetime(2030, 1, 1, tzinfo=UTC)
+
+    numbers = await sender.schedule_messages([FakeMessage(b"a"), FakeMessage(b"b")], when)
+    assert set(numbers) == {"primary", "secondary"} and len(numbers["primary"]) == 2
+    await sender.cancel_scheduled_messages(numbers)
+    assert primary.scheduled == {} and secondary.scheduled == {}
+    with pytest.raises(InvalidMessageError, match="mapping"):
+        await sender.cancel_scheduled_messages([1, 2])  # type: ignore[arg-type]
+
+
+async def test_passive_schedule_fails_over() -> None:
+    primary, secondary = regions()
+    sender = geo(primary, secondary)
+    primary.fail_with(ErrorKind.CONNECTION)
+    numbers = await sender.schedule_messages(FakeMessage(b"a"), datetime(2030, 1, 1, tzinfo=UTC))
+    assert list(numbers) == ["secondary"] and sender.active_region == "secondary"
+
+
+# --------------------------------------------------------------------------- lifecycle
+
+
+async def test_close_is_idempotent_and_use_after_close_raises() -> None:
+    primary, secondary = regions()
+    async with geo(primary, secondary, outbox=InMemoryOutbox(), clock=FakeClock()) as sender:
+        await sender.send_messages(FakeMessage(b"x"))
+    await sender.aclose()
+    await sender.close()
+    with pytest.raises(ClosedError):
+        await sender.send_messages(FakeMessage(b"y"))
+    assert not primary.closed, "a caller's senders are never closed by georep"
+    await settle()
