@@ -10,7 +10,7 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from functools import partial
-from types import TracebackType
+from types import MappingProxyType, TracebackType
 from typing import TYPE_CHECKING, Any, Self, TypeVar
 
 from opentelemetry.trace import Span, SpanKind, Status, StatusCode
@@ -43,6 +43,9 @@ _PRODUCER = SpanKind.PRODUCER
 _T = TypeVar("_T")
 
 
+_NO_FAILURES: Mapping[str, BaseException] = MappingProxyType({})
+
+
 @dataclass(frozen=True, slots=True)
 class SendResult:
     """What happened to one ``send_messages`` call.
@@ -59,7 +62,7 @@ class SendResult:
     """
 
     accepted: tuple[str, ...]
-    failed: Mapping[str, BaseException] = field(default_factory=dict)
+    failed: Mapping[str, BaseException] = field(default_factory=lambda: _NO_FAILURES)
     failed_over: bool = False
     queued: bool = False
     repair_queued: tuple[str, ...] = ()
@@ -177,7 +180,11 @@ class GeoSender:
         }
         self._role_state = role_state
         self.entity = self._primary.entity
-        self.channel = f"{self._primary.namespace}|{self._secondary.namespace}|{self.entity}"
+        # The outbox channel names the pair in a fixed order, so a sender created with the
+        # regions the other way round still drains what an earlier one left.
+        self.channel = "|".join(
+            [*sorted((self._primary.namespace, self._secondary.namespace)), self.entity]
+        )
         self.stats = SenderStats()
         self._telemetry = SenderTelemetry(
             entity=self.entity,
@@ -188,6 +195,8 @@ class GeoSender:
         )
         self._max_sizes: dict[str, int] = {}
         self._cooling_down: dict[str, tuple[float, RegionError]] = {}
+        self._region_failures: dict[str, int] = {}
+        self._last_region_error: dict[str, RegionError] = {}
         self._owned: list[Any] = []
         self._closed = False
         self._close_task: asyncio.Task[None] | None = None
@@ -363,32 +372,35 @@ class GeoSender:
             return SendResult(accepted=())
         started = self._clock.monotonic()
         telemetry = self._telemetry
-        with telemetry.tracer.start_as_current_span(
-            telemetry.span_name,
-            kind=_PRODUCER,
-            attributes=telemetry.span_attributes,
-            record_exception=False,
-            set_status_on_exception=False,
-        ) as span:
-            payload = message if codec.is_batch(message) else messages
+        # start_span, not start_as_current_span: no context switch on the hot path. The span
+        # still parents to the caller's current span and its context travels in traceparent.
+        span = telemetry.tracer.start_span(
+            telemetry.span_name, kind=_PRODUCER, attributes=telemetry.span_attributes
+        )
+        try:
+            # A single message goes to the SDK as itself: wrapped in a list it would be
+            # re-encoded into a one-message batch.
+            single = len(messages) == 1 and messages[0] is message
+            payload = message if single or codec.is_batch(message) else messages
             ids = self._prepare_all(messages, traceparent_of(span))
             if codec.is_batch(message) and not getattr(message, "georep_prepared", False):
                 # A batch the SDK built before we could give its messages ids: resend its
                 # (now prepared) messages as a list so both regions see the same ids.
                 payload = messages
-            try:
-                if self.mode is ReplicationMode.ACTIVE:
-                    result = await self._send_active(payload, messages, attempt_timeout, span)
-                else:
-                    result = await self._send_passive(payload, messages, attempt_timeout, span)
-            except BaseException as exc:
-                span.set_status(Status(StatusCode.ERROR, type(exc).__name__))
-                span.set_attribute("error.type", type(exc).__name__)
-                telemetry.duration(self._clock.monotonic() - started, "failed")
-                raise
-            telemetry.duration(
-                self._clock.monotonic() - started, "queued" if result.queued else "accepted"
-            )
+            if self.mode is ReplicationMode.ACTIVE:
+                result = await self._send_active(payload, messages, attempt_timeout, span)
+            else:
+                result = await self._send_passive(payload, messages, attempt_timeout, span)
+        except BaseException as exc:
+            span.set_status(Status(StatusCode.ERROR, type(exc).__name__))
+            span.set_attribute("error.type", type(exc).__name__)
+            telemetry.duration(self._clock.monotonic() - started, "failed")
+            span.end()
+            raise
+        telemetry.duration(
+            self._clock.monotonic() - started, "queued" if result.queued else "accepted"
+        )
+        span.end()
         return SendResult(
             accepted=result.accepted,
             failed=result.failed,
@@ -433,15 +445,39 @@ class GeoSender:
         The SDK gets the same deadline, but it can wait forever when a response is lost
         (a link that never opens, a disposition that never comes), so ours is the backstop.
         """
-        try:
-            async with self._clock.timeout(attempt_timeout):
-                return await call()
-        except TimeoutError as exc:
-            raise RegionUnavailableError(
-                f"{region.region} ({region.namespace}) did not answer within {attempt_timeout:g} s",
-                region=region.region,
-                kind=ErrorKind.TIMEOUT,
-            ) from exc
+        label = region.region
+        failures_before = self._region_failures.get(label, 0)
+        # Waiting for the region's slot (the SDK allows one call at a time per sender) is
+        # not part of the deadline: a queue of healthy sends is not an outage. But a call
+        # that waited while the region failed fails at once with that failure, so a burst
+        # queued behind a dead region fails over together instead of one deadline each.
+        async with region.slot():
+            if self._region_failures.get(label, 0) != failures_before:
+                last = self._last_region_error[label]
+                raise RegionUnavailableError(
+                    f"{label} failed while this call waited for it: {last}",
+                    region=label,
+                    kind=last.kind,
+                ) from last
+            try:
+                async with self._clock.timeout(attempt_timeout):
+                    return await call()
+            except TimeoutError as exc:
+                error: RegionError = RegionUnavailableError(
+                    f"{label} ({region.namespace}) did not answer within {attempt_timeout:g} s",
+                    region=label,
+                    kind=ErrorKind.TIMEOUT,
+                )
+                self._note_failure(error)
+                raise error from exc
+            except RegionError as exc:
+                self._note_failure(exc)
+                raise
+
+    def _note_failure(self, error: RegionError) -> None:
+        if error.kind in self.policy.fail_over_on:
+            self._region_failures[error.region] = self._region_failures.get(error.region, 0) + 1
+            self._last_region_error[error.region] = error
 
     async def _attempt(self, region: RegionSender, payload: Any, attempt_timeout: float) -> None:
         """One send to one region, one try, bounded by georep's own deadline."""
@@ -504,7 +540,7 @@ class GeoSender:
         )
         # The SDK may have kept state on the objects it tried to send; the backup gets
         # copies with the same MessageIds (a batch is immutable once built, so it is reused).
-        retry_payload = payload if self._codec.is_batch(payload) else self._copies(messages)
+        retry_payload = self._copy_payload(payload, messages)
         try:
             await self._attempt(backup, retry_payload, attempt_timeout)
         except RegionError as second_error:
@@ -522,20 +558,28 @@ class GeoSender:
                 f"no region accepted the send to {self.entity!r}", causes
             ) from second_error
         self._count_accepted(backup.region, count)
-        self.stats.failovers += 1
-        self._telemetry.failover(active.region, backup.region)
-        span.set_attribute("georep.region", backup.region)
-        span.set_attribute("georep.failover", True)
-        if await self.roles.swap(expected=snapshot, new_active=backup.namespace):
-            self.stats.role_swaps += 1
-            self._telemetry.role_swap(backup.region)
-            span.add_event("georep.role_swap", {"georep.region": backup.region})
-            _log.warning("%s is now the active region for %s", backup.region, self.entity)
-            if self.policy.switch_back and self._probe is None:
-                self._probe = asyncio.create_task(self._probe_for_switch_back())
+        await self._record_failover(snapshot, active, backup, span)
         return SendResult(
             accepted=(backup.region,), failed={active.region: first_error}, failed_over=True
         )
+
+    async def _record_failover(
+        self, snapshot: RoleSnapshot, active: RegionSender, backup: RegionSender, span: Span | None
+    ) -> None:
+        """The backup accepted what the active region refused: count it, swap the roles."""
+        self.stats.failovers += 1
+        self._telemetry.failover(active.region, backup.region)
+        if span is not None:
+            span.set_attribute("georep.region", backup.region)
+            span.set_attribute("georep.failover", True)
+        if await self.roles.swap(expected=snapshot, new_active=backup.namespace):
+            self.stats.role_swaps += 1
+            self._telemetry.role_swap(backup.region)
+            if span is not None:
+                span.add_event("georep.role_swap", {"georep.region": backup.region})
+            _log.warning("%s is now the active region for %s", backup.region, self.entity)
+            if self.policy.switch_back and self._probe is None:
+                self._probe = asyncio.create_task(self._probe_for_switch_back())
 
     async def _send_active(
         self, payload: Any, messages: Sequence[Any], attempt_timeout: float, span: Span
@@ -552,7 +596,7 @@ class GeoSender:
         errors: dict[str, RegionError] = {r: cooling[r][1] for r in skip}
         secondary_attempt: asyncio.Future[None] | None = None
         if secondary.region not in skip:
-            copies = payload if self._codec.is_batch(payload) else self._copies(messages)
+            copies = self._copy_payload(payload, messages)
             # One task, not two: the primary's attempt runs in this task.
             secondary_attempt = asyncio.ensure_future(
                 self._attempt(secondary, copies, attempt_timeout)
@@ -589,10 +633,11 @@ class GeoSender:
             span.add_event(
                 "georep.region_failed", {"georep.region": region, "error.type": error.kind.value}
             )
+        if accepted:
+            span.set_attribute("georep.region", accepted[0])
         if not errors:
             return SendResult(accepted=accepted)
         if accepted:
-            span.set_attribute("georep.region", accepted[0])
             repair: tuple[str, ...] = ()
             if self.repair:
                 repair = tuple(r for r, e in errors.items() if e.kind in self.policy.fail_over_on)
@@ -617,6 +662,15 @@ class GeoSender:
         raise AllRegionsUnavailableError(
             f"no region accepted the send to {self.entity!r}", errors
         ) from errors[secondary.region]
+
+    def _copy_payload(self, payload: Any, messages: Sequence[Any]) -> Any:
+        """What to send to the second region: the same batch (immutable once built), a copy
+        of a single message, or copies of a list."""
+        if self._codec.is_batch(payload):
+            return payload
+        if isinstance(payload, list):
+            return self._copies(messages)
+        return self._codec.copy(payload)
 
     def _copies(self, messages: Sequence[Any]) -> list[Any]:
         copy = self._codec.copy
@@ -678,6 +732,14 @@ class GeoSender:
                     raise outcome
                 else:
                     scheduled[region.region] = outcome
+            if scheduled and errors:
+                # Scheduled messages never go to the outbox (a late schedule would fire at
+                # the wrong time): the caller sees which regions have them in the result.
+                _log.warning(
+                    "scheduled in %s only; %s",
+                    ", ".join(scheduled),
+                    "; ".join(f"{region}: {error}" for region, error in errors.items()),
+                )
             if not scheduled:
                 raise AllRegionsUnavailableError(
                     f"no region scheduled the messages for {self.entity!r}", errors
@@ -698,9 +760,7 @@ class GeoSender:
                     f"no region scheduled the messages for {self.entity!r}",
                     {active.region: first_error, backup.region: second_error},
                 ) from second_error
-            if await self.roles.swap(expected=snapshot, new_active=backup.namespace):
-                self.stats.role_swaps += 1
-                self._telemetry.role_swap(backup.region)
+            await self._record_failover(snapshot, active, backup, None)
             return {backup.region: numbers}
 
     async def cancel_scheduled_messages(
@@ -740,8 +800,13 @@ class GeoSender:
                 )
             except RegionError as exc:
                 errors.append(exc)
-        if errors:
+        if len(errors) == 1:
             raise errors[0]
+        if errors:
+            raise AllRegionsUnavailableError(
+                f"no region cancelled its scheduled messages for {self.entity!r}",
+                {error.region: error for error in errors},
+            )
 
     # ---------------------------------------------------------------------- batches
 
@@ -771,9 +836,13 @@ class GeoSender:
     # ----------------------------------------------------------------------- outbox
 
     async def _queue(self, messages: Sequence[Any], regions: Sequence[str | None]) -> None:
+        """Persist ``messages`` for each of ``regions`` (labels; None = whichever accepts)."""
         assert self.outbox is not None
         encode = self._codec.encode
-        items = [(region, encode(message)) for region in regions for message in messages]
+        # Entries name their target by namespace, not label: a later sender may have the
+        # pair the other way round.
+        targets = [None if r is None else self._regions[r].namespace for r in regions]
+        items = [(target, encode(message)) for target in targets for message in messages]
         await self.outbox.put(self.channel, items, now=self._clock.time())
         count = len(messages)
         self.stats.queued += count
@@ -794,29 +863,44 @@ class GeoSender:
         policy = self.drain_policy
         delivered = 0
         while not self._closed:
-            now = self._clock.time()
             entries = await outbox.claim(
                 self.channel,
                 limit=policy.batch_size,
-                now=now,
+                now=self._clock.time(),
                 lease=as_seconds(policy.lease),
             )
             if not entries:
                 break
             done: list[int] = []
-            unsent: list[int] = []
-            region_down: BaseException | None = None
-            for entry in entries:
-                if self._closed or region_down is not None:
-                    unsent.append(entry.entry_id)
+            # Targets found down in this round (a namespace, or None for "any region"):
+            # their remaining entries back off without a try; other targets go on.
+            down: dict[str | None, int] = {}
+            for index, entry in enumerate(entries):
+                if self._closed:
+                    # Hand the rest back now rather than leave them leased.
+                    rest = [e.entry_id for e in entries[index:]]
+                    await outbox.retry_later(rest, not_before=self._clock.time())
+                    break
+                if entry.region in down:
+                    down[entry.region] = max(down[entry.region], entry.attempts + 1)
+                    await outbox.retry_later(
+                        [entry.entry_id],
+                        not_before=self._clock.time() + policy.backoff(down[entry.region]),
+                    )
                     continue
                 try:
                     await self._deliver(entry.region, self._codec.decode(entry.payload))
                 except (AllRegionsUnavailableError, RegionUnavailableError) as exc:
-                    # The region(s) will refuse the next entry too: back off the rest.
-                    region_down = exc
-                    unsent.append(entry.entry_id)
-                    _log.warning("outbox: regions still unavailable (%s); backing off", exc)
+                    down[entry.region] = entry.attempts + 1
+                    _log.warning(
+                        "outbox: %s still unavailable (%s); backing off",
+                        entry.region or "every region",
+                        exc,
+                    )
+                    await outbox.retry_later(
+                        [entry.entry_id],
+                        not_before=self._clock.time() + policy.backoff(entry.attempts + 1),
+                    )
                 except (GeoReplicationError, ValueError) as exc:
                     # Refused for itself (too large, entity missing...): keep it, never drop
                     # an acknowledged message, but do not let it hold up the others.
@@ -836,24 +920,20 @@ class GeoSender:
                 await outbox.delete(done)
                 delivered += len(done)
                 self.stats.drained += len(done)
-            if unsent:
-                attempts = max(entry.attempts for entry in entries) + 1
-                await outbox.retry_later(
-                    unsent,
-                    not_before=self._clock.time() + policy.backoff(attempts)
-                    if region_down is not None
-                    else self._clock.time(),
-                )
+            if self._closed or down:
                 break
         self.stats.outbox_depth = await outbox.depth(self.channel)
         return delivered
 
-    async def _deliver(self, region_label: str | None, message: Any) -> None:
+    async def _deliver(self, target: str | None, message: Any) -> None:
         timeout = self.policy.attempt_seconds
-        if region_label is not None:
-            region = self._regions.get(region_label)
+        if target is not None:
+            region = self._by_namespace.get(target)
             if region is None:
-                raise InvalidMessageError(f"outbox entry names unknown region {region_label!r}")
+                raise InvalidMessageError(
+                    f"outbox entry targets namespace {target!r}, which is not one of this "
+                    f"sender's ({', '.join(sorted(self._by_namespace))})"
+                )
             # The drainer ignores the cool-down (its own backoff paces it) so that it is
             # the one that notices a region is back; its failures do cool live sends down.
             try:
@@ -866,12 +946,15 @@ class GeoSender:
             self._cooling_down.pop(region.region, None)
             self._count_accepted(region.region, 1)
             return
-        with self._telemetry.tracer.start_as_current_span(
+        span = self._telemetry.tracer.start_span(
             self._telemetry.span_name,
             kind=_PRODUCER,
             attributes={**self._telemetry.span_attributes, "georep.outbox": True},
-        ) as span:
+        )
+        try:
             await self._send_passive(message, [message], timeout, span, may_queue=False)
+        finally:
+            span.end()
 
     async def _drain_forever(self) -> None:
         assert self.outbox is not None
@@ -905,7 +988,7 @@ class GeoSender:
                 try:
                     await self._bounded(
                         self._primary,
-                        partial(self._primary.max_message_size, timeout=timeout),
+                        partial(self._primary.probe, timeout=timeout),
                         timeout,
                     )
                 except RegionError:

@@ -106,6 +106,15 @@ class RegionSender(Protocol):
         """How to read and copy the messages this sender sends."""
         ...
 
+    def slot(self) -> AbstractAsyncContextManager[object]:
+        """Held around every call georep makes to this region.
+
+        A client library that allows one call at a time per sender (azure-servicebus)
+        returns a lock here; others return a context that does nothing. georep's deadline
+        for a call starts once the slot is held.
+        """
+        ...
+
     async def send(self, messages: Any, *, timeout: float) -> None:
         """Send one message, a list of messages (as one batch), or a batch."""
         ...
@@ -121,7 +130,11 @@ class RegionSender(Protocol):
         ...
 
     async def max_message_size(self, *, timeout: float) -> int:
-        """The largest message or batch the entity accepts, in bytes."""
+        """The largest message or batch the entity accepts, in bytes (may be cached)."""
+        ...
+
+    async def probe(self, *, timeout: float) -> None:
+        """One round trip to the entity that changes nothing; raises if it fails."""
         ...
 
     async def close(self) -> None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import heapq
 import itertools
 import json
@@ -259,8 +260,11 @@ class InMemoryRegionSender:
         entity: str = "orders",
         *,
         max_message_size: int = 262_144,
+        clock: FakeClock | None = None,
     ) -> None:
         self._region = region
+        self._clock = clock
+        self.latency = 0.0
         self._namespace = namespace or f"{region}.servicebus.example"
         self._entity = entity
         self._codec = FakeCodec()
@@ -274,6 +278,7 @@ class InMemoryRegionSender:
         self.attempts = 0
         self.closed = False
         self.payloads: list[Any] = []
+        self.lock = asyncio.Lock()
 
     @property
     def namespace(self) -> str:
@@ -309,6 +314,10 @@ class InMemoryRegionSender:
 
     async def _check(self) -> None:
         self.attempts += 1
+        if self.latency:
+            if self._clock is None:
+                raise RuntimeError("InMemoryRegionSender(clock=...) is needed for latency")
+            await self._clock.sleep(self.latency)
         if self._hanging:
             await asyncio.Event().wait()  # until the caller's deadline cancels it
         if self._failure is not None:
@@ -321,6 +330,9 @@ class InMemoryRegionSender:
             raise error_type(
                 f"{self._region}: injected {kind.value}", region=self._region, kind=kind
             )
+
+    def slot(self) -> contextlib.AbstractAsyncContextManager[object]:
+        return self.lock
 
     async def send(self, messages: Any, *, timeout: float) -> None:
         await self._check()
@@ -346,6 +358,9 @@ class InMemoryRegionSender:
     async def max_message_size(self, *, timeout: float) -> int:
         await self._check()
         return self._max_message_size
+
+    async def probe(self, *, timeout: float) -> None:
+        await self._check()
 
     async def close(self) -> None:
         self.closed = True

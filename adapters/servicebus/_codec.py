@@ -18,17 +18,16 @@ __all__ = ["GeoMessageBatch", "ServiceBusCodec"]
 
 _FORMAT_VERSION = 1
 
-# Plain optional fields of ServiceBusMessage copied and stored as they are.
-_TEXT_FIELDS = (
-    "message_id",
-    "session_id",
-    "content_type",
-    "correlation_id",
-    "subject",
-    "partition_key",
-    "to",
-    "reply_to",
-    "reply_to_session_id",
+# ServiceBusMessage fields kept in the AMQP properties section, with their AMQP names.
+_PROPERTY_FIELDS = (
+    ("message_id", "message_id"),
+    ("session_id", "group_id"),
+    ("content_type", "content_type"),
+    ("correlation_id", "correlation_id"),
+    ("subject", "subject"),
+    ("to", "to"),
+    ("reply_to", "reply_to"),
+    ("reply_to_session_id", "reply_to_group_id"),
 )
 
 
@@ -147,12 +146,22 @@ class ServiceBusCodec:
     def is_batch(self, messages: Any) -> bool:
         return isinstance(messages, ServiceBusMessageBatch)
 
+    # MessageId is read and set through the AMQP properties object directly: the SDK's
+    # ServiceBusMessage.message_id tests the properties' truthiness, which lists every
+    # field (~5 us a call, on every send).
     def message_id(self, message: Any) -> str | None:
-        value = message.message_id
-        return None if value is None else str(value)
+        properties = message.raw_amqp_message.properties
+        value = None if properties is None else properties.message_id
+        if value is None:
+            return None
+        return value.decode() if isinstance(value, bytes) else str(value)
 
     def set_message_id(self, message: Any, message_id: str) -> None:
-        message.message_id = message_id
+        properties = message.raw_amqp_message.properties
+        if properties is None:
+            message.message_id = message_id
+        else:
+            properties.message_id = message_id
 
     def subject(self, message: Any) -> str | None:
         value = message.subject
@@ -175,12 +184,23 @@ class ServiceBusCodec:
             properties[name] = value
 
     def _fields(self, message: ServiceBusMessage) -> dict[str, Any]:
-        fields: dict[str, Any] = {name: getattr(message, name) for name in _TEXT_FIELDS}
-        fields["application_properties"] = (
-            dict(message.application_properties) if message.application_properties else None
-        )
-        fields["time_to_live"] = message.time_to_live
-        fields["scheduled_enqueue_time_utc"] = message.scheduled_enqueue_time_utc
+        # Each SDK getter first tests its section's truthiness, which lists every field
+        # (~5 us); the raw AMQP sections say which fields are set, so only those are read.
+        raw = message.raw_amqp_message
+        fields: dict[str, Any] = {}
+        properties = raw.properties
+        if properties is not None:
+            for name, amqp_name in _PROPERTY_FIELDS:
+                if getattr(properties, amqp_name, None) is not None:
+                    fields[name] = getattr(message, name)
+        if raw.annotations:
+            fields["partition_key"] = message.partition_key
+            fields["scheduled_enqueue_time_utc"] = message.scheduled_enqueue_time_utc
+        if raw.header is not None and raw.header.time_to_live:
+            fields["time_to_live"] = message.time_to_live
+        application_properties = message.application_properties
+        if application_properties:
+            fields["application_properties"] = dict(application_properties)
         return fields
 
     def copy(self, message: Any) -> Any:
@@ -188,9 +208,9 @@ class ServiceBusCodec:
 
     def encode(self, message: Any) -> bytes:
         fields = self._fields(message)
-        properties = fields.pop("application_properties") or {}
-        ttl: timedelta | None = fields.pop("time_to_live")
-        scheduled: datetime | None = fields.pop("scheduled_enqueue_time_utc")
+        properties = fields.pop("application_properties", None) or {}
+        ttl: timedelta | None = fields.pop("time_to_live", None)
+        scheduled: datetime | None = fields.pop("scheduled_enqueue_time_utc", None)
         document = {
             "v": _FORMAT_VERSION,
             "body": base64.b64encode(_body_bytes(message)).decode("ascii"),

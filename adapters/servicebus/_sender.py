@@ -9,8 +9,9 @@ from typing import Any, TypeVar
 
 from azure.servicebus import ServiceBusMessageBatch
 from azure.servicebus.aio import ServiceBusClient, ServiceBusSender
+from azure.servicebus.exceptions import MessageNotFoundError
 
-from georep.exceptions import ConfigurationError
+from georep.exceptions import ConfigurationError, RegionError
 
 from ._codec import ServiceBusCodec
 from ._errors import translate_error
@@ -18,6 +19,7 @@ from ._errors import translate_error
 __all__ = ["ServiceBusRegionSender", "open_region_sender"]
 
 _T = TypeVar("_T")
+_NO_SUCH_SEQUENCE = 2**62
 
 
 class ServiceBusRegionSender:
@@ -42,8 +44,8 @@ class ServiceBusRegionSender:
         # One call at a time per SDK sender: concurrent send_messages on one async
         # ServiceBusSender interleave AMQP transfers out of order and race on reopening the
         # link ("'NoneType' object has no attribute 'create_sender_link'",
-        # Azure/azure-sdk-for-python#36334). The lock also makes waiting count against
-        # georep's attempt deadline, which wraps the whole call.
+        # Azure/azure-sdk-for-python#36334). georep's core holds this lock (slot()) around
+        # each call and starts its deadline once it has it.
         self._lock = asyncio.Lock()
 
     @property
@@ -67,12 +69,15 @@ class ServiceBusRegionSender:
         """The wrapped SDK sender."""
         return self._sender
 
+    def slot(self) -> asyncio.Lock:
+        return self._lock
+
     async def _call(self, operation: Callable[[], Awaitable[_T]]) -> _T:
-        async with self._lock:
-            try:
-                return await operation()
-            except Exception as exc:
-                raise self._translate(exc) from exc
+        # The caller holds slot(); georep's core always does (see GeoSender._bounded).
+        try:
+            return await operation()
+        except Exception as exc:
+            raise self._translate(exc) from exc
 
     def _translate(self, exc: Exception) -> Exception:
         return translate_error(exc, region=self._region, namespace=self._namespace) or exc
@@ -98,6 +103,17 @@ class ServiceBusRegionSender:
         # create_message_batch opens the link and reads the size the service announced.
         batch: ServiceBusMessageBatch = await self._call(self._sender.create_message_batch)
         return int(batch.max_size_in_bytes)
+
+    async def probe(self, *, timeout: float) -> None:
+        # Cancelling a sequence number that cannot exist is a management round trip that
+        # needs a live connection and a valid token, and changes nothing.
+        try:
+            await self._call(
+                lambda: self._sender.cancel_scheduled_messages([_NO_SUCH_SEQUENCE], timeout=timeout)
+            )
+        except RegionError as exc:
+            if not isinstance(exc.__cause__, MessageNotFoundError):
+                raise
 
     async def close(self) -> None:
         if self._client is None:

@@ -12,7 +12,7 @@ import sys
 import time
 import uuid
 from collections import Counter
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -77,6 +77,16 @@ async def drain(emu: Emulator, namespace: str, queue: str) -> Counter[str]:
     return ids
 
 
+async def eventually(condition: Callable[[], bool], within: float) -> bool:
+    """Wait until ``condition()`` holds (it changes in a background task we do not own)."""
+    deadline = time.monotonic() + within
+    while not condition():
+        if time.monotonic() > deadline:
+            return False
+        await asyncio.sleep(0.05)
+    return True
+
+
 async def outbox_emptied(outbox: SqliteOutbox, within: float = 30.0) -> bool:
     """Wait for the background drainer to empty ``outbox``."""
     deadline = time.monotonic() + within
@@ -137,6 +147,26 @@ async def test_passive_blackhole_fails_over_within_the_attempt_deadline(
     assert elapsed < 2.0 + 0.3, f"failover took {elapsed:.2f} s with a 2 s attempt deadline"
     await fault(emu, "primary", "restore")
     assert set(await drain(emu, "secondary", queue)) == set(result.message_ids)
+
+
+async def test_switch_back_waits_for_the_old_active_to_answer(emu: Emulator, queue: str) -> None:
+    policy = FailoverPolicy(attempt_timeout=2.0, switch_back=True, switch_back_probe_interval=0.3)
+    async with GeoSender.from_connection_strings(
+        emu.connection_string("primary"),
+        emu.connection_string("secondary"),
+        queue_name=queue,
+        policy=policy,
+    ) as sender:
+        await fault(emu, "primary", "outage")
+        assert (await sender.send_messages(ServiceBusMessage("m"))).failed_over
+        await asyncio.sleep(1.5)  # several probes meet the outage: roles stay swapped
+        assert sender.active_region == "secondary" and sender.stats.role_swaps == 1
+
+        await fault(emu, "primary", "restore")
+        assert await eventually(lambda: sender.active_region == "primary", within=10)
+        assert sender.stats.role_swaps == 2
+        result = await sender.send_messages(ServiceBusMessage("back"))
+        assert result.accepted == ("primary",) and not result.failed_over
 
 
 async def test_lost_response_leads_to_the_same_message_id_in_both_regions(

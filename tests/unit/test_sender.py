@@ -198,6 +198,36 @@ async def test_a_hanging_region_fails_over_at_georeps_own_deadline() -> None:
     assert clock.monotonic() == pytest.approx(2.0)
 
 
+async def test_a_burst_queued_behind_a_dead_region_fails_over_together() -> None:
+    clock = FakeClock()
+    primary, secondary = regions()
+    sender = geo(primary, secondary, clock=clock, policy=FailoverPolicy(attempt_timeout=2))
+    primary.hang()
+
+    sends = [asyncio.create_task(sender.send_messages(FakeMessage(b"%d" % i))) for i in range(20)]
+    await clock.advance(2)  # one deadline, not twenty
+    results = await asyncio.wait_for(asyncio.gather(*sends), 1)
+
+    assert all(r.failed_over for r in results) and len(secondary.accepted) == 20
+    assert primary.attempts == 1 and sender.roles.swaps == 1
+
+
+async def test_waiting_for_a_busy_region_is_not_an_outage() -> None:
+    clock = FakeClock()
+    primary = InMemoryRegionSender("primary", "east.example", clock=clock)
+    secondary = InMemoryRegionSender("secondary", "west.example", clock=clock)
+    primary.latency = 0.5  # each call takes 0.5 s; the queue of 10 takes 5 s
+    sender = geo(primary, secondary, clock=clock, policy=FailoverPolicy(attempt_timeout=2))
+
+    sends = [asyncio.create_task(sender.send_messages(FakeMessage(b"%d" % i))) for i in range(10)]
+    for _ in range(10):
+        await clock.advance(0.5)
+    results = await asyncio.wait_for(asyncio.gather(*sends), 1)
+
+    assert all(r.accepted == ("primary",) for r in results)
+    assert secondary.attempts == 0 and sender.roles.swaps == 0
+
+
 async def test_switch_back_after_the_old_active_answers_again() -> None:
     clock = FakeClock()
     primary, secondary = regions()

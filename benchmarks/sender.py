@@ -1,0 +1,213 @@
+"""GeoSender against the raw azure-servicebus sender, on the two-region emulator.
+
+One run measures, through the real async SDK on loopback:
+
+1. Throughput (msg/s) of the raw SDK sender, GeoSender passive and GeoSender active, for
+   single awaited sends (a message built per send, as application code does) and for
+   batches of 100 built in the loop; each variant runs ``--rounds`` times, interleaved, and
+   the median is kept. Ratios are against the raw sender measured in the same run.
+2. Failover time, from the fault to the first send accepted by the backup, over
+   ``--trials`` trials each:
+   - refused: the primary is down and its connection already known dead, so the send meets
+     a refused connection (the target: under 250 ms p99);
+   - dropped: the primary goes ``outage()`` under an open connection (the SDK has to notice
+     the connection is gone first);
+   - blackhole: the primary accepts bytes and never answers; georep's attempt deadline
+     (``--attempt-timeout``) decides.
+   For each, the added latency of the send that failed over (its latency minus the median
+   latency of a normal send), p50 and p99.
+
+Targets (issue 3): passive >= 0.95x raw; active >= 0.6x raw for single sends and >= 0.8x
+for batches; failover after a refused connection < 250 ms p99.
+
+    .venv/bin/python benchmarks/sender.py [--messages 3000] [--batches 60] [--rounds 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import logging
+import statistics
+import time
+import uuid
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from azure.servicebus import ServiceBusMessage
+from azure.servicebus.aio import ServiceBusClient
+
+from georep import FailoverPolicy, GeoSender, ReplicationMode, RoleState
+from georep.adapters.emulator import Emulator
+from georep.adapters.servicebus import open_region_sender
+
+BODY = b"x" * 200
+
+
+def percentile(values: list[float], fraction: float) -> float:
+    ordered = sorted(values)
+    index = min(len(ordered) - 1, max(0, round(fraction * (len(ordered) - 1))))
+    return ordered[index]
+
+
+# ------------------------------------------------------------------------- throughput
+
+Send = Callable[[Any], Awaitable[object]]
+MakeBatch = Callable[[], Awaitable[Any]]
+
+
+async def single_sends(send: Send, count: int) -> float:
+    await send(ServiceBusMessage(BODY))  # warm up
+    started = time.perf_counter()
+    for _ in range(count):
+        await send(ServiceBusMessage(BODY))
+    return count / (time.perf_counter() - started)
+
+
+async def batch_sends(send: Send, make_batch: MakeBatch, batches: int) -> float:
+    started = time.perf_counter()
+    for _ in range(batches):
+        batch = await make_batch()
+        for _ in range(100):
+            batch.add_message(ServiceBusMessage(BODY))
+        await send(batch)
+    return batches * 100 / (time.perf_counter() - started)
+
+
+async def throughput(emu: Emulator, messages: int, batches: int, rounds: int) -> None:
+    queue = f"bench-{uuid.uuid4().hex[:6]}"
+    for namespace in emu.namespaces:
+        emu.namespace(namespace).create_queue(queue)
+    async with (
+        ServiceBusClient.from_connection_string(emu.connection_string("primary")) as east,
+        ServiceBusClient.from_connection_string(emu.connection_string("secondary")) as west,
+        east.get_queue_sender(queue) as raw,
+        west.get_queue_sender(queue) as raw_west,
+    ):
+        # The GeoSenders wrap the application's own SDK senders, as the drop-in path does.
+        passive = GeoSender(raw, raw_west, mode=ReplicationMode.PASSIVE)
+        active = GeoSender(raw, raw_west, mode=ReplicationMode.ACTIVE)
+        await passive.warm_up()
+        variants: dict[str, tuple[Send, MakeBatch]] = {
+            "raw SDK": (raw.send_messages, raw.create_message_batch),
+            "GeoSender passive": (passive.send_messages, passive.create_message_batch),
+            "GeoSender active": (active.send_messages, active.create_message_batch),
+        }
+        results: dict[tuple[str, str], list[float]] = {}
+        for _ in range(rounds):
+            for name, (send, make_batch) in variants.items():
+                rate = await single_sends(send, messages)
+                results.setdefault((name, "single awaited sends"), []).append(rate)
+                rate = await batch_sends(send, make_batch, batches)
+                results.setdefault((name, "batches of 100 (built in loop)"), []).append(rate)
+        await passive.aclose()
+        await active.aclose()
+
+    print(f"\nThroughput, median of {rounds} interleaved rounds (200-byte bodies, 1 client)")
+    print(f"{'workload':32} {'sender':20} {'msg/s':>9} {'x raw':>7}")
+    for workload in ("single awaited sends", "batches of 100 (built in loop)"):
+        raw_rate = statistics.median(results[("raw SDK", workload)])
+        for name in variants:
+            rate = statistics.median(results[(name, workload)])
+            print(f"{workload:32} {name:20} {rate:9,.0f} {rate / raw_rate:7.2f}")
+        # In active mode a "message" is one logical message (two copies were sent).
+
+
+# --------------------------------------------------------------------------- failover
+
+
+async def failover_trials(
+    emu: Emulator, kind: str, trials: int, attempt_timeout: float
+) -> tuple[list[float], list[float]]:
+    """Fault-to-first-backup-acceptance times and added latencies, in seconds."""
+    queue = f"fo-{kind}-{uuid.uuid4().hex[:6]}"
+    for namespace in emu.namespaces:
+        emu.namespace(namespace).create_queue(queue)
+    primary_ns, secondary_ns = emu.namespace("primary"), emu.namespace("secondary")
+    primary = open_region_sender(
+        emu.connection_string("primary"), region="primary", queue_name=queue
+    )
+    secondary = open_region_sender(
+        emu.connection_string("secondary"), region="secondary", queue_name=queue
+    )
+    policy = FailoverPolicy(attempt_timeout=attempt_timeout)
+    failover_times: list[float] = []
+    added: list[float] = []
+    try:
+        await secondary.send(ServiceBusMessage(BODY), timeout=10)
+        if kind == "refused":
+            await asyncio.to_thread(primary_ns.outage)
+            # Let the SDK learn the connection is gone, as it would after a first failure.
+            with contextlib.suppress(Exception):
+                await primary.send(ServiceBusMessage(BODY), timeout=10)
+        for _ in range(trials):
+            if kind != "refused":
+                await asyncio.to_thread(primary_ns.restore)
+                await primary.send(ServiceBusMessage(BODY), timeout=10)  # connected again
+            # A fresh role state per trial: the primary is active again.
+            sender = GeoSender(
+                primary, secondary, policy=policy, role_state=RoleState(primary.namespace)
+            )
+            normal = []
+            if kind != "refused":
+                for _ in range(20):
+                    started = time.perf_counter()
+                    await sender.send_messages(ServiceBusMessage(BODY))
+                    normal.append(time.perf_counter() - started)
+            else:
+                for _ in range(20):
+                    started = time.perf_counter()
+                    await secondary.send(ServiceBusMessage(BODY), timeout=10)
+                    normal.append(time.perf_counter() - started)
+            if kind == "dropped":
+                await asyncio.to_thread(primary_ns.outage)
+            elif kind == "blackhole":
+                await asyncio.to_thread(primary_ns.blackhole)
+            fault_at = time.perf_counter()
+            result = await sender.send_messages(ServiceBusMessage(BODY))
+            done_at = time.perf_counter()
+            assert result.failed_over and result.accepted == ("secondary",), result
+            failover_times.append(done_at - fault_at)
+            added.append(done_at - fault_at - statistics.median(normal))
+            await sender.aclose()
+    finally:
+        await asyncio.to_thread(primary_ns.restore)
+        await asyncio.to_thread(secondary_ns.restore)
+        await primary.close()
+        await secondary.close()
+    return failover_times, added
+
+
+async def failover(emu: Emulator, trials: int, attempt_timeout: float) -> None:
+    print(f"\nFailover, {trials} trials each (fault -> first send accepted by the backup)")
+    print(f"{'fault':34} {'p50 ms':>8} {'p99 ms':>8} {'added p50':>10} {'added p99':>10}")
+    labels = {
+        "refused": "refused connection",
+        "dropped": "outage() under an open connection",
+        "blackhole": f"blackhole() (deadline {attempt_timeout:g} s)",
+    }
+    for kind, label in labels.items():
+        times, added = await failover_trials(emu, kind, trials, attempt_timeout)
+        print(
+            f"{label:34} {percentile(times, 0.5) * 1000:8.0f} {percentile(times, 0.99) * 1000:8.0f}"
+            f" {percentile(added, 0.5) * 1000:10.0f} {percentile(added, 0.99) * 1000:10.0f}"
+        )
+
+
+async def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--messages", type=int, default=3000, help="single sends per round")
+    parser.add_argument("--batches", type=int, default=60, help="batches of 100 per round")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--trials", type=int, default=20, help="failover trials per fault")
+    parser.add_argument("--attempt-timeout", type=float, default=1.0)
+    args = parser.parse_args()
+    logging.getLogger("georep").setLevel(logging.ERROR)  # failovers are the point here
+    with Emulator() as emu:
+        await throughput(emu, args.messages, args.batches, args.rounds)
+        await failover(emu, args.trials, args.attempt_timeout)
+
+
+if __name__ == "__main__":
+    asyncio.run(main())
