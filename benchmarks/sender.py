@@ -4,8 +4,9 @@ One run measures, through the real async SDK on loopback:
 
 1. Throughput (msg/s) of the raw SDK sender, GeoSender passive and GeoSender active, for
    single awaited sends (a message built per send, as application code does) and for
-   batches of 100 built in the loop; each variant runs ``--rounds`` times, interleaved, and
-   the median is kept. Ratios are against the raw sender measured in the same run.
+   batches of 100 built in the loop. The variants take turns in ``--chunks`` small chunks
+   so that drift in machine speed hits them alike. Ratios are against the raw sender in
+   the same run, in wall time and in the client process's CPU time.
 2. Failover time, from the fault to the first send accepted by the backup, over
    ``--trials`` trials each:
    - refused: the primary is down and its connection already known dead, so the send meets
@@ -20,7 +21,7 @@ One run measures, through the real async SDK on loopback:
 Targets (issue 3): passive >= 0.95x raw; active >= 0.6x raw for single sends and >= 0.8x
 for batches; failover after a refused connection < 250 ms p99.
 
-    .venv/bin/python benchmarks/sender.py [--messages 3000] [--batches 60] [--rounds 3]
+    .venv/bin/python benchmarks/sender.py [--messages 6000] [--batches 120] [--chunks 30]
 """
 
 from __future__ import annotations
@@ -57,25 +58,20 @@ Send = Callable[[Any], Awaitable[object]]
 MakeBatch = Callable[[], Awaitable[Any]]
 
 
-async def single_sends(send: Send, count: int) -> float:
-    await send(ServiceBusMessage(BODY))  # warm up
-    started = time.perf_counter()
+async def single_sends(send: Send, count: int) -> None:
     for _ in range(count):
         await send(ServiceBusMessage(BODY))
-    return count / (time.perf_counter() - started)
 
 
-async def batch_sends(send: Send, make_batch: MakeBatch, batches: int) -> float:
-    started = time.perf_counter()
+async def batch_sends(send: Send, make_batch: MakeBatch, batches: int) -> None:
     for _ in range(batches):
         batch = await make_batch()
         for _ in range(100):
             batch.add_message(ServiceBusMessage(BODY))
         await send(batch)
-    return batches * 100 / (time.perf_counter() - started)
 
 
-async def throughput(emu: Emulator, messages: int, batches: int, rounds: int) -> None:
+async def throughput(emu: Emulator, messages: int, batches: int, chunks: int) -> None:
     queue = f"bench-{uuid.uuid4().hex[:6]}"
     for namespace in emu.namespaces:
         emu.namespace(namespace).create_queue(queue)
@@ -89,29 +85,49 @@ async def throughput(emu: Emulator, messages: int, batches: int, rounds: int) ->
         passive = GeoSender(raw, raw_west, mode=ReplicationMode.PASSIVE)
         active = GeoSender(raw, raw_west, mode=ReplicationMode.ACTIVE)
         await passive.warm_up()
+        await raw_west.send_messages(ServiceBusMessage(BODY))
         variants: dict[str, tuple[Send, MakeBatch]] = {
             "raw SDK": (raw.send_messages, raw.create_message_batch),
             "GeoSender passive": (passive.send_messages, passive.create_message_batch),
             "GeoSender active": (active.send_messages, active.create_message_batch),
         }
-        results: dict[tuple[str, str], list[float]] = {}
-        for _ in range(rounds):
-            for name, (send, make_batch) in variants.items():
-                rate = await single_sends(send, messages)
-                results.setdefault((name, "single awaited sends"), []).append(rate)
-                rate = await batch_sends(send, make_batch, batches)
-                results.setdefault((name, "batches of 100 (built in loop)"), []).append(rate)
+        workloads = {
+            "single awaited sends": (messages, lambda v, n: single_sends(v[0], n)),
+            "batches of 100 (built in loop)": (
+                batches * 100,
+                lambda v, n: batch_sends(v[0], v[1], max(1, n // 100)),
+            ),
+        }
+        # The variants take turns in small chunks, so a machine that speeds up or slows
+        # down during the run (shared CPUs do) affects each of them alike.
+        wall: dict[tuple[str, str], float] = {}
+        cpu: dict[tuple[str, str], float] = {}
+        for workload, (total, run) in workloads.items():
+            per_chunk = max(100, total // chunks)
+            for variant in variants.values():  # warm-up
+                await run(variant, 100)
+            for _ in range(max(1, total // per_chunk)):
+                for name, variant in variants.items():
+                    started, cpu_started = time.perf_counter(), time.process_time()
+                    await run(variant, per_chunk)
+                    key = (workload, name)
+                    wall[key] = wall.get(key, 0.0) + time.perf_counter() - started
+                    cpu[key] = cpu.get(key, 0.0) + time.process_time() - cpu_started
         await passive.aclose()
         await active.aclose()
 
-    print(f"\nThroughput, median of {rounds} interleaved rounds (200-byte bodies, 1 client)")
-    print(f"{'workload':32} {'sender':20} {'msg/s':>9} {'x raw':>7}")
-    for workload in ("single awaited sends", "batches of 100 (built in loop)"):
-        raw_rate = statistics.median(results[("raw SDK", workload)])
+    print(f"\nThroughput, variants interleaved in {chunks} chunks (200-byte bodies, 1 client)")
+    print(f"{'workload':32} {'sender':20} {'msg/s':>9} {'x raw':>7} {'client CPU x raw':>17}")
+    for workload, (total, _) in workloads.items():
+        raw_key = (workload, "raw SDK")
         for name in variants:
-            rate = statistics.median(results[(name, workload)])
-            print(f"{workload:32} {name:20} {rate:9,.0f} {rate / raw_rate:7.2f}")
-        # In active mode a "message" is one logical message (two copies were sent).
+            key = (workload, name)
+            rate = total / wall[key]
+            print(
+                f"{workload:32} {name:20} {rate:9,.0f} {wall[raw_key] / wall[key]:7.2f}"
+                f" {cpu[raw_key] / cpu[key]:17.2f}"
+            )
+    # Active mode counts logical messages: each one was sent twice, once per region.
 
 
 # --------------------------------------------------------------------------- failover
@@ -197,15 +213,15 @@ async def failover(emu: Emulator, trials: int, attempt_timeout: float) -> None:
 
 async def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--messages", type=int, default=3000, help="single sends per round")
-    parser.add_argument("--batches", type=int, default=60, help="batches of 100 per round")
-    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--messages", type=int, default=6000, help="single sends per variant")
+    parser.add_argument("--batches", type=int, default=120, help="batches of 100 per variant")
+    parser.add_argument("--chunks", type=int, default=30, help="turns per variant")
     parser.add_argument("--trials", type=int, default=20, help="failover trials per fault")
     parser.add_argument("--attempt-timeout", type=float, default=1.0)
     args = parser.parse_args()
     logging.getLogger("georep").setLevel(logging.ERROR)  # failovers are the point here
     with Emulator() as emu:
-        await throughput(emu, args.messages, args.batches, args.rounds)
+        await throughput(emu, args.messages, args.batches, args.chunks)
         await failover(emu, args.trials, args.attempt_timeout)
 
 

@@ -1,4 +1,7 @@
-"""The real clock; tests inject :class:`georep.testing.FakeClock` instead."""
+"""The real clock, and the deadlines georep puts on every call to a region.
+
+Tests inject :class:`georep.testing.FakeClock`, whose deadlines run on virtual time.
+"""
 
 from __future__ import annotations
 
@@ -6,23 +9,64 @@ import asyncio
 import heapq
 import itertools
 import time
-import weakref
+from collections.abc import Callable
 from types import TracebackType
+from typing import Protocol
 
-__all__ = ["SystemClock"]
+__all__ = ["Deadline", "FakeWatchdog", "SystemClock"]
 
 
-class _Deadline:
-    """One guarded call: the task to cancel and when."""
+class _Watch(Protocol):
+    def add(self, deadline: Deadline) -> None: ...
 
-    __slots__ = ("cancelling", "done", "expired", "task", "when")
 
-    def __init__(self, task: asyncio.Task[object], when: float) -> None:
-        self.task = task
-        self.when = when
+class Deadline:
+    """``with`` body bounded by a deadline; raises ``TimeoutError`` when it passes.
+
+    A plain (synchronous) context manager: entering and leaving cost no await, which
+    matters on the send path. The body is cancelled at the deadline, as with
+    ``asyncio.timeout``, and a caller's own cancellation is never turned into a timeout.
+    The object is also its watchdog's record of the call.
+    """
+
+    __slots__ = ("_watch", "cancelling", "done", "expired", "seconds", "task", "when")
+
+    def __init__(self, watch: _Watch, seconds: float) -> None:
+        self._watch = watch
+        self.seconds = seconds
+        self.when = 0.0
         self.done = False
         self.expired = False
+        self.cancelling = 0
+        self.task: asyncio.Task[object] | None = None
+
+    def __enter__(self) -> None:
+        task = asyncio.current_task()
+        if task is None:
+            raise RuntimeError("a georep deadline needs a running task")
+        self.task = task
         self.cancelling = task.cancelling()
+        self._watch.add(self)
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> bool | None:
+        self.done = True
+        if self.expired and self.task is not None:
+            # Our cancellation, not the caller's: take it back and report a timeout, as
+            # asyncio.timeout does (a caller's own cancel keeps its count and propagates).
+            cancels = self.task.uncancel()
+            if cancels <= self.cancelling and exc_type is asyncio.CancelledError:
+                raise TimeoutError(f"no answer within {self.seconds:g} s") from exc
+        return None
+
+    def expire(self) -> None:
+        if not self.done and not self.expired and self.task is not None:
+            self.expired = True
+            self.task.cancel(msg="georep deadline")
 
 
 class _Watchdog:
@@ -31,31 +75,24 @@ class _Watchdog:
     ``asyncio.timeout`` arms and cancels a timer handle per call, and the cancelled handles
     pile up in the loop's heap; on the send path that cost about 5 % of a raw SDK send. Here
     a call costs one heap push, and the single timer fires only when the earliest
-    outstanding deadline passes.
+    outstanding deadline passes (finished calls are dropped from the heap then).
     """
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self._loop = loop
-        self._heap: list[tuple[float, int, _Deadline]] = []
+        self._heap: list[tuple[float, int, Deadline]] = []
         self._order = itertools.count()
         self._timer: asyncio.TimerHandle | None = None
         self._timer_when = float("inf")
 
-    def add(self, seconds: float) -> _Deadline:
-        task = asyncio.current_task(self._loop)
-        if task is None:
-            raise RuntimeError("a georep deadline needs a running task")
-        deadline = _Deadline(task, self._loop.time() + seconds)
-        heapq.heappush(self._heap, (deadline.when, next(self._order), deadline))
-        if deadline.when < self._timer_when:
-            self._arm(deadline.when)
-        return deadline
-
-    def _arm(self, when: float) -> None:
-        if self._timer is not None:
-            self._timer.cancel()
-        self._timer_when = when
-        self._timer = self._loop.call_at(when, self._fire)
+    def add(self, deadline: Deadline) -> None:
+        when = deadline.when = self._loop.time() + deadline.seconds
+        heapq.heappush(self._heap, (when, next(self._order), deadline))
+        if when < self._timer_when:
+            if self._timer is not None:
+                self._timer.cancel()
+            self._timer_when = when
+            self._timer = self._loop.call_at(when, self._fire)
 
     def _fire(self) -> None:
         self._timer = None
@@ -63,55 +100,39 @@ class _Watchdog:
         now = self._loop.time()
         heap = self._heap
         while heap and (heap[0][2].done or heap[0][0] <= now):
-            _, _, deadline = heapq.heappop(heap)
-            if not deadline.done:
-                deadline.expired = True
-                deadline.task.cancel(msg="georep deadline")
+            heapq.heappop(heap)[2].expire()
         if heap:
-            self._arm(heap[0][0])
+            self._timer_when = heap[0][0]
+            self._timer = self._loop.call_at(self._timer_when, self._fire)
 
 
-_watchdogs: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _Watchdog] = (
-    weakref.WeakKeyDictionary()
-)
+class FakeWatchdog:
+    """Deadlines on virtual time, for :class:`georep.testing.FakeClock`."""
 
+    def __init__(self, now: Callable[[], float]) -> None:
+        self._now = now
+        self.pending: list[Deadline] = []
 
-class _Timeout:
-    """``async with`` body bounded by a deadline; raises ``TimeoutError`` when it passes."""
+    def add(self, deadline: Deadline) -> None:
+        deadline.when = self._now() + deadline.seconds
+        self.pending.append(deadline)
 
-    __slots__ = ("_deadline", "_seconds")
+    def next_due(self) -> float | None:
+        self.pending = [d for d in self.pending if not d.done]
+        return min((d.when for d in self.pending), default=None)
 
-    def __init__(self, seconds: float) -> None:
-        self._seconds = seconds
-        self._deadline: _Deadline | None = None
-
-    async def __aenter__(self) -> None:
-        loop = asyncio.get_running_loop()
-        watchdog = _watchdogs.get(loop)
-        if watchdog is None:
-            watchdog = _watchdogs[loop] = _Watchdog(loop)
-        self._deadline = watchdog.add(self._seconds)
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        traceback: TracebackType | None,
-    ) -> bool | None:
-        deadline = self._deadline
-        assert deadline is not None
-        deadline.done = True
-        if deadline.expired:
-            # Our cancellation, not the caller's: take it back and report a timeout, as
-            # asyncio.timeout does (a caller's own cancel keeps its count and propagates).
-            cancels = deadline.task.uncancel()
-            if cancels <= deadline.cancelling and exc_type is asyncio.CancelledError:
-                raise TimeoutError(f"no answer within {self._seconds:g} s") from exc
-        return None
+    def expire(self, now: float) -> None:
+        for deadline in self.pending:
+            if deadline.when <= now:
+                deadline.expire()
 
 
 class SystemClock:
     """Time from the operating system and the running event loop."""
+
+    def __init__(self) -> None:
+        self._watchdog: _Watchdog | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
 
     def monotonic(self) -> float:
         return time.monotonic()
@@ -122,5 +143,8 @@ class SystemClock:
     async def sleep(self, seconds: float) -> None:
         await asyncio.sleep(seconds)
 
-    def timeout(self, seconds: float) -> _Timeout:
-        return _Timeout(seconds)
+    def deadline(self, seconds: float) -> Deadline:
+        loop = asyncio.get_running_loop()
+        if loop is not self._loop or self._watchdog is None:
+            self._loop, self._watchdog = loop, _Watchdog(loop)
+        return Deadline(self._watchdog, seconds)

@@ -38,6 +38,10 @@ class RoleState:
         """The latest snapshot, without waiting (for stats and logs)."""
         return self._snapshot
 
+    def read_now(self) -> RoleSnapshot | None:
+        """The snapshot without waiting, or None while a swap holds the exclusive lock."""
+        return None if self._lock.writer_lock.locked else self._snapshot
+
     async def read(self) -> RoleSnapshot:
         # The shared lock would be granted at once unless a swap holds the exclusive one,
         # so only then is it taken (7 us on every send otherwise).

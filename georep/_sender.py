@@ -9,11 +9,10 @@ import uuid
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
-from functools import partial
 from types import MappingProxyType, TracebackType
 from typing import TYPE_CHECKING, Any, Self, TypeVar
 
-from opentelemetry.trace import Span, SpanKind, Status, StatusCode
+from opentelemetry.trace import INVALID_SPAN, Span, SpanKind, Status, StatusCode
 
 from georep._clock import SystemClock
 from georep._policy import DedupKey, DrainPolicy, FailoverPolicy, ReplicationMode, as_seconds
@@ -273,7 +272,7 @@ class GeoSender:
         async def size_of(region: RegionSender) -> None:
             try:
                 self._max_sizes[region.region] = await self._bounded(
-                    region, lambda: region.max_message_size(timeout=timeout), timeout
+                    region, timeout, region.max_message_size
                 )
             except RegionError as exc:
                 errors[region.region] = exc
@@ -374,19 +373,27 @@ class GeoSender:
         telemetry = self._telemetry
         # start_span, not start_as_current_span: no context switch on the hot path. The span
         # still parents to the caller's current span and its context travels in traceparent.
-        span = telemetry.tracer.start_span(
-            telemetry.span_name, kind=_PRODUCER, attributes=telemetry.span_attributes
+        span = (
+            telemetry.tracer.start_span(
+                telemetry.span_name, kind=_PRODUCER, attributes=telemetry.span_attributes
+            )
+            if telemetry.tracing()
+            else INVALID_SPAN
         )
         try:
             # A single message goes to the SDK as itself: wrapped in a list it would be
             # re-encoded into a one-message batch.
-            single = len(messages) == 1 and messages[0] is message
-            payload = message if single or codec.is_batch(message) else messages
-            ids = self._prepare_all(messages, traceparent_of(span))
-            if codec.is_batch(message) and not getattr(message, "georep_prepared", False):
-                # A batch the SDK built before we could give its messages ids: resend its
-                # (now prepared) messages as a list so both regions see the same ids.
+            traceparent = traceparent_of(span) if span is not INVALID_SPAN else None
+            if len(messages) == 1 and messages[0] is message:
+                payload = message
+                ids: tuple[str, ...] = (self._prepare(message, traceparent),)
+            else:
                 payload = messages
+                if codec.is_batch(message) and getattr(message, "georep_prepared", False):
+                    payload = message
+                # A batch the SDK built before we could give its messages ids is resent as
+                # a list of its (now prepared) messages, so both regions see the same ids.
+                ids = self._prepare_all(messages, traceparent)
             if self.mode is ReplicationMode.ACTIVE:
                 result = await self._send_active(payload, messages, attempt_timeout, span)
             else:
@@ -401,14 +408,9 @@ class GeoSender:
             self._clock.monotonic() - started, "queued" if result.queued else "accepted"
         )
         span.end()
-        return SendResult(
-            accepted=result.accepted,
-            failed=result.failed,
-            failed_over=result.failed_over,
-            queued=result.queued,
-            repair_queued=result.repair_queued,
-            message_ids=ids,
-        )
+        # The result was made for this call alone: fill in the ids rather than copy it.
+        object.__setattr__(result, "message_ids", ids)
+        return result
 
     def _prepare_all(self, messages: Sequence[Any], traceparent: str | None) -> tuple[str, ...]:
         return tuple(self._prepare(message, traceparent) for message in messages)
@@ -438,12 +440,17 @@ class GeoSender:
         return message_id
 
     async def _bounded(
-        self, region: RegionSender, call: Callable[[], Awaitable[_T]], attempt_timeout: float
+        self,
+        region: RegionSender,
+        attempt_timeout: float,
+        operation: Callable[..., Awaitable[_T]],
+        *args: Any,
     ) -> _T:
-        """One call to one region, bounded by georep's own deadline.
+        """``operation(*args, timeout=attempt_timeout)`` on ``region``, bounded by our deadline.
 
         The SDK gets the same deadline, but it can wait forever when a response is lost
         (a link that never opens, a disposition that never comes), so ours is the backstop.
+        Arguments are passed through rather than closed over: this is every send's path.
         """
         label = region.region
         failures_before = self._region_failures.get(label, 0)
@@ -451,7 +458,10 @@ class GeoSender:
         # not part of the deadline: a queue of healthy sends is not an outage. But a call
         # that waited while the region failed fails at once with that failure, so a burst
         # queued behind a dead region fails over together instead of one deadline each.
-        async with region.slot():
+        slot = region.slot()
+        if not slot.try_acquire():
+            await slot.acquire()
+        try:
             if self._region_failures.get(label, 0) != failures_before:
                 last = self._last_region_error[label]
                 raise RegionUnavailableError(
@@ -460,8 +470,8 @@ class GeoSender:
                     kind=last.kind,
                 ) from last
             try:
-                async with self._clock.timeout(attempt_timeout):
-                    return await call()
+                with self._clock.deadline(attempt_timeout):
+                    return await operation(*args, timeout=attempt_timeout)
             except TimeoutError as exc:
                 error: RegionError = RegionUnavailableError(
                     f"{label} ({region.namespace}) did not answer within {attempt_timeout:g} s",
@@ -473,17 +483,13 @@ class GeoSender:
             except RegionError as exc:
                 self._note_failure(exc)
                 raise
+        finally:
+            slot.release()
 
     def _note_failure(self, error: RegionError) -> None:
         if error.kind in self.policy.fail_over_on:
             self._region_failures[error.region] = self._region_failures.get(error.region, 0) + 1
             self._last_region_error[error.region] = error
-
-    async def _attempt(self, region: RegionSender, payload: Any, attempt_timeout: float) -> None:
-        """One send to one region, one try, bounded by georep's own deadline."""
-        await self._bounded(
-            region, lambda: region.send(payload, timeout=attempt_timeout), attempt_timeout
-        )
 
     def _other(self, region: RegionSender) -> RegionSender:
         return self._secondary if region is self._primary else self._primary
@@ -498,10 +504,10 @@ class GeoSender:
         may_queue: bool = True,
     ) -> SendResult:
         roles = self.roles
-        snapshot = await roles.read()
+        snapshot = roles.read_now() or await roles.read()
         active = self._by_namespace[snapshot.active]
         try:
-            await self._attempt(active, payload, attempt_timeout)
+            await self._bounded(active, attempt_timeout, active.send, payload)
         except RegionError as first_error:
             if first_error.kind not in self.policy.fail_over_on:
                 self._count_failed(active.region, len(messages))
@@ -542,7 +548,7 @@ class GeoSender:
         # copies with the same MessageIds (a batch is immutable once built, so it is reused).
         retry_payload = self._copy_payload(payload, messages)
         try:
-            await self._attempt(backup, retry_payload, attempt_timeout)
+            await self._bounded(backup, attempt_timeout, backup.send, retry_payload)
         except RegionError as second_error:
             self._count_failed(backup.region, count)
             span.add_event(
@@ -599,11 +605,11 @@ class GeoSender:
             copies = self._copy_payload(payload, messages)
             # One task, not two: the primary's attempt runs in this task.
             secondary_attempt = asyncio.ensure_future(
-                self._attempt(secondary, copies, attempt_timeout)
+                self._bounded(secondary, attempt_timeout, secondary.send, copies)
             )
         if primary.region not in skip:
             try:
-                await self._attempt(primary, payload, attempt_timeout)
+                await self._bounded(primary, attempt_timeout, primary.send, payload)
             except RegionError as exc:
                 errors[primary.region] = exc
             except BaseException:
@@ -712,9 +718,7 @@ class GeoSender:
 
         async def schedule(region: RegionSender, items: Sequence[Any]) -> list[int]:
             return await self._bounded(
-                region,
-                lambda: region.schedule(items, schedule_time_utc, timeout=attempt_timeout),
-                attempt_timeout,
+                region, attempt_timeout, region.schedule, items, schedule_time_utc
             )
 
         if self.mode is ReplicationMode.ACTIVE:
@@ -793,11 +797,7 @@ class GeoSender:
             if not numbers:
                 continue
             try:
-                await self._bounded(
-                    region,
-                    partial(region.cancel_scheduled, list(numbers), timeout=attempt_timeout),
-                    attempt_timeout,
-                )
+                await self._bounded(region, attempt_timeout, region.cancel_scheduled, list(numbers))
             except RegionError as exc:
                 errors.append(exc)
         if len(errors) == 1:
@@ -937,7 +937,7 @@ class GeoSender:
             # The drainer ignores the cool-down (its own backoff paces it) so that it is
             # the one that notices a region is back; its failures do cool live sends down.
             try:
-                await self._attempt(region, message, timeout)
+                await self._bounded(region, timeout, region.send, message)
             except RegionError as exc:
                 cooldown = self.policy.region_cooldown_seconds
                 if exc.kind in self.policy.fail_over_on and cooldown > 0:
@@ -968,9 +968,8 @@ class GeoSender:
             except Exception:  # never let the drainer die: it holds acknowledged messages
                 _log.exception("outbox drainer failed; retrying in %.1f s", idle)
             self._outbox_has_work.clear()
-            with contextlib.suppress(TimeoutError):
-                async with self._clock.timeout(idle):
-                    await self._outbox_has_work.wait()
+            with contextlib.suppress(TimeoutError), self._clock.deadline(idle):
+                await self._outbox_has_work.wait()
             # A fresh put is not due before its backoff either; waking only re-checks.
 
     # ------------------------------------------------------------------ switch back
@@ -986,11 +985,7 @@ class GeoSender:
                     return
                 timeout = self.policy.attempt_seconds
                 try:
-                    await self._bounded(
-                        self._primary,
-                        partial(self._primary.probe, timeout=timeout),
-                        timeout,
-                    )
+                    await self._bounded(self._primary, timeout, self._primary.probe)
                 except RegionError:
                     continue
                 if await self.roles.swap(expected=snapshot, new_active=self._primary.namespace):

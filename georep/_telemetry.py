@@ -6,6 +6,7 @@ keep georep's own attributes under ``georep.*``.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -18,6 +19,7 @@ __all__ = ["SenderTelemetry", "traceparent_of"]
 
 _INSTRUMENTATION = "georep"
 _propagator = TraceContextTextMapPropagator()
+_NO_TRACING = (trace.ProxyTracerProvider, trace.NoOpTracerProvider)
 
 
 def traceparent_of(span: Span) -> str | None:
@@ -47,6 +49,9 @@ class SenderTelemetry:
         self.mode = mode
         self.span_name = f"send {entity}"
         self.tracer = trace.get_tracer(_INSTRUMENTATION, __version__, tracer_provider)
+        self._explicit_tracer_provider = tracer_provider is not None
+        self._tracing = False
+        self._tracing_checked_until = 0.0
         meter = metrics.get_meter(_INSTRUMENTATION, __version__, meter_provider)
         self._base = {"messaging.destination.name": entity, "georep.mode": mode}
         self.span_attributes: dict[str, Any] = {
@@ -90,6 +95,19 @@ class SenderTelemetry:
         )
         # Attribute dicts are built once: the send path must stay within a few microseconds.
         self._outcome_attributes: dict[tuple[str, str], dict[str, str]] = {}
+
+    def tracing(self) -> bool:
+        """False while no tracer provider is configured: spans would be no-ops, so the send
+        path skips creating them. Re-checked every second (an application may configure
+        tracing after creating its senders); get_tracer_provider reads the environment,
+        too slow to call on every send."""
+        if self._explicit_tracer_provider:
+            return True
+        now = time.monotonic()
+        if now >= self._tracing_checked_until:
+            self._tracing = not isinstance(trace.get_tracer_provider(), _NO_TRACING)
+            self._tracing_checked_until = now + 1.0
+        return self._tracing
 
     def _attributes(self, region: str, outcome: str) -> dict[str, str]:
         key = (region, outcome)

@@ -11,10 +11,12 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Callable, Sequence
-from contextlib import AbstractAsyncContextManager
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Protocol, runtime_checkable
+
+from georep._slot import RegionSlot
 
 __all__ = [
     "Clock",
@@ -23,6 +25,7 @@ __all__ = [
     "Outbox",
     "OutboxEntry",
     "RegionSender",
+    "RegionSlot",
 ]
 
 
@@ -73,8 +76,11 @@ class Clock(Protocol):
         """Wait ``seconds``."""
         ...
 
-    def timeout(self, seconds: float) -> AbstractAsyncContextManager[object]:
-        """A context that cancels its body after ``seconds`` and raises ``TimeoutError``."""
+    def deadline(self, seconds: float) -> AbstractContextManager[object]:
+        """A ``with`` context that cancels its body after ``seconds`` (``TimeoutError``).
+
+        Synchronous on purpose: it guards every send, where an await costs.
+        """
         ...
 
 
@@ -106,12 +112,12 @@ class RegionSender(Protocol):
         """How to read and copy the messages this sender sends."""
         ...
 
-    def slot(self) -> AbstractAsyncContextManager[object]:
+    def slot(self) -> RegionSlot:
         """Held around every call georep makes to this region.
 
-        A client library that allows one call at a time per sender (azure-servicebus)
-        returns a lock here; others return a context that does nothing. georep's deadline
-        for a call starts once the slot is held.
+        One slot per underlying client sender, shared by every wrapper of it: the
+        azure-servicebus async sender allows one call at a time. georep's deadline for a
+        call starts once the slot is held.
         """
         ...
 

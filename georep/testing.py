@@ -12,16 +12,16 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import contextlib
 import heapq
 import itertools
 import json
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
-from types import TracebackType
 from typing import Any
 
+from georep._clock import Deadline, FakeWatchdog
+from georep._slot import RegionSlot
 from georep._testing_outbox import InMemoryOutbox
 from georep.exceptions import (
     AuthenticationError,
@@ -43,31 +43,10 @@ __all__ = [
 ]
 
 
-class _FakeTimeout:
-    def __init__(self, clock: FakeClock, seconds: float) -> None:
-        self._clock = clock
-        self._seconds = seconds
-        self._inner = asyncio.timeout(None)
-
-    async def __aenter__(self) -> None:
-        await self._inner.__aenter__()
-        self._clock._arm(self._clock.monotonic() + self._seconds, self._inner)
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        traceback: TracebackType | None,
-    ) -> bool | None:
-        self._clock._disarm(self._inner)
-        await self._inner.__aexit__(exc_type, exc, traceback)
-        return None
-
-
 class FakeClock:
     """A clock that stands still until :meth:`advance` moves it.
 
-    ``sleep`` and ``timeout`` wait for virtual time, so a test drives a 10-second deadline
+    ``sleep`` and ``deadline`` wait for virtual time, so a test drives a 10-second deadline
     in microseconds: start the operation as a task, then ``await clock.advance(10)``.
     """
 
@@ -76,7 +55,7 @@ class FakeClock:
         self._now = 0.0
         self._order = itertools.count()
         self._sleepers: list[tuple[float, int, asyncio.Future[None]]] = []
-        self._timeouts: dict[asyncio.Timeout, float] = {}
+        self._watchdog = FakeWatchdog(self.monotonic)
 
     def monotonic(self) -> float:
         return self._now
@@ -92,19 +71,8 @@ class FakeClock:
         heapq.heappush(self._sleepers, (self._now + seconds, next(self._order), future))
         await future
 
-    def timeout(self, seconds: float) -> _FakeTimeout:
-        return _FakeTimeout(self, seconds)
-
-    def _arm(self, deadline: float, timeout: asyncio.Timeout) -> None:
-        self._timeouts[timeout] = deadline
-
-    def _disarm(self, timeout: asyncio.Timeout) -> None:
-        self._timeouts.pop(timeout, None)
-
-    @property
-    def pending(self) -> int:
-        """Sleepers and deadlines waiting for virtual time."""
-        return len(self._sleepers) + len(self._timeouts)
+    def deadline(self, seconds: float) -> Deadline:
+        return Deadline(self._watchdog, seconds)
 
     async def advance(self, seconds: float = 0.0) -> None:
         """Move time forward, waking every sleeper and deadline due on the way, in order."""
@@ -112,7 +80,9 @@ class FakeClock:
         await settle()
         while True:
             due = [d for d, _, f in self._sleepers if not f.done()]
-            due += list(self._timeouts.values())
+            deadline = self._watchdog.next_due()
+            if deadline is not None:
+                due.append(deadline)
             next_due = min((d for d in due if d <= target), default=None)
             if next_due is None:
                 break
@@ -121,11 +91,7 @@ class FakeClock:
                 _, _, future = heapq.heappop(self._sleepers)
                 if not future.done():
                     future.set_result(None)
-            loop_now = asyncio.get_running_loop().time()
-            for timeout, deadline in list(self._timeouts.items()):
-                if deadline <= self._now:
-                    del self._timeouts[timeout]
-                    timeout.reschedule(loop_now)
+            self._watchdog.expire(self._now)
             await settle()
         self._now = target
         await settle()
@@ -278,7 +244,7 @@ class InMemoryRegionSender:
         self.attempts = 0
         self.closed = False
         self.payloads: list[Any] = []
-        self.lock = asyncio.Lock()
+        self._slot = RegionSlot()
 
     @property
     def namespace(self) -> str:
@@ -331,8 +297,8 @@ class InMemoryRegionSender:
                 f"{self._region}: injected {kind.value}", region=self._region, kind=kind
             )
 
-    def slot(self) -> contextlib.AbstractAsyncContextManager[object]:
-        return self.lock
+    def slot(self) -> RegionSlot:
+        return self._slot
 
     async def send(self, messages: Any, *, timeout: float) -> None:
         await self._check()

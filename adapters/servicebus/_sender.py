@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import asyncio
+import weakref
 from collections.abc import Awaitable, Callable, Sequence
 from datetime import datetime
 from typing import Any, TypeVar
@@ -12,6 +12,7 @@ from azure.servicebus.aio import ServiceBusClient, ServiceBusSender
 from azure.servicebus.exceptions import MessageNotFoundError
 
 from georep.exceptions import ConfigurationError, RegionError
+from georep.ports import RegionSlot
 
 from ._codec import ServiceBusCodec
 from ._errors import translate_error
@@ -19,6 +20,7 @@ from ._errors import translate_error
 __all__ = ["ServiceBusRegionSender", "open_region_sender"]
 
 _T = TypeVar("_T")
+_SLOTS: weakref.WeakKeyDictionary[ServiceBusSender, RegionSlot] = weakref.WeakKeyDictionary()
 _NO_SUCH_SEQUENCE = 2**62
 
 
@@ -44,9 +46,13 @@ class ServiceBusRegionSender:
         # One call at a time per SDK sender: concurrent send_messages on one async
         # ServiceBusSender interleave AMQP transfers out of order and race on reopening the
         # link ("'NoneType' object has no attribute 'create_sender_link'",
-        # Azure/azure-sdk-for-python#36334). georep's core holds this lock (slot()) around
-        # each call and starts its deadline once it has it.
-        self._lock = asyncio.Lock()
+        # Azure/azure-sdk-for-python#36334). georep's core holds the slot around each call
+        # and starts its deadline once it has it. Keyed by the SDK sender, so every
+        # GeoSender wrapping the same sender shares it.
+        slot = _SLOTS.get(sender)
+        if slot is None:
+            slot = _SLOTS[sender] = RegionSlot()
+        self._slot = slot
 
     @property
     def namespace(self) -> str:
@@ -69,8 +75,8 @@ class ServiceBusRegionSender:
         """The wrapped SDK sender."""
         return self._sender
 
-    def slot(self) -> asyncio.Lock:
-        return self._lock
+    def slot(self) -> RegionSlot:
+        return self._slot
 
     async def _call(self, operation: Callable[[], Awaitable[_T]]) -> _T:
         # The caller holds slot(); georep's core always does (see GeoSender._bounded).
@@ -83,7 +89,11 @@ class ServiceBusRegionSender:
         return translate_error(exc, region=self._region, namespace=self._namespace) or exc
 
     async def send(self, messages: Any, *, timeout: float) -> None:
-        await self._call(lambda: self._sender.send_messages(messages, timeout=timeout))
+        # Written out rather than through _call: this is the hot path.
+        try:
+            await self._sender.send_messages(messages, timeout=timeout)
+        except Exception as exc:
+            raise self._translate(exc) from exc
 
     async def schedule(
         self, messages: Sequence[Any], schedule_time_utc: datetime, *, timeout: float

@@ -14,15 +14,14 @@ from georep._clock import SystemClock
 
 async def test_a_call_past_its_deadline_raises_timeout_error() -> None:
     clock = SystemClock()
-    with pytest.raises(TimeoutError):
-        async with clock.timeout(0.01):
-            await asyncio.Event().wait()
+    with pytest.raises(TimeoutError), clock.deadline(0.01):
+        await asyncio.Event().wait()
 
 
 async def test_a_call_within_its_deadline_is_untouched_and_later_awaits_work() -> None:
     clock = SystemClock()
     for _ in range(100):
-        async with clock.timeout(0.05):
+        with clock.deadline(0.05):
             await asyncio.sleep(0)
     await asyncio.sleep(0.07)  # past every deadline: no stray cancellation arrives
     assert asyncio.current_task().cancelling() == 0  # type: ignore[union-attr]
@@ -34,7 +33,7 @@ async def test_deadlines_fire_in_order_whatever_order_they_were_set() -> None:
 
     async def guarded(name: str, seconds: float) -> None:
         try:
-            async with clock.timeout(seconds):
+            with clock.deadline(seconds):
                 await asyncio.Event().wait()
         except TimeoutError:
             finished.append(name)
@@ -47,7 +46,7 @@ async def test_the_callers_own_cancellation_is_not_turned_into_a_timeout() -> No
     clock = SystemClock()
 
     async def guarded() -> None:
-        async with clock.timeout(10):
+        with clock.deadline(10):
             await asyncio.Event().wait()
 
     task = asyncio.create_task(guarded())

@@ -1,0 +1,63 @@
+"""RegionSlot: a FIFO mutex with a synchronous fast path."""
+
+from __future__ import annotations
+
+import asyncio
+
+from georep._slot import RegionSlot
+from georep.testing import settle
+
+
+async def test_free_slot_is_taken_without_waiting_and_released() -> None:
+    slot = RegionSlot()
+    assert slot.try_acquire() and slot.busy
+    assert not slot.try_acquire()
+    slot.release()
+    assert not slot.busy and slot.try_acquire()
+
+
+async def test_waiters_are_served_in_order() -> None:
+    slot = RegionSlot()
+    assert slot.try_acquire()
+    order: list[int] = []
+
+    async def worker(index: int) -> None:
+        await slot.acquire()
+        order.append(index)
+        slot.release()
+
+    tasks = [asyncio.create_task(worker(i)) for i in range(5)]
+    await settle()
+    assert order == []
+    slot.release()
+    await asyncio.gather(*tasks)
+    assert order == [0, 1, 2, 3, 4] and not slot.busy
+
+
+async def test_a_cancelled_waiter_neither_holds_nor_loses_the_slot() -> None:
+    slot = RegionSlot()
+    assert slot.try_acquire()
+    cancelled = asyncio.create_task(slot.acquire())
+    later = asyncio.create_task(slot.acquire())
+    await settle()
+    cancelled.cancel()
+    await settle()
+    slot.release()
+    await asyncio.wait_for(later, 1)
+    assert slot.busy  # held by `later`
+    slot.release()
+    assert not slot.busy
+
+
+async def test_a_waiter_cancelled_as_it_is_handed_the_slot_passes_it_on() -> None:
+    slot = RegionSlot()
+    assert slot.try_acquire()
+    first = asyncio.create_task(slot.acquire())
+    second = asyncio.create_task(slot.acquire())
+    await settle()
+    slot.release()  # hands the slot to `first`...
+    first.cancel()  # ...which is cancelled before it runs
+    await settle()
+    assert second.done() and slot.busy
+    slot.release()
+    assert not slot.busy
