@@ -26,6 +26,7 @@ __all__ = [
     "OutboxFullError",
     "RegionError",
     "RegionUnavailableError",
+    "StoreUnavailableError",
 ]
 
 
@@ -59,6 +60,16 @@ class OutboxFullError(GeoReplicationError):
     """The durable outbox reached its bound; the message was not stored and not sent.
 
     Raise the bound, or drain the backlog (restore a region) before sending more.
+    """
+
+    retryable = True
+
+
+class StoreUnavailableError(GeoReplicationError):
+    """The seen-set store (Redis) could not be reached or did not answer in time.
+
+    Receivers stop handing out messages while it lasts (nothing is processed unchecked)
+    and resume when it answers again.
     """
 
     retryable = True

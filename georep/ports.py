@@ -19,6 +19,7 @@ from typing import Any, Protocol, runtime_checkable
 from georep._slot import RegionSlot
 
 __all__ = [
+    "ClaimState",
     "Clock",
     "ErrorKind",
     "MessageCodec",
@@ -26,6 +27,7 @@ __all__ = [
     "OutboxEntry",
     "RegionSender",
     "RegionSlot",
+    "SeenStore",
 ]
 
 
@@ -247,4 +249,51 @@ class Outbox(Protocol):
 
     async def aclose(self) -> None:
         """Release the store; idempotent."""
+        ...
+
+
+class ClaimState(enum.StrEnum):
+    """What :meth:`SeenStore.claim` found for one dedup key."""
+
+    CLAIMED = "claimed"
+    """Ours now: process the message, then commit (or release on failure)."""
+    IN_FLIGHT = "in-flight"
+    """Another consumer holds a live claim: wait for its outcome."""
+    DONE = "done"
+    """Processed already (within the dedup window): settle the copy without processing."""
+
+
+@runtime_checkable
+class SeenStore(Protocol):
+    """The shared record of which logical messages were processed (SPEC §2.4).
+
+    Claim -> process -> commit: a key is marked done only after its handler succeeded. A
+    claim is a lease: if its holder dies, the lease expires and the key can be claimed
+    again. Every method takes many keys and costs one round trip to the store.
+
+    Implementations raise :class:`georep.exceptions.StoreUnavailableError` when the store
+    cannot be reached, and nothing else for that condition.
+    """
+
+    async def claim(self, keys: Sequence[str], *, owner: str, lease: float) -> list[ClaimState]:
+        """Try to claim each key for ``owner`` for ``lease`` seconds.
+
+        A key already claimed by the same ``owner`` is claimed again (lease renewed).
+        """
+        ...
+
+    async def commit(self, keys: Sequence[str], *, owner: str) -> None:
+        """Mark keys done for the store's dedup window (whoever holds them)."""
+        ...
+
+    async def release(self, keys: Sequence[str], *, owner: str) -> None:
+        """Drop ``owner``'s claims (the handler failed); others' claims are untouched."""
+        ...
+
+    async def extend(self, keys: Sequence[str], *, owner: str, lease: float) -> list[bool]:
+        """Renew ``owner``'s claims for ``lease`` more seconds; False where it lost them."""
+        ...
+
+    async def aclose(self) -> None:
+        """Release connections this store created; idempotent."""
         ...
