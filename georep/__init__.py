@@ -24,6 +24,7 @@ from georep._policy import (  # noqa: E402
     FailoverPolicy,
     ReplicationMode,
 )
+from georep._receiver import GeoReceiver, ReceiverHandler, ReceiverStats, receiver  # noqa: E402
 from georep._roles import RoleState  # noqa: E402
 from georep._sender import GeoSender, SenderStats, SendResult  # noqa: E402
 from georep.exceptions import (  # noqa: E402
@@ -39,13 +40,15 @@ from georep.exceptions import (  # noqa: E402
     OutboxFullError,
     RegionError,
     RegionUnavailableError,
+    StoreUnavailableError,
 )
-from georep.ports import ErrorKind  # noqa: E402
+from georep.ports import ClaimState, ErrorKind  # noqa: E402
 
 __all__ = [
     "DEFAULT_FAILOVER_KINDS",
     "AllRegionsUnavailableError",
     "AuthenticationError",
+    "ClaimState",
     "ClosedError",
     "ConfigurationError",
     "DedupKey",
@@ -54,11 +57,14 @@ __all__ = [
     "EntityNotFoundError",
     "ErrorKind",
     "FailoverPolicy",
+    "GeoReceiver",
     "GeoReplicationError",
     "GeoSender",
     "InvalidMessageError",
     "MessageTooLargeError",
     "OutboxFullError",
+    "ReceiverHandler",
+    "ReceiverStats",
     "RegionError",
     "RegionUnavailableError",
     "ReplicationMode",
@@ -66,5 +72,7 @@ __all__ = [
     "SendResult",
     "SenderStats",
     "SqliteOutbox",
+    "StoreUnavailableError",
     "__version__",
+    "receiver",
 ]

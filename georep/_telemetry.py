@@ -15,7 +15,7 @@ from opentelemetry.metrics import CallbackOptions, Observation
 from opentelemetry.trace import Span
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
-__all__ = ["SenderTelemetry", "traceparent_of"]
+__all__ = ["ReceiverMetrics", "SenderTelemetry", "traceparent_of"]
 
 _INSTRUMENTATION = "georep"
 _propagator = TraceContextTextMapPropagator()
@@ -128,3 +128,72 @@ class SenderTelemetry:
 
     def duration(self, seconds: float, outcome: str) -> None:
         self._duration.record(seconds, self._attributes("all", outcome))
+
+
+class ReceiverMetrics:
+    """The metrics one :class:`georep.GeoReceiver` records into."""
+
+    def __init__(
+        self, entity: str, meter_provider: metrics.MeterProvider | None, stats: Any
+    ) -> None:
+        from georep import __version__
+
+        meter = metrics.get_meter(_INSTRUMENTATION, __version__, meter_provider)
+        self._base = {"messaging.destination.name": entity}
+        self._by_region: dict[str, dict[str, str]] = {}
+        self._processed = meter.create_counter(
+            "georep.messages.processed",
+            unit="{message}",
+            description="Logical messages whose handler succeeded, by the region of the copy.",
+        )
+        self._suppressed = meter.create_counter(
+            "georep.messages.suppressed",
+            unit="{message}",
+            description="Duplicate copies settled without calling the handler, by region.",
+        )
+        self._failed = meter.create_counter(
+            "georep.messages.failed",
+            unit="{message}",
+            description="Handler failures (copy abandoned, redelivered later).",
+        )
+        self._store_errors = meter.create_counter(
+            "georep.seen.errors",
+            unit="{error}",
+            description="Seen-set calls that failed (store unreachable).",
+        )
+        self._claim_latency = meter.create_histogram(
+            "georep.seen.claim.duration",
+            unit="s",
+            description="Duration of one batched claim round trip to the seen-set.",
+        )
+
+        def observe_parked(_options: CallbackOptions) -> Iterable[Observation]:
+            yield Observation(stats.parked, self._base)
+
+        meter.create_observable_gauge(
+            "georep.messages.parked",
+            callbacks=[observe_parked],
+            unit="{message}",
+            description="Copies waiting for another consumer's outcome.",
+        )
+
+    def _region(self, region: str) -> dict[str, str]:
+        attributes = self._by_region.get(region)
+        if attributes is None:
+            attributes = self._by_region[region] = {**self._base, "georep.region": region}
+        return attributes
+
+    def processed(self, region: str) -> None:
+        self._processed.add(1, self._region(region))
+
+    def suppressed(self, region: str) -> None:
+        self._suppressed.add(1, self._region(region))
+
+    def failed(self, region: str) -> None:
+        self._failed.add(1, self._region(region))
+
+    def store_error(self) -> None:
+        self._store_errors.add(1, self._base)
+
+    def claim_latency(self, seconds: float) -> None:
+        self._claim_latency.record(seconds, self._base)

@@ -21,10 +21,12 @@ from georep._slot import RegionSlot
 __all__ = [
     "ClaimState",
     "Clock",
+    "Delivery",
     "ErrorKind",
     "MessageCodec",
     "Outbox",
     "OutboxEntry",
+    "RegionReceiver",
     "RegionSender",
     "RegionSlot",
     "SeenStore",
@@ -56,6 +58,8 @@ class ErrorKind(enum.StrEnum):
     """The queue or topic exists but is disabled."""
     MESSAGE_TOO_LARGE = "message-too-large"
     """The message or batch is over the entity's size limit."""
+    LOCK_LOST = "lock-lost"
+    """A received copy's lock expired before it was settled; it will be redelivered."""
     INVALID_ARGUMENT = "invalid-argument"
     """The request itself is wrong (bad property, bad schedule time, ...)."""
     UNKNOWN = "unknown"
@@ -296,4 +300,63 @@ class SeenStore(Protocol):
 
     async def aclose(self) -> None:
         """Release connections this store created; idempotent."""
+        ...
+
+
+@dataclass(frozen=True, slots=True)
+class Delivery:
+    """What a receiver knows about one received copy.
+
+    Attributes:
+        key: The dedup key's value (None when the copy lacks it: processed unchecked).
+        delivery_count: The broker's delivery count (1 on first delivery).
+        enqueued_at: Wall-clock seconds when the region stored it, if known.
+        locked_until: Wall-clock seconds when its lock expires, if known.
+        traceparent: The producer's W3C traceparent, if the copy carries one.
+    """
+
+    key: str | None
+    delivery_count: int
+    enqueued_at: float | None
+    locked_until: float | None
+    traceparent: str | None
+
+
+@runtime_checkable
+class RegionReceiver(Protocol):
+    """One region's peek-lock receiver for one queue or subscription.
+
+    georep calls it from one task at a time (the SDK's receivers are not safe for
+    concurrent calls). Failed operations raise :class:`georep.exceptions.RegionError`.
+    """
+
+    @property
+    def region(self) -> str: ...
+
+    @property
+    def namespace(self) -> str: ...
+
+    @property
+    def entity(self) -> str:
+        """The queue, or ``topic/Subscriptions/subscription``."""
+        ...
+
+    def delivery(self, message: Any, dedup_source: str, dedup_name: str | None) -> Delivery:
+        """Read a copy's key and delivery details (``dedup_source`` as in DedupKey)."""
+        ...
+
+    async def receive(self, max_messages: int, *, max_wait: float) -> list[Any]:
+        """Up to ``max_messages`` locked copies, waiting at most ``max_wait`` seconds."""
+        ...
+
+    async def complete(self, message: Any) -> None: ...
+
+    async def abandon(self, message: Any) -> None: ...
+
+    async def renew_lock(self, message: Any) -> float | None:
+        """Renew the copy's lock; return its new expiry (wall-clock seconds) if known."""
+        ...
+
+    async def close(self) -> None:
+        """Close what this adapter created (never the caller's receiver)."""
         ...

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import dataclasses
 import heapq
 import itertools
 import json
@@ -31,14 +32,16 @@ from georep.exceptions import (
     RegionError,
     RegionUnavailableError,
 )
-from georep.ports import ErrorKind
+from georep.ports import Delivery, ErrorKind
 
 __all__ = [
     "FakeBatch",
     "FakeClock",
     "FakeCodec",
     "FakeMessage",
+    "FakeReceivedMessage",
     "InMemoryOutbox",
+    "InMemoryRegionReceiver",
     "InMemoryRegionSender",
 ]
 
@@ -327,6 +330,158 @@ class InMemoryRegionSender:
 
     async def probe(self, *, timeout: float) -> None:
         await self._check()
+
+    async def close(self) -> None:
+        self.closed = True
+
+
+@dataclass
+class FakeReceivedMessage:
+    """A copy handed out by :class:`InMemoryRegionReceiver`."""
+
+    body: bytes
+    message_id: str | None
+    subject: str | None = None
+    application_properties: dict[str, Any] = field(default_factory=dict)
+    delivery_count: int = 1
+    sequence_number: int = 0
+    lock_token: int = 0
+    locked_until: float = 0.0
+
+
+class InMemoryRegionReceiver:
+    """One fake region's queue with peek-lock semantics, on a :class:`FakeClock`.
+
+    Attributes:
+        completed: Copies completed, in order.
+        abandoned: Copies abandoned, in order.
+        dead_lettered: Messages moved aside after ``max_delivery_count`` deliveries.
+    """
+
+    def __init__(
+        self,
+        region: str,
+        namespace: str | None = None,
+        entity: str = "orders",
+        *,
+        clock: FakeClock,
+        lock_duration: float = 30.0,
+        max_delivery_count: int = 10,
+    ) -> None:
+        self._region = region
+        self._namespace = namespace or f"{region}.servicebus.example"
+        self._entity = entity
+        self._clock = clock
+        self.lock_duration = lock_duration
+        self.max_delivery_count = max_delivery_count
+        self._sequence = itertools.count(1)
+        self._tokens = itertools.count(1)
+        self._available: list[FakeReceivedMessage] = []
+        self._locked: dict[int, FakeReceivedMessage] = {}
+        self.completed: list[FakeReceivedMessage] = []
+        self.abandoned: list[FakeReceivedMessage] = []
+        self.dead_lettered: list[FakeReceivedMessage] = []
+        self.closed = False
+
+    @property
+    def region(self) -> str:
+        return self._region
+
+    @property
+    def namespace(self) -> str:
+        return self._namespace
+
+    @property
+    def entity(self) -> str:
+        return self._entity
+
+    def put(self, message: FakeMessage) -> None:
+        """Enqueue a copy of ``message`` (as a sender's accepted message would be)."""
+        self._available.append(
+            FakeReceivedMessage(
+                message.body,
+                message.message_id,
+                message.subject,
+                dict(message.application_properties),
+                sequence_number=next(self._sequence),
+            )
+        )
+
+    @property
+    def pending(self) -> int:
+        """Copies not yet completed (available or locked)."""
+        self._expire_locks()
+        return len(self._available) + len(self._locked)
+
+    def _expire_locks(self) -> None:
+        now = self._clock.time()
+        for token, message in list(self._locked.items()):
+            if message.locked_until <= now:
+                del self._locked[token]
+                self._redeliver(message)
+
+    def _redeliver(self, message: FakeReceivedMessage) -> None:
+        message.delivery_count += 1
+        if message.delivery_count > self.max_delivery_count:
+            self.dead_lettered.append(message)
+        else:
+            self._available.append(message)
+            self._available.sort(key=lambda m: m.sequence_number)
+
+    def delivery(self, message: Any, dedup_source: str, dedup_name: str | None) -> Delivery:
+        if dedup_source == "message_id":
+            key = message.message_id
+        elif dedup_source == "subject":
+            key = message.subject
+        else:
+            key = message.application_properties.get(dedup_name or "")
+        return Delivery(
+            key=None if key is None else str(key),
+            delivery_count=message.delivery_count,
+            enqueued_at=None,
+            locked_until=message.locked_until,
+            traceparent=message.application_properties.get("traceparent"),
+        )
+
+    async def receive(self, max_messages: int, *, max_wait: float) -> list[Any]:
+        self._expire_locks()
+        if not self._available:
+            await self._clock.sleep(max_wait)
+            self._expire_locks()
+        batch, self._available = self._available[:max_messages], self._available[max_messages:]
+        copies = []
+        for message in batch:
+            message.lock_token = next(self._tokens)
+            message.locked_until = self._clock.time() + self.lock_duration
+            self._locked[message.lock_token] = message
+            # Each delivery is a separate object, as the SDK hands out.
+            copies.append(dataclasses.replace(message))
+        return copies
+
+    def _held(self, message: Any) -> FakeReceivedMessage:
+        self._expire_locks()
+        held = self._locked.get(message.lock_token)
+        if held is None:
+            raise RegionError(
+                f"{self._region}: lock lost", region=self._region, kind=ErrorKind.LOCK_LOST
+            )
+        return held
+
+    async def complete(self, message: Any) -> None:
+        held = self._held(message)
+        del self._locked[held.lock_token]
+        self.completed.append(held)
+
+    async def abandon(self, message: Any) -> None:
+        held = self._held(message)
+        del self._locked[held.lock_token]
+        self.abandoned.append(held)
+        self._redeliver(held)
+
+    async def renew_lock(self, message: Any) -> float | None:
+        held = self._held(message)
+        held.locked_until = self._clock.time() + self.lock_duration
+        return held.locked_until
 
     async def close(self) -> None:
         self.closed = True

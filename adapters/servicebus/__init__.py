@@ -14,12 +14,15 @@ except ImportError as exc:  # pragma: no cover - depends on the install
 
 from ._codec import GeoMessageBatch, ServiceBusCodec
 from ._errors import translate_error
+from ._receiver import ServiceBusRegionReceiver, open_region_receiver
 from ._sender import ServiceBusRegionSender, open_region_sender
 
 __all__ = [
     "GeoMessageBatch",
     "ServiceBusCodec",
+    "ServiceBusRegionReceiver",
     "ServiceBusRegionSender",
+    "open_region_receiver",
     "open_region_sender",
     "translate_error",
 ]

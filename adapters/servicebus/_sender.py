@@ -134,7 +134,7 @@ class ServiceBusRegionSender:
             await self._client.close()
 
 
-def _check_connection_string(connection_string: str, region: str) -> None:
+def check_connection_string(connection_string: str, region: str) -> None:
     """Reject a malformed connection string without ever echoing it (it holds the key)."""
     if not isinstance(connection_string, str) or not connection_string.strip():
         raise ConfigurationError(
@@ -187,7 +187,7 @@ def open_region_sender(
     Raises:
         ConfigurationError: The connection string is malformed (the message never shows it).
     """
-    _check_connection_string(connection_string, region)
+    check_connection_string(connection_string, region)
     try:
         client = ServiceBusClient.from_connection_string(
             connection_string,

@@ -1,0 +1,278 @@
+"""The seen-set on Redis: one string key per dedup key, one Lua script for every operation.
+
+A key holds ``"d"`` once its message was processed (TTL = the dedup window) or
+``"c" + owner`` while a consumer holds a claim on it (TTL = the lease). Every script call
+touches exactly one key (``KEYS[1]``), so the store works unchanged on Redis Cluster
+(SPEC §2.4); a method sends one call per key, all in one pipeline: one round trip however
+many keys it is given.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+from collections.abc import Sequence
+from datetime import timedelta
+from typing import Any, Final
+
+import redis.asyncio
+from redis.asyncio.retry import Retry
+from redis.backoff import NoBackoff
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import NoScriptError, RedisError
+from redis.exceptions import TimeoutError as RedisTimeoutError
+
+from georep._policy import seconds
+from georep.exceptions import ClosedError, ConfigurationError, StoreUnavailableError
+from georep.ports import ClaimState
+
+__all__ = ["RedisSeenSet"]
+
+DEFAULT_WINDOW: Final = timedelta(hours=24)
+DEFAULT_OPERATION_TIMEOUT: Final = 2.0
+
+# ARGV: operation, owner, milliseconds (the lease for claim/extend, the window for commit).
+# Returns for claim: 0 claimed, 1 in flight, 2 done; for the others 1 if it changed the key.
+# The operation names are one letter: the script runs once per key, 1,000s of times a batch.
+_SCRIPT: Final = """
+local op = ARGV[1]
+if op == 'm' then
+  redis.call('SET', KEYS[1], 'd', 'PX', ARGV[3])
+  return 1
+end
+local value = redis.call('GET', KEYS[1])
+local mine = 'c' .. ARGV[2]
+if op == 'c' then
+  if not value then
+    redis.call('SET', KEYS[1], mine, 'PX', ARGV[3])
+    return 0
+  end
+  if value == 'd' then
+    return 2
+  end
+  if value == mine then
+    redis.call('PEXPIRE', KEYS[1], ARGV[3])
+    return 0
+  end
+  return 1
+end
+if value ~= mine then
+  return 0
+end
+if op == 'r' then
+  redis.call('DEL', KEYS[1])
+  return 1
+end
+if op == 'e' then
+  redis.call('PEXPIRE', KEYS[1], ARGV[3])
+  return 1
+end
+return redis.error_reply('georep seen-set: unknown operation ' .. tostring(op))
+"""
+
+_CLAIM, _COMMIT, _RELEASE, _EXTEND = "c", "m", "r", "e"
+_CLAIM_STATES: Final = (ClaimState.CLAIMED, ClaimState.IN_FLIGHT, ClaimState.DONE)
+
+
+def _positive_seconds(value: float | timedelta, name: str) -> float:
+    result = seconds(value, name)
+    if result <= 0 or not math.isfinite(result):
+        raise ConfigurationError(f"{name} must be a positive number of seconds, got {value!r}")
+    return result
+
+
+def _milliseconds(value: float) -> int:
+    # PX takes whole milliseconds; round up so a tiny lease is never 0 (which Redis refuses).
+    return max(1, math.ceil(value * 1000))
+
+
+class RedisSeenSet:
+    """A :class:`georep.ports.SeenStore` on Redis, shared by every receiver process.
+
+    Args:
+        url_or_client: A ``redis://``, ``rediss://`` or ``unix://`` URL, or a
+            ``redis.asyncio.Redis`` client. From a URL the store creates its own client
+            (with ``operation_timeout`` as socket and connect timeout, one immediate
+            reconnect, no backoff) and closes it in :meth:`aclose`; a client passed in is
+            used as configured and never closed by the store (as redis-py's ``from_url``
+            versus its constructor).
+        group: Receivers that deduplicate against each other share a group. Default
+            ``"default"``.
+        prefix: Prepended to every key: ``f"{prefix}{group}:{key}"``. Default
+            ``"georep:seen:"``.
+        window: How long a processed key stays done, in seconds or a ``timedelta``.
+            Default 24 hours. A copy arriving later than this is processed again.
+        operation_timeout: Most seconds one call may take, retries and reconnects
+            included. Default 2.0.
+
+    Attributes:
+        round_trips: Exchanges with Redis so far (one per non-empty call, plus one each
+            for reloading the script after a server restart or ``SCRIPT FLUSH``).
+
+    Raises:
+        ConfigurationError: ``window`` or ``operation_timeout`` is not positive.
+    """
+
+    def __init__(
+        self,
+        url_or_client: str | redis.asyncio.Redis,
+        *,
+        group: str = "default",
+        prefix: str = "georep:seen:",
+        window: float | timedelta = DEFAULT_WINDOW,
+        operation_timeout: float = DEFAULT_OPERATION_TIMEOUT,
+    ) -> None:
+        self._window_ms = _milliseconds(_positive_seconds(window, "window"))
+        self._operation_timeout = _positive_seconds(operation_timeout, "operation_timeout")
+        self._key_prefix = f"{prefix}{group}:"
+        self._owns_client = isinstance(url_or_client, str)
+        if isinstance(url_or_client, str):
+            self._redis: redis.asyncio.Redis = redis.asyncio.Redis.from_url(
+                url_or_client,
+                socket_timeout=self._operation_timeout,
+                socket_connect_timeout=self._operation_timeout,
+                # One quick reconnect covers a pooled connection the server dropped; more
+                # would only delay the StoreUnavailableError receivers pause on.
+                retry=Retry(NoBackoff(), 1),
+            )
+        else:
+            self._redis = url_or_client
+        self._script = self._redis.register_script(_SCRIPT)
+        self._closed = False
+        self._close_task: asyncio.Future[None] | None = None
+        self.round_trips = 0
+
+    @property
+    def window(self) -> float:
+        """Seconds a committed key stays done."""
+        return self._window_ms / 1000
+
+    async def __aenter__(self) -> RedisSeenSet:
+        self._ensure_open()
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.aclose()
+
+    async def claim(self, keys: Sequence[str], *, owner: str, lease: float) -> list[ClaimState]:
+        """Claim each key for ``owner`` for ``lease`` seconds; their states in key order.
+
+        Raises:
+            ConfigurationError: ``lease`` is not positive.
+            StoreUnavailableError: Redis did not answer in time or refused the call.
+            ClosedError: The store was closed.
+        """
+        lease_ms = _milliseconds(_positive_seconds(lease, "lease"))
+        results = await self._run(keys, _CLAIM, owner, lease_ms)
+        return [_CLAIM_STATES[result] for result in results]
+
+    async def commit(self, keys: Sequence[str], *, owner: str) -> None:
+        """Mark keys done for the window, whoever holds them.
+
+        Raises:
+            StoreUnavailableError: Redis did not answer in time or refused the call.
+            ClosedError: The store was closed.
+        """
+        await self._run(keys, _COMMIT, owner, self._window_ms)
+
+    async def release(self, keys: Sequence[str], *, owner: str) -> None:
+        """Drop ``owner``'s claims on the keys; done keys and others' claims stay.
+
+        Raises:
+            StoreUnavailableError: Redis did not answer in time or refused the call.
+            ClosedError: The store was closed.
+        """
+        await self._run(keys, _RELEASE, owner, 0)
+
+    async def extend(self, keys: Sequence[str], *, owner: str, lease: float) -> list[bool]:
+        """Renew ``owner``'s claims for ``lease`` seconds; False where it no longer holds one.
+
+        Raises:
+            ConfigurationError: ``lease`` is not positive.
+            StoreUnavailableError: Redis did not answer in time or refused the call.
+            ClosedError: The store was closed.
+        """
+        lease_ms = _milliseconds(_positive_seconds(lease, "lease"))
+        return [result == 1 for result in await self._run(keys, _EXTEND, owner, lease_ms)]
+
+    async def aclose(self) -> None:
+        """Close the client if the store created it (from a URL); idempotent and shielded."""
+        self._closed = True
+        if self._close_task is None:
+            self._close_task = asyncio.ensure_future(self._close())
+        await asyncio.shield(self._close_task)
+
+    async def _close(self) -> None:
+        if self._owns_client:
+            await self._redis.aclose()
+
+    def _ensure_open(self) -> None:
+        if self._closed:
+            raise ClosedError("redis seen set is closed; create a new RedisSeenSet")
+
+    async def _run(self, keys: Sequence[str], operation: str, owner: str, ms: int) -> list[int]:
+        """Run the script once per key, all in one pipeline; the script's answers in order."""
+        self._ensure_open()
+        if not keys:
+            return []
+        full_keys = [self._key_prefix + key for key in keys]
+        deadline = asyncio.timeout(self._operation_timeout)
+        try:
+            async with deadline:
+                return await self._pipelined(full_keys, (operation, owner, ms))
+        except (RedisError, OSError) as exc:  # OSError includes TimeoutError
+            raise self._unavailable(exc, deadline_passed=deadline.expired()) from exc
+
+    async def _pipelined(self, full_keys: list[str], args: tuple[str, str, int]) -> list[int]:
+        results: list[Any] = [None] * len(full_keys)
+        pending = list(range(len(full_keys)))
+        # EVALSHA straight into the pipeline: redis-py's Script object would add a
+        # SCRIPT EXISTS round trip to every pipeline. A NOSCRIPT answer (new or restarted
+        # server, SCRIPT FLUSH) loads the script and reruns only the calls that got it.
+        for attempt in range(2):
+            pipe = self._redis.pipeline(transaction=False)
+            for index in pending:
+                pipe.evalsha(self._script.sha, 1, full_keys[index], *args)
+            self.round_trips += 1
+            answers = await pipe.execute(raise_on_error=False)
+            missing: list[int] = []
+            for index, answer in zip(pending, answers, strict=True):
+                if isinstance(answer, NoScriptError) and attempt == 0:
+                    missing.append(index)
+                elif isinstance(answer, Exception):
+                    raise answer
+                else:
+                    results[index] = int(answer)
+            if not missing:
+                break
+            self.round_trips += 1
+            self._script.sha = await self._redis.script_load(_SCRIPT)
+            pending = missing
+        return results
+
+    def _unavailable(
+        self, exc: BaseException, *, deadline_passed: bool = False
+    ) -> StoreUnavailableError:
+        """The one translation of a Redis client or socket failure into a georep error.
+
+        The text names the server (host:port or socket path) and carries the client's own
+        description, with the password scrubbed should it ever appear there.
+        """
+        connection: dict[str, Any] = self._redis.connection_pool.connection_kwargs
+        if connection.get("path"):
+            where = f"redis at unix:{connection['path']}"
+        else:
+            where = f"redis at {connection.get('host', 'localhost')}:{connection.get('port', 6379)}"
+        description = str(exc) or type(exc).__name__
+        password = connection.get("password")
+        if password:
+            description = description.replace(str(password), "***")
+        if deadline_passed:
+            detail = f"did not answer within {self._operation_timeout:g} s"
+        elif isinstance(exc, RedisTimeoutError | TimeoutError):
+            detail = f"did not answer in time ({type(exc).__name__}: {description})"
+        elif isinstance(exc, RedisConnectionError | OSError):
+            detail = f"cannot be reached ({type(exc).__name__}: {description})"
+        else:
+            detail = f"refused the seen-set call ({type(exc).__name__}: {description})"
+        return StoreUnavailableError(f"seen set: {where} {detail}")

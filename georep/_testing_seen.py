@@ -1,0 +1,184 @@
+"""An in-memory :class:`georep.ports.SeenStore` for unit tests: Redis's rules, an injected clock."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import timedelta
+
+from georep._clock import SystemClock
+from georep._policy import seconds
+from georep.exceptions import ClosedError, ConfigurationError, StoreUnavailableError
+from georep.ports import ClaimState, Clock
+
+__all__ = ["InMemorySeenSet"]
+
+
+@dataclass(frozen=True, slots=True)
+class _Entry:
+    owner: str | None
+    """Who holds the claim; None once the key is done."""
+    expires_at: float
+    """On the clock's ``monotonic()``; the entry is gone once the clock is past it."""
+
+
+class InMemorySeenSet:
+    """Behaves like :class:`georep.adapters.redis.RedisSeenSet` but lives in a dict.
+
+    Leases and the window run on ``clock.monotonic()``, so a test moves them with
+    :meth:`georep.testing.FakeClock.advance` instead of sleeping. Not shared between
+    processes: for unit tests only.
+
+    Args:
+        window: How long a committed key stays done, in seconds or a ``timedelta``.
+            Default 24 hours.
+        clock: Time source; defaults to the system clock.
+
+    Attributes:
+        unavailable: Set to True to make every call raise
+            :class:`~georep.exceptions.StoreUnavailableError`, as an unreachable Redis
+            would; set it back to False to "restore" the store.
+        round_trips: Calls that went to the store (non-empty ones), failed ones included.
+
+    Raises:
+        ConfigurationError: ``window`` is not positive.
+    """
+
+    def __init__(
+        self, *, window: float | timedelta = timedelta(hours=24), clock: Clock | None = None
+    ) -> None:
+        self._window = _positive_seconds(window, "window")
+        self._clock: Clock = clock if clock is not None else SystemClock()
+        self._entries: dict[str, _Entry] = {}
+        self._sweep_at = 1024
+        self._closed = False
+        self.unavailable = False
+        self.round_trips = 0
+
+    @property
+    def window(self) -> float:
+        """Seconds a committed key stays done."""
+        return self._window
+
+    async def __aenter__(self) -> InMemorySeenSet:
+        self._ensure_open()
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.aclose()
+
+    async def claim(self, keys: Sequence[str], *, owner: str, lease: float) -> list[ClaimState]:
+        """Claim each key for ``owner`` for ``lease`` seconds; their states in key order.
+
+        Raises:
+            ConfigurationError: ``lease`` is not positive.
+            StoreUnavailableError: ``unavailable`` is set.
+            ClosedError: The store was closed.
+        """
+        lease = _positive_seconds(lease, "lease")
+        if not self._begin(keys):
+            return []
+        now = self._clock.monotonic()
+        states: list[ClaimState] = []
+        for key in keys:
+            entry = self._live(key, now)
+            if entry is None or entry.owner == owner:
+                self._entries[key] = _Entry(owner, now + lease)
+                states.append(ClaimState.CLAIMED)
+            elif entry.owner is None:
+                states.append(ClaimState.DONE)
+            else:
+                states.append(ClaimState.IN_FLIGHT)
+        return states
+
+    async def commit(self, keys: Sequence[str], *, owner: str) -> None:
+        """Mark keys done for the window, whoever holds them.
+
+        Raises:
+            StoreUnavailableError: ``unavailable`` is set.
+            ClosedError: The store was closed.
+        """
+        if not self._begin(keys):
+            return
+        expires_at = self._clock.monotonic() + self._window
+        for key in keys:
+            self._entries[key] = _Entry(None, expires_at)
+
+    async def release(self, keys: Sequence[str], *, owner: str) -> None:
+        """Drop ``owner``'s claims on the keys; done keys and others' claims stay.
+
+        Raises:
+            StoreUnavailableError: ``unavailable`` is set.
+            ClosedError: The store was closed.
+        """
+        if not self._begin(keys):
+            return
+        now = self._clock.monotonic()
+        for key in keys:
+            entry = self._live(key, now)
+            if entry is not None and entry.owner == owner:
+                del self._entries[key]
+
+    async def extend(self, keys: Sequence[str], *, owner: str, lease: float) -> list[bool]:
+        """Renew ``owner``'s claims for ``lease`` seconds; False where it no longer holds one.
+
+        Raises:
+            ConfigurationError: ``lease`` is not positive.
+            StoreUnavailableError: ``unavailable`` is set.
+            ClosedError: The store was closed.
+        """
+        lease = _positive_seconds(lease, "lease")
+        if not self._begin(keys):
+            return []
+        now = self._clock.monotonic()
+        renewed: list[bool] = []
+        for key in keys:
+            entry = self._live(key, now)
+            held = entry is not None and entry.owner == owner
+            if held:
+                self._entries[key] = _Entry(owner, now + lease)
+            renewed.append(held)
+        return renewed
+
+    async def aclose(self) -> None:
+        """Mark the store closed (its keys are dropped); idempotent."""
+        self._closed = True
+        self._entries.clear()
+
+    def _begin(self, keys: Sequence[str]) -> bool:
+        """Checks shared by every call; False when there is nothing to do (no round trip)."""
+        self._ensure_open()
+        if not keys:
+            return False
+        self.round_trips += 1
+        if self.unavailable:
+            raise StoreUnavailableError("seen set: in-memory store is unavailable (test outage)")
+        if len(self._entries) >= self._sweep_at:
+            self._sweep()
+        return True
+
+    def _ensure_open(self) -> None:
+        if self._closed:
+            raise ClosedError("in-memory seen set is closed; create a new InMemorySeenSet")
+
+    def _live(self, key: str, now: float) -> _Entry | None:
+        entry = self._entries.get(key)
+        if entry is not None and now > entry.expires_at:  # Redis keeps a key up to its PX
+            del self._entries[key]
+            return None
+        return entry
+
+    def _sweep(self) -> None:
+        # Expired keys nobody asks about again would pile up; drop them in bulk, at most as
+        # often as the dict doubles, so the cost stays proportional to the keys stored.
+        now = self._clock.monotonic()
+        self._entries = {k: e for k, e in self._entries.items() if now <= e.expires_at}
+        self._sweep_at = max(1024, 2 * len(self._entries))
+
+
+def _positive_seconds(value: float | timedelta, name: str) -> float:
+    result = seconds(value, name)
+    if result <= 0 or not math.isfinite(result):
+        raise ConfigurationError(f"{name} must be a positive number of seconds, got {value!r}")
+    return result

@@ -1,0 +1,352 @@
+"""GeoReceiver end to end: real SDK, the two-region emulator, a real Redis seen-set."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections import Counter
+from collections.abc import AsyncIterator, Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from azure.servicebus import ServiceBusMessage
+
+from georep import FailoverPolicy, GeoReceiver, GeoSender, ReplicationMode
+from georep.adapters.emulator import Emulator
+from georep.adapters.redis import RedisSeenSet
+
+pytestmark = pytest.mark.integration
+
+REPO = Path(__file__).resolve().parents[2]
+REDIS_URL = os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0")
+
+
+@pytest.fixture(scope="module")
+def emu() -> Iterator[Emulator]:
+    with Emulator() as emulator:
+        yield emulator
+
+
+@pytest.fixture
+def queue(emu: Emulator) -> Iterator[str]:
+    name = f"rx-{uuid.uuid4().hex[:8]}"
+    for namespace in emu.namespaces:
+        emu.namespace(namespace).create_queue(name, lock_duration=5, max_delivery_count=10)
+    yield name
+    for namespace in emu.namespaces:
+        emu.namespace(namespace).restore()
+
+
+@pytest.fixture
+async def seen() -> AsyncIterator[RedisSeenSet]:
+    store = RedisSeenSet(REDIS_URL, group=f"test-{uuid.uuid4().hex[:8]}", window=600)
+    yield store
+    await store.aclose()
+
+
+async def eventually(condition: Callable[[], bool], within: float) -> bool:
+    """Wait until ``condition()`` holds (it is changed by tasks and processes we observe)."""
+    deadline = time.monotonic() + within
+    while not condition():
+        if time.monotonic() > deadline:
+            return False
+        await asyncio.sleep(0.05)
+    return True
+
+
+def stored(emu: Emulator, queue: str) -> int:
+    return sum(emu.namespace(n).message_count(queue) for n in emu.namespaces)
+
+
+async def send_active(emu: Emulator, queue: str, count: int) -> list[str]:
+    ids: list[str] = []
+    async with GeoSender.from_connection_strings(
+        emu.connection_string("primary"),
+        emu.connection_string("secondary"),
+        queue_name=queue,
+        mode=ReplicationMode.ACTIVE,
+    ) as sender:
+        for start in range(0, count, 100):
+            batch = await sender.create_message_batch()
+            for index in range(start, min(count, start + 100)):
+                batch.add_message(ServiceBusMessage(f"m{index}"))
+            ids.extend((await sender.send_messages(batch)).message_ids)
+    return ids
+
+
+def geo_receiver(emu: Emulator, queue: str, seen: RedisSeenSet, **options: Any) -> GeoReceiver:
+    return GeoReceiver.from_connection_strings(
+        emu.connection_string("primary"),
+        emu.connection_string("secondary"),
+        queue_name=queue,
+        seen=seen,
+        **options,
+    )
+
+
+async def test_active_twins_are_processed_once(
+    emu: Emulator, queue: str, seen: RedisSeenSet
+) -> None:
+    ids = await send_active(emu, queue, 300)
+    processed: Counter[str] = Counter()
+
+    async def handle(message: Any) -> None:
+        processed[str(message.message_id)] += 1
+
+    async with geo_receiver(emu, queue, seen) as receiver:
+        task = asyncio.create_task(receiver.run(handle))
+        assert await eventually(lambda: stored(emu, queue) == 0, within=60)
+        await receiver.aclose()
+        await task
+    assert processed == Counter({message_id: 1 for message_id in ids})
+    assert sum(receiver.stats.suppressed.values()) == 300
+
+
+async def test_a_handler_that_fails_once_is_processed_once_after_redelivery(
+    emu: Emulator, queue: str, seen: RedisSeenSet
+) -> None:
+    ids = await send_active(emu, queue, 20)
+    attempts: Counter[str] = Counter()
+    processed: Counter[str] = Counter()
+
+    async def flaky(message: Any) -> None:
+        message_id = str(message.message_id)
+        attempts[message_id] += 1
+        if attempts[message_id] == 1:
+            raise RuntimeError("transient failure")
+        processed[message_id] += 1
+
+    async with geo_receiver(emu, queue, seen) as receiver:
+        task = asyncio.create_task(receiver.run(flaky))
+        assert await eventually(lambda: stored(emu, queue) == 0, within=60)
+        await receiver.aclose()
+        await task
+    assert processed == Counter({message_id: 1 for message_id in ids})
+    assert receiver.stats.failed == 20
+
+
+async def test_duplicate_reception_after_a_lost_response_is_processed_once(
+    emu: Emulator, queue: str, seen: RedisSeenSet
+) -> None:
+    async with GeoSender.from_connection_strings(
+        emu.connection_string("primary"),
+        emu.connection_string("secondary"),
+        queue_name=queue,
+        policy=FailoverPolicy(attempt_timeout=1.0),
+    ) as sender:
+        await sender.send_messages(ServiceBusMessage("warm-up"))
+        await asyncio.to_thread(emu.namespace("primary").drop_dispositions, 5)
+        results = [await sender.send_messages(ServiceBusMessage(f"d{i}")) for i in range(5)]
+    assert all(r.failed_over for r in results[:1])
+    assert stored(emu, queue) >= 6 + 1, "the lost-response copies are in both regions"
+
+    processed: Counter[str] = Counter()
+
+    async def handle(message: Any) -> None:
+        processed[str(message.message_id)] += 1
+
+    async with geo_receiver(emu, queue, seen) as receiver:
+        task = asyncio.create_task(receiver.run(handle))
+        assert await eventually(lambda: stored(emu, queue) == 0, within=60)
+        await receiver.aclose()
+        await task
+    assert all(count == 1 for count in processed.values()), processed
+    assert {r.message_ids[0] for r in results} <= set(processed)
+
+
+_RECEIVER_PROCESS = """
+import asyncio, os, signal, sys
+from georep import GeoReceiver
+from georep.adapters.redis import RedisSeenSet
+
+async def main():
+    seen = RedisSeenSet(os.environ["REDIS_URL"], group=os.environ["GROUP"], window=600)
+    receiver = GeoReceiver.from_connection_strings(
+        os.environ["PRIMARY"], os.environ["SECONDARY"], queue_name=os.environ["QUEUE"],
+        seen=seen, lease=float(os.environ.get("LEASE", "30")),
+    )
+    slow = os.environ.get("SLOW_ID")
+
+    async def handle(message):
+        message_id = str(message.message_id)
+        if message_id == slow:
+            print("SLOW " + message_id, flush=True)
+            await asyncio.sleep(3600)
+        print(message_id, flush=True)
+
+    loop = asyncio.get_running_loop()
+    loop.add_signal_handler(signal.SIGTERM, lambda: asyncio.ensure_future(receiver.aclose()))
+    print("READY", flush=True)
+    await receiver.run(handle)
+    await seen.aclose()
+
+asyncio.run(main())
+"""
+
+
+async def start_receiver(emu: Emulator, queue: str, group: str, **env: str) -> Any:
+    return await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-c",
+        _RECEIVER_PROCESS,
+        cwd=REPO,
+        env={
+            **os.environ,
+            "REDIS_URL": REDIS_URL,
+            "GROUP": group,
+            "PRIMARY": emu.connection_string("primary"),
+            "SECONDARY": emu.connection_string("secondary"),
+            "QUEUE": queue,
+            **env,
+        },
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+
+
+async def collect(process: Any, lines: list[str]) -> None:
+    assert process.stdout is not None
+    async for raw in process.stdout:
+        lines.append(raw.decode().strip())
+
+
+async def test_four_receiver_processes_process_every_id_exactly_once(
+    emu: Emulator, queue: str
+) -> None:
+    total = 10_000
+    ids = await send_active(emu, queue, total)
+    group = f"four-{uuid.uuid4().hex[:8]}"
+    processes = [await start_receiver(emu, queue, group) for _ in range(4)]
+    outputs: list[list[str]] = [[] for _ in processes]
+    readers = [
+        asyncio.create_task(collect(p, out)) for p, out in zip(processes, outputs, strict=True)
+    ]
+    try:
+        assert await eventually(lambda: stored(emu, queue) == 0, within=240), (
+            f"{stored(emu, queue)} copies left"
+        )
+    finally:
+        for process in processes:
+            if process.returncode is None:
+                process.send_signal(signal.SIGTERM)
+        for process in processes:
+            try:
+                await asyncio.wait_for(process.wait(), 30)
+            except TimeoutError:
+                process.kill()
+                await process.wait()
+        await asyncio.gather(*readers)
+    processed = Counter(line for out in outputs for line in out if line != "READY")
+    assert set(processed) == set(ids), "every logical message was processed"
+    assert max(processed.values()) == 1, "no message was processed twice"
+    assert all("READY" in out for out in outputs)
+    assert all(sum(1 for line in out if line != "READY") > 0 for out in outputs), (
+        "work was spread over the four processes"
+    )
+
+
+async def test_a_receiver_killed_mid_handler_loses_nothing(emu: Emulator, queue: str) -> None:
+    ids = await send_active(emu, queue, 5)
+    slow = ids[2]
+    group = f"kill-{uuid.uuid4().hex[:8]}"
+    victim = await start_receiver(emu, queue, group, SLOW_ID=slow, LEASE="3")
+    victim_out: list[str] = []
+    reader = asyncio.create_task(collect(victim, victim_out))
+    assert await eventually(lambda: f"SLOW {slow}" in victim_out, within=60)
+    victim.kill()  # SIGKILL mid-handler: no release, no abandon
+    await victim.wait()
+    await reader
+
+    survivor = await start_receiver(emu, queue, group, LEASE="3")
+    survivor_out: list[str] = []
+    reader = asyncio.create_task(collect(survivor, survivor_out))
+    try:
+        # The victim's lease (3 s) and locks (5 s) expire; the survivor processes it.
+        assert await eventually(lambda: slow in survivor_out, within=60)
+        assert await eventually(lambda: stored(emu, queue) == 0, within=60)
+    finally:
+        survivor.send_signal(signal.SIGTERM)
+        await asyncio.wait_for(survivor.wait(), 30)
+        await reader
+    processed = Counter(
+        line for line in victim_out + survivor_out if not line.startswith(("READY", "SLOW"))
+    )
+    assert set(processed) == set(ids) and max(processed.values()) == 1
+
+
+@pytest.fixture
+def private_redis(tmp_path: Path) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
+    """A redis-server of our own, so the test can freeze it."""
+    import socket
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    server = subprocess.Popen(
+        [
+            "redis-server",
+            "--port",
+            str(port),
+            "--bind",
+            "127.0.0.1",
+            "--save",
+            "",
+            "--dir",
+            str(tmp_path),
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            with socket.socket() as client:
+                if client.connect_ex(("127.0.0.1", port)) == 0:
+                    break
+            time.sleep(0.05)
+        yield f"redis://127.0.0.1:{port}/0", server
+    finally:
+        server.send_signal(signal.SIGCONT)
+        server.terminate()
+        server.wait(10)
+
+
+async def test_redis_frozen_mid_run_processes_nothing_unchecked_and_loses_nothing(
+    emu: Emulator, queue: str, private_redis: tuple[str, subprocess.Popen[bytes]]
+) -> None:
+    url, server = private_redis
+    ids = await send_active(emu, queue, 400)
+    processed: Counter[str] = Counter()
+    during_outage: list[str] = []
+    frozen = asyncio.Event()
+
+    async def handle(message: Any) -> None:
+        processed[str(message.message_id)] += 1
+        if frozen.is_set():
+            during_outage.append(str(message.message_id))
+        await asyncio.sleep(0.002)
+
+    seen = RedisSeenSet(url, group="frozen", window=600, operation_timeout=0.5)
+    async with geo_receiver(emu, queue, seen, concurrency=8) as receiver:
+        task = asyncio.create_task(receiver.run(handle))
+        assert await eventually(lambda: sum(processed.values()) >= 50, within=60)
+        server.send_signal(signal.SIGSTOP)
+        await asyncio.sleep(0.6)  # calls in flight when it froze time out first
+        frozen.set()
+        during_outage.clear()
+        await asyncio.sleep(3)
+        frozen.clear()
+        server.send_signal(signal.SIGCONT)
+        assert await eventually(lambda: stored(emu, queue) == 0, within=90)
+        await receiver.aclose()
+        await task
+    await seen.aclose()
+    assert during_outage == [], "nothing was processed while the seen-set was unreachable"
+    assert receiver.stats.store_errors > 0
+    assert processed == Counter({message_id: 1 for message_id in ids})

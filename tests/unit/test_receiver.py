@@ -1,0 +1,196 @@
+"""GeoReceiver's claim -> process -> commit protocol against in-memory regions and store."""
+
+from __future__ import annotations
+
+import asyncio
+from collections import Counter
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+import pytest
+
+from georep import ClaimState, ConfigurationError, GeoReceiver, receiver
+from georep._testing_seen import InMemorySeenSet
+from georep.testing import FakeClock, FakeMessage, InMemoryRegionReceiver
+
+Handler = Callable[[Any], Awaitable[object]]
+
+
+class World:
+    """Two regions, one seen-set, one clock; helpers to run a receiver for a while."""
+
+    def __init__(self) -> None:
+        self.clock = FakeClock()
+        self.primary = InMemoryRegionReceiver("primary", "east", clock=self.clock)
+        self.secondary = InMemoryRegionReceiver("secondary", "west", clock=self.clock)
+        self.seen = InMemorySeenSet(clock=self.clock)
+        self.processed: Counter[str] = Counter()
+
+    def both(self, *ids: str) -> None:
+        for message_id in ids:
+            self.primary.put(FakeMessage(b"x", message_id))
+            self.secondary.put(FakeMessage(b"x", message_id))
+
+    def receiver(self, **options: Any) -> GeoReceiver:
+        options.setdefault("max_wait", 1.0)
+        options.setdefault("lease", 10.0)
+        return GeoReceiver(
+            self.primary, self.secondary, seen=self.seen, clock=self.clock, **options
+        )
+
+    async def handler(self, message: Any) -> None:
+        self.processed[message.message_id] += 1
+
+    async def run_for(
+        self, geo: GeoReceiver, seconds: float, handler: Handler | None = None
+    ) -> None:
+        task = asyncio.create_task(geo.run(handler or self.handler))
+        await self.clock.advance(seconds)
+        closing = asyncio.create_task(geo.aclose())
+        await self.clock.advance(5)
+        await asyncio.wait_for(closing, 1)
+        await asyncio.wait_for(task, 1)
+
+
+@pytest.fixture
+async def world() -> AsyncIterator[World]:
+    yield World()
+
+
+async def test_twins_are_processed_once_and_both_copies_settled(world: World) -> None:
+    world.both("a", "b", "c")
+    geo = world.receiver()
+    await world.run_for(geo, 5)
+
+    assert world.processed == Counter({"a": 1, "b": 1, "c": 1})
+    assert len(world.primary.completed) == len(world.secondary.completed) == 3
+    assert world.primary.pending == world.secondary.pending == 0
+    assert geo.stats.processed == 3 and sum(geo.stats.suppressed.values()) == 3
+
+
+async def test_a_failing_handler_is_retried_on_redelivery_and_processed_once(
+    world: World,
+) -> None:
+    world.primary.put(FakeMessage(b"x", "flaky"))
+    calls = Counter[str]()
+
+    async def flaky(message: Any) -> None:
+        calls[message.message_id] += 1
+        if calls[message.message_id] == 1:
+            raise RuntimeError("first time fails")
+        world.processed[message.message_id] += 1
+
+    geo = world.receiver()
+    await world.run_for(geo, 5, flaky)
+
+    assert calls["flaky"] == 2 and world.processed["flaky"] == 1
+    assert len(world.primary.abandoned) == 1 and len(world.primary.completed) == 1
+    assert geo.stats.failed == 1
+
+
+async def test_nothing_is_processed_while_the_store_is_down_and_nothing_is_lost(
+    world: World,
+) -> None:
+    world.seen.unavailable = True
+    world.both("a", "b")
+    geo = world.receiver()
+    task = asyncio.create_task(geo.run(world.handler))
+    await world.clock.advance(20)
+    assert world.processed == Counter() and geo.stats.store_errors > 0
+    assert world.primary.pending == 2, "copies stay locked (renewed), not dropped"
+
+    world.seen.unavailable = False
+    await world.clock.advance(10)
+    assert world.processed == Counter({"a": 1, "b": 1})
+    assert world.primary.pending == world.secondary.pending == 0
+    assert world.primary.dead_lettered == [] and world.primary.abandoned == []
+    closing = asyncio.create_task(geo.aclose())
+    await world.clock.advance(5)
+    await closing
+    await task
+
+
+async def test_opting_in_processes_unchecked_while_the_store_is_down(world: World) -> None:
+    world.seen.unavailable = True
+    world.both("a")
+    geo = world.receiver(on_store_unavailable="process")
+    await world.run_for(geo, 5)
+    assert world.processed["a"] == 2, "without the store both copies are processed"
+    assert geo.stats.unchecked == 2
+
+
+async def test_a_copy_claimed_elsewhere_waits_for_that_outcome(world: World) -> None:
+    world.primary.put(FakeMessage(b"x", "k"))
+    assert await world.seen.claim(["k"], owner="other", lease=60) == [ClaimState.CLAIMED]
+    geo = world.receiver()
+    task = asyncio.create_task(geo.run(world.handler))
+    await world.clock.advance(5)
+    assert world.processed == Counter() and geo.stats.parked == 1
+    assert world.primary.pending == 1
+
+    await world.seen.commit(["k"], owner="other")
+    await world.clock.advance(5)
+    assert world.processed == Counter(), "the other consumer processed it"
+    assert world.primary.pending == 0 and geo.stats.suppressed == {"primary": 1}
+    closing = asyncio.create_task(geo.aclose())
+    await world.clock.advance(5)
+    await closing
+    await task
+
+
+async def test_a_released_or_expired_claim_elsewhere_is_claimed_again(world: World) -> None:
+    world.primary.put(FakeMessage(b"x", "k"))
+    await world.seen.claim(["k"], owner="crashed", lease=8)
+    geo = world.receiver()
+    await world.run_for(geo, 15)  # the crashed owner's lease expires after 8 s
+    assert world.processed["k"] == 1 and world.primary.pending == 0
+
+
+async def test_a_long_handler_keeps_its_lock_and_its_lease(world: World) -> None:
+    world.primary.lock_duration = 4
+    world.primary.put(FakeMessage(b"x", "slow"))
+    geo = world.receiver(lease=3)
+
+    async def slow(message: Any) -> None:
+        await world.clock.sleep(20)  # far longer than the lock and the lease
+        world.processed[message.message_id] += 1
+
+    other = []
+
+    async def competitor() -> None:
+        for _ in range(20):
+            await world.clock.sleep(1)
+            other.append((await world.seen.claim(["slow"], owner="rival", lease=1))[0])
+
+    rival = asyncio.create_task(competitor())
+    await world.run_for(geo, 30, slow)
+    await rival
+    assert world.processed["slow"] == 1 and world.primary.abandoned == []
+    assert len(world.primary.completed) == 1
+    assert ClaimState.CLAIMED not in other[:19], "our lease was extended throughout"
+
+
+async def test_the_decorator_keeps_the_function_callable(world: World) -> None:
+    world.both("d")
+
+    @receiver(primary=world.primary, secondary=world.secondary, seen=world.seen, clock=world.clock)
+    async def handle(message: Any) -> None:
+        await world.handler(message)
+
+    await handle(FakeMessage(b"direct", "direct"))
+    assert world.processed["direct"] == 1
+
+    task = asyncio.create_task(handle.run())
+    await world.clock.advance(5)
+    assert world.processed["d"] == 1 and handle.stats.processed == 1
+    closing = asyncio.create_task(handle.aclose())
+    await world.clock.advance(5)
+    await closing
+    await task
+
+
+def test_bad_settings_are_refused(world: World) -> None:
+    with pytest.raises(ConfigurationError, match="concurrency"):
+        world.receiver(concurrency=0)
+    with pytest.raises(ConfigurationError, match="on_store_unavailable"):
+        world.receiver(on_store_unavailable="ignore")

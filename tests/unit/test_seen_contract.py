@@ -1,0 +1,526 @@
+"""The SeenStore contract, run against every implementation of :class:`georep.ports.SeenStore`.
+
+The ``redis`` parameter talks to a real Redis (``$REDIS_URL``, default the local one) and is
+skipped, with the reason, when none answers; select it with ``-k redis`` or leave it out
+with ``-k "not redis"``. Time moves through the harness's ``advance``: a FakeClock for the
+in-memory store (no real waiting), ``asyncio.sleep`` past short leases for Redis.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import os
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
+
+import pytest
+import redis
+import redis.asyncio
+
+from georep._testing_seen import InMemorySeenSet
+from georep.adapters.redis import RedisSeenSet, embedded_redis_url
+from georep.exceptions import ClosedError, ConfigurationError, StoreUnavailableError
+from georep.ports import ClaimState, SeenStore
+from georep.testing import FakeClock
+
+REDIS_URL = os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0")
+UNREACHABLE_URL = "redis://:s3cret@127.0.0.1:1/0"
+
+LONG_LEASE = 30.0
+"""A lease no test outlives."""
+SHORT_LEASE = 0.1
+"""A lease tests let run out (real seconds for Redis)."""
+PAST_SHORT_LEASE = 0.2
+"""Long enough after SHORT_LEASE for Redis to have expired the key, with margin."""
+
+ALICE, BOB = "alice", "bob"
+
+SeenSet = InMemorySeenSet | RedisSeenSet
+
+
+@dataclass
+class Harness:
+    """One implementation under test.
+
+    Attributes:
+        make: Builds a store (keyword arguments: ``window``); closed by the fixture.
+        make_unavailable: Builds a store whose every non-empty call must fail.
+        advance: Lets ``seconds`` pass for the stores this harness made.
+    """
+
+    make: Callable[..., SeenSet]
+    make_unavailable: Callable[[], SeenSet]
+    advance: Callable[[float], Awaitable[None]]
+
+
+@functools.cache
+def redis_unreachable_reason() -> str | None:
+    try:
+        with redis.Redis.from_url(REDIS_URL, socket_timeout=1, socket_connect_timeout=1) as r:
+            r.ping()
+    except redis.RedisError as exc:
+        return f"no Redis answers at {REDIS_URL} ({exc}); set REDIS_URL or start one"
+    return None
+
+
+def skip_unless_redis_answers() -> None:
+    reason = redis_unreachable_reason()
+    if reason is not None:
+        pytest.skip(reason)
+
+
+async def delete_prefix(client: redis.asyncio.Redis, prefix: str) -> None:
+    keys = [key async for key in client.scan_iter(match=f"{prefix}*", count=1000)]
+    for start in range(0, len(keys), 1000):
+        await client.delete(*keys[start : start + 1000])
+
+
+@pytest.fixture
+async def redis_client() -> AsyncIterator[redis.asyncio.Redis]:
+    """A client of the test Redis; skips the test when none answers."""
+    skip_unless_redis_answers()
+    client = redis.asyncio.Redis.from_url(REDIS_URL)
+    yield client
+    await client.aclose()
+
+
+@pytest.fixture
+def prefix() -> str:
+    return f"test:{uuid.uuid4().hex}:"
+
+
+@pytest.fixture(params=["in-memory", "redis"])
+async def harness(request: pytest.FixtureRequest, prefix: str) -> AsyncIterator[Harness]:
+    created: list[SeenSet] = []
+
+    def keep(store: SeenSet) -> SeenSet:
+        created.append(store)
+        return store
+
+    client: redis.asyncio.Redis | None = None
+    if request.param == "in-memory":
+        clock = FakeClock()
+
+        def make_memory(**options: Any) -> SeenSet:
+            return keep(InMemorySeenSet(clock=clock, **options))
+
+        def make_memory_unavailable() -> SeenSet:
+            store = InMemorySeenSet(clock=clock)
+            store.unavailable = True
+            return keep(store)
+
+        yield Harness(make_memory, make_memory_unavailable, clock.advance)
+    else:
+        skip_unless_redis_answers()
+        client = redis.asyncio.Redis.from_url(REDIS_URL)
+
+        def make_redis(**options: Any) -> SeenSet:
+            return keep(RedisSeenSet(REDIS_URL, prefix=prefix, **options))
+
+        def make_redis_unavailable() -> SeenSet:
+            return keep(RedisSeenSet(UNREACHABLE_URL, prefix=prefix, operation_timeout=0.2))
+
+        yield Harness(make_redis, make_redis_unavailable, asyncio.sleep)
+    for store in created:
+        await store.aclose()
+    if client is not None:
+        await delete_prefix(client, prefix)
+        await client.aclose()
+
+
+@pytest.fixture
+def store(harness: Harness) -> SeenSet:
+    return harness.make()
+
+
+# ------------------------------------------------------------------------------ claims
+
+
+async def test_it_satisfies_the_protocol(store: SeenSet) -> None:
+    assert isinstance(store, SeenStore)
+
+
+async def test_a_new_key_is_claimed(store: SeenSet) -> None:
+    assert await store.claim(["m1"], owner=ALICE, lease=LONG_LEASE) == [ClaimState.CLAIMED]
+
+
+async def test_the_same_owner_claims_again(store: SeenSet) -> None:
+    await store.claim(["m1"], owner=ALICE, lease=LONG_LEASE)
+
+    assert await store.claim(["m1"], owner=ALICE, lease=LONG_LEASE) == [ClaimState.CLAIMED]
+
+
+async def test_another_owner_finds_it_in_flight(store: SeenSet) -> None:
+    await store.claim(["m1"], owner=ALICE, lease=LONG_LEASE)
+
+    assert await store.claim(["m1"], owner=BOB, lease=LONG_LEASE) == [ClaimState.IN_FLIGHT]
+
+
+async def test_a_committed_key_is_done_for_everyone(store: SeenSet) -> None:
+    await store.claim(["m1"], owner=ALICE, lease=LONG_LEASE)
+    await store.commit(["m1"], owner=ALICE)
+
+    assert await store.claim(["m1"], owner=BOB, lease=LONG_LEASE) == [ClaimState.DONE]
+    assert await store.claim(["m1"], owner=ALICE, lease=LONG_LEASE) == [ClaimState.DONE]
+
+
+async def test_commit_marks_done_whoever_held_the_key(store: SeenSet) -> None:
+    await store.claim(["held-by-alice"], owner=ALICE, lease=LONG_LEASE)
+
+    await store.commit(["held-by-alice", "never-claimed"], owner=BOB)
+
+    assert await store.claim(["held-by-alice", "never-claimed"], owner=ALICE, lease=1.0) == [
+        ClaimState.DONE,
+        ClaimState.DONE,
+    ]
+
+
+async def test_batch_states_come_back_in_key_order(store: SeenSet) -> None:
+    await store.claim(["bobs"], owner=BOB, lease=LONG_LEASE)
+    await store.claim(["mine"], owner=ALICE, lease=LONG_LEASE)
+    await store.commit(["done"], owner=BOB)
+
+    states = await store.claim(
+        ["new", "bobs", "done", "mine", "new-too", "done"], owner=ALICE, lease=LONG_LEASE
+    )
+
+    assert states == [
+        ClaimState.CLAIMED,
+        ClaimState.IN_FLIGHT,
+        ClaimState.DONE,
+        ClaimState.CLAIMED,
+        ClaimState.CLAIMED,
+        ClaimState.DONE,
+    ]
+
+
+async def test_a_key_twice_in_one_claim_is_claimed_twice(store: SeenSet) -> None:
+    assert await store.claim(["m1", "m1"], owner=ALICE, lease=LONG_LEASE) == [
+        ClaimState.CLAIMED,
+        ClaimState.CLAIMED,
+    ]
+    assert await store.claim(["m1"], owner=BOB, lease=LONG_LEASE) == [ClaimState.IN_FLIGHT]
+
+
+# ----------------------------------------------------------------------------- release
+
+
+async def test_release_drops_the_owners_claim(store: SeenSet) -> None:
+    await store.claim(["m1"], owner=ALICE, lease=LONG_LEASE)
+
+    await store.release(["m1"], owner=ALICE)
+
+    assert await store.claim(["m1"], owner=BOB, lease=LONG_LEASE) == [ClaimState.CLAIMED]
+
+
+async def test_release_leaves_another_owners_claim(store: SeenSet) -> None:
+    await store.claim(["m1"], owner=ALICE, lease=LONG_LEASE)
+
+    await store.release(["m1"], owner=BOB)
+
+    assert await store.claim(["m1"], owner=BOB, lease=LONG_LEASE) == [ClaimState.IN_FLIGHT]
+    assert await store.extend(["m1"], owner=ALICE, lease=LONG_LEASE) == [True]
+
+
+async def test_release_leaves_done_keys_done(store: SeenSet) -> None:
+    await store.claim(["m1"], owner=ALICE, lease=LONG_LEASE)
+    await store.commit(["m1"], owner=ALICE)
+
+    await store.release(["m1", "never-claimed"], owner=ALICE)
+
+    assert await store.claim(["m1"], owner=BOB, lease=LONG_LEASE) == [ClaimState.DONE]
+
+
+# ------------------------------------------------------------------------------ extend
+
+
+async def test_extend_answers_per_key_whether_the_owner_still_holds_it(store: SeenSet) -> None:
+    await store.claim(["mine", "released"], owner=ALICE, lease=LONG_LEASE)
+    await store.claim(["bobs"], owner=BOB, lease=LONG_LEASE)
+    await store.commit(["done"], owner=ALICE)
+    await store.release(["released"], owner=ALICE)
+
+    renewed = await store.extend(
+        ["mine", "bobs", "done", "released", "absent"], owner=ALICE, lease=LONG_LEASE
+    )
+
+    assert renewed == [True, False, False, False, False]
+    # Extending never creates or takes over a claim.
+    assert await store.claim(["absent"], owner=BOB, lease=LONG_LEASE) == [ClaimState.CLAIMED]
+    assert await store.claim(["done"], owner=BOB, lease=LONG_LEASE) == [ClaimState.DONE]
+
+
+async def test_extend_keeps_a_claim_past_its_first_lease(harness: Harness) -> None:
+    store = harness.make()
+    await store.claim(["m1"], owner=ALICE, lease=SHORT_LEASE)
+
+    assert await store.extend(["m1"], owner=ALICE, lease=LONG_LEASE) == [True]
+    await harness.advance(PAST_SHORT_LEASE)
+
+    assert await store.claim(["m1"], owner=BOB, lease=LONG_LEASE) == [ClaimState.IN_FLIGHT]
+
+
+async def test_claiming_again_renews_the_lease(harness: Harness) -> None:
+    store = harness.make()
+    await store.claim(["m1"], owner=ALICE, lease=SHORT_LEASE)
+
+    await store.claim(["m1"], owner=ALICE, lease=LONG_LEASE)
+    await harness.advance(PAST_SHORT_LEASE)
+
+    assert await store.claim(["m1"], owner=BOB, lease=LONG_LEASE) == [ClaimState.IN_FLIGHT]
+
+
+# ---------------------------------------------------------------------------- expiry
+
+
+async def test_an_expired_lease_lets_another_owner_claim(harness: Harness) -> None:
+    store = harness.make()
+    await store.claim(["m1"], owner=ALICE, lease=SHORT_LEASE)
+    assert await store.claim(["m1"], owner=BOB, lease=LONG_LEASE) == [ClaimState.IN_FLIGHT]
+
+    await harness.advance(PAST_SHORT_LEASE)
+
+    assert await store.claim(["m1"], owner=BOB, lease=LONG_LEASE) == [ClaimState.CLAIMED]
+    # The first owner lost it: it can neither extend nor release Bob's claim.
+    assert await store.extend(["m1"], owner=ALICE, lease=LONG_LEASE) == [False]
+    await store.release(["m1"], owner=ALICE)
+    assert await store.claim(["m1"], owner=ALICE, lease=LONG_LEASE) == [ClaimState.IN_FLIGHT]
+
+
+async def test_done_keys_expire_after_the_window(harness: Harness) -> None:
+    store = harness.make(window=SHORT_LEASE)
+    await store.claim(["m1"], owner=ALICE, lease=LONG_LEASE)
+    await store.commit(["m1"], owner=ALICE)
+    assert await store.claim(["m1"], owner=BOB, lease=LONG_LEASE) == [ClaimState.DONE]
+
+    await harness.advance(PAST_SHORT_LEASE)
+
+    assert await store.claim(["m1"], owner=BOB, lease=LONG_LEASE) == [ClaimState.CLAIMED]
+
+
+async def test_the_window_accepts_a_timedelta(harness: Harness) -> None:
+    store = harness.make(window=timedelta(milliseconds=100))
+    await store.commit(["m1"], owner=ALICE)
+
+    assert store.window == pytest.approx(0.1)
+    await harness.advance(PAST_SHORT_LEASE)
+    assert await store.claim(["m1"], owner=BOB, lease=LONG_LEASE) == [ClaimState.CLAIMED]
+
+
+# ------------------------------------------------------------------------ round trips
+
+
+async def test_each_call_is_one_round_trip_however_many_keys(store: SeenSet) -> None:
+    keys = [f"m{n}" for n in range(500)]
+    await store.claim(["warm-up"], owner=ALICE, lease=LONG_LEASE)  # loads the script
+    before = store.round_trips
+
+    states = await store.claim(keys, owner=ALICE, lease=LONG_LEASE)
+    assert store.round_trips == before + 1
+    assert states == [ClaimState.CLAIMED] * 500
+    assert await store.extend(keys, owner=ALICE, lease=LONG_LEASE) == [True] * 500
+    assert store.round_trips == before + 2
+    await store.release(keys[:250], owner=ALICE)
+    assert store.round_trips == before + 3
+    await store.commit(keys[250:], owner=ALICE)
+    assert store.round_trips == before + 4
+
+    assert await store.claim(keys, owner=BOB, lease=LONG_LEASE) == (
+        [ClaimState.CLAIMED] * 250 + [ClaimState.DONE] * 250
+    )
+
+
+async def test_empty_calls_make_no_round_trip(store: SeenSet) -> None:
+    before = store.round_trips
+
+    assert await store.claim([], owner=ALICE, lease=LONG_LEASE) == []
+    await store.commit([], owner=ALICE)
+    await store.release([], owner=ALICE)
+    assert await store.extend([], owner=ALICE, lease=LONG_LEASE) == []
+
+    assert store.round_trips == before
+
+
+# ---------------------------------------------------------------------- availability
+
+
+async def test_an_unavailable_store_raises_store_unavailable(harness: Harness) -> None:
+    store = harness.make_unavailable()
+
+    with pytest.raises(StoreUnavailableError) as info:
+        await store.claim(["m1"], owner=ALICE, lease=LONG_LEASE)
+    assert info.value.retryable
+    assert "s3cret" not in str(info.value)
+    with pytest.raises(StoreUnavailableError):
+        await store.commit(["m1"], owner=ALICE)
+    with pytest.raises(StoreUnavailableError):
+        await store.release(["m1"], owner=ALICE)
+    with pytest.raises(StoreUnavailableError):
+        await store.extend(["m1"], owner=ALICE, lease=LONG_LEASE)
+    # Nothing to ask, nothing to fail.
+    assert await store.claim([], owner=ALICE, lease=LONG_LEASE) == []
+
+
+async def test_in_memory_store_recovers_when_available_again() -> None:
+    store = InMemorySeenSet(clock=FakeClock())
+    await store.claim(["m1"], owner=ALICE, lease=LONG_LEASE)
+    store.unavailable = True
+    with pytest.raises(StoreUnavailableError, match="unavailable"):
+        await store.commit(["m1"], owner=ALICE)
+
+    store.unavailable = False
+
+    assert await store.claim(["m1"], owner=BOB, lease=LONG_LEASE) == [ClaimState.IN_FLIGHT]
+
+
+# ------------------------------------------------------------------ configuration, close
+
+
+@pytest.mark.parametrize("window", [0, -1.0, timedelta(0), float("inf")])
+def test_a_useless_window_is_refused(harness: Harness, window: float | timedelta) -> None:
+    with pytest.raises(ConfigurationError, match="window"):
+        harness.make(window=window)
+
+
+@pytest.mark.parametrize("lease", [0.0, -5.0])
+async def test_a_useless_lease_is_refused(store: SeenSet, lease: float) -> None:
+    with pytest.raises(ConfigurationError, match="lease"):
+        await store.claim(["m1"], owner=ALICE, lease=lease)
+    with pytest.raises(ConfigurationError, match="lease"):
+        await store.extend(["m1"], owner=ALICE, lease=lease)
+
+
+async def test_every_call_after_aclose_raises_closed_error(store: SeenSet) -> None:
+    await store.claim(["m1"], owner=ALICE, lease=LONG_LEASE)
+    await store.aclose()
+    await store.aclose()  # idempotent
+
+    with pytest.raises(ClosedError):
+        await store.claim(["m1"], owner=ALICE, lease=LONG_LEASE)
+    with pytest.raises(ClosedError):
+        await store.claim([], owner=ALICE, lease=LONG_LEASE)
+    with pytest.raises(ClosedError):
+        await store.commit(["m1"], owner=ALICE)
+    with pytest.raises(ClosedError):
+        await store.release(["m1"], owner=ALICE)
+    with pytest.raises(ClosedError):
+        await store.extend(["m1"], owner=ALICE, lease=LONG_LEASE)
+
+
+async def test_async_with_closes_the_store(harness: Harness) -> None:
+    async with harness.make() as store:
+        await store.commit(["m1"], owner=ALICE)
+
+    with pytest.raises(ClosedError):
+        await store.commit(["m1"], owner=ALICE)
+
+
+# --------------------------------------------------------------------- Redis specifics
+
+
+async def test_redis_keys_are_prefix_group_key_and_hold_a_ttl(
+    redis_client: redis.asyncio.Redis, prefix: str
+) -> None:
+    async with RedisSeenSet(redis_client, group="orders", prefix=prefix, window=60) as store:
+        await store.claim(["claimed"], owner=ALICE, lease=LONG_LEASE)
+        await store.commit(["done"], owner=ALICE)
+    try:
+        assert await redis_client.get(f"{prefix}orders:claimed") == b"c" + ALICE.encode()
+        assert await redis_client.get(f"{prefix}orders:done") == b"d"
+        assert 0 < await redis_client.pttl(f"{prefix}orders:claimed") <= LONG_LEASE * 1000
+        assert 59_000 < await redis_client.pttl(f"{prefix}orders:done") <= 60_000
+    finally:
+        await delete_prefix(redis_client, prefix)
+
+
+async def test_redis_groups_do_not_see_each_other(
+    redis_client: redis.asyncio.Redis, prefix: str
+) -> None:
+    async with (
+        RedisSeenSet(redis_client, group="orders", prefix=prefix) as orders,
+        RedisSeenSet(redis_client, group="invoices", prefix=prefix) as invoices,
+    ):
+        await orders.commit(["m1"], owner=ALICE)
+
+        assert await invoices.claim(["m1"], owner=ALICE, lease=LONG_LEASE) == [ClaimState.CLAIMED]
+        assert await orders.claim(["m1"], owner=ALICE, lease=LONG_LEASE) == [ClaimState.DONE]
+    await delete_prefix(redis_client, prefix)
+
+
+async def test_redis_store_leaves_a_client_passed_in_open(
+    redis_client: redis.asyncio.Redis, prefix: str
+) -> None:
+    store = RedisSeenSet(redis_client, prefix=prefix)
+    await store.claim(["m1"], owner=ALICE, lease=LONG_LEASE)
+
+    await store.aclose()
+
+    assert await redis_client.ping()
+    await delete_prefix(redis_client, prefix)
+
+
+async def test_unreachable_redis_error_names_the_server_not_the_password() -> None:
+    async with RedisSeenSet(UNREACHABLE_URL, operation_timeout=0.2) as store:
+        with pytest.raises(StoreUnavailableError) as info:
+            await store.claim(["m1"], owner=ALICE, lease=LONG_LEASE)
+
+    message = str(info.value)
+    assert "127.0.0.1:1" in message
+    assert "s3cret" not in message
+    assert "s3cret" not in repr(info.value.__cause__)
+    assert isinstance(info.value.__cause__, redis.ConnectionError)
+
+
+async def test_a_redis_that_never_answers_fails_within_the_operation_timeout() -> None:
+    async def swallow(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.read()  # accepts the connection, reads the commands, never answers
+        writer.close()
+
+    server = await asyncio.start_server(swallow, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    try:
+        async with RedisSeenSet(f"redis://127.0.0.1:{port}/0", operation_timeout=0.2) as store:
+            started = asyncio.get_running_loop().time()
+            with pytest.raises(StoreUnavailableError, match=rf"127\.0\.0\.1:{port}.*0\.2 s"):
+                await store.commit(["m1"], owner=ALICE)
+            assert asyncio.get_running_loop().time() - started < 1.0
+    finally:
+        server.close()
+
+
+async def test_redis_store_reloads_its_script_after_a_flush(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # On the embedded server: SCRIPT FLUSH on a shared Redis would disturb other tests.
+    monkeypatch.delenv("REDIS_URL", raising=False)
+    url = await asyncio.to_thread(embedded_redis_url)
+    assert url.startswith("unix://")
+    assert embedded_redis_url() == url  # one server per process
+    async with RedisSeenSet(url, prefix=f"test:{uuid.uuid4().hex}:") as store:
+        await store.claim(["m1"], owner=ALICE, lease=LONG_LEASE)
+        async with redis.asyncio.Redis.from_url(url) as admin:
+            await admin.script_flush()
+        before = store.round_trips
+
+        states = await store.claim(["m1", "m2"], owner=BOB, lease=LONG_LEASE)
+
+        assert states == [ClaimState.IN_FLIGHT, ClaimState.CLAIMED]
+        assert store.round_trips == before + 3  # NOSCRIPT, SCRIPT LOAD, rerun
+        await store.commit(["m2"], owner=BOB)
+        assert store.round_trips == before + 4
+
+
+def test_embedded_redis_url_prefers_redis_url(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("REDIS_URL", "redis://example.invalid:6380/2")
+
+    assert embedded_redis_url() == "redis://example.invalid:6380/2"
+
+
+@pytest.mark.parametrize("timeout", [0, -1.0])
+def test_a_useless_operation_timeout_is_refused(timeout: float) -> None:
+    with pytest.raises(ConfigurationError, match="operation_timeout"):
+        RedisSeenSet("redis://127.0.0.1:6379/0", operation_timeout=timeout)
