@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import hashlib
 import os
 import shutil
 import socket
@@ -97,17 +98,22 @@ async def measure(url: str, ids: int, batch: int) -> float:
         per_id = (after - before) / ids
 
         sample = keys[:: max(1, ids // 1000)]
-        usages = [
-            await admin.memory_usage(f"{prefix}{group}:{key}", samples=0) or 0 for key in sample
-        ]
-        key_chars = len(f"{prefix}{group}:{keys[0]}")
+
+        def stored_key(key: str) -> bytes:  # as RedisSeenSet names it: prefix + digest
+            return (
+                f"{prefix}{group}:".encode()
+                + hashlib.blake2b(key.encode(), digest_size=16).digest()
+            )
+
+        usages = [await admin.memory_usage(stored_key(key), samples=0) or 0 for key in sample]
+        key_chars = len(stored_key(keys[0]))
         print(
             f"{ids:,} ids committed in {elapsed:.2f} s "
             f"({2 * ids / batch:,.0f} calls of {batch}, {ids / elapsed:,.0f} ids/s)"
         )
         print(f"used_memory: {before:,} -> {after:,} bytes = {per_id:.1f} bytes per id")
         print(
-            f"MEMORY USAGE of a key ({key_chars}-char key, value 'd', PX TTL): "
+            f"MEMORY USAGE of a key ({key_chars}-byte key, value '1', PX TTL): "
             f"median {statistics.median(usages):.0f} bytes over {len(sample)} keys "
             "(without its expires-dict entry and hash-table buckets)"
         )

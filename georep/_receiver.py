@@ -181,6 +181,8 @@ class GeoReceiver:
         self.stats = ReceiverStats()
         self._tracer = trace.get_tracer("georep", None, tracer_provider)
         self._tracing_explicit = tracer_provider is not None
+        self._tracing_on = False
+        self._tracing_checked_until = float("-inf")
         from georep._telemetry import ReceiverMetrics
 
         self._metrics = ReceiverMetrics(self.entity, meter_provider, self.stats)
@@ -466,7 +468,11 @@ class GeoReceiver:
 
         renewer = asyncio.ensure_future(self._keep_alive(region, held, claimed))
         try:
-            await asyncio.gather(settle_as_they_finish(), *(one(copy) for copy in copies))
+            if len(copies) == 1:  # no tasks to spread over: the common case when idle-ish
+                await one(copies[0])
+                await settle_as_they_finish()
+            else:
+                await asyncio.gather(settle_as_they_finish(), *(one(copy) for copy in copies))
         finally:
             renewer.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -549,9 +555,16 @@ class GeoReceiver:
     # ---------------------------------------------------------------- telemetry
 
     def _tracing(self) -> bool:
-        return self._tracing_explicit or not isinstance(
-            trace.get_tracer_provider(), (trace.ProxyTracerProvider, trace.NoOpTracerProvider)
-        )
+        # get_tracer_provider reads the environment: re-check once a second, not per copy.
+        if self._tracing_explicit:
+            return True
+        now = self._clock.monotonic()
+        if now >= self._tracing_checked_until:
+            self._tracing_on = not isinstance(
+                trace.get_tracer_provider(), (trace.ProxyTracerProvider, trace.NoOpTracerProvider)
+            )
+            self._tracing_checked_until = now + 1.0
+        return self._tracing_on
 
     def _start_span(self, operation: str, region: RegionReceiver, copy: _Copy) -> trace.Span:
         if not self._tracing():

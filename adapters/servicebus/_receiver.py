@@ -53,6 +53,7 @@ class ServiceBusRegionReceiver:
         self._region = region
         self._namespace = str(receiver.fully_qualified_namespace)
         self._entity = str(getattr(receiver, "_entity_path", None) or receiver.entity_path)
+        self._link_open = False
 
     @property
     def region(self) -> str:
@@ -97,12 +98,19 @@ class ServiceBusRegionReceiver:
 
     async def receive(self, max_messages: int, *, max_wait: float) -> list[Any]:
         try:
+            if not self._link_open:
+                # Open the link with the SDK's own open timeouts first: receive_messages
+                # bounds the open by max_wait_time too, and a short idle wait on a busy
+                # machine would then never get a link open at all.
+                await self._receiver.__aenter__()
+                self._link_open = True
             return list(
                 await self._receiver.receive_messages(
                     max_message_count=max_messages, max_wait_time=max_wait
                 )
             )
         except Exception as exc:
+            self._link_open = False
             raise self._translate(exc) from exc
 
     async def complete(self, message: ServiceBusReceivedMessage) -> None:

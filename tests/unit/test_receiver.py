@@ -194,3 +194,33 @@ def test_bad_settings_are_refused(world: World) -> None:
         world.receiver(concurrency=0)
     with pytest.raises(ConfigurationError, match="on_store_unavailable"):
         world.receiver(on_store_unavailable="ignore")
+
+
+async def test_process_spans_link_to_the_producer_and_settle_spans_mark_duplicates(
+    world: World,
+) -> None:
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+    from opentelemetry.trace import SpanKind
+
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    producer = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+    for region in (world.primary, world.secondary):
+        region.put(FakeMessage(b"x", "t", application_properties={"traceparent": producer}))
+
+    geo = world.receiver(tracer_provider=provider)
+    await world.run_for(geo, 5)
+
+    spans = exporter.get_finished_spans()
+    [process] = [s for s in spans if s.name == "process orders"]
+    settles = [s for s in spans if s.name == "settle orders"]
+    assert process.kind is SpanKind.CONSUMER
+    assert process.attributes is not None
+    assert process.attributes["messaging.system"] == "servicebus"
+    assert format(process.links[0].context.trace_id, "032x") == producer.split("-")[1]
+    duplicates = sorted(bool((s.attributes or {})["georep.duplicate"]) for s in settles)
+    assert duplicates == [False, True]
+    provider.shutdown()

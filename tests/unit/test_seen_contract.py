@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import hashlib
 import os
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -422,17 +423,19 @@ async def test_async_with_closes_the_store(harness: Harness) -> None:
 # --------------------------------------------------------------------- Redis specifics
 
 
-async def test_redis_keys_are_prefix_group_key_and_hold_a_ttl(
+async def test_redis_keys_are_prefix_group_and_digest_and_hold_a_ttl(
     redis_client: redis.asyncio.Redis, prefix: str
 ) -> None:
     async with RedisSeenSet(redis_client, group="orders", prefix=prefix, window=60) as store:
         await store.claim(["claimed"], owner=ALICE, lease=LONG_LEASE)
         await store.commit(["done"], owner=ALICE)
+    claimed = f"{prefix}orders:".encode() + hashlib.blake2b(b"claimed", digest_size=16).digest()
+    done = f"{prefix}orders:".encode() + hashlib.blake2b(b"done", digest_size=16).digest()
     try:
-        assert await redis_client.get(f"{prefix}orders:claimed") == b"c" + ALICE.encode()
-        assert await redis_client.get(f"{prefix}orders:done") == b"d"
-        assert 0 < await redis_client.pttl(f"{prefix}orders:claimed") <= LONG_LEASE * 1000
-        assert 59_000 < await redis_client.pttl(f"{prefix}orders:done") <= 60_000
+        assert await redis_client.get(claimed) == b"c" + ALICE.encode()
+        assert await redis_client.get(done) == b"1"
+        assert 0 < await redis_client.pttl(claimed) <= LONG_LEASE * 1000
+        assert 59_000 < await redis_client.pttl(done) <= 60_000
     finally:
         await delete_prefix(redis_client, prefix)
 
