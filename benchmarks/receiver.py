@@ -35,7 +35,7 @@ from georep.adapters.emulator import Emulator
 
 REPO = Path(__file__).resolve().parents[1]
 REDIS_URL = os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0")
-PREFETCH = int(os.environ.get("PREFETCH", "50"))  # the same for the raw and georep receivers
+PREFETCH = int(os.environ.get("PREFETCH", "0"))  # the same for both; 0 is either default
 
 _WORKER = """
 import asyncio, json, os, signal, sys

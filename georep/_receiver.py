@@ -6,12 +6,13 @@ receivers are not safe for concurrent calls). A turn of the loop:
 1. receive up to ``concurrency`` copies (fewer while copies are parked);
 2. claim their keys, and the keys of copies parked from earlier turns, in one round trip
    to the seen-set;
-3. run the handler on every CLAIMED copy, concurrently; a side task renews locks and
-   leases while handlers run long;
-4. commit the keys of handlers that succeeded (one round trip), release the others (one
-   round trip);
-5. settle: complete what was processed or found DONE, abandon what failed; copies whose
-   key is IN_FLIGHT elsewhere stay locked ("parked") and are claimed again next turn.
+3. settle the copies found DONE (duplicates) at once;
+4. run the handler on every CLAIMED copy, concurrently, and commit (or release) and settle
+   each one as soon as it finishes, batched with whatever finished meanwhile, so a slow
+   handler never holds back its turn-mates; a side task renews locks and leases while
+   handlers run long;
+5. copies whose key is IN_FLIGHT elsewhere stay locked ("parked") and are claimed again
+   next turn.
 
 A parked copy waits for the other holder's outcome without a busy loop: it rides along
 with the next turn's claim, and the turn itself waits on the broker when idle.
@@ -192,6 +193,7 @@ class GeoReceiver:
         self._running: asyncio.Task[None] | None = None
         self._stopped = asyncio.Event()
         self._locks: dict[str, asyncio.Lock] = {}
+        self._parked: dict[str, int] = {}
         self._handler: Handler | None = None
 
     @classmethod
@@ -321,8 +323,13 @@ class GeoReceiver:
                 received[region.region] = received.get(region.region, 0) + len(fresh)
             if not fresh and not parked:
                 continue
-            parked = await self._turn(region, parked + fresh)
-            self.stats.parked = len(parked)
+            try:
+                parked = await self._turn(region, parked + fresh)
+            except _Stopping:
+                await self._abandon_all(region, parked + fresh)
+                return
+            self._parked[region.region] = len(parked)
+            self.stats.parked = sum(self._parked.values())
 
     async def _turn(self, region: RegionReceiver, copies: list[_Copy]) -> list[_Copy]:
         """Claim, process, commit and settle one turn's copies; return those still parked."""
@@ -373,24 +380,34 @@ class GeoReceiver:
                 if self.on_store_unavailable == "process":
                     _log.error("seen-set unreachable (%s): processing WITHOUT dedup", exc)
                     return None
+                if self._stopping.is_set():
+                    # Closing: nothing was processed yet, so hand every copy back.
+                    raise _Stopping from exc
                 _log.error("seen-set unreachable (%s): holding %d copies, retrying", exc, len(held))
                 await backoff.wait(None)
                 await self._renew_locks(region, held)
 
     async def _store_call(
         self, region: RegionReceiver, held: list[_Copy], call: Callable[[], Awaitable[object]]
-    ) -> None:
-        """A commit or release: retried until the store answers (copies stay locked)."""
+    ) -> bool:
+        """A commit or release, retried until the store answers (copies stay locked).
+
+        Returns False only when the receiver is closing and the store still does not
+        answer: the caller then abandons the copies (processed again later: at least once).
+        """
         backoff = _Backoff(self._clock)
         while True:
             try:
                 await call()
-                return
+                return True
             except StoreUnavailableError as exc:
                 self.stats.store_errors += 1
                 self._metrics.store_error()
                 if self.on_store_unavailable == "process":
-                    return
+                    return True
+                if self._stopping.is_set():
+                    _log.error("closing with the seen-set unreachable (%s): abandoning", exc)
+                    return False
                 _log.error("seen-set unreachable (%s): settlement waits for it", exc)
                 await backoff.wait(None)
                 await self._renew_locks(region, held)
@@ -455,8 +472,9 @@ class GeoReceiver:
                 remaining -= len(batch)
                 succeeded = [c for c, ok in batch if ok and id(c) in checked]
                 failed = [c for c, ok in batch if not ok and id(c) in checked]
+                committed = True
                 if succeeded:
-                    await self._store_call(
+                    committed = await self._store_call(
                         region, held, partial(self.seen.commit, _keys(succeeded), owner=owner)
                     )
                 if failed:
@@ -464,7 +482,8 @@ class GeoReceiver:
                         region, held, partial(self.seen.release, _keys(failed), owner=owner)
                     )
                 for copy, ok in batch:
-                    await self._settle(region, copy, complete=ok, duplicate=False)
+                    complete = ok and (committed or id(copy) not in checked)
+                    await self._settle(region, copy, complete=complete, duplicate=False)
 
         renewer = asyncio.ensure_future(self._keep_alive(region, held, claimed))
         try:
@@ -481,25 +500,50 @@ class GeoReceiver:
     async def _keep_alive(
         self, region: RegionReceiver, held: list[_Copy], processing: list[_Copy]
     ) -> None:
-        """While handlers run: renew every held copy's lock and our claims' leases."""
-        interval = max(min(self.lease / 3, 10.0), 0.05)
+        """While handlers run: renew every held copy's lock and our claims' leases.
+
+        Wakes at a third of the lease, or at half the time left on the soonest lock,
+        whichever comes first (a queue's lock duration can be far shorter than the lease).
+        """
+        owner = self._owners[region.region]
         while True:
-            await self._clock.sleep(interval)
-            await self._renew_locks(region, held)
-            keys = _keys([c for c in processing if not c.settled])
-            if keys:
-                with contextlib.suppress(StoreUnavailableError):
-                    await self.seen.extend(
-                        keys, owner=self._owners[region.region], lease=self.lease
+            now = self._clock.time()
+            lock_left = [
+                c.delivery.locked_until - now
+                for c in held
+                if not c.settled and c.delivery.locked_until is not None
+            ]
+            interval = min([self.lease / 3, 10.0, *(left / 2 for left in lock_left)])
+            await self._clock.sleep(max(interval, 0.05))
+            await self._renew_locks(region, held, margin=2 * max(interval, 0.05))
+            running = [c for c in processing if not c.settled]
+            keys = _keys(running)
+            if not keys:
+                continue
+            try:
+                kept = await self.seen.extend(keys, owner=owner, lease=self.lease)
+            except StoreUnavailableError:
+                continue
+            for key, ok in zip(keys, kept, strict=True):
+                if not ok:
+                    _log.warning(
+                        "lost the claim on %s in %s while its handler ran: another consumer "
+                        "may process it too (raise lease= above the handler's run time)",
+                        key,
+                        region.region,
                     )
 
-    async def _renew_locks(self, region: RegionReceiver, copies: Sequence[_Copy]) -> None:
+    async def _renew_locks(
+        self, region: RegionReceiver, copies: Sequence[_Copy], margin: float | None = None
+    ) -> None:
+        """Renew the locks that expire within ``margin`` seconds (default: half a lease)."""
+        margin = self.lease / 2 if margin is None else margin
         now = self._clock.time()
         for copy in copies:
             if copy.settled:
                 continue
             locked_until = copy.delivery.locked_until
-            if locked_until is not None and locked_until - now > self.lease / 2:
+            if locked_until is not None and locked_until - now > margin:
                 continue
             try:
                 async with self._region_lock(region):
@@ -589,6 +633,10 @@ class GeoReceiver:
                 "messaging.message.delivery_count": copy.delivery.delivery_count,
             },
         )
+
+
+class _Stopping(Exception):
+    """Closing while the seen-set is unreachable: the turn's copies are handed back."""
 
 
 def _keys(copies: Sequence[_Copy]) -> list[str]:

@@ -1,4 +1,4 @@
-"""OpenTelemetry spans and metrics for senders (API only; the application picks the SDK).
+"""OpenTelemetry spans and metrics for senders and receivers (API only; the app picks the SDK).
 
 Names follow the messaging semantic conventions (``messaging.system = "servicebus"``) and
 keep georep's own attributes under ``georep.*``.

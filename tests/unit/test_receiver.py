@@ -224,3 +224,18 @@ async def test_process_spans_link_to_the_producer_and_settle_spans_mark_duplicat
     duplicates = sorted(bool((s.attributes or {})["georep.duplicate"]) for s in settles)
     assert duplicates == [False, True]
     provider.shutdown()
+
+
+async def test_closing_while_the_store_is_down_hands_the_copies_back(world: World) -> None:
+    world.seen.unavailable = True
+    world.both("a")
+    geo = world.receiver()
+    task = asyncio.create_task(geo.run(world.handler))
+    await world.clock.advance(10)
+    closing = asyncio.create_task(geo.aclose())
+    await world.clock.advance(10)
+    await asyncio.wait_for(closing, 1)
+    await asyncio.wait_for(task, 1)
+    assert world.processed == Counter()
+    assert len(world.primary.abandoned) == len(world.secondary.abandoned) == 1
+    assert world.primary.pending == world.secondary.pending == 1, "handed back, not lost"
