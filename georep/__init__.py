@@ -17,6 +17,7 @@ if (
     __path__.append(str(_checkout_root))
 
 from georep._outbox import SqliteOutbox  # noqa: E402
+from georep._peek import peek_all  # noqa: E402
 from georep._policy import (  # noqa: E402
     DEFAULT_FAILOVER_KINDS,
     DedupKey,
@@ -74,5 +75,6 @@ __all__ = [
     "SqliteOutbox",
     "StoreUnavailableError",
     "__version__",
+    "peek_all",
     "receiver",
 ]

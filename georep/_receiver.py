@@ -298,6 +298,21 @@ class GeoReceiver:
             with contextlib.suppress(Exception):
                 await region.close()
 
+    async def peek_all(self, count: int) -> dict[str, list[Any]]:
+        """Up to ``count`` messages from each region, without locking them.
+
+        Loops past short answers (a partitioned entity answers one fragment at a time), so
+        each list is ``count`` long unless the region holds fewer.
+
+        Returns:
+            The peeked messages per region label.
+        """
+        peeked: dict[str, list[Any]] = {}
+        for region in self._regions:
+            async with self._region_lock(region):
+                peeked[region.region] = await region.peek(count)
+        return peeked
+
     # ------------------------------------------------------------------- the loop
 
     async def _region_loop(self, region: RegionReceiver) -> None:
@@ -311,7 +326,8 @@ class GeoReceiver:
             fresh: list[_Copy] = []
             if room > 0:
                 try:
-                    messages = await region.receive(room, max_wait=self.max_wait)
+                    async with self._region_lock(region):
+                        messages = await region.receive(room, max_wait=self.max_wait)
                 except RegionError as exc:
                     _log.warning("receive from %s failed: %s", region.region, exc)
                     await backoff.wait(self._stopping)

@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import logging
 import uuid
+import warnings
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -114,6 +115,10 @@ class GeoSender:
             (``SendResult(queued=True)``) instead of raising. The caller owns it.
         repair: Active mode: when one region fails, queue its copy in the outbox so both
             regions end up with the message. Needs ``outbox``.
+        partitioned: The entity is partitioned (in both regions). Lists and batches must
+            then carry one partition key (checked before sending), and an attempt deadline
+            under 15 s draws a warning: a partition can take that long to fail over inside
+            its region (SPEC §4).
         dedup_key: The field receivers deduplicate on; every message must carry it.
             MessageIds are assigned (UUID4) to messages without one whatever the key.
         drain: How the outbox is drained.
@@ -140,11 +145,13 @@ class GeoSender:
         dedup_key: DedupKey = DedupKey.MESSAGE_ID,
         drain: DrainPolicy | None = None,
         role_state: RoleState | None = None,
+        partitioned: bool = False,
         clock: Clock | None = None,
         tracer_provider: TracerProvider | None = None,
         meter_provider: MeterProvider | None = None,
     ) -> None:
         self.mode = ReplicationMode(mode)
+        self.partitioned = partitioned
         self.policy = policy or FailoverPolicy()
         self.drain_policy = drain or DrainPolicy()
         self.dedup_key = dedup_key
@@ -163,6 +170,14 @@ class GeoSender:
                 f"primary and secondary are the same namespace ({self._primary.namespace}): "
                 "geo-replication needs a namespace in each region"
             )
+        if partitioned and self.policy.attempt_seconds < 15:
+            message = (
+                f"attempt_timeout={self.policy.attempt_seconds:g} s with a partitioned entity: "
+                "Service Bus recommends an operation timeout above 15 s (default 60 s) so a "
+                "partition failing over inside its region is not mistaken for a regional outage"
+            )
+            warnings.warn(message, UserWarning, stacklevel=2)
+            _log.warning(message)
         if repair and (outbox is None or self.mode is not ReplicationMode.ACTIVE):
             raise ConfigurationError(
                 "repair=True re-sends a failed region's copy through the outbox: it needs "
@@ -369,6 +384,7 @@ class GeoSender:
         messages = codec.split(message)
         if not messages:
             return SendResult(accepted=())
+        codec.check(messages, one_partition=self.partitioned)
         started = self._clock.monotonic()
         telemetry = self._telemetry
         # start_span, not start_as_current_span: no context switch on the hot path. The span
@@ -714,6 +730,7 @@ class GeoSender:
         batch = self._codec.split(messages)
         if not batch:
             return {}
+        self._codec.check(batch, one_partition=self.partitioned)
         self._prepare_all(batch, None)
 
         async def schedule(region: RegionSender, items: Sequence[Any]) -> list[int]:

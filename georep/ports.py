@@ -185,6 +185,17 @@ class MessageCodec(Protocol):
 
     def decode(self, payload: bytes) -> Any: ...
 
+    def check(self, messages: Sequence[Any], *, one_partition: bool) -> None:
+        """Refuse, before anything is sent, what the service would refuse.
+
+        SessionId and PartitionKey both set and different; with ``one_partition``, a list
+        or batch whose messages carry different partition keys.
+
+        Raises:
+            InvalidMessageError: naming the message and the fix.
+        """
+        ...
+
     def new_batch(self, max_size_in_bytes: int, prepare: Callable[[Any], object]) -> Any:
         """An empty batch for the caller to fill; ``prepare`` runs on every added message."""
         ...
@@ -347,6 +358,10 @@ class RegionReceiver(Protocol):
 
     async def receive(self, max_messages: int, *, max_wait: float) -> list[Any]:
         """Up to ``max_messages`` locked copies, waiting at most ``max_wait`` seconds."""
+        ...
+
+    async def peek(self, count: int) -> list[Any]:
+        """Up to ``count`` messages without locking them, looping past short answers."""
         ...
 
     async def complete(self, message: Any) -> None: ...

@@ -202,6 +202,9 @@ class FakeCodec:
             document["application_properties"],
         )
 
+    def check(self, messages: Sequence[Any], *, one_partition: bool) -> None:
+        return None  # FakeMessage has no session id or partition key
+
     def new_batch(self, max_size_in_bytes: int, prepare: Callable[[Any], object]) -> Any:
         return FakeBatch(max_size_in_bytes, prepare)
 
@@ -470,6 +473,10 @@ class InMemoryRegionReceiver:
                 f"{self._region}: lock lost", region=self._region, kind=ErrorKind.LOCK_LOST
             )
         return held
+
+    async def peek(self, count: int) -> list[Any]:
+        self._expire_locks()
+        return [dataclasses.replace(m) for m in self._available[:count]]
 
     async def complete(self, message: Any) -> None:
         held = self._held(message)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import base64
 import json
 import uuid
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -17,6 +17,16 @@ from georep.exceptions import InvalidMessageError
 __all__ = ["GeoMessageBatch", "ServiceBusCodec"]
 
 _FORMAT_VERSION = 1
+
+_PARTITION_KEY = b"x-opt-partition-key"
+_PARTITION_KEY_TEXT = "x-opt-partition-key"
+
+
+def _text(value: Any) -> str | None:
+    if value is None:
+        return None
+    return value.decode("utf-8", errors="replace") if isinstance(value, bytes) else str(value)
+
 
 # ServiceBusMessage fields kept in the AMQP properties section, with their AMQP names.
 _PROPERTY_FIELDS = (
@@ -239,6 +249,33 @@ class ServiceBusCodec:
             else datetime.fromisoformat(scheduled),
             **document["fields"],
         )
+
+    def check(self, messages: Sequence[Any], *, one_partition: bool) -> None:
+        keys: set[str] = set()
+        for message in messages:
+            raw = message.raw_amqp_message
+            properties = raw.properties
+            session = _text(properties.group_id) if properties is not None else None
+            annotations = raw.annotations
+            partition = (
+                _text(annotations.get(_PARTITION_KEY) or annotations.get(_PARTITION_KEY_TEXT))
+                if annotations
+                else None
+            )
+            if session is not None and partition is not None and session != partition:
+                raise InvalidMessageError(
+                    f"message {self.message_id(message)!r} has session_id {session!r} and a "
+                    f"different partition_key {partition!r}: Service Bus refuses that; leave "
+                    "partition_key unset (the session id is the partition key) or make them equal"
+                )
+            key = session if session is not None else partition
+            if key is not None:
+                keys.add(key)
+        if one_partition and len(keys) > 1:
+            raise InvalidMessageError(
+                f"a batch for a partitioned entity must use one partition key, this one mixes "
+                f"{len(keys)} ({', '.join(sorted(keys)[:3])}...): send one batch per key"
+            )
 
     def new_batch(self, max_size_in_bytes: int, prepare: Callable[[Any], object]) -> Any:
         return GeoMessageBatch(max_size_in_bytes, prepare, **self._batch_kwargs)

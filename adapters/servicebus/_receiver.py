@@ -8,6 +8,7 @@ from azure.servicebus import ServiceBusReceivedMessage, ServiceBusReceiveMode
 from azure.servicebus.aio import ServiceBusClient, ServiceBusReceiver
 from azure.servicebus.exceptions import MessageLockLostError
 
+from georep._peek import peek_all
 from georep.exceptions import ConfigurationError, RegionError
 from georep.ports import Delivery, ErrorKind
 
@@ -111,6 +112,12 @@ class ServiceBusRegionReceiver:
             )
         except Exception as exc:
             self._link_open = False
+            raise self._translate(exc) from exc
+
+    async def peek(self, count: int) -> list[Any]:
+        try:
+            return await peek_all(self._receiver, count)
+        except Exception as exc:
             raise self._translate(exc) from exc
 
     async def complete(self, message: ServiceBusReceivedMessage) -> None:
