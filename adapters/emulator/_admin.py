@@ -53,6 +53,7 @@ __all__ = [
     "EntityKind",
     "EntityNotFoundError",
     "InvalidEntityError",
+    "QuotaExceededError",
     "build_admin_app",
 ]
 
@@ -109,6 +110,15 @@ class InvalidEntityError(AdminError, ValueError):
     """A property value is out of range or a property may not change (``400``)."""
 
     status = 400
+
+
+class QuotaExceededError(AdminError):
+    """A namespace quota is reached, e.g. 100 partitioned entities (``403``).
+
+    The SDK raises a plain ``azure.core.exceptions.HttpResponseError`` with this message.
+    """
+
+    status = 403
 
 
 class AdminBackend(Protocol):

@@ -12,13 +12,17 @@ from ._admin import (
     EntityKind,
     EntityNotFoundError,
     InvalidEntityError,
+    QuotaExceededError,
 )
 from ._broker import (
+    PARTITION_COUNT,
+    PARTITIONED_SIZES_MB,
     BrokerError,
     Entity,
     EntityProperties,
     SubscriptionProperties,
     Topic,
+    check_partitioned_size,
 )
 
 if TYPE_CHECKING:
@@ -98,9 +102,9 @@ class NamespaceAdminBackend:
             runtime = target.runtime()
             for key in ("created_at_utc", "updated_at_utc", "accessed_at_utc"):
                 runtime[key] = _utc(runtime[key])
-        if kind is EntityKind.QUEUE and values.get("enable_partitioning"):
+        if kind is not EntityKind.SUBSCRIPTION and values.get("enable_partitioning"):
             # Standard tier: 16 fragments, so the reported size is 16x the per-fragment size.
-            values["max_size_in_megabytes"] = values["max_size_in_megabytes"] * 16
+            values["max_size_in_megabytes"] = values["max_size_in_megabytes"] * PARTITION_COUNT
         values["availability_status"] = "Available"
         values.update(runtime)
         return values
@@ -132,6 +136,10 @@ class NamespaceAdminBackend:
         except BrokerError as exc:
             if exc.condition == "amqp:not-found":
                 raise EntityNotFoundError(exc.description) from None
+            if exc.condition == "amqp:resource-limit-exceeded":
+                raise QuotaExceededError(exc.description) from None
+            if exc.condition == "amqp:invalid-field":
+                raise InvalidEntityError(exc.description) from None
             raise EntityExistsError(exc.description) from None
         return self._describe(kind, target)
 
@@ -148,6 +156,16 @@ class NamespaceAdminBackend:
                     f"The value for the {name} property of an existing entity cannot be changed; "
                     "delete and recreate the entity instead."
                 )
+        if isinstance(settings, EntityProperties) and settings.enable_partitioning:
+            size = settings.max_size_in_megabytes
+            # An update usually sends back the size it read, which is 16x the per-fragment size.
+            if size not in PARTITIONED_SIZES_MB and size / PARTITION_COUNT in PARTITIONED_SIZES_MB:
+                size //= PARTITION_COUNT
+                settings = dataclasses.replace(settings, max_size_in_megabytes=size)
+            try:
+                check_partitioned_size(size)
+            except BrokerError as exc:
+                raise InvalidEntityError(exc.description) from None
         target.properties = settings
         if isinstance(target, Entity) and target.dead_letter is not None:
             target.dead_letter.properties = settings

@@ -16,6 +16,7 @@ import heapq
 import itertools
 import time
 import uuid
+import zlib
 from collections import OrderedDict, deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
@@ -42,6 +43,9 @@ from ._codec import (
 
 __all__ = [
     "MAX_MESSAGE_SIZE",
+    "MAX_PARTITIONED_ENTITIES",
+    "PARTITIONED_SIZES_MB",
+    "PARTITION_COUNT",
     "PING_CONTENT_TYPE",
     "BrokerError",
     "Consumer",
@@ -56,6 +60,12 @@ __all__ = [
 
 # Service Bus Standard tier: 256 KB per message.
 MAX_MESSAGE_SIZE = 256 * 1024
+# Standard tier partitioning: 16 fragments, sizes of 1-5 GB each, 100 partitioned entities.
+PARTITION_COUNT = 16
+PARTITIONED_SIZES_MB = (1024, 2048, 3072, 4096, 5120)
+MAX_PARTITIONED_ENTITIES = 100
+# A peek of a partitioned entity returns at most this many bytes (but always one message).
+_PEEK_AGGREGATE_BYTES = 256 * 1024
 _MAX_TIMESPAN = timedelta(days=10675199, seconds=10085, microseconds=477580)
 
 
@@ -161,6 +171,8 @@ class StoredMessage:
     lock_token: uuid.UUID | None = None
     locked_until: float = 0.0
     dead_letter_source: str | None = None
+    fragment: int | None = None
+    """The fragment (partition) of a partitioned entity holding this message, else None."""
 
     @property
     def size(self) -> int:
@@ -219,11 +231,23 @@ class Entity:
         properties: EntityProperties | SubscriptionProperties,
         *,
         is_dead_letter: bool = False,
+        fragments_down: set[int] | None = None,
+        partitioned: bool | None = None,
     ) -> None:
         self.namespace = namespace
         self.path = path
         self.properties = properties
         self.is_dead_letter = is_dead_letter
+        # Partitioning belongs to the queue or topic: subscriptions and dead-letter queues
+        # share their parent's flag and its set of fragments that are down (one set object).
+        self.partitioned = (
+            bool(getattr(properties, "enable_partitioning", False))
+            if partitioned is None
+            else partitioned
+        )
+        self.fragments_down: set[int] = fragments_down if fragments_down is not None else set()
+        # Messages of down fragments met by dispatch wait here, per fragment, in order.
+        self._held: dict[int, deque[StoredMessage]] = {}
         self.available: deque[StoredMessage] = deque()
         self._dead_in_available = 0
         self.locked: dict[uuid.UUID, StoredMessage] = {}
@@ -234,7 +258,14 @@ class Entity:
         self.dead_letter: Entity | None = (
             None
             if is_dead_letter
-            else Entity(namespace, f"{path}/$DeadLetterQueue", properties, is_dead_letter=True)
+            else Entity(
+                namespace,
+                f"{path}/$DeadLetterQueue",
+                properties,
+                is_dead_letter=True,
+                fragments_down=self.fragments_down,
+                partitioned=self.partitioned,
+            )
         )
         self.size_in_bytes = 0
         self.created_at = namespace.clock()
@@ -330,6 +361,10 @@ class Entity:
             if message.state is not MessageState.AVAILABLE:
                 self._dead_in_available = max(0, self._dead_in_available - 1)
                 continue
+            if message.fragment is not None and message.fragment in self.fragments_down:
+                # Its fragment is unavailable: hold it until fragment_up, keep going.
+                self._held.setdefault(message.fragment, deque()).append(message)
+                continue
             now = clock()
             if message.expires_at is not None and message.expires_at <= now:
                 self.expire(message)
@@ -343,6 +378,15 @@ class Entity:
                 token = self._lock(message, now)
                 consumer.deliver(message, token)
             consumers.rotate(-1)
+
+    def fragment_restored(self, index: int) -> None:
+        """The fragment ``index`` is up again: its held messages go first, then dispatch."""
+        held = self._held.pop(index, None)
+        if held:
+            self.available.extendleft(
+                reversed([m for m in held if m.state is MessageState.AVAILABLE])
+            )
+        self.dispatch()
 
     def _lock(self, message: StoredMessage, now: float) -> uuid.UUID:
         token = uuid.uuid4()
@@ -449,9 +493,27 @@ class Entity:
 
     # -- management -----------------------------------------------------------------
     def peek(self, from_sequence: int, count: int) -> list[StoredMessage]:
-        """Messages with sequence number >= ``from_sequence``, any state, oldest first."""
+        """Messages with sequence number >= ``from_sequence``, any state, oldest first.
+
+        A partitioned entity answers from one fragment at a time, like the service: the
+        answer stops at the end of the first message's fragment run (the next message in
+        sequence order lives in another fragment) or once it holds 256 KB, so a caller
+        wanting ``count`` messages must peek again from the last sequence number + 1.
+        """
         result = [m for seq, m in sorted(self.by_sequence.items()) if seq >= from_sequence]
-        return result[:count]
+        if not self.partitioned or not result:
+            return result[:count]
+        fragment = result[0].fragment
+        run: list[StoredMessage] = []
+        size = 0
+        for message in result[:count]:
+            if message.fragment != fragment:
+                break
+            size += message.size
+            if run and size > _PEEK_AGGREGATE_BYTES:
+                break
+            run.append(message)
+        return run
 
     def cancel_scheduled(self, sequence_numbers: list[int]) -> None:
         for seq in sequence_numbers:
@@ -525,6 +587,7 @@ class Entity:
         for message in list(self.by_sequence.values()):
             message.state = MessageState.GONE
         self.available.clear()
+        self._held.clear()
         self._dead_in_available = 0
         self.locked.clear()
         self.deferred.clear()
@@ -580,6 +643,12 @@ class Topic:
     created_at: float = 0.0
     updated_at: float = 0.0
     size_in_bytes: int = 0
+    fragments_down: set[int] = field(default_factory=set)
+    """Fragments that are down (partitioned topics), shared with every subscription."""
+
+    @property
+    def partitioned(self) -> bool:
+        return self.properties.enable_partitioning
 
 
 class DuplicateDetector:
@@ -624,7 +693,9 @@ class Namespace:
         self.clock = clock
         self.queues: dict[str, Entity] = {}
         self.topics: dict[str, Topic] = {}
-        self._dedup: dict[str, DuplicateDetector] = {}
+        # Keyed by entity path, or (path, fragment) for partitioned entities.
+        self._dedup: dict[Any, DuplicateDetector] = {}
+        self._round_robin: dict[str, int] = {}
         self._sequence = itertools.count(1)
         self._timers: list[tuple[float, int, int, Entity, StoredMessage]] = []
         self._timer_ids = itertools.count()
@@ -632,15 +703,19 @@ class Namespace:
 
     # -- entities ---------------------------------------------------------------------
     def create_queue(self, path: str, properties: EntityProperties | None = None) -> Entity:
+        properties = properties or EntityProperties()
         self._check_free(path)
-        entity = Entity(self, path, properties or EntityProperties())
+        self._check_partitioning(path, properties)
+        entity = Entity(self, path, properties)
         self.queues[path] = entity
         return entity
 
     def create_topic(self, path: str, properties: EntityProperties | None = None) -> Topic:
+        properties = properties or EntityProperties()
         self._check_free(path)
+        self._check_partitioning(path, properties)
         now = self.clock()
-        topic = Topic(path, properties or EntityProperties(), created_at=now, updated_at=now)
+        topic = Topic(path, properties, created_at=now, updated_at=now)
         self.topics[path] = topic
         return topic
 
@@ -656,7 +731,11 @@ class Namespace:
                 f"Subscription '{topic_path}/Subscriptions/{name}' already exists.",
             )
         entity = Entity(
-            self, f"{topic_path}/Subscriptions/{name}", properties or SubscriptionProperties()
+            self,
+            f"{topic_path}/Subscriptions/{name}",
+            properties or SubscriptionProperties(),
+            fragments_down=topic.fragments_down,
+            partitioned=topic.partitioned,
         )
         topic.subscriptions[name] = entity
         return entity
@@ -666,6 +745,117 @@ class Namespace:
             raise BrokerError(
                 "com.microsoft:entity-already-exists", f"An entity named '{path}' already exists."
             )
+
+    def partitioned_count(self) -> int:
+        """Partitioned queues and topics in this namespace."""
+        return sum(1 for q in self.queues.values() if q.partitioned) + sum(
+            1 for t in self.topics.values() if t.partitioned
+        )
+
+    def _check_partitioning(self, path: str, properties: EntityProperties) -> None:
+        if not properties.enable_partitioning:
+            return
+        check_partitioned_size(properties.max_size_in_megabytes)
+        if self.partitioned_count() >= MAX_PARTITIONED_ENTITIES:
+            raise BrokerError(
+                "amqp:resource-limit-exceeded",
+                f"SubCode=40300. Cannot create '{path}': the namespace already has "
+                f"{MAX_PARTITIONED_ENTITIES} partitioned queues and topics, the maximum for the "
+                "Standard tier. Delete one, or create this entity without partitioning.",
+            )
+
+    # -- fragments (partitions) -------------------------------------------------------------
+    def _partitioned_target(self, path: str, index: int) -> Entity | Topic:
+        target = self.resolve_target(path)
+        if not target.partitioned:
+            raise BrokerError(
+                "com.microsoft:invalid-operation",
+                f"'{path}' is not partitioned (enable_partitioning=False): it has no fragments.",
+            )
+        if not 0 <= index < PARTITION_COUNT:
+            raise BrokerError(
+                "amqp:invalid-field",
+                f"Fragment index {index} is out of range: 0..{PARTITION_COUNT - 1}.",
+            )
+        return target
+
+    def fragment_down(self, path: str, index: int) -> None:
+        """Make fragment ``index`` of a partitioned queue or topic unavailable.
+
+        Keyed sends to it fail (``com.microsoft:timeout``), unkeyed sends go to another
+        fragment, and its stored messages are not delivered until :meth:`fragment_up`.
+        """
+        self._partitioned_target(path, index).fragments_down.add(index)
+
+    def fragment_up(self, path: str, index: int) -> None:
+        """Bring fragment ``index`` back; its held messages are delivered again."""
+        target = self._partitioned_target(path, index)
+        if index not in target.fragments_down:
+            return
+        target.fragments_down.discard(index)
+        for entity in self._readers_of(target):
+            entity.fragment_restored(index)
+
+    def fragments_down(self) -> dict[str, list[int]]:
+        """Every partitioned queue or topic with fragments down, and which."""
+        result: dict[str, list[int]] = {}
+        targets: list[Entity | Topic] = [*self.queues.values(), *self.topics.values()]
+        for target in targets:
+            if target.fragments_down:
+                result[target.path] = sorted(target.fragments_down)
+        return result
+
+    def restore_fragments(self) -> None:
+        """Bring every fragment of every entity back up."""
+        for path, indexes in self.fragments_down().items():
+            for index in indexes:
+                self.fragment_up(path, index)
+
+    @staticmethod
+    def _readers_of(target: Entity | Topic) -> Iterator[Entity]:
+        entities = list(target.subscriptions.values()) if isinstance(target, Topic) else [target]
+        for entity in entities:
+            yield entity
+            if entity.dead_letter is not None:
+                yield entity.dead_letter
+
+    def _choose_fragment(self, target: Entity | Topic, parsed: Any, dedup: bool) -> int | None:
+        """The fragment a message goes to (None for a non-partitioned entity).
+
+        SessionId, else PartitionKey, else MessageId when duplicate detection is on: a
+        keyed message must go to its key's fragment and fails when that is down. Anything
+        else goes round-robin over the fragments that are up.
+        """
+        if not target.partitioned:
+            return None
+        down = target.fragments_down
+        key: Any = parsed.session_id
+        if key is None:
+            key = parsed.annotations.get("x-opt-partition-key")
+        if key is None and dedup:
+            key = parsed.message_id
+        if key is not None:
+            fragment = fragment_of(key)
+            if fragment in down:
+                raise BrokerError(
+                    "com.microsoft:timeout",
+                    f"The partition {fragment} of '{target.path}' holding key '{key}' is "
+                    "temporarily unavailable; retry the operation (injected fault).",
+                )
+            return fragment
+        if len(down) >= PARTITION_COUNT:
+            raise BrokerError(
+                "com.microsoft:timeout",
+                f"Every partition of '{target.path}' is unavailable; retry the operation "
+                "(injected fault).",
+            )
+        start = self._round_robin.get(target.path, 0)
+        for step in range(PARTITION_COUNT):
+            fragment = (start + step) % PARTITION_COUNT
+            if fragment not in down:
+                self._round_robin[target.path] = fragment + 1
+                return fragment
+        raise AssertionError("unreachable: a fragment is up")
 
     def delete(self, path: str) -> bool:
         entity = self.queues.pop(path, None)
@@ -740,22 +930,42 @@ class Namespace:
         # Send targets are queues and topics, never subscriptions (see resolve_target).
         assert isinstance(properties, EntityProperties)
         now = self.clock()
+        dedup = properties.requires_duplicate_detection
+        # Check every message before storing any: a rejected transfer stores nothing.
+        fragments = []
         for message in inner:
-            if properties.requires_duplicate_detection:
-                detector = self._dedup.setdefault(target.path, DuplicateDetector())
+            _check_session_partition_key(message)
+            fragments.append(self._choose_fragment(target, message, dedup))
+        for message, fragment in zip(inner, fragments, strict=True):
+            if dedup:
+                # Per fragment for partitioned entities: the MessageId is the fragment key
+                # unless a SessionId or PartitionKey picked the fragment.
+                dedup_key = target.path if fragment is None else (target.path, fragment)
+                detector = self._dedup.setdefault(dedup_key, DuplicateDetector())
                 window = properties.duplicate_detection_history_time_window.total_seconds()
                 if detector.is_duplicate(message.message_id, now, window):
                     continue
-            self._enqueue_parsed(target, message, now, scheduled_at=None)
+            self._enqueue_parsed(target, message, now, scheduled_at=None, fragment=fragment)
         return len(inner)
 
     def schedule(self, target: Entity | Topic, payload: bytes, at: float | None) -> int:
         """Enqueue one message for later; return its sequence number."""
         parsed = parse_message(payload)
-        return self._enqueue_parsed(target, parsed, self.clock(), scheduled_at=at)
+        _check_session_partition_key(parsed)
+        properties = target.properties
+        assert isinstance(properties, EntityProperties)
+        fragment = self._choose_fragment(target, parsed, properties.requires_duplicate_detection)
+        return self._enqueue_parsed(
+            target, parsed, self.clock(), scheduled_at=at, fragment=fragment
+        )
 
     def _enqueue_parsed(
-        self, target: Entity | Topic, parsed: Any, now: float, scheduled_at: float | None
+        self,
+        target: Entity | Topic,
+        parsed: Any,
+        now: float,
+        scheduled_at: float | None,
+        fragment: int | None = None,
     ) -> int:
         annotations = parsed.annotations
         if scheduled_at is None:
@@ -786,6 +996,7 @@ class Namespace:
             enqueued_at=now,
             expires_at=expires_at,
             scheduled_at=scheduled_at,
+            fragment=fragment,
         )
         if base.content_type == PING_CONTENT_TYPE:
             # Service Bus never delivers a ping: accepted, billed, dropped (SPEC §3).
@@ -824,6 +1035,35 @@ class Namespace:
 
 
 PING_CONTENT_TYPE = "application/vnd.ms-servicebus-ping"
+
+
+def fragment_of(key: Any) -> int:
+    """The fragment of a partition key: a stable hash (CRC-32 of its text) mod 16."""
+    return zlib.crc32(str(key).encode("utf-8")) % PARTITION_COUNT
+
+
+def check_partitioned_size(max_size_in_megabytes: int) -> None:
+    """Standard tier: a partitioned entity's per-fragment size is 1, 2, 3, 4 or 5 GB."""
+    if max_size_in_megabytes not in PARTITIONED_SIZES_MB:
+        raise BrokerError(
+            "amqp:invalid-field",
+            f"The specified value {max_size_in_megabytes} is invalid. The property "
+            "MaxSizeInMegabytes of a partitioned entity must be one of the following values: "
+            f"{';'.join(str(v) for v in PARTITIONED_SIZES_MB)} (per partition; the entity "
+            f"holds {PARTITION_COUNT} times that).",
+        )
+
+
+def _check_session_partition_key(parsed: Any) -> None:
+    """SessionId and PartitionKey, when both set, must be equal (the service checks always)."""
+    partition_key = parsed.annotations.get("x-opt-partition-key")
+    session_id = parsed.session_id
+    if session_id is not None and partition_key is not None and str(partition_key) != session_id:
+        raise BrokerError(
+            "com.microsoft:invalid-operation",
+            f"The SessionId '{session_id}' and the PartitionKey '{partition_key}' of a message "
+            "must be the same when both are set; set only one, or set them equal.",
+        )
 
 
 def _timestamp_seconds(value: Any) -> float:

@@ -9,8 +9,10 @@ Routes (JSON in, JSON out):
   ``{"name": ..., "subscriptions": [...], "properties": {...}}``
 - ``POST /namespaces/{ns}/faults/{fault}``     ``outage``, ``restore``, ``blackhole``,
   ``latency`` (``{"seconds": 0.2}``), ``reject-sends`` (``{"condition": "server-busy"}``),
-  ``drop-dispositions`` (``{"count": 3}``), ``disaster``
+  ``drop-dispositions`` (``{"count": 3}``), ``disaster``, ``fragment-down`` and
+  ``fragment-up`` (``{"entity": "orders", "index": 3}``, partitioned entities)
 - ``GET  /namespaces/{ns}/faults``             the namespace's current faults
+- ``GET  /namespaces/{ns}/fragments``          partitioned entities with fragments down
 """
 
 from __future__ import annotations
@@ -39,7 +41,17 @@ FAULTS = (
     "reject-sends",
     "drop-dispositions",
     "disaster",
+    "fragment-down",
+    "fragment-up",
 )
+
+# Broker refusals as control-endpoint statuses (anything else is a name conflict, 409).
+_BROKER_STATUS = {
+    "amqp:not-found": 404,
+    "amqp:invalid-field": 400,
+    "com.microsoft:invalid-operation": 400,
+    "amqp:resource-limit-exceeded": 403,
+}
 
 
 def _error(status: int, message: str) -> web.Response:
@@ -88,6 +100,10 @@ def build_control_app(emulator: EmulatorServer) -> web.Application:
     async def faults(request: web.Request) -> web.Response:
         return web.json_response(namespace(request).faults.as_dict())
 
+    @routes.get("/namespaces/{ns}/fragments")
+    async def fragments(request: web.Request) -> web.Response:
+        return web.json_response(namespace(request).namespace.fragments_down())
+
     @routes.post("/namespaces/{ns}/queues")
     async def create_queue(request: web.Request) -> web.Response:
         server = namespace(request)
@@ -100,7 +116,7 @@ def build_control_app(emulator: EmulatorServer) -> web.Application:
         except TypeError as exc:
             return _error(400, f"unknown queue property: {exc}")
         except BrokerError as exc:
-            return _error(409, exc.description)
+            return _error(_BROKER_STATUS.get(exc.condition, 409), exc.description)
         return web.json_response({"created": data["name"]}, status=201)
 
     @routes.post("/namespaces/{ns}/topics")
@@ -118,7 +134,7 @@ def build_control_app(emulator: EmulatorServer) -> web.Application:
         except TypeError as exc:
             return _error(400, f"unknown topic property: {exc}")
         except BrokerError as exc:
-            return _error(409, exc.description)
+            return _error(_BROKER_STATUS.get(exc.condition, 409), exc.description)
         return web.json_response({"created": name}, status=201)
 
     @routes.post("/namespaces/{ns}/faults/{fault}")
@@ -157,6 +173,17 @@ def build_control_app(emulator: EmulatorServer) -> web.Application:
             if count < 0:
                 return _error(400, "count must be >= 0")
             server.faults.dropped_dispositions = count
+        elif fault in ("fragment-down", "fragment-up"):
+            entity, index = data.get("entity"), data.get("index")
+            if not isinstance(entity, str) or not isinstance(index, int):
+                return _error(400, f"{fault} needs {{'entity': <name>, 'index': <0..15>}}")
+            try:
+                if fault == "fragment-down":
+                    server.fragment_down(entity, index)
+                else:
+                    server.fragment_up(entity, index)
+            except BrokerError as exc:
+                return _error(_BROKER_STATUS.get(exc.condition, 400), exc.description)
         else:
             return _error(404, f"unknown fault '{fault}'; one of {', '.join(FAULTS)}")
         return web.json_response(server.faults.as_dict())

@@ -94,6 +94,21 @@ class NamespaceControl:
         """
         self._fault("drop-dispositions", {"count": count})
 
+    def fragment_down(self, entity: str, index: int) -> None:
+        """Take fragment ``index`` (0..15) of the partitioned queue or topic ``entity`` down.
+
+        A keyed send (SessionId, PartitionKey, or MessageId with duplicate detection) whose
+        key maps to it is rejected with ``com.microsoft:timeout`` (SDK:
+        ``OperationTimeoutError``); unkeyed sends go to the other fragments and succeed;
+        its stored messages are not delivered until :meth:`fragment_up` or :meth:`restore`.
+        With all 16 down, unkeyed sends fail too.
+        """
+        self._fault("fragment-down", {"entity": entity, "index": index})
+
+    def fragment_up(self, entity: str, index: int) -> None:
+        """Bring fragment ``index`` of ``entity`` back up."""
+        self._fault("fragment-up", {"entity": entity, "index": index})
+
     def disaster(self) -> None:
         """An outage in which every message of this namespace is lost (entities stay)."""
         self._fault("disaster")
@@ -101,6 +116,13 @@ class NamespaceControl:
     def faults(self) -> dict[str, Any]:
         """The faults in force now."""
         result: dict[str, Any] = self._emulator._call("GET", f"/namespaces/{self.name}/faults")
+        return result
+
+    def fragments_down(self) -> dict[str, list[int]]:
+        """Partitioned queues and topics with fragments down, mapped to those fragments."""
+        result: dict[str, list[int]] = self._emulator._call(
+            "GET", f"/namespaces/{self.name}/fragments"
+        )
         return result
 
     def entities(self) -> dict[str, dict[str, Any]]:

@@ -286,6 +286,7 @@ class NamespaceServer:
         """Clear every fault and listen again on the same port."""
         was_down = self.faults.down
         self.faults = Faults()
+        self.namespace.restore_fragments()
         for sock in self._idle_sockets:
             sock.close()
         self._idle_sockets.clear()
@@ -300,6 +301,18 @@ class NamespaceServer:
         self.faults.paused = True
         for connection in self.connections:
             connection.paused = True
+
+    def fragment_down(self, entity: str, index: int) -> None:
+        """Make fragment ``index`` of the partitioned queue or topic ``entity`` unavailable.
+
+        Raises:
+            BrokerError: no such entity, it is not partitioned, or ``index`` is not 0..15.
+        """
+        self.namespace.fragment_down(entity, index)
+
+    def fragment_up(self, entity: str, index: int) -> None:
+        """Bring fragment ``index`` of ``entity`` back (its held messages are delivered)."""
+        self.namespace.fragment_up(entity, index)
 
     async def disaster(self) -> None:
         """An outage in which every message is lost (entities stay defined)."""
