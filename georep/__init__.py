@@ -17,6 +17,7 @@ if (
     __path__.append(str(_checkout_root))
 
 from georep._outbox import SqliteOutbox  # noqa: E402
+from georep._paired import PairedNamespaceOptions, backlog_queue_path  # noqa: E402
 from georep._peek import peek_all  # noqa: E402
 from georep._policy import (  # noqa: E402
     DEFAULT_FAILOVER_KINDS,
@@ -64,6 +65,7 @@ __all__ = [
     "InvalidMessageError",
     "MessageTooLargeError",
     "OutboxFullError",
+    "PairedNamespaceOptions",
     "ReceiverHandler",
     "ReceiverStats",
     "RegionError",
@@ -75,6 +77,7 @@ __all__ = [
     "SqliteOutbox",
     "StoreUnavailableError",
     "__version__",
+    "backlog_queue_path",
     "peek_all",
     "receiver",
 ]

@@ -12,6 +12,7 @@ except ImportError as exc:  # pragma: no cover - depends on the install
         "georep.adapters.servicebus needs azure-servicebus: pip install 'georep[servicebus]'"
     ) from exc
 
+from ._backlog import ensure_backlog_queues, from_backlog, to_backlog
 from ._codec import GeoMessageBatch, ServiceBusCodec
 from ._errors import translate_error
 from ._receiver import ServiceBusRegionReceiver, open_region_receiver
@@ -22,7 +23,10 @@ __all__ = [
     "ServiceBusCodec",
     "ServiceBusRegionReceiver",
     "ServiceBusRegionSender",
+    "ensure_backlog_queues",
+    "from_backlog",
     "open_region_receiver",
     "open_region_sender",
+    "to_backlog",
     "translate_error",
 ]
