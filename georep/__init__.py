@@ -18,6 +18,7 @@ if (
 
 from georep._outbox import SqliteOutbox  # noqa: E402
 from georep._paired import PairedNamespaceOptions, backlog_queue_path  # noqa: E402
+from georep._paired_sender import PairedSender  # noqa: E402
 from georep._peek import peek_all  # noqa: E402
 from georep._policy import (  # noqa: E402
     DEFAULT_FAILOVER_KINDS,
@@ -66,6 +67,7 @@ __all__ = [
     "MessageTooLargeError",
     "OutboxFullError",
     "PairedNamespaceOptions",
+    "PairedSender",
     "ReceiverHandler",
     "ReceiverStats",
     "RegionError",

@@ -12,7 +12,7 @@ except ImportError as exc:  # pragma: no cover - depends on the install
         "georep.adapters.servicebus needs azure-servicebus: pip install 'georep[servicebus]'"
     ) from exc
 
-from ._backlog import ensure_backlog_queues, from_backlog, to_backlog
+from ._backlog import ensure_backlog_queues, from_backlog, make_ping, to_backlog
 from ._codec import GeoMessageBatch, ServiceBusCodec
 from ._errors import translate_error
 from ._receiver import ServiceBusRegionReceiver, open_region_receiver
@@ -25,6 +25,7 @@ __all__ = [
     "ServiceBusRegionSender",
     "ensure_backlog_queues",
     "from_backlog",
+    "make_ping",
     "open_region_receiver",
     "open_region_sender",
     "to_backlog",

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import uuid
 import warnings
 from datetime import datetime, timedelta
 from typing import Any
@@ -22,7 +23,7 @@ from georep.ports import ErrorKind
 
 from ._codec import ServiceBusCodec
 
-__all__ = ["ensure_backlog_queues", "from_backlog", "to_backlog"]
+__all__ = ["PING_CONTENT_TYPE", "ensure_backlog_queues", "from_backlog", "make_ping", "to_backlog"]
 
 _CODEC = ServiceBusCodec()
 
@@ -140,3 +141,16 @@ def from_backlog(message: Any) -> tuple[str, ServiceBusMessage]:
     if scheduled is not None:
         restored.scheduled_enqueue_time_utc = datetime.fromisoformat(text(scheduled))
     return text(destination), restored
+
+
+PING_CONTENT_TYPE = "application/vnd.ms-servicebus-ping"
+
+
+def make_ping() -> ServiceBusMessage:
+    """An empty ping (SPEC §3): never delivered to receivers, billed like a message."""
+    return ServiceBusMessage(
+        b"",
+        content_type=PING_CONTENT_TYPE,
+        time_to_live=timedelta(seconds=1),
+        session_id=uuid.uuid4().hex,
+    )

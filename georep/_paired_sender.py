@@ -1,0 +1,305 @@
+"""The paired-namespace sender (SPEC §3): primary first, backlog queues while it is down."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import random
+import weakref
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from types import TracebackType
+from typing import Any, Self
+
+from opentelemetry import metrics
+
+from georep._clock import SystemClock
+from georep._paired import PairedNamespaceOptions
+from georep.exceptions import (
+    AllRegionsUnavailableError,
+    ClosedError,
+    ConfigurationError,
+    RegionError,
+    RegionUnavailableError,
+)
+from georep.ports import Clock, ErrorKind, RegionSender
+
+__all__ = ["PairedSender", "PairedState"]
+
+_log = logging.getLogger("georep.paired")
+
+#: Failures that start (or keep running) the failover timer: not auth, not server-busy
+#: (SPEC §3), and not the message's own fault.
+_NON_TRANSIENT = frozenset(
+    {ErrorKind.CONNECTION, ErrorKind.TIMEOUT, ErrorKind.SERVICE_ERROR, ErrorKind.ENTITY_DISABLED}
+)
+
+
+@dataclass
+class PairedState:
+    """Failover state of one entity, shared by every PairedSender on the pair.
+
+    Attributes:
+        failing_since: Monotonic time of the first failure of the current streak.
+        engaged: Sends go to the backlog queues.
+        excluded: Backlog queues pulled from the rotation after a failed send.
+    """
+
+    failing_since: float | None = None
+    engaged: bool = False
+    excluded: set[int] = field(default_factory=set)
+    pinger: asyncio.Task[None] | None = None
+
+
+_states: weakref.WeakValueDictionary[
+    tuple[asyncio.AbstractEventLoop | None, str, str, str], PairedState
+] = weakref.WeakValueDictionary()
+
+
+def _running_loop() -> asyncio.AbstractEventLoop | None:
+    try:
+        return asyncio.get_running_loop()
+    except RuntimeError:
+        return None
+
+
+class PairedSender:
+    """Send to the primary; after ``failover_interval`` of failures, to backlog queues.
+
+    Args:
+        primary: The entity's sender in the primary namespace.
+        backlog: One sender per backlog queue in the secondary namespace, index order.
+        rewrite: ``rewrite(message, destination)`` → the backlog copy with its aliases
+            (``georep.adapters.servicebus.to_backlog``).
+        make_ping: Builds a ping message (empty, content type
+            ``application/vnd.ms-servicebus-ping``, TTL 1 s, random SessionId).
+        options: :class:`PairedNamespaceOptions`.
+        secondary_namespace: The secondary namespace (to share state per pair).
+        rng: Random source for the backlog pick (seedable for tests).
+        clock: Time source.
+        meter_provider: OpenTelemetry meter provider (pings are billed; they are counted).
+    """
+
+    def __init__(
+        self,
+        primary: RegionSender,
+        backlog: Sequence[RegionSender],
+        *,
+        rewrite: Callable[[Any, str], Any],
+        make_ping: Callable[[], Any],
+        options: PairedNamespaceOptions | None = None,
+        secondary_namespace: str = "secondary",
+        rng: random.Random | None = None,
+        clock: Clock | None = None,
+        meter_provider: metrics.MeterProvider | None = None,
+    ) -> None:
+        self.options = options or PairedNamespaceOptions()
+        if len(backlog) != self.options.backlog_queue_count:
+            raise ConfigurationError(
+                f"{len(backlog)} backlog senders for backlog_queue_count="
+                f"{self.options.backlog_queue_count}: give one per backlog queue"
+            )
+        self._primary = primary
+        self._backlog = list(backlog)
+        self._rewrite = rewrite
+        self._make_ping = make_ping
+        self._rng = rng or random.Random()
+        self._clock: Clock = clock or SystemClock()
+        key = (_running_loop(), primary.namespace, secondary_namespace, primary.entity)
+        state = _states.get(key)
+        if state is None:
+            state = _states[key] = PairedState()
+        self.state = state
+        self._owned: list[RegionSender] = []
+        self._closed = False
+        meter = metrics.get_meter("georep", "", meter_provider)
+        self._pings = meter.create_counter(
+            "georep.paired.pings", unit="{ping}", description="Pings sent to an unavailable entity."
+        )
+        self._backlog_sends = meter.create_counter(
+            "georep.paired.backlog_sends",
+            unit="{message}",
+            description="Messages sent to a backlog queue.",
+        )
+        self.pings = 0
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        """Stop pinging (if this sender pings) and close what it created. Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        pinger = self.state.pinger
+        if pinger is not None and not pinger.done():
+            pinger.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await pinger
+        for region in self._owned:
+            with contextlib.suppress(Exception):
+                await region.close()
+
+    @property
+    def entity(self) -> str:
+        return self._primary.entity
+
+    @classmethod
+    def from_connection_strings(
+        cls,
+        primary: str,
+        secondary: str,
+        *,
+        queue_name: str | None = None,
+        topic_name: str | None = None,
+        primary_namespace: str | None = None,
+        options: PairedNamespaceOptions | None = None,
+        **kwargs: Any,
+    ) -> PairedSender:
+        """A PairedSender that creates, and closes, its senders.
+
+        Backlog queues must exist (``georep.adapters.servicebus.ensure_backlog_queues``).
+        ``primary_namespace`` names them (default: the primary's namespace host).
+        """
+        from georep._paired import backlog_queue_path
+        from georep.adapters.servicebus import make_ping, open_region_sender, to_backlog
+
+        if (queue_name is None) == (topic_name is None):
+            raise ConfigurationError("name exactly one of queue_name= or topic_name=")
+        options = options or PairedNamespaceOptions()
+        main = open_region_sender(
+            primary, region="primary", queue_name=queue_name, topic_name=topic_name
+        )
+        name = primary_namespace or main.namespace
+        backlog = [
+            open_region_sender(
+                secondary, region=f"backlog-{i}", queue_name=backlog_queue_path(name, i)
+            )
+            for i in range(options.backlog_queue_count)
+        ]
+        sender = cls(
+            main,
+            backlog,
+            rewrite=to_backlog,
+            make_ping=make_ping,
+            options=options,
+            secondary_namespace=backlog[0].namespace,
+            **kwargs,
+        )
+        sender._owned.extend([main, *backlog])
+        return sender
+
+    async def send_messages(self, message: Any, *, timeout: float | None = None) -> str:
+        """Send to the primary, or to a backlog queue while failover is engaged.
+
+        Returns:
+            ``"primary"`` or the backlog queue path that took the message.
+
+        Raises:
+            RegionError: Before failover engages, the primary's failure as it is (sends
+                fail for ``failover_interval``, SPEC §3).
+            AllRegionsUnavailableError: Failover is engaged and no backlog queue accepted.
+            MessageTooLargeError: The message does not fit once rewritten for the backlog.
+        """
+        if self._closed:
+            raise ClosedError("this PairedSender is closed; create a new one")
+        deadline = self.options.seconds("ping_timeout") if timeout is None else timeout
+        state = self.state
+        if not state.engaged:
+            try:
+                with self._clock.deadline(deadline):
+                    await self._primary.send(message, timeout=deadline)
+            except TimeoutError as exc:
+                error = RegionUnavailableError(
+                    f"primary did not answer within {deadline:g} s",
+                    region="primary",
+                    kind=ErrorKind.TIMEOUT,
+                )
+                self._failed(error)
+                if not state.engaged:
+                    raise error from exc
+            except RegionError as exc:
+                self._failed(exc)
+                if not state.engaged:
+                    raise
+            else:
+                state.failing_since = None
+                return "primary"
+        return await self._to_backlog(message, deadline)
+
+    def _failed(self, error: RegionError) -> None:
+        """Run the failover timer; engage when it has run ``failover_interval``."""
+        if error.kind not in _NON_TRANSIENT:
+            return
+        state = self.state
+        now = self._clock.monotonic()
+        if state.failing_since is None:
+            state.failing_since = now
+        if now - state.failing_since >= self.options.seconds("failover_interval"):
+            self._engage()
+
+    def _engage(self) -> None:
+        state = self.state
+        if state.engaged:
+            return
+        state.engaged = True
+        state.excluded.clear()
+        _log.warning(
+            "%s unavailable for %.0f s: sending to backlog queues",
+            self.entity,
+            self.options.seconds("failover_interval"),
+        )
+        if state.pinger is None or state.pinger.done():
+            state.pinger = asyncio.create_task(self._ping_until_back(), name="georep-ping")
+
+    async def _to_backlog(self, message: Any, deadline: float) -> str:
+        backlog_copy = self._rewrite(message, self.entity)
+        state = self.state
+        causes: dict[str, BaseException] = {}
+        while True:
+            candidates = [i for i in range(len(self._backlog)) if i not in state.excluded]
+            if not candidates:
+                raise AllRegionsUnavailableError(
+                    f"{self.entity} is failed over and no backlog queue accepted the message",
+                    causes,
+                )
+            index = self._rng.choice(candidates)
+            queue = self._backlog[index]
+            try:
+                with self._clock.deadline(deadline):
+                    await queue.send(backlog_copy, timeout=deadline)
+            except (RegionError, TimeoutError) as exc:
+                state.excluded.add(index)
+                causes[queue.entity] = exc
+                _log.warning("backlog queue %s left the rotation: %s", queue.entity, exc)
+                continue
+            self._backlog_sends.add(1, {"georep.backlog_queue": str(index)})
+            return queue.entity
+
+    async def _ping_until_back(self) -> None:
+        """Ping the primary every ``ping_primary_interval``; a success ends failover."""
+        interval = self.options.seconds("ping_primary_interval")
+        timeout = self.options.seconds("ping_timeout")
+        state = self.state
+        while state.engaged:
+            await self._clock.sleep(interval)
+            self.pings += 1
+            self._pings.add(1, {"messaging.destination.name": self.entity})
+            try:
+                with self._clock.deadline(timeout):
+                    await self._primary.send(self._make_ping(), timeout=timeout)
+            except (RegionError, TimeoutError) as exc:
+                _log.info("ping of %s failed: %s", self.entity, exc)
+                continue
+            state.engaged = False
+            state.failing_since = None
+            _log.warning("%s answers pings again: sending to it", self.entity)

@@ -1,0 +1,123 @@
+"""PairedSender: the failover timer, backlog rotation and pings, on a fake clock."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from typing import Any
+
+import pytest
+
+from georep import AllRegionsUnavailableError, ErrorKind, PairedNamespaceOptions, PairedSender
+from georep.exceptions import RegionError
+from georep.testing import FakeClock, FakeMessage, InMemoryRegionSender
+
+
+def rewrite(message: FakeMessage, destination: str) -> FakeMessage:
+    copy = FakeMessage(message.body, message.message_id, message.subject)
+    copy.application_properties = {**message.application_properties, "x-ms-path": destination}
+    return copy
+
+
+def ping() -> FakeMessage:
+    return FakeMessage(b"", subject="ping")
+
+
+def build(
+    clock: FakeClock, count: int = 3, **options: Any
+) -> tuple[PairedSender, InMemoryRegionSender, list[InMemoryRegionSender]]:
+    primary = InMemoryRegionSender("primary", f"east-{id(clock)}", "orders")
+    backlog = [
+        InMemoryRegionSender(f"backlog-{i}", "west", f"east/x-servicebus-transfer/{i}")
+        for i in range(count)
+    ]
+    sender = PairedSender(
+        primary,
+        backlog,
+        rewrite=rewrite,
+        make_ping=ping,
+        options=PairedNamespaceOptions(backlog_queue_count=count, **options),
+        rng=random.Random(7),
+        clock=clock,
+    )
+    return sender, primary, backlog
+
+
+async def test_sends_fail_for_the_interval_then_go_to_backlog_queues() -> None:
+    clock = FakeClock()
+    sender, primary, backlog = build(clock, failover_interval=60, ping_primary_interval=30)
+    primary.fail_with(ErrorKind.CONNECTION)
+
+    with pytest.raises(RegionError):
+        await sender.send_messages(FakeMessage(b"1", "m1"))
+    await clock.advance(59)
+    with pytest.raises(RegionError):
+        await sender.send_messages(FakeMessage(b"2", "m2"))
+    await clock.advance(1)
+    where = await sender.send_messages(FakeMessage(b"3", "m3"))
+
+    assert where.startswith("east/x-servicebus-transfer/") and sender.state.engaged
+    [copy] = [m for q in backlog for m in q.accepted]
+    assert copy.message_id == "m3" and copy.application_properties["x-ms-path"] == "orders"
+
+    # A successful ping sends new messages to the primary again at once; pings stop.
+    primary.restore()
+    await clock.advance(30)
+    assert not sender.state.engaged and sender.pings == 1
+    assert await sender.send_messages(FakeMessage(b"4", "m4")) == "primary"
+    await clock.advance(300)
+    assert sender.pings == 1
+    assert [m.subject for m in primary.accepted] == ["ping", None]
+    await sender.aclose()
+
+
+async def test_zero_interval_fails_over_on_the_first_failure_and_auth_never_does() -> None:
+    clock = FakeClock()
+    sender, primary, _ = build(clock, failover_interval=0)
+    primary.fail_with(ErrorKind.AUTHENTICATION)
+    with pytest.raises(RegionError):
+        await sender.send_messages(FakeMessage(b"a"))
+    assert not sender.state.engaged
+    primary.fail_with(ErrorKind.SERVER_BUSY)
+    with pytest.raises(RegionError):
+        await sender.send_messages(FakeMessage(b"b"))
+    assert not sender.state.engaged
+    primary.fail_with(ErrorKind.CONNECTION)
+    assert (await sender.send_messages(FakeMessage(b"c"))) != "primary"
+    await sender.aclose()
+
+
+async def test_a_failing_backlog_queue_leaves_the_rotation() -> None:
+    clock = FakeClock()
+    sender, primary, backlog = build(clock, failover_interval=0)
+    primary.fail_with(ErrorKind.CONNECTION)
+    backlog[0].fail_with(ErrorKind.CONNECTION)
+    backlog[1].fail_with(ErrorKind.CONNECTION)
+    places = {await sender.send_messages(FakeMessage(b"%d" % i)) for i in range(10)}
+    assert places == {"east/x-servicebus-transfer/2"}
+    assert backlog[0].attempts <= 1 and backlog[1].attempts <= 1
+    backlog[2].fail_with(ErrorKind.CONNECTION)
+    with pytest.raises(AllRegionsUnavailableError):
+        await sender.send_messages(FakeMessage(b"x"))
+    await sender.aclose()
+
+
+async def test_senders_on_the_pair_learn_of_failover_at_once() -> None:
+    clock = FakeClock()
+    first, primary, backlog = build(clock, failover_interval=0)
+    second = PairedSender(
+        primary,
+        backlog,
+        rewrite=rewrite,
+        make_ping=ping,
+        options=PairedNamespaceOptions(backlog_queue_count=3, failover_interval=0),
+        clock=clock,
+    )
+    primary.fail_with(ErrorKind.CONNECTION)
+    await first.send_messages(FakeMessage(b"a"))
+    attempts = primary.attempts
+    assert (await second.send_messages(FakeMessage(b"b"))) != "primary"
+    assert primary.attempts == attempts, "the second sender did not try the primary"
+    await first.aclose()
+    await second.aclose()
+    await asyncio.sleep(0)
