@@ -30,6 +30,7 @@ from georep._policy import (  # noqa: E402
 from georep._receiver import GeoReceiver, ReceiverHandler, ReceiverStats, receiver  # noqa: E402
 from georep._roles import RoleState  # noqa: E402
 from georep._sender import GeoSender, SenderStats, SendResult  # noqa: E402
+from georep._syphon import Syphon, SyphonStats  # noqa: E402
 from georep.exceptions import (  # noqa: E402
     AllRegionsUnavailableError,
     AuthenticationError,
@@ -78,6 +79,8 @@ __all__ = [
     "SenderStats",
     "SqliteOutbox",
     "StoreUnavailableError",
+    "Syphon",
+    "SyphonStats",
     "__version__",
     "backlog_queue_path",
     "peek_all",

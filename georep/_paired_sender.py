@@ -16,6 +16,7 @@ from opentelemetry import metrics
 
 from georep._clock import SystemClock
 from georep._paired import PairedNamespaceOptions
+from georep._slot import holding
 from georep.exceptions import (
     AllRegionsUnavailableError,
     ClosedError,
@@ -216,8 +217,9 @@ class PairedSender:
         state = self.state
         if not state.engaged:
             try:
-                with self._clock.deadline(deadline):
-                    await self._primary.send(message, timeout=deadline)
+                async with holding(self._primary.slot()):
+                    with self._clock.deadline(deadline):
+                        await self._primary.send(message, timeout=deadline)
             except TimeoutError as exc:
                 error = RegionUnavailableError(
                     f"primary did not answer within {deadline:g} s",
@@ -275,8 +277,9 @@ class PairedSender:
             index = self._rng.choice(candidates)
             queue = self._backlog[index]
             try:
-                with self._clock.deadline(deadline):
-                    await queue.send(backlog_copy, timeout=deadline)
+                async with holding(queue.slot()):
+                    with self._clock.deadline(deadline):
+                        await queue.send(backlog_copy, timeout=deadline)
             except (RegionError, TimeoutError) as exc:
                 state.excluded.add(index)
                 causes[queue.entity] = exc
@@ -295,8 +298,9 @@ class PairedSender:
             self.pings += 1
             self._pings.add(1, {"messaging.destination.name": self.entity})
             try:
-                with self._clock.deadline(timeout):
-                    await self._primary.send(self._make_ping(), timeout=timeout)
+                async with holding(self._primary.slot()):
+                    with self._clock.deadline(timeout):
+                        await self._primary.send(self._make_ping(), timeout=timeout)
             except (RegionError, TimeoutError) as exc:
                 _log.info("ping of %s failed: %s", self.entity, exc)
                 continue

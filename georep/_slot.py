@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections import deque
+from collections.abc import AsyncIterator
 
-__all__ = ["RegionSlot"]
+__all__ = ["RegionSlot", "holding"]
 
 
 class RegionSlot:
@@ -63,3 +65,14 @@ class RegionSlot:
                 waiter.set_result(None)
                 return
         self._busy = False
+
+
+@contextlib.asynccontextmanager
+async def holding(slot: RegionSlot) -> AsyncIterator[None]:
+    """``async with holding(region.slot()):`` one call at a time on that region's sender."""
+    if not slot.try_acquire():
+        await slot.acquire()
+    try:
+        yield
+    finally:
+        slot.release()

@@ -368,6 +368,10 @@ class RegionReceiver(Protocol):
 
     async def abandon(self, message: Any) -> None: ...
 
+    async def dead_letter(self, message: Any, reason: str, description: str) -> None:
+        """Move the copy to the entity's dead-letter queue with a reason."""
+        ...
+
     async def renew_lock(self, message: Any) -> float | None:
         """Renew the copy's lock; return its new expiry (wall-clock seconds) if known."""
         ...

@@ -489,6 +489,11 @@ class InMemoryRegionReceiver:
         self.abandoned.append(held)
         self._redeliver(held)
 
+    async def dead_letter(self, message: Any, reason: str, description: str) -> None:
+        held = self._held(message)
+        del self._locked[held.lock_token]
+        self.dead_lettered.append(held)
+
     async def renew_lock(self, message: Any) -> float | None:
         held = self._held(message)
         held.locked_until = self._clock.time() + self.lock_duration

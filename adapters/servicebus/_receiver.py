@@ -132,6 +132,16 @@ class ServiceBusRegionReceiver:
         except Exception as exc:
             raise self._translate(exc) from exc
 
+    async def dead_letter(
+        self, message: ServiceBusReceivedMessage, reason: str, description: str
+    ) -> None:
+        try:
+            await self._receiver.dead_letter_message(
+                message, reason=reason, error_description=description
+            )
+        except Exception as exc:
+            raise self._translate(exc) from exc
+
     async def renew_lock(self, message: ServiceBusReceivedMessage) -> float | None:
         try:
             expiry = await self._receiver.renew_message_lock(message)

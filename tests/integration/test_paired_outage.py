@@ -5,15 +5,25 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
+from collections import Counter
 from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
+from typing import Any
 
 import pytest
 from azure.servicebus import ServiceBusMessage, ServiceBusReceiveMode
 from azure.servicebus.aio import ServiceBusClient
 
-from georep import PairedNamespaceOptions, PairedSender, RegionError, backlog_queue_path
+from georep import (
+    GeoReceiver,
+    PairedNamespaceOptions,
+    PairedSender,
+    RegionError,
+    backlog_queue_path,
+)
 from georep.adapters.emulator import Emulator
 from georep.adapters.servicebus import ensure_backlog_queues, from_backlog
+from georep.testing import InMemorySeenSet
 
 pytestmark = pytest.mark.integration
 
@@ -86,3 +96,84 @@ async def test_outage_sends_go_to_backlog_queues_until_a_ping_succeeds(emu: Emul
         assert destination == queue and restored.session_id == "s-1"
     in_primary = [b"".join(m.body) for m in await received(emu, "primary", queue)]
     assert sorted(in_primary) == [b"after", b"before"], "pings are never delivered"
+
+
+async def test_the_syphon_brings_backlog_messages_home_and_each_is_received_once(
+    emu: Emulator,
+) -> None:
+    from georep import Syphon
+
+    queue = f"syphon-{uuid.uuid4().hex[:6]}"
+    for namespace in emu.namespaces:
+        emu.namespace(namespace).create_queue(queue)
+    options = PairedNamespaceOptions(
+        backlog_queue_count=3,
+        failover_interval=0,
+        ping_primary_interval=1,
+        ping_timeout=5,
+        syphon_long_poll=1,
+    )
+    primary_name = f"127.0.0.1:{emu.namespace('primary').port}"
+    async with emu.async_admin_client("secondary") as admin:
+        await ensure_backlog_queues(admin, primary_name, options)
+
+    async with PairedSender.from_connection_strings(
+        emu.connection_string("primary"),
+        emu.connection_string("secondary"),
+        queue_name=queue,
+        options=options,
+    ) as sender:
+        await asyncio.to_thread(emu.namespace("primary").outage)
+        when = datetime.now(UTC) + timedelta(seconds=2)
+        sent = [
+            ServiceBusMessage(
+                f"m{i}", time_to_live=timedelta(minutes=10), scheduled_enqueue_time_utc=when
+            )
+            for i in range(20)
+        ]
+        places = [await sender.send_messages(m) for m in sent]
+        assert all(p != "primary" for p in places)
+        await asyncio.to_thread(emu.namespace("primary").restore)
+        assert await back_on_primary(sender, within=15)
+
+    syphon = Syphon.from_connection_strings(
+        emu.connection_string("primary"),
+        emu.connection_string("secondary"),
+        primary_namespace=primary_name,
+        options=options,
+    )
+    running = asyncio.create_task(syphon.run())
+    started = time.monotonic()
+    while syphon.stats.moved < len(sent):
+        assert time.monotonic() - started < 30, f"moved {syphon.stats.moved} of {len(sent)}"
+        await asyncio.sleep(0.1)
+    await syphon.aclose()
+    await asyncio.wait_for(running, 10)
+    assert syphon.stats.moved >= len(sent) and syphon.stats.dead_lettered == 0
+
+    await asyncio.sleep(2.5)  # the restored scheduled enqueue time passes
+    for path in [backlog_queue_path(primary_name, i) for i in range(3)]:
+        assert emu.namespace("secondary").message_count(path) == 0, "backlog drained"
+
+    # Moving is at least once (a copy whose completion was lost moves again, same
+    # MessageId): the receiver sees each message once.
+    handled: Counter[str] = Counter()
+
+    async def handle(message: Any) -> None:
+        assert message.time_to_live == timedelta(minutes=10), "TTL restored"
+        handled[str(message.message_id)] += 1
+
+    async with GeoReceiver.from_connection_strings(
+        emu.connection_string("primary"),
+        emu.connection_string("secondary"),
+        queue_name=queue,
+        seen=InMemorySeenSet(),
+    ) as receiver:
+        task = asyncio.create_task(receiver.run(handle))
+        started = time.monotonic()
+        while emu.namespace("primary").message_count(queue):
+            assert time.monotonic() - started < 30
+            await asyncio.sleep(0.1)
+        await receiver.aclose()
+        await task
+    assert handled == Counter({str(m.message_id): 1 for m in sent})

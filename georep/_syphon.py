@@ -1,0 +1,239 @@
+"""The syphon (SPEC §3): moves backlog-queue messages back into the primary namespace."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from opentelemetry import metrics
+
+from georep._clock import SystemClock
+from georep._paired import PairedNamespaceOptions
+from georep._slot import holding
+from georep.exceptions import ClosedError, GeoReplicationError, RegionError
+from georep.ports import Clock, ErrorKind, RegionReceiver, RegionSender
+
+__all__ = ["Syphon", "SyphonStats"]
+
+_log = logging.getLogger("georep.syphon")
+
+#: Primary failures that mean "try again later"; anything else dead-letters the message.
+_RETRY_LATER = frozenset(
+    {ErrorKind.CONNECTION, ErrorKind.TIMEOUT, ErrorKind.SERVICE_ERROR, ErrorKind.SERVER_BUSY}
+)
+
+
+@dataclass(slots=True)
+class SyphonStats:
+    """Counters of one syphon. Each moved message is billed 4 operations (SPEC §3).
+
+    Attributes:
+        receive_calls: Receive (long-poll) calls made to backlog queues.
+        moved: Messages the primary accepted and whose backlog copy was completed.
+        dead_lettered: Messages without ``x-ms-path`` or refused for good by the primary.
+        retries: Sends to the primary that failed transiently and were retried.
+    """
+
+    receive_calls: int = 0
+    moved: int = 0
+    dead_lettered: int = 0
+    retries: int = 0
+
+    @property
+    def billed_operations(self) -> int:
+        """Send to backlog, receive from backlog, send to primary, receive from primary."""
+        return 4 * self.moved
+
+
+class Syphon:
+    """Long-polls every backlog queue and moves each message to its ``x-ms-path`` entity.
+
+    A message's backlog copy is completed only after the primary accepted it (nothing is
+    lost; the MessageId is kept, so a copy moved twice after a crash is suppressed by the
+    receivers). While the primary refuses with an unavailability error, the message stays
+    locked in the backlog queue and is retried every ``syphon_retry_interval``.
+
+    Args:
+        backlog: One receiver per backlog queue (in the secondary namespace).
+        primary_sender: ``primary_sender(entity)`` → the primary namespace's sender for
+            that entity (created once per entity by the caller's factory).
+        restore: ``restore(message)`` → ``(entity, message with aliases restored)``;
+            raises :class:`~georep.exceptions.InvalidMessageError` without ``x-ms-path``.
+        options: :class:`PairedNamespaceOptions` (long poll, batch, retry interval).
+        clock: Time source.
+        meter_provider: OpenTelemetry meter provider.
+    """
+
+    def __init__(
+        self,
+        backlog: Sequence[RegionReceiver],
+        primary_sender: Callable[[str], RegionSender],
+        *,
+        restore: Callable[[Any], tuple[str, Any]],
+        options: PairedNamespaceOptions | None = None,
+        clock: Clock | None = None,
+        meter_provider: metrics.MeterProvider | None = None,
+    ) -> None:
+        self.options = options or PairedNamespaceOptions()
+        self._backlog = list(backlog)
+        self._primary_sender = primary_sender
+        self._restore = restore
+        self._clock: Clock = clock or SystemClock()
+        self.stats = SyphonStats()
+        self._owned_receivers: list[RegionReceiver] = []
+        self._owned_senders: dict[str, RegionSender] = {}
+        self._stopping = asyncio.Event()
+        self._closed = False
+        meter = metrics.get_meter("georep", "", meter_provider)
+        self._receives = meter.create_counter(
+            "georep.syphon.receive_calls",
+            unit="{call}",
+            description="Long-poll receive calls on backlog queues (billed operations).",
+        )
+        self._moved = meter.create_counter(
+            "georep.syphon.moved",
+            unit="{message}",
+            description="Messages moved to the primary (4 billed operations each).",
+        )
+
+    @classmethod
+    def from_connection_strings(
+        cls,
+        primary: str,
+        secondary: str,
+        *,
+        primary_namespace: str,
+        options: PairedNamespaceOptions | None = None,
+        **kwargs: Any,
+    ) -> Syphon:
+        """A syphon that creates, and closes, its receivers and senders.
+
+        Args:
+            primary: The primary namespace's connection string (messages go there).
+            secondary: The secondary namespace's (the backlog queues are there).
+            primary_namespace: The name the backlog queue paths are built from (as given
+                to ``ensure_backlog_queues``).
+        """
+        from georep._paired import backlog_queue_path
+        from georep.adapters.servicebus import (
+            from_backlog,
+            open_region_receiver,
+            open_region_sender,
+        )
+
+        options = options or PairedNamespaceOptions()
+        backlog = [
+            open_region_receiver(
+                secondary,
+                region=f"backlog-{i}",
+                queue_name=backlog_queue_path(primary_namespace, i),
+                prefetch_count=options.syphon_prefetch,
+            )
+            for i in range(options.backlog_queue_count)
+        ]
+        senders: dict[str, RegionSender] = {}
+
+        def sender_for(entity: str) -> RegionSender:
+            sender = senders.get(entity)
+            if sender is None:
+                sender = senders[entity] = open_region_sender(
+                    primary, region="primary", queue_name=entity
+                )
+            return sender
+
+        syphon = cls(backlog, sender_for, restore=from_backlog, options=options, **kwargs)
+        syphon._owned_receivers = list(backlog)
+        syphon._owned_senders = senders
+        return syphon
+
+    async def run(self) -> None:
+        """Drain every backlog queue until :meth:`aclose` (or cancellation)."""
+        if self._closed:
+            raise ClosedError("this Syphon is closed; create a new one")
+        await asyncio.gather(*(self._drain(queue) for queue in self._backlog))
+
+    async def aclose(self) -> None:
+        """Stop after the messages in hand are moved or handed back; close what it created.
+
+        A receive in progress ends when its long poll does; owned receivers are closed
+        first so that it ends at once. Idempotent.
+        """
+        if self._closed:
+            return
+        self._closed = True
+        self._stopping.set()
+        for receiver in self._owned_receivers:
+            with contextlib.suppress(Exception):
+                await receiver.close()
+        for sender in self._owned_senders.values():
+            with contextlib.suppress(Exception):
+                await sender.close()
+
+    async def _drain(self, queue: RegionReceiver) -> None:
+        batch_size = self.options.syphon_batch_size
+        long_poll = self.options.seconds("syphon_long_poll")
+        while not self._stopping.is_set():
+            # A receive call is billed when it is made, whatever it returns.
+            self.stats.receive_calls += 1
+            self._receives.add(1, {"georep.backlog_queue": queue.entity})
+            try:
+                messages = await queue.receive(batch_size, max_wait=long_poll)
+            except RegionError as exc:
+                if self._stopping.is_set():
+                    return
+                _log.warning("receive from backlog queue %s failed: %s", queue.entity, exc)
+                await self._clock.sleep(self.options.seconds("syphon_retry_interval"))
+                continue
+            for message in messages:
+                await self._move(queue, message)
+
+    async def _move(self, queue: RegionReceiver, message: Any) -> None:
+        try:
+            entity, restored = self._restore(message)
+        except GeoReplicationError as exc:
+            await self._dead_letter(queue, message, "NoDestination", str(exc))
+            return
+        retry = self.options.seconds("syphon_retry_interval")
+        timeout = self.options.seconds("ping_timeout")
+        while True:
+            try:
+                sender = self._primary_sender(entity)
+                # One call at a time per SDK sender; the drain loops share the sender.
+                async with holding(sender.slot()):
+                    with self._clock.deadline(timeout):
+                        await sender.send(restored, timeout=timeout)
+                break
+            except (RegionError, TimeoutError) as exc:
+                kind = exc.kind if isinstance(exc, RegionError) else ErrorKind.TIMEOUT
+                if kind not in _RETRY_LATER:
+                    await self._dead_letter(queue, message, "PrimaryRefused", str(exc))
+                    return
+                if self._stopping.is_set():
+                    with contextlib.suppress(RegionError):
+                        await queue.abandon(message)  # handed back, moved next time
+                    return
+                self.stats.retries += 1
+                _log.info("primary refused %s (%s); retrying in %g s", entity, exc, retry)
+                await self._clock.sleep(retry)
+                with contextlib.suppress(RegionError):
+                    await queue.renew_lock(message)
+        try:
+            await queue.complete(message)
+        except RegionError as exc:
+            # Moved, but the backlog copy comes back: moved again later with the same
+            # MessageId, and suppressed by the receivers.
+            _log.warning("completing a moved message in %s failed: %s", queue.entity, exc)
+        self.stats.moved += 1
+        self._moved.add(1, {"messaging.destination.name": entity})
+
+    async def _dead_letter(
+        self, queue: RegionReceiver, message: Any, reason: str, description: str
+    ) -> None:
+        with contextlib.suppress(RegionError):
+            await queue.dead_letter(message, reason, description[:1024])
+        self.stats.dead_lettered += 1
+        _log.error("dead-lettered a backlog message (%s): %s", reason, description)

@@ -1,0 +1,94 @@
+"""The syphon on a fake clock: long-poll cost, moving with aliases, retries, dead letters."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from georep import ErrorKind, PairedNamespaceOptions, Syphon
+from georep.exceptions import InvalidMessageError
+from georep.testing import FakeClock, FakeMessage, InMemoryRegionReceiver, InMemoryRegionSender
+
+
+def restore(message: Any) -> tuple[str, FakeMessage]:
+    path = message.application_properties.get("x-ms-path")
+    if path is None:
+        raise InvalidMessageError("no x-ms-path")
+    props = {k: v for k, v in message.application_properties.items() if k != "x-ms-path"}
+    return path, FakeMessage(message.body, message.message_id, None, props)
+
+
+def build(
+    clock: FakeClock, count: int = 10
+) -> tuple[Syphon, list[InMemoryRegionReceiver], InMemoryRegionSender]:
+    queues = [
+        InMemoryRegionReceiver(f"b{i}", "west", f"east/x-servicebus-transfer/{i}", clock=clock)
+        for i in range(count)
+    ]
+    primary = InMemoryRegionSender("primary", "east", "orders")
+    syphon = Syphon(
+        queues,
+        lambda entity: primary,
+        restore=restore,
+        options=PairedNamespaceOptions(backlog_queue_count=count),
+        clock=clock,
+    )
+    return syphon, queues, primary
+
+
+async def test_ten_idle_backlog_queues_cost_40_receive_calls_an_hour() -> None:
+    clock = FakeClock()
+    syphon, _, _ = build(clock)
+    task = asyncio.create_task(syphon.run())
+    await clock.advance(3600 - 1)  # 15-minute long polls: 4 per queue per hour
+    assert syphon.stats.receive_calls == 40
+    await syphon.aclose()
+    await clock.advance(900)
+    await task
+
+
+async def test_messages_move_to_their_entity_and_leave_the_backlog() -> None:
+    clock = FakeClock()
+    syphon, queues, primary = build(clock, count=2)
+    queues[0].put(FakeMessage(b"a", "m1", None, {"x-ms-path": "orders", "app": "v"}))
+    queues[1].put(FakeMessage(b"b", "m2", None, {"x-ms-path": "orders"}))
+    queues[1].put(FakeMessage(b"lost", "m3"))  # no x-ms-path: dead-lettered
+    task = asyncio.create_task(syphon.run())
+    await clock.advance(1)
+    assert sorted(m.message_id for m in primary.accepted) == ["m1", "m2"]
+    assert primary.accepted[0].application_properties == {"app": "v"}
+    assert [m.message_id for m in queues[1].dead_lettered] == ["m3"]
+    assert queues[0].pending == queues[1].pending == 0
+    assert syphon.stats.moved == 2 and syphon.stats.billed_operations == 8
+    await syphon.aclose()
+    await clock.advance(900)
+    await task
+
+
+async def test_while_the_primary_is_down_messages_wait_in_the_backlog() -> None:
+    clock = FakeClock()
+    syphon, queues, primary = build(clock, count=1)
+    primary.fail_with(ErrorKind.CONNECTION)
+    queues[0].put(FakeMessage(b"a", "m1", None, {"x-ms-path": "orders"}))
+    task = asyncio.create_task(syphon.run())
+    await clock.advance(10)
+    assert primary.accepted == [] and queues[0].pending == 1 and syphon.stats.retries >= 5
+    primary.restore()
+    await clock.advance(2)
+    assert [m.message_id for m in primary.accepted] == ["m1"] and queues[0].pending == 0
+    await syphon.aclose()
+    await clock.advance(900)
+    await task
+
+
+async def test_a_message_the_primary_refuses_for_good_is_dead_lettered() -> None:
+    clock = FakeClock()
+    syphon, queues, primary = build(clock, count=1)
+    primary.fail_with(ErrorKind.ENTITY_NOT_FOUND)
+    queues[0].put(FakeMessage(b"a", "m1", None, {"x-ms-path": "gone"}))
+    task = asyncio.create_task(syphon.run())
+    await clock.advance(1)
+    assert [m.message_id for m in queues[0].dead_lettered] == ["m1"]
+    await syphon.aclose()
+    await clock.advance(900)
+    await task
