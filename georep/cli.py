@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from typing import Annotated
 
 try:
@@ -184,3 +185,89 @@ def main() -> None:
 
 if __name__ == "__main__":
     main()
+
+
+@app.command()
+def syphon(
+    primary: Annotated[
+        str,
+        typer.Option(
+            envvar="GEOREP_PRIMARY",
+            help="Primary namespace connection string (or $GEOREP_PRIMARY).",
+            show_default=False,
+        ),
+    ],
+    secondary: Annotated[
+        str,
+        typer.Option(
+            envvar="GEOREP_SECONDARY",
+            help="Secondary namespace connection string, where the backlog queues are "
+            "(or $GEOREP_SECONDARY).",
+            show_default=False,
+        ),
+    ],
+    primary_namespace: Annotated[
+        str,
+        typer.Option(
+            envvar="GEOREP_PRIMARY_NAMESPACE",
+            help="Name the backlog queue paths are built from (as given to ensure_backlog_queues).",
+        ),
+    ],
+    backlog_queues: Annotated[
+        int, typer.Option(envvar="GEOREP_BACKLOG_QUEUES", min=1, help="Backlog queue count.")
+    ] = 10,
+    long_poll: Annotated[
+        float, typer.Option(envvar="GEOREP_SYPHON_LONG_POLL", help="Long poll, seconds.")
+    ] = 900.0,
+    retry_interval: Annotated[
+        float, typer.Option(envvar="GEOREP_SYPHON_RETRY", help="Retry interval, 1-120 s.")
+    ] = 1.0,
+    report_every: Annotated[float, typer.Option(help="Seconds between progress lines.")] = 10.0,
+) -> None:
+    """Move backlog-queue messages back into the primary namespace until stopped.
+
+    Stops gracefully on SIGINT/SIGTERM: messages in hand are moved or handed back.
+    Connection strings are never printed.
+    """
+    import signal
+
+    from georep import ConfigurationError, PairedNamespaceOptions, Syphon
+
+    try:
+        options = PairedNamespaceOptions(
+            backlog_queue_count=backlog_queues,
+            syphon_long_poll=long_poll,
+            syphon_retry_interval=retry_interval,
+        )
+    except ConfigurationError as exc:
+        console.print(f"[red]{exc}[/red]")
+        raise typer.Exit(2) from None
+
+    async def run() -> None:
+        worker = Syphon.from_connection_strings(
+            primary, secondary, primary_namespace=primary_namespace, options=options
+        )
+        loop = asyncio.get_running_loop()
+        stop = asyncio.Event()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, stop.set)
+        task = asyncio.create_task(worker.run())
+        console.print(
+            f"syphon: {backlog_queues} backlog queues of {primary_namespace}, "
+            f"long poll {long_poll:g} s"
+        )
+        while not stop.is_set() and not task.done():
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), report_every)
+            stats = worker.stats
+            console.print(
+                f"moved {stats.moved}  dead-lettered {stats.dead_lettered}  "
+                f"retries {stats.retries}  receive calls {stats.receive_calls}  "
+                f"billed operations {stats.billed_operations + stats.receive_calls}"
+            )
+        await worker.aclose()
+        with contextlib.suppress(asyncio.CancelledError):
+            await asyncio.wait_for(task, long_poll + 30)
+        console.print("syphon stopped")
+
+    asyncio.run(run())

@@ -177,3 +177,62 @@ async def test_the_syphon_brings_backlog_messages_home_and_each_is_received_once
         await receiver.aclose()
         await task
     assert handled == Counter({str(m.message_id): 1 for m in sent})
+
+
+async def test_the_syphon_cli_moves_messages_and_stops_gracefully(emu: Emulator) -> None:
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    from georep.adapters.servicebus import to_backlog
+
+    queue = f"cli-{uuid.uuid4().hex[:6]}"
+    for namespace in emu.namespaces:
+        emu.namespace(namespace).create_queue(queue)
+    options = PairedNamespaceOptions(backlog_queue_count=2)
+    name = f"cli{uuid.uuid4().hex[:6]}"
+    async with emu.async_admin_client("secondary") as admin:
+        paths = await ensure_backlog_queues(admin, name, options)
+    async with (
+        ServiceBusClient.from_connection_string(emu.connection_string("secondary")) as client,
+        client.get_queue_sender(paths[1]) as sender,
+    ):
+        await sender.send_messages(to_backlog(ServiceBusMessage("home", message_id="h1"), queue))
+
+    env = {
+        **os.environ,
+        "GEOREP_PRIMARY": emu.connection_string("primary"),
+        "GEOREP_SECONDARY": emu.connection_string("secondary"),
+        "GEOREP_PRIMARY_NAMESPACE": name,
+        "GEOREP_BACKLOG_QUEUES": "2",
+        "GEOREP_SYPHON_LONG_POLL": "1",
+    }
+    process = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-c",
+        "from georep.cli import main; main()",
+        "syphon",
+        "--report-every",
+        "0.5",
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+    )
+    try:
+        started = time.monotonic()
+        while emu.namespace("primary").message_count(queue) == 0:
+            assert time.monotonic() - started < 30, "the syphon did not move the message"
+            await asyncio.sleep(0.2)
+        process.send_signal(signal.SIGTERM)
+        output, _ = await asyncio.wait_for(process.communicate(), 30)
+    finally:
+        if process.returncode is None:
+            process.kill()
+            await process.wait()
+    text = output.decode()
+    assert process.returncode == 0, text
+    assert "syphon stopped" in text and "moved 1" in text
+    assert "SharedAccessKey" not in text
+    [home] = await received(emu, "primary", queue)
+    assert home.message_id == "h1"
