@@ -21,6 +21,10 @@ __all__ = ["Syphon", "SyphonStats"]
 
 _log = logging.getLogger("georep.syphon")
 
+#: Failures that mean a side's client is unusable (not an outage, not the message's fault):
+#: the partner side is closed after ``partner_close_timeout`` (SPEC §3).
+_CLIENT_FAULTS = frozenset({ErrorKind.AUTHENTICATION})
+
 #: Primary failures that mean "try again later"; anything else dead-letters the message.
 _RETRY_LATER = frozenset(
     {ErrorKind.CONNECTION, ErrorKind.TIMEOUT, ErrorKind.SERVICE_ERROR, ErrorKind.SERVER_BUSY}
@@ -86,6 +90,10 @@ class Syphon:
         self.stats = SyphonStats()
         self._owned_receivers: list[RegionReceiver] = []
         self._owned_senders: dict[str, RegionSender] = {}
+        self._used_senders: dict[str, RegionSender] = {}
+        self.faulted: dict[str, BaseException] = {}
+        self.closed_partner: str | None = None
+        self._partner_closer: asyncio.Future[None] | None = None
         self._stopping = asyncio.Event()
         self._closed = False
         meter = metrics.get_meter("georep", "", meter_provider)
@@ -155,6 +163,8 @@ class Syphon:
         if self._closed:
             raise ClosedError("this Syphon is closed; create a new one")
         await asyncio.gather(*(self._drain(queue) for queue in self._backlog))
+        if self._partner_closer is not None:
+            await self._partner_closer
 
     async def aclose(self) -> None:
         """Stop after the messages in hand are moved or handed back; close what it created.
@@ -176,7 +186,7 @@ class Syphon:
     async def _drain(self, queue: RegionReceiver) -> None:
         batch_size = self.options.syphon_batch_size
         long_poll = self.options.seconds("syphon_long_poll")
-        while not self._stopping.is_set():
+        while not self._stopping.is_set() and not self.faulted:
             # A receive call is billed when it is made, whatever it returns.
             self.stats.receive_calls += 1
             self._receives.add(1, {"georep.backlog_queue": queue.entity})
@@ -185,10 +195,18 @@ class Syphon:
             except RegionError as exc:
                 if self._stopping.is_set():
                     return
+                if exc.kind in _CLIENT_FAULTS:
+                    self._side_faulted("secondary", exc)
+                    return
                 _log.warning("receive from backlog queue %s failed: %s", queue.entity, exc)
                 await self._clock.sleep(self.options.seconds("syphon_retry_interval"))
                 continue
-            for message in messages:
+            for index, message in enumerate(messages):
+                if self.faulted:  # a side is unusable: hand the rest back, stop fetching
+                    for rest in messages[index:]:
+                        with contextlib.suppress(RegionError):
+                            await queue.abandon(rest)
+                    return
                 await self._move(queue, message)
 
     async def _move(self, queue: RegionReceiver, message: Any) -> None:
@@ -201,7 +219,8 @@ class Syphon:
         timeout = self.options.seconds("ping_timeout")
         while True:
             try:
-                sender = self._primary_sender(entity)
+                sender = self._used_senders.get(entity) or self._primary_sender(entity)
+                self._used_senders[entity] = sender
                 # One call at a time per SDK sender; the drain loops share the sender.
                 async with holding(sender.slot()):
                     with self._clock.deadline(timeout):
@@ -209,6 +228,12 @@ class Syphon:
                 break
             except (RegionError, TimeoutError) as exc:
                 kind = exc.kind if isinstance(exc, RegionError) else ErrorKind.TIMEOUT
+                if kind in _CLIENT_FAULTS:
+                    # The primary client is unusable, not the message: hand it back.
+                    with contextlib.suppress(RegionError):
+                        await queue.abandon(message)
+                    self._side_faulted("primary", exc)
+                    return
                 if kind not in _RETRY_LATER:
                     await self._dead_letter(queue, message, "PrimaryRefused", str(exc))
                     return
@@ -229,6 +254,35 @@ class Syphon:
             _log.warning("completing a moved message in %s failed: %s", queue.entity, exc)
         self.stats.moved += 1
         self._moved.add(1, {"messaging.destination.name": entity})
+
+    def _side_faulted(self, side: str, error: BaseException) -> None:
+        """One side's client faulted: close its partner after ``partner_close_timeout``."""
+        if side in self.faulted:
+            return
+        self.faulted[side] = error
+        _log.error(
+            "the %s client faulted (%s): closing its partner in %g s",
+            side,
+            error,
+            self.options.seconds("partner_close_timeout"),
+        )
+        self._partner_closer = asyncio.ensure_future(self._close_partner_of(side))
+
+    async def _close_partner_of(self, side: str) -> None:
+        await self._clock.sleep(self.options.seconds("partner_close_timeout"))
+        self._stopping.set()
+        if side == "secondary":
+            for sender in {id(s): s for s in self._senders_in_use()}.values():
+                with contextlib.suppress(Exception):
+                    await sender.close()
+        else:
+            for receiver in self._backlog:
+                with contextlib.suppress(Exception):
+                    await receiver.close()
+        self.closed_partner = "primary" if side == "secondary" else "secondary"
+
+    def _senders_in_use(self) -> list[RegionSender]:
+        return [*self._owned_senders.values(), *self._used_senders.values()]
 
     async def _dead_letter(
         self, queue: RegionReceiver, message: Any, reason: str, description: str

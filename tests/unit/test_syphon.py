@@ -92,3 +92,39 @@ async def test_a_message_the_primary_refuses_for_good_is_dead_lettered() -> None
     await syphon.aclose()
     await clock.advance(900)
     await task
+
+
+async def test_a_faulted_secondary_client_closes_the_primary_side_after_5_s() -> None:
+    clock = FakeClock()
+    syphon, queues, primary = build(clock, count=2)
+    queues[0].put(FakeMessage(b"a", "m1", None, {"x-ms-path": "orders"}))
+    task = asyncio.create_task(syphon.run())
+    await clock.advance(1)
+    assert [m.message_id for m in primary.accepted] == ["m1"]
+
+    async def refused(*_: Any, **__: Any) -> list[Any]:
+        from georep.exceptions import AuthenticationError
+
+        raise AuthenticationError("key revoked", region="secondary", kind=ErrorKind.AUTHENTICATION)
+
+    for queue in queues:
+        queue.receive = refused  # type: ignore[method-assign]
+    await clock.advance(900)  # the current long polls end; the next receive faults
+    assert "secondary" in syphon.faulted and not primary.closed
+    await clock.advance(5)
+    await asyncio.wait_for(task, 1)
+    assert primary.closed and syphon.closed_partner == "primary"
+
+
+async def test_a_faulted_primary_client_hands_messages_back_and_closes_the_backlog_side() -> None:
+    clock = FakeClock()
+    syphon, queues, primary = build(clock, count=1)
+    primary.fail_with(ErrorKind.AUTHENTICATION)
+    queues[0].put(FakeMessage(b"a", "m1", None, {"x-ms-path": "orders"}))
+    task = asyncio.create_task(syphon.run())
+    await clock.advance(1)
+    assert queues[0].dead_lettered == [] and len(queues[0].abandoned) == 1
+    await clock.advance(5)
+    await clock.advance(900)
+    await asyncio.wait_for(task, 1)
+    assert queues[0].closed and syphon.closed_partner == "secondary"
