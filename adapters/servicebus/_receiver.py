@@ -13,7 +13,7 @@ from georep.exceptions import ConfigurationError, RegionError
 from georep.ports import Delivery, ErrorKind
 
 from ._errors import translate_error
-from ._sender import check_connection_string
+from ._sender import open_client
 
 __all__ = ["ServiceBusRegionReceiver", "open_region_receiver"]
 
@@ -175,20 +175,13 @@ def open_region_receiver(
     Raises:
         ConfigurationError: The connection string is malformed (the message never shows it).
     """
-    check_connection_string(connection_string, region)
-    try:
-        client = ServiceBusClient.from_connection_string(
-            connection_string,
-            retry_total=retry_total,
-            retry_backoff_factor=retry_backoff_factor,
-            retry_backoff_max=2,
-            **client_kwargs,
-        )
-    except ValueError:
-        raise ConfigurationError(
-            f"the {region} connection string was refused by azure-servicebus; check "
-            "Endpoint, SharedAccessKeyName and SharedAccessKey"
-        ) from None
+    client = open_client(
+        connection_string,
+        region=region,
+        retry_total=retry_total,
+        retry_backoff_factor=retry_backoff_factor,
+        **client_kwargs,
+    )
     if queue_name is not None:
         sdk_receiver = client.get_queue_receiver(
             queue_name, receive_mode=ServiceBusReceiveMode.PEEK_LOCK, prefetch_count=prefetch_count

@@ -169,6 +169,35 @@ def check_connection_string(connection_string: str, region: str) -> None:
         )
 
 
+def open_client(
+    connection_string: str,
+    *,
+    region: str,
+    retry_total: int,
+    retry_backoff_factor: float,
+    **client_kwargs: Any,
+) -> ServiceBusClient:
+    """A client with short SDK retries (each retry delays failover), for georep to own.
+
+    Raises:
+        ConfigurationError: The connection string is malformed (the message never shows it).
+    """
+    check_connection_string(connection_string, region)
+    try:
+        return ServiceBusClient.from_connection_string(
+            connection_string,
+            retry_total=retry_total,
+            retry_backoff_factor=retry_backoff_factor,
+            retry_backoff_max=2,
+            **client_kwargs,
+        )
+    except ValueError as exc:
+        raise ConfigurationError(
+            f"the {region} connection string was refused by azure-servicebus "
+            f"({type(exc).__name__}); check Endpoint, SharedAccessKeyName and SharedAccessKey"
+        ) from None
+
+
 def open_region_sender(
     connection_string: str,
     *,
@@ -187,20 +216,13 @@ def open_region_sender(
     Raises:
         ConfigurationError: The connection string is malformed (the message never shows it).
     """
-    check_connection_string(connection_string, region)
-    try:
-        client = ServiceBusClient.from_connection_string(
-            connection_string,
-            retry_total=retry_total,
-            retry_backoff_factor=retry_backoff_factor,
-            retry_backoff_max=2,
-            **client_kwargs,
-        )
-    except ValueError as exc:
-        raise ConfigurationError(
-            f"the {region} connection string was refused by azure-servicebus "
-            f"({type(exc).__name__}); check Endpoint, SharedAccessKeyName and SharedAccessKey"
-        ) from None
+    client = open_client(
+        connection_string,
+        region=region,
+        retry_total=retry_total,
+        retry_backoff_factor=retry_backoff_factor,
+        **client_kwargs,
+    )
     sender = (
         client.get_queue_sender(queue_name)
         if queue_name is not None
