@@ -38,6 +38,7 @@ from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapProp
 
 from georep._clock import SystemClock
 from georep._policy import DedupKey, Seconds, seconds
+from georep._telemetry import ReceiverMetrics, TracingGate
 from georep.exceptions import (
     ClosedError,
     ConfigurationError,
@@ -181,11 +182,7 @@ class GeoReceiver:
         self._owners = {r.region: f"{self.owner}/{r.region}" for r in self._regions}
         self.stats = ReceiverStats()
         self._tracer = trace.get_tracer("georep", None, tracer_provider)
-        self._tracing_explicit = tracer_provider is not None
-        self._tracing_on = False
-        self._tracing_checked_until = float("-inf")
-        from georep._telemetry import ReceiverMetrics
-
+        self._tracing = TracingGate(tracer_provider, self._clock.monotonic)
         self._metrics = ReceiverMetrics(self.entity, meter_provider, self.stats)
         self._owned: list[Any] = []
         self._stopping = asyncio.Event()
@@ -613,18 +610,6 @@ class GeoReceiver:
                 await region.abandon(copy.message)
 
     # ---------------------------------------------------------------- telemetry
-
-    def _tracing(self) -> bool:
-        # get_tracer_provider reads the environment: re-check once a second, not per copy.
-        if self._tracing_explicit:
-            return True
-        now = self._clock.monotonic()
-        if now >= self._tracing_checked_until:
-            self._tracing_on = not isinstance(
-                trace.get_tracer_provider(), (trace.ProxyTracerProvider, trace.NoOpTracerProvider)
-            )
-            self._tracing_checked_until = now + 1.0
-        return self._tracing_on
 
     def _start_span(self, operation: str, region: RegionReceiver, copy: _Copy) -> trace.Span:
         if not self._tracing():

@@ -15,7 +15,7 @@ from opentelemetry.metrics import CallbackOptions, Observation
 from opentelemetry.trace import Span
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
-__all__ = ["ReceiverMetrics", "SenderTelemetry", "traceparent_of"]
+__all__ = ["ReceiverMetrics", "SenderTelemetry", "TracingGate", "traceparent_of"]
 
 _INSTRUMENTATION = "georep"
 _propagator = TraceContextTextMapPropagator()
@@ -29,6 +29,34 @@ def traceparent_of(span: Span) -> str | None:
     carrier: dict[str, str] = {}
     _propagator.inject(carrier, context=trace.set_span_in_context(span))
     return carrier.get("traceparent")
+
+
+class TracingGate:
+    """Whether spans are worth creating: False while no tracer provider is configured.
+
+    Re-checked at most once a second (an application may configure tracing after creating
+    its senders and receivers): ``get_tracer_provider`` reads the environment, too slow to
+    call on every message.
+    """
+
+    __slots__ = ("_checked_until", "_explicit", "_monotonic", "_on")
+
+    def __init__(
+        self, tracer_provider: trace.TracerProvider | None, monotonic: Callable[[], float]
+    ) -> None:
+        self._explicit = tracer_provider is not None
+        self._monotonic = monotonic
+        self._on = False
+        self._checked_until = float("-inf")
+
+    def __call__(self) -> bool:
+        if self._explicit:
+            return True
+        now = self._monotonic()
+        if now >= self._checked_until:
+            self._on = not isinstance(trace.get_tracer_provider(), _NO_TRACING)
+            self._checked_until = now + 1.0
+        return self._on
 
 
 class SenderTelemetry:
@@ -49,9 +77,8 @@ class SenderTelemetry:
         self.mode = mode
         self.span_name = f"send {entity}"
         self.tracer = trace.get_tracer(_INSTRUMENTATION, __version__, tracer_provider)
-        self._explicit_tracer_provider = tracer_provider is not None
-        self._tracing = False
-        self._tracing_checked_until = 0.0
+        self.tracing = TracingGate(tracer_provider, time.monotonic)
+        """True when spans are worth creating (see :class:`TracingGate`)."""
         meter = metrics.get_meter(_INSTRUMENTATION, __version__, meter_provider)
         self._base = {"messaging.destination.name": entity, "georep.mode": mode}
         self.span_attributes: dict[str, Any] = {
@@ -95,19 +122,6 @@ class SenderTelemetry:
         )
         # Attribute dicts are built once: the send path must stay within a few microseconds.
         self._outcome_attributes: dict[tuple[str, str], dict[str, str]] = {}
-
-    def tracing(self) -> bool:
-        """False while no tracer provider is configured: spans would be no-ops, so the send
-        path skips creating them. Re-checked every second (an application may configure
-        tracing after creating its senders); get_tracer_provider reads the environment,
-        too slow to call on every send."""
-        if self._explicit_tracer_provider:
-            return True
-        now = time.monotonic()
-        if now >= self._tracing_checked_until:
-            self._tracing = not isinstance(trace.get_tracer_provider(), _NO_TRACING)
-            self._tracing_checked_until = now + 1.0
-        return self._tracing
 
     def _attributes(self, region: str, outcome: str) -> dict[str, str]:
         key = (region, outcome)
