@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import enum
+import math
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import ClassVar, Literal
@@ -17,6 +18,7 @@ __all__ = [
     "FailoverPolicy",
     "ReplicationMode",
     "as_seconds",
+    "positive_seconds",
     "seconds",
 ]
 
@@ -38,6 +40,18 @@ def seconds(value: Seconds, name: str) -> float:
 def as_seconds(value: Seconds) -> float:
     """A validated ``Seconds`` field as a float."""
     return value.total_seconds() if isinstance(value, timedelta) else float(value)
+
+
+def positive_seconds(value: Seconds, name: str) -> float:
+    """``value`` in seconds, which must be positive and finite.
+
+    Raises:
+        ConfigurationError: It is not (the message names ``name``).
+    """
+    result = seconds(value, name)
+    if result <= 0 or not math.isfinite(result):
+        raise ConfigurationError(f"{name} must be a positive number of seconds, got {value!r}")
+    return result
 
 
 class ReplicationMode(enum.StrEnum):

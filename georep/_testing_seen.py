@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 
 from georep._clock import SystemClock
-from georep._policy import seconds
-from georep.exceptions import ClosedError, ConfigurationError, StoreUnavailableError
+from georep._policy import positive_seconds
+from georep.exceptions import ClosedError, StoreUnavailableError
 from georep.ports import ClaimState, Clock
 
 __all__ = ["InMemorySeenSet"]
@@ -48,7 +47,7 @@ class InMemorySeenSet:
     def __init__(
         self, *, window: float | timedelta = timedelta(hours=24), clock: Clock | None = None
     ) -> None:
-        self._window = _positive_seconds(window, "window")
+        self._window = positive_seconds(window, "window")
         self._clock: Clock = clock if clock is not None else SystemClock()
         self._entries: dict[str, _Entry] = {}
         self._sweep_at = 1024
@@ -76,7 +75,7 @@ class InMemorySeenSet:
             StoreUnavailableError: ``unavailable`` is set.
             ClosedError: The store was closed.
         """
-        lease = _positive_seconds(lease, "lease")
+        lease = positive_seconds(lease, "lease")
         if not self._begin(keys):
             return []
         now = self._clock.monotonic()
@@ -128,7 +127,7 @@ class InMemorySeenSet:
             StoreUnavailableError: ``unavailable`` is set.
             ClosedError: The store was closed.
         """
-        lease = _positive_seconds(lease, "lease")
+        lease = positive_seconds(lease, "lease")
         if not self._begin(keys):
             return []
         now = self._clock.monotonic()
@@ -175,10 +174,3 @@ class InMemorySeenSet:
         now = self._clock.monotonic()
         self._entries = {k: e for k, e in self._entries.items() if now <= e.expires_at}
         self._sweep_at = max(1024, 2 * len(self._entries))
-
-
-def _positive_seconds(value: float | timedelta, name: str) -> float:
-    result = seconds(value, name)
-    if result <= 0 or not math.isfinite(result):
-        raise ConfigurationError(f"{name} must be a positive number of seconds, got {value!r}")
-    return result

@@ -24,8 +24,8 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import NoScriptError, RedisError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from georep._policy import seconds
-from georep.exceptions import ClosedError, ConfigurationError, StoreUnavailableError
+from georep._policy import positive_seconds
+from georep.exceptions import ClosedError, StoreUnavailableError
 from georep.ports import ClaimState
 
 __all__ = ["RedisSeenSet"]
@@ -84,13 +84,6 @@ def _digest(data: bytes) -> Any:
 _CLAIM_STATES: Final = (ClaimState.CLAIMED, ClaimState.IN_FLIGHT, ClaimState.DONE)
 
 
-def _positive_seconds(value: float | timedelta, name: str) -> float:
-    result = seconds(value, name)
-    if result <= 0 or not math.isfinite(result):
-        raise ConfigurationError(f"{name} must be a positive number of seconds, got {value!r}")
-    return result
-
-
 def _milliseconds(value: float) -> int:
     # PX takes whole milliseconds; round up so a tiny lease is never 0 (which Redis refuses).
     return max(1, math.ceil(value * 1000))
@@ -132,8 +125,8 @@ class RedisSeenSet:
         window: float | timedelta = DEFAULT_WINDOW,
         operation_timeout: float = DEFAULT_OPERATION_TIMEOUT,
     ) -> None:
-        self._window_ms = _milliseconds(_positive_seconds(window, "window"))
-        self._operation_timeout = _positive_seconds(operation_timeout, "operation_timeout")
+        self._window_ms = _milliseconds(positive_seconds(window, "window"))
+        self._operation_timeout = positive_seconds(operation_timeout, "operation_timeout")
         # Keys are the prefix and a 128-bit BLAKE2b digest of the id, in binary: 16 bytes
         # instead of 36+ characters keeps a done id at about 130 bytes of Redis memory
         # (measured by benchmarks/redis_memory.py; the target is 150).
@@ -175,7 +168,7 @@ class RedisSeenSet:
             StoreUnavailableError: Redis did not answer in time or refused the call.
             ClosedError: The store was closed.
         """
-        lease_ms = _milliseconds(_positive_seconds(lease, "lease"))
+        lease_ms = _milliseconds(positive_seconds(lease, "lease"))
         results = await self._run(keys, _CLAIM, owner, lease_ms)
         return [_CLAIM_STATES[result] for result in results]
 
@@ -205,7 +198,7 @@ class RedisSeenSet:
             StoreUnavailableError: Redis did not answer in time or refused the call.
             ClosedError: The store was closed.
         """
-        lease_ms = _milliseconds(_positive_seconds(lease, "lease"))
+        lease_ms = _milliseconds(positive_seconds(lease, "lease"))
         return [result == 1 for result in await self._run(keys, _EXTEND, owner, lease_ms)]
 
     async def aclose(self) -> None:
