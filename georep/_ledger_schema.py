@@ -1,0 +1,147 @@
+"""The delivery ledger's on-disk format, version 1 (SPEC §6).
+
+A ledger is a directory with two Parquet datasets, one row per event:
+
+``LEDGER_DIR/sends/*.parquet``
+    One row per **logical** message a sender was asked to send (a list or batch of N
+    messages writes N rows with the same timestamps).
+
+``LEDGER_DIR/receives/*.parquet``
+    One row per **copy** a receiver got from a region, whatever became of it.
+
+Every file is complete when it appears (written under a temporary name, then renamed), so a
+reader never sees half a file, and a crashed writer loses at most its unflushed buffer.
+Columns only ever get added; a reader checks ``schema_version`` and ignores columns it does
+not know. Times are UTC, microseconds. Nothing secret is stored: errors are recorded by
+exception class name only.
+
+This module holds the column lists and value sets in plain Python; :func:`send_schema` and
+:func:`receive_schema` build the pyarrow schemas (pyarrow is imported only when called).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Final
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+
+__all__ = [
+    "RECEIVES_DIR",
+    "RECEIVE_COLUMNS",
+    "RECEIVE_OUTCOMES",
+    "REGION_OUTCOMES",
+    "SCHEMA_VERSION",
+    "SENDS_DIR",
+    "SEND_COLUMNS",
+    "SEND_MODES",
+    "SEND_OUTCOMES",
+    "receive_schema",
+    "send_schema",
+]
+
+SCHEMA_VERSION: Final = 1
+SENDS_DIR: Final = "sends"
+RECEIVES_DIR: Final = "receives"
+
+SEND_MODES: Final = ("active", "passive", "paired", "raw")
+"""``raw``: a plain SDK sender measured beside georep (benchmarks)."""
+
+SEND_OUTCOMES: Final = ("accepted", "queued", "failed")
+"""``accepted``: a region stored it. ``queued``: no region did, the durable outbox holds it
+(acknowledged to the caller all the same). ``failed``: the caller got an error, so the
+message was never acknowledged and cannot count as lost."""
+
+REGION_OUTCOMES: Final = ("accepted", "failed", "skipped", "queued")
+"""Per region tried: ``skipped`` is a region in cool-down (active mode); ``queued`` is a copy
+put in the outbox for that region (active repair, or a target the drainer will retry)."""
+
+RECEIVE_OUTCOMES: Final = ("processed", "suppressed", "failed")
+"""``processed``: the handler ran and succeeded, and the copy was completed.
+``suppressed``: a duplicate, settled without calling the handler. ``failed``: the handler
+raised; the copy was abandoned for redelivery."""
+
+SEND_COLUMNS: Final = (
+    ("schema_version", "int16", "always SCHEMA_VERSION"),
+    ("message_id", "string", "the logical message's id (the dedup key's value)"),
+    ("entity", "string", "queue or topic name"),
+    ("mode", "string", "one of SEND_MODES"),
+    ("outcome", "string", "one of SEND_OUTCOMES"),
+    ("accepted_region", "string", "label of the first region that accepted; null if none"),
+    ("failover", "bool", "the active region failed and another one accepted"),
+    (
+        "regions",
+        "list<struct<region: string, outcome: string, error: string>>",
+        "every region tried, in order, with one of REGION_OUTCOMES; error = exception class",
+    ),
+    ("started_at", "timestamp[us, UTC]", "send_messages called"),
+    ("finished_at", "timestamp[us, UTC]", "send_messages returned or raised"),
+    ("process_id", "int32", "the writer's PID"),
+    ("host", "string", "the writer's host name"),
+)
+
+RECEIVE_COLUMNS: Final = (
+    ("schema_version", "int16", "always SCHEMA_VERSION"),
+    ("message_id", "string", "the copy's dedup key value"),
+    ("entity", "string", "queue, or topic/Subscriptions/name"),
+    ("region", "string", "label of the region the copy came from"),
+    ("outcome", "string", "one of RECEIVE_OUTCOMES"),
+    ("delivery_count", "int32", "the broker's delivery count for this copy"),
+    ("enqueued_at", "timestamp[us, UTC]", "the region stored it (broker time); may be null"),
+    ("received_at", "timestamp[us, UTC]", "the receiver got the copy"),
+    ("settled_at", "timestamp[us, UTC]", "completed/abandoned; null if never settled"),
+    ("process_id", "int32", "the writer's PID"),
+    ("host", "string", "the writer's host name"),
+)
+
+
+def _timestamp() -> pa.DataType:
+    import pyarrow as pa
+
+    return pa.timestamp("us", tz="UTC")
+
+
+def send_schema() -> pa.Schema:
+    """The pyarrow schema of ``sends`` files."""
+    import pyarrow as pa
+
+    region = pa.struct([("region", pa.string()), ("outcome", pa.string()), ("error", pa.string())])
+    return pa.schema(
+        [
+            pa.field("schema_version", pa.int16(), nullable=False),
+            pa.field("message_id", pa.string(), nullable=False),
+            pa.field("entity", pa.string()),
+            pa.field("mode", pa.string()),
+            pa.field("outcome", pa.string()),
+            pa.field("accepted_region", pa.string()),
+            pa.field("failover", pa.bool_()),
+            pa.field("regions", pa.list_(region)),
+            pa.field("started_at", _timestamp()),
+            pa.field("finished_at", _timestamp()),
+            pa.field("process_id", pa.int32()),
+            pa.field("host", pa.string()),
+        ],
+        metadata={"georep.ledger": "sends", "georep.schema_version": str(SCHEMA_VERSION)},
+    )
+
+
+def receive_schema() -> pa.Schema:
+    """The pyarrow schema of ``receives`` files."""
+    import pyarrow as pa
+
+    return pa.schema(
+        [
+            pa.field("schema_version", pa.int16(), nullable=False),
+            pa.field("message_id", pa.string(), nullable=False),
+            pa.field("entity", pa.string()),
+            pa.field("region", pa.string()),
+            pa.field("outcome", pa.string()),
+            pa.field("delivery_count", pa.int32()),
+            pa.field("enqueued_at", _timestamp()),
+            pa.field("received_at", _timestamp()),
+            pa.field("settled_at", _timestamp()),
+            pa.field("process_id", pa.int32()),
+            pa.field("host", pa.string()),
+        ],
+        metadata={"georep.ledger": "receives", "georep.schema_version": str(SCHEMA_VERSION)},
+    )
