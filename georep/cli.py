@@ -179,14 +179,6 @@ async def _demo(messages: int) -> int:
     return 0 if healthy else 1
 
 
-def main() -> None:
-    app()
-
-
-if __name__ == "__main__":
-    main()
-
-
 @app.command()
 def syphon(
     primary: Annotated[
@@ -271,3 +263,91 @@ def syphon(
         console.print("syphon stopped")
 
     asyncio.run(run())
+
+
+@app.command()
+def cost(
+    rate: Annotated[float, typer.Option(min=0, help="Messages per second, all entities.")],
+    size: Annotated[int, typer.Option(min=1, help="Message size in bytes.")] = 1024,
+    mode: Annotated[
+        list[str] | None,
+        typer.Option(help="unreplicated | passive | active | paired (repeat; default all)."),
+    ] = None,
+    entities: Annotated[int, typer.Option(min=1, help="Queues and topics sent to.")] = 1,
+    senders: Annotated[int, typer.Option(min=1, help="Sender clients (each pings).")] = 1,
+    backlog_queues: Annotated[int, typer.Option(min=1, help="Paired: backlog queues.")] = 10,
+    syphon_hosts: Annotated[int, typer.Option(min=0, help="Paired: syphon processes.")] = 1,
+    outage_minutes: Annotated[
+        float, typer.Option(min=0, help="Expected primary outage, minutes per month.")
+    ] = 0.0,
+    ping_interval: Annotated[float, typer.Option(help="Paired: seconds between pings.")] = 60.0,
+    days: Annotated[float, typer.Option(help="Billing period in days.")] = 30.0,
+    price_per_million: Annotated[
+        float, typer.Option(min=0, help="Your price per million operations.")
+    ] = 0.80,
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")] = False,
+) -> None:
+    """Billed operations per month and their price, per replication mode, side by side."""
+    import json
+
+    from georep._cost import MODES, Workload, estimate_costs
+    from georep.exceptions import ConfigurationError
+
+    try:
+        workload = Workload(
+            messages_per_second=rate,
+            message_size_bytes=size,
+            entities=entities,
+            senders=senders,
+            backlog_queue_count=backlog_queues,
+            syphon_hosts=syphon_hosts,
+            outage_minutes_per_month=outage_minutes,
+            ping_primary_interval=ping_interval,
+            days=days,
+            price_per_million=price_per_million,
+        )
+        estimates = estimate_costs(workload, tuple(mode) if mode else MODES)
+    except ConfigurationError as exc:
+        console.print(f"[red]error[/]: {exc}")
+        raise typer.Exit(2) from None
+    amounts = [e.amount(price_per_million) for e in estimates]
+    if as_json:
+        report = {
+            e.mode: {
+                "message_operations": e.message_operations,
+                "backlog_operations": e.backlog_operations,
+                "ping_operations": e.ping_operations,
+                "syphon_receive_calls": e.syphon_receive_calls,
+                "total_operations": e.total_operations,
+                "amount": amount,
+            }
+            for e, amount in zip(estimates, amounts, strict=True)
+        }
+        typer.echo(json.dumps(report, indent=2))
+        return
+    rows = {
+        "message operations": [e.message_operations for e in estimates],
+        "backlog operations (4 per message)": [e.backlog_operations for e in estimates],
+        "pings": [e.ping_operations for e in estimates],
+        "syphon receive calls": [e.syphon_receive_calls for e in estimates],
+        "total operations": [e.total_operations for e in estimates],
+    }
+    table = Table(
+        title=f"{rate:g} msg/s of {size:,} B for {days:g} days, "
+        f"{outage_minutes:g} outage minutes, {price_per_million:g} per million operations"
+    )
+    table.add_column("")
+    for estimate in estimates:
+        table.add_column(estimate.mode, justify="right")
+    for name, values in rows.items():
+        table.add_row(name, *(f"{value:,.0f}" for value in values))
+    table.add_row("amount", *(f"{amount:,.2f}" for amount in amounts))
+    console.print(table)
+
+
+def main() -> None:
+    app()
+
+
+if __name__ == "__main__":
+    main()
