@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 try:
     import typer
@@ -12,6 +12,9 @@ try:
     from rich.table import Table
 except ImportError as exc:  # pragma: no cover - depends on the install
     raise ImportError("the georep CLI needs typer and rich: pip install 'georep[cli]'") from exc
+
+if TYPE_CHECKING:
+    from georep._doctor import Finding
 
 __all__ = ["app", "main"]
 
@@ -343,6 +346,71 @@ def cost(
         table.add_row(name, *(f"{value:,.0f}" for value in values))
     table.add_row("amount", *(f"{amount:,.2f}" for amount in amounts))
     console.print(table)
+
+
+@app.command()
+def doctor(
+    primary: Annotated[
+        str,
+        typer.Option(
+            envvar="GEOREP_PRIMARY", help="Primary connection string.", show_default=False
+        ),
+    ],
+    secondary: Annotated[
+        str,
+        typer.Option(
+            envvar="GEOREP_SECONDARY", help="Secondary connection string.", show_default=False
+        ),
+    ],
+    entity: Annotated[
+        list[str] | None,
+        typer.Option(help="Queue or topic to check (repeat; default every one found)."),
+    ] = None,
+    redis_url: Annotated[
+        str | None,
+        typer.Option(envvar="REDIS_URL", help="The seen-set's Redis.", show_default=False),
+    ] = None,
+    ca_file: Annotated[
+        str | None,
+        typer.Option(
+            envvar="GEOREP_CA_FILE",
+            help="CA bundle for the management endpoint (the emulator's ca_file).",
+        ),
+    ] = None,
+    timeout: Annotated[float, typer.Option(min=0.1, help="Seconds per network step.")] = 10.0,
+) -> None:
+    """Check a namespace pair (and Redis): reachable, keys accepted, entities alike in both.
+
+    One line per check; each problem comes with its fix. Exit status 1 if any problem.
+    Connection strings and passwords are never printed.
+    """
+    from georep._doctor import Severity
+
+    async def run() -> list[Finding]:
+        from georep.adapters.servicebus._doctor import check_namespaces
+
+        findings = await check_namespaces(
+            primary, secondary, entities=entity or (), connection_verify=ca_file, timeout=timeout
+        )
+        if redis_url:
+            from georep.adapters.redis._doctor import check_seen_set_redis
+
+            findings += await check_seen_set_redis(redis_url, timeout=timeout)
+        return findings
+
+    findings = asyncio.run(run())
+    marks = {Severity.OK: "[green]ok[/]", Severity.WARNING: "[yellow]warning[/]",
+             Severity.PROBLEM: "[red]problem[/]"}  # fmt: skip
+    for finding in findings:
+        console.print(f"{marks[finding.severity]:>8} {finding.subject}: {finding.message}",
+                      highlight=False, soft_wrap=True)  # fmt: skip
+        if finding.fix:
+            console.print(f"         fix: {finding.fix}", highlight=False, soft_wrap=True)
+    if not redis_url:
+        console.print("[dim]redis: not checked (give --redis-url or set REDIS_URL)[/]")
+    problems = sum(f.severity is Severity.PROBLEM for f in findings)
+    console.print(f"{problems} problem(s)" if problems else "[green]no problems found[/]")
+    raise typer.Exit(1 if problems else 0)
 
 
 def main() -> None:

@@ -1,0 +1,92 @@
+"""``georep doctor``'s Redis check: reachable, and configured so seen-set ids are never evicted."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import redis.asyncio
+from redis.exceptions import RedisError, ResponseError
+
+from georep._doctor import Finding
+
+__all__ = ["check_seen_set_redis"]
+
+_SAFE_POLICY = "noeviction"
+
+
+def _where(client: redis.asyncio.Redis) -> str:
+    connection: dict[str, Any] = client.connection_pool.connection_kwargs
+    if connection.get("path"):
+        return f"unix:{connection['path']}"
+    return f"{connection.get('host', 'localhost')}:{connection.get('port', 6379)}"
+
+
+async def _policy(client: redis.asyncio.Redis) -> str:
+    """The eviction policy; through INFO where CONFIG is disabled (managed Redis services)."""
+    try:
+        answer: dict[Any, Any] = await client.config_get("maxmemory-policy")
+        value = answer.get("maxmemory-policy") or answer.get(b"maxmemory-policy")
+        if value:
+            return value.decode() if isinstance(value, bytes) else str(value)
+    except ResponseError:
+        pass
+    info = await client.info("memory")
+    return str(info.get("maxmemory_policy", "unknown"))
+
+
+async def check_seen_set_redis(url: str, *, timeout: float = 5.0) -> list[Finding]:
+    """Check the Redis deployment the receivers' seen-set will use.
+
+    A policy other than ``noeviction`` lets Redis drop ids under memory pressure: every seen-set
+    key has a TTL, so even the ``volatile-*`` policies pick them, and a dropped id means a
+    duplicate processed twice.
+
+    Returns:
+        Findings; the password never appears in them.
+    """
+    try:
+        client = redis.asyncio.Redis.from_url(
+            url, socket_timeout=timeout, socket_connect_timeout=timeout
+        )
+    except ValueError as exc:
+        scheme = url.split("://", 1)[0] if "://" in url else "(none)"
+        return [
+            Finding.problem(
+                "redis",
+                f"the Redis URL is malformed (scheme {scheme}; {type(exc).__name__})",
+                "use redis://[:password@]host:port/db, rediss:// for TLS, or unix:///path",
+            )
+        ]
+    where = _where(client)
+    findings: list[Finding] = []
+    try:
+        await asyncio.wait_for(client.ping(), timeout)
+        policy = await asyncio.wait_for(_policy(client), timeout)
+        info = await asyncio.wait_for(client.info("server"), timeout)
+    except (RedisError, OSError, TimeoutError) as exc:
+        return [
+            Finding.problem(
+                "redis",
+                f"{where} cannot be used ({type(exc).__name__})",
+                "start Redis, or point --redis-url / $REDIS_URL at it (check host, port, "
+                "password and TLS)",
+            )
+        ]
+    finally:
+        await client.aclose()
+    findings.append(Finding.ok("redis", f"{where} answers (Redis {info.get('redis_version')})"))
+    if policy == _SAFE_POLICY:
+        findings.append(Finding.ok("redis", "maxmemory-policy noeviction: ids are never evicted"))
+    else:
+        findings.append(
+            Finding.problem(
+                "redis",
+                f"maxmemory-policy is {policy}: under memory pressure Redis may evict seen-set "
+                "ids, and a duplicate would then be processed twice",
+                "CONFIG SET maxmemory-policy noeviction (Azure Cache for Redis: set "
+                "maxmemory-policy to noeviction under Advanced settings), and size memory "
+                "for bytes per id x ids per second x window",
+            )
+        )
+    return findings

