@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
 try:
@@ -114,72 +115,66 @@ def fault(
 
 @app.command()
 def demo(
-    messages: Annotated[int, typer.Option(min=1, help="Messages per region.")] = 2000,
+    mode: Annotated[str, typer.Option(help="passive | active | paired.")] = "passive",
+    messages: Annotated[int, typer.Option(min=1, help="Logical messages to send.")] = 3000,
+    rate: Annotated[float, typer.Option(min=0, help="Messages per second (0: flat out).")] = 150.0,
+    outage_at: Annotated[
+        float, typer.Option(min=0, help="Seconds into the run when the primary goes down.")
+    ] = 6.0,
+    outage_for: Annotated[float, typer.Option(min=0.1, help="Seconds the outage lasts.")] = 6.0,
+    receivers: Annotated[int, typer.Option(min=1, help="Receivers sharing the seen-set.")] = 2,
+    primary: Annotated[
+        str | None,
+        typer.Option(
+            envvar="GEOREP_PRIMARY",
+            help="Real primary namespace (connection string).",
+            show_default=False,
+        ),
+    ] = None,
+    secondary: Annotated[
+        str | None,
+        typer.Option(
+            envvar="GEOREP_SECONDARY", help="Real secondary namespace.", show_default=False
+        ),
+    ] = None,
+    queue: Annotated[str, typer.Option(help="Queue name (must exist in real namespaces).")] = (
+        "orders"
+    ),
+    redis_url: Annotated[
+        str | None,
+        typer.Option(envvar="REDIS_URL", help="Redis for the seen-set.", show_default=False),
+    ] = None,
+    work_dir: Annotated[
+        Path | None, typer.Option(help="Where the ledger, outbox and report go (default: temp).")
+    ] = None,
 ) -> None:
-    """Start the two-region emulator, send and receive through the real SDK in both regions."""
-    raise typer.Exit(asyncio.run(_demo(messages)))
+    """Replication end to end: two regions, an outage, dedup receivers, and a Spark audit.
 
+    Zero configuration: starts the two-region emulator and an embedded Redis (or uses
+    $REDIS_URL). Exit status 1 if any acknowledged message was lost or processed twice.
+    """
+    from georep._demo import default_work_dir, run_demo
+    from georep._scenario import ScenarioConfig
+    from georep.exceptions import ConfigurationError
 
-async def _demo(messages: int) -> int:
-    from georep.adapters.emulator import Emulator
-    from georep.adapters.servicebus._roundtrip import outage_check, round_trip
-
-    queue = "orders"
-    console.print(
-        "[bold]georep demo[/]: starting a two-region Service Bus emulator on loopback ..."
-    )
-    async with Emulator(namespaces=("primary", "secondary"), queues=(queue,)) as emu:
-        results = []
-        for region in emu.namespaces:
-            with console.status(
-                f"{region}: sending and receiving {messages} messages through azure-servicebus"
-            ):
-                results.append(
-                    await round_trip(region, emu.connection_string(region), queue, messages)
-                )
-        control = emu.namespace("primary")
-        with console.status("primary: outage, then restore"):
-            outage = await outage_check(
-                "primary",
-                emu.connection_string("primary"),
-                queue,
-                outage=control.outage,
-                restore=control.restore,
-                stored=lambda: control.message_count(queue),
-            )
-    table = Table(title="Round trip per region (real azure-servicebus SDK, local emulator)")
-    for column in (
-        "region",
-        "sent",
-        "received",
-        "lost",
-        "duplicates",
-        "send msg/s",
-        "receive+complete msg/s",
-    ):
-        table.add_column(column, justify="right" if column != "region" else "left")
-    for r in results:
-        table.add_row(
-            r.region, str(r.sent), str(r.received), str(r.lost), str(r.duplicates),
-            f"{r.send_rate:,.0f}", f"{r.receive_rate:,.0f}",
-        )  # fmt: skip
-    console.print(table)
-    console.print(
-        f"Outage on primary: the send failed with [bold]{outage.error_during_outage}[/]; "
-        f"stored messages {outage.stored_before} before, "
-        f"{outage.stored_after_restore} after restore; "
-        f"send after restore: {'ok' if outage.send_after_restore_ok else 'FAILED'}."
-    )
-    healthy = (
-        all(r.lost == 0 and r.duplicates == 0 for r in results)
-        and outage.stored_before == outage.stored_after_restore
-        and outage.send_after_restore_ok
-        and outage.error_during_outage != "none (unexpected)"
-    )
-    console.print(
-        "[green]OK[/]: nothing lost, nothing duplicated." if healthy else "[red]FAILED[/]"
-    )
-    return 0 if healthy else 1
+    try:
+        config = ScenarioConfig(
+            work_dir=work_dir or default_work_dir(),
+            mode=mode,
+            messages=messages,
+            rate=rate,
+            outage_at=outage_at,
+            outage_for=outage_for,
+            receivers=receivers,
+            queue=queue,
+            primary=primary,
+            secondary=secondary,
+            redis_url=redis_url,
+        )
+    except ConfigurationError as exc:
+        console.print(f"[red]error[/]: {exc}")
+        raise typer.Exit(2) from None
+    raise typer.Exit(run_demo(config, console))
 
 
 @app.command()

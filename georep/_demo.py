@@ -1,0 +1,185 @@
+"""``georep demo``: run the scenario with live progress, audit the ledger, print the verdict."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console, Group
+from rich.live import Live
+from rich.table import Table
+from rich.text import Text
+
+from georep._scenario import ScenarioConfig, ScenarioProgress, ScenarioResult, run_scenario
+
+__all__ = ["progress_table", "run_demo"]
+
+
+def progress_table(progress: ScenarioProgress, config: ScenarioConfig) -> Table:
+    """The live view: one row per region, plus the phase and totals."""
+    table = Table(
+        title=f"georep demo: {config.mode} replication, {progress.elapsed:5.1f} s, "
+        f"phase: {progress.phase}",
+        title_justify="left",
+    )
+    for column in ("region", "accepted sends", "copies received", "duplicates suppressed"):
+        table.add_column(column, justify="left" if column == "region" else "right")
+    received, suppressed = progress.received, progress.suppressed
+    for region in ("primary", "secondary"):
+        table.add_row(
+            region,
+            f"{progress.accepted.get(region, 0):,}",
+            f"{received.get(region, 0):,}",
+            f"{suppressed.get(region, 0):,}",
+        )
+    table.caption = (
+        f"sent {progress.sent:,}/{config.messages:,}, processed {progress.processed:,}, "
+        f"failovers {progress.failovers}, queued in outbox {progress.queued}, "
+        f"send retries {progress.send_errors}"
+    )
+    table.caption_justify = "left"
+    return table
+
+
+class _OncePerKind(logging.Filter):
+    """Let one record per logger and message kind through every ``period`` seconds: a region
+    that is down would otherwise print the same warning on every retry."""
+
+    def __init__(self, period: float = 5.0) -> None:
+        super().__init__()
+        self._period = period
+        self._last: dict[tuple[str, str], float] = {}
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        kind = (record.name, str(record.msg)[:40])
+        now = time.monotonic()
+        if now - self._last.get(kind, -self._period) < self._period:
+            return False
+        self._last[kind] = now
+        return True
+
+
+def _log_to(console: Console) -> None:
+    from rich.logging import RichHandler
+
+    handler = RichHandler(console=console, show_path=False, level=logging.WARNING)
+    handler.addFilter(_OncePerKind())
+    logger = logging.getLogger("georep")
+    logger.addHandler(handler)
+    logger.propagate = False
+
+
+async def _run_live(config: ScenarioConfig, console: Console) -> ScenarioResult:
+    with Live(console=console, refresh_per_second=4, transient=False) as live:
+        refresher: asyncio.Task[None] | None = None
+        progress_ref: list[ScenarioProgress] = []
+
+        def on_progress(progress: ScenarioProgress) -> None:
+            if not progress_ref:
+                progress_ref.append(progress)
+
+        async def refresh() -> None:
+            while True:
+                if progress_ref:
+                    live.update(progress_table(progress_ref[0], config))
+                await asyncio.sleep(0.25)
+
+        refresher = asyncio.create_task(refresh())
+        try:
+            result = await run_scenario(config, on_progress=on_progress)
+        finally:
+            refresher.cancel()
+        live.update(progress_table(result.progress, config))
+    return result
+
+
+def _audit(result: ScenarioResult, out_dir: Path, console: Console) -> dict[str, Any] | None:
+    try:
+        from georep.adapters.spark import audit, report_table  # type: ignore[attr-defined]
+    except ImportError as exc:
+        console.print(f"[yellow]Spark audit skipped[/]: {exc}")
+        return None
+    with console.status("auditing the ledger with Spark (local[*]) ..."):
+        report: dict[str, Any] = audit(
+            result.ledger_dir, out_dir=out_dir, outage_windows=result.outage_windows
+        )
+    console.print(report_table(report))
+    return report
+
+
+def run_demo(config: ScenarioConfig, console: Console) -> int:
+    """Run the demo; return the exit status (1 if anything was lost or processed twice)."""
+    console.print(
+        "[bold]georep demo[/]: "
+        + (
+            "two emulated Service Bus regions on loopback"
+            if config.primary is None
+            else "your two namespaces"
+        )
+        + f", {config.receivers} receivers with a Redis seen-set, "
+        f"{config.messages:,} messages at {config.rate:g}/s"
+        + (
+            f", primary outage at {config.outage_at:g} s for {config.outage_for:g} s"
+            if config.outage_at is not None
+            else ""
+        )
+    )
+    _log_to(console)
+    result = asyncio.run(_run_live(config, console))
+    out_dir = config.work_dir / "report"
+    report = _audit(result, out_dir, console)
+    lost = report["lost"] if report is not None else result.lost
+    twice = (
+        report["processed_more_than_once"]
+        if report is not None
+        else (result.processed_more_than_once)
+    )
+    summary = Table(title="georep demo: verdict", title_justify="left")
+    summary.add_column("")
+    summary.add_column("value", justify="right")
+    rows = [
+        ("sent (acknowledged)", f"{len(result.acknowledged):,}"),
+        ("processed", f"{len(result.processed):,}"),
+        ("lost", str(lost)),
+        ("processed twice", str(twice)),
+        (
+            "duplicates suppressed",
+            ", ".join(f"{r} {n:,}" for r, n in sorted(result.progress.suppressed.items())) or "0",
+        ),
+        (
+            "failover time",
+            f"{result.failover_seconds * 1000:,.0f} ms"
+            if result.failover_seconds is not None
+            else "n/a",
+        ),
+    ]
+    if report is not None:
+        latency = report.get("latency_ms", {}).get("overall", {})
+        if latency:
+            rows.append(("latency p50 / p99", f"{latency['p50']:,.0f} / {latency['p99']:,.0f} ms"))
+    for row in rows:
+        summary.add_row(*row)
+    console.print(summary)
+    if report is not None:
+        for name in ("timeline.png", "latency_cdf.png"):
+            path = out_dir / name
+            if path.exists():
+                console.print(f"plot: {path}")
+        console.print(f"report: {out_dir / 'report.json'}")
+    healthy = lost == 0 and twice == 0
+    console.print(
+        Group(
+            Text("OK: nothing lost, nothing processed twice.", style="green")
+            if healthy
+            else Text(f"FAILED: {lost} lost, {twice} processed twice.", style="red")
+        )
+    )
+    return 0 if healthy else 1
+
+
+def default_work_dir() -> Path:
+    return Path(tempfile.mkdtemp(prefix="georep-demo-"))

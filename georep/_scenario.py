@@ -1,0 +1,493 @@
+"""A replication scenario end to end: the engine behind ``georep demo`` and ``georep bench``.
+
+A sender sends at a steady rate (or as fast as it can) through georep in one mode, receivers
+on both regions deduplicate through a Redis seen-set, the primary region has an outage in the
+middle and recovers, and everything is written to a delivery ledger for the Spark audit.
+
+Against the bundled emulator by default; against real Azure namespaces when connection
+strings are given (no fault can be injected there, so the outage is skipped).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+import uuid
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from georep.exceptions import ConfigurationError, GeoReplicationError
+
+__all__ = ["ScenarioConfig", "ScenarioResult", "run_scenario"]
+
+_log = logging.getLogger("georep.scenario")
+
+MODES = ("passive", "active", "paired", "raw")
+#: Lock duration of the emulated queue, seconds.
+DEMO_LOCK_SECONDS = 5
+
+
+@dataclass(frozen=True, kw_only=True)
+class ScenarioConfig:
+    """What to run.
+
+    Attributes:
+        work_dir: Where the ledger, outbox and report go.
+        mode: ``passive`` (default), ``active``, ``paired``, or ``raw`` (the plain SDK
+            sender on the primary, for comparison: no failover, no outbox).
+        messages: Logical messages to send. Default 3,000.
+        rate: Messages per second; 0 sends as fast as one sender can. Default 100.
+        outage_at: Seconds after the first send when the primary's outage starts; None for
+            no outage. Default 10.
+        outage_for: Seconds the outage lasts. Default 8.
+        receivers: GeoReceivers sharing the seen-set. Default 2.
+        queue: The queue, created in both emulated namespaces. Default ``orders``.
+        primary: Primary connection string; None starts the emulator.
+        secondary: Secondary connection string.
+        redis_url: The seen-set's Redis; None uses ``$REDIS_URL`` or an embedded server.
+        settle_timeout: Seconds to wait, after the last send, for receivers to catch up.
+    """
+
+    work_dir: Path
+    mode: str = "passive"
+    messages: int = 3_000
+    rate: float = 100.0
+    outage_at: float | None = 10.0
+    outage_for: float = 8.0
+    receivers: int = 2
+    queue: str = "orders"
+    primary: str | None = None
+    secondary: str | None = None
+    redis_url: str | None = None
+    settle_timeout: float = 30.0
+
+    def __post_init__(self) -> None:
+        if self.mode not in MODES:
+            raise ConfigurationError(f"mode must be one of {', '.join(MODES)}, not {self.mode!r}")
+        if self.messages < 1 or self.receivers < 1:
+            raise ConfigurationError("messages and receivers must be at least 1")
+        if self.rate < 0 or self.outage_for <= 0:
+            raise ConfigurationError("rate must be 0 or more and outage_for more than 0")
+        if (self.primary is None) != (self.secondary is None):
+            raise ConfigurationError("give both --primary and --secondary, or neither")
+
+
+@dataclass
+class ScenarioProgress:
+    """Live counters, read by the progress display while the scenario runs."""
+
+    phase: str = "starting"
+    started: float = 0.0
+    sent: int = 0
+    accepted: Counter[str] = field(default_factory=Counter)
+    queued: int = 0
+    send_errors: int = 0
+    failovers: int = 0
+    processed_ids: Counter[str] = field(default_factory=Counter)
+    receivers: list[Any] = field(default_factory=list)
+
+    @property
+    def elapsed(self) -> float:
+        return time.monotonic() - self.started if self.started else 0.0
+
+    @property
+    def processed(self) -> int:
+        """Logical messages processed at least once."""
+        return len(self.processed_ids)
+
+    @property
+    def received(self) -> Counter[str]:
+        """Copies received, by region, over all receivers."""
+        total: Counter[str] = Counter()
+        for receiver in self.receivers:
+            total.update(receiver.stats.received)
+        return total
+
+    @property
+    def suppressed(self) -> Counter[str]:
+        """Duplicate copies settled without the handler, by region."""
+        total: Counter[str] = Counter()
+        for receiver in self.receivers:
+            total.update(receiver.stats.suppressed)
+        return total
+
+
+@dataclass
+class ScenarioResult:
+    """What the scenario measured itself (the audit reads the ledger independently)."""
+
+    config: ScenarioConfig
+    ledger_dir: Path
+    acknowledged: set[str]
+    processed: Counter[str]
+    outage_windows: list[tuple[datetime, datetime]]
+    failover_seconds: float | None
+    send_seconds: float
+    progress: ScenarioProgress
+
+    @property
+    def lost(self) -> int:
+        return len(self.acknowledged - set(self.processed))
+
+    @property
+    def processed_more_than_once(self) -> int:
+        return sum(1 for count in self.processed.values() if count > 1)
+
+    @property
+    def send_rate(self) -> float:
+        return len(self.acknowledged) / self.send_seconds if self.send_seconds else 0.0
+
+
+class _Topology:
+    """The two namespaces: the emulator's, or real ones from connection strings."""
+
+    def __init__(self, config: ScenarioConfig) -> None:
+        self.config = config
+        self.emulator: Any = None
+        self.primary = config.primary or ""
+        self.secondary = config.secondary or ""
+
+    @property
+    def can_inject_faults(self) -> bool:
+        return self.emulator is not None
+
+    async def start(self) -> None:
+        if self.config.primary is not None:
+            return
+        from georep.adapters.emulator import Emulator
+
+        self.emulator = Emulator(namespaces=("primary", "secondary"))
+        await asyncio.to_thread(self.emulator.start)
+        for namespace in self.emulator.namespaces:
+            # A copy in flight when a connection dies stays locked until its lock expires
+            # (as in Service Bus), then comes back: keep that wait short for a demo.
+            await asyncio.to_thread(
+                self.emulator.namespace(namespace).create_queue,
+                self.config.queue,
+                lock_duration=DEMO_LOCK_SECONDS,
+            )
+        self.primary = self.emulator.connection_string("primary")
+        self.secondary = self.emulator.connection_string("secondary")
+
+    async def outage(self) -> None:
+        await asyncio.to_thread(self.emulator.namespace("primary").outage)
+
+    async def restore(self) -> None:
+        await asyncio.to_thread(self.emulator.namespace("primary").restore)
+
+    async def empty(self) -> bool:
+        """Both regions' queues are empty (the twins of processed copies were suppressed);
+        always True for real namespaces, which the scenario does not inspect."""
+        if self.emulator is None:
+            return True
+        for namespace in self.emulator.namespaces:
+            control = self.emulator.namespace(namespace)
+            if await asyncio.to_thread(control.message_count, self.config.queue):
+                return False
+        return True
+
+    def primary_namespace(self) -> str:
+        if self.emulator is not None:
+            return f"127.0.0.1:{self.emulator.namespace('primary').port}"
+        endpoint = next(
+            part.split("=", 1)[1]
+            for part in self.primary.split(";")
+            if part.lower().startswith("endpoint=")
+        )
+        return endpoint.removeprefix("sb://").rstrip("/")
+
+    async def admin_secondary(self) -> Any:
+        if self.emulator is not None:
+            return self.emulator.async_admin_client("secondary")
+        from azure.servicebus.aio.management import ServiceBusAdministrationClient
+
+        return ServiceBusAdministrationClient.from_connection_string(self.secondary)
+
+    async def stop(self) -> None:
+        if self.emulator is not None:
+            await asyncio.to_thread(self.emulator.stop)
+
+
+def _ledger(directory: Path) -> Any:
+    try:
+        from georep import ParquetLedger  # type: ignore[attr-defined]
+    except ImportError:  # pragma: no cover - the ledger lands with issue 7
+        return None
+    return ParquetLedger(directory)
+
+
+def _with_ledger(ledger: Any) -> dict[str, Any]:
+    return {"ledger": ledger} if ledger is not None else {}
+
+
+class _Sender:
+    """One interface over GeoSender, PairedSender (+ syphon) and the raw SDK sender."""
+
+    def __init__(self, config: ScenarioConfig, topology: _Topology, ledger: Any) -> None:
+        self.config = config
+        self.topology = topology
+        self.ledger = ledger
+        self._impl: Any = None
+        self._syphon: Any = None
+        self._syphon_task: asyncio.Task[None] | None = None
+        self._client: Any = None
+        self._last_region = "primary"
+
+    async def open(self) -> None:
+        from georep import FailoverPolicy, GeoSender, ReplicationMode, SqliteOutbox
+
+        config, topology = self.config, self.topology
+        if config.mode == "raw":
+            from azure.servicebus.aio import ServiceBusClient
+
+            self._client = ServiceBusClient.from_connection_string(topology.primary)
+            self._impl = self._client.get_queue_sender(config.queue)
+            return
+        if config.mode == "paired":
+            await self._open_paired()
+            return
+        self._outbox = SqliteOutbox(config.work_dir / "outbox.sqlite")
+        self._impl = GeoSender.from_connection_strings(
+            topology.primary,
+            topology.secondary,
+            queue_name=config.queue,
+            mode=ReplicationMode(config.mode),
+            policy=FailoverPolicy(attempt_timeout=2.0),
+            outbox=self._outbox,
+            **_with_ledger(self.ledger),
+        )
+        await self._impl.__aenter__()
+
+    async def _open_paired(self) -> None:
+        from georep import PairedNamespaceOptions, PairedSender, Syphon
+        from georep.adapters.servicebus import ensure_backlog_queues
+
+        options = PairedNamespaceOptions(
+            backlog_queue_count=4,
+            failover_interval=0,
+            ping_primary_interval=1,
+            ping_timeout=5,
+            syphon_long_poll=1,
+        )
+        name = self.topology.primary_namespace()
+        async with await self.topology.admin_secondary() as admin:
+            await ensure_backlog_queues(admin, name, options)
+        self._impl = PairedSender.from_connection_strings(
+            self.topology.primary,
+            self.topology.secondary,
+            queue_name=self.config.queue,
+            primary_namespace=name,
+            options=options,
+            **_with_ledger(self.ledger),
+        )
+        await self._impl.__aenter__()
+        self._syphon = Syphon.from_connection_strings(
+            self.topology.primary, self.topology.secondary, primary_namespace=name, options=options
+        )
+        self._syphon_task = asyncio.create_task(self._syphon.run())
+
+    async def send(self, message: Any) -> tuple[str | None, bool, bool]:
+        """Send one message; return (region that took it, failed over, queued)."""
+        if self.config.mode == "raw":
+            await self._impl.send_messages(message)
+            return "primary", False, False
+        if self.config.mode == "paired":
+            place = await self._impl.send_messages(message)
+            region = "primary" if place == "primary" else "secondary"
+            switched, self._last_region = region != self._last_region, region
+            return region, switched and region == "secondary", False
+        result = await self._impl.send_messages(message)
+        region = result.accepted[0] if result.accepted else None
+        return region, result.failed_over, result.queued
+
+    async def flush(self, deadline: float) -> None:
+        """Deliver whatever the outbox holds, until it is empty or the deadline passes."""
+        if self.config.mode in ("passive", "active"):
+            while time.monotonic() < deadline:
+                depth = await self._outbox.depth()
+                if not depth:
+                    return
+                await self._impl.drain_outbox()
+                await asyncio.sleep(0.2)
+
+    @property
+    def syphon_idle(self) -> bool:
+        if self._syphon is None:
+            return True
+        counts = [
+            self.topology.emulator.namespace("secondary").message_count(path)
+            for path in self._backlog_paths()
+        ] if self.topology.emulator is not None else [0]  # fmt: skip
+        return not any(counts)
+
+    def _backlog_paths(self) -> list[str]:
+        from georep import backlog_queue_path
+
+        name = self.topology.primary_namespace()
+        return [backlog_queue_path(name, i) for i in range(4)]
+
+    async def close(self) -> None:
+        if self._syphon is not None:
+            await self._syphon.aclose()
+            if self._syphon_task is not None:
+                with contextlib.suppress(asyncio.CancelledError, GeoReplicationError):
+                    await asyncio.wait_for(self._syphon_task, 10)
+        if self._impl is not None:
+            if self.config.mode == "raw":
+                await self._impl.close()
+                await self._client.close()
+            else:
+                await self._impl.aclose()
+        if self.config.mode in ("passive", "active"):
+            await self._outbox.aclose()
+
+
+async def run_scenario(
+    config: ScenarioConfig,
+    *,
+    on_progress: Callable[[ScenarioProgress], None] | None = None,
+) -> ScenarioResult:
+    """Run the scenario; the ledger is flushed and closed when it returns.
+
+    Raises:
+        ConfigurationError: The configuration cannot run (e.g. a malformed connection string).
+    """
+    from azure.servicebus import ServiceBusMessage
+
+    from georep import GeoReceiver
+    from georep.adapters.redis import RedisSeenSet, embedded_redis_url
+
+    config.work_dir.mkdir(parents=True, exist_ok=True)
+    ledger_dir = config.work_dir / "ledger"
+    run_id = uuid.uuid4().hex[:12]
+    progress = ScenarioProgress()
+    topology = _Topology(config)
+    await topology.start()
+    ledger = _ledger(ledger_dir)
+    receivers: list[Any] = []
+    receiver_tasks: list[asyncio.Task[None]] = []
+    sender = _Sender(config, topology, ledger)
+    acknowledged: set[str] = set()
+    processed = progress.processed_ids
+    windows: list[tuple[datetime, datetime]] = []
+    failover_seconds: float | None = None
+    try:
+        redis_url: str = config.redis_url or await asyncio.to_thread(embedded_redis_url)
+
+        async def handle(message: Any) -> None:
+            processed[str(message.message_id)] += 1
+
+        for _ in range(config.receivers):
+            receiver = GeoReceiver.from_connection_strings(
+                topology.primary,
+                topology.secondary,
+                queue_name=config.queue,
+                seen=RedisSeenSet(redis_url, group=f"demo-{run_id}"),
+                concurrency=16,
+                max_wait=0.5,
+                **_with_ledger(ledger),
+            )
+            receivers.append(receiver)
+            progress.receivers.append(receiver)
+            receiver_tasks.append(asyncio.create_task(receiver.run(handle)))
+        await sender.open()
+
+        progress.phase = "sending"
+        progress.started = time.monotonic()
+        outage_started: float | None = None
+        outage_task: asyncio.Task[None] | None = None
+
+        async def outage() -> None:
+            nonlocal outage_started
+            assert config.outage_at is not None
+            await asyncio.sleep(config.outage_at)
+            began = datetime.now(UTC)
+            await topology.outage()
+            outage_started = time.monotonic()
+            progress.phase = "OUTAGE (primary)"
+            await asyncio.sleep(config.outage_for)
+            await topology.restore()
+            windows.append((began, datetime.now(UTC)))
+            progress.phase = "recovered"
+
+        if config.outage_at is not None and topology.can_inject_faults:
+            outage_task = asyncio.create_task(outage())
+        elif config.outage_at is not None:
+            progress.phase = "sending (no outage: real namespaces)"
+        for index in range(config.messages):
+            if config.rate:
+                due = progress.started + index / config.rate
+                delay = due - time.monotonic()
+                if delay > 0:
+                    await asyncio.sleep(delay)
+            message_id = f"{run_id}-{index:07d}"
+            for attempt in range(50):
+                message = ServiceBusMessage(f"order {index}", message_id=message_id)
+                try:
+                    region, failed_over, queued = await sender.send(message)
+                except GeoReplicationError as exc:
+                    # Not acknowledged: the application retries the same message (same
+                    # MessageId, so a copy that did land is suppressed downstream).
+                    progress.send_errors += 1
+                    _log.info("send %s failed (attempt %d): %s", message_id, attempt + 1, exc)
+                    await asyncio.sleep(0.2)
+                    continue
+                break
+            else:
+                continue
+            acknowledged.add(message_id)
+            progress.sent += 1
+            if queued:
+                progress.queued += 1
+            elif region is not None:
+                progress.accepted[region] += 1
+            if failed_over:
+                progress.failovers += 1
+            if (
+                failover_seconds is None
+                and outage_started is not None
+                and region not in (None, "primary")
+            ):
+                failover_seconds = time.monotonic() - outage_started
+            if on_progress is not None:
+                on_progress(progress)
+        send_seconds = time.monotonic() - progress.started
+        if outage_task is not None:
+            progress.phase = "waiting for the primary to recover"
+            await outage_task
+        progress.phase = "settling"
+        deadline = time.monotonic() + config.settle_timeout
+        await sender.flush(deadline)
+        while time.monotonic() < deadline:
+            if acknowledged <= set(processed) and sender.syphon_idle and await topology.empty():
+                break
+            if on_progress is not None:
+                on_progress(progress)
+            await asyncio.sleep(0.2)
+        progress.phase = "done"
+    finally:
+        await sender.close()
+        for receiver in receivers:
+            await receiver.aclose()
+        for task in receiver_tasks:
+            with contextlib.suppress(asyncio.CancelledError, GeoReplicationError):
+                await asyncio.wait_for(task, 15)
+        if ledger is not None:
+            await ledger.aclose()
+        await topology.stop()
+    return ScenarioResult(
+        config=config,
+        ledger_dir=ledger_dir,
+        acknowledged=acknowledged,
+        processed=processed,
+        outage_windows=windows,
+        failover_seconds=failover_seconds,
+        send_seconds=send_seconds,
+        progress=progress,
+    )
