@@ -303,8 +303,8 @@ class _Sender:
             switched, self._last_region = region != self._last_region, region
             return region, switched and region == "secondary", False
         result = await self._impl.send_messages(message)
-        region = result.accepted[0] if result.accepted else None
-        return region, result.failed_over, result.queued
+        accepted: str | None = result.accepted[0] if result.accepted else None
+        return accepted, result.failed_over, result.queued
 
     async def flush(self, deadline: float) -> None:
         """Deliver whatever the outbox holds, until it is empty or the deadline passes."""
@@ -378,7 +378,11 @@ async def run_scenario(
     windows: list[tuple[datetime, datetime]] = []
     failover_seconds: float | None = None
     try:
-        redis_url: str = config.redis_url or await asyncio.to_thread(embedded_redis_url)
+        redis_url: str = (
+            config.redis_url
+            if config.redis_url is not None
+            else await asyncio.to_thread(embedded_redis_url)
+        )
 
         async def handle(message: Any) -> None:
             processed[str(message.message_id)] += 1

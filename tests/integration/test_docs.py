@@ -1,0 +1,47 @@
+"""Every Python block in the docs runs (tests/docs/run_doc.py), against the emulator."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.integration
+
+REPO = Path(__file__).resolve().parents[2]
+DOCS = sorted([*REPO.glob("docs/*.md"), REPO / "README.md"])
+sys.path.insert(0, str(REPO / "tests" / "docs"))
+from run_doc import blocks  # noqa: E402
+
+
+def _has_python(path: Path) -> bool:
+    return any(skip is None for _, _, skip in blocks(path.read_text()))
+
+
+@pytest.mark.parametrize("path", [p for p in DOCS if _has_python(p)], ids=lambda p: p.name)
+def test_the_python_in_each_doc_runs(path: Path) -> None:
+    completed = subprocess.run(
+        [sys.executable, str(REPO / "tests" / "docs" / "run_doc.py"), str(path)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=240,
+        check=False,
+    )
+    output = f"stdout:\n{completed.stdout[-3000:]}\nstderr:\n{completed.stderr[-5000:]}"
+    assert completed.returncode == 0, output
+    assert "SharedAccessKey=" not in completed.stdout + completed.stderr, "a secret was printed"
+
+
+def test_skipped_blocks_are_few_and_say_why() -> None:
+    skipped = [
+        (path.name, line, reason)
+        for path in DOCS
+        for line, _, reason in blocks(path.read_text())
+        if reason is not None
+    ]
+    assert all(len(reason) > 10 for _, _, reason in skipped), skipped
+    total = sum(1 for path in DOCS for _ in blocks(path.read_text()))
+    assert len(skipped) * 5 <= total, f"more than a fifth of the blocks are skipped: {skipped}"
