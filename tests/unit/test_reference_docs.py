@@ -27,3 +27,16 @@ def test_every_public_name_is_in_the_reference() -> None:
     text = (REPO / "docs" / "api.md").read_text()
     missing = [name for name in georep.__all__ if not name.startswith("__") and name not in text]
     assert not missing
+
+
+def test_every_metric_and_span_georep_records_is_in_the_telemetry_reference() -> None:
+    import re
+
+    text = (REPO / "docs" / "telemetry.md").read_text()
+    source = "\n".join(p.read_text() for p in (REPO / "georep").glob("*.py"))
+    source += "\n".join(p.read_text() for p in (REPO / "adapters").rglob("*.py"))
+    metrics = set(re.findall(r'create_[a-z_]+\(\s*"(georep\.[a-z_.]+)"', source))
+    assert len(metrics) >= 15
+    assert not sorted(m for m in metrics if f"`{m}`" not in text)
+    events = set(re.findall(r'add_event\(\s*"(georep\.[a-z_.]+)"', source))
+    assert events and not sorted(e for e in events if f"`{e}`" not in text)
