@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
@@ -406,6 +407,47 @@ def doctor(
     problems = sum(f.severity is Severity.PROBLEM for f in findings)
     console.print(f"{problems} problem(s)" if problems else "[green]no problems found[/]")
     raise typer.Exit(1 if problems else 0)
+
+
+@app.command()
+def bench(
+    scenario: Annotated[
+        list[str] | None,
+        typer.Option(
+            help="throughput-raw | throughput-passive | throughput-active | failover | "
+            "dedup (repeat; default all)."
+        ),
+    ] = None,
+    messages: Annotated[int, typer.Option(min=100, help="Messages per scenario.")] = 5000,
+    outage_for: Annotated[float, typer.Option(min=0.5, help="Failover run: outage, s.")] = 5.0,
+    out: Annotated[Path, typer.Option(help="Results directory.")] = Path("benchmarks/results"),
+    master: Annotated[str, typer.Option(help="Spark master for the audits.")] = "local[*]",
+) -> None:
+    """Benchmark scenarios on the emulator, each audited by Spark from its ledger.
+
+    Writes OUT/<scenario>/report.json, timeline.png, latency_cdf.png and OUT/SUMMARY.md.
+    Exit status 1 if any scenario lost a message or processed one twice.
+    """
+    from georep._bench import SCENARIOS, run_bench
+
+    names = scenario or list(SCENARIOS)
+    unknown = [n for n in names if n not in SCENARIOS]
+    if unknown:
+        console.print(f"[red]error[/]: unknown scenario {', '.join(unknown)}; "
+                      f"use {', '.join(SCENARIOS)}")  # fmt: skip
+        raise typer.Exit(2)
+
+    def show(name: str, report: dict[str, object]) -> None:
+        console.print(f"{name}: sent {report['sent']}, processed {report['processed']}, "
+                      f"lost {report['lost']}, processed twice "
+                      f"{report['processed_more_than_once']} -> {out / name}")  # fmt: skip
+
+    command = "georep bench " + " ".join(sys.argv[2:])
+    reports = run_bench(names, out=out, messages=messages, outage_for=outage_for, master=master,
+                        on_result=show, command=command)  # fmt: skip
+    console.print(f"summary: {out / 'SUMMARY.md'}")
+    bad = [n for n, r in reports.items() if r["lost"] or r["processed_more_than_once"]]
+    raise typer.Exit(1 if bad else 0)
 
 
 def main() -> None:
