@@ -34,28 +34,34 @@ from georep.testing import (
 )
 
 
-def senders(clock: FakeClock) -> tuple[InMemoryRegionSender, InMemoryRegionSender]:
-    return (
-        InMemoryRegionSender("primary", "east.example", "orders", clock=clock),
-        InMemoryRegionSender("secondary", "west.example", "orders", clock=clock),
-    )
+class Rig:
+    """Two in-memory regions, an in-memory ledger and a fake clock."""
+
+    def __init__(
+        self, *, primary_fails: ErrorKind | None = None, secondary_fails: ErrorKind | None = None
+    ) -> None:
+        self.clock = FakeClock()
+        self.ledger = InMemoryLedger()
+        self.primary = InMemoryRegionSender("primary", "east.example", clock=self.clock)
+        self.secondary = InMemoryRegionSender("secondary", "west.example", clock=self.clock)
+        if primary_fails is not None:
+            self.primary.fail_with(primary_fails)
+        if secondary_fails is not None:
+            self.secondary.fail_with(secondary_fails)
+
+    def sender(self, **kwargs: Any) -> GeoSender:
+        return GeoSender(
+            self.primary,
+            self.secondary,
+            ledger=self.ledger,
+            clock=self.clock,
+            role_state=RoleState(self.primary.namespace),
+            **kwargs,
+        )
 
 
-def geo(
-    primary: InMemoryRegionSender,
-    secondary: InMemoryRegionSender,
-    ledger: InMemoryLedger,
-    clock: FakeClock,
-    **kwargs: Any,
-) -> GeoSender:
-    return GeoSender(
-        primary,
-        secondary,
-        ledger=ledger,
-        clock=clock,
-        role_state=RoleState(primary.namespace),
-        **kwargs,
-    )
+def tried(row: dict[str, Any]) -> list[tuple[str | None, str]]:
+    return [(attempt["region"], attempt["outcome"]) for attempt in row["regions"]]
 
 
 def at(clock: FakeClock, offset: float = 0.0) -> datetime:
@@ -80,38 +86,32 @@ def test_the_in_memory_ledger_is_a_ledger_and_its_rows_have_the_schema_columns()
 
 
 async def test_a_passive_send_writes_one_accepted_row_per_message() -> None:
-    clock = FakeClock()
-    ledger = InMemoryLedger()
-    primary, secondary = senders(clock)
-    primary.latency = 0.25
-    sender = geo(primary, secondary, ledger, clock)
-    started = at(clock)
+    rig = Rig()
+    rig.primary.latency = 0.25
+    sender = rig.sender()
+    started = at(rig.clock)
 
     task = asyncio.create_task(sender.send_messages([FakeMessage(b"a"), FakeMessage(b"b")]))
-    await clock.advance(0.25)
+    await rig.clock.advance(0.25)
     result = await task
 
-    rows = ledger.send_rows
+    rows = rig.ledger.send_rows
     assert [row["message_id"] for row in rows] == list(result.message_ids)
     for row in rows:
         assert row["entity"] == "orders" and row["mode"] == "passive"
         assert row["outcome"] == "accepted" and row["accepted_region"] == "primary"
         assert row["failover"] is False
         assert row["regions"] == [{"region": "primary", "outcome": "accepted", "error": None}]
-        assert row["started_at"] == started and row["finished_at"] == at(clock)
+        assert row["started_at"] == started and row["finished_at"] == at(rig.clock)
         assert row["schema_version"] == 1
 
 
 async def test_a_passive_failover_writes_the_failed_region_then_the_accepting_one() -> None:
-    clock = FakeClock()
-    ledger = InMemoryLedger()
-    primary, secondary = senders(clock)
-    primary.fail_with(ErrorKind.CONNECTION)
-    sender = geo(primary, secondary, ledger, clock)
+    rig = Rig(primary_fails=ErrorKind.CONNECTION)
 
-    result = await sender.send_messages(FakeMessage(b"a"))
+    result = await rig.sender().send_messages(FakeMessage(b"a"))
 
-    [row] = ledger.send_rows
+    [row] = rig.ledger.send_rows
     assert row["message_id"] == result.message_ids[0]
     assert row["outcome"] == "accepted" and row["accepted_region"] == "secondary"
     assert row["failover"] is True
@@ -122,17 +122,12 @@ async def test_a_passive_failover_writes_the_failed_region_then_the_accepting_on
 
 
 async def test_a_passive_send_that_raises_writes_a_failed_row() -> None:
-    clock = FakeClock()
-    ledger = InMemoryLedger()
-    primary, secondary = senders(clock)
-    primary.fail_with(ErrorKind.AUTHENTICATION)
-    sender = geo(primary, secondary, ledger, clock)
-    message = FakeMessage(b"a", message_id="m-1")
+    rig = Rig(primary_fails=ErrorKind.AUTHENTICATION)
 
     with pytest.raises(AuthenticationError):
-        await sender.send_messages(message)
+        await rig.sender().send_messages(FakeMessage(b"a", message_id="m-1"))
 
-    [row] = ledger.send_rows
+    [row] = rig.ledger.send_rows
     assert row["message_id"] == "m-1" and row["outcome"] == "failed"
     assert row["accepted_region"] is None and row["failover"] is False
     assert row["regions"] == [
@@ -141,35 +136,25 @@ async def test_a_passive_send_that_raises_writes_a_failed_row() -> None:
 
 
 async def test_both_regions_down_without_an_outbox_writes_failed_rows() -> None:
-    clock = FakeClock()
-    ledger = InMemoryLedger()
-    primary, secondary = senders(clock)
-    primary.fail_with(ErrorKind.CONNECTION)
-    secondary.fail_with(ErrorKind.SERVICE_ERROR)
-    sender = geo(primary, secondary, ledger, clock)
+    rig = Rig(primary_fails=ErrorKind.CONNECTION, secondary_fails=ErrorKind.SERVICE_ERROR)
 
     with pytest.raises(AllRegionsUnavailableError):
-        await sender.send_messages([FakeMessage(b"a", "m-1"), FakeMessage(b"b", "m-2")])
+        await rig.sender().send_messages([FakeMessage(b"a", "m-1"), FakeMessage(b"b", "m-2")])
 
-    rows = ledger.send_rows
+    rows = rig.ledger.send_rows
     assert [row["message_id"] for row in rows] == ["m-1", "m-2"]
     assert {row["outcome"] for row in rows} == {"failed"}
-    assert [a["region"] for a in rows[0]["regions"]] == ["primary", "secondary"]
-    assert {a["outcome"] for a in rows[0]["regions"]} == {"failed"}
+    assert tried(rows[0]) == [("primary", "failed"), ("secondary", "failed")]
 
 
 async def test_both_regions_down_with_an_outbox_writes_queued_rows() -> None:
-    clock = FakeClock()
-    ledger = InMemoryLedger()
-    primary, secondary = senders(clock)
-    primary.fail_with(ErrorKind.CONNECTION)
-    secondary.fail_with(ErrorKind.CONNECTION)
-    sender = geo(primary, secondary, ledger, clock, outbox=InMemoryOutbox())
+    rig = Rig(primary_fails=ErrorKind.CONNECTION, secondary_fails=ErrorKind.CONNECTION)
+    sender = rig.sender(outbox=InMemoryOutbox())
 
     result = await sender.send_messages(FakeMessage(b"a"))
 
     assert result.queued
-    [row] = ledger.send_rows
+    [row] = rig.ledger.send_rows
     assert row["outcome"] == "queued" and row["accepted_region"] is None
     assert row["failover"] is False
     assert row["regions"] == [
@@ -181,34 +166,21 @@ async def test_both_regions_down_with_an_outbox_writes_queued_rows() -> None:
 
 
 async def test_an_active_send_with_both_regions_up_lists_both_as_accepted() -> None:
-    clock = FakeClock()
-    ledger = InMemoryLedger()
-    sender = geo(*senders(clock), ledger, clock, mode="active")
+    rig = Rig()
 
-    await sender.send_messages(FakeMessage(b"a"))
+    await rig.sender(mode="active").send_messages(FakeMessage(b"a"))
 
-    [row] = ledger.send_rows
+    [row] = rig.ledger.send_rows
     assert row["mode"] == "active" and row["outcome"] == "accepted"
     assert row["accepted_region"] == "primary" and row["failover"] is False
-    assert [(a["region"], a["outcome"]) for a in row["regions"]] == [
-        ("primary", "accepted"),
-        ("secondary", "accepted"),
-    ]
+    assert tried(row) == [("primary", "accepted"), ("secondary", "accepted")]
 
 
 async def test_active_with_one_region_down_records_failed_then_skipped_and_repair() -> None:
-    clock = FakeClock()
-    ledger = InMemoryLedger()
-    primary, secondary = senders(clock)
-    primary.fail_with(ErrorKind.CONNECTION)
-    policy = FailoverPolicy(region_cooldown=5)
-    sender = geo(
-        primary,
-        secondary,
-        ledger,
-        clock,
+    rig = Rig(primary_fails=ErrorKind.CONNECTION)
+    sender = rig.sender(
         mode="active",
-        policy=policy,
+        policy=FailoverPolicy(region_cooldown=5),
         outbox=InMemoryOutbox(),
         repair=True,
     )
@@ -216,7 +188,7 @@ async def test_active_with_one_region_down_records_failed_then_skipped_and_repai
     await sender.send_messages(FakeMessage(b"tried"))
     await sender.send_messages(FakeMessage(b"skipped"))  # primary cooling down
 
-    first, second = ledger.send_rows
+    first, second = rig.ledger.send_rows
     for row in (first, second):
         assert row["outcome"] == "accepted" and row["accepted_region"] == "secondary"
         assert row["failover"] is True
@@ -234,18 +206,14 @@ async def test_active_with_one_region_down_records_failed_then_skipped_and_repai
 
 
 async def test_active_with_both_regions_down_and_an_outbox_queues_for_each_region() -> None:
-    clock = FakeClock()
-    ledger = InMemoryLedger()
-    primary, secondary = senders(clock)
-    primary.fail_with(ErrorKind.CONNECTION)
-    secondary.fail_with(ErrorKind.TIMEOUT)
-    sender = geo(primary, secondary, ledger, clock, mode="active", outbox=InMemoryOutbox())
+    rig = Rig(primary_fails=ErrorKind.CONNECTION, secondary_fails=ErrorKind.TIMEOUT)
+    sender = rig.sender(mode="active", outbox=InMemoryOutbox())
 
     await sender.send_messages(FakeMessage(b"a"))
 
-    [row] = ledger.send_rows
+    [row] = rig.ledger.send_rows
     assert row["outcome"] == "queued" and row["failover"] is False
-    assert [(a["region"], a["outcome"]) for a in row["regions"]] == [
+    assert tried(row) == [
         ("primary", "failed"),
         ("secondary", "failed"),
         ("primary", "queued"),
@@ -255,34 +223,25 @@ async def test_active_with_both_regions_down_and_an_outbox_queues_for_each_regio
 
 
 async def test_active_with_both_regions_down_without_an_outbox_writes_failed_rows() -> None:
-    clock = FakeClock()
-    ledger = InMemoryLedger()
-    primary, secondary = senders(clock)
-    primary.fail_with(ErrorKind.CONNECTION)
-    secondary.fail_with(ErrorKind.CONNECTION)
-    sender = geo(primary, secondary, ledger, clock, mode="active")
+    rig = Rig(primary_fails=ErrorKind.CONNECTION, secondary_fails=ErrorKind.CONNECTION)
 
     with pytest.raises(AllRegionsUnavailableError):
-        await sender.send_messages(FakeMessage(b"a"))
+        await rig.sender(mode="active").send_messages(FakeMessage(b"a"))
 
-    [row] = ledger.send_rows
+    [row] = rig.ledger.send_rows
     assert row["outcome"] == "failed" and row["accepted_region"] is None
-    assert [(a["region"], a["outcome"]) for a in row["regions"]] == [
-        ("primary", "failed"),
-        ("secondary", "failed"),
-    ]
+    assert tried(row) == [("primary", "failed"), ("secondary", "failed")]
 
 
 async def test_closing_a_sender_flushes_its_ledger_but_does_not_close_it() -> None:
-    clock = FakeClock()
-    ledger = InMemoryLedger()
-    sender = geo(*senders(clock), ledger, clock)
+    rig = Rig()
+    sender = rig.sender()
     await sender.send_messages(FakeMessage(b"a"))
 
     await sender.aclose()
     await sender.aclose()
 
-    assert ledger.flushes == 1 and not ledger.closed
+    assert rig.ledger.flushes == 1 and not rig.ledger.closed
 
 
 async def test_a_paired_send_records_the_primary_then_the_backlog_queue() -> None:
@@ -319,7 +278,7 @@ async def test_a_paired_send_records_the_primary_then_the_backlog_queue() -> Non
     assert normal["failover"] is False
     assert failed_over["message_id"] == "m-2" and failed_over["failover"] is True
     assert failed_over["accepted_region"] == "backlog-1"
-    assert [(a["region"], a["outcome"]) for a in failed_over["regions"]] == [
+    assert tried(failed_over) == [
         ("primary", "failed"),
         ("backlog-0", "failed"),
         ("backlog-1", "accepted"),
