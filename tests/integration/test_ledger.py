@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import time
 import uuid
 from collections import Counter
 from collections.abc import Callable
@@ -25,16 +24,6 @@ pytestmark = pytest.mark.integration
 REDIS_URL = os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0")
 
 
-async def eventually(condition: Callable[[], bool], within: float) -> bool:
-    """Wait until ``condition()`` holds (the emulator and a receiver task change it)."""
-    deadline = time.monotonic() + within
-    while not condition():
-        if time.monotonic() > deadline:
-            return False
-        await asyncio.sleep(0.1)
-    return True
-
-
 async def test_a_passive_outage_midway_leaves_failover_rows_and_one_processed_row_per_id(
     georep_emulator_factory: Callable[..., Emulator], tmp_path: Path
 ) -> None:
@@ -46,9 +35,12 @@ async def test_a_passive_outage_midway_leaves_failover_rows_and_one_processed_ro
     total = 300
     acknowledged: list[str] = []
     handled: Counter[str] = Counter()
+    all_handled = asyncio.Event()
 
     async def handle(message: Any) -> None:
         handled[str(message.message_id)] += 1
+        if len(handled) == total:
+            all_handled.set()
 
     async with (
         ledger,
@@ -71,7 +63,7 @@ async def test_a_passive_outage_midway_leaves_failover_rows_and_one_processed_ro
             acknowledged.extend(result.message_ids)
         # What the primary stored before its outage is received once it is back.
         await asyncio.to_thread(emu.namespace("primary").restore)
-        assert await eventually(lambda: len(handled) == total, within=90), len(handled)
+        await asyncio.wait_for(all_handled.wait(), timeout=90)
         await receiver.aclose()
         await receiving
     await seen.aclose()
