@@ -11,6 +11,12 @@ One run measures, through the real async SDK on loopback:
    drained by a GeoReceiver (Redis seen-set) without and with a ledger, in alternating
    rounds; logical messages per second and the ratio.
 
+3. The hot path alone, in process (in-memory regions, no network): microseconds per
+   passive ``send_messages`` for GeoSender without a ledger, with a ParquetLedger, and the
+   GeoSender of ``--baseline-rev`` (the code before the ledger existed, loaded from git),
+   interleaved. "No ledger" against the baseline is the cost of the ledger hooks when no
+   ledger is given.
+
 Then it reads the ledger back with pyarrow and prints the rows, files and dropped counts,
 so a ratio is never reported for a ledger that silently wrote nothing.
 
@@ -18,6 +24,7 @@ Target: with a ledger >= 0.95x without (the ledger stays off the hot path).
 
     REDIS_URL=redis://127.0.0.1:6379/0 .venv/bin/python benchmarks/ledger.py \\
         [--messages 4000] [--batches 40] [--chunks 20] [--receive 2000] [--rounds 3]
+        [--baseline-rev be6e8a9]
 """
 
 from __future__ import annotations
@@ -26,8 +33,11 @@ import argparse
 import asyncio
 import logging
 import os
+import subprocess
+import sys
 import tempfile
 import time
+import types
 import uuid
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -41,9 +51,11 @@ from georep import GeoReceiver, GeoSender, ParquetLedger, ReplicationMode, RoleS
 from georep._ledger_schema import receive_schema, send_schema
 from georep.adapters.emulator import Emulator
 from georep.adapters.redis import RedisSeenSet
+from georep.testing import FakeMessage, InMemoryRegionSender
 
 BODY = b"x" * 200
 REDIS_URL = os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0")
+REPO = Path(__file__).resolve().parents[1]
 
 Run = Callable[[GeoSender, int], Awaitable[None]]
 
@@ -188,10 +200,57 @@ async def receive_throughput(emu: Emulator, ledger: ParquetLedger, count: int, r
         print(f"{name:16} {rate:9,.0f} {times['without ledger'] / seconds:12.2f}")
 
 
+def sender_at(revision: str) -> Any:
+    """The GeoSender class as it was at ``revision`` (its module loaded from git)."""
+    source = subprocess.run(
+        ["git", "show", f"{revision}:georep/_sender.py"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    module = types.ModuleType("georep._sender_baseline")
+    sys.modules[module.__name__] = module  # dataclasses look their module up
+    exec(compile(source, f"{revision}:georep/_sender.py", "exec"), module.__dict__)
+    return module.GeoSender
+
+
+async def hot_path(ledger: ParquetLedger, baseline_rev: str, sends: int, chunks: int) -> None:
+    def regions() -> tuple[InMemoryRegionSender, InMemoryRegionSender]:
+        return InMemoryRegionSender("primary", "east"), InMemoryRegionSender("secondary", "west")
+
+    variants: dict[str, Any] = {
+        f"before the ledger ({baseline_rev})": sender_at(baseline_rev)(
+            *regions(), role_state=RoleState("east")
+        ),
+        "no ledger": GeoSender(*regions(), role_state=RoleState("east")),
+        "ParquetLedger": GeoSender(*regions(), role_state=RoleState("east"), ledger=ledger),
+    }
+    elapsed = dict.fromkeys(variants, 0.0)
+    per_chunk = max(100, sends // chunks)
+    for _ in range(max(1, sends // per_chunk)):
+        for name, sender in variants.items():
+            messages = [FakeMessage(BODY) for _ in range(per_chunk)]
+            send = sender.send_messages
+            started = time.perf_counter()
+            for message in messages:
+                await send(message)
+            elapsed[name] += time.perf_counter() - started
+    baseline = next(iter(elapsed.values()))
+    print(f"\nHot path: passive send_messages to in-memory regions, {sends:,} sends each")
+    print(f"{'GeoSender':30} {'us/send':>8} {'x before':>9}")
+    for name, seconds in elapsed.items():
+        print(f"{name:30} {seconds / sends * 1e6:8.2f} {baseline / seconds:9.2f}")
+
+
 def report(ledger: ParquetLedger) -> None:
     directory = ledger.directory
-    sends = ds.dataset(directory / "sends", schema=send_schema()).count_rows()
-    receives = ds.dataset(directory / "receives", schema=receive_schema()).count_rows()
+
+    def rows(dataset: str, schema: Any) -> int:
+        folder = directory / dataset
+        return ds.dataset(folder, schema=schema).count_rows() if folder.is_dir() else 0
+
+    sends, receives = rows("sends", send_schema()), rows("receives", receive_schema())
     files = sum(1 for _ in directory.glob("*/*.parquet"))
     print(
         f"\nLedger: {sends:,} send rows, {receives:,} receive rows in {files} files; "
@@ -207,6 +266,10 @@ async def main() -> None:
     parser.add_argument("--receive", type=int, default=2000, help="messages per drain round")
     parser.add_argument("--rounds", type=int, default=3, help="drain rounds per variant")
     parser.add_argument("--flush-rows", type=int, default=10_000)
+    parser.add_argument("--hot-sends", type=int, default=200_000, help="in-process sends each")
+    parser.add_argument(
+        "--baseline-rev", default="be6e8a9", help="git revision of the sender before the ledger"
+    )
     args = parser.parse_args()
     logging.getLogger("georep").setLevel(logging.ERROR)
     with Emulator() as emu, tempfile.TemporaryDirectory() as scratch:
@@ -215,6 +278,8 @@ async def main() -> None:
             await send_throughput(emu, ledger, args.messages, args.batches, args.chunks)
             if args.receive:
                 await receive_throughput(emu, ledger, args.receive, args.rounds)
+            if args.hot_sends:
+                await hot_path(ledger, args.baseline_rev, args.hot_sends, args.chunks)
         report(ledger)
 
 

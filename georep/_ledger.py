@@ -37,8 +37,14 @@ from typing import TYPE_CHECKING, Any, Self
 
 from georep._clock import SystemClock
 from georep._ledger_schema import (
+    RECEIVE_COLUMNS,
+    RECEIVE_OUTCOMES,
     RECEIVES_DIR,
+    REGION_OUTCOMES,
     SCHEMA_VERSION,
+    SEND_COLUMNS,
+    SEND_MODES,
+    SEND_OUTCOMES,
     SENDS_DIR,
     receive_schema,
     send_schema,
@@ -50,7 +56,7 @@ from georep.ports import Clock, ReceiveRecord, SendRecord
 if TYPE_CHECKING:
     import pyarrow as pa
 
-__all__ = ["ParquetLedger", "receive_rows", "send_rows"]
+__all__ = ["ParquetLedger", "receive_rows", "schema_tables", "send_rows"]
 
 _log = logging.getLogger("georep.ledger")
 
@@ -110,6 +116,33 @@ def receive_rows(record: ReceiveRecord, *, process_id: int, host: str) -> list[d
             "host": host,
         }
     ]
+
+
+def schema_tables() -> str:
+    """The Markdown tables of both datasets' columns and value sets, as ``docs/ledger.md``
+    shows them.
+
+    Regenerate the docs' tables with
+    ``python -c "from georep._ledger import schema_tables; print(schema_tables())"``.
+    """
+    parts = []
+    for dataset, columns in ((SENDS_DIR, SEND_COLUMNS), (RECEIVES_DIR, RECEIVE_COLUMNS)):
+        lines = [f"`{dataset}/*.parquet`", "", "| column | type | meaning |", "|---|---|---|"]
+        lines += [f"| `{name}` | `{kind}` | {meaning} |" for name, kind, meaning in columns]
+        parts.append("\n".join(lines))
+    value_sets = [
+        ("SEND_MODES", "sends.mode", SEND_MODES),
+        ("SEND_OUTCOMES", "sends.outcome", SEND_OUTCOMES),
+        ("REGION_OUTCOMES", "sends.regions[].outcome", REGION_OUTCOMES),
+        ("RECEIVE_OUTCOMES", "receives.outcome", RECEIVE_OUTCOMES),
+    ]
+    lines = ["| value set | column | values |", "|---|---|---|"]
+    lines += [
+        f"| `{name}` | `{column}` | {', '.join(f'`{v}`' for v in values)} |"
+        for name, column, values in value_sets
+    ]
+    parts.append("\n".join(lines))
+    return "\n\n".join(parts) + "\n"
 
 
 def _send_table(records: Sequence[SendRecord], process_id: int, host: str) -> pa.Table:

@@ -221,6 +221,14 @@ class GeoSender:
             [*sorted((self._primary.namespace, self._secondary.namespace)), self.entity]
         )
         self.stats = SenderStats()
+        self._mode_name = self.mode.value
+        first, second = self._primary.region, self._secondary.region
+        first_ok, second_ok = RegionAttempt(first, "accepted"), RegionAttempt(second, "accepted")
+        self._all_accepted: dict[tuple[str, ...], tuple[RegionAttempt, ...]] = {
+            (first,): (first_ok,),
+            (second,): (second_ok,),
+            (first, second): (first_ok, second_ok),
+        }
         self._telemetry = SenderTelemetry(
             entity=self.entity,
             mode=self.mode.value,
@@ -462,6 +470,30 @@ class GeoSender:
     # ---------------------------------------------------------------------- ledger
 
     def _record_sent(self, ledger: Ledger, result: SendResult, started_at: float) -> None:
+        accepted = result.accepted
+        if not result.failed:
+            # Every region tried accepted (the common case): a prebuilt tuple, no allocation.
+            attempts: Sequence[RegionAttempt] = self._all_accepted[accepted]
+            failover = False
+        else:
+            attempts, failover = self._attempts(result)
+        # Positional: this runs on every send.
+        ledger.record_send(
+            SendRecord(
+                result.message_ids,
+                self.entity,
+                self._mode_name,
+                "queued" if result.queued else "accepted",
+                accepted[0] if accepted else None,
+                failover,
+                attempts,
+                started_at,
+                self._clock.time(),
+            )
+        )
+
+    def _attempts(self, result: SendResult) -> tuple[list[RegionAttempt], bool]:
+        """What each region did in a send that met a failure, and whether it failed over."""
         attempts: list[RegionAttempt] = []
         if self.mode is ReplicationMode.ACTIVE:
             # Both regions are tried at once: list them in a fixed order.
@@ -480,29 +512,14 @@ class GeoSender:
                     if getattr(error, "kind", None) in transient
                 )
             attempts.extend(RegionAttempt(label, "queued") for label in queued)
-            failover = bool(result.accepted) and bool(result.failed)
-        else:
-            attempts.extend(
-                RegionAttempt(label, "failed", _error(error))
-                for label, error in result.failed.items()
-            )
-            attempts.extend(RegionAttempt(label, "accepted") for label in result.accepted)
-            if result.queued:  # the outbox sends it to whichever region accepts
-                attempts.append(RegionAttempt(None, "queued"))
-            failover = result.failed_over
-        ledger.record_send(
-            SendRecord(
-                message_ids=result.message_ids,
-                entity=self.entity,
-                mode=self.mode.value,
-                outcome="queued" if result.queued else "accepted",
-                accepted_region=result.accepted[0] if result.accepted else None,
-                failover=failover,
-                regions=attempts,
-                started_at=started_at,
-                finished_at=self._clock.time(),
-            )
+            return attempts, bool(result.accepted)
+        attempts.extend(
+            RegionAttempt(label, "failed", _error(error)) for label, error in result.failed.items()
         )
+        attempts.extend(RegionAttempt(label, "accepted") for label in result.accepted)
+        if result.queued:  # the outbox sends it to whichever region accepts
+            attempts.append(RegionAttempt(None, "queued"))
+        return attempts, result.failed_over
 
     def _record_failed(
         self, ledger: Ledger, messages: Sequence[Any], error: BaseException, started_at: float
