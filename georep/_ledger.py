@@ -212,7 +212,8 @@ class ParquetLedger:
     Give it to :class:`georep.GeoSender`, :class:`georep.GeoReceiver` or
     ``@georep.receiver`` as ``ledger=``; they flush it when they close, the caller closes
     it. Several senders and receivers (and processes) can share a directory: every writer
-    has its own file names.
+    has its own file names. One ParquetLedger serves one event loop; call ``record_*`` on
+    that loop's thread (georep's senders and receivers do).
 
     Args:
         directory: The ledger directory (created if missing).
@@ -261,8 +262,11 @@ class ParquetLedger:
         self._sends: list[SendRecord] = []
         self._receives: list[ReceiveRecord] = []
         self._buffered = 0
-        self.dropped_sends = 0
-        self.dropped_receives = 0
+        # Rows refused by a full buffer (counted on the loop's thread) and rows whose write
+        # failed (counted in the writer thread): separate counters, so neither thread
+        # ever updates a number the other one is updating.
+        self._refused = [0, 0]  # sends, receives
+        self._unwritten = [0, 0]
         self.files_written = 0
         self._sequence = itertools.count()
         self._warned = False
@@ -278,7 +282,7 @@ class ParquetLedger:
         """Buffer one send call (one row per message id); drop and count when full."""
         rows = len(record.message_ids)
         if self._closing or self._buffered + rows > self.max_buffer_rows:
-            self.dropped_sends += rows
+            self._refused[0] += rows
             self._dropped()
             return
         self._sends.append(record)
@@ -289,13 +293,23 @@ class ParquetLedger:
     def record_receive(self, record: ReceiveRecord) -> None:
         """Buffer one received copy; drop and count when full."""
         if self._closing or self._buffered >= self.max_buffer_rows:
-            self.dropped_receives += 1
+            self._refused[1] += 1
             self._dropped()
             return
         self._receives.append(record)
         self._buffered += 1
         if self._buffered >= self.flush_rows or self._flusher is None:
             self._wake_flusher()
+
+    @property
+    def dropped_sends(self) -> int:
+        """Send rows lost so far: refused by a full buffer, or whose write failed."""
+        return self._refused[0] + self._unwritten[0]
+
+    @property
+    def dropped_receives(self) -> int:
+        """Receive rows lost so far: refused by a full buffer, or whose write failed."""
+        return self._refused[1] + self._unwritten[1]
 
     @property
     def buffered_rows(self) -> int:
@@ -330,7 +344,10 @@ class ParquetLedger:
             with contextlib.suppress(TimeoutError), self._clock.deadline(self.flush_interval):
                 await self._wake.wait()
             self._wake.clear()
-            await self.flush()
+            try:
+                await self.flush()
+            except Exception:  # e.g. the default executor is gone at interpreter exit
+                _log.exception("ledger: flush failed; retrying in %g s", self.flush_interval)
 
     async def flush(self) -> None:
         """Write every buffered row now (in a worker thread), then the meta file.
@@ -350,11 +367,11 @@ class ParquetLedger:
         if sends:
             rows = sum(len(record.message_ids) for record in sends)
             if not self._write_dataset(SENDS_DIR, rows, _send_table, sends):
-                self.dropped_sends += rows
+                self._unwritten[0] += rows
         if receives and not self._write_dataset(
             RECEIVES_DIR, len(receives), _receive_table, receives
         ):
-            self.dropped_receives += len(receives)
+            self._unwritten[1] += len(receives)
         try:
             self._write_meta()
         except OSError:
