@@ -1,4 +1,9 @@
-"""The ledger end to end: real SDK, the two-region emulator, a real Redis seen-set, pyarrow."""
+"""The ledger end to end: real SDK, the two-region emulator, a real Redis seen-set, pyarrow.
+
+Concurrent passive sends through an outage, the ``@georep.receiver`` decorator on
+connection strings, one ledger for both (``examples/ledger.py`` shows the class-based
+GeoReceiver).
+"""
 
 from __future__ import annotations
 
@@ -14,7 +19,8 @@ import pyarrow.dataset as ds
 import pytest
 from azure.servicebus import ServiceBusMessage
 
-from georep import FailoverPolicy, GeoReceiver, GeoSender, ParquetLedger
+import georep
+from georep import FailoverPolicy, GeoSender, ParquetLedger
 from georep._ledger_schema import receive_schema, send_schema
 from georep.adapters.emulator import Emulator
 from georep.adapters.redis import RedisSeenSet
@@ -32,39 +38,46 @@ async def test_a_passive_outage_midway_leaves_failover_rows_and_one_processed_ro
     primary, secondary = emu.connection_string("primary"), emu.connection_string("secondary")
     seen = RedisSeenSet(REDIS_URL, group=f"ledger-test-{uuid.uuid4().hex[:8]}", window=600)
     ledger = ParquetLedger(tmp_path / "ledger", flush_rows=50, flush_interval=0.5)
-    total = 300
+    total, workers = 300, 6
     acknowledged: list[str] = []
     handled: Counter[str] = Counter()
     all_handled = asyncio.Event()
+    next_index = iter(range(total))
 
+    @georep.receiver(
+        primary=primary,
+        secondary=secondary,
+        queue_name=queue,
+        seen=seen,
+        ledger=ledger,
+        max_wait=0.5,
+    )
     async def handle(message: Any) -> None:
         handled[str(message.message_id)] += 1
         if len(handled) == total:
             all_handled.set()
 
-    async with (
-        ledger,
-        GeoSender.from_connection_strings(
+    async def worker(sender: GeoSender) -> None:
+        for index in next_index:
+            if index == total // 2:
+                await asyncio.to_thread(emu.namespace("primary").outage)
+            result = await sender.send_messages(ServiceBusMessage(f"m{index}"))
+            acknowledged.extend(result.message_ids)
+
+    async with ledger:
+        receiving = asyncio.create_task(handle.run())
+        async with GeoSender.from_connection_strings(
             primary,
             secondary,
             queue_name=queue,
             policy=FailoverPolicy(attempt_timeout=2.0),
             ledger=ledger,
-        ) as sender,
-        GeoReceiver.from_connection_strings(
-            primary, secondary, queue_name=queue, seen=seen, ledger=ledger, max_wait=0.5
-        ) as receiver,
-    ):
-        receiving = asyncio.create_task(receiver.run(handle))
-        for index in range(total):
-            if index == total // 2:
-                await asyncio.to_thread(emu.namespace("primary").outage)
-            result = await sender.send_messages(ServiceBusMessage(f"m{index}"))
-            acknowledged.extend(result.message_ids)
+        ) as sender:
+            await asyncio.gather(*(worker(sender) for _ in range(workers)))
         # What the primary stored before its outage is received once it is back.
         await asyncio.to_thread(emu.namespace("primary").restore)
         await asyncio.wait_for(all_handled.wait(), timeout=90)
-        await receiver.aclose()
+        await handle.aclose()
         await receiving
     await seen.aclose()
 
