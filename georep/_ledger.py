@@ -29,6 +29,7 @@ import logging
 import os
 import re
 import socket
+import threading
 from collections.abc import Callable, Sequence
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -409,7 +410,8 @@ class ParquetLedger:
     def _write_meta(self) -> None:
         path = self._meta_path()
         path.parent.mkdir(parents=True, exist_ok=True)
-        temporary = path.with_name(f".{path.name}.tmp")
+        # Per thread: a write left running by a cancelled flush may overlap the next one.
+        temporary = path.with_name(f".{path.name}.{threading.get_ident()}.tmp")
         meta = {
             "schema_version": SCHEMA_VERSION,
             "dropped_sends": self.dropped_sends,
