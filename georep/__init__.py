@@ -16,6 +16,7 @@ if (
 ):
     __path__.append(str(_checkout_root))
 
+from georep._ledger import ParquetLedger  # noqa: E402
 from georep._outbox import SqliteOutbox  # noqa: E402
 from georep._paired import PairedNamespaceOptions, backlog_queue_path  # noqa: E402
 from georep._paired_sender import PairedSender  # noqa: E402
@@ -69,6 +70,7 @@ __all__ = [
     "OutboxFullError",
     "PairedNamespaceOptions",
     "PairedSender",
+    "ParquetLedger",
     "ReceiverHandler",
     "ReceiverStats",
     "RegionError",

@@ -24,7 +24,7 @@ from georep.exceptions import (
     RegionError,
     RegionUnavailableError,
 )
-from georep.ports import Clock, ErrorKind, RegionSender
+from georep.ports import Clock, ErrorKind, Ledger, RegionAttempt, RegionSender, SendRecord
 
 __all__ = ["PairedSender", "PairedState"]
 
@@ -78,6 +78,8 @@ class PairedSender:
         options: :class:`PairedNamespaceOptions`.
         secondary_namespace: The secondary namespace (to share state per pair).
         rng: Random source for the backlog pick (seedable for tests).
+        ledger: Record one row per message sent (mode ``paired``; a backlog queue that
+            accepts counts as a failover). Flushed, not closed, by :meth:`aclose`.
         clock: Time source.
         meter_provider: OpenTelemetry meter provider (pings are billed; they are counted).
     """
@@ -92,6 +94,7 @@ class PairedSender:
         options: PairedNamespaceOptions | None = None,
         secondary_namespace: str = "secondary",
         rng: random.Random | None = None,
+        ledger: Ledger | None = None,
         clock: Clock | None = None,
         meter_provider: metrics.MeterProvider | None = None,
     ) -> None:
@@ -107,6 +110,7 @@ class PairedSender:
         self._make_ping = make_ping
         self._rng = rng or random.Random()
         self._clock: Clock = clock or SystemClock()
+        self.ledger = ledger
         key = (_running_loop(), primary.namespace, secondary_namespace, primary.entity)
         state = _states.get(key)
         if state is None:
@@ -149,6 +153,9 @@ class PairedSender:
         for region in self._owned:
             with contextlib.suppress(Exception):
                 await region.close()
+        if self.ledger is not None:
+            with contextlib.suppress(Exception):
+                await self.ledger.flush()
 
     @property
     def entity(self) -> str:
@@ -213,6 +220,48 @@ class PairedSender:
         """
         if self._closed:
             raise ClosedError("this PairedSender is closed; create a new one")
+        ledger = self.ledger
+        if ledger is None:
+            return await self._send(message, timeout, None)
+        started_at = self._clock.time()
+        attempts: list[RegionAttempt] = []
+        try:
+            destination = await self._send(message, timeout, attempts)
+        except BaseException:
+            self._record(ledger, message, "failed", None, attempts, started_at)
+            raise
+        accepted = attempts[-1].region if attempts else None
+        self._record(ledger, message, "accepted", accepted, attempts, started_at)
+        return destination
+
+    def _record(
+        self,
+        ledger: Ledger,
+        message: Any,
+        outcome: str,
+        accepted: str | None,
+        attempts: list[RegionAttempt],
+        started_at: float,
+    ) -> None:
+        codec = self._primary.codec
+        ledger.record_send(
+            SendRecord(
+                message_ids=tuple(codec.message_id(m) or "" for m in codec.split(message)),
+                entity=self.entity,
+                mode="paired",
+                outcome=outcome,
+                accepted_region=accepted,
+                failover=accepted is not None and accepted != self._primary.region,
+                regions=attempts,
+                started_at=started_at,
+                finished_at=self._clock.time(),
+            )
+        )
+
+    async def _send(
+        self, message: Any, timeout: float | None, attempts: list[RegionAttempt] | None
+    ) -> str:
+        """The send itself; each region tried is appended to ``attempts`` (ledger on)."""
         deadline = self.options.seconds("ping_timeout") if timeout is None else timeout
         state = self.state
         if not state.engaged:
@@ -227,16 +276,24 @@ class PairedSender:
                     kind=ErrorKind.TIMEOUT,
                 )
                 self._failed(error)
+                if attempts is not None:
+                    attempts.append(RegionAttempt(self._primary.region, "failed", "TimeoutError"))
                 if not state.engaged:
                     raise error from exc
             except RegionError as exc:
                 self._failed(exc)
+                if attempts is not None:
+                    attempts.append(
+                        RegionAttempt(self._primary.region, "failed", type(exc).__name__)
+                    )
                 if not state.engaged:
                     raise
             else:
                 state.failing_since = None
+                if attempts is not None:
+                    attempts.append(RegionAttempt(self._primary.region, "accepted"))
                 return "primary"
-        return await self._to_backlog(message, deadline)
+        return await self._to_backlog(message, deadline, attempts)
 
     def _failed(self, error: RegionError) -> None:
         """Run the failover timer; engage when it has run ``failover_interval``."""
@@ -263,7 +320,9 @@ class PairedSender:
         if state.pinger is None or state.pinger.done():
             state.pinger = asyncio.create_task(self._ping_until_back(), name="georep-ping")
 
-    async def _to_backlog(self, message: Any, deadline: float) -> str:
+    async def _to_backlog(
+        self, message: Any, deadline: float, attempts: list[RegionAttempt] | None
+    ) -> str:
         backlog_copy = self._rewrite(message, self.entity)
         state = self.state
         causes: dict[str, BaseException] = {}
@@ -283,9 +342,13 @@ class PairedSender:
             except (RegionError, TimeoutError) as exc:
                 state.excluded.add(index)
                 causes[queue.entity] = exc
+                if attempts is not None:
+                    attempts.append(RegionAttempt(queue.region, "failed", type(exc).__name__))
                 _log.warning("backlog queue %s left the rotation: %s", queue.entity, exc)
                 continue
             self._backlog_sends.add(1, {"georep.backlog_queue": str(index)})
+            if attempts is not None:
+                attempts.append(RegionAttempt(queue.region, "accepted"))
             return queue.entity
 
     async def _ping_until_back(self) -> None:

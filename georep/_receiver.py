@@ -45,7 +45,15 @@ from georep.exceptions import (
     RegionError,
     StoreUnavailableError,
 )
-from georep.ports import ClaimState, Clock, Delivery, RegionReceiver, SeenStore
+from georep.ports import (
+    ClaimState,
+    Clock,
+    Delivery,
+    Ledger,
+    ReceiveRecord,
+    RegionReceiver,
+    SeenStore,
+)
 
 if TYPE_CHECKING:
     from opentelemetry.metrics import MeterProvider
@@ -90,6 +98,8 @@ class ReceiverStats:
 class _Copy:
     message: Any
     delivery: Delivery
+    received_at: float = 0.0
+    """Wall-clock seconds when the receive call returned it (for the ledger)."""
     parked_turns: int = 0
     settled: bool = False
 
@@ -132,6 +142,9 @@ class GeoReceiver:
             is unreachable, keep the copies locked, retry with backoff. ``"process"``:
             process without the dedup check (availability over exactly-once).
         owner: This consumer's identity in the seen-set (default: host, pid and a UUID).
+        ledger: Record one row per copy received (e.g. :class:`georep.ParquetLedger`): which
+            region, processed, suppressed or failed, and when. The caller owns it:
+            :meth:`aclose` flushes it but does not close it.
         clock: Time source (tests inject :class:`georep.testing.FakeClock`).
         tracer_provider: OpenTelemetry tracer provider (default: the global one).
         meter_provider: OpenTelemetry meter provider (default: the global one).
@@ -152,6 +165,7 @@ class GeoReceiver:
         max_wait: Seconds = 1.0,
         on_store_unavailable: StorePolicy = "pause",
         owner: str | None = None,
+        ledger: Ledger | None = None,
         clock: Clock | None = None,
         tracer_provider: TracerProvider | None = None,
         meter_provider: MeterProvider | None = None,
@@ -170,6 +184,7 @@ class GeoReceiver:
         if self.lease <= 0:
             raise ConfigurationError("lease must be greater than 0 seconds")
         self.on_store_unavailable = on_store_unavailable
+        self.ledger = ledger
         self.owner = owner or f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
         self._clock: Clock = clock or SystemClock()
         self._regions = [
@@ -281,7 +296,7 @@ class GeoReceiver:
         """Stop fetching, finish in-flight handlers, settle, and close owned clients.
 
         Idempotent. Copies parked waiting for another consumer are abandoned (redelivered
-        at once rather than when their locks expire).
+        at once rather than when their locks expire). A ledger is flushed, not closed.
         """
         if self._closed:
             return
@@ -294,6 +309,9 @@ class GeoReceiver:
         for region in self._owned:
             with contextlib.suppress(Exception):
                 await region.close()
+        if self.ledger is not None:
+            with contextlib.suppress(Exception):
+                await self.ledger.flush()
 
     async def peek_all(self, count: int) -> dict[str, list[Any]]:
         """Up to ``count`` messages from each region, without locking them.
@@ -331,7 +349,8 @@ class GeoReceiver:
                     continue
                 backoff.reset()
                 source, name = self.dedup_key.source, self.dedup_key.name
-                fresh = [_Copy(m, region.delivery(m, source, name)) for m in messages]
+                now = self._clock.time()
+                fresh = [_Copy(m, region.delivery(m, source, name), now) for m in messages]
                 received = self.stats.received
                 received[region.region] = received.get(region.region, 0) + len(fresh)
             if not fresh and not parked:
@@ -360,7 +379,8 @@ class GeoReceiver:
             suppressed = self.stats.suppressed
             suppressed[region.region] = suppressed.get(region.region, 0) + 1
             self._metrics.suppressed(region.region)
-            await self._settle(region, copy, complete=True, duplicate=True)
+            settled = await self._settle(region, copy, complete=True, duplicate=True)
+            self._record(region, copy, "suppressed", settled)
         await self._process(region, to_process, unchecked, held=copies)
         for copy in parked:
             copy.parked_turns += 1
@@ -496,7 +516,10 @@ class GeoReceiver:
                     )
                 for copy, ok in batch:
                     complete = ok and (committed or id(copy) not in checked)
-                    await self._settle(region, copy, complete=complete, duplicate=False)
+                    settled = await self._settle(region, copy, complete=complete, duplicate=False)
+                    # A handler that succeeded counts as processed even if its commit could
+                    # not be made and the copy was abandoned: its effects happened.
+                    self._record(region, copy, "processed" if ok else "failed", settled)
 
         renewer = asyncio.ensure_future(self._keep_alive(region, held, claimed))
         try:
@@ -578,7 +601,8 @@ class GeoReceiver:
 
     async def _settle(
         self, region: RegionReceiver, copy: _Copy, *, complete: bool, duplicate: bool
-    ) -> None:
+    ) -> bool:
+        """Complete or abandon ``copy``; False when the broker did not take the settlement."""
         span = self._start_span("settle", region, copy)
         span.set_attribute("georep.duplicate", duplicate)
         span.set_attribute("messaging.operation.name", "complete" if complete else "abandon")
@@ -593,8 +617,28 @@ class GeoReceiver:
             # The copy will be redelivered; if it was processed its key is done, so the
             # redelivery is suppressed.
             _log.warning("settling a copy in %s failed: %s", region.region, exc)
+            return False
         finally:
             span.end()
+        return True
+
+    def _record(self, region: RegionReceiver, copy: _Copy, outcome: str, settled: bool) -> None:
+        ledger = self.ledger
+        if ledger is None:
+            return
+        delivery = copy.delivery
+        ledger.record_receive(
+            ReceiveRecord(
+                message_id=delivery.key or "",
+                entity=self.entity,
+                region=region.region,
+                outcome=outcome,
+                delivery_count=delivery.delivery_count,
+                enqueued_at=delivery.enqueued_at,
+                received_at=copy.received_at,
+                settled_at=self._clock.time() if settled else None,
+            )
+        )
 
     def _region_lock(self, region: RegionReceiver) -> asyncio.Lock:
         """Settlements and lock renewals may overlap within a turn; the SDK's receiver
@@ -709,8 +753,9 @@ def receiver(
 
     ``primary``/``secondary`` are SDK receivers (or RegionReceivers), or connection strings
     together with ``queue_name`` (or ``topic_name`` and ``subscription_name``). Other
-    options go to :class:`GeoReceiver`. The decorated function stays callable; the
-    returned object also has ``run()``, ``aclose()`` and ``stats``::
+    options go to :class:`GeoReceiver` (``ledger=`` among them: ``aclose()`` flushes it).
+    The decorated function stays callable; the returned object also has ``run()``,
+    ``aclose()`` and ``stats``::
 
         @georep.receiver(primary=conn_a, secondary=conn_b, queue_name="orders", seen=seen)
         async def handle(message): ...

@@ -28,7 +28,16 @@ from georep.exceptions import (
     RegionError,
     RegionUnavailableError,
 )
-from georep.ports import Clock, ErrorKind, MessageCodec, Outbox, RegionSender
+from georep.ports import (
+    Clock,
+    ErrorKind,
+    Ledger,
+    MessageCodec,
+    Outbox,
+    RegionAttempt,
+    RegionSender,
+    SendRecord,
+)
 
 if TYPE_CHECKING:
     from opentelemetry.metrics import MeterProvider
@@ -59,6 +68,8 @@ class SendResult:
         repair_queued: Regions whose copy went to the outbox for a later resend (active
             mode with ``repair=True``).
         message_ids: The MessageId of every message sent, in order.
+        skipped: Active mode: regions not tried because they failed moments ago (cool-down);
+            their last error is in ``failed``.
     """
 
     accepted: tuple[str, ...]
@@ -67,6 +78,7 @@ class SendResult:
     queued: bool = False
     repair_queued: tuple[str, ...] = ()
     message_ids: tuple[str, ...] = ()
+    skipped: tuple[str, ...] = ()
 
 
 @dataclass(slots=True)
@@ -96,6 +108,11 @@ def _as_region_sender(sender: Any, region: str) -> RegionSender:
     return wrapped
 
 
+def _error(error: BaseException) -> str:
+    """How the ledger names an error: its class, never its message (it may hold a secret)."""
+    return type(error).__name__
+
+
 class GeoSender:
     """Send to a queue or topic that exists in two regions, surviving the loss of one.
 
@@ -122,6 +139,8 @@ class GeoSender:
         dedup_key: The field receivers deduplicate on; every message must carry it.
             MessageIds are assigned (UUID4) to messages without one whatever the key.
         drain: How the outbox is drained.
+        ledger: Record one row per message sent (e.g. :class:`georep.ParquetLedger`).
+            The caller owns it: :meth:`aclose` flushes it but does not close it.
         role_state: Share roles explicitly; by default every GeoSender on the same
             namespace pair in this event loop shares one.
         clock: Time source (tests inject :class:`georep.testing.FakeClock`).
@@ -144,6 +163,7 @@ class GeoSender:
         repair: bool = False,
         dedup_key: DedupKey = DedupKey.MESSAGE_ID,
         drain: DrainPolicy | None = None,
+        ledger: Ledger | None = None,
         role_state: RoleState | None = None,
         partitioned: bool = False,
         clock: Clock | None = None,
@@ -157,6 +177,7 @@ class GeoSender:
         self.dedup_key = dedup_key
         self.outbox = outbox
         self.repair = repair
+        self.ledger = ledger
         self._clock: Clock = clock or SystemClock()
         self._primary = _as_region_sender(primary, "primary")
         self._secondary = _as_region_sender(secondary, "secondary")
@@ -200,6 +221,14 @@ class GeoSender:
             [*sorted((self._primary.namespace, self._secondary.namespace)), self.entity]
         )
         self.stats = SenderStats()
+        self._mode_name = self.mode.value
+        first, second = self._primary.region, self._secondary.region
+        first_ok, second_ok = RegionAttempt(first, "accepted"), RegionAttempt(second, "accepted")
+        self._all_accepted: dict[tuple[str, ...], tuple[RegionAttempt, ...]] = {
+            (first,): (first_ok,),
+            (second,): (second_ok,),
+            (first, second): (first_ok, second_ok),
+        }
         self._telemetry = SenderTelemetry(
             entity=self.entity,
             mode=self.mode.value,
@@ -307,7 +336,8 @@ class GeoSender:
     async def aclose(self) -> None:
         """Stop the outbox drainer and close what this GeoSender created. Idempotent.
 
-        Senders passed in by the caller and the outbox stay open: the caller owns them.
+        Senders passed in by the caller, the outbox and the ledger stay open: the caller
+        owns them (the ledger is flushed).
         Messages still in the outbox stay there for the next GeoSender on the same file.
         """
         if self._close_task is None:
@@ -329,6 +359,9 @@ class GeoSender:
         for region in self._owned:
             with contextlib.suppress(Exception):
                 await region.close()
+        if self.ledger is not None:
+            with contextlib.suppress(Exception):
+                await self.ledger.flush()
 
     def _check_open(self) -> None:
         if self._closed:
@@ -386,6 +419,8 @@ class GeoSender:
             return SendResult(accepted=())
         codec.check(messages, one_partition=self.partitioned)
         started = self._clock.monotonic()
+        ledger = self.ledger
+        wall_started = self._clock.time() if ledger is not None else 0.0
         telemetry = self._telemetry
         # start_span, not start_as_current_span: no context switch on the hot path. The span
         # still parents to the caller's current span and its context travels in traceparent.
@@ -419,6 +454,8 @@ class GeoSender:
             span.set_attribute("error.type", type(exc).__name__)
             telemetry.duration(self._clock.monotonic() - started, "failed")
             span.end()
+            if ledger is not None:
+                self._record_failed(ledger, messages, exc, wall_started)
             raise
         telemetry.duration(
             self._clock.monotonic() - started, "queued" if result.queued else "accepted"
@@ -426,7 +463,94 @@ class GeoSender:
         span.end()
         # The result was made for this call alone: fill in the ids rather than copy it.
         object.__setattr__(result, "message_ids", ids)
+        if ledger is not None:
+            self._record_sent(ledger, result, wall_started)
         return result
+
+    # ---------------------------------------------------------------------- ledger
+
+    def _record_sent(self, ledger: Ledger, result: SendResult, started_at: float) -> None:
+        accepted = result.accepted
+        if not result.failed:
+            # Every region tried accepted (the common case): a prebuilt tuple, no allocation.
+            attempts: Sequence[RegionAttempt] = self._all_accepted[accepted]
+            failover = False
+        else:
+            attempts, failover = self._attempts(result)
+        # Positional: this runs on every send.
+        ledger.record_send(
+            SendRecord(
+                result.message_ids,
+                self.entity,
+                self._mode_name,
+                "queued" if result.queued else "accepted",
+                accepted[0] if accepted else None,
+                failover,
+                attempts,
+                started_at,
+                self._clock.time(),
+            )
+        )
+
+    def _attempts(self, result: SendResult) -> tuple[list[RegionAttempt], bool]:
+        """What each region did in a send that met a failure, and whether it failed over."""
+        attempts: list[RegionAttempt] = []
+        if self.mode is ReplicationMode.ACTIVE:
+            # Both regions are tried at once: list them in a fixed order.
+            for label in self._regions:
+                if label in result.accepted:
+                    attempts.append(RegionAttempt(label, "accepted"))
+                elif label in result.failed:
+                    outcome = "skipped" if label in result.skipped else "failed"
+                    attempts.append(RegionAttempt(label, outcome, _error(result.failed[label])))
+            queued = result.repair_queued
+            if result.queued:
+                transient = self.policy.fail_over_on
+                queued = tuple(
+                    label
+                    for label, error in result.failed.items()
+                    if getattr(error, "kind", None) in transient
+                )
+            attempts.extend(RegionAttempt(label, "queued") for label in queued)
+            return attempts, bool(result.accepted)
+        attempts.extend(
+            RegionAttempt(label, "failed", _error(error)) for label, error in result.failed.items()
+        )
+        attempts.extend(RegionAttempt(label, "accepted") for label in result.accepted)
+        if result.queued:  # the outbox sends it to whichever region accepts
+            attempts.append(RegionAttempt(None, "queued"))
+        return attempts, result.failed_over
+
+    def _record_failed(
+        self, ledger: Ledger, messages: Sequence[Any], error: BaseException, started_at: float
+    ) -> None:
+        if isinstance(error, AllRegionsUnavailableError):
+            causes = error.causes
+            # Passive causes are in the order tried; active ones in the fixed region order.
+            order = self._regions if self.mode is ReplicationMode.ACTIVE else causes
+            attempts = [
+                RegionAttempt(label, "failed", _error(causes[label]))
+                for label in order
+                if label in causes
+            ]
+        elif isinstance(error, RegionError):
+            attempts = [RegionAttempt(error.region, "failed", _error(error))]
+        else:
+            attempts = []
+        message_id = self._codec.message_id
+        ledger.record_send(
+            SendRecord(
+                message_ids=tuple(message_id(message) or "" for message in messages),
+                entity=self.entity,
+                mode=self.mode.value,
+                outcome="failed",
+                accepted_region=None,
+                failover=False,
+                regions=attempts,
+                started_at=started_at,
+                finished_at=self._clock.time(),
+            )
+        )
 
     def _prepare_all(self, messages: Sequence[Any], traceparent: str | None) -> tuple[str, ...]:
         return tuple(self._prepare(message, traceparent) for message in messages)
@@ -659,6 +783,7 @@ class GeoSender:
             span.set_attribute("georep.region", accepted[0])
         if not errors:
             return SendResult(accepted=accepted)
+        skipped = tuple(skip)
         if accepted:
             repair: tuple[str, ...] = ()
             if self.repair:
@@ -672,7 +797,9 @@ class GeoSender:
                 accepted[0],
                 ", copy queued for repair" if repair else "",
             )
-            return SendResult(accepted=accepted, failed=dict(errors), repair_queued=repair)
+            return SendResult(
+                accepted=accepted, failed=dict(errors), repair_queued=repair, skipped=skipped
+            )
         transient = [r for r, e in errors.items() if e.kind in self.policy.fail_over_on]
         if not transient:
             # Both regions refused the message itself (too large, bad key...): not an outage.
@@ -680,7 +807,7 @@ class GeoSender:
         if self.outbox is not None:
             await self._queue(messages, transient)
             span.set_attribute("georep.queued", True)
-            return SendResult(accepted=(), failed=dict(errors), queued=True)
+            return SendResult(accepted=(), failed=dict(errors), queued=True, skipped=skipped)
         raise AllRegionsUnavailableError(
             f"no region accepted the send to {self.entity!r}", errors
         ) from errors[secondary.region]

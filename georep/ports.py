@@ -14,7 +14,7 @@ from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, NamedTuple, Protocol, runtime_checkable
 
 from georep._slot import RegionSlot
 
@@ -23,13 +23,17 @@ __all__ = [
     "Clock",
     "Delivery",
     "ErrorKind",
+    "Ledger",
     "MessageCodec",
     "Outbox",
     "OutboxEntry",
+    "ReceiveRecord",
+    "RegionAttempt",
     "RegionReceiver",
     "RegionSender",
     "RegionSlot",
     "SeenStore",
+    "SendRecord",
 ]
 
 
@@ -378,4 +382,85 @@ class RegionReceiver(Protocol):
 
     async def close(self) -> None:
         """Close what this adapter created (never the caller's receiver)."""
+        ...
+
+
+# ----------------------------------------------------------------------------- ledger
+# Records are NamedTuples, not dataclasses: one is built per send or received copy, and a
+# tuple is the cheapest immutable object to build on that path.
+
+
+class RegionAttempt(NamedTuple):
+    """What one region did with a send (the ``regions`` column of the ledger).
+
+    Attributes:
+        region: The region's label; None for a copy queued for "whichever region accepts"
+            (the passive outbox).
+        outcome: One of ``georep._ledger_schema.REGION_OUTCOMES``.
+        error: The exception's class name when the region failed or was skipped.
+    """
+
+    region: str | None
+    outcome: str
+    error: str | None = None
+
+
+class SendRecord(NamedTuple):
+    """One ``send_messages`` call; the ledger writes one row per message id.
+
+    Times are wall-clock seconds since the epoch (``Clock.time()``).
+    """
+
+    message_ids: Sequence[str]
+    entity: str
+    mode: str
+    outcome: str
+    accepted_region: str | None
+    failover: bool
+    regions: Sequence[RegionAttempt]
+    started_at: float
+    finished_at: float
+
+
+class ReceiveRecord(NamedTuple):
+    """One copy a receiver got from a region, and what became of it.
+
+    Times are wall-clock seconds since the epoch; ``enqueued_at`` is the broker's.
+    """
+
+    message_id: str
+    entity: str
+    region: str
+    outcome: str
+    delivery_count: int
+    enqueued_at: float | None
+    received_at: float
+    settled_at: float | None
+
+
+@runtime_checkable
+class Ledger(Protocol):
+    """Where senders and receivers record what happened to each message (SPEC §6).
+
+    ``record_*`` are called on the event loop's thread, on every send and settled copy: they
+    must be cheap, synchronous and never block or raise (a full buffer drops and counts).
+    Senders and receivers :meth:`flush` a ledger they were given when they close; the
+    caller owns it and closes it. :class:`georep.ParquetLedger` writes Parquet files;
+    ``georep.testing.InMemoryLedger`` keeps rows in lists.
+    """
+
+    def record_send(self, record: SendRecord) -> None:
+        """Buffer one send call (one row per message id)."""
+        ...
+
+    def record_receive(self, record: ReceiveRecord) -> None:
+        """Buffer one received copy."""
+        ...
+
+    async def flush(self) -> None:
+        """Write everything buffered so far."""
+        ...
+
+    async def aclose(self) -> None:
+        """Flush and stop. Idempotent."""
         ...

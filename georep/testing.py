@@ -6,6 +6,7 @@ Nothing here does I/O or sleeps for real:
 - :class:`InMemoryRegionSender` with :class:`FakeMessage`/:class:`FakeCodec`: a region
   that accepts, fails with a chosen :class:`~georep.ports.ErrorKind`, or hangs.
 - :class:`InMemoryOutbox`: the outbox contract without a file.
+- :class:`InMemoryLedger`: the delivery ledger in lists.
 - :class:`InMemoryRegionReceiver` and :class:`InMemorySeenSet`: a peek-lock queue and the
   seen-set, on the same fake clock.
 """
@@ -25,6 +26,7 @@ from typing import Any
 
 from georep._clock import Deadline, FakeWatchdog
 from georep._slot import RegionSlot
+from georep._testing_ledger import InMemoryLedger
 from georep._testing_outbox import InMemoryOutbox
 from georep._testing_seen import InMemorySeenSet
 from georep.exceptions import (
@@ -43,6 +45,7 @@ __all__ = [
     "FakeCodec",
     "FakeMessage",
     "FakeReceivedMessage",
+    "InMemoryLedger",
     "InMemoryOutbox",
     "InMemoryRegionReceiver",
     "InMemoryRegionSender",
