@@ -28,6 +28,12 @@ from georep._policy import (  # noqa: E402
     ReplicationMode,
 )
 from georep._receiver import GeoReceiver, ReceiverHandler, ReceiverStats, receiver  # noqa: E402
+from georep._relay import (  # noqa: E402
+    DEFAULT_RELAY_FAILOVER_KINDS,
+    FailoverChannel,
+    RelayChannelStats,
+    RelayPolicy,
+)
 from georep._roles import RoleState  # noqa: E402
 from georep._sender import GeoSender, SenderStats, SendResult  # noqa: E402
 from georep._syphon import Syphon, SyphonStats  # noqa: E402
@@ -46,10 +52,11 @@ from georep.exceptions import (  # noqa: E402
     RegionUnavailableError,
     StoreUnavailableError,
 )
-from georep.ports import ClaimState, ErrorKind  # noqa: E402
+from georep.ports import ClaimState, ErrorKind, RelayRequest, RelayResponse  # noqa: E402
 
 __all__ = [
     "DEFAULT_FAILOVER_KINDS",
+    "DEFAULT_RELAY_FAILOVER_KINDS",
     "AllRegionsUnavailableError",
     "AuthenticationError",
     "ClaimState",
@@ -60,6 +67,7 @@ __all__ = [
     "EmulatorError",
     "EntityNotFoundError",
     "ErrorKind",
+    "FailoverChannel",
     "FailoverPolicy",
     "GeoReceiver",
     "GeoReplicationError",
@@ -73,6 +81,10 @@ __all__ = [
     "ReceiverStats",
     "RegionError",
     "RegionUnavailableError",
+    "RelayChannelStats",
+    "RelayPolicy",
+    "RelayRequest",
+    "RelayResponse",
     "ReplicationMode",
     "RoleState",
     "SendResult",

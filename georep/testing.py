@@ -8,6 +8,7 @@ Nothing here does I/O or sleeps for real:
 - :class:`InMemoryOutbox`: the outbox contract without a file.
 - :class:`InMemoryRegionReceiver` and :class:`InMemorySeenSet`: a peek-lock queue and the
   seen-set, on the same fake clock.
+- :class:`InMemoryRelayEndpoint`: a relay endpoint served in-process, failing on demand.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from typing import Any
 from georep._clock import Deadline, FakeWatchdog
 from georep._slot import RegionSlot
 from georep._testing_outbox import InMemoryOutbox
+from georep._testing_relay import InMemoryRelayEndpoint
 from georep._testing_seen import InMemorySeenSet
 from georep.exceptions import (
     AuthenticationError,
@@ -46,6 +48,7 @@ __all__ = [
     "InMemoryOutbox",
     "InMemoryRegionReceiver",
     "InMemoryRegionSender",
+    "InMemoryRelayEndpoint",
     "InMemorySeenSet",
 ]
 
