@@ -17,6 +17,7 @@ EXAMPLES = REPO / "examples"
 EXPECTED = {
     "passive_failover.py": "active region: secondary",
     "active_with_outbox.py": "both regions hold every message",
+    "relay_failover.py": "failovers: 1, role swaps: 1",
 }
 
 
