@@ -141,8 +141,13 @@ class FailoverChannel:
 
     Share one channel among every caller of the service: the roles (which endpoint is
     active) live in the channel, and a burst of concurrent failures swaps them once.
-    The channel does not close the endpoints it was given unless it is used as a context
-    manager or :meth:`aclose` is called with ``close_endpoints=True`` (the default).
+    Endpoints open their connections on first use, so the backup costs nothing until a
+    failover needs it. Closing the channel (``async with`` or :meth:`aclose`) closes both
+    endpoints; pass ``close_endpoints=False`` to :meth:`aclose` to keep them.
+
+    A request that failed on the active endpoint may still have reached the service (the
+    connection dropped after sending): the reissue to the backup can then run it twice.
+    Make handlers idempotent, e.g. keyed by a request id header.
 
     Example::
 
@@ -322,6 +327,11 @@ class FailoverChannel:
         backup = self._other(active)
         self.stats.failovers += 1
         self._telemetry.failover(active, backup)
+        trace.get_current_span().add_event(
+            "georep.failover",
+            {"georep.from": active, "georep.to": backup, "error.type": first.kind.value},
+        )
+        trace.get_current_span().set_attribute("georep.failover", True)
         try:
             response = await self._attempt(backup, method, path, body, headers, started, total)
         except RegionError as second:
@@ -333,8 +343,6 @@ class FailoverChannel:
         if await self._roles.swap(expected=snapshot, new_active=backup):
             self.stats.role_swaps += 1
             self._telemetry.swap(backup)
-            span = trace.get_current_span()
-            span.set_attribute("georep.failover", True)
         self._finish(started, "ok")
         return response
 

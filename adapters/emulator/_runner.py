@@ -177,6 +177,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
         for name, info in description["namespaces"].items():
             print(f"  {name}: {info['connection_string']}")
+            relay = info.get("relay") or {}
+            if relay.get("hybrid_connections"):
+                paths = ", ".join(relay["hybrid_connections"])
+                print(f"    relay: wss://127.0.0.1:{relay['port']} (hybrid connections: {paths})")
         print("Ctrl-C to stop.", flush=True)
 
     with contextlib.suppress(KeyboardInterrupt):

@@ -194,6 +194,13 @@ async def test_telemetry_records_spans_with_region_and_failover_metrics() -> Non
     assert span.attributes is not None
     assert span.attributes["georep.region"] == backup.region
     assert span.attributes["georep.failover"] is True
+    (event,) = span.events
+    assert event.name == "georep.failover"
+    assert event.attributes == {
+        "georep.from": active.region,
+        "georep.to": backup.region,
+        "error.type": "connection",
+    }
     data = reader.get_metrics_data()
     assert data is not None
     sums = {
