@@ -127,7 +127,8 @@ class RelayServer:
                 self._fail_pending(channel)
         self._channels.clear()
         for future in self._accepts.values():
-            future.cancel()
+            if not future.done():
+                future.set_exception(ConnectionError("the namespace went down"))
         self._accepts.clear()
         await asyncio.gather(
             *(s.close(code=WSCloseCode.GOING_AWAY, message=b"namespace down") for s in sockets),
@@ -301,11 +302,11 @@ class RelayServer:
             await channel.send(accept)
             async with asyncio.timeout(_ACCEPT_TIMEOUT):
                 listener_side, piped = await future
-        except (TimeoutError, ConnectionError, asyncio.CancelledError):
-            if self._runner is None:  # the namespace went down meanwhile
-                raise
+        except (TimeoutError, ConnectionError):
+            # Handshake 500: the listener did not accept in time, or went away (or the
+            # namespace went down, which closes this connection anyway).
             return self._refuse(
-                500, "Internal Server Error", "The listener did not accept in time.", path
+                500, "Internal Server Error", "The listener did not accept the connection.", path
             )
         finally:
             self._accepts.pop(accept_id, None)

@@ -18,6 +18,7 @@ from georep import (
     ErrorKind,
     FailoverChannel,
     RegionError,
+    RelayPolicy,
     RelayRequest,
     RelayResponse,
 )
@@ -279,3 +280,27 @@ async def test_plain_http_endpoint_gateway_errors_are_unavailability(
         await dead.request("GET", "/", body=b"", headers={}, timeout=5)
     await dead.close()
     assert caught.value.kind == ErrorKind.CONNECTION
+
+
+@pytest.mark.parametrize("mode", MODES)
+async def test_relay_latency_delays_requests_and_past_the_deadline_fails_over(
+    emulator: Emulator, listener: HybridConnectionListener, mode: str
+) -> None:
+    context = emulator.ssl_context()
+    endpoints = tuple(
+        HybridConnectionEndpoint(connection(emulator, region), mode=mode, ssl_context=context)
+        for region in ("primary", "secondary")
+    )
+    policy = RelayPolicy(attempt_timeout=1.0)
+    async with FailoverChannel(endpoints, policy=policy, rng=random.Random(3)) as channel:  # type: ignore[arg-type]
+        await channel.request("GET", "/warm")  # connections open before the fault
+        active, backup = channel.active, channel.backup
+        emulator.namespace(active).latency(0.3)
+        started = time.monotonic()
+        slow = await channel.request("GET", "/slow")
+        assert time.monotonic() - started >= 0.3
+        assert slow.region == active
+        emulator.namespace(active).latency(5)
+        response = await channel.request("GET", "/too-slow")
+        assert response.region == backup
+        assert channel.stats.role_swaps == 1
