@@ -78,8 +78,10 @@ async def latency(emu: Emulator, mode: str, requests: int, chunks: int = 20) -> 
     for call in calls.values():  # warm-up: connections, TLS sessions, tokens
         await timed(call, 50, [])
     per_chunk = max(1, requests // chunks)
-    for _ in range(chunks):
-        for name, call in calls.items():
+    for chunk in range(chunks):
+        # Alternate which variant goes first, so neither always follows the other.
+        order = list(calls.items()) if chunk % 2 == 0 else list(reversed(calls.items()))
+        for name, call in order:
             await timed(call, per_chunk, samples[name])
     base = statistics.median(samples["direct endpoint"])
     base_p99 = percentile(samples["direct endpoint"], 0.99)

@@ -263,6 +263,12 @@ class HybridConnectionEndpoint:
             return await future
         finally:
             self._pending.pop(request_id, None)
+            # When sending failed, the reader may have failed this future too: mark it
+            # seen (the caller gets the send's error), or asyncio reports it as lost.
+            if not future.done():
+                future.cancel()
+            elif not future.cancelled():
+                future.exception()
 
     async def close(self) -> None:
         """Close the HTTP session and the relayed websocket (idempotent)."""
