@@ -8,9 +8,9 @@ One run, on the emulator's relay (TLS on loopback) with the real listener and se
    take turns in chunks so that machine-speed drift hits both alike; the ratio is
    channel / direct in the same run.
 2. Failover time, ``--trials`` per mode: the active namespace goes ``outage()`` (its relay
-   closes every websocket with 1001 and stops listening), then the time of the next
-   ``channel.request`` (refused or closed on the active, reissued to the backup) and the
-   latency it added over a normal request.
+   closes every websocket with 1001 and stops listening), or its relay reports no listener
+   (HTTP mode, 404), then the time of the next ``channel.request`` (refused or closed on
+   the active, reissued to the backup) and the latency it added over a normal request.
 
     .venv/bin/python benchmarks/relay.py [--requests 2000] [--trials 10]
 """
@@ -97,7 +97,7 @@ async def latency(emu: Emulator, mode: str, requests: int, chunks: int = 20) -> 
 
 
 async def failover(
-    emu: Emulator, listener: HybridConnectionListener, mode: str, trials: int
+    emu: Emulator, listener: HybridConnectionListener, mode: str, fault: str, trials: int
 ) -> None:
     times: list[float] = []
     added: list[float] = []
@@ -106,7 +106,10 @@ async def failover(
         normal: list[float] = []
         await timed(lambda c=channel: c.request("POST", "/echo", body=BODY), 30, normal)
         active = channel.active
-        await asyncio.to_thread(emu.namespace(active).outage)
+        if fault == "outage":
+            await asyncio.to_thread(emu.namespace(active).outage)
+        else:
+            await asyncio.to_thread(emu.namespace(active).relay_no_listener, PATHS[active])
         fault_at = time.perf_counter()
         response = await channel.request("POST", "/echo", body=BODY)
         done_at = time.perf_counter()
@@ -117,7 +120,8 @@ async def failover(
         await asyncio.to_thread(emu.namespace(active).restore)
         await listener.wait_online()
     print(
-        f"{mode:10} {statistics.median(times) * 1e3:8.1f} {percentile(times, 0.99) * 1e3:8.1f}"
+        f"{mode:10} {fault:12} {statistics.median(times) * 1e3:8.1f}"
+        f" {percentile(times, 0.99) * 1e3:8.1f}"
         f" {statistics.median(added) * 1e3:10.1f} {percentile(added, 0.99) * 1e3:10.1f}"
     )
 
@@ -137,9 +141,18 @@ async def main(requests: int, trials: int) -> None:
             for mode in ("http", "websocket"):
                 await latency(emu, mode, requests)
             print(f"\nFailover, {trials} trials per mode (outage -> answer from the backup)")
-            print(f"{'mode':10} {'p50 ms':>8} {'p99 ms':>8} {'added p50':>10} {'added p99':>10}")
-            for mode in ("http", "websocket"):
-                await failover(emu, listener, mode, trials)
+            print(
+                f"{'mode':10} {'fault':12} {'p50 ms':>8} {'p99 ms':>8} "
+                f"{'added p50':>10} {'added p99':>10}"
+            )
+            # "no listener" only affects new relayed connections: HTTP mode meets it on
+            # every request, WebSocket mode only when it (re)connects.
+            for mode, fault in (
+                ("http", "outage"),
+                ("websocket", "outage"),
+                ("http", "no listener"),
+            ):
+                await failover(emu, listener, mode, fault, trials)
 
 
 if __name__ == "__main__":

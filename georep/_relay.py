@@ -159,12 +159,17 @@ class FailoverChannel:
         policy: Failover kinds and timeouts (:class:`RelayPolicy`).
         rng: Random source for the initial pick (seed it in tests); default
             ``random.SystemRandom()``.
+        role_state: Share roles with other channels to the same service (each gets its
+            own endpoints): pass one :class:`georep.RoleState` whose ``active`` is one of
+            the labels, e.g. ``RoleState(random.choice(["primary", "secondary"]))``.
+            Default: the channel's own, picked at random on first use.
         clock: Time source (``georep.testing.FakeClock`` in tests).
         tracer_provider: OpenTelemetry tracer provider; default the global one.
         meter_provider: OpenTelemetry meter provider; default the global one.
 
     Raises:
-        ConfigurationError: Not exactly two endpoints, or both with the same label.
+        ConfigurationError: Not exactly two endpoints, both with the same label or
+            address, or a ``role_state`` naming neither.
     """
 
     def __init__(
@@ -173,6 +178,7 @@ class FailoverChannel:
         *,
         policy: RelayPolicy | None = None,
         rng: random.Random | None = None,
+        role_state: RoleState | None = None,
         clock: Clock | None = None,
         tracer_provider: trace.TracerProvider | None = None,
         meter_provider: metrics.MeterProvider | None = None,
@@ -196,7 +202,12 @@ class FailoverChannel:
         self._policy = policy or RelayPolicy()
         self._rng = rng or random.SystemRandom()
         self._clock: Clock = clock or SystemClock()
-        self._roles: RoleState | None = None
+        if role_state is not None and role_state.current.active not in self._endpoints:
+            raise ConfigurationError(
+                f"role_state has {role_state.current.active!r} active, which is neither "
+                f"endpoint ({', '.join(sorted(self._endpoints))}): label the endpoints alike"
+            )
+        self._roles: RoleState | None = role_state
         self._telemetry = _ChannelTelemetry(tracer_provider, meter_provider, time.monotonic)
         self._closed = False
         self.stats = RelayChannelStats()

@@ -22,6 +22,7 @@ from georep import (
     RelayPolicy,
     RelayRequest,
     RelayResponse,
+    RoleState,
 )
 from georep.testing import FakeClock, InMemoryRelayEndpoint
 
@@ -239,3 +240,16 @@ async def test_closed_channel_refuses_requests_and_closes_endpoints_once() -> No
     await channel.aclose()
     with pytest.raises(ClosedError):
         await channel.request("GET", "/")
+
+
+async def test_channels_sharing_a_role_state_swap_once_for_all() -> None:
+    roles = RoleState("primary")
+    first, p1, _ = make_channel(role_state=roles)
+    second, p2, _ = make_channel(role_state=roles)
+    p1.fail_with(ErrorKind.CONNECTION)
+    p2.fail_with(ErrorKind.CONNECTION)
+    await asyncio.gather(first.request("GET", "/a"), second.request("GET", "/b"))
+    assert roles.swaps == 1
+    assert first.active == second.active == "secondary"
+    with pytest.raises(ConfigurationError, match="neither endpoint"):
+        make_channel(role_state=RoleState("west"))
