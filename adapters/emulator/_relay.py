@@ -34,9 +34,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import datetime
-import itertools
 import json
 import logging
+import random
 import ssl
 import time
 import uuid
@@ -91,7 +91,6 @@ class RelayServer:
         self.hybrid_connections: set[str] = {p.strip("/") for p in hybrid_connections}
         self.no_listener: set[str] = set()
         self._channels: dict[str, list[_ControlChannel]] = {}
-        self._round_robin = itertools.count()
         # Pending sender connections by accept id: the listener's rendezvous socket, and
         # an event the sender's side sets once the pipe between them is over.
         self._accepts: dict[str, asyncio.Future[tuple[web.WebSocketResponse, asyncio.Event]]] = {}
@@ -184,7 +183,8 @@ class RelayServer:
         channels = [c for c in self._channels.get(path, ()) if not c.socket.closed]
         if not channels:
             return None
-        return channels[next(self._round_robin) % len(channels)]
+        # Azure spreads connections over a hybrid connection's listeners at random.
+        return random.choice(channels)
 
     @staticmethod
     def _fail_pending(channel: _ControlChannel) -> None:
