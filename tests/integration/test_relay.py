@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import random
 import ssl
 import time
@@ -304,3 +305,27 @@ async def test_relay_latency_delays_requests_and_past_the_deadline_fails_over(
         response = await channel.request("GET", "/too-slow")
         assert response.region == backup
         assert channel.stats.role_swaps == 1
+
+
+async def test_tokens_and_keys_never_reach_the_logs(
+    emulator: Emulator, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.DEBUG)
+    hc = connection(emulator, "primary")
+    context = emulator.ssl_context()
+    async with HybridConnectionListener(
+        [hc], handler, ssl_context=context, token_ttl=3, renew_before=2
+    ) as serving:
+        await serving.wait_online()
+        for mode in MODES:
+            endpoint = HybridConnectionEndpoint(hc, mode=mode, ssl_context=context)
+            await endpoint.request("POST", "/x", body=b"1", headers={}, timeout=5)
+            await endpoint.close()
+        await asyncio.sleep(1.5)  # one renewToken
+        assert serving.stats.renewals >= 1
+    emulator.namespace("primary").outage()  # reconnect attempts log their failures
+    async with HybridConnectionListener([hc], handler, ssl_context=context, start_timeout=0.5):
+        await asyncio.sleep(0.5)
+    assert caplog.records, "nothing was logged at all: the test would prove nothing"
+    assert "sig=" not in caplog.text and "sb-hc-token" not in caplog.text
+    assert hc.key not in caplog.text
