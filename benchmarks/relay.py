@@ -12,7 +12,11 @@ One run, on the emulator's relay (TLS on loopback) with the real listener and se
    (HTTP mode, 404), then the time of the next ``channel.request`` (refused or closed on
    the active, reissued to the backup) and the latency it added over a normal request.
 
-    .venv/bin/python benchmarks/relay.py [--requests 2000] [--trials 10]
+3. Throughput: the same requests from ``--concurrency`` callers sharing one endpoint (or
+   one channel): HTTP mode uses a pool of HTTPS connections, WebSocket mode multiplexes
+   every caller over one relayed websocket.
+
+    .venv/bin/python benchmarks/relay.py [--requests 2000] [--trials 10] [--concurrency 32]
 """
 
 from __future__ import annotations
@@ -96,6 +100,36 @@ async def latency(emu: Emulator, mode: str, requests: int, chunks: int = 20) -> 
     await channel.aclose()
 
 
+async def throughput(emu: Emulator, mode: str, requests: int, concurrency: int) -> None:
+    """Requests per second with ``concurrency`` callers sharing one endpoint or channel."""
+    direct_pair = endpoints(emu, mode)
+    channel = FailoverChannel(endpoints(emu, mode), rng=random.Random(0))  # type: ignore[arg-type]
+    direct = direct_pair[0] if channel.active == "primary" else direct_pair[1]
+
+    async def direct_call() -> RelayResponse:
+        return await direct.request("POST", "/echo", body=BODY, headers={}, timeout=30)
+
+    async def channel_call() -> RelayResponse:
+        return await channel.request("POST", "/echo", body=BODY)
+
+    calls = {"direct endpoint": direct_call, "FailoverChannel": channel_call}
+    elapsed = dict.fromkeys(calls, 0.0)
+    per_caller = max(1, requests // concurrency // 4)
+    for call in calls.values():  # warm-up: every caller's connection
+        await asyncio.gather(*(timed(call, 5, []) for _ in range(concurrency)))
+    # Rounds in the order A B B A, so drift in machine speed hits both alike.
+    for name in ("direct endpoint", "FailoverChannel", "FailoverChannel", "direct endpoint"):
+        started = time.perf_counter()
+        await asyncio.gather(*(timed(calls[name], per_caller, []) for _ in range(concurrency)))
+        elapsed[name] += time.perf_counter() - started
+    rates = {name: 2 * per_caller * concurrency / seconds for name, seconds in elapsed.items()}
+    for name, rate in rates.items():
+        print(f"{mode:10} {name:18} {rate:9,.0f} {rate / rates['direct endpoint']:9.2f}")
+    for endpoint in direct_pair:
+        await endpoint.close()
+    await channel.aclose()
+
+
 async def failover(
     emu: Emulator, listener: HybridConnectionListener, mode: str, fault: str, trials: int
 ) -> None:
@@ -126,7 +160,7 @@ async def failover(
     )
 
 
-async def main(requests: int, trials: int) -> None:
+async def main(requests: int, trials: int, concurrency: int) -> None:
     async with Emulator(hybrid_connections=tuple(PATHS.values())) as emu:
         connections = [emu.namespace(r).hybrid_connection(p) for r, p in PATHS.items()]
         async with HybridConnectionListener(
@@ -140,6 +174,10 @@ async def main(requests: int, trials: int) -> None:
             )
             for mode in ("http", "websocket"):
                 await latency(emu, mode, requests)
+            print(f"\nThroughput, {requests} requests from {concurrency} concurrent callers")
+            print(f"{'mode':10} {'variant':18} {'req/s':>9} {'x direct':>9}")
+            for mode in ("http", "websocket"):
+                await throughput(emu, mode, requests, concurrency)
             print(f"\nFailover, {trials} trials per mode (outage -> answer from the backup)")
             print(
                 f"{'mode':10} {'fault':12} {'p50 ms':>8} {'p99 ms':>8} "
@@ -159,5 +197,6 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     parser.add_argument("--requests", type=int, default=2000)
     parser.add_argument("--trials", type=int, default=10)
+    parser.add_argument("--concurrency", type=int, default=32)
     arguments = parser.parse_args()
-    asyncio.run(main(arguments.requests, arguments.trials))
+    asyncio.run(main(arguments.requests, arguments.trials, arguments.concurrency))
