@@ -9,7 +9,7 @@ One run, on the emulator's relay (TLS on loopback) with the real listener and se
    channel / direct in the same run.
 2. Failover time, ``--trials`` per mode: the active namespace goes ``outage()`` (its relay
    closes every websocket with 1001 and stops listening), or its relay reports no listener
-   (HTTP mode, 404), then the time of the next ``channel.request`` (refused or closed on
+   (HTTP mode, 503), then the time of the next ``channel.request`` (refused or closed on
    the active, reissued to the backup) and the latency it added over a normal request.
 
 3. Throughput: the same requests from ``--concurrency`` callers sharing one endpoint (or

@@ -96,7 +96,7 @@ class NamespaceControl:
 
     def relay_no_listener(self, path: str, on: bool = True) -> None:
         """Answer senders of ``path`` as if no listener were connected (until ``on=False``
-        or :meth:`restore`): HTTP 404 and websocket handshake 404, "There are no listeners
+        or :meth:`restore`): HTTP 503 and websocket handshake 404, "There are no listeners
         connected for the endpoint"."""
         self._fault("relay-no-listener", {"path": path, "on": on})
 

@@ -17,11 +17,16 @@ certificate (``wss://`` and ``https://`` on its own loopback port, like Azure):
   the relay forwards it as a ``request`` frame (``id``, ``method``, ``requestTarget``,
   ``requestHeaders``, ``body``) and answers with the listener's ``response``.
 
-Relay-level refusals carry ``TrackingId:`` in the body, as Azure's do: 401 (token
-missing, wrong key, expired, other audience), 404 (no such hybrid connection, or "There
-are no listeners connected for the endpoint"), 413 (request body over 64 kB: the
-rendezvous path for large HTTP requests is not emulated), 502 (the listener went away
-mid-request), 504 (the listener did not answer in time).
+Bodies over 64 kB take the rendezvous path: the control channel gets a ``request`` with
+only ``address`` and ``id``, the listener opens ``sb-hc-action=request&sb-hc-id=…`` and
+the whole request travels there; a listener may also answer any request on such a socket
+(required for responses over 64 kB). The relay closes a rendezvous socket after its answer.
+
+Relay-level refusals carry ``TrackingId:`` in the body, and answers from a listener carry a
+``Via`` header naming the relay, which is how a sender tells them apart (as with Azure):
+401 (token missing, malformed, wrong key or expired), 403 (token for another path), 404
+(no such hybrid connection; at a websocket handshake also "no listener"), 503 (HTTP: no
+listener connected), 502 (the listener went away mid-request), 504 (no answer within 60 s).
 
 Faults: the namespace's outage closes every websocket with 1001 and stops listening;
 ``restore`` listens again on the same port; latency delays every relayed request and
@@ -43,7 +48,7 @@ import uuid
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
-from urllib.parse import parse_qs, urlsplit
+from urllib.parse import parse_qs, urlencode, urlsplit
 
 from aiohttp import WSCloseCode, WSMsgType, web
 
@@ -54,9 +59,29 @@ __all__ = ["RelayServer"]
 
 _LOG = logging.getLogger("georep.emulator.relay")
 _BODY_LIMIT = 64 * 1024
-_ANSWER_TIMEOUT = 30.0
-_ACCEPT_TIMEOUT = 10.0
-_RELAY_HEADERS = frozenset({"servicebusauthorization", "host", "content-length", "connection"})
+# A listener must answer a request within 60 s, or the delivery counts as failed.
+_ANSWER_TIMEOUT = 60.0
+# The rendezvous URL is good for about as long as a sender waits for a connection.
+_ACCEPT_TIMEOUT = 30.0
+# Never forwarded: the token, and the RFC 7230 connection headers (Via is annotated).
+_RELAY_HEADERS = frozenset(
+    {
+        "servicebusauthorization",
+        "authorization",
+        "connection",
+        "content-length",
+        "host",
+        "te",
+        "trailer",
+        "transfer-encoding",
+        "upgrade",
+        "close",
+        "via",
+        "sec-websocket-key",
+        "sec-websocket-version",
+        "sec-websocket-extensions",
+    }
+)
 
 
 @dataclass(eq=False)
@@ -104,7 +129,7 @@ class RelayServer:
         return f"127.0.0.1:{self.port}"
 
     async def start(self) -> None:
-        app = web.Application(client_max_size=_BODY_LIMIT * 4)
+        app = web.Application(client_max_size=16 * 1024 * 1024)
         app.router.add_route("GET", "/$hc/{path:.+}", self._websocket)
         app.router.add_route("*", "/{path:.*}", self._http)
         runner = web.AppRunner(app, access_log=None, shutdown_timeout=1.0)
@@ -162,8 +187,12 @@ class RelayServer:
         return None
 
     def _authorize(self, request: web.Request, path: str) -> float | web.Response:
-        """The token's expiry, or the 401 refusal (never echoing the token)."""
-        token = request.headers.get("ServiceBusAuthorization") or request.query.get("sb-hc-token")
+        """The token's expiry, or the 401/403 refusal (never echoing the token)."""
+        token = (
+            request.headers.get("ServiceBusAuthorization")
+            or request.headers.get("Authorization")
+            or request.query.get("sb-hc-token")
+        )
         if not token:
             return self._refuse(401, "Unauthorized", "MissingToken: no SAS token.", path)
         try:
@@ -173,7 +202,7 @@ class RelayServer:
         audience_path = _audience_path(token)
         if audience_path and audience_path != path:
             return self._refuse(
-                401, "Unauthorized", f"InvalidToken: the token is for '{audience_path}'.", path
+                403, "Forbidden", f"The token is not valid for this path ({audience_path}).", path
             )
         return expiry
 
@@ -202,7 +231,7 @@ class RelayServer:
     async def _websocket(self, request: web.Request) -> web.StreamResponse:
         action = request.query.get("sb-hc-action", "")
         path = self._match(request.match_info["path"])
-        if action == "accept":
+        if action in ("accept", "request"):
             return await self._rendezvous(request)
         if path is None:
             return self._refuse(
@@ -325,7 +354,7 @@ class RelayServer:
     async def _rendezvous(self, request: web.Request) -> web.StreamResponse:
         future = self._accepts.get(request.query.get("sb-hc-id", ""))
         if future is None or future.done():
-            return self._refuse(404, "Not Found", "No pending connection with this id.", "")
+            return self._refuse(403, "Forbidden", "The rendezvous URL is not valid (expired?).", "")
         socket = web.WebSocketResponse(max_msg_size=0, compress=False)
         await socket.prepare(request)
         self._sockets.add(socket)
@@ -376,57 +405,112 @@ class RelayServer:
         if isinstance(authorized, web.Response):
             return authorized
         body = await request.read()
-        if len(body) > _BODY_LIMIT:
-            return self._refuse(
-                413, "Payload Too Large", "Request bodies over 64 kB are not emulated.", path
-            )
         await self._delay()
         channel = self._listener_for(path)
         if channel is None:
             return self._refuse(
-                404, "Not Found", "There are no listeners connected for the endpoint.", path
+                503,
+                "Service Unavailable",
+                "There are no listeners connected for the endpoint.",
+                path,
             )
         self.requests += 1
         request_id = uuid.uuid4().hex
-        future: asyncio.Future[tuple[dict[str, Any], bytes]] = (
-            asyncio.get_running_loop().create_future()
+        loop = asyncio.get_running_loop()
+        answered: asyncio.Future[tuple[dict[str, Any], bytes]] = loop.create_future()
+        rendezvous: asyncio.Future[tuple[web.WebSocketResponse, asyncio.Event]] = (
+            loop.create_future()
         )
-        channel.pending[request_id] = future
-        query = [(k, v) for k, v in request.query.items() if k != "sb-hc-token"]
-        target = request.path + ("?" + "&".join(f"{k}={v}" for k, v in query) if query else "")
+        self._accepts[request_id] = rendezvous
+        address = f"wss://{self.host}/$hc/{path}?sb-hc-action=request&sb-hc-id={request_id}"
         head = {
             "request": {
+                "address": address,
                 "id": request_id,
+                "requestTarget": _request_target(request),
                 "method": request.method,
-                "requestTarget": target,
-                "requestHeaders": _forwarded_headers(request),
+                "requestHeaders": {**_forwarded_headers(request), "Via": self._via(request)},
                 "remoteEndpoint": _remote_endpoint(request),
                 "body": bool(body),
             }
         }
+        socket: web.WebSocketResponse | None = None
+        piped: asyncio.Event | None = None
         try:
-            await channel.send(head, body)
             async with asyncio.timeout(_ANSWER_TIMEOUT):
-                answer, payload = await future
+                if len(body) > _BODY_LIMIT:
+                    # Too large for the control channel: only the address goes there, and
+                    # the whole request travels on the rendezvous socket the listener opens.
+                    await channel.send({"request": {"address": address, "id": request_id}})
+                    socket, piped = await rendezvous
+                    await socket.send_str(json.dumps(head))
+                    await socket.send_bytes(body)
+                    answer, payload = await _read_response(socket)
+                else:
+                    channel.pending[request_id] = answered
+                    await channel.send(head, body)
+                    # The listener answers on the control channel, or (a response over
+                    # 64 kB) on a rendezvous socket it opens at the request's address.
+                    either: set[asyncio.Future[Any]] = {answered, rendezvous}
+                    await asyncio.wait(either, return_when=asyncio.FIRST_COMPLETED)
+                    if answered.done():
+                        answer, payload = answered.result()
+                    else:
+                        socket, piped = rendezvous.result()
+                        answer, payload = await _read_response(socket)
         except TimeoutError:
             return self._refuse(
                 504, "Gateway Timeout", "The listener did not answer in time.", path
             )
-        except ConnectionError:
+        except (ConnectionError, ValueError, KeyError):
             return self._refuse(502, "Bad Gateway", "The listener went away.", path)
         finally:
             channel.pending.pop(request_id, None)
+            self._accepts.pop(request_id, None)
+            if not answered.done():
+                answered.cancel()
+            if socket is not None and not socket.closed:
+                await socket.close()
+            if piped is not None:
+                piped.set()
         headers = {
             k: str(v)
             for k, v in dict(answer.get("responseHeaders") or {}).items()
-            if k.lower() not in ("content-length", "transfer-encoding", "connection")
+            if k.lower() not in _RELAY_HEADERS
         }
+        # Via tells the sender the answer came from the listener, not from the relay.
+        headers["Via"] = self._via(request)
         return web.Response(
             status=int(answer.get("statusCode", 200)),
             reason=answer.get("statusDescription") or None,
             headers=headers,
             body=payload,
         )
+
+    def _via(self, request: web.Request) -> str:
+        hop = f"1.1 {self.host}"
+        previous = request.headers.get("Via")
+        return f"{previous}, {hop}" if previous else hop
+
+
+async def _read_response(socket: web.WebSocketResponse) -> tuple[dict[str, Any], bytes]:
+    """A ``response`` head and its body frame from a rendezvous socket."""
+    message = await socket.receive()
+    if message.type != WSMsgType.TEXT:
+        raise ConnectionError("the rendezvous socket closed before the response")
+    head = json.loads(message.data)["response"]
+    if not head.get("body"):
+        return head, b""
+    message = await socket.receive()
+    if message.type != WSMsgType.BINARY:
+        raise ConnectionError("the rendezvous socket closed before the response body")
+    return head, message.data
+
+
+def _request_target(request: web.Request) -> str:
+    """Path and query as the sender gave them, without the relay's own ``sb-hc-`` parameters."""
+    query = [(k, v) for k, v in request.query.items() if not k.lower().startswith("sb-hc-")]
+    return request.path + ("?" + urlencode(query) if query else "")
 
 
 def _audience_path(token: str) -> str:

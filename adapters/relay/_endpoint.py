@@ -28,7 +28,7 @@ from ._errors import (
     GATEWAY_STATUSES,
     closed_error,
     http_status_kind,
-    is_relay_error_body,
+    is_relay_refusal,
     translate,
     unavailable,
 )
@@ -44,6 +44,18 @@ quiet_logger = logging.Logger("georep.relay.wire", level=logging.ERROR)
 _HOP_HEADERS = frozenset(
     {"connection", "transfer-encoding", "content-length", "keep-alive", "upgrade", "host"}
 )
+
+
+# What the relay means by its own answers (Hybrid Connections protocol, HTTP requests).
+_RELAY_REASONS = {
+    401: "(token missing, malformed or expired)",
+    403: "(token not valid for this path)",
+    404: "(no such hybrid connection)",
+    500: "(relay error)",
+    502: "(bad gateway)",
+    503: "(no listener could take the request)",
+    504: "(the listener did not answer in time)",
+}
 
 
 class RelayMode(enum.StrEnum):
@@ -172,16 +184,11 @@ class HybridConnectionEndpoint:
         ) as response:
             payload = await response.read()
             status = response.status
-            if status in GATEWAY_STATUSES:
-                raise unavailable(
-                    self.region, ErrorKind.SERVICE_ERROR, f"the relay answered {status}"
-                )
-            if status in (401, 403, 404) and is_relay_error_body(payload):
-                reason = "no listener" if status == 404 else "refused the token"
+            if status in GATEWAY_STATUSES or is_relay_refusal(status, response.headers):
                 raise unavailable(
                     self.region,
                     http_status_kind(status),
-                    f"the relay answered {status} ({reason})",
+                    f"the relay answered {status} {_RELAY_REASONS.get(status, response.reason)}",
                 )
             return RelayResponse(status, _clean(response.headers), payload, self.region)
 

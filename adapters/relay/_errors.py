@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import ssl
+from collections.abc import Mapping
 
 import aiohttp
 from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidStatus
@@ -15,7 +16,7 @@ __all__ = [
     "GATEWAY_STATUSES",
     "closed_error",
     "http_status_kind",
-    "is_relay_error_body",
+    "is_relay_refusal",
     "translate",
     "unavailable",
 ]
@@ -45,14 +46,14 @@ def http_status_kind(status: int) -> ErrorKind:
     return ErrorKind.UNKNOWN
 
 
-def is_relay_error_body(body: bytes) -> bool:
-    """True when an HTTP-mode error body comes from the relay, not from the listener.
+def is_relay_refusal(status: int, headers: Mapping[str, str]) -> bool:
+    """True when an HTTP-mode error answer comes from the relay, not from the listener.
 
-    Azure Relay's own error answers carry a ``TrackingId`` (and, with no listener
-    connected, say so); the emulator's do too. A service's own 401/403/404 does not.
+    The relay adds a ``Via`` header to every answer it forwards from a listener, so an
+    answer without one is the relay's own (documented in the Hybrid Connections protocol):
+    401/403 (token refused), 404 (no such hybrid connection), 500, 503 (no listener).
     """
-    text = body[:2048].decode("utf-8", "replace")
-    return "TrackingId:" in text or "no listeners connected" in text.lower()
+    return status >= 400 and "via" not in {name.lower() for name in headers}
 
 
 def unavailable(region: str, kind: ErrorKind, message: str) -> RegionUnavailableError:

@@ -8,6 +8,9 @@ backoff, and sends ``renewToken`` before its token expires. From the relay it ta
   ``body`` is true, the body in the next binary frame. The handler's answer goes back as a
   ``response`` frame (``requestId``, ``statusCode``, ``statusDescription``,
   ``responseHeaders``, ``body``) followed by one binary frame with the body.
+- a ``request`` frame with only ``address`` (a request over 64 kB): it opens the rendezvous
+  websocket there (``sb-hc-action=request``), takes the request and answers on it; a
+  response over 64 kB also goes on a rendezvous socket opened at the request's address.
 - ``accept`` frames (WebSocket mode): it opens the rendezvous websocket at ``address`` and
   serves georep's request framing on it (see :class:`RelayMode`).
 """
@@ -244,20 +247,16 @@ class HybridConnectionListener:
             message = json.loads(await control.recv())
             if "request" in message:
                 request = message["request"]
+                prefix = "/" + quote(connection.path)
+                if "method" not in request:
+                    # Over 64 kB: the request waits on a rendezvous socket at ``address``.
+                    self._spawn(self._request_rendezvous(str(request["address"]), prefix))
+                    continue
                 body = b""
                 if request.get("body"):
                     frame = await control.recv()
                     body = frame if isinstance(frame, bytes) else frame.encode()
-                self._spawn(
-                    self._answer(
-                        request,
-                        body,
-                        control,
-                        send_lock,
-                        body_limit=_CONTROL_BODY_LIMIT,
-                        prefix="/" + quote(connection.path),
-                    )
-                )
+                self._spawn(self._answer(request, body, control, send_lock, prefix=prefix))
             elif "accept" in message:
                 self._spawn(self._accept(message["accept"]))
             else:
@@ -271,11 +270,20 @@ class HybridConnectionListener:
     async def _call_handler(self, request: RelayRequest) -> RelayResponse:
         self.stats.requests += 1
         try:
-            return await self._handler(request)
+            response = await self._handler(request)
         except Exception:
             self.stats.handler_errors += 1
             _LOG.exception("relay handler failed for %s %s", request.method, request.target)
             return RelayResponse(500, {"content-type": "text/plain"}, b"handler failed")
+        if response.status in (502, 504):
+            # The protocol reserves 502 and 504 for the relay itself (senders read them as
+            # "the endpoint is unavailable"); a listener may not send them.
+            _LOG.warning(
+                "relay handler answered %d, which only the relay may send; sending 500",
+                response.status,
+            )
+            return RelayResponse(500, response.headers, response.body)
+        return response
 
     async def _answer(
         self,
@@ -284,8 +292,8 @@ class HybridConnectionListener:
         socket: ClientConnection,
         send_lock: asyncio.Lock,
         *,
-        body_limit: int | None = None,
         prefix: str = "",
+        on_control_channel: bool = True,
     ) -> None:
         # The relay's requestTarget starts with the hybrid connection's path; the handler
         # sees the part below it, the same on every endpoint whatever its name.
@@ -302,28 +310,49 @@ class HybridConnectionListener:
                 body,
             )
         )
-        if body_limit is not None and len(response.body) > body_limit:
-            # Larger answers need the relay's rendezvous path, not implemented here.
-            response = RelayResponse(
-                500, {"content-type": "text/plain"}, b"response over 64 kB not supported"
-            )
+        head = _response_head(str(request["id"]), response, bool(response.body))
+        if on_control_channel and len(response.body) > _CONTROL_BODY_LIMIT:
+            # Responses over 64 kB go on a rendezvous socket opened at the request's address.
+            await self._send_on_rendezvous(str(request.get("address", "")), head, response.body)
+            return
         with contextlib.suppress(ConnectionClosed):
             async with send_lock:
-                await socket.send(_response_head(str(request["id"]), response, bool(response.body)))
+                await socket.send(head)
                 if response.body:
                     await socket.send(response.body)
+
+    async def _open_rendezvous(self, address: str) -> ClientConnection:
+        return await websockets.connect(
+            address, ssl=self._ssl, proxy=None, compression=None, max_size=None, logger=quiet_logger
+        )
+
+    async def _send_on_rendezvous(self, address: str, head: str, body: bytes) -> None:
+        try:
+            async with await self._open_rendezvous(address) as socket:
+                await socket.send(head)
+                await socket.send(body)
+        except Exception as exc:
+            _LOG.info("relay listener: response rendezvous failed (%s)", type(exc).__name__)
+
+    async def _request_rendezvous(self, address: str, prefix: str) -> None:
+        """Take a request (over 64 kB) from its rendezvous socket and answer there."""
+        try:
+            async with await self._open_rendezvous(address) as socket:
+                request = json.loads(await socket.recv())["request"]
+                body = b""
+                if request.get("body"):
+                    frame = await socket.recv()
+                    body = frame if isinstance(frame, bytes) else frame.encode()
+                await self._answer(
+                    request, body, socket, asyncio.Lock(), prefix=prefix, on_control_channel=False
+                )
+        except Exception as exc:
+            _LOG.info("relay listener: request rendezvous failed (%s)", type(exc).__name__)
 
     # -- rendezvous (WebSocket mode) -----------------------------------------------------
     async def _accept(self, accept: dict[str, Any]) -> None:
         try:
-            socket = await websockets.connect(
-                str(accept["address"]),
-                ssl=self._ssl,
-                proxy=None,
-                compression=None,
-                max_size=None,
-                logger=quiet_logger,
-            )
+            socket = await self._open_rendezvous(str(accept["address"]))
         except Exception as exc:
             _LOG.info("relay listener: rendezvous failed (%s)", type(exc).__name__)
             return
@@ -338,7 +367,9 @@ class HybridConnectionListener:
                     if request.get("body"):
                         frame = await socket.recv()
                         body = frame if isinstance(frame, bytes) else frame.encode()
-                    self._spawn(self._answer(request, body, socket, send_lock))
+                    self._spawn(
+                        self._answer(request, body, socket, send_lock, on_control_channel=False)
+                    )
         except ConnectionClosed:
             return
         except (ValueError, KeyError, TypeError):

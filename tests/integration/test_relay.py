@@ -57,6 +57,8 @@ def connection(emulator: Emulator, region: str) -> HybridConnection:
 
 
 async def handler(request: RelayRequest) -> RelayResponse:
+    if request.target.startswith("/big"):
+        return RelayResponse(200, {}, b"z" * 100_000)
     if request.target.startswith("/bad"):
         return RelayResponse(400, {"content-type": "text/plain"}, b"bad input")
     return RelayResponse(200, {"x-target": request.target}, b"echo:" + request.body)
@@ -200,7 +202,9 @@ async def test_no_listener_fails_over_to_the_other_endpoint(
         with pytest.raises(RegionError) as caught:
             await endpoint.request("GET", "/", body=b"", headers={}, timeout=5)
         await endpoint.close()
-        assert caught.value.kind == ErrorKind.ENTITY_NOT_FOUND
+        # HTTP: the relay answers 503 without a Via header; WebSocket: handshake 404.
+        expected = ErrorKind.SERVICE_ERROR if mode == "http" else ErrorKind.ENTITY_NOT_FOUND
+        assert caught.value.kind == expected
         response = await channel.request("GET", "/ping")
         assert response.region == backup
         assert channel.stats.role_swaps == 1
@@ -329,3 +333,51 @@ async def test_tokens_and_keys_never_reach_the_logs(
     assert caplog.records, "nothing was logged at all: the test would prove nothing"
     assert "sig=" not in caplog.text and "sb-hc-token" not in caplog.text
     assert hc.key not in caplog.text
+
+
+@pytest.mark.parametrize("size", [10, 100_000])
+async def test_large_requests_and_responses_take_the_rendezvous_path(
+    emulator: Emulator, listener: HybridConnectionListener, size: int
+) -> None:
+    hc = connection(emulator, "primary")
+    endpoint = HybridConnectionEndpoint(hc, ssl_context=emulator.ssl_context())
+    try:
+        # Over 64 kB: the request arrives on a rendezvous socket, the echo goes back on one.
+        body = bytes(range(256)) * (size // 256 + 1)
+        response = await endpoint.request("PUT", "/blob?x=1", body=body, headers={}, timeout=10)
+    finally:
+        await endpoint.close()
+    assert response.status == 200
+    assert response.body == b"echo:" + body
+    assert response.headers["x-target"] == "/blob?x=1"
+    assert response.headers["Via"].endswith(hc.namespace)
+
+
+async def test_a_small_request_with_a_large_response_answers_on_a_rendezvous(
+    emulator: Emulator, listener: HybridConnectionListener
+) -> None:
+    endpoint = HybridConnectionEndpoint(
+        connection(emulator, "secondary"), ssl_context=emulator.ssl_context()
+    )
+    try:
+        response = await endpoint.request("GET", "/big", body=b"", headers={}, timeout=10)
+    finally:
+        await endpoint.close()
+    assert (response.status, len(response.body)) == (200, 100_000)
+
+
+async def test_a_token_for_another_path_is_forbidden(emulator: Emulator) -> None:
+    primary = connection(emulator, "primary")
+    other = mint_sas_token(
+        f"http://{primary.namespace}/elsewhere", primary.key_name, primary.key, time.time() + 60
+    )
+    async with (
+        aiohttp.ClientSession() as session,
+        session.get(
+            primary.https_url + "/",
+            headers={"ServiceBusAuthorization": other},
+            ssl=emulator.ssl_context(),
+        ) as response,
+    ):
+        assert response.status == 403
+        assert "Via" not in response.headers

@@ -11,7 +11,7 @@ from websockets.frames import Close
 from georep import ConfigurationError, ErrorKind
 from georep.adapters.emulator._server import NamespaceServer, NamespaceSpec
 from georep.adapters.relay import HybridConnection, SasTokenProvider, mint_sas_token
-from georep.adapters.relay._errors import closed_error, http_status_kind, is_relay_error_body
+from georep.adapters.relay._errors import closed_error, http_status_kind, is_relay_refusal
 
 KEY = base64.b64encode(b"k" * 32).decode()
 KEY_NAME = "RootManageSharedAccessKey"
@@ -111,7 +111,9 @@ def test_close_codes_are_unavailability(code: int, kind: ErrorKind) -> None:
     assert str(code) in str(error)
 
 
-def test_relay_error_bodies_are_told_from_service_answers() -> None:
-    assert is_relay_error_body(b"There are no listeners connected for the endpoint. TrackingId:1")
-    assert is_relay_error_body(b"InvalidToken: expired. TrackingId:abc, SystemTracker:x")
-    assert not is_relay_error_body(b'{"error": "order 7 not found"}')
+def test_relay_refusals_are_told_from_listener_answers_by_the_via_header() -> None:
+    # The relay adds Via to every answer it forwards from a listener.
+    assert is_relay_refusal(503, {"Content-Type": "text/plain"})
+    assert is_relay_refusal(401, {})
+    assert not is_relay_refusal(404, {"Via": "1.1 contoso.servicebus.windows.net"})
+    assert not is_relay_refusal(200, {})
