@@ -381,3 +381,29 @@ async def test_a_token_for_another_path_is_forbidden(emulator: Emulator) -> None
     ):
         assert response.status == 403
         assert "Via" not in response.headers
+
+
+@pytest.mark.parametrize("mode", MODES)
+async def test_a_stopped_listener_fails_over_to_the_one_on_the_other_namespace(
+    emulator: Emulator, mode: str
+) -> None:
+    context = emulator.ssl_context()
+    serving = {
+        region: HybridConnectionListener(
+            [connection(emulator, region)], handler, ssl_context=context
+        )
+        for region in ("primary", "secondary")
+    }
+    for listener_ in serving.values():
+        await listener_.start()
+    try:
+        async with make_channel(emulator, mode) as channel:
+            active, backup = channel.active, channel.backup
+            assert (await channel.request("GET", "/one")).region == active
+            await serving[active].aclose()  # the service instance on the active side stops
+            response = await channel.request("GET", "/two")
+            assert (response.status, response.region) == (200, backup)
+            assert channel.stats.role_swaps == 1
+    finally:
+        for listener_ in serving.values():
+            await listener_.aclose()
