@@ -37,9 +37,10 @@ from websockets.asyncio.client import ClientConnection
 from websockets.exceptions import ConnectionClosed
 
 from georep.exceptions import ConfigurationError
-from georep.ports import RelayRequest, RelayResponse
+from georep.ports import ErrorKind, RelayRequest, RelayResponse
 
 from ._endpoint import _client_ssl, quiet_logger
+from ._errors import translate
 from ._sas import HybridConnection, SasTokenProvider
 
 __all__ = ["HybridConnectionListener", "ListenerStats", "RelayHandler"]
@@ -187,10 +188,13 @@ class HybridConnectionListener:
                 raise
             except Exception as exc:  # reconnect whatever happened, with backoff
                 failures += 1
-                _LOG.info(
-                    "relay listener %s: control channel failed (%s); reconnecting",
-                    connection.region,
-                    type(exc).__name__,
+                # The translated error never holds the URL (and with it the token).
+                error = translate(connection.region, exc)
+                refused = error.kind in (ErrorKind.AUTHENTICATION, ErrorKind.ENTITY_NOT_FOUND)
+                _LOG.log(
+                    logging.WARNING if refused else logging.INFO,
+                    "relay listener: control channel failed (%s); reconnecting",
+                    error,
                 )
             finally:
                 self._online[connection.region].clear()
