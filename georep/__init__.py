@@ -29,6 +29,12 @@ from georep._policy import (  # noqa: E402
     ReplicationMode,
 )
 from georep._receiver import GeoReceiver, ReceiverHandler, ReceiverStats, receiver  # noqa: E402
+from georep._relay import (  # noqa: E402
+    DEFAULT_RELAY_FAILOVER_KINDS,
+    FailoverChannel,
+    RelayChannelStats,
+    RelayPolicy,
+)
 from georep._roles import RoleState  # noqa: E402
 from georep._sender import GeoSender, SenderStats, SendResult  # noqa: E402
 from georep._syphon import Syphon, SyphonStats  # noqa: E402
@@ -47,10 +53,11 @@ from georep.exceptions import (  # noqa: E402
     RegionUnavailableError,
     StoreUnavailableError,
 )
-from georep.ports import ClaimState, ErrorKind  # noqa: E402
+from georep.ports import ClaimState, ErrorKind, RelayRequest, RelayResponse  # noqa: E402
 
 __all__ = [
     "DEFAULT_FAILOVER_KINDS",
+    "DEFAULT_RELAY_FAILOVER_KINDS",
     "AllRegionsUnavailableError",
     "AuthenticationError",
     "ClaimState",
@@ -61,6 +68,7 @@ __all__ = [
     "EmulatorError",
     "EntityNotFoundError",
     "ErrorKind",
+    "FailoverChannel",
     "FailoverPolicy",
     "GeoReceiver",
     "GeoReplicationError",
@@ -75,6 +83,10 @@ __all__ = [
     "ReceiverStats",
     "RegionError",
     "RegionUnavailableError",
+    "RelayChannelStats",
+    "RelayPolicy",
+    "RelayRequest",
+    "RelayResponse",
     "ReplicationMode",
     "RoleState",
     "SendResult",

@@ -9,6 +9,7 @@ Nothing here does I/O or sleeps for real:
 - :class:`InMemoryLedger`: the delivery ledger in lists.
 - :class:`InMemoryRegionReceiver` and :class:`InMemorySeenSet`: a peek-lock queue and the
   seen-set, on the same fake clock.
+- :class:`InMemoryRelayEndpoint`: a relay endpoint served in-process, failing on demand.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from georep._clock import Deadline, FakeWatchdog
 from georep._slot import RegionSlot
 from georep._testing_ledger import InMemoryLedger
 from georep._testing_outbox import InMemoryOutbox
+from georep._testing_relay import InMemoryRelayEndpoint
 from georep._testing_seen import InMemorySeenSet
 from georep.exceptions import (
     AuthenticationError,
@@ -49,6 +51,7 @@ __all__ = [
     "InMemoryOutbox",
     "InMemoryRegionReceiver",
     "InMemoryRegionSender",
+    "InMemoryRelayEndpoint",
     "InMemorySeenSet",
 ]
 

@@ -13,6 +13,10 @@ Routes (JSON in, JSON out):
   ``fragment-up`` (``{"entity": "orders", "index": 3}``, partitioned entities)
 - ``GET  /namespaces/{ns}/faults``             the namespace's current faults
 - ``GET  /namespaces/{ns}/fragments``          partitioned entities with fragments down
+- ``POST /namespaces/{ns}/hybrid-connections`` a relay hybrid connection: ``{"name": ...}``
+- ``GET  /namespaces/{ns}/relay``              the relay's port, hybrid connections, listeners
+- ``POST /namespaces/{ns}/faults/relay-no-listener`` ``{"path": "svc", "on": true}``: the
+  relay answers as if no listener were connected to ``path`` (``restore`` ends it)
 """
 
 from __future__ import annotations
@@ -43,6 +47,7 @@ FAULTS = (
     "disaster",
     "fragment-down",
     "fragment-up",
+    "relay-no-listener",
 )
 
 # Broker refusals as control-endpoint statuses (anything else is a name conflict, 409).
@@ -137,6 +142,22 @@ def build_control_app(emulator: EmulatorServer) -> web.Application:
             return _error(_BROKER_STATUS.get(exc.condition, 409), exc.description)
         return web.json_response({"created": name}, status=201)
 
+    @routes.get("/namespaces/{ns}/relay")
+    async def relay(request: web.Request) -> web.Response:
+        server = namespace(request)
+        return web.json_response(server.relay.describe() if server.relay else None)
+
+    @routes.post("/namespaces/{ns}/hybrid-connections")
+    async def create_hybrid_connection(request: web.Request) -> web.Response:
+        server = namespace(request)
+        name = str((await body(request)).get("name") or "").strip("/")
+        if not name or server.relay is None:
+            return _error(400, "a hybrid connection needs a 'name'")
+        if name in server.relay.hybrid_connections:
+            return _error(409, f"hybrid connection '{name}' already exists")
+        server.relay.hybrid_connections.add(name)
+        return web.json_response({"created": name}, status=201)
+
     @routes.post("/namespaces/{ns}/faults/{fault}")
     async def inject(request: web.Request) -> web.Response:
         server = namespace(request)
@@ -184,6 +205,16 @@ def build_control_app(emulator: EmulatorServer) -> web.Application:
                     server.fragment_up(entity, index)
             except BrokerError as exc:
                 return _error(_BROKER_STATUS.get(exc.condition, 400), exc.description)
+        elif fault == "relay-no-listener":
+            path = data.get("path")
+            if not isinstance(path, str) or server.relay is None:
+                return _error(400, "relay-no-listener needs {'path': <hybrid connection>}")
+            if path not in server.relay.hybrid_connections:
+                return _error(404, f"no hybrid connection '{path}' in this namespace")
+            if data.get("on", True):
+                server.relay.no_listener.add(path)
+            else:
+                server.relay.no_listener.discard(path)
         else:
             return _error(404, f"unknown fault '{fault}'; one of {', '.join(FAULTS)}")
         return web.json_response(server.faults.as_dict())

@@ -11,6 +11,7 @@ import asyncio
 import io
 import json
 import os
+import ssl
 import subprocess
 import sys
 import tempfile
@@ -23,6 +24,9 @@ from types import TracebackType
 from typing import IO, TYPE_CHECKING, Any, Literal, Self
 
 from georep.exceptions import EmulatorError
+
+if TYPE_CHECKING:
+    from georep.adapters.relay import HybridConnection
 
 if TYPE_CHECKING:
     from azure.servicebus.aio.management import ServiceBusAdministrationClient as AsyncAdminClient
@@ -40,11 +44,66 @@ class NamespaceControl:
     Every fault call returns once the fault is in force and lasts until :meth:`restore`.
     """
 
-    def __init__(self, emulator: Emulator, name: str, port: int, connection_string: str) -> None:
+    def __init__(
+        self,
+        emulator: Emulator,
+        name: str,
+        port: int,
+        connection_string: str,
+        relay_port: int = 0,
+    ) -> None:
         self._emulator = emulator
         self.name = name
         self.port = port
         self.connection_string = connection_string
+        self.relay_port = relay_port
+        """The Hybrid Connections relay's TLS port (``wss://``/``https://``)."""
+        fields = dict(part.split("=", 1) for part in connection_string.split(";") if "=" in part)
+        self.key_name = fields.get("SharedAccessKeyName", "")
+        """The shared access policy name, for minting SAS tokens."""
+        self._key = fields.get("SharedAccessKey", "")
+
+    @property
+    def key(self) -> str:
+        """The namespace's shared access key (mint tokens with it; never log it)."""
+        return self._key
+
+    @property
+    def relay_host(self) -> str:
+        """The relay's host and port, what Azure calls the namespace host name."""
+        return f"127.0.0.1:{self.relay_port}"
+
+    def hybrid_connection(self, path: str, *, region: str | None = None) -> HybridConnection:
+        """A :class:`georep.adapters.relay.HybridConnection` for ``path`` in this namespace.
+
+        Args:
+            path: The hybrid connection's name.
+            region: Its label; default this namespace's name.
+        """
+        from georep.adapters.relay import HybridConnection
+
+        return HybridConnection(
+            namespace=self.relay_host,
+            path=path,
+            key_name=self.key_name,
+            key=self._key,
+            region=region or self.name,
+        )
+
+    def create_hybrid_connection(self, name: str) -> None:
+        """Create a relay hybrid connection named ``name`` in this namespace."""
+        self._emulator._call("POST", f"/namespaces/{self.name}/hybrid-connections", {"name": name})
+
+    def relay_no_listener(self, path: str, on: bool = True) -> None:
+        """Answer senders of ``path`` as if no listener were connected (until ``on=False``
+        or :meth:`restore`): HTTP 503 and websocket handshake 404, "There are no listeners
+        connected for the endpoint"."""
+        self._fault("relay-no-listener", {"path": path, "on": on})
+
+    def relay(self) -> dict[str, Any]:
+        """The relay's port, hybrid connections, connected listeners and faults."""
+        result: dict[str, Any] = self._emulator._call("GET", f"/namespaces/{self.name}/relay")
+        return result
 
     def __repr__(self) -> str:  # never show the key
         return f"NamespaceControl(name={self.name!r}, port={self.port})"
@@ -58,7 +117,7 @@ class NamespaceControl:
     def outage(self) -> None:
         """Refuse connections and drop existing ones (SDK: ``ServiceBusConnectionError``).
 
-        Data is kept.
+        Data is kept. The relay closes its websockets with 1001 and stops listening too.
         """
         self._fault("outage")
 
@@ -74,7 +133,10 @@ class NamespaceControl:
         self._fault("blackhole")
 
     def latency(self, seconds: float) -> None:
-        """Add ``seconds`` to every response of this namespace (0 removes it)."""
+        """Add ``seconds`` to every response of this namespace (0 removes it).
+
+        On the relay: to every relayed request, websocket handshake and sender frame.
+        """
         self._fault("latency", {"seconds": seconds})
 
     def reject_sends(self, condition: SendRejection | None = "server-busy") -> None:
@@ -169,6 +231,7 @@ class Emulator:
         namespaces: namespace (region) names; each gets its own loopback port and keys.
         queues: queues created in every namespace.
         topics: topics created in every namespace, mapped to their subscription names.
+        hybrid_connections: relay hybrid connections created in every namespace.
         ports: one port per namespace; default: any free port.
         control_port: the HTTP control endpoint's port; default: any free port.
         startup_timeout: seconds to wait for the child to be ready.
@@ -180,17 +243,23 @@ class Emulator:
         queues: Sequence[str] = (),
         topics: Mapping[str, Sequence[str]] | None = None,
         *,
+        hybrid_connections: Sequence[str] = (),
         ports: Sequence[int] | None = None,
         control_port: int = 0,
         startup_timeout: float = 30.0,
     ) -> None:
-        if isinstance(namespaces, str) or isinstance(queues, str):
+        if (
+            isinstance(namespaces, str)
+            or isinstance(queues, str)
+            or isinstance(hybrid_connections, str)
+        ):
             raise TypeError("namespaces and queues are sequences of names, not a single string")
         if ports is not None and len(ports) != len(namespaces):
             raise ValueError("give one port per namespace")
         self._namespace_names = tuple(namespaces)
         self._queues = tuple(queues)
         self._topics = {k: tuple(v) for k, v in (topics or {}).items()}
+        self._hybrid_connections = tuple(hybrid_connections)
         self._ports = tuple(ports) if ports is not None else (0,) * len(self._namespace_names)
         self._control_port = control_port
         self._startup_timeout = startup_timeout
@@ -222,6 +291,8 @@ class Emulator:
             command += ["--queue", queue]
         for topic, subscriptions in self._topics.items():
             command += ["--topic", f"{topic}:{','.join(subscriptions)}"]
+        for path in self._hybrid_connections:
+            command += ["--hybrid-connection", path]
         # The child's log goes to a private file, read back only if it fails to start.
         # Kept open for the child's lifetime and closed when it stops, so no ``with`` block.
         self._stderr = tempfile.TemporaryFile()  # noqa: SIM115
@@ -251,8 +322,13 @@ class Emulator:
         self._description = json.loads(line)
         process.stdout.close()
         for name, info in self._description["namespaces"].items():
+            relay = info.get("relay") or {}
             self._namespaces[name] = NamespaceControl(
-                self, name, int(info["port"]), info["connection_string"]
+                self,
+                name,
+                int(info["port"]),
+                info["connection_string"],
+                int(relay.get("port", 0)),
             )
 
     def stop(self) -> None:
@@ -318,6 +394,10 @@ class Emulator:
     def ca_file(self) -> Path:
         """The emulator's self-signed certificate, for the admin client's ``connection_verify``."""
         return Path(self._require()["ca_file"])
+
+    def ssl_context(self) -> ssl.SSLContext:
+        """A client TLS context that trusts the emulator's certificate (relay, admin)."""
+        return ssl.create_default_context(cafile=str(self.ca_file))
 
     @property
     def pid(self) -> int:

@@ -38,6 +38,7 @@ def build_specs(
     ports: Sequence[int],
     queues: Sequence[str],
     topics: Sequence[str],
+    hybrid_connections: Sequence[str] = (),
 ) -> list[NamespaceSpec]:
     """One spec per namespace; every namespace gets the same entities (a geo pair)."""
     if ports and len(ports) != len(namespaces):
@@ -51,6 +52,7 @@ def build_specs(
             port=ports[i] if ports else 0,
             queues=tuple(queues),
             topics=parsed_topics,
+            hybrid_connections=tuple(hybrid_connections),
         )
         for i, name in enumerate(namespaces)
     ]
@@ -126,6 +128,13 @@ def _argument_parser() -> argparse.ArgumentParser:
         help="topic NAME[:SUB1,SUB2] to create in every namespace",
     )
     parser.add_argument(
+        "--hybrid-connection",
+        action="append",
+        dest="hybrid_connections",
+        default=[],
+        help="relay hybrid connection to create in every namespace (repeat)",
+    )
+    parser.add_argument(
         "--control-port",
         type=int,
         default=DEFAULT_CONTROL_PORT,
@@ -153,7 +162,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     namespaces = args.namespaces or ["primary", "secondary"]
     ports = args.ports or ([*DEFAULT_PORTS] if namespaces == ["primary", "secondary"] else [])
     try:
-        specs = build_specs(namespaces, ports, args.queues, args.topics)
+        specs = build_specs(namespaces, ports, args.queues, args.topics, args.hybrid_connections)
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -168,6 +177,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
         for name, info in description["namespaces"].items():
             print(f"  {name}: {info['connection_string']}")
+            relay = info.get("relay") or {}
+            if relay.get("hybrid_connections"):
+                paths = ", ".join(relay["hybrid_connections"])
+                print(f"    relay: wss://127.0.0.1:{relay['port']} (hybrid connections: {paths})")
         print("Ctrl-C to stop.", flush=True)
 
     with contextlib.suppress(KeyboardInterrupt):

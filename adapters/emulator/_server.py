@@ -32,6 +32,7 @@ from aiohttp import web
 
 from ._amqp import AmqpConnection
 from ._broker import EntityProperties, Namespace, SubscriptionProperties
+from ._relay import RelayServer
 
 __all__ = [
     "DEFAULT_CONTROL_PORT",
@@ -107,6 +108,8 @@ class NamespaceSpec:
     key: str = ""
     queues: tuple[str, ...] = ()
     topics: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    hybrid_connections: tuple[str, ...] = ()
+    relay_port: int = 0
 
 
 class NamespaceServer:
@@ -132,6 +135,8 @@ class NamespaceServer:
         self._timer: asyncio.TimerHandle | None = None
         self._timer_at: float | None = None
         self.port = spec.port
+        # The Hybrid Connections relay, on its own TLS port (EmulatorServer.start makes it).
+        self.relay: RelayServer | None = None
         self.namespace = Namespace(spec.name, on_timer_change=self._arm_timer)
         for queue in spec.queues:
             self.namespace.create_queue(queue)
@@ -154,7 +159,9 @@ class NamespaceServer:
     def count_operation(self) -> None:
         self.operations += 1
 
-    def verify_sas(self, token: str, audience: str | None = None) -> float:
+    def verify_sas(
+        self, token: str, audience: str | None = None, *, port: int | None = None
+    ) -> float:
         """Check a ``SharedAccessSignature`` token; return its expiry (epoch seconds).
 
         Raises:
@@ -189,7 +196,7 @@ class NamespaceServer:
             )
         if expiry <= time.time():
             raise PermissionError("The SAS token has expired: mint a new one.")
-        if not _same_host(resource, self.port):
+        if not _same_host(resource, self.port if port is None else port):
             raise PermissionError(f"The SAS token is for '{resource}', not this namespace.")
         return expiry
 
@@ -281,6 +288,8 @@ class NamespaceServer:
         self.faults.down = True
         await self.stop_listening()
         self._drop_connections()
+        if self.relay is not None:
+            await self.relay.stop()
 
     async def restore(self) -> None:
         """Clear every fault and listen again on the same port."""
@@ -295,6 +304,10 @@ class NamespaceServer:
                 connection.abort()  # its stream lost bytes while blackholed
         if was_down or self._listener is None:
             await self.start()
+        if self.relay is not None:
+            self.relay.no_listener.clear()
+            if was_down:
+                await self.relay.start()
 
     def blackhole(self) -> None:
         """Accept connections but never answer, on new and existing connections."""
@@ -329,6 +342,8 @@ class NamespaceServer:
     async def close(self) -> None:
         await self.stop_listening()
         self._drop_connections()
+        if self.relay is not None:
+            await self.relay.stop()
         if self._timer is not None:
             self._timer.cancel()
 
@@ -405,6 +420,13 @@ class EmulatorServer:
             self._admin_runners.append(runner)
             server._admin_handler = runner.server
             await server.start()
+            server.relay = RelayServer(
+                server,
+                ssl_context=ssl_context,
+                hybrid_connections=spec.hybrid_connections,
+                port=spec.relay_port,
+            )
+            await server.relay.start()
             self.namespaces[spec.name] = server
         await self._start_control()
 
@@ -430,6 +452,7 @@ class EmulatorServer:
                     "port": ns.port,
                     "connection_string": ns.connection_string(),
                     "key_name": ns.key_name,
+                    "relay": ns.relay.describe() if ns.relay is not None else None,
                 }
                 for name, ns in self.namespaces.items()
             },

@@ -18,6 +18,7 @@ EXPECTED = {
     "passive_failover.py": "active region: secondary",
     "active_with_outbox.py": "both regions hold every message",
     "ledger.py": "acknowledged messages was processed once",
+    "relay_failover.py": "failovers: 1, role swaps: 1",
 }
 
 

@@ -1,0 +1,429 @@
+"""Relay endpoint failover: one service, two endpoints, a random active one (SPEC §2.5).
+
+A service listens on two relay endpoints in different namespaces (with different names).
+:class:`FailoverChannel` picks one at random on first use, sends there, and on a failure
+that says the endpoint is unavailable reissues the request to the other one and swaps the
+roles for every user of the channel. Answers from the service, whatever their status, are
+returned as they are.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from types import TracebackType
+from typing import Any, Self
+
+from opentelemetry import metrics, trace
+from opentelemetry.trace import SpanKind, Status, StatusCode
+
+from georep._clock import SystemClock
+from georep._policy import Seconds, as_seconds, positive_seconds
+from georep._roles import RoleSnapshot, RoleState
+from georep._telemetry import TracingGate
+from georep.exceptions import (
+    AllRegionsUnavailableError,
+    ClosedError,
+    ConfigurationError,
+    RegionError,
+    RegionUnavailableError,
+)
+from georep.ports import Clock, ErrorKind, RelayEndpoint, RelayResponse
+
+__all__ = ["DEFAULT_RELAY_FAILOVER_KINDS", "FailoverChannel", "RelayChannelStats", "RelayPolicy"]
+
+#: Relay failures that mean "this endpoint is unavailable" (SPEC §2.5): connection errors
+#: and timeouts, gateway errors (HTTP 502/503/504, handshake 500, close 1011), and a
+#: handshake the relay refused (401/403: the namespace's keys or rules changed; 404: no
+#: such hybrid connection or no listener). The other endpoint lives in another namespace
+#: with its own key, so each of these is worth one try there.
+DEFAULT_RELAY_FAILOVER_KINDS: frozenset[ErrorKind] = frozenset(
+    {
+        ErrorKind.CONNECTION,
+        ErrorKind.TIMEOUT,
+        ErrorKind.SERVICE_ERROR,
+        ErrorKind.SERVER_BUSY,
+        ErrorKind.AUTHENTICATION,
+        ErrorKind.ENTITY_NOT_FOUND,
+    }
+)
+
+_METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"})
+
+
+@dataclass(frozen=True, kw_only=True)
+class RelayPolicy:
+    """When a :class:`FailoverChannel` fails over, and how long it waits.
+
+    Attributes:
+        fail_over_on: Error kinds that send the request to the other endpoint. Anything
+            else is raised at once. Default: :data:`DEFAULT_RELAY_FAILOVER_KINDS`.
+        attempt_timeout: Seconds (``float`` or ``timedelta``) one endpoint gets for one
+            request, connection setup included. Default 10.
+        request_timeout: Seconds a whole :meth:`FailoverChannel.request` may take, both
+            attempts included; a ``timeout=`` argument overrides it per call. Default 30.
+    """
+
+    fail_over_on: frozenset[ErrorKind] = DEFAULT_RELAY_FAILOVER_KINDS
+    attempt_timeout: Seconds = 10.0
+    request_timeout: Seconds = 30.0
+
+    def __post_init__(self) -> None:
+        for name in ("attempt_timeout", "request_timeout"):
+            object.__setattr__(
+                self, name, positive_seconds(getattr(self, name), f"RelayPolicy.{name}")
+            )
+        object.__setattr__(
+            self, "fail_over_on", frozenset(ErrorKind(kind) for kind in self.fail_over_on)
+        )
+
+
+@dataclass(slots=True)
+class RelayChannelStats:
+    """Counters of one :class:`FailoverChannel` (plain ints, read any time).
+
+    Attributes:
+        requests: Calls to ``request`` that returned an answer.
+        failovers: Requests reissued to the backup after the active endpoint failed.
+        role_swaps: Times the active and backup endpoints swapped roles.
+        failures: Requests that raised (both endpoints failed, or a non-failover error).
+    """
+
+    requests: int = 0
+    failovers: int = 0
+    role_swaps: int = 0
+    failures: int = 0
+
+
+# Attribute dicts built once: the request path stays within a few microseconds.
+_OUTCOMES = {outcome: {"georep.outcome": outcome} for outcome in ("ok", "failed")}
+
+
+class _ChannelTelemetry:
+    def __init__(
+        self,
+        tracer_provider: trace.TracerProvider | None,
+        meter_provider: metrics.MeterProvider | None,
+        monotonic: Any,
+    ) -> None:
+        from georep import __version__
+
+        self.tracer = trace.get_tracer("georep", __version__, tracer_provider)
+        self.tracing = TracingGate(tracer_provider, monotonic)
+        meter = metrics.get_meter("georep", __version__, meter_provider)
+        self._failovers = meter.create_counter(
+            "georep.relay.failovers",
+            unit="{request}",
+            description="Relay requests reissued to the backup endpoint after the active failed.",
+        )
+        self._swaps = meter.create_counter(
+            "georep.relay.role_swaps",
+            unit="{swap}",
+            description="Times the active and backup relay endpoints swapped roles.",
+        )
+        self._duration = meter.create_histogram(
+            "georep.relay.request.duration",
+            unit="s",
+            description="Duration of FailoverChannel.request calls, failover included.",
+        )
+
+    def failover(self, from_region: str, to_region: str) -> None:
+        self._failovers.add(1, {"georep.from": from_region, "georep.to": to_region})
+
+    def swap(self, new_active: str) -> None:
+        self._swaps.add(1, {"georep.region": new_active})
+
+    def duration(self, seconds: float, outcome: str) -> None:
+        self._duration.record(seconds, _OUTCOMES[outcome])
+
+
+class FailoverChannel:
+    """Requests to a service exposed on two relay endpoints, failing over between them.
+
+    Share one channel among every caller of the service: the roles (which endpoint is
+    active) live in the channel, and a burst of concurrent failures swaps them once.
+    Endpoints open their connections on first use, so the backup costs nothing until a
+    failover needs it. Closing the channel (``async with`` or :meth:`aclose`) closes both
+    endpoints; pass ``close_endpoints=False`` to :meth:`aclose` to keep them.
+
+    A request that failed on the active endpoint may still have reached the service (the
+    connection dropped after sending): the reissue to the backup can then run it twice.
+    Make handlers idempotent, e.g. keyed by a request id header.
+
+    Example::
+
+        channel = FailoverChannel((primary_endpoint, secondary_endpoint))
+        response = await channel.request("POST", "/orders", body=b"{...}")
+
+    Args:
+        endpoints: The two endpoints, each with a distinct ``region`` label.
+        policy: Failover kinds and timeouts (:class:`RelayPolicy`).
+        rng: Random source for the initial pick (seed it in tests); default
+            ``random.SystemRandom()``.
+        role_state: Share roles with other channels to the same service (each gets its
+            own endpoints): pass one :class:`georep.RoleState` whose ``active`` is one of
+            the labels, e.g. ``RoleState(random.choice(["primary", "secondary"]))``.
+            Default: the channel's own, picked at random on first use.
+        clock: Time source (``georep.testing.FakeClock`` in tests).
+        tracer_provider: OpenTelemetry tracer provider; default the global one.
+        meter_provider: OpenTelemetry meter provider; default the global one.
+
+    Raises:
+        ConfigurationError: Not exactly two endpoints, both with the same label or
+            address, or a ``role_state`` naming neither.
+    """
+
+    def __init__(
+        self,
+        endpoints: tuple[RelayEndpoint, RelayEndpoint],
+        *,
+        policy: RelayPolicy | None = None,
+        rng: random.Random | None = None,
+        role_state: RoleState | None = None,
+        clock: Clock | None = None,
+        tracer_provider: trace.TracerProvider | None = None,
+        meter_provider: metrics.MeterProvider | None = None,
+    ) -> None:
+        if len(endpoints) != 2:
+            raise ConfigurationError(
+                f"FailoverChannel needs exactly two endpoints (active and backup), "
+                f"got {len(endpoints)}"
+            )
+        first, second = endpoints
+        if first.region == second.region:
+            raise ConfigurationError(
+                f"both endpoints are labelled {first.region!r}: give each its own region label"
+            )
+        if first.address == second.address:
+            raise ConfigurationError(
+                f"both endpoints point at {first.address}: the backup must be another "
+                "endpoint, in another namespace"
+            )
+        self._endpoints = {first.region: first, second.region: second}
+        self._policy = policy or RelayPolicy()
+        self._rng = rng or random.SystemRandom()
+        self._clock: Clock = clock or SystemClock()
+        if role_state is not None and role_state.current.active not in self._endpoints:
+            raise ConfigurationError(
+                f"role_state has {role_state.current.active!r} active, which is neither "
+                f"endpoint ({', '.join(sorted(self._endpoints))}): label the endpoints alike"
+            )
+        self._roles: RoleState | None = role_state
+        self._telemetry = _ChannelTelemetry(tracer_provider, meter_provider, time.monotonic)
+        self._closed = False
+        self.stats = RelayChannelStats()
+
+    # -- roles -------------------------------------------------------------------------
+    def _role_state(self) -> RoleState:
+        if self._roles is None:
+            # The initial pick is random on purpose (SPEC §2.5): clients spread over both
+            # endpoints instead of all piling onto the first one listed.
+            self._roles = RoleState(self._rng.choice(sorted(self._endpoints)))
+        return self._roles
+
+    @property
+    def active(self) -> str:
+        """The active endpoint's label (picks it, at random, when nothing was sent yet)."""
+        return self._role_state().current.active
+
+    @property
+    def backup(self) -> str:
+        """The backup endpoint's label."""
+        return self._other(self.active)
+
+    def _other(self, region: str) -> str:
+        return next(name for name in self._endpoints if name != region)
+
+    # -- requests ------------------------------------------------------------------------
+    async def request(
+        self,
+        method: str,
+        path: str,
+        *,
+        body: bytes | str = b"",
+        headers: Mapping[str, str] | None = None,
+        timeout: Seconds | None = None,
+    ) -> RelayResponse:
+        """Send a request to the active endpoint; on unavailability, to the backup.
+
+        Args:
+            method: HTTP method (``GET``, ``POST``...).
+            path: Path and query below the endpoint, starting with ``/``.
+            body: Request body (``str`` is sent as UTF-8).
+            headers: Request headers.
+            timeout: Seconds for the whole call, both attempts included; default
+                ``policy.request_timeout``.
+
+        Returns:
+            The service's answer (any status); ``response.region`` names who answered.
+
+        Raises:
+            AllRegionsUnavailableError: Both endpoints failed; ``causes`` holds each
+                endpoint's error by label. Roles are unchanged.
+            RegionError: The active endpoint failed with a kind the policy does not fail
+                over on (no request was sent to the backup).
+            ConfigurationError: Bad method, path or timeout.
+            ClosedError: The channel was closed.
+        """
+        if self._closed:
+            raise ClosedError("this FailoverChannel is closed; create a new one")
+        method = method.upper()
+        if method not in _METHODS:
+            raise ConfigurationError(
+                f"unsupported method {method!r}: use one of {sorted(_METHODS)}"
+            )
+        if not path.startswith("/"):
+            raise ConfigurationError(f"path {path!r} must start with '/' (e.g. '/orders')")
+        payload = body.encode() if isinstance(body, str) else body
+        if type(payload) is not bytes:
+            payload = bytes(payload)
+        request_headers = dict(headers or {})
+        total = (
+            as_seconds(self._policy.request_timeout)
+            if timeout is None
+            else positive_seconds(timeout, "timeout")
+        )
+        started = self._clock.monotonic()
+        if not self._telemetry.tracing():
+            return await self._request(method, path, payload, request_headers, started, total)
+        with self._telemetry.tracer.start_as_current_span(
+            f"{method} {path.split('?', 1)[0]}",
+            kind=SpanKind.CLIENT,
+            attributes={"http.request.method": method, "georep.relay": True},
+        ) as span:
+            try:
+                response = await self._request(
+                    method, path, payload, request_headers, started, total
+                )
+            except Exception as exc:
+                span.set_status(Status(StatusCode.ERROR, type(exc).__name__))
+                raise
+            span.set_attribute("georep.region", response.region)
+            span.set_attribute("http.response.status_code", response.status)
+            return response
+
+    async def _request(
+        self,
+        method: str,
+        path: str,
+        body: bytes,
+        headers: dict[str, str],
+        started: float,
+        total: float,
+    ) -> RelayResponse:
+        roles = self._role_state()
+        snapshot = roles.read_now() or await roles.read()
+        active = snapshot.active
+        try:
+            response = await self._attempt(active, method, path, body, headers, started, total)
+        except RegionError as first:
+            if first.kind not in self._policy.fail_over_on:
+                self._finish(started, "failed")
+                raise
+            return await self._fail_over(
+                snapshot, first, method, path, body, headers, started, total
+            )
+        self._finish(started, "ok")
+        return response
+
+    async def _fail_over(
+        self,
+        snapshot: RoleSnapshot,
+        first: RegionError,
+        method: str,
+        path: str,
+        body: bytes,
+        headers: dict[str, str],
+        started: float,
+        total: float,
+    ) -> RelayResponse:
+        active = snapshot.active
+        backup = self._other(active)
+        self.stats.failovers += 1
+        self._telemetry.failover(active, backup)
+        trace.get_current_span().add_event(
+            "georep.failover",
+            {"georep.from": active, "georep.to": backup, "error.type": first.kind.value},
+        )
+        trace.get_current_span().set_attribute("georep.failover", True)
+        try:
+            response = await self._attempt(backup, method, path, body, headers, started, total)
+        except RegionError as second:
+            self._finish(started, "failed")
+            raise AllRegionsUnavailableError(
+                "both relay endpoints failed", {active: first, backup: second}
+            ) from second
+        assert self._roles is not None
+        if await self._roles.swap(expected=snapshot, new_active=backup):
+            self.stats.role_swaps += 1
+            self._telemetry.swap(backup)
+        self._finish(started, "ok")
+        return response
+
+    async def _attempt(
+        self,
+        region: str,
+        method: str,
+        path: str,
+        body: bytes,
+        headers: dict[str, str],
+        started: float,
+        total: float,
+    ) -> RelayResponse:
+        remaining = total - (self._clock.monotonic() - started)
+        if remaining <= 0:
+            raise RegionUnavailableError(
+                f"no time left for {region} (request timeout {total:g} s)",
+                region=region,
+                kind=ErrorKind.TIMEOUT,
+            )
+        seconds = min(as_seconds(self._policy.attempt_timeout), remaining)
+        endpoint = self._endpoints[region]
+        try:
+            with self._clock.deadline(seconds):
+                response = await endpoint.request(
+                    method, path, body=body, headers=headers, timeout=seconds
+                )
+        except TimeoutError:
+            raise RegionUnavailableError(
+                f"{region} did not answer within {seconds:g} s",
+                region=region,
+                kind=ErrorKind.TIMEOUT,
+            ) from None
+        if response.region != region:
+            response = RelayResponse(response.status, response.headers, response.body, region)
+        return response
+
+    def _finish(self, started: float, outcome: str) -> None:
+        if outcome == "ok":
+            self.stats.requests += 1
+        else:
+            self.stats.failures += 1
+        self._telemetry.duration(self._clock.monotonic() - started, outcome)
+
+    # -- lifecycle ---------------------------------------------------------------------------
+    async def aclose(self, *, close_endpoints: bool = True) -> None:
+        """Close the channel (idempotent) and, by default, both endpoints."""
+        if self._closed:
+            return
+        self._closed = True
+        if close_endpoints:
+            await asyncio.shield(
+                asyncio.gather(
+                    *(e.close() for e in self._endpoints.values()), return_exceptions=True
+                )
+            )
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.aclose()
