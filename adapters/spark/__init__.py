@@ -13,6 +13,24 @@ except ImportError as exc:  # pragma: no cover - depends on the install
         "georep.adapters.spark needs pyspark and pyarrow: pip install 'georep[spark]'"
     ) from exc
 
+from ._audit import audit, spark_aggregates
+from ._plots import write_plots
+from ._reference import reference_aggregates, reference_audit
+from ._report import Aggregates, build_report
+from ._session import spark_session
 from ._synthetic import SyntheticLedger, write_synthetic_ledger
+from ._table import report_table
 
-__all__ = ["SyntheticLedger", "write_synthetic_ledger"]
+__all__ = [
+    "Aggregates",
+    "SyntheticLedger",
+    "audit",
+    "build_report",
+    "reference_aggregates",
+    "reference_audit",
+    "report_table",
+    "spark_aggregates",
+    "spark_session",
+    "write_plots",
+    "write_synthetic_ledger",
+]
