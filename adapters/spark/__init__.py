@@ -18,6 +18,7 @@ from ._plots import write_plots
 from ._reference import reference_aggregates, reference_audit
 from ._report import Aggregates, build_report
 from ._session import spark_session
+from ._sink import foreach_batch_sink, sink_message_id
 from ._synthetic import SyntheticLedger, write_synthetic_ledger
 from ._table import report_table
 
@@ -26,9 +27,11 @@ __all__ = [
     "SyntheticLedger",
     "audit",
     "build_report",
+    "foreach_batch_sink",
     "reference_aggregates",
     "reference_audit",
     "report_table",
+    "sink_message_id",
     "spark_aggregates",
     "spark_session",
     "write_plots",

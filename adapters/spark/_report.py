@@ -7,7 +7,7 @@ they report.
 
 Latency percentiles come from a histogram with logarithmic buckets of 0.1 % width
 (:func:`latency_bucket`): exact counts per bucket, so per-mode, per-region and overall
-percentiles merge exactly, and a percentile is off by at most 0.05 % of its value.
+percentiles merge exactly, and a percentile is off by at most 0.05 % of (1 + its value in ms).
 """
 
 from __future__ import annotations
