@@ -298,7 +298,7 @@ def audit(
         from georep.adapters.spark import audit as run_audit
         from georep.adapters.spark import report_table
     except ImportError as exc:
-        console.print(f"[red]{exc}[/red]")
+        console.print(str(exc), style="red", soft_wrap=True, markup=False, highlight=False)
         raise typer.Exit(2) from None
     windows = []
     for text in outage or []:
@@ -313,13 +313,14 @@ def audit(
                 ledger_dir, out_dir=out, master=master, outage_windows=windows, plots=plots
             )
     except ConfigurationError as exc:
-        console.print(f"[red]{exc}[/red]")
+        console.print(str(exc), style="red", soft_wrap=True, markup=False, highlight=False)
         raise typer.Exit(2) from None
     console.print(report_table(report))
     for warning in report["warnings"]:
-        console.print(f"[yellow]warning:[/] {warning}")
+        console.print(f"warning: {warning}", style="yellow", soft_wrap=True, markup=False)
+    # Paths unwrapped, so that they can be copied and parsed.
     if "report_path" in report:
-        console.print(f"report: {report['report_path']}")
+        console.print(f"report: {report['report_path']}", soft_wrap=True, highlight=False)
     for path in report.get("plots", {}).values():
-        console.print(f"plot: {path}")
+        console.print(f"plot: {path}", soft_wrap=True, highlight=False)
     raise typer.Exit(1 if report["lost"] or report["processed_more_than_once"] else 0)

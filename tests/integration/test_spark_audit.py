@@ -1,0 +1,202 @@
+"""The Spark ledger audit on local[2]: counts, report.json, plots, CLI, spark-submit, sink.
+
+One SparkSession serves the whole module (and the process): starting Spark costs seconds.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+import uuid
+from collections import Counter
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from pyspark.sql import SparkSession
+from typer.testing import CliRunner
+
+from georep import GeoReceiver, GeoSender
+from georep.adapters.emulator import Emulator
+from georep.adapters.redis import RedisSeenSet
+from georep.adapters.spark import (
+    SyntheticLedger,
+    audit,
+    foreach_batch_sink,
+    reference_audit,
+    spark_session,
+    write_synthetic_ledger,
+)
+from georep.adapters.spark import audit_job
+from georep.cli import app
+
+pytestmark = pytest.mark.integration
+
+REDIS_URL = os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0")
+PNG = b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.fixture(scope="module")
+def spark() -> SparkSession:
+    return spark_session("local[2]")
+
+
+@pytest.fixture(scope="module")
+def ledger(tmp_path_factory: pytest.TempPathFactory) -> SyntheticLedger:
+    root = tmp_path_factory.mktemp("spark-audit") / "ledger"
+    return write_synthetic_ledger(root, messages=20_000, chunk_size=6_000, duration=120.0)
+
+
+@pytest.fixture(scope="module")
+def report(spark: SparkSession, ledger: SyntheticLedger, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    out = tmp_path_factory.mktemp("spark-audit-out")
+    return audit(ledger.path, out_dir=out, master="local[2]", outage_windows=[ledger.outage_window])
+
+
+def test_spark_reports_exactly_the_injected_loss_and_double_processing(
+    ledger: SyntheticLedger, report: dict[str, Any]
+) -> None:
+    assert (ledger.lost, ledger.processed_more_than_once) == (20, 10)  # 0.1 %, 0.05 %
+    assert report["lost"] == ledger.lost
+    assert report["processed_more_than_once"] == ledger.processed_more_than_once
+    assert report["sent"] == ledger.sent
+    assert report["processed"] == ledger.processed
+    assert report["suppressed_by_region"] == ledger.suppressed_by_region
+    assert report["failover"]["sends"] == ledger.failover_sends
+
+
+def test_spark_and_the_pyarrow_reference_give_the_same_report(
+    ledger: SyntheticLedger, report: dict[str, Any]
+) -> None:
+    reference = reference_audit(ledger.path, outage_windows=[ledger.outage_window])
+    only_spark = {"engine", "plots", "report_path"}
+    assert {k: v for k, v in report.items() if k not in only_spark} == {
+        k: v for k, v in reference.items() if k != "engine"
+    }
+
+
+def test_report_json_holds_the_returned_report_and_the_plots_are_pngs(
+    report: dict[str, Any],
+) -> None:
+    written = json.loads(Path(report["report_path"]).read_text())
+    assert written == json.loads(json.dumps(report))
+    for key in ("sent", "processed", "lost", "processed_more_than_once",
+                "suppressed_by_region", "latency_ms"):  # fmt: skip
+        assert key in written
+    assert set(written["latency_ms"]) == {"overall", "by_mode", "by_region"}
+    assert set(written["latency_ms"]["by_mode"]) == {"active", "passive", "paired"}
+    assert written["outage_windows"] and written["timeline"]["seconds"] >= 120
+    for name in ("timeline", "latency_cdf"):
+        path = Path(report["plots"][name])
+        assert path.name == f"{name}.png"
+        assert path.read_bytes()[:8] == PNG
+
+
+def test_cli_exits_1_on_loss_and_0_on_a_clean_ledger(
+    spark: SparkSession, ledger: SyntheticLedger, tmp_path: Path
+) -> None:
+    runner = CliRunner()
+    faulty = runner.invoke(app, ["audit", str(ledger.path), "--master", "local[2]", "--no-plots"])
+    assert faulty.exit_code == 1, faulty.output
+    assert "lost" in faulty.output
+    clean = write_synthetic_ledger(
+        tmp_path / "clean", messages=2_000, loss_rate=0, double_rate=0
+    )
+    out = tmp_path / "out"
+    result = runner.invoke(
+        app, ["audit", str(clean.path), "--master", "local[2]", "--out", str(out)]
+    )
+    assert result.exit_code == 0, result.output
+    assert f"report: {out / 'report.json'}" in result.output
+    assert (out / "timeline.png").exists() and (out / "latency_cdf.png").exists()
+
+
+def test_cli_exits_2_naming_a_missing_ledger(tmp_path: Path) -> None:
+    result = CliRunner().invoke(app, ["audit", str(tmp_path / "nope")])
+    assert result.exit_code == 2
+    assert "does not exist" in result.output
+
+
+def test_audit_job_main_returns_1_when_messages_were_lost(
+    spark: SparkSession, ledger: SyntheticLedger, tmp_path: Path
+) -> None:
+    assert audit_job.main([str(ledger.path), "--out", str(tmp_path), "--no-plots"]) == 1
+    assert json.loads((tmp_path / "report.json").read_text())["lost"] == ledger.lost
+
+
+def test_audit_job_runs_under_spark_submit(ledger: SyntheticLedger, tmp_path: Path) -> None:
+    spark_submit = Path(sys.executable).with_name("spark-submit")
+    if not spark_submit.exists():
+        spark_submit = Path(shutil.which("spark-submit") or "spark-submit")
+    env = {**os.environ, "PYSPARK_PYTHON": sys.executable, "SPARK_LOCAL_IP": "127.0.0.1"}
+    result = subprocess.run(
+        [
+            str(spark_submit), "--master", "local[1]",
+            "--conf", "spark.driver.host=127.0.0.1", "--conf", "spark.driver.bindAddress=127.0.0.1",
+            "--conf", "spark.ui.enabled=false",
+            audit_job.__file__, str(ledger.path), "--out", str(tmp_path), "--no-plots",
+        ],
+        capture_output=True, text=True, env=env, timeout=240, check=False,
+    )  # fmt: skip
+    assert result.returncode == 1, result.stderr[-2000:]
+    assert json.loads((tmp_path / "report.json").read_text())["lost"] == ledger.lost
+
+
+@pytest.fixture
+def sink_queue(georep_emulator_factory: Callable[..., Emulator]) -> Iterator[tuple[Emulator, str]]:
+    emulator = georep_emulator_factory(queues=("spark-sink",))
+    yield emulator, "spark-sink"
+
+
+async def test_a_replayed_micro_batch_is_processed_once(
+    spark: SparkSession, sink_queue: tuple[Emulator, str]
+) -> None:
+    emu, queue = sink_queue
+    rows = [(f"order-{i}", f"body {i}") for i in range(40)]
+    df = spark.createDataFrame(rows, "key string, body string")
+    sink = foreach_batch_sink(
+        lambda: GeoSender.from_connection_strings(
+            emu.connection_string("primary"), emu.connection_string("secondary"),
+            queue_name=queue,
+        ),
+        body_col="body", key_col="key", scope=f"test-{uuid.uuid4().hex[:8]}", batch_size=16,
+    )  # fmt: skip
+    # Spark calls foreachBatch on a thread of its own; a replay repeats the batch id.
+    await asyncio.to_thread(sink, df, 7)
+    await asyncio.to_thread(sink, df, 7)
+
+    def stored() -> int:
+        return sum(emu.namespace(n).message_count(queue) for n in emu.namespaces)
+
+    assert stored() == 80, "both attempts reached the broker"
+    processed: Counter[str] = Counter()
+    bodies: set[str] = set()
+
+    async def handle(message: Any) -> None:
+        processed[str(message.message_id)] += 1
+        bodies.add(str(message))
+
+    seen = RedisSeenSet(REDIS_URL, group=f"spark-sink-{uuid.uuid4().hex[:8]}", window=600)
+    try:
+        async with GeoReceiver.from_connection_strings(
+            emu.connection_string("primary"), emu.connection_string("secondary"),
+            queue_name=queue, seen=seen,
+        ) as receiver:  # fmt: skip
+            task = asyncio.create_task(receiver.run(handle))
+            deadline = time.monotonic() + 60
+            while stored() and time.monotonic() < deadline:
+                await asyncio.sleep(0.05)
+            await receiver.aclose()
+            await task
+    finally:
+        await seen.aclose()
+    assert stored() == 0
+    assert len(processed) == 40 and set(processed.values()) == {1}
+    assert bodies == {body for _, body in rows}
+    assert sum(receiver.stats.suppressed.values()) == 40
