@@ -197,9 +197,9 @@ def _per_message(
         F.lit(0).alias("acked"),
         F.lit(0).alias("send_rows"),
         F.lit(1).alias("copies"),
-        (
-            F.unix_micros("received_at") * region_span + _rank_of(F.col("region"), regions)
-        ).alias("first_copy"),
+        (F.unix_micros("received_at") * region_span + _rank_of(F.col("region"), regions)).alias(
+            "first_copy"
+        ),
     )
     per_id = (
         send_rows.unionByName(copy_rows)

@@ -67,13 +67,15 @@ def _first_per_id(codes: np.ndarray, times: np.ndarray, ranks: np.ndarray) -> np
     sorted_codes = codes[order]
     first = np.ones(len(order), dtype=bool)
     first[1:] = sorted_codes[1:] != sorted_codes[:-1]
-    return order[first]  # type: ignore[no-any-return]
+    firsts: np.ndarray = order[first]
+    return firsts
 
 
 def latency_buckets(latency_ms: np.ndarray) -> np.ndarray:
     """The histogram bucket of each latency (see ``BUCKETS_PER_UNIT``)."""
     scaled = np.sign(latency_ms) * np.log1p(np.abs(latency_ms)) * BUCKETS_PER_UNIT
-    return np.floor(scaled + 0.5).astype(np.int64)
+    buckets: np.ndarray = np.floor(scaled + 0.5).astype(np.int64)
+    return buckets
 
 
 def _histogram(values_ms: np.ndarray) -> dict[int, int]:
@@ -87,16 +89,12 @@ def _per_second(
     seconds = micros // 1_000_000
     keys = np.stack([seconds, ranks])
     unique, counts = np.unique(keys, axis=1, return_counts=True)
-    return {
-        (int(s), names[int(r)]): int(c) for (s, r), c in zip(unique.T, counts, strict=True)
-    }
+    return {(int(s), names[int(r)]): int(c) for (s, r), c in zip(unique.T, counts, strict=True)}
 
 
 def _count_by(column: pa.ChunkedArray, mask: pa.ChunkedArray) -> dict[str, int]:
     counts = pc.value_counts(pc.fill_null(column.filter(mask), UNKNOWN))
-    return {
-        str(row["values"]): int(row["counts"]) for row in counts.to_pylist() if row["counts"]
-    }
+    return {str(row["values"]): int(row["counts"]) for row in counts.to_pylist() if row["counts"]}
 
 
 def reference_aggregates(ledger_dir: str | Path) -> Aggregates:
@@ -105,9 +103,7 @@ def reference_aggregates(ledger_dir: str | Path) -> Aggregates:
     sends = _read(send_files, send_schema(), _SEND_COLUMNS)
     receives = _read(receive_files, receive_schema(), _RECEIVE_COLUMNS)
     result = Aggregates()
-    versions = [
-        pc.max(t["schema_version"]).as_py() for t in (sends, receives) if t.num_rows
-    ]
+    versions = [pc.max(t["schema_version"]).as_py() for t in (sends, receives) if t.num_rows]
     result.max_schema_version = max([v for v in versions if v is not None] or [1])
 
     is_processed = pc.equal(receives["outcome"], "processed")
@@ -146,9 +142,7 @@ def reference_aggregates(ledger_dir: str | Path) -> Aggregates:
     region_ranks, regions = _labels(processed["region"])
     candidates = np.flatnonzero(received_valid)
     first = candidates[
-        _first_per_id(
-            processed_codes[candidates], received[candidates], region_ranks[candidates]
-        )
+        _first_per_id(processed_codes[candidates], received[candidates], region_ranks[candidates])
     ]
     first_copy_time = np.zeros(id_count, dtype=np.int64)
     first_copy_region = np.full(id_count, -1, dtype=np.int64)

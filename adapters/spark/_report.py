@@ -31,8 +31,8 @@ __all__ = [
     "UNKNOWN",
     "Aggregates",
     "OutageWindow",
-    "build_report",
     "bucket_value",
+    "build_report",
     "ledger_files",
     "read_meta",
 ]

@@ -93,7 +93,7 @@ def _message_ids(index: np.ndarray, seed: int) -> pa.StringArray:
     for start, stop, offset in ((0, 8, 0), (9, 13, 8), (14, 18, 12), (19, 23, 16), (24, 36, 20)):
         text[:, start:stop] = digits[:, offset : offset + stop - start]
     offsets = np.arange(0, 36 * (count + 1), 36, dtype=np.int32)
-    return pa.StringArray.from_buffers(  # type: ignore[no-any-return]
+    return pa.StringArray.from_buffers(
         count, pa.py_buffer(offsets), pa.py_buffer(np.ascontiguousarray(text))
     )
 
@@ -299,9 +299,7 @@ def write_synthetic_ledger(
                         ids.take(pa.array(rows)),
                         pa.array(np.full(m, "orders", dtype=object), type=pa.string()),
                         _labels(copy_region[rows], regions),
-                        _labels(
-                            np.full(m, copy_outcome), ("processed", "suppressed", "failed")
-                        ),
+                        _labels(np.full(m, copy_outcome), ("processed", "suppressed", "failed")),
                         pa.array(np.full(m, delivery, dtype=np.int32)),
                         _timestamps(received[rows] - 1_000),
                         _timestamps(received[rows]),
@@ -349,4 +347,3 @@ def write_synthetic_ledger(
         ),
         receive_rows=counts["rows"],
     )
-

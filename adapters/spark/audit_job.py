@@ -3,7 +3,8 @@
 Run it with Python or with spark-submit (which then decides the master)::
 
     python -m georep.adapters.spark.audit_job LEDGER_DIR --out DIR [--master local[2]]
-    spark-submit --master local[2] "$(python -c 'import georep.adapters.spark.audit_job as m; print(m.__file__)')" LEDGER_DIR --out DIR
+    JOB="$(python -c 'import georep.adapters.spark.audit_job as m; print(m.__file__)')"
+    spark-submit --master local[2] "$JOB" LEDGER_DIR --out DIR
 
 Exit status: 0 when nothing was lost or processed more than once, 1 otherwise, 2 on bad input.
 """

@@ -78,7 +78,7 @@ def test_reference_reports_exactly_the_injected_loss_and_double_processing(
     assert report["send_failed"] == ledger.send_failed
     assert report["suppressed_by_region"] == ledger.suppressed_by_region
     assert report["failover"]["sends"] == ledger.failover_sends
-    assert REQUIRED_KEYS <= report.keys()
+    assert report.keys() >= REQUIRED_KEYS
 
 
 def test_synthetic_ledger_marks_a_failover_window_inside_the_outage(tmp_path: Path) -> None:
