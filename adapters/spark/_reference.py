@@ -86,10 +86,16 @@ def _histogram(values_ms: np.ndarray) -> dict[int, int]:
 def _per_second(
     micros: np.ndarray, ranks: np.ndarray, names: list[str]
 ) -> dict[tuple[int, str], int]:
+    if not len(micros):
+        return {}
     seconds = micros // 1_000_000
-    keys = np.stack([seconds, ranks])
-    unique, counts = np.unique(keys, axis=1, return_counts=True)
-    return {(int(s), names[int(r)]): int(c) for (s, r), c in zip(unique.T, counts, strict=True)}
+    first = int(seconds.min())
+    # One dense counter per (second, label): cheaper than a unique over row pairs.
+    counts = np.bincount((seconds - first) * len(names) + ranks)
+    return {
+        (first + int(k) // len(names), names[int(k) % len(names)]): int(counts[k])
+        for k in np.flatnonzero(counts)
+    }
 
 
 def _count_by(column: pa.ChunkedArray, mask: pa.ChunkedArray) -> dict[str, int]:
