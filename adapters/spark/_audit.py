@@ -16,16 +16,19 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from pyspark.errors import AnalysisException
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 from georep._ledger_schema import RECEIVES_DIR, SENDS_DIR
+from georep.exceptions import ConfigurationError
 
 from ._report import (
     ACKNOWLEDGED,
@@ -64,16 +67,69 @@ _RECEIVE_SCHEMA = T.StructType(
 )
 
 
-def _read(spark: SparkSession, directory: Path, schema: T.StructType, files: int) -> DataFrame:
-    if not files:
-        return spark.createDataFrame([], schema)
+def is_uri(location: str | Path) -> bool:
+    """True for a ledger on a Hadoop file system (``abfss://``, ``dbfs:/``, ``s3a://``...)."""
+    text = str(location)
+    return bool(_URI.match(text)) and not _DRIVE.match(text)
+
+
+_URI = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]+:")
+_DRIVE = re.compile(r"^[A-Za-z]:[\\/]")
+
+
+def _read(spark: SparkSession, directory: str, schema: T.StructType) -> DataFrame | None:
+    """The dataset in ``directory``, or None when it does not exist."""
     # Spark skips names starting with "." or "_" (a writer's temporary files) by itself.
+    try:
+        return (
+            spark.read.schema(schema)
+            .option("recursiveFileLookup", "true")
+            .option("pathGlobFilter", "*.parquet")
+            .parquet(directory)
+        )
+    except AnalysisException as exc:
+        if "PATH_NOT_FOUND" in str(exc) or "Path does not exist" in str(exc):
+            return None
+        raise
+
+
+def _read_ledger(spark: SparkSession, ledger_dir: str | Path) -> tuple[DataFrame, DataFrame]:
+    if is_uri(ledger_dir):
+        location = str(ledger_dir).rstrip("/")
+        sends = _read(spark, f"{location}/{SENDS_DIR}", _SEND_SCHEMA)
+        receives = _read(spark, f"{location}/{RECEIVES_DIR}", _RECEIVE_SCHEMA)
+        if sends is None and receives is None:
+            raise ConfigurationError(
+                f"{location} holds no ledger: expected Parquet files in "
+                f"{location}/{SENDS_DIR} and {location}/{RECEIVES_DIR}"
+            )
+    else:
+        root = Path(ledger_dir).resolve()
+        send_files, receive_files = ledger_files(root)
+        sends = _read(spark, str(root / SENDS_DIR), _SEND_SCHEMA) if send_files else None
+        receives = (
+            _read(spark, str(root / RECEIVES_DIR), _RECEIVE_SCHEMA) if receive_files else None
+        )
     return (
-        spark.read.schema(schema)
-        .option("recursiveFileLookup", "true")
-        .option("pathGlobFilter", "*.parquet")
-        .parquet(str(directory))
+        sends if sends is not None else spark.createDataFrame([], _SEND_SCHEMA),
+        receives if receives is not None else spark.createDataFrame([], _RECEIVE_SCHEMA),
     )
+
+
+def _read_meta(spark: SparkSession, location: str) -> tuple[int, list[str]]:
+    """``read_meta`` through Spark, for a ledger on a Hadoop file system."""
+    try:
+        meta = spark.read.schema("dropped_sends long, dropped_receives long").json(
+            f"{location.rstrip('/')}/meta/*.json", multiLine=True
+        )
+        row = meta.agg(
+            F.sum(F.coalesce("dropped_sends", F.lit(0)) + F.coalesce("dropped_receives", F.lit(0)))
+        ).first()
+    except AnalysisException as exc:
+        if "PATH_NOT_FOUND" in str(exc) or "Path does not exist" in str(exc):
+            return 0, []
+        raise
+    return int(row[0] or 0) if row is not None else 0, []
 
 
 def _second(column: str) -> Column:
@@ -274,10 +330,7 @@ def spark_aggregates(spark: SparkSession, ledger_dir: str | Path) -> Aggregates:
     Raises:
         ConfigurationError: ``ledger_dir`` holds no ledger.
     """
-    root = Path(ledger_dir).resolve()
-    send_files, receive_files = ledger_files(root)
-    sends = _read(spark, root / SENDS_DIR, _SEND_SCHEMA, len(send_files))
-    receives = _read(spark, root / RECEIVES_DIR, _RECEIVE_SCHEMA, len(receive_files))
+    sends, receives = _read_ledger(spark, ledger_dir)
     result = Aggregates()
     modes = _sends_side(sends, result)
     regions = _receives_side(receives, result)
@@ -309,7 +362,9 @@ def audit(
     """Audit a delivery ledger with Spark.
 
     Args:
-        ledger_dir: The ledger directory (``sends/``, ``receives/``, optional ``meta/``).
+        ledger_dir: The ledger directory (``sends/``, ``receives/``, optional ``meta/``):
+            a local path, or a URI Spark reads (``abfss://...``, ``dbfs:/...``,
+            ``file:///...``) for a ledger on cluster storage.
         out_dir: Where to write ``report.json`` (and the PNGs); ``None`` writes nothing.
         master: Spark master URL; ``None`` leaves it to spark-submit. A session already
             running in the process is reused.
@@ -323,13 +378,15 @@ def audit(
     Raises:
         ConfigurationError: ``ledger_dir`` holds no ledger, or an outage window is invalid.
     """
-    ledger_files(ledger_dir)  # a clear error before Spark starts
+    if not is_uri(ledger_dir):
+        ledger_files(ledger_dir)  # a clear error before Spark starts
     spark = spark_session(master)
     report = build_report(
         spark_aggregates(spark, ledger_dir),
         ledger_dir=ledger_dir,
         engine="spark",
         outage_windows=outage_windows,
+        meta=_read_meta(spark, str(ledger_dir)) if is_uri(ledger_dir) else None,
     )
     if out_dir is not None:
         target = Path(out_dir)

@@ -263,10 +263,15 @@ def build_report(
     ledger_dir: str | Path,
     engine: str,
     outage_windows: Iterable[Sequence[Any]] = (),
+    meta: tuple[int, list[str]] | None = None,
 ) -> dict[str, Any]:
-    """The ``report.json`` dictionary (see docs/audit.md for every key)."""
+    """The ``report.json`` dictionary (see docs/audit.md for every key).
+
+    ``meta`` is (rows dropped, warnings) when the engine read ``meta/*.json`` itself;
+    ``None`` reads them from the local ``ledger_dir``.
+    """
     windows = _windows(outage_windows)
-    dropped, warnings = read_meta(ledger_dir)
+    dropped, warnings = read_meta(ledger_dir) if meta is None else (meta[0], list(meta[1]))
     if dropped:
         warnings.append(
             f"ledger writers dropped {dropped} rows (meta/*.json): the loss and duplicate "

@@ -22,7 +22,7 @@ import pytest
 from pyspark.sql import SparkSession
 from typer.testing import CliRunner
 
-from georep import GeoReceiver, GeoSender
+from georep import ConfigurationError, GeoReceiver, GeoSender
 from georep.adapters.emulator import Emulator
 from georep.adapters.redis import RedisSeenSet
 from georep.adapters.spark import (
@@ -146,6 +146,17 @@ def test_audit_job_runs_under_spark_submit(ledger: SyntheticLedger, tmp_path: Pa
     )  # fmt: skip
     assert result.returncode == 1, result.stderr[-2000:]
     assert json.loads((tmp_path / "report.json").read_text())["lost"] == ledger.lost
+
+
+def test_a_ledger_given_as_a_uri_is_read_through_spark_with_its_meta(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    ledger = write_synthetic_ledger(tmp_path / "ledger", messages=3_000, dropped_receives=2)
+    report = audit(ledger.path.as_uri(), master="local[2]", plots=False)
+    assert (report["lost"], report["sent"]) == (ledger.lost, ledger.sent)
+    assert report["ledger_rows_dropped"] == 2 and report["loss_is_bound"]
+    with pytest.raises(ConfigurationError, match="holds no ledger"):
+        audit((tmp_path / "missing").as_uri(), master="local[2]", plots=False)
 
 
 @pytest.fixture
