@@ -5,11 +5,14 @@ from __future__ import annotations
 import logging
 import os
 import re
+import shutil
 import threading
 from collections.abc import Mapping
 from importlib import resources
 
 from pyspark.sql import SparkSession
+
+from georep.exceptions import ConfigurationError
 
 __all__ = ["spark_session"]
 
@@ -29,6 +32,16 @@ def _local_cores(master: str) -> int | None:
         return None
     cores = match.group(2)
     return os.cpu_count() or 1 if cores in (None, "*") else int(cores)
+
+
+def _check_java() -> None:
+    home = os.environ.get("JAVA_HOME")
+    if (home and os.path.exists(os.path.join(home, "bin", "java"))) or shutil.which("java"):
+        return
+    raise ConfigurationError(
+        "Spark needs a Java runtime (17 or newer) and found none on PATH or in JAVA_HOME: "
+        "install one, e.g. apt-get install openjdk-17-jre-headless"
+    )
 
 
 def spark_session(
@@ -53,6 +66,9 @@ def spark_session(
 
     Returns:
         The SparkSession.
+
+    Raises:
+        ConfigurationError: No Java runtime to start Spark with.
     """
     with _lock:
         existing = SparkSession.getActiveSession()
@@ -66,6 +82,8 @@ def spark_session(
                     master,
                 )
             return existing
+        if not _under_spark_submit():
+            _check_java()
         builder = SparkSession.builder.appName(app_name)
         settings = {
             "spark.ui.enabled": "false",
