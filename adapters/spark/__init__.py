@@ -1,0 +1,39 @@
+"""Where georep meets Spark: the ledger audit and the ``foreachBatch`` sink (SPEC §6).
+
+Install with ``pip install 'georep[spark]'``.
+"""
+
+from __future__ import annotations
+
+try:
+    import pyarrow  # noqa: F401
+    import pyspark  # noqa: F401
+except ImportError as exc:  # pragma: no cover - depends on the install
+    raise ImportError(
+        "georep.adapters.spark needs pyspark and pyarrow: pip install 'georep[spark]'"
+    ) from exc
+
+from ._audit import audit, spark_aggregates
+from ._plots import write_plots
+from ._reference import reference_aggregates, reference_audit
+from ._report import Aggregates, build_report
+from ._session import spark_session
+from ._sink import foreach_batch_sink, sink_message_id
+from ._synthetic import SyntheticLedger, write_synthetic_ledger
+from ._table import report_table
+
+__all__ = [
+    "Aggregates",
+    "SyntheticLedger",
+    "audit",
+    "build_report",
+    "foreach_batch_sink",
+    "reference_aggregates",
+    "reference_audit",
+    "report_table",
+    "sink_message_id",
+    "spark_aggregates",
+    "spark_session",
+    "write_plots",
+    "write_synthetic_ledger",
+]

@@ -1,0 +1,87 @@
+"""The Spark ledger audit on local[2] against the single-machine reference, 1M and 10M messages.
+
+For each size it writes a synthetic ledger (0.1 % loss, 0.05 % double processing, an
+outage with failovers), then times in the same run:
+
+- Spark: ``audit(..., master="local[2]", plots=False)`` with the session already started
+  (the session start is printed on its own);
+- reference: ``reference_audit`` (pyarrow reads, numpy counts, one process).
+
+It prints both times, the ratio Spark / reference, and whether both reports agree with each
+other and with the injected counts. Targets on a 2-core machine: 10M messages in <= 60 s
+and <= 3x the reference.
+
+    .venv/bin/python benchmarks/audit.py [--sizes 1000000 10000000] [--dir /tmp/ledgers]
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import tempfile
+import time
+from pathlib import Path
+
+from georep.adapters.spark import (
+    audit,
+    reference_audit,
+    spark_session,
+    write_synthetic_ledger,
+)
+
+MASTER = "local[2]"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--sizes", type=int, nargs="+", default=[1_000_000, 10_000_000])
+    parser.add_argument("--dir", help="where to write the ledgers (default: a temporary dir)")
+    args = parser.parse_args()
+    root = Path(args.dir) if args.dir else Path(tempfile.mkdtemp(prefix="georep-audit-"))
+    started = time.perf_counter()
+    spark_session(MASTER)
+    print(f"Spark session ({MASTER}) started in {time.perf_counter() - started:.1f} s")
+    print(f"{'messages':>11} {'rows':>11} {'files':>6} {'generate s':>10} {'spark s':>8} "
+          f"{'reference s':>11} {'spark/ref':>9}  agree")  # fmt: skip
+    try:
+        for size in args.sizes:
+            path = root / f"ledger-{size}"
+            shutil.rmtree(path, ignore_errors=True)
+            t = time.perf_counter()
+            ledger = write_synthetic_ledger(path, messages=size)
+            generated = time.perf_counter() - t
+            files = sum(1 for _ in path.rglob("*.parquet"))
+            t = time.perf_counter()
+            spark = audit(path, master=MASTER, plots=False)
+            spark_seconds = time.perf_counter() - t
+            t = time.perf_counter()
+            reference = reference_audit(path)
+            reference_seconds = time.perf_counter() - t
+            agree = {k: v for k, v in spark.items() if k != "engine"} == {
+                k: v for k, v in reference.items() if k != "engine"
+            } and (spark["lost"], spark["processed_more_than_once"]) == (
+                ledger.lost,
+                ledger.processed_more_than_once,
+            )
+            rows = size + ledger.receive_rows
+            print(
+                f"{size:>11,} {rows:>11,} {files:>6} {generated:>10.1f} {spark_seconds:>8.1f} "
+                f"{reference_seconds:>11.1f} {spark_seconds / reference_seconds:>9.2f}  "
+                f"{'yes' if agree else 'NO'}",
+                flush=True,
+            )
+            if size >= 10_000_000:
+                verdict = "met" if spark_seconds <= 60 else "MISSED"
+                ratio = spark_seconds / reference_seconds
+                print(
+                    f"  target 10M <= 60 s: {verdict}; <= 3x reference: "
+                    f"{'met' if ratio <= 3 else 'MISSED'} ({ratio:.2f}x)"
+                )
+            shutil.rmtree(path, ignore_errors=True)
+    finally:
+        if not args.dir:
+            shutil.rmtree(root, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
