@@ -99,7 +99,7 @@ async def _run_live(config: ScenarioConfig, console: Console) -> ScenarioResult:
 
 def _audit(result: ScenarioResult, out_dir: Path, console: Console) -> dict[str, Any] | None:
     try:
-        from georep.adapters.spark import audit, report_table  # type: ignore[attr-defined]
+        from georep.adapters.spark import audit, report_table
     except ImportError as exc:
         console.print(f"[yellow]Spark audit skipped[/]: {exc}")
         return None

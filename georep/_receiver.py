@@ -365,14 +365,26 @@ class GeoReceiver:
 
     async def _turn(self, region: RegionReceiver, copies: list[_Copy]) -> list[_Copy]:
         """Claim, process, commit and settle one turn's copies; return those still parked."""
-        checked = [c for c in copies if c.delivery.key is not None]
+        checked: list[_Copy] = []
+        repeats: list[_Copy] = []
         unchecked = [c for c in copies if c.delivery.key is None]
+        seen_keys: set[str] = set()
+        for copy in copies:
+            key = copy.delivery.key
+            if key is None:
+                continue
+            # Two copies of one message in one turn (a redelivery, a replayed batch): our
+            # claim is re-entrant for our own owner, so only the first is claimed; the
+            # others wait a turn and then find it done (or released, after a failure).
+            (repeats if key in seen_keys else checked).append(copy)
+            seen_keys.add(key)
         states = await self._claim(region, checked, copies)
         if states is None:  # store unreachable and policy "process"
-            unchecked, checked, states = copies, [], []
+            unchecked, checked, states, repeats = copies, [], [], []
         to_process = [c for c, s in zip(checked, states, strict=True) if s is ClaimState.CLAIMED]
         done = [c for c, s in zip(checked, states, strict=True) if s is ClaimState.DONE]
         parked = [c for c, s in zip(checked, states, strict=True) if s is ClaimState.IN_FLIGHT]
+        parked += repeats
         self.stats.unchecked += len(unchecked)
 
         for copy in done:

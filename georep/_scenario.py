@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from georep.exceptions import ConfigurationError, GeoReplicationError
+from georep.ports import RegionAttempt, SendRecord
 
 __all__ = ["ScenarioConfig", "ScenarioResult", "run_scenario"]
 
@@ -214,18 +215,6 @@ class _Topology:
             await asyncio.to_thread(self.emulator.stop)
 
 
-def _ledger(directory: Path) -> Any:
-    try:
-        from georep import ParquetLedger  # type: ignore[attr-defined]
-    except ImportError:  # pragma: no cover - the ledger lands with issue 7
-        return None
-    return ParquetLedger(directory)
-
-
-def _with_ledger(ledger: Any) -> dict[str, Any]:
-    return {"ledger": ledger} if ledger is not None else {}
-
-
 class _Sender:
     """One interface over GeoSender, PairedSender (+ syphon) and the raw SDK sender."""
 
@@ -260,7 +249,7 @@ class _Sender:
             mode=ReplicationMode(config.mode),
             policy=FailoverPolicy(attempt_timeout=2.0),
             outbox=self._outbox,
-            **_with_ledger(self.ledger),
+            ledger=self.ledger,
         )
         await self._impl.__aenter__()
 
@@ -284,7 +273,7 @@ class _Sender:
             queue_name=self.config.queue,
             primary_namespace=name,
             options=options,
-            **_with_ledger(self.ledger),
+            ledger=self.ledger,
         )
         await self._impl.__aenter__()
         self._syphon = Syphon.from_connection_strings(
@@ -295,7 +284,16 @@ class _Sender:
     async def send(self, message: Any) -> tuple[str | None, bool, bool]:
         """Send one message; return (region that took it, failed over, queued)."""
         if self.config.mode == "raw":
-            await self._impl.send_messages(message)
+            # The plain SDK sender knows no ledger: record its sends the same way.
+            started = time.time()
+            try:
+                await self._impl.send_messages(message)
+            except Exception as exc:
+                self._record_raw(
+                    message, started, RegionAttempt("primary", "failed", type(exc).__name__)
+                )
+                raise
+            self._record_raw(message, started, RegionAttempt("primary", "accepted"))
             return "primary", False, False
         if self.config.mode == "paired":
             place = await self._impl.send_messages(message)
@@ -305,6 +303,22 @@ class _Sender:
         result = await self._impl.send_messages(message)
         accepted: str | None = result.accepted[0] if result.accepted else None
         return accepted, result.failed_over, result.queued
+
+    def _record_raw(self, message: Any, started: float, attempt: RegionAttempt) -> None:
+        accepted = attempt.outcome == "accepted"
+        self.ledger.record_send(
+            SendRecord(
+                message_ids=(str(message.message_id),),
+                entity=self.config.queue,
+                mode="raw",
+                outcome="accepted" if accepted else "failed",
+                accepted_region="primary" if accepted else None,
+                failover=False,
+                regions=(attempt,),
+                started_at=started,
+                finished_at=time.time(),
+            )
+        )
 
     async def flush(self, deadline: float) -> None:
         """Deliver whatever the outbox holds, until it is empty or the deadline passes."""
@@ -360,7 +374,7 @@ async def run_scenario(
     """
     from azure.servicebus import ServiceBusMessage
 
-    from georep import GeoReceiver
+    from georep import GeoReceiver, ParquetLedger
     from georep.adapters.redis import RedisSeenSet, embedded_redis_url
 
     config.work_dir.mkdir(parents=True, exist_ok=True)
@@ -369,7 +383,7 @@ async def run_scenario(
     progress = ScenarioProgress()
     topology = _Topology(config)
     await topology.start()
-    ledger = _ledger(ledger_dir)
+    ledger = ParquetLedger(ledger_dir)
     receivers: list[Any] = []
     receiver_tasks: list[asyncio.Task[None]] = []
     sender = _Sender(config, topology, ledger)
@@ -395,7 +409,7 @@ async def run_scenario(
                 seen=RedisSeenSet(redis_url, group=f"demo-{run_id}"),
                 concurrency=16,
                 max_wait=0.5,
-                **_with_ledger(ledger),
+                ledger=ledger,
             )
             receivers.append(receiver)
             progress.receivers.append(receiver)

@@ -230,23 +230,9 @@ async def test_a_replayed_micro_batch_is_processed_once(
     assert suppressed == 40
 
 
-# GeoReceiver bug (georep/_receiver.py, not the sink): two copies with the same MessageId in
-# ONE receive turn (up to `concurrency`=32 copies) are both claimed by the same owner and
-# both processed. 40 rows keep each replayed copy out of its original's turn; 30 rows put
-# copies 31 and 32 (replays of rows 1 and 2) in the first turn. Remove the xfail when fixed.
-@pytest.mark.parametrize(
-    "row_count",
-    [
-        40,
-        pytest.param(
-            30,
-            marks=pytest.mark.xfail(
-                strict=True,
-                reason="GeoReceiver processes same-id copies received in one turn twice",
-            ),
-        ),
-    ],
-)
+# 30 rows put the replays of rows 1 and 2 in the same receive turn as their originals
+# (concurrency 32); 40 rows keep every replay out of its original's turn.
+@pytest.mark.parametrize("row_count", [30, 40])
 async def test_a_streaming_query_rerun_from_a_lost_checkpoint_delivers_each_row_once(
     spark: SparkSession, sink_queue: tuple[Emulator, str], tmp_path: Path, row_count: int
 ) -> None:

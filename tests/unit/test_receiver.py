@@ -68,6 +68,37 @@ async def test_twins_are_processed_once_and_both_copies_settled(world: World) ->
     assert geo.stats.processed == 3 and sum(geo.stats.suppressed.values()) == 3
 
 
+async def test_copies_of_one_message_in_one_receive_turn_are_processed_once(
+    world: World,
+) -> None:
+    # A replayed batch or a resend lands right behind the original: same region, same turn.
+    for message_id in ("a", "b", "a", "a", "b"):
+        world.primary.put(FakeMessage(b"x", message_id))
+    geo = world.receiver()
+    await world.run_for(geo, 5)
+
+    assert world.processed == Counter({"a": 1, "b": 1})
+    assert len(world.primary.completed) == 5 and world.primary.pending == 0
+    assert geo.stats.suppressed == {"primary": 3}
+
+
+async def test_a_repeat_in_the_turn_of_a_failed_copy_is_processed_after_it(
+    world: World,
+) -> None:
+    world.primary.put(FakeMessage(b"x", "a"))
+    world.primary.put(FakeMessage(b"x", "a"))
+    calls: list[str] = []
+
+    async def fails_first(message: Any) -> None:
+        calls.append(message.message_id)
+        if len(calls) == 1:
+            raise RuntimeError("first attempt fails")
+
+    await world.run_for(world.receiver(), 5, fails_first)
+    assert calls == ["a", "a"], "the repeat was processed once the first copy was released"
+    assert len(world.primary.completed) == 2 and world.primary.pending == 0
+
+
 async def test_a_failing_handler_is_retried_on_redelivery_and_processed_once(
     world: World,
 ) -> None:
