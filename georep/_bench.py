@@ -103,7 +103,7 @@ def _summary(reports: dict[str, dict[str, Any]], command: str) -> str:
     lines = [
         "# georep bench: summary",
         "",
-        f"Made by `{command}` on {datetime.now(UTC):%Y-%m-%d %H:%M} UTC, "
+        f"Made by `{command.strip()}` on {datetime.now(UTC):%Y-%m-%d %H:%M} UTC, "
         f"{platform.machine()}, Python {platform.python_version()}, against the bundled "
         "emulator on loopback (one machine: sender, receivers, emulator and Redis share its "
         "cores, so read the ratios between rows rather than the absolute rates).",
@@ -131,6 +131,12 @@ def _summary(reports: dict[str, dict[str, Any]], command: str) -> str:
             rate = reports.get(f"throughput-{mode}", {}).get("scenario", {}).get("send_rate")
             if rate:
                 lines.append(f"- {mode}: {rate / raw:.2f}x")
+        lines += [
+            "",
+            "These runs receive in the same process as they send, so the receivers compete "
+            "with the sender for the CPU, and active mode receives twice the copies: its "
+            "ratio here is below the sender-only figure of `benchmarks/sender.py`.",
+        ]
     lines += ["", "Per scenario: `report.json` (the audit, plus the client's own figures under "
               "`scenario`), `timeline.png` (sends and processing per region per second, the "
               "outage shaded) and `latency_cdf.png`."]  # fmt: skip

@@ -16,7 +16,7 @@ from rich.text import Text
 
 from georep._scenario import ScenarioConfig, ScenarioProgress, ScenarioResult, run_scenario
 
-__all__ = ["progress_table", "run_demo"]
+__all__ = ["log_to", "progress_table", "run_demo"]
 
 
 def progress_table(progress: ScenarioProgress, config: ScenarioConfig) -> Table:
@@ -63,7 +63,8 @@ class _OncePerKind(logging.Filter):
         return True
 
 
-def _log_to(console: Console) -> None:
+def log_to(console: Console) -> None:
+    """Route georep's warnings through ``console``, each kind at most every 5 s."""
     from rich.logging import RichHandler
 
     handler = RichHandler(console=console, show_path=False, level=logging.WARNING)
@@ -128,7 +129,7 @@ def run_demo(config: ScenarioConfig, console: Console) -> int:
             else ""
         )
     )
-    _log_to(console)
+    log_to(console)
     result = asyncio.run(_run_live(config, console))
     out_dir = config.work_dir / "report"
     report = _audit(result, out_dir, console)

@@ -429,6 +429,9 @@ def bench(
     Exit status 1 if any scenario lost a message or processed one twice.
     """
     from georep._bench import SCENARIOS, run_bench
+    from georep._demo import log_to
+
+    log_to(console)
 
     names = scenario or list(SCENARIOS)
     unknown = [n for n in names if n not in SCENARIOS]
