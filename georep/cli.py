@@ -43,6 +43,10 @@ def emulator(
     topic: Annotated[
         list[str] | None, typer.Option(help="Topic NAME[:SUB1,SUB2] created in every namespace.")
     ] = None,
+    hybrid_connection: Annotated[
+        list[str] | None,
+        typer.Option(help="Relay hybrid connection created in every namespace (repeat)."),
+    ] = None,
     control_port: Annotated[
         int, typer.Option(help="HTTP control endpoint port (0 = any free).")
     ] = 5710,
@@ -59,6 +63,8 @@ def emulator(
         argv += ["--queue", name]
     for name in topic or []:
         argv += ["--topic", name]
+    for name in hybrid_connection or []:
+        argv += ["--hybrid-connection", name]
     raise typer.Exit(run(argv))
 
 
@@ -68,7 +74,8 @@ def fault(
     action: Annotated[
         str,
         typer.Argument(
-            help="outage, restore, blackhole, latency, reject-sends, drop-dispositions, disaster"
+            help="outage, restore, blackhole, latency, reject-sends, drop-dispositions, "
+            "disaster, relay-no-listener"
         ),
     ],
     seconds: Annotated[float, typer.Option(help="For latency: seconds added per response.")] = 0.0,
@@ -79,6 +86,10 @@ def fault(
         ),
     ] = None,
     count: Annotated[int, typer.Option(help="For drop-dispositions: how many sends.")] = 1,
+    path: Annotated[
+        str | None, typer.Option(help="For relay-no-listener: the hybrid connection.")
+    ] = None,
+    off: Annotated[bool, typer.Option(help="For relay-no-listener: lift the fault.")] = False,
     control_url: Annotated[
         str, typer.Option(envvar="GEOREP_EMULATOR_CONTROL_URL", help="The emulator's control URL.")
     ] = "http://127.0.0.1:5710",
@@ -92,6 +103,7 @@ def fault(
         "latency": {"seconds": seconds},
         "reject-sends": {"condition": condition},
         "drop-dispositions": {"count": count},
+        "relay-no-listener": {"path": path, "on": not off},
     }
     request = urllib.request.Request(
         f"{control_url.rstrip('/')}/namespaces/{namespace}/faults/{action}",

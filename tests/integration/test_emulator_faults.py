@@ -286,16 +286,20 @@ def test_cli_runs_the_emulator_in_the_foreground_and_stops_on_signal() -> None:
             "0",
             "--control-port",
             "0",
+            "--hybrid-connection",
+            "svc",
         ],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
     )
     try:
-        lines = [process.stdout.readline() for _ in range(3)]  # type: ignore[union-attr]
+        lines = [process.stdout.readline() for _ in range(4)]  # type: ignore[union-attr]
         assert "georep emulator ready" in lines[0]
         assert lines[1].strip().startswith("primary: Endpoint=sb://127.0.0.1:")
-        assert "UseDevelopmentEmulator=true" in lines[2]
+        assert "UseDevelopmentEmulator=true" in lines[1]
+        assert "relay: wss://127.0.0.1:" in lines[2] and "svc" in lines[2]
+        assert lines[3].strip().startswith("secondary: Endpoint=sb://127.0.0.1:")
     finally:
         process.send_signal(2)  # Ctrl-C
         assert process.wait(timeout=15) == 0
@@ -325,3 +329,22 @@ def test_cli_injects_faults_into_a_running_emulator(
     assert emu.namespace("primary").faults() == {**cleared, "dropped_dispositions": 0}
     bad = cli("primary", "meteor")
     assert bad.returncode == 2 and "unknown fault" in bad.stdout
+
+
+def test_cli_toggles_the_relay_no_listener_fault(georep_emulator_factory: EmulatorFactory) -> None:
+    emu = georep_emulator_factory(queues=("q",), hybrid_connections=("svc",))
+
+    def cli(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "georep.cli", "fault", *args, "--control-url", emu.control_url],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+
+    assert cli("primary", "relay-no-listener", "--path", "svc").returncode == 0
+    assert emu.namespace("primary").relay()["no_listener"] == ["svc"]
+    assert cli("primary", "relay-no-listener", "--path", "svc", "--off").returncode == 0
+    assert emu.namespace("primary").relay()["no_listener"] == []
+    missing = cli("primary", "relay-no-listener")
+    assert missing.returncode == 2 and "needs" in missing.stdout
