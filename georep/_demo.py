@@ -75,23 +75,17 @@ def log_to(console: Console) -> None:
 
 
 async def _run_live(config: ScenarioConfig, console: Console) -> ScenarioResult:
+    progress = ScenarioProgress()
     with Live(console=console, refresh_per_second=4, transient=False) as live:
-        refresher: asyncio.Task[None] | None = None
-        progress_ref: list[ScenarioProgress] = []
-
-        def on_progress(progress: ScenarioProgress) -> None:
-            if not progress_ref:
-                progress_ref.append(progress)
 
         async def refresh() -> None:
             while True:
-                if progress_ref:
-                    live.update(progress_table(progress_ref[0], config))
+                live.update(progress_table(progress, config))
                 await asyncio.sleep(0.25)
 
         refresher = asyncio.create_task(refresh())
         try:
-            result = await run_scenario(config, on_progress=on_progress)
+            result = await run_scenario(config, progress=progress)
         finally:
             refresher.cancel()
         live.update(progress_table(result.progress, config))

@@ -16,7 +16,6 @@ import logging
 import time
 import uuid
 from collections import Counter
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -182,26 +181,22 @@ class _Topology:
     async def restore(self) -> None:
         await asyncio.to_thread(self.emulator.namespace("primary").restore)
 
-    async def empty(self) -> bool:
-        """Both regions' queues are empty (the twins of processed copies were suppressed);
-        always True for real namespaces, which the scenario does not inspect."""
+    async def empty(self, entities: dict[str, list[str]]) -> bool:
+        """Every listed entity (by namespace) is empty; always True for real namespaces,
+        which the scenario does not inspect."""
         if self.emulator is None:
             return True
-        for namespace in self.emulator.namespaces:
+        for namespace, names in entities.items():
             control = self.emulator.namespace(namespace)
-            if await asyncio.to_thread(control.message_count, self.config.queue):
-                return False
+            for name in names:
+                if await asyncio.to_thread(control.message_count, name):
+                    return False
         return True
 
     def primary_namespace(self) -> str:
-        if self.emulator is not None:
-            return f"127.0.0.1:{self.emulator.namespace('primary').port}"
-        endpoint = next(
-            part.split("=", 1)[1]
-            for part in self.primary.split(";")
-            if part.lower().startswith("endpoint=")
-        )
-        return endpoint.removeprefix("sb://").rstrip("/")
+        from georep.adapters.servicebus._sender import namespace_of
+
+        return namespace_of(self.primary)
 
     async def admin_secondary(self) -> Any:
         if self.emulator is not None:
@@ -226,6 +221,7 @@ class _Sender:
         self._syphon: Any = None
         self._syphon_task: asyncio.Task[None] | None = None
         self._client: Any = None
+        self._options: Any = None
         self._last_region = "primary"
 
     async def open(self) -> None:
@@ -257,7 +253,7 @@ class _Sender:
         from georep import PairedNamespaceOptions, PairedSender, Syphon
         from georep.adapters.servicebus import ensure_backlog_queues
 
-        options = PairedNamespaceOptions(
+        self._options = options = PairedNamespaceOptions(
             backlog_queue_count=4,
             failover_interval=0,
             ping_primary_interval=1,
@@ -330,21 +326,14 @@ class _Sender:
                 await self._impl.drain_outbox()
                 await asyncio.sleep(0.2)
 
-    @property
-    def syphon_idle(self) -> bool:
-        if self._syphon is None:
-            return True
-        counts = [
-            self.topology.emulator.namespace("secondary").message_count(path)
-            for path in self._backlog_paths()
-        ] if self.topology.emulator is not None else [0]  # fmt: skip
-        return not any(counts)
-
-    def _backlog_paths(self) -> list[str]:
+    def backlog_paths(self) -> list[str]:
+        """The backlog queues the syphon still has to empty (none outside paired mode)."""
+        if self._options is None:
+            return []
         from georep import backlog_queue_path
 
         name = self.topology.primary_namespace()
-        return [backlog_queue_path(name, i) for i in range(4)]
+        return [backlog_queue_path(name, i) for i in range(self._options.backlog_queue_count)]
 
     async def close(self) -> None:
         if self._syphon is not None:
@@ -365,9 +354,11 @@ class _Sender:
 async def run_scenario(
     config: ScenarioConfig,
     *,
-    on_progress: Callable[[ScenarioProgress], None] | None = None,
+    progress: ScenarioProgress | None = None,
 ) -> ScenarioResult:
     """Run the scenario; the ledger is flushed and closed when it returns.
+
+    ``progress`` is updated as the scenario runs (a live display reads it).
 
     Raises:
         ConfigurationError: The configuration cannot run (e.g. a malformed connection string).
@@ -380,7 +371,7 @@ async def run_scenario(
     config.work_dir.mkdir(parents=True, exist_ok=True)
     ledger_dir = config.work_dir / "ledger"
     run_id = uuid.uuid4().hex[:12]
-    progress = ScenarioProgress()
+    progress = progress if progress is not None else ScenarioProgress()
     topology = _Topology(config)
     await topology.start()
     ledger = ParquetLedger(ledger_dir)
@@ -473,20 +464,18 @@ async def run_scenario(
                 and region not in (None, "primary")
             ):
                 failover_seconds = time.monotonic() - outage_started
-            if on_progress is not None:
-                on_progress(progress)
         send_seconds = time.monotonic() - progress.started
         if outage_task is not None:
             progress.phase = "waiting for the primary to recover"
             await outage_task
         progress.phase = "settling"
         deadline = time.monotonic() + config.settle_timeout
+        # Settled means: every twin suppressed and the syphon's backlog moved home.
+        queues = {"primary": [config.queue], "secondary": [config.queue, *sender.backlog_paths()]}
         await sender.flush(deadline)
         while time.monotonic() < deadline:
-            if acknowledged <= set(processed) and sender.syphon_idle and await topology.empty():
+            if acknowledged <= set(processed) and await topology.empty(queues):
                 break
-            if on_progress is not None:
-                on_progress(progress)
             await asyncio.sleep(0.2)
         progress.phase = "done"
     finally:

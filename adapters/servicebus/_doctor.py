@@ -22,7 +22,7 @@ from georep.exceptions import ConfigurationError
 from georep.ports import ErrorKind
 
 from ._errors import translate_error
-from ._sender import check_connection_string
+from ._sender import check_connection_string, namespace_of
 
 __all__ = ["QUEUE_SETTINGS", "SUBSCRIPTION_SETTINGS", "TOPIC_SETTINGS", "check_namespaces"]
 
@@ -64,14 +64,6 @@ class _Inventory:
 
 async def _bounded(operation: Awaitable[_T], timeout: float) -> _T:
     return await asyncio.wait_for(operation, timeout)
-
-
-def _namespace_of(connection_string: str) -> str:
-    for part in connection_string.split(";"):
-        key, _, value = part.partition("=")
-        if key.strip().lower() == "endpoint":
-            return value.strip().removeprefix("sb://").rstrip("/")
-    return "?"
 
 
 async def _inventory(
@@ -120,7 +112,7 @@ async def _inventory(
         findings.append(
             Finding.problem(
                 region,
-                f"{_namespace_of(connection_string)} cannot be reached ({type(exc).__name__})",
+                f"{namespace_of(connection_string)} cannot be reached ({type(exc).__name__})",
                 "check the Endpoint in the connection string, DNS, firewall rules and that "
                 "the namespace exists",
             )
@@ -186,7 +178,7 @@ async def _probe(
 
     Session queues get no peek: a receiver there needs a session id.
     """
-    namespace = _namespace_of(connection_string)
+    namespace = namespace_of(connection_string)
     if not queues and not topics:
         findings.append(
             Finding.warning(
@@ -261,7 +253,7 @@ async def check_namespaces(
             findings.append(Finding.problem(region, str(exc), "fix the connection string"))
     if findings:
         return findings
-    if _namespace_of(primary) == _namespace_of(secondary):
+    if namespace_of(primary) == namespace_of(secondary):
         findings.append(
             Finding.problem(
                 "pair",
@@ -295,11 +287,8 @@ async def check_namespaces(
             SUBSCRIPTION_SETTINGS,
             findings,
         )
-        unknown = wanted - set(queues) - set(topics)
-        for name in sorted(unknown - set(inventories["primary"].queues)
-                           - set(inventories["primary"].topics)
-                           - set(inventories["secondary"].queues)
-                           - set(inventories["secondary"].topics)):  # fmt: skip
+        held = {name for inv in inventories.values() for name in (*inv.queues, *inv.topics)}
+        for name in sorted(wanted - held):
             findings.append(
                 Finding.problem(
                     name,

@@ -169,6 +169,19 @@ def check_connection_string(connection_string: str, region: str) -> None:
         )
 
 
+def namespace_of(connection_string: str) -> str:
+    """The namespace host (and port, if any) of a connection string's Endpoint, or ``"?"``.
+
+    ``Endpoint=sb://contoso.servicebus.windows.net/;...`` gives
+    ``contoso.servicebus.windows.net``; the emulator's gives ``127.0.0.1:PORT``.
+    """
+    for part in connection_string.split(";"):
+        key, _, value = part.partition("=")
+        if key.strip().lower() == "endpoint":
+            return value.strip().removeprefix("sb://").rstrip("/")
+    return "?"
+
+
 def open_client(
     connection_string: str,
     *,
