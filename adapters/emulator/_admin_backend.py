@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
+from urllib.parse import urlsplit
 
 from ._admin import (
     AdminAuthError,
@@ -24,6 +25,7 @@ from ._broker import (
     Topic,
     check_partitioned_size,
 )
+from ._sas import MANAGE
 
 if TYPE_CHECKING:
     from ._server import NamespaceServer
@@ -75,10 +77,25 @@ class NamespaceAdminBackend:
             raise AdminAuthError(
                 "MalformedToken: The request has no Authorization header with a SAS token."
             )
+        # A SAS-token credential reaches us through the SDK's bearer-token policy.
+        token = authorization.removeprefix("Bearer ")
         try:
-            self._server.verify_sas(authorization)
+            granted = self._server.grant(token)
         except PermissionError as exc:
             raise AdminAuthError(f"InvalidSignature: {exc}") from None
+        path = urlsplit(url).path.strip("/")
+        # Listing ($Resources/queues, ...) spans the namespace: only a namespace token may.
+        target = "" if path.lower().startswith("$resources") else path
+        if not granted.covers(target):
+            raise AdminAuthError(
+                f"InvalidAudience: the token is scoped to '{granted.scope or '/'}', which does "
+                f"not cover '{target or '/'}'."
+            )
+        if MANAGE not in granted.rights:
+            raise AdminAuthError(
+                f"Unauthorized: 'Manage' claim is required for the management API; rule "
+                f"'{granted.rule}' has {', '.join(sorted(granted.rights))}."
+            )
 
     # -- views ----------------------------------------------------------------------------
     def _describe(self, kind: EntityKind, target: Entity | Topic) -> dict[str, Any]:

@@ -44,6 +44,7 @@ from ._codec import (
     split_sections,
     timestamp_array,
 )
+from ._sas import LISTEN, SEND, SasGrant
 
 if TYPE_CHECKING:
     from ._server import NamespaceServer
@@ -57,6 +58,11 @@ _RECEIVE_CREDIT_WINDOW = 1000
 _MAX_MESSAGE_SIZE = 256 * 1024
 # AMQP's "null or unknown" for an unset message-id etc.
 _UNAUTHORIZED = "amqp:unauthorized-access"
+# The claim each $management operation needs (anything else reads or settles: Listen).
+_MANAGEMENT_RIGHTS = {
+    "com.microsoft:schedule-message": SEND,
+    "com.microsoft:cancel-scheduled-message": SEND,
+}
 
 
 def _condition(name: str, description: str) -> Condition:
@@ -125,7 +131,7 @@ class AmqpConnection(asyncio.Protocol):
         self._flush_scheduled = False
         self._tick_handle: asyncio.TimerHandle | None = None
         self._consumers: dict[Link, _ConsumerLink] = {}
-        self._tokens: dict[str, float] = {}  # audience -> expiry (epoch seconds)
+        self._tokens: dict[str, SasGrant] = {}  # audience -> what its token allows
         self._tag_counter = 0
         self._closed = False
 
@@ -299,7 +305,8 @@ class AmqpConnection(asyncio.Protocol):
                 link.flow(_RECEIVE_CREDIT_WINDOW)
             return
         try:
-            self._authorize(path)
+            # The client receives through our sender links and sends through our receivers.
+            self._authorize(path, LISTEN if link.is_sender else SEND)
             if link.is_sender:
                 entity = self.namespace.resolve_source(path)
                 if self._has_session_filter(link.remote_source.filter):
@@ -347,13 +354,22 @@ class AmqpConnection(asyncio.Protocol):
         link.rcv_settle_mode = link.remote_rcv_settle_mode
         link.open()
 
-    def _authorize(self, path: str) -> None:
+    def _authorize(self, path: str, right: str) -> None:
+        """Some token put on $cbs covers ``path`` (by its ``sr``) and carries ``right``.
+
+        Raises:
+            BrokerError: ``amqp:unauthorized-access`` (SDK: ``ServiceBusAuthorizationError``).
+        """
+        grants = list(self._tokens.values())
+        if any(grant.allows(path, right) for grant in grants):
+            return
         now = time.time()
-        wanted = path.lower()
-        for audience, expiry in self._tokens.items():
-            scope = entity_path(audience).lower()
-            if expiry > now and (scope == "" or wanted == scope or wanted.startswith(scope + "/")):
-                return
+        if any(grant.covers(path) and grant.expiry > now for grant in grants):
+            raise BrokerError(
+                _UNAUTHORIZED,
+                f"Unauthorized access. '{right}' claim(s) are required to perform this "
+                f"operation on '{path}'.",
+            )
         raise BrokerError(
             _UNAUTHORIZED,
             f"Unauthorized access to '{path}': put a valid SAS token for it on $cbs first.",
@@ -459,11 +475,17 @@ class AmqpConnection(asyncio.Protocol):
             else (request.body or b"").decode("utf-8", "replace")
         )
         try:
-            expiry = self.server.verify_sas(token, audience)
+            granted = self.server.grant(token)
+            if not granted.covers(entity_path(audience)):
+                # The service checks the token's own resource, not the name it is put for.
+                raise PermissionError(
+                    f"InvalidAudience: the token is scoped to '{granted.scope or '/'}', which "
+                    f"does not cover '{entity_path(audience)}'."
+                )
         except PermissionError as exc:
             status, description = 401, str(exc)
         else:
-            self._tokens[audience] = expiry
+            self._tokens[audience] = granted
             status, description = 202, "Accepted"
         response = Message(
             correlation_id=request.id,
@@ -509,7 +531,7 @@ class AmqpConnection(asyncio.Protocol):
         status, description, body = 200, "OK", None
         error_condition: str | None = None
         try:
-            self._authorize(entity_address)
+            self._authorize(entity_address, _MANAGEMENT_RIGHTS.get(operation, LISTEN))
             request_body = _decode_body(payload)
             body = self._management(operation, entity_address, request_body)
             if body is None:

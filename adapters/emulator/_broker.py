@@ -1054,10 +1054,30 @@ def check_partitioned_size(max_size_in_megabytes: int) -> None:
         )
 
 
+#: The service's limit on MessageId, SessionId and PartitionKey, in characters.
+MAX_ID_LENGTH = 128
+
+
 def _check_session_partition_key(parsed: Any) -> None:
-    """SessionId and PartitionKey, when both set, must be equal (the service checks always)."""
+    """SessionId and PartitionKey, when both set, must be equal (the service checks always);
+    each of them and the MessageId is at most 128 characters.
+
+    The service refuses a longer id with ``com.microsoft:argument-out-of-range`` (the SDK:
+    ``ServiceBusError``, not retried); the .NET SDK refuses it before sending.
+    """
     partition_key = parsed.annotations.get("x-opt-partition-key")
     session_id = parsed.session_id
+    for name, value in (
+        ("MessageId", parsed.message_id),
+        ("SessionId", session_id),
+        ("PartitionKey", partition_key),
+    ):
+        if isinstance(value, str) and len(value) > MAX_ID_LENGTH:
+            raise BrokerError(
+                "com.microsoft:argument-out-of-range",
+                f"The {name} of {len(value)} characters exceeds the maximum of "
+                f"{MAX_ID_LENGTH}; use a shorter id (e.g. a hash of the long one).",
+            )
     if session_id is not None and partition_key is not None and str(partition_key) != session_id:
         raise BrokerError(
             "com.microsoft:invalid-operation",

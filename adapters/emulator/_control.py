@@ -1,5 +1,12 @@
 """The emulator's HTTP control endpoint (loopback only): faults, entities, inspection.
 
+Every request must carry ``Authorization: Bearer <control token>`` (generated at start,
+printed by ``georep emulator``, ``Emulator.control_token``) and a ``Host`` of
+``127.0.0.1:<port>`` or ``localhost:<port>``; a POST must be ``application/json``. So a
+web page open on the developer's machine can neither read the keys (DNS rebinding: its
+Host is its own name) nor inject faults (a cross-site POST cannot add the header, and a
+form cannot send JSON). Refusals: wrong Host 403, no or wrong token 401, other body 415.
+
 Routes (JSON in, JSON out):
 
 - ``GET  /``                                   every namespace, its port and connection string
@@ -21,6 +28,8 @@ Routes (JSON in, JSON out):
 
 from __future__ import annotations
 
+import hmac
+from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
@@ -219,6 +228,36 @@ def build_control_app(emulator: EmulatorServer) -> web.Application:
             return _error(404, f"unknown fault '{fault}'; one of {', '.join(FAULTS)}")
         return web.json_response(server.faults.as_dict())
 
-    app = web.Application()
+    app = web.Application(middlewares=[_guard(emulator)])
     app.add_routes(routes)
     return app
+
+
+_Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+def _guard(emulator: EmulatorServer) -> Any:
+    """The middleware that checks Host, the control token and the content type."""
+
+    @web.middleware
+    async def guard(request: web.Request, handler: _Handler) -> web.StreamResponse:
+        port = emulator.control_port
+        if request.headers.get("Host", "").lower() not in {
+            f"127.0.0.1:{port}",
+            f"localhost:{port}",
+        }:
+            return _error(403, f"the Host must be 127.0.0.1:{port} or localhost:{port}")
+        supplied = request.headers.get("Authorization", "").encode()
+        expected = f"Bearer {emulator.control_token}".encode()
+        if not hmac.compare_digest(supplied, expected):
+            return _error(
+                401,
+                "send the control token as 'Authorization: Bearer <token>' (georep emulator "
+                "prints it; Emulator.control_token; georep fault --control-token or "
+                "$GEOREP_EMULATOR_CONTROL_TOKEN)",
+            )
+        if request.method not in ("GET", "HEAD") and request.content_type != "application/json":
+            return _error(415, "the body must be application/json")
+        return await handler(request)
+
+    return guard

@@ -62,6 +62,20 @@ class NamespaceControl:
         self.key_name = fields.get("SharedAccessKeyName", "")
         """The shared access policy name, for minting SAS tokens."""
         self._key = fields.get("SharedAccessKey", "")
+        self._rules: dict[str, dict[str, Any]] = {}
+
+    def connection_string_for(self, rule: str) -> str:
+        """The connection string of the authorization rule ``rule``.
+
+        Every namespace has ``RootManageSharedAccessKey`` (Manage, Send, Listen),
+        ``SendOnly`` (Send) and ``ListenOnly`` (Listen).
+        """
+        try:
+            return str(self._rules[rule]["connection_string"])
+        except KeyError:
+            raise EmulatorError(
+                f"namespace '{self.name}' has no rule '{rule}'; it has {', '.join(self._rules)}"
+            ) from None
 
     @property
     def key(self) -> str:
@@ -323,13 +337,15 @@ class Emulator:
         process.stdout.close()
         for name, info in self._description["namespaces"].items():
             relay = info.get("relay") or {}
-            self._namespaces[name] = NamespaceControl(
+            control = NamespaceControl(
                 self,
                 name,
                 int(info["port"]),
                 info["connection_string"],
                 int(relay.get("port", 0)),
             )
+            control._rules = dict(info.get("rules") or {})
+            self._namespaces[name] = control
 
     def stop(self) -> None:
         """Stop the child process (idempotent)."""
@@ -391,6 +407,18 @@ class Emulator:
         return str(self._require()["control_url"])
 
     @property
+    def control_token(self) -> str:
+        """The control endpoint's token: send ``Authorization: Bearer <token>``."""
+        return str(self._require()["control_token"])
+
+    def control_headers(self) -> dict[str, str]:
+        """The headers every control request needs (token and JSON content type)."""
+        return {
+            "Authorization": f"Bearer {self.control_token}",
+            "Content-Type": "application/json",
+        }
+
+    @property
     def ca_file(self) -> Path:
         """The emulator's self-signed certificate, for the admin client's ``connection_verify``."""
         return Path(self._require()["ca_file"])
@@ -439,7 +467,7 @@ class Emulator:
         url = self.control_url + path
         data = json.dumps(body).encode() if body is not None else None
         request = urllib.request.Request(
-            url, data=data, method=method, headers={"Content-Type": "application/json"}
+            url, data=data, method=method, headers=self.control_headers()
         )
         try:
             with urllib.request.urlopen(request, timeout=_CONTROL_TIMEOUT) as response:

@@ -48,9 +48,11 @@ import uuid
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
-from urllib.parse import parse_qs, urlencode, urlsplit
+from urllib.parse import urlencode
 
 from aiohttp import WSCloseCode, WSMsgType, web
+
+from ._sas import LISTEN, SEND, SasGrant
 
 if TYPE_CHECKING:
     from ._server import NamespaceServer
@@ -186,8 +188,12 @@ class RelayServer:
                 return name
         return None
 
-    def _authorize(self, request: web.Request, path: str) -> float | web.Response:
-        """The token's expiry, or the 401/403 refusal (never echoing the token)."""
+    def _authorize(self, request: web.Request, path: str, right: str) -> float | web.Response:
+        """The token's expiry, or the 401/403 refusal (never echoing the token).
+
+        The token's ``sr`` must cover ``path`` (by whole segments, see ``_sas``) and its
+        rule must have ``right``: ``Listen`` to listen, ``Send`` to send.
+        """
         token = (
             request.headers.get("ServiceBusAuthorization")
             or request.headers.get("Authorization")
@@ -196,15 +202,13 @@ class RelayServer:
         if not token:
             return self._refuse(401, "Unauthorized", "MissingToken: no SAS token.", path)
         try:
-            expiry = self._namespace.verify_sas(token, port=self.port)
+            granted = self._namespace.grant(token, port=self.port)
         except PermissionError as exc:
             return self._refuse(401, "Unauthorized", f"InvalidToken: {exc}", path)
-        audience_path = _audience_path(token)
-        if audience_path and audience_path != path:
-            return self._refuse(
-                403, "Forbidden", f"The token is not valid for this path ({audience_path}).", path
-            )
-        return expiry
+        refusal = _refusal(granted, path, right)
+        if refusal is not None:
+            return self._refuse(403, "Forbidden", refusal, path)
+        return granted.expiry
 
     def _listener_for(self, path: str) -> _ControlChannel | None:
         if path in self.no_listener:
@@ -237,7 +241,7 @@ class RelayServer:
             return self._refuse(
                 404, "Not Found", "EndpointNotFound: no such hybrid connection.", ""
             )
-        authorized = self._authorize(request, path)
+        authorized = self._authorize(request, path, LISTEN if action == "listen" else SEND)
         if isinstance(authorized, web.Response):
             return authorized
         if action == "listen":
@@ -293,7 +297,10 @@ class RelayServer:
             if "renewToken" in frame:
                 try:
                     token = str(frame["renewToken"]["token"])
-                    channel.expires_at = self._namespace.verify_sas(token, port=self.port)
+                    granted = self._namespace.grant(token, port=self.port)
+                    if _refusal(granted, channel.path, LISTEN) is not None:
+                        raise PermissionError("the renewed token does not cover this listener")
+                    channel.expires_at = granted.expiry
                 except (PermissionError, KeyError, TypeError):
                     await socket.close(
                         code=WSCloseCode.POLICY_VIOLATION, message=b"renewToken refused"
@@ -401,7 +408,7 @@ class RelayServer:
         path = self._match(request.match_info["path"])
         if path is None:
             return self._refuse(404, "Not Found", "EndpointNotFound: no such hybrid connection.")
-        authorized = self._authorize(request, path)
+        authorized = self._authorize(request, path, SEND)
         if isinstance(authorized, web.Response):
             return authorized
         body = await request.read()
@@ -513,11 +520,13 @@ def _request_target(request: web.Request) -> str:
     return request.path + ("?" + urlencode(query) if query else "")
 
 
-def _audience_path(token: str) -> str:
-    """The hybrid connection path a token's audience names ('' for the namespace)."""
-    fields = parse_qs(token.removeprefix("SharedAccessSignature "))
-    resource = fields.get("sr", [""])[0]
-    return urlsplit(resource if "://" in resource else f"http://{resource}").path.strip("/")
+def _refusal(granted: SasGrant, path: str, right: str) -> str | None:
+    """Why ``granted`` may not ``right`` on ``path``, or None when it may."""
+    if not granted.covers(path):
+        return f"The token is not valid for this path ({granted.scope or '/'})."
+    if right not in granted.rights:
+        return f"The token's rule '{granted.rule}' lacks the '{right}' claim for this path."
+    return None
 
 
 def _forwarded_headers(request: web.Request) -> dict[str, str]:

@@ -10,12 +10,14 @@ import asyncio
 import contextlib
 import json
 import logging
+import os
 import signal
 import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
 from ._server import (
+    CONTROL_TOKEN_ENV,
     DEFAULT_CONTROL_PORT,
     DEFAULT_PORTS,
     EmulatorServer,
@@ -64,13 +66,14 @@ async def serve(
     control_port: int,
     on_ready: Callable[[dict[str, Any]], None],
     stop_on_stdin_eof: bool = False,
+    control_token: str | None = None,
 ) -> None:
     """Start the emulator, call ``on_ready`` with its description, run until stopped.
 
     Stops on SIGINT/SIGTERM, or when standard input closes if ``stop_on_stdin_eof``
     (how a parent process that dies takes its emulator with it).
     """
-    server = EmulatorServer(specs, control_port=control_port)
+    server = EmulatorServer(specs, control_port=control_port, control_token=control_token)
     await server.start()
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -141,6 +144,11 @@ def _argument_parser() -> argparse.ArgumentParser:
         help="HTTP control port (0 = any free)",
     )
     parser.add_argument(
+        "--control-token",
+        default=os.environ.get(CONTROL_TOKEN_ENV) or None,
+        help=f"the control endpoint's token (default ${CONTROL_TOKEN_ENV}, else random)",
+    )
+    parser.add_argument(
         "--json",
         action="store_true",
         help="print one JSON line describing the emulator once it is ready",
@@ -173,6 +181,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             return
         print(
             f"georep emulator ready (control: {description['control_url']}, "
+            f"control token: {description['control_token']}, "
             f"CA file: {description['ca_file']})"
         )
         for name, info in description["namespaces"].items():
@@ -181,7 +190,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             if relay.get("hybrid_connections"):
                 paths = ", ".join(relay["hybrid_connections"])
                 print(f"    relay: wss://127.0.0.1:{relay['port']} (hybrid connections: {paths})")
-        print("Ctrl-C to stop.", flush=True)
+        print(
+            f"For georep fault: export {CONTROL_TOKEN_ENV}={description['control_token']}. "
+            "Ctrl-C to stop.",
+            flush=True,
+        )
 
     with contextlib.suppress(KeyboardInterrupt):
         try:
@@ -191,6 +204,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                     control_port=args.control_port,
                     on_ready=on_ready,
                     stop_on_stdin_eof=args.stop_on_stdin_eof,
+                    control_token=args.control_token,
                 )
             )
         except OSError as exc:

@@ -13,8 +13,6 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
-import hashlib
-import hmac
 import logging
 import os
 import secrets
@@ -26,18 +24,20 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
-from urllib.parse import parse_qs, quote_plus
 
 from aiohttp import web
 
 from ._amqp import AmqpConnection
 from ._broker import EntityProperties, Namespace, SubscriptionProperties
 from ._relay import RelayServer
+from ._sas import LISTEN, MANAGE, SEND, SasGrant, SasRule, resource_path, verify
 
 __all__ = [
+    "CONTROL_TOKEN_ENV",
     "DEFAULT_CONTROL_PORT",
     "DEFAULT_KEY_NAME",
     "DEFAULT_PORTS",
+    "EXTRA_RULES",
     "EmulatorServer",
     "Faults",
     "NamespaceServer",
@@ -47,9 +47,13 @@ __all__ = [
 _LOG = logging.getLogger("georep.emulator")
 
 DEFAULT_KEY_NAME = "RootManageSharedAccessKey"
+#: Authorization rules every namespace has besides the root one, with their claims.
+EXTRA_RULES = {"SendOnly": frozenset({SEND}), "ListenOnly": frozenset({LISTEN})}
 # Away from RabbitMQ (5672), Redis (6379) and the AMQP/TLS default 5671.
 DEFAULT_PORTS = (5700, 5701)
 DEFAULT_CONTROL_PORT = 5710
+#: The environment variable ``georep emulator`` and ``georep fault`` take the token from.
+CONTROL_TOKEN_ENV = "GEOREP_EMULATOR_CONTROL_TOKEN"
 
 SEND_REJECT_CONDITIONS = {
     "server-busy": (
@@ -122,6 +126,18 @@ class NamespaceServer:
         self.name = spec.name
         self.key_name = spec.key_name
         self.key = spec.key or base64.b64encode(secrets.token_bytes(32)).decode()
+        # The root rule has every claim; the others let tests check the claims the
+        # service enforces (a send-only key cannot receive, a listen-only one cannot send).
+        self.rules = {
+            rule.name: rule
+            for rule in (
+                SasRule(self.key_name, self.key, frozenset({MANAGE, SEND, LISTEN})),
+                *(
+                    SasRule(name, base64.b64encode(secrets.token_bytes(32)).decode(), rights)
+                    for name, rights in EXTRA_RULES.items()
+                ),
+            )
+        }
         self.faults = Faults()
         self.connections: set[AmqpConnection] = set()
         self.operations = 0
@@ -159,46 +175,46 @@ class NamespaceServer:
     def count_operation(self) -> None:
         self.operations += 1
 
+    def grant(self, token: str, *, port: int | None = None) -> SasGrant:
+        """Check a ``SharedAccessSignature`` token; return what it allows.
+
+        Args:
+            token: The token.
+            port: The port the token must name (default: this namespace's AMQP port; the
+                relay passes its own).
+
+        Raises:
+            PermissionError: the token is malformed, signed with an unknown rule or another
+                key, expired, or names another namespace.
+        """
+        rule, resource, expiry = verify(token, self.rules, self.name)
+        if not _same_host(resource, self.port if port is None else port):
+            raise PermissionError(f"The SAS token is for '{resource}', not this namespace.")
+        return SasGrant(resource_path(resource), rule.rights, expiry, rule.name)
+
     def verify_sas(
         self, token: str, audience: str | None = None, *, port: int | None = None
     ) -> float:
-        """Check a ``SharedAccessSignature`` token; return its expiry (epoch seconds).
+        """Check a token (see :meth:`grant`) and that it covers ``audience``; its expiry.
 
         Raises:
-            PermissionError: the token is malformed, signed with another key, or expired.
+            PermissionError: as :meth:`grant`, or the token's scope does not cover the
+                entity ``audience`` names.
         """
-        prefix = "SharedAccessSignature "
-        if not token.startswith(prefix):
-            raise PermissionError("The token is not a SharedAccessSignature.")
-        fields = {
-            k: v[0] for k, v in parse_qs(token[len(prefix) :], keep_blank_values=True).items()
-        }
-        try:
-            resource, signature, expiry_text, key_name = (
-                fields["sr"],
-                fields["sig"],
-                fields["se"],
-                fields["skn"],
-            )
-            expiry = float(expiry_text)
-        except (KeyError, ValueError):
-            raise PermissionError("The SAS token lacks sr, sig, se or skn.") from None
-        if key_name != self.key_name:
-            raise PermissionError(f"Unknown SAS key name '{key_name}' for namespace '{self.name}'.")
-        to_sign = f"{quote_plus(resource)}\n{expiry_text}".encode()
-        expected = base64.b64encode(
-            hmac.new(self.key.encode(), to_sign, hashlib.sha256).digest()
-        ).decode()
-        if not hmac.compare_digest(expected, signature):
+        granted = self.grant(token, port=port)
+        if audience is not None and not granted.covers(resource_path(audience)):
             raise PermissionError(
-                f"The SAS signature does not match namespace '{self.name}': "
-                "check the key in the connection string."
+                f"InvalidAudience: the token is scoped to '{granted.scope or '/'}', which does "
+                f"not cover '{resource_path(audience)}'."
             )
-        if expiry <= time.time():
-            raise PermissionError("The SAS token has expired: mint a new one.")
-        if not _same_host(resource, self.port if port is None else port):
-            raise PermissionError(f"The SAS token is for '{resource}', not this namespace.")
-        return expiry
+        return granted.expiry
+
+    def connection_string_for(self, rule: str) -> str:
+        """The connection string of the authorization rule ``rule``."""
+        return (
+            f"Endpoint=sb://{self.host};SharedAccessKeyName={rule};"
+            f"SharedAccessKey={self.rules[rule].key};UseDevelopmentEmulator=true"
+        )
 
     # -- timers -----------------------------------------------------------------------
     def _arm_timer(self, deadline: float) -> None:
@@ -388,8 +404,11 @@ class EmulatorServer:
         *,
         control_port: int = 0,
         state_dir: Path | None = None,
+        control_token: str | None = None,
     ) -> None:
         self._specs = list(specs)
+        # What a control client must present (see _control): random unless given.
+        self.control_token = control_token or secrets.token_urlsafe(24)
         names = [s.name for s in self._specs]
         if len(set(names)) != len(names):
             raise ValueError(f"namespace names must be unique, got {names}")
@@ -445,6 +464,7 @@ class EmulatorServer:
     def describe(self) -> dict[str, Any]:
         return {
             "control_url": self.control_url,
+            "control_token": self.control_token,
             "ca_file": str(self.ca_file) if self.ca_file else None,
             "pid": os.getpid(),
             "namespaces": {
@@ -452,6 +472,13 @@ class EmulatorServer:
                     "port": ns.port,
                     "connection_string": ns.connection_string(),
                     "key_name": ns.key_name,
+                    "rules": {
+                        name: {
+                            "rights": sorted(rule.rights),
+                            "connection_string": ns.connection_string_for(name),
+                        }
+                        for name, rule in ns.rules.items()
+                    },
                     "relay": ns.relay.describe() if ns.relay is not None else None,
                 }
                 for name, ns in self.namespaces.items()

@@ -9,6 +9,11 @@ Registered automatically when georep is installed (entry point ``pytest11``):
   inject faults into it.
 - ``georep_emulator_factory``: call it with :class:`Emulator` arguments to get a private
   emulator for this test (faults welcome); it is stopped after the test.
+
+Both give an :class:`Emulator`: ``emu.control_token`` / ``emu.control_headers()`` are what a
+test needs to call the control endpoint by hand (``emu.namespace(n)`` calls send them), and
+``emu.namespace(n).connection_string_for("SendOnly" | "ListenOnly")`` gives keys with fewer
+claims.
 """
 
 from __future__ import annotations

@@ -7,6 +7,8 @@ import base64
 import hashlib
 import hmac
 import json
+import os
+import re
 import subprocess
 import sys
 import time
@@ -258,7 +260,7 @@ def test_http_control_endpoint_injects_faults(georep_emulator_factory: EmulatorF
     def post(path: str, body: dict[str, object]) -> dict[str, object]:
         request = urllib.request.Request(
             emu.control_url + path, data=json.dumps(body).encode(), method="POST",
-            headers={"Content-Type": "application/json"},
+            headers=emu.control_headers(),
         )  # fmt: skip
         with urllib.request.urlopen(request, timeout=5) as response:
             return json.loads(response.read())  # type: ignore[no-any-return]
@@ -300,6 +302,24 @@ def test_cli_runs_the_emulator_in_the_foreground_and_stops_on_signal() -> None:
         assert "UseDevelopmentEmulator=true" in lines[1]
         assert "relay: wss://127.0.0.1:" in lines[2] and "svc" in lines[2]
         assert lines[3].strip().startswith("secondary: Endpoint=sb://127.0.0.1:")
+        # The printed token is what `georep fault` needs; without it the endpoint refuses.
+        found = re.search(r"control: (http://\S+), control token: (\S+),", lines[0])
+        assert found, lines[0]
+        url, token = found.groups()
+
+        def fault(**env: str) -> subprocess.CompletedProcess[str]:
+            environment = {k: v for k, v in os.environ.items() if "GEOREP_EMULATOR" not in k}
+            return subprocess.run(
+                [sys.executable, "-m", "georep.cli", "fault", "primary", "latency",
+                 "--seconds", "0.1", "--control-url", url],
+                capture_output=True, text=True, timeout=60, env={**environment, **env},
+            )  # fmt: skip
+
+        refused = fault()
+        assert refused.returncode == 2 and "control token" in refused.stdout
+        accepted = fault(GEOREP_EMULATOR_CONTROL_TOKEN=token)
+        assert accepted.returncode == 0, accepted.stdout + accepted.stderr
+        assert "'latency': 0.1" in accepted.stdout
     finally:
         process.send_signal(2)  # Ctrl-C
         assert process.wait(timeout=15) == 0
@@ -312,7 +332,17 @@ def test_cli_injects_faults_into_a_running_emulator(
 
     def cli(*args: str) -> subprocess.CompletedProcess[str]:
         return subprocess.run(
-            [sys.executable, "-m", "georep.cli", "fault", *args, "--control-url", emu.control_url],
+            [
+                sys.executable,
+                "-m",
+                "georep.cli",
+                "fault",
+                *args,
+                "--control-url",
+                emu.control_url,
+                "--control-token",
+                emu.control_token,
+            ],
             capture_output=True,
             text=True,
             timeout=60,
@@ -336,7 +366,17 @@ def test_cli_toggles_the_relay_no_listener_fault(georep_emulator_factory: Emulat
 
     def cli(*args: str) -> subprocess.CompletedProcess[str]:
         return subprocess.run(
-            [sys.executable, "-m", "georep.cli", "fault", *args, "--control-url", emu.control_url],
+            [
+                sys.executable,
+                "-m",
+                "georep.cli",
+                "fault",
+                *args,
+                "--control-url",
+                emu.control_url,
+                "--control-token",
+                emu.control_token,
+            ],
             capture_output=True,
             text=True,
             timeout=60,
