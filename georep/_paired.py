@@ -11,7 +11,7 @@ import re
 from dataclasses import dataclass
 from datetime import timedelta
 
-from georep._policy import Seconds, as_seconds, seconds
+from georep._policy import Seconds, as_seconds, count, flag, seconds
 from georep.exceptions import ConfigurationError
 
 __all__ = [
@@ -77,7 +77,8 @@ class PairedNamespaceOptions:
             the other after this long. Default 5 s.
 
     Raises:
-        ConfigurationError: A value is out of its range (the message names it).
+        ConfigurationError: A value is out of its range, NaN or infinite, a count is not an
+            ``int``, or a flag not a ``bool`` (the message names the field).
     """
 
     backlog_queue_count: int = 10
@@ -92,8 +93,9 @@ class PairedNamespaceOptions:
     partner_close_timeout: Seconds = 5.0
 
     def __post_init__(self) -> None:
-        if isinstance(self.backlog_queue_count, bool) or self.backlog_queue_count < 1:
-            raise ConfigurationError("PairedNamespaceOptions.backlog_queue_count must be >= 1")
+        for name in ("backlog_queue_count", "syphon_batch_size", "syphon_prefetch"):
+            count(getattr(self, name), f"PairedNamespaceOptions.{name}")
+        flag(self.enable_syphon, "PairedNamespaceOptions.enable_syphon")
         for name, low, high in (
             ("failover_interval", 0.0, 3600.0),
             ("ping_primary_interval", 1.0, 1800.0),
@@ -103,9 +105,6 @@ class PairedNamespaceOptions:
             ("partner_close_timeout", 0.0, float("inf")),
         ):
             object.__setattr__(self, name, _bounded(getattr(self, name), name, low, high))
-        for name in ("syphon_batch_size", "syphon_prefetch"):
-            if getattr(self, name) < 1:
-                raise ConfigurationError(f"PairedNamespaceOptions.{name} must be >= 1")
 
     def seconds(self, name: str) -> float:
         """One of the durations, in seconds."""

@@ -7,16 +7,19 @@ import contextlib
 import logging
 import random
 import weakref
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
+from datetime import datetime
 from types import TracebackType
 from typing import Any, Self
 
 from opentelemetry import metrics
 
+from georep._classify import MESSAGE_FAULT_KINDS, PAIRED_FAILOVER_KINDS
 from georep._clock import SystemClock
 from georep._paired import PairedNamespaceOptions
 from georep._slot import holding
+from georep._telemetry import Instruments
 from georep.exceptions import (
     AllRegionsUnavailableError,
     ClosedError,
@@ -29,12 +32,6 @@ from georep.ports import Clock, ErrorKind, Ledger, RegionAttempt, RegionSender, 
 __all__ = ["PairedSender", "PairedState"]
 
 _log = logging.getLogger("georep.paired")
-
-#: Failures that start (or keep running) the failover timer: not auth, not server-busy
-#: (SPEC §3), and not the message's own fault.
-_NON_TRANSIENT = frozenset(
-    {ErrorKind.CONNECTION, ErrorKind.TIMEOUT, ErrorKind.SERVICE_ERROR, ErrorKind.ENTITY_DISABLED}
-)
 
 
 @dataclass
@@ -72,7 +69,8 @@ class PairedSender:
         primary: The entity's sender in the primary namespace.
         backlog: One sender per backlog queue in the secondary namespace, index order.
         rewrite: ``rewrite(message, destination)`` → the backlog copy with its aliases
-            (``georep.adapters.servicebus.to_backlog``).
+            (``georep.adapters.servicebus.to_backlog``); called with a
+            ``schedule_time_utc=`` keyword too for :meth:`schedule_messages`.
         make_ping: Builds a ping message (empty, content type
             ``application/vnd.ms-servicebus-ping``, TTL 1 s, random SessionId).
         options: :class:`PairedNamespaceOptions`.
@@ -89,7 +87,7 @@ class PairedSender:
         primary: RegionSender,
         backlog: Sequence[RegionSender],
         *,
-        rewrite: Callable[[Any, str], Any],
+        rewrite: Callable[..., Any],
         make_ping: Callable[[], Any],
         options: PairedNamespaceOptions | None = None,
         secondary_namespace: str = "secondary",
@@ -118,11 +116,12 @@ class PairedSender:
         self.state = state
         self._owned: list[RegionSender] = []
         self._closed = False
-        meter = metrics.get_meter("georep", "", meter_provider)
-        self._pings = meter.create_counter(
+        # Shared per provider: instruments created per instance would pile up.
+        meter = Instruments.of(meter_provider)
+        self._pings = meter.counter(
             "georep.paired.pings", unit="{ping}", description="Pings sent to an unavailable entity."
         )
-        self._backlog_sends = meter.create_counter(
+        self._backlog_sends = meter.counter(
             "georep.paired.backlog_sends",
             unit="{message}",
             description="Messages sent to a backlog queue.",
@@ -209,30 +208,98 @@ class PairedSender:
     async def send_messages(self, message: Any, *, timeout: float | None = None) -> str:
         """Send to the primary, or to a backlog queue while failover is engaged.
 
+        Args:
+            message: A message, a list of messages or a ``ServiceBusMessageBatch``; in the
+                backlog each message is rewritten (SPEC §3) and the copies go as one batch.
+            timeout: Deadline per attempt in seconds (default ``ping_timeout``).
+
         Returns:
             ``"primary"`` or the backlog queue path that took the message.
 
         Raises:
+            InvalidMessageError: The message cannot be sent (checked before any call).
             RegionError: Before failover engages, the primary's failure as it is (sends
-                fail for ``failover_interval``, SPEC §3).
+                fail for ``failover_interval``, SPEC §3); at any time, a failure that is
+                not one the paired timer counts (auth, server-busy, a service error).
             AllRegionsUnavailableError: Failover is engaged and no backlog queue accepted.
             MessageTooLargeError: The message does not fit once rewritten for the backlog.
         """
-        if self._closed:
-            raise ClosedError("this PairedSender is closed; create a new one")
+        messages = self._validate(message)
         ledger = self.ledger
         if ledger is None:
-            return await self._send(message, timeout, None)
+            return await self._send(message, messages, timeout, None)
         started_at = self._clock.time()
         attempts: list[RegionAttempt] = []
         try:
-            destination = await self._send(message, timeout, attempts)
+            destination = await self._send(message, messages, timeout, attempts)
         except BaseException:
             self._record(ledger, message, "failed", None, attempts, started_at)
             raise
         accepted = attempts[-1].region if attempts else None
         self._record(ledger, message, "accepted", accepted, attempts, started_at)
         return destination
+
+    async def schedule_messages(
+        self, messages: Any, schedule_time_utc: datetime, *, timeout: float | None = None
+    ) -> list[int]:
+        """Schedule messages in the primary, or carry the schedule through the backlog.
+
+        While failover is engaged each message goes to a backlog queue at once with its
+        schedule in ``x-ms-scheduledenqueuetimeutc`` (SPEC §3); the syphon schedules it in
+        the primary with that time.
+
+        Returns:
+            The primary's sequence numbers (what the SDK returns); an empty list when the
+            messages went to the backlog: they get their sequence numbers when the syphon
+            schedules them, so they cannot be cancelled from here.
+
+        Raises:
+            The same errors as :meth:`send_messages`.
+        """
+        batch = self._validate(messages)
+        if not batch:
+            return []
+        deadline = self.options.seconds("ping_timeout") if timeout is None else timeout
+        if not self.state.engaged:
+            accepted, numbers = await self._try_primary(
+                self._primary.schedule, batch, deadline, None, schedule_time_utc
+            )
+            if accepted:
+                return list(numbers)
+        await self._to_backlog(batch, deadline, None, schedule_time_utc)
+        return []
+
+    async def cancel_scheduled_messages(
+        self, sequence_numbers: int | Sequence[int], *, timeout: float | None = None
+    ) -> None:
+        """Cancel messages :meth:`schedule_messages` scheduled in the primary.
+
+        Args:
+            sequence_numbers: One sequence number or a list of them (as the SDK takes).
+
+        Raises:
+            RegionError: The primary could not cancel them.
+        """
+        self._check_open()
+        numbers = [sequence_numbers] if isinstance(sequence_numbers, int) else sequence_numbers
+        if not numbers:
+            return
+        deadline = self.options.seconds("ping_timeout") if timeout is None else timeout
+        async with holding(self._primary.slot()):
+            with self._clock.deadline(deadline):
+                await self._primary.cancel_scheduled(list(numbers), timeout=deadline)
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise ClosedError("this PairedSender is closed; create a new one")
+
+    def _validate(self, message: Any) -> list[Any]:
+        """The messages in ``message``, checked before any network call."""
+        self._check_open()
+        codec = self._primary.codec
+        messages = codec.split(message)
+        codec.check(messages, one_partition=False)
+        return messages
 
     def _record(
         self,
@@ -259,45 +326,66 @@ class PairedSender:
         )
 
     async def _send(
-        self, message: Any, timeout: float | None, attempts: list[RegionAttempt] | None
+        self,
+        message: Any,
+        messages: list[Any],
+        timeout: float | None,
+        attempts: list[RegionAttempt] | None,
     ) -> str:
         """The send itself; each region tried is appended to ``attempts`` (ledger on)."""
         deadline = self.options.seconds("ping_timeout") if timeout is None else timeout
-        state = self.state
-        if not state.engaged:
-            try:
-                async with holding(self._primary.slot()):
-                    with self._clock.deadline(deadline):
-                        await self._primary.send(message, timeout=deadline)
-            except TimeoutError as exc:
-                error = RegionUnavailableError(
-                    f"primary did not answer within {deadline:g} s",
-                    region="primary",
-                    kind=ErrorKind.TIMEOUT,
-                )
-                self._failed(error)
-                if attempts is not None:
-                    attempts.append(RegionAttempt(self._primary.region, "failed", "TimeoutError"))
-                if not state.engaged:
-                    raise error from exc
-            except RegionError as exc:
-                self._failed(exc)
-                if attempts is not None:
-                    attempts.append(
-                        RegionAttempt(self._primary.region, "failed", type(exc).__name__)
-                    )
-                if not state.engaged:
-                    raise
-            else:
-                state.failing_since = None
-                if attempts is not None:
-                    attempts.append(RegionAttempt(self._primary.region, "accepted"))
+        if not self.state.engaged:
+            # What was checked is what is sent (dicts became messages); a batch goes as is.
+            codec = self._primary.codec
+            whole = codec.is_batch(message) or (len(messages) == 1 and messages[0] is message)
+            payload = message if whole else messages
+            accepted, _ = await self._try_primary(self._primary.send, payload, deadline, attempts)
+            if accepted:
                 return "primary"
-        return await self._to_backlog(message, deadline, attempts)
+        return await self._to_backlog(messages, deadline, attempts)
+
+    async def _try_primary(
+        self,
+        operation: Callable[..., Awaitable[Any]],
+        payload: Any,
+        deadline: float,
+        attempts: list[RegionAttempt] | None,
+        *args: Any,
+    ) -> tuple[bool, Any]:
+        """``operation(payload, *args)`` on the primary: (True, its result), or (False, None)
+        once a failure engaged failover; any other failure is raised."""
+        try:
+            async with holding(self._primary.slot()):
+                with self._clock.deadline(deadline):
+                    result = await operation(payload, *args, timeout=deadline)
+        except TimeoutError as exc:
+            error = RegionUnavailableError(
+                f"primary did not answer within {deadline:g} s",
+                region="primary",
+                kind=ErrorKind.TIMEOUT,
+            )
+            self._failed(error)
+            if attempts is not None:
+                attempts.append(RegionAttempt(self._primary.region, "failed", "TimeoutError"))
+            if not self.state.engaged:
+                raise error from exc
+        except RegionError as exc:
+            self._failed(exc)
+            if attempts is not None:
+                attempts.append(RegionAttempt(self._primary.region, "failed", type(exc).__name__))
+            if not self.state.engaged:
+                raise
+        else:
+            self.state.failing_since = None
+            if attempts is not None:
+                attempts.append(RegionAttempt(self._primary.region, "accepted"))
+            return True, result
+        return False, None
 
     def _failed(self, error: RegionError) -> None:
         """Run the failover timer; engage when it has run ``failover_interval``."""
-        if error.kind not in _NON_TRANSIENT:
+        # Not auth, not server-busy, not the message's own fault (SPEC §3; the table).
+        if error.kind not in PAIRED_FAILOVER_KINDS:
             return
         state = self.state
         now = self._clock.monotonic()
@@ -321,9 +409,16 @@ class PairedSender:
             state.pinger = asyncio.create_task(self._ping_until_back(), name="georep-ping")
 
     async def _to_backlog(
-        self, message: Any, deadline: float, attempts: list[RegionAttempt] | None
+        self,
+        messages: list[Any],
+        deadline: float,
+        attempts: list[RegionAttempt] | None,
+        schedule_time_utc: datetime | None = None,
     ) -> str:
-        backlog_copy = self._rewrite(message, self.entity)
+        extra = {} if schedule_time_utc is None else {"schedule_time_utc": schedule_time_utc}
+        # Each message rewritten (its aliases are per message); the copies go as one batch.
+        copies = [self._rewrite(message, self.entity, **extra) for message in messages]
+        backlog_copy = copies[0] if len(copies) == 1 else copies
         state = self.state
         causes: dict[str, BaseException] = {}
         while True:
@@ -340,6 +435,8 @@ class PairedSender:
                     with self._clock.deadline(deadline):
                         await queue.send(backlog_copy, timeout=deadline)
             except (RegionError, TimeoutError) as exc:
+                if isinstance(exc, RegionError) and exc.kind in MESSAGE_FAULT_KINDS:
+                    raise  # the message's fault: another backlog queue would refuse it too
                 state.excluded.add(index)
                 causes[queue.entity] = exc
                 if attempts is not None:

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import ClassVar, Literal
 
+from georep._classify import UNAVAILABLE_KINDS, error_kinds
 from georep.exceptions import ConfigurationError
 from georep.ports import ErrorKind
 
@@ -18,6 +19,9 @@ __all__ = [
     "FailoverPolicy",
     "ReplicationMode",
     "as_seconds",
+    "count",
+    "error_kinds",
+    "flag",
     "positive_seconds",
     "seconds",
 ]
@@ -26,14 +30,25 @@ Seconds = float | timedelta
 
 
 def seconds(value: Seconds, name: str) -> float:
-    """``value`` in seconds; ``timedelta`` accepted.
+    """``value`` in seconds (a number or a ``timedelta``), which must be finite and >= 0.
+
+    NaN and infinity are refused: a NaN deadline expires at once (an instant failover on a
+    healthy region), an infinite one never does.
 
     Raises:
-        ConfigurationError: ``value`` is negative or not a number.
+        ConfigurationError: ``value`` is not a number, is negative, NaN or infinite (the
+            message names ``name``).
     """
     result = value.total_seconds() if isinstance(value, timedelta) else value
-    if isinstance(result, bool) or not isinstance(result, int | float) or result < 0:
-        raise ConfigurationError(f"{name} must be a non-negative number of seconds, got {value!r}")
+    if isinstance(result, bool) or not isinstance(result, int | float):
+        raise ConfigurationError(
+            f"{name} must be a number of seconds (int, float or timedelta), "
+            f"got {type(value).__name__} {value!r}"
+        )
+    if not math.isfinite(result) or result < 0:
+        raise ConfigurationError(
+            f"{name} must be a finite, non-negative number of seconds, got {value!r}"
+        )
     return float(result)
 
 
@@ -49,9 +64,40 @@ def positive_seconds(value: Seconds, name: str) -> float:
         ConfigurationError: It is not (the message names ``name``).
     """
     result = seconds(value, name)
-    if result <= 0 or not math.isfinite(result):
-        raise ConfigurationError(f"{name} must be a positive number of seconds, got {value!r}")
+    if result <= 0:
+        raise ConfigurationError(f"{name} must be greater than 0 seconds, got {value!r}")
     return result
+
+
+def count(value: object, name: str, minimum: int = 1, maximum: int | None = None) -> int:
+    """``value`` as a whole number in ``[minimum, maximum]``.
+
+    ``bool`` (``True`` is 1 to Python) and integral floats (``2.0``) are refused too: a
+    count given as anything but an ``int`` is a mistake worth reporting.
+
+    Raises:
+        ConfigurationError: ``value`` is not an ``int`` or is out of range (the message
+            names ``name``).
+    """
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ConfigurationError(
+            f"{name} must be a whole number (int), got {type(value).__name__} {value!r}"
+        )
+    if value < minimum or (maximum is not None and value > maximum):
+        upper = "" if maximum is None else f" and <= {maximum}"
+        raise ConfigurationError(f"{name} must be >= {minimum}{upper}, got {value}")
+    return value
+
+
+def flag(value: object, name: str) -> bool:
+    """``value``, which must be a ``bool`` (``"false"`` is truthy: refuse it).
+
+    Raises:
+        ConfigurationError: It is not a bool (the message names ``name``).
+    """
+    if not isinstance(value, bool):
+        raise ConfigurationError(f"{name} must be True or False, got {value!r}")
+    return value
 
 
 class ReplicationMode(enum.StrEnum):
@@ -65,12 +111,10 @@ class ReplicationMode(enum.StrEnum):
     at least one accepted (SPEC §2.1). Twice the operations."""
 
 
-#: Failures that mean "the region may be unavailable" (SPEC §2.2). Server-busy is left
-#: out on purpose: throttling is the namespace protecting itself, and the SDK already
-#: retries it with backoff; add ``ErrorKind.SERVER_BUSY`` to fail over on it too.
-DEFAULT_FAILOVER_KINDS: frozenset[ErrorKind] = frozenset(
-    {ErrorKind.CONNECTION, ErrorKind.TIMEOUT, ErrorKind.SERVICE_ERROR}
-)
+#: Failures that mean "the region may be unavailable" (SPEC §2.2): connection, timeout and
+#: server-busy, read from the one classification table (``georep._classify``, where each
+#: decision is argued). Any other error is raised at once, region unchanged.
+DEFAULT_FAILOVER_KINDS: frozenset[ErrorKind] = UNAVAILABLE_KINDS
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -78,9 +122,11 @@ class FailoverPolicy:
     """When a passive sender fails over, and how long it waits for a region.
 
     Attributes:
-        fail_over_on: Error kinds that send the message to the other region. Anything
-            else (size, argument, authentication, entity not found or disabled) is raised
-            at once. Default: :data:`DEFAULT_FAILOVER_KINDS`.
+        fail_over_on: Error kinds that send the message to the other region (and, when
+            no region answers, to the outbox). Anything else (size, argument,
+            authentication, entity not found or disabled, quota, a service error) is
+            raised at once, region unchanged, never queued. Default:
+            :data:`DEFAULT_FAILOVER_KINDS` (connection, timeout, server-busy).
         attempt_timeout: georep's own deadline for one region's attempt, in seconds
             (``float`` or ``timedelta``), covering the link open and the send. The SDK can
             wait forever when a response is lost, so this is never unbounded. Default 10 s.
@@ -93,6 +139,11 @@ class FailoverPolicy:
             for repair when ``repair=True``), then try it again. Without it every send
             would wait for the dead region's failure, up to ``attempt_timeout``. 0 turns it
             off. Default 5 s.
+
+    Raises:
+        ConfigurationError: A duration is not a finite number of seconds (> 0; >= 0 for
+            ``region_cooldown``), ``switch_back`` is not a bool, or ``fail_over_on`` names
+            an unknown kind. The message names the field.
     """
 
     fail_over_on: frozenset[ErrorKind] = DEFAULT_FAILOVER_KINDS
@@ -103,11 +154,10 @@ class FailoverPolicy:
 
     def __post_init__(self) -> None:
         for name in ("attempt_timeout", "switch_back_probe_interval", "region_cooldown"):
-            value = seconds(getattr(self, name), f"FailoverPolicy.{name}")
-            if value == 0 and name != "region_cooldown":
-                raise ConfigurationError(f"FailoverPolicy.{name} must be greater than 0")
-            object.__setattr__(self, name, value)
-        kinds = frozenset(ErrorKind(kind) for kind in self.fail_over_on)
+            check = seconds if name == "region_cooldown" else positive_seconds
+            object.__setattr__(self, name, check(getattr(self, name), f"FailoverPolicy.{name}"))
+        flag(self.switch_back, "FailoverPolicy.switch_back")
+        kinds = error_kinds(self.fail_over_on, "FailoverPolicy.fail_over_on")
         object.__setattr__(self, "fail_over_on", kinds)
 
     @property
@@ -133,6 +183,10 @@ class DrainPolicy:
         lease: Seconds an entry stays claimed by one drainer (so two processes sharing an
             outbox file do not both send it). Default 60.
         idle_interval: Seconds between checks when nothing is due. Default 1.
+
+    Raises:
+        ConfigurationError: A duration is not a finite number of seconds > 0, or
+            ``batch_size`` is not an int >= 1. The message names the field.
     """
 
     initial_backoff: Seconds = 0.5
@@ -143,12 +197,9 @@ class DrainPolicy:
 
     def __post_init__(self) -> None:
         for name in ("initial_backoff", "max_backoff", "lease", "idle_interval"):
-            value = seconds(getattr(self, name), f"DrainPolicy.{name}")
-            if value == 0:
-                raise ConfigurationError(f"DrainPolicy.{name} must be greater than 0")
+            value = positive_seconds(getattr(self, name), f"DrainPolicy.{name}")
             object.__setattr__(self, name, value)
-        if self.batch_size < 1:
-            raise ConfigurationError("DrainPolicy.batch_size must be at least 1")
+        count(self.batch_size, "DrainPolicy.batch_size")
 
     def backoff(self, attempts: int) -> float:
         """Seconds to wait after ``attempts`` failed attempts."""

@@ -20,10 +20,11 @@ from typing import Any, Self
 from opentelemetry import metrics, trace
 from opentelemetry.trace import SpanKind, Status, StatusCode
 
+from georep._classify import RELAY_FAILOVER_KINDS, error_kinds
 from georep._clock import SystemClock
 from georep._policy import Seconds, as_seconds, positive_seconds
 from georep._roles import RoleSnapshot, RoleState
-from georep._telemetry import TracingGate
+from georep._telemetry import Instruments, TracingGate
 from georep.exceptions import (
     AllRegionsUnavailableError,
     ClosedError,
@@ -38,18 +39,9 @@ __all__ = ["DEFAULT_RELAY_FAILOVER_KINDS", "FailoverChannel", "RelayChannelStats
 #: Relay failures that mean "this endpoint is unavailable" (SPEC §2.5): connection errors
 #: and timeouts, gateway errors (HTTP 502/503/504, handshake 500, close 1011), and a
 #: handshake the relay refused (401/403: the namespace's keys or rules changed; 404: no
-#: such hybrid connection or no listener). The other endpoint lives in another namespace
-#: with its own key, so each of these is worth one try there.
-DEFAULT_RELAY_FAILOVER_KINDS: frozenset[ErrorKind] = frozenset(
-    {
-        ErrorKind.CONNECTION,
-        ErrorKind.TIMEOUT,
-        ErrorKind.SERVICE_ERROR,
-        ErrorKind.SERVER_BUSY,
-        ErrorKind.AUTHENTICATION,
-        ErrorKind.ENTITY_NOT_FOUND,
-    }
-)
+#: such hybrid connection or no listener). Read from the one classification table
+#: (``georep._classify.RELAY_FAILOVER_KINDS``, where the choice is argued).
+DEFAULT_RELAY_FAILOVER_KINDS: frozenset[ErrorKind] = RELAY_FAILOVER_KINDS
 
 _METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"})
 
@@ -65,6 +57,10 @@ class RelayPolicy:
             request, connection setup included. Default 10.
         request_timeout: Seconds a whole :meth:`FailoverChannel.request` may take, both
             attempts included; a ``timeout=`` argument overrides it per call. Default 30.
+
+    Raises:
+        ConfigurationError: A timeout is not a finite number of seconds > 0, or
+            ``fail_over_on`` names an unknown kind (the message names the field).
     """
 
     fail_over_on: frozenset[ErrorKind] = DEFAULT_RELAY_FAILOVER_KINDS
@@ -76,9 +72,8 @@ class RelayPolicy:
             object.__setattr__(
                 self, name, positive_seconds(getattr(self, name), f"RelayPolicy.{name}")
             )
-        object.__setattr__(
-            self, "fail_over_on", frozenset(ErrorKind(kind) for kind in self.fail_over_on)
-        )
+        kinds = error_kinds(self.fail_over_on, "RelayPolicy.fail_over_on")
+        object.__setattr__(self, "fail_over_on", kinds)
 
 
 @dataclass(slots=True)
@@ -113,18 +108,19 @@ class _ChannelTelemetry:
 
         self.tracer = trace.get_tracer("georep", __version__, tracer_provider)
         self.tracing = TracingGate(tracer_provider, monotonic)
-        meter = metrics.get_meter("georep", __version__, meter_provider)
-        self._failovers = meter.create_counter(
+        # Shared per provider: instruments created per instance would pile up.
+        meter = Instruments.of(meter_provider)
+        self._failovers = meter.counter(
             "georep.relay.failovers",
             unit="{request}",
             description="Relay requests reissued to the backup endpoint after the active failed.",
         )
-        self._swaps = meter.create_counter(
+        self._swaps = meter.counter(
             "georep.relay.role_swaps",
             unit="{swap}",
             description="Times the active and backup relay endpoints swapped roles.",
         )
-        self._duration = meter.create_histogram(
+        self._duration = meter.histogram(
             "georep.relay.request.duration",
             unit="s",
             description="Duration of FailoverChannel.request calls, failover included.",

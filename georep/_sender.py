@@ -9,21 +9,29 @@ import uuid
 import warnings
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import UTC, datetime
 from types import MappingProxyType, TracebackType
 from typing import TYPE_CHECKING, Any, Self, TypeVar
 
 from opentelemetry.trace import INVALID_SPAN, Span, SpanKind, Status, StatusCode
 
 from georep._clock import SystemClock
-from georep._policy import DedupKey, DrainPolicy, FailoverPolicy, ReplicationMode, as_seconds
+from georep._drain import DrainTelemetry, OutboxDrainer
+from georep._policy import (
+    DedupKey,
+    DrainPolicy,
+    FailoverPolicy,
+    ReplicationMode,
+    as_seconds,
+    positive_seconds,
+)
 from georep._roles import RoleSnapshot, RoleState, role_state_for
+from georep._schedule import ScheduleBook
 from georep._telemetry import SenderTelemetry, traceparent_of
 from georep.exceptions import (
     AllRegionsUnavailableError,
     ClosedError,
     ConfigurationError,
-    GeoReplicationError,
     InvalidMessageError,
     RegionError,
     RegionUnavailableError,
@@ -91,6 +99,8 @@ class SenderStats:
     role_swaps: int = 0
     queued: int = 0
     drained: int = 0
+    dead_lettered: int = 0
+    expired: int = 0
     outbox_depth: int | None = None
 
 
@@ -98,19 +108,25 @@ def _as_region_sender(sender: Any, region: str) -> RegionSender:
     if isinstance(sender, RegionSender):
         return sender
     try:
-        from georep.adapters.servicebus import ServiceBusRegionSender
+        from georep.adapters.servicebus import region_sender_for
     except ImportError as exc:  # pragma: no cover - depends on the install
         raise ConfigurationError(
             f"{region} sender is a {type(sender).__name__}; wrapping an SDK sender needs "
             "pip install 'georep[servicebus]'"
         ) from exc
-    wrapped: RegionSender = ServiceBusRegionSender(sender, region=region)
+    # Async SDK senders run on the loop, sync ones on a worker thread per SDK sender.
+    wrapped: RegionSender = region_sender_for(sender, region=region)
     return wrapped
 
 
 def _error(error: BaseException) -> str:
     """How the ledger names an error: its class, never its message (it may hold a secret)."""
     return type(error).__name__
+
+
+def _observed_outbox_depth(sender: GeoSender) -> int | None:
+    """The outbox depth the gauge reports for ``sender``: none once it is closed."""
+    return None if sender._closed else sender.stats.outbox_depth
 
 
 class GeoSender:
@@ -128,8 +144,9 @@ class GeoSender:
         mode: :attr:`ReplicationMode.PASSIVE` (default) or :attr:`ReplicationMode.ACTIVE`.
         policy: When to fail over, and georep's own per-attempt deadline.
         outbox: A durable :class:`georep.ports.Outbox` (e.g. :class:`georep.SqliteOutbox`).
-            With one, a message no region accepts is persisted and sent later
-            (``SendResult(queued=True)``) instead of raising. The caller owns it.
+            With one, a message no region could be reached for is persisted and sent later
+            (``SendResult(queued=True)``) instead of raising; a message a region refused
+            for what it is is still raised, never queued. The caller owns it.
         repair: Active mode: when one region fails, queue its copy in the outbox so both
             regions end up with the message. Needs ``outbox``.
         partitioned: The entity is partitioned (in both regions). Lists and batches must
@@ -234,18 +251,25 @@ class GeoSender:
             mode=self.mode.value,
             tracer_provider=tracer_provider,
             meter_provider=meter_provider,
-            outbox_depth=lambda: self.stats.outbox_depth,
+            owner=self,
+            outbox_depth=_observed_outbox_depth,
         )
         self._max_sizes: dict[str, int] = {}
+        self._schedules = ScheduleBook()
         self._cooling_down: dict[str, tuple[float, RegionError]] = {}
         self._region_failures: dict[str, int] = {}
         self._last_region_error: dict[str, RegionError] = {}
-        self._owned: list[Any] = []
+        # Adapters georep made around the caller's SDK senders are georep's to close: that
+        # stops their worker threads (sync senders) and never closes the caller's sender.
+        self._owned: list[Any] = [
+            adapter
+            for adapter, given in ((self._primary, primary), (self._secondary, secondary))
+            if adapter is not given
+        ]
         self._closed = False
         self._close_task: asyncio.Task[None] | None = None
-        self._drainer: asyncio.Task[None] | None = None
         self._probe: asyncio.Task[None] | None = None
-        self._outbox_has_work = asyncio.Event()
+        self._drainer = self._new_drainer(meter_provider)
 
     # ----------------------------------------------------------------- construction
 
@@ -336,9 +360,13 @@ class GeoSender:
     async def aclose(self) -> None:
         """Stop the outbox drainer and close what this GeoSender created. Idempotent.
 
-        Senders passed in by the caller, the outbox and the ledger stay open: the caller
-        owns them (the ledger is flushed).
-        Messages still in the outbox stay there for the next GeoSender on the same file.
+        The drainer stops gracefully: the send in flight finishes (at most two attempt
+        deadlines plus 1 s), accepted entries are deleted and the rest handed back. The SDK
+        senders this GeoSender created are then closed concurrently, each within the
+        attempt deadline, and the ledger is flushed; every step runs even if one before it
+        failed. Senders passed in by the caller, the outbox and the ledger stay open: the
+        caller owns them. Messages still in the outbox stay there for the next GeoSender on
+        the same file.
         """
         if self._close_task is None:
             self._closed = True
@@ -351,25 +379,56 @@ class GeoSender:
         await self.aclose()
 
     async def _close(self) -> None:
-        for task in (self._drainer, self._probe):
-            if task is not None:
-                task.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await task
-        for region in self._owned:
-            with contextlib.suppress(Exception):
-                await region.close()
-        if self.ledger is not None:
-            with contextlib.suppress(Exception):
+        # Each step runs whatever the one before it did: nothing this sender owns is left
+        # open because something else failed to close.
+        timeout = self.policy.attempt_seconds
+        try:
+            if self._drainer is not None:
+                # Graceful: the entry in flight finishes (a send is bounded by the attempt
+                # deadlines), accepted entries are deleted, the rest are handed back.
+                await self._drainer.stop(timeout=2 * timeout + 1.0)
+        except Exception:
+            _log.exception("stopping the outbox drainer failed")
+        finally:
+            await self._stop_probe()
+            await self._close_owned(timeout)
+            await self._flush_ledger(timeout)
+
+    async def _stop_probe(self) -> None:
+        probe = self._probe
+        if probe is not None:
+            probe.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await probe
+
+    async def _close_owned(self, timeout: float) -> None:
+        """Close the regions this sender created, concurrently, within ``timeout`` seconds."""
+
+        async def close(region: Any) -> None:
+            try:
+                with self._clock.deadline(timeout):
+                    await region.close()
+            except Exception as exc:
+                _log.warning("closing %s failed: %s", region.region, type(exc).__name__)
+
+        await asyncio.gather(*(close(region) for region in self._owned))
+
+    async def _flush_ledger(self, timeout: float) -> None:
+        if self.ledger is None:
+            return
+        try:
+            with self._clock.deadline(timeout):
                 await self.ledger.flush()
+        except Exception as exc:
+            _log.warning("flushing the ledger failed: %s", type(exc).__name__)
 
     def _check_open(self) -> None:
         if self._closed:
             raise ClosedError(f"GeoSender for {self.entity!r} is closed; create a new one")
 
     def _start_background(self) -> None:
-        if self.outbox is not None and self._drainer is None:
-            self._drainer = asyncio.create_task(self._drain_forever(), name="georep-outbox-drainer")
+        if self._drainer is not None:
+            self._drainer.start()
 
     @property
     def roles(self) -> RoleState:
@@ -408,16 +467,19 @@ class GeoSender:
             ClosedError: The sender was closed.
         """
         self._check_open()
-        if self._drainer is None:
-            self._start_background()
-        attempt_timeout = self.policy.attempt_seconds if timeout is None else timeout
-        if attempt_timeout <= 0:
-            raise ConfigurationError("timeout must be greater than 0 seconds")
+        drainer = self._drainer
+        if drainer is not None and not drainer.running:
+            drainer.start()
+        attempt_timeout = (
+            self.policy.attempt_seconds if timeout is None else positive_seconds(timeout, "timeout")
+        )
         codec = self._codec
         messages = codec.split(message)
         if not messages:
             return SendResult(accepted=())
-        codec.check(messages, one_partition=self.partitioned)
+        # Validated before any network call (issue 20): what no region would take is
+        # raised here, never failed over or queued.
+        codec.check(messages, one_partition=self.partitioned, max_size=self._size_limit())
         started = self._clock.monotonic()
         ledger = self.ledger
         wall_started = self._clock.time() if ledger is not None else 0.0
@@ -631,6 +693,11 @@ class GeoSender:
             self._region_failures[error.region] = self._region_failures.get(error.region, 0) + 1
             self._last_region_error[error.region] = error
 
+    def _size_limit(self) -> int | None:
+        """The smallest message size limit learned from the regions (bytes), if any."""
+        sizes = self._max_sizes
+        return min(sizes.values()) if sizes else None
+
     def _other(self, region: RegionSender) -> RegionSender:
         return self._secondary if region is self._primary else self._primary
 
@@ -695,7 +762,16 @@ class GeoSender:
                 "georep.region_failed",
                 {"georep.region": backup.region, "error.type": second_error.kind.value},
             )
+            if second_error.kind not in self.policy.fail_over_on:
+                # The backup answered and refused the message itself (too large, invalid,
+                # credentials, missing entity): raised at once, never queued, since no
+                # later retry could succeed.
+                raise second_error
             causes = {active.region: first_error, backup.region: second_error}
+            if second_error.kind not in self.policy.fail_over_on:
+                # The backup answered and refused the message itself: not an outage, and
+                # a queued copy would be refused again forever (issue 20).
+                raise second_error
             if self.outbox is not None and may_queue:
                 await self._queue(messages, [None])
                 span.set_attribute("georep.queued", True)
@@ -801,9 +877,11 @@ class GeoSender:
                 accepted=accepted, failed=dict(errors), repair_queued=repair, skipped=skipped
             )
         transient = [r for r, e in errors.items() if e.kind in self.policy.fail_over_on]
-        if not transient:
-            # Both regions refused the message itself (too large, bad key...): not an outage.
-            raise errors[primary.region]
+        refused = [e for e in errors.values() if e.kind not in self.policy.fail_over_on]
+        if refused:
+            # A region answered and refused the message itself (too large, bad key...): not
+            # an outage, and a queued copy would be refused again forever (issue 20).
+            raise refused[0]
         if self.outbox is not None:
             await self._queue(messages, transient)
             span.set_attribute("georep.queued", True)
@@ -839,25 +917,52 @@ class GeoSender:
 
     async def schedule_messages(
         self, messages: Any, schedule_time_utc: datetime, *, timeout: float | None = None
-    ) -> dict[str, list[int]]:
-        """Schedule messages for later delivery.
+    ) -> list[int]:
+        """Schedule messages for later delivery, as ``ServiceBusSender.schedule_messages``.
 
         Passive: in the active region, failing over like a send. Active: in both regions.
 
         Returns:
-            The sequence numbers per region label; pass the mapping back to
-            :meth:`cancel_scheduled_messages` as it is.
+            One sequence number per message, as the SDK returns: the numbers of the region
+            labelled ``primary`` when it scheduled them, else those of the region that did
+            (passive mode after a failover: the backup's). Pass them (or one of them) to
+            :meth:`cancel_scheduled_messages`, which cancels every region's copy. Each
+            region's own numbers: :meth:`schedule_messages_by_region`.
 
         Raises:
             AllRegionsUnavailableError: No region scheduled them (schedules never go to
                 the outbox: a late schedule would fire at the wrong time).
+        """
+        by_region = await self.schedule_messages_by_region(
+            messages, schedule_time_utc, timeout=timeout
+        )
+        if not by_region:
+            return []
+        order = sorted(self._regions, key=lambda label: label != self._primary.region)
+        when = schedule_time_utc
+        if when.tzinfo is None:  # the SDK reads a naive time as UTC (its samples use utcnow())
+            when = when.replace(tzinfo=UTC)
+        return self._schedules.remember(by_region, order, when.timestamp(), self._clock.time())
+
+    async def schedule_messages_by_region(
+        self, messages: Any, schedule_time_utc: datetime, *, timeout: float | None = None
+    ) -> dict[str, list[int]]:
+        """Schedule messages; return each region's sequence numbers.
+
+        Like :meth:`schedule_messages`, but the result maps each region label that
+        scheduled them to that region's numbers; cancel with
+        :meth:`cancel_scheduled_messages_by_region` (from any sender on the pair, after a
+        restart too: persist the mapping).
+
+        Raises:
+            AllRegionsUnavailableError: No region scheduled them.
         """
         self._check_open()
         attempt_timeout = self.policy.attempt_seconds if timeout is None else timeout
         batch = self._codec.split(messages)
         if not batch:
             return {}
-        self._codec.check(batch, one_partition=self.partitioned)
+        self._codec.check(batch, one_partition=self.partitioned, max_size=self._size_limit())
         self._prepare_all(batch, None)
 
         async def schedule(region: RegionSender, items: Sequence[Any]) -> list[int]:
@@ -912,23 +1017,60 @@ class GeoSender:
             return {backup.region: numbers}
 
     async def cancel_scheduled_messages(
-        self, sequence_numbers: Mapping[str, Sequence[int]], *, timeout: float | None = None
+        self,
+        sequence_numbers: int | Sequence[int] | Mapping[str, Sequence[int]],
+        *,
+        timeout: float | None = None,
     ) -> None:
-        """Cancel messages scheduled by :meth:`schedule_messages`.
+        """Cancel scheduled messages, as ``ServiceBusSender.cancel_scheduled_messages``.
 
         Args:
-            sequence_numbers: The mapping :meth:`schedule_messages` returned (region label
-                → that region's sequence numbers).
+            sequence_numbers: A number or a list of numbers :meth:`schedule_messages`
+                returned; every region's copy is cancelled. (A region -> numbers mapping
+                is still accepted, deprecated: use
+                :meth:`cancel_scheduled_messages_by_region`.)
+            timeout: Deadline per region attempt in seconds.
 
         Raises:
+            InvalidMessageError: A number this sender did not return, or whose entry is
+                gone (see :class:`georep._schedule.ScheduleBook` for how long they are
+                kept); nothing is cancelled then.
             RegionError: A region could not cancel (the others were still cancelled); the
                 scheduled message in that region will still be delivered.
         """
         self._check_open()
+        if isinstance(sequence_numbers, Mapping):
+            warnings.warn(
+                "cancel_scheduled_messages with a region mapping is deprecated: pass the "
+                "list schedule_messages returns, or use cancel_scheduled_messages_by_region",
+                DeprecationWarning,
+                stacklevel=2,
+            )
+            await self.cancel_scheduled_messages_by_region(sequence_numbers, timeout=timeout)
+            return
+        numbers = [sequence_numbers] if isinstance(sequence_numbers, int) else sequence_numbers
+        by_region = self._schedules.resolve(list(numbers))
+        await self.cancel_scheduled_messages_by_region(by_region, timeout=timeout)
+        self._schedules.forget(list(numbers))
+
+    async def cancel_scheduled_messages_by_region(
+        self, sequence_numbers: Mapping[str, Sequence[int]], *, timeout: float | None = None
+    ) -> None:
+        """Cancel by each region's own numbers (:meth:`schedule_messages_by_region`).
+
+        Args:
+            sequence_numbers: Region label → that region's sequence numbers.
+            timeout: Deadline per region attempt in seconds.
+
+        Raises:
+            InvalidMessageError: An unknown region label.
+            RegionError: A region could not cancel (the others were still cancelled).
+        """
+        self._check_open()
         if not isinstance(sequence_numbers, Mapping):
             raise InvalidMessageError(
-                "cancel_scheduled_messages takes the mapping schedule_messages returned "
-                "(region -> sequence numbers): sequence numbers differ between regions"
+                "cancel_scheduled_messages_by_region takes the mapping "
+                "schedule_messages_by_region returned (region -> sequence numbers)"
             )
         attempt_timeout = self.policy.attempt_seconds if timeout is None else timeout
         errors: list[RegionError] = []
@@ -979,9 +1121,33 @@ class GeoSender:
 
     # ----------------------------------------------------------------------- outbox
 
+    def _new_drainer(self, meter_provider: MeterProvider | None) -> OutboxDrainer | None:
+        if self.outbox is None:
+            return None
+        return OutboxDrainer(
+            outbox=self.outbox,
+            channel=self.channel,
+            codec=self._codec,
+            policy=self.drain_policy,
+            clock=self._clock,
+            deliver=self._deliver,
+            unavailable_kinds=self.policy.fail_over_on,
+            # A passive delivery may try both regions, each within the attempt deadline.
+            send_budget=2 * self.policy.attempt_seconds + 1.0,
+            telemetry=DrainTelemetry(entity=self.entity, meter_provider=meter_provider),
+            stats=self.stats,
+            ledger=self.ledger,
+            entity=self.entity,
+            mode=self._mode_name,
+        )
+
     async def _queue(self, messages: Sequence[Any], regions: Sequence[str | None]) -> None:
-        """Persist ``messages`` for each of ``regions`` (labels; None = whichever accepts)."""
-        assert self.outbox is not None
+        """Persist ``messages`` for each of ``regions`` (labels; None = whichever accepts).
+
+        Only called when no region could be reached (never for a message a region
+        refused for what it is).
+        """
+        assert self.outbox is not None and self._drainer is not None
         encode = self._codec.encode
         # Entries name their target by namespace, not label: a later sender may have the
         # pair the other way round.
@@ -993,81 +1159,18 @@ class GeoSender:
         self.stats.outbox_depth = (self.stats.outbox_depth or 0) + len(items)
         for region in regions:
             self._telemetry.messages(count, region or "any", "queued")
-        self._outbox_has_work.set()
+        self._drainer.wake()
 
     async def drain_outbox(self) -> int:
-        """Try once to send everything due in the outbox; return how many were delivered."""
-        self._check_open()
-        return await self._drain_once()
+        """Try once to send everything due in the outbox; return how many were delivered.
 
-    async def _drain_once(self) -> int:
-        outbox = self.outbox
-        if outbox is None:
+        Entries refused for good move to the outbox's dead-letter table; entries whose
+        time-to-live ran out are dropped as expired (see ``SenderStats``).
+        """
+        self._check_open()
+        if self._drainer is None:
             return 0
-        policy = self.drain_policy
-        delivered = 0
-        while not self._closed:
-            entries = await outbox.claim(
-                self.channel,
-                limit=policy.batch_size,
-                now=self._clock.time(),
-                lease=as_seconds(policy.lease),
-            )
-            if not entries:
-                break
-            done: list[int] = []
-            # Targets found down in this round (a namespace, or None for "any region"):
-            # their remaining entries back off without a try; other targets go on.
-            down: dict[str | None, int] = {}
-            for index, entry in enumerate(entries):
-                if self._closed:
-                    # Hand the rest back now rather than leave them leased.
-                    rest = [e.entry_id for e in entries[index:]]
-                    await outbox.retry_later(rest, not_before=self._clock.time())
-                    break
-                if entry.region in down:
-                    down[entry.region] = max(down[entry.region], entry.attempts + 1)
-                    await outbox.retry_later(
-                        [entry.entry_id],
-                        not_before=self._clock.time() + policy.backoff(down[entry.region]),
-                    )
-                    continue
-                try:
-                    await self._deliver(entry.region, self._codec.decode(entry.payload))
-                except (AllRegionsUnavailableError, RegionUnavailableError) as exc:
-                    down[entry.region] = entry.attempts + 1
-                    _log.warning(
-                        "outbox: %s still unavailable (%s); backing off",
-                        entry.region or "every region",
-                        exc,
-                    )
-                    await outbox.retry_later(
-                        [entry.entry_id],
-                        not_before=self._clock.time() + policy.backoff(entry.attempts + 1),
-                    )
-                except (GeoReplicationError, ValueError) as exc:
-                    # Refused for itself (too large, entity missing...): keep it, never drop
-                    # an acknowledged message, but do not let it hold up the others.
-                    _log.error(
-                        "outbox entry %d refused (attempt %d), kept for retry: %s",
-                        entry.entry_id,
-                        entry.attempts + 1,
-                        exc,
-                    )
-                    await outbox.retry_later(
-                        [entry.entry_id],
-                        not_before=self._clock.time() + policy.backoff(entry.attempts + 1),
-                    )
-                else:
-                    done.append(entry.entry_id)
-            if done:
-                await outbox.delete(done)
-                delivered += len(done)
-                self.stats.drained += len(done)
-            if self._closed or down:
-                break
-        self.stats.outbox_depth = await outbox.depth(self.channel)
-        return delivered
+        return await self._drainer.drain_once()
 
     async def _deliver(self, target: str | None, message: Any) -> None:
         timeout = self.policy.attempt_seconds
@@ -1099,22 +1202,6 @@ class GeoSender:
             await self._send_passive(message, [message], timeout, span, may_queue=False)
         finally:
             span.end()
-
-    async def _drain_forever(self) -> None:
-        assert self.outbox is not None
-        self.stats.outbox_depth = await self.outbox.depth(self.channel)
-        idle = as_seconds(self.drain_policy.idle_interval)
-        while not self._closed:
-            try:
-                await self._drain_once()
-            except asyncio.CancelledError:
-                raise
-            except Exception:  # never let the drainer die: it holds acknowledged messages
-                _log.exception("outbox drainer failed; retrying in %.1f s", idle)
-            self._outbox_has_work.clear()
-            with contextlib.suppress(TimeoutError), self._clock.deadline(idle):
-                await self._outbox_has_work.wait()
-            # A fresh put is not due before its backoff either; waking only re-checks.
 
     # ------------------------------------------------------------------ switch back
 

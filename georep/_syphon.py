@@ -11,10 +11,17 @@ from typing import Any
 
 from opentelemetry import metrics
 
+from georep._classify import RETRYABLE_KINDS
 from georep._clock import SystemClock
 from georep._paired import PairedNamespaceOptions
 from georep._slot import holding
-from georep.exceptions import ClosedError, GeoReplicationError, RegionError
+from georep._telemetry import Instruments
+from georep.exceptions import (
+    ClosedError,
+    GeoReplicationError,
+    MessageExpiredError,
+    RegionError,
+)
 from georep.ports import Clock, ErrorKind, RegionReceiver, RegionSender
 
 __all__ = ["Syphon", "SyphonStats"]
@@ -25,11 +32,6 @@ _log = logging.getLogger("georep.syphon")
 #: the partner side is closed after ``partner_close_timeout`` (SPEC §3).
 _CLIENT_FAULTS = frozenset({ErrorKind.AUTHENTICATION})
 
-#: Primary failures that mean "try again later"; anything else dead-letters the message.
-_RETRY_LATER = frozenset(
-    {ErrorKind.CONNECTION, ErrorKind.TIMEOUT, ErrorKind.SERVICE_ERROR, ErrorKind.SERVER_BUSY}
-)
-
 
 @dataclass(slots=True)
 class SyphonStats:
@@ -38,14 +40,18 @@ class SyphonStats:
     Attributes:
         receive_calls: Receive (long-poll) calls made to backlog queues.
         moved: Messages the primary accepted and whose backlog copy was completed.
-        dead_lettered: Messages without ``x-ms-path`` or refused for good by the primary.
+        dead_lettered: Messages without ``x-ms-path``, refused for good by the primary,
+            or expired (those are also counted in ``expired``).
         retries: Sends to the primary that failed transiently and were retried.
+        expired: Messages whose time to live ran out in the backlog: dead-lettered with
+            reason ``TTLExpiredException``, never delivered late.
     """
 
     receive_calls: int = 0
     moved: int = 0
     dead_lettered: int = 0
     retries: int = 0
+    expired: int = 0
 
     @property
     def billed_operations(self) -> int:
@@ -66,7 +72,9 @@ class Syphon:
         primary_sender: ``primary_sender(entity)`` → the primary namespace's sender for
             that entity (created once per entity by the caller's factory).
         restore: ``restore(message)`` → ``(entity, message with aliases restored)``;
-            raises :class:`~georep.exceptions.InvalidMessageError` without ``x-ms-path``.
+            raises :class:`~georep.exceptions.InvalidMessageError` without ``x-ms-path``
+            and :class:`~georep.exceptions.MessageExpiredError` when its time to live
+            ran out in the backlog (dead-lettered as ``TTLExpiredException``).
         options: :class:`PairedNamespaceOptions` (long poll, batch, retry interval).
         clock: Time source.
         meter_provider: OpenTelemetry meter provider.
@@ -96,16 +104,22 @@ class Syphon:
         self._partner_closer: asyncio.Future[None] | None = None
         self._stopping = asyncio.Event()
         self._closed = False
-        meter = metrics.get_meter("georep", "", meter_provider)
-        self._receives = meter.create_counter(
+        # Shared per provider: instruments created per instance would pile up.
+        meter = Instruments.of(meter_provider)
+        self._receives = meter.counter(
             "georep.syphon.receive_calls",
             unit="{call}",
             description="Long-poll receive calls on backlog queues (billed operations).",
         )
-        self._moved = meter.create_counter(
+        self._moved = meter.counter(
             "georep.syphon.moved",
             unit="{message}",
             description="Messages moved to the primary (4 billed operations each).",
+        )
+        self._expired = meter.counter(
+            "georep.syphon.expired",
+            unit="{message}",
+            description="Backlog messages whose time to live ran out: dead-lettered, not moved.",
         )
 
     @classmethod
@@ -154,6 +168,8 @@ class Syphon:
             return sender
 
         syphon = cls(backlog, sender_for, restore=from_backlog, options=options, **kwargs)
+        # The time left of each message's TTL is measured on the syphon's clock.
+        syphon._restore = lambda message: from_backlog(message, now=syphon._clock.time())
         syphon._owned_receivers = list(backlog)
         syphon._owned_senders = senders
         return syphon
@@ -212,6 +228,13 @@ class Syphon:
     async def _move(self, queue: RegionReceiver, message: Any) -> None:
         try:
             entity, restored = self._restore(message)
+        except MessageExpiredError as exc:
+            # Never delivered after its original time to live (issue 14): dropped as the
+            # service drops an expired message.
+            await self._dead_letter(queue, message, "TTLExpiredException", str(exc))
+            self.stats.expired += 1
+            self._expired.add(1, {"georep.backlog_queue": queue.entity})
+            return
         except GeoReplicationError as exc:
             await self._dead_letter(queue, message, "NoDestination", str(exc))
             return
@@ -234,7 +257,9 @@ class Syphon:
                         await queue.abandon(message)
                     self._side_faulted("primary", exc)
                     return
-                if kind not in _RETRY_LATER:
+                # Retryable kinds (the one table) wait in the backlog; the rest are
+                # refused for good and dead-lettered (SPEC §3).
+                if kind not in RETRYABLE_KINDS:
                     await self._dead_letter(queue, message, "PrimaryRefused", str(exc))
                     return
                 if self._stopping.is_set():

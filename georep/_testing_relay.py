@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Awaitable, Callable
 
-from georep.exceptions import RegionUnavailableError
+from georep._classify import region_error
 from georep.ports import ErrorKind, RelayRequest, RelayResponse
 
 __all__ = ["InMemoryRelayEndpoint"]
@@ -69,12 +69,27 @@ class InMemoryRelayEndpoint:
         timeout: float,
     ) -> RelayResponse:
         self.attempts += 1
+        # As the real endpoints: no answer within ``timeout`` is a TIMEOUT region error.
+        try:
+            async with asyncio.timeout(timeout):
+                return await self._answer(method, target, body, headers)
+        except TimeoutError:
+            raise region_error(
+                f"{self._region}: no answer within {timeout} s",
+                region=self._region,
+                kind=ErrorKind.TIMEOUT,
+            ) from None
+
+    async def _answer(
+        self, method: str, target: str, body: bytes, headers: dict[str, str]
+    ) -> RelayResponse:
         # One scheduling point, so concurrent requests really interleave.
         await asyncio.sleep(0)
         if self._hang:
             await asyncio.Event().wait()
         if self._failure is not None:
-            raise RegionUnavailableError(
+            # The class the one classification table gives the kind, as the adapters raise.
+            raise region_error(
                 f"{self._region} failed ({self._failure})", region=self._region, kind=self._failure
             )
         request = RelayRequest(method, target, dict(headers), body)

@@ -22,10 +22,13 @@ __all__ = [
     "EntityNotFoundError",
     "GeoReplicationError",
     "InvalidMessageError",
+    "MessageExpiredError",
     "MessageTooLargeError",
     "OutboxFullError",
+    "OutboxUnavailableError",
     "RegionError",
     "RegionUnavailableError",
+    "SettlementError",
     "StoreUnavailableError",
 ]
 
@@ -52,6 +55,15 @@ class InvalidMessageError(GeoReplicationError, ValueError):
     """A message (or the way it was passed) cannot be sent; the text says what to change."""
 
 
+class MessageExpiredError(InvalidMessageError):
+    """The message's time to live ran out before georep could deliver it.
+
+    georep never delivers a message after its original ``time_to_live``: one that expired
+    while held (in a backlog queue, for the syphon) is dropped as expired (dead-lettered
+    with reason ``TTLExpiredException`` and counted), not delivered late.
+    """
+
+
 class ClosedError(GeoReplicationError, RuntimeError):
     """The object was closed; create a new one."""
 
@@ -60,6 +72,21 @@ class OutboxFullError(GeoReplicationError):
     """The durable outbox reached its bound; the message was not stored and not sent.
 
     Raise the bound, or drain the backlog (restore a region) before sending more.
+    """
+
+    retryable = True
+
+
+class SettlementError(GeoReplicationError, RuntimeError):
+    """A handler's settlement call was wrong: a message it was not given, or a second
+    decision for one message. The text names the message's state and the fix."""
+
+
+class OutboxUnavailableError(GeoReplicationError):
+    """The outbox file could not be read or written just now (another process held its
+    lock past the busy timeout, or an I/O error); nothing was stored by the failed call.
+
+    Retry later; if it persists, check the file's disk and permissions.
     """
 
     retryable = True
@@ -90,18 +117,19 @@ class RegionError(GeoReplicationError):
 
     @property
     def retryable(self) -> bool:  # type: ignore[override]
-        from georep.ports import ErrorKind
+        # The one classification table (georep._classify) decides; imported here because
+        # it imports this module.
+        from georep._classify import RETRYABLE_KINDS
 
-        return self.kind in {
-            ErrorKind.CONNECTION,
-            ErrorKind.TIMEOUT,
-            ErrorKind.SERVICE_ERROR,
-            ErrorKind.SERVER_BUSY,
-        }
+        return self.kind in RETRYABLE_KINDS
 
 
 class RegionUnavailableError(RegionError):
-    """The region did not answer or failed in a way that means it may be down."""
+    """The region did not answer, or failed in a way that means it may be down.
+
+    Connection failures, timeouts and server-busy (see ``georep._classify``); these fail
+    over by default.
+    """
 
 
 class MessageTooLargeError(RegionError, ValueError):

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import logging
+import time
 import uuid
 import warnings
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from azure.core.exceptions import ResourceNotFoundError
@@ -18,7 +19,7 @@ from georep._paired import (
     PairedNamespaceOptions,
     backlog_queue_path,
 )
-from georep.exceptions import InvalidMessageError, MessageTooLargeError
+from georep.exceptions import InvalidMessageError, MessageExpiredError, MessageTooLargeError
 from georep.ports import ErrorKind
 
 from ._codec import ServiceBusCodec
@@ -70,7 +71,13 @@ async def ensure_backlog_queues(
     return paths
 
 
-def to_backlog(message: ServiceBusMessage, destination: str, *, max_size: int = 262_144) -> Any:
+def to_backlog(
+    message: ServiceBusMessage,
+    destination: str,
+    *,
+    max_size: int = 262_144,
+    schedule_time_utc: datetime | None = None,
+) -> Any:
     """A copy of ``message`` for a backlog queue, its entity-bound fields turned into aliases.
 
     SessionId → ``x-ms-sessionid``, TimeToLive → ``x-ms-timetolive`` (milliseconds),
@@ -78,11 +85,20 @@ def to_backlog(message: ServiceBusMessage, destination: str, *, max_size: int = 
     destination entity → ``x-ms-path``. The MessageId is kept, so duplicates stay
     recognisable downstream.
 
+    Args:
+        message: The message as the caller gave it (never changed).
+        destination: The entity path in the primary namespace.
+        max_size: The backlog queue's size limit in bytes. Default 256 KB.
+        schedule_time_utc: A schedule for the copy (``PairedSender.schedule_messages``);
+            default: the message's own.
+
     Raises:
         MessageTooLargeError: The rewritten message no longer fits ``max_size`` bytes (it
             is never truncated).
     """
     copy = _CODEC.copy(message)
+    if schedule_time_utc is not None:
+        copy.scheduled_enqueue_time_utc = schedule_time_utc
     properties = dict(copy.application_properties or {})
     properties[BACKLOG_ALIASES["destination"]] = destination
     if copy.session_id is not None:
@@ -110,20 +126,26 @@ def to_backlog(message: ServiceBusMessage, destination: str, *, max_size: int = 
     return copy
 
 
-def from_backlog(message: Any) -> tuple[str, ServiceBusMessage]:
+def from_backlog(message: Any, *, now: float | None = None) -> tuple[str, ServiceBusMessage]:
     """The destination entity and the message as it was sent, aliases restored.
+
+    The time to live is what is left of the original (issue 14): the time the copy spent
+    in the backlog queue (since its enqueued time) is subtracted, except for a message
+    scheduled later than now, whose time to live starts at its schedule as in the primary.
+
+    Args:
+        message: The received backlog copy.
+        now: The current time (epoch seconds); default: the system clock.
 
     Raises:
         InvalidMessageError: The message has no ``x-ms-path`` (the syphon dead-letters it).
+        MessageExpiredError: Its time to live ran out in the backlog (the syphon
+            dead-letters it instead of delivering it late).
     """
     properties = {
         (k.decode() if isinstance(k, bytes) else str(k)): v
         for k, v in (message.application_properties or {}).items()
     }
-
-    def text(value: Any) -> str:
-        return value.decode() if isinstance(value, bytes) else str(value)
-
     destination = properties.pop(BACKLOG_ALIASES["destination"], None)
     if destination is None:
         raise InvalidMessageError(
@@ -135,12 +157,38 @@ def from_backlog(message: Any) -> tuple[str, ServiceBusMessage]:
     scheduled = properties.pop(BACKLOG_ALIASES["scheduled_enqueue_time_utc"], None)
     restored.application_properties = properties or None
     if session is not None:
-        restored.session_id = text(session)
+        restored.session_id = _text(session)
+    schedule = None if scheduled is None else datetime.fromisoformat(_text(scheduled))
+    if schedule is not None:
+        restored.scheduled_enqueue_time_utc = schedule
     if ttl is not None:
-        restored.time_to_live = timedelta(milliseconds=int(ttl))
-    if scheduled is not None:
-        restored.scheduled_enqueue_time_utc = datetime.fromisoformat(text(scheduled))
-    return text(destination), restored
+        current = time.time() if now is None else now
+        restored.time_to_live = _remaining_ttl(message, int(ttl) / 1000, schedule, current)
+    return _text(destination), restored
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def _remaining_ttl(message: Any, ttl: float, schedule: datetime | None, now: float) -> timedelta:
+    """What is left of ``ttl`` seconds at ``now``; the clock starts when the message was
+    (or is scheduled to be) enqueued: the backlog copy's enqueued time or its schedule."""
+    enqueued = getattr(message, "enqueued_time_utc", None)
+    start = now if enqueued is None else enqueued.timestamp()
+    if schedule is not None:
+        start = max(start, _as_utc(schedule).timestamp())
+    left = ttl - max(0.0, now - start)
+    if left * 1000 < 1:  # the service counts whole milliseconds
+        raise MessageExpiredError(
+            f"message {message.message_id!r} outlived its time to live of {ttl:g} s in the "
+            f"backlog queue (by {-left:.3f} s): dropped, not delivered late"
+        )
+    return timedelta(seconds=left)
+
+
+def _as_utc(value: datetime) -> datetime:
+    return value if value.tzinfo is not None else value.replace(tzinfo=UTC)
 
 
 PING_CONTENT_TYPE = "application/vnd.ms-servicebus-ping"

@@ -57,9 +57,10 @@ class GeoMessageBatch(ServiceBusMessageBatch):
 
     def add_message(self, message: ServiceBusMessage | Mapping[str, Any] | Any) -> None:
         if isinstance(message, Mapping):
-            message = ServiceBusMessage(**message)
+            message = _from_mapping(message)
         if isinstance(message, AmqpAnnotatedMessage):
             raise InvalidMessageError(_AMQP_MESSAGE_UNSUPPORTED)
+        _check_message(message)
         self._georep_prepare(message)
         super().add_message(message)
 
@@ -118,6 +119,129 @@ def _untag(tagged: list[Any]) -> Any:
     return value
 
 
+#: The fields a dict message may have (``ServiceBusMessage``'s keywords, and ``body``).
+_MESSAGE_FIELDS = frozenset(
+    {
+        "body",
+        "application_properties",
+        "session_id",
+        "message_id",
+        "scheduled_enqueue_time_utc",
+        "time_to_live",
+        "content_type",
+        "correlation_id",
+        "subject",
+        "partition_key",
+        "to",
+        "reply_to",
+        "reply_to_session_id",
+    }
+)
+
+#: Service Bus limits on identifiers, in characters.
+_MAX_ID_LENGTH = 128
+
+#: Application property value types the SDK encodes and the service and the outbox keep.
+_PROPERTY_TYPES = (str, bytes, int, float, bool, uuid.UUID, datetime, type(None))
+_LONG_MIN, _LONG_MAX = -(2**63), 2**63 - 1
+
+
+def _from_mapping(fields: Mapping[str, Any]) -> ServiceBusMessage:
+    """A ServiceBusMessage from a dict of its fields, or a clear error.
+
+    Raises:
+        InvalidMessageError: A field is unknown (the SDK would silently drop it), ``body``
+            is missing, or the SDK refuses a value.
+    """
+    unknown = sorted(str(name) for name in fields if name not in _MESSAGE_FIELDS)
+    if unknown:
+        raise InvalidMessageError(
+            f"a dict message has unknown field(s) {', '.join(unknown)}: use only "
+            f"{', '.join(sorted(_MESSAGE_FIELDS))} (custom data goes in application_properties)"
+        )
+    if "body" not in fields:
+        raise InvalidMessageError("a dict message needs a 'body' field (bytes or str)")
+    try:
+        return ServiceBusMessage(**fields)
+    except (TypeError, ValueError) as exc:
+        raise InvalidMessageError(f"a dict message was refused by the SDK: {exc}") from exc
+
+
+def _check_identifier(name: str, value: Any, message_id: Any) -> None:
+    if value is None:
+        return
+    if not isinstance(value, str):
+        fix = " (decode it: value.decode())" if isinstance(value, bytes | bytearray) else ""
+        raise InvalidMessageError(
+            f"{name} must be a str, got {type(value).__name__}{fix}"
+            + ("" if name == "message_id" else f" (message {message_id!r})")
+        )
+    if len(value) > _MAX_ID_LENGTH:
+        raise InvalidMessageError(
+            f"{name} {value[:20]!r}... is {len(value)} characters; Service Bus allows at most "
+            f"{_MAX_ID_LENGTH}: shorten it (or hash it)"
+        )
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise InvalidMessageError(
+            f"{name} {value!r} is not valid Unicode text ({exc.reason}): use text that "
+            "encodes as UTF-8"
+        ) from None
+
+
+def _check_property(message_id: Any, key: Any, value: Any) -> None:
+    if not isinstance(key, str | bytes):
+        raise InvalidMessageError(
+            f"message {message_id!r}: application property key {key!r} is a "
+            f"{type(key).__name__}; keys must be str"
+        )
+    if not isinstance(value, _PROPERTY_TYPES):
+        raise InvalidMessageError(
+            f"message {message_id!r}: application property {key!r} is a "
+            f"{type(value).__name__}; use str, bytes, int, float, bool, UUID, datetime or None"
+        )
+    if isinstance(value, int) and not _LONG_MIN <= value <= _LONG_MAX:
+        raise InvalidMessageError(
+            f"message {message_id!r}: application property {key!r} = {value} does not fit a "
+            "64-bit integer: send it as a str"
+        )
+
+
+def _check_message(message: Any) -> int:
+    """Refuse what the service (or a failover copy) would refuse; the body size in bytes.
+
+    Raises:
+        InvalidMessageError: naming the message, the field and the fix.
+    """
+    if not isinstance(message, ServiceBusMessage):
+        raise InvalidMessageError(
+            f"cannot send a {type(message).__name__}: expected a ServiceBusMessage"
+        )
+    raw = message.raw_amqp_message
+    properties = raw.properties
+    message_id = None
+    if properties is not None:
+        message_id = properties.message_id
+        _check_identifier("message_id", message_id, message_id)
+        _check_identifier("session_id", properties.group_id, message_id)
+    if message.body_type != AmqpMessageBodyType.DATA:
+        raise InvalidMessageError(
+            f"message {message_id!r} has a {message.body_type} body; georep sends data "
+            "bodies (bytes or str) only, the kind a failover can copy: encode the value"
+        )
+    application_properties = raw.application_properties
+    if application_properties:
+        for key, value in application_properties.items():
+            _check_property(message_id, key, value)
+    body = message.body
+    if body is None:
+        return 0
+    if isinstance(body, bytes):
+        return len(body)
+    return sum(len(part) for part in body)
+
+
 class ServiceBusCodec:
     """The :class:`georep.ports.MessageCodec` for azure-servicebus messages."""
 
@@ -133,14 +257,14 @@ class ServiceBusCodec:
             # The SDK keeps the messages it batched; georep needs them to copy or persist.
             return list(messages._messages)
         if isinstance(messages, Mapping):
-            return [ServiceBusMessage(**messages)]
+            return [_from_mapping(messages)]
         if isinstance(messages, AmqpAnnotatedMessage):
             raise InvalidMessageError(_AMQP_MESSAGE_UNSUPPORTED)
         if isinstance(messages, Iterable) and not isinstance(messages, str | bytes):
             result: list[Any] = []
             for message in messages:
                 if isinstance(message, Mapping):
-                    message = ServiceBusMessage(**message)
+                    message = _from_mapping(message)
                 elif not isinstance(message, ServiceBusMessage):
                     raise InvalidMessageError(
                         f"cannot send a {type(message).__name__} in a list: expected "
@@ -213,6 +337,16 @@ class ServiceBusCodec:
             fields["application_properties"] = dict(application_properties)
         return fields
 
+    def time_to_live(self, message: Any) -> float | None:
+        header = message.raw_amqp_message.header
+        if header is None or not header.time_to_live:
+            return None
+        # The AMQP header holds milliseconds.
+        return float(header.time_to_live) / 1000.0
+
+    def set_time_to_live(self, message: Any, seconds: float) -> None:
+        message.time_to_live = timedelta(seconds=seconds)
+
     def copy(self, message: Any) -> Any:
         return ServiceBusMessage(_body_bytes(message), **self._fields(message))
 
@@ -250,9 +384,13 @@ class ServiceBusCodec:
             **document["fields"],
         )
 
-    def check(self, messages: Sequence[Any], *, one_partition: bool) -> None:
+    def check(
+        self, messages: Sequence[Any], *, one_partition: bool, max_size: int | None = None
+    ) -> None:
         keys: set[str] = set()
+        body_bytes = 0
         for message in messages:
+            body_bytes += _check_message(message)
             raw = message.raw_amqp_message
             properties = raw.properties
             session = _text(properties.group_id) if properties is not None else None
@@ -271,6 +409,13 @@ class ServiceBusCodec:
             key = session if session is not None else partition
             if key is not None:
                 keys.add(key)
+        if max_size is not None and body_bytes > max_size:
+            # The bodies alone are a lower bound of the encoded size: over the limit for sure.
+            what = "message" if len(messages) == 1 else f"{len(messages)} messages together"
+            raise InvalidMessageError(
+                f"the {what} carry {body_bytes} bytes of body, over the entity's limit of "
+                f"{max_size} bytes: shrink the body or send fewer messages per call"
+            )
         if one_partition and len(keys) > 1:
             raise InvalidMessageError(
                 f"a batch for a partitioned entity must use one partition key, this one mixes "

@@ -1,9 +1,20 @@
-"""The one place azure-servicebus exceptions become georep errors."""
+"""The one place azure-servicebus exceptions become georep errors.
+
+:data:`SDK_ERROR_KINDS` maps each SDK exception class to an :class:`ErrorKind`; what a kind
+means (fail over or not, retryable or not, which georep error) is decided in one table in
+the core, ``georep._classify.CLASSIFICATION``.
+"""
 
 from __future__ import annotations
 
 from azure.servicebus.exceptions import (
+    AutoLockRenewFailed,
+    AutoLockRenewTimeout,
+    MessageAlreadySettled,
+    MessageLockLostError,
+    MessageNotFoundError,
     MessageSizeExceededError,
+    MessagingEntityAlreadyExistsError,
     MessagingEntityDisabledError,
     MessagingEntityNotFoundError,
     OperationTimeoutError,
@@ -14,18 +25,47 @@ from azure.servicebus.exceptions import (
     ServiceBusError,
     ServiceBusQuotaExceededError,
     ServiceBusServerBusyError,
+    SessionCannotBeLockedError,
+    SessionLockLostError,
 )
 
-from georep.exceptions import (
-    AuthenticationError,
-    EntityNotFoundError,
-    MessageTooLargeError,
-    RegionError,
-    RegionUnavailableError,
-)
+from georep._classify import region_error
+from georep.exceptions import RegionError
 from georep.ports import ErrorKind
 
-__all__ = ["translate_error"]
+__all__ = ["SDK_ERROR_KINDS", "error_kind", "translate_error"]
+
+#: Every exception class of ``azure.servicebus.exceptions``, most specific first (the first
+#: ``isinstance`` match wins). The plain ``ServiceBusError`` is decided by :func:`error_kind`.
+SDK_ERROR_KINDS: tuple[tuple[type[BaseException], ErrorKind], ...] = (
+    (MessageSizeExceededError, ErrorKind.MESSAGE_TOO_LARGE),
+    (ServiceBusAuthenticationError, ErrorKind.AUTHENTICATION),
+    (ServiceBusAuthorizationError, ErrorKind.AUTHENTICATION),
+    (MessagingEntityNotFoundError, ErrorKind.ENTITY_NOT_FOUND),
+    (MessagingEntityDisabledError, ErrorKind.ENTITY_DISABLED),
+    (MessagingEntityAlreadyExistsError, ErrorKind.INVALID_ARGUMENT),
+    (ServiceBusServerBusyError, ErrorKind.SERVER_BUSY),
+    (ServiceBusQuotaExceededError, ErrorKind.QUOTA_EXCEEDED),
+    (OperationTimeoutError, ErrorKind.TIMEOUT),
+    (ServiceBusConnectionError, ErrorKind.CONNECTION),
+    (ServiceBusCommunicationError, ErrorKind.CONNECTION),
+    (MessageLockLostError, ErrorKind.LOCK_LOST),
+    (SessionLockLostError, ErrorKind.LOCK_LOST),
+    (MessageAlreadySettled, ErrorKind.INVALID_ARGUMENT),
+    (MessageNotFoundError, ErrorKind.INVALID_ARGUMENT),
+    (SessionCannotBeLockedError, ErrorKind.SERVICE_ERROR),
+    (AutoLockRenewFailed, ErrorKind.LOCK_LOST),
+    (AutoLockRenewTimeout, ErrorKind.LOCK_LOST),
+    # Outside the SDK: georep's own deadline and the socket layer.
+    (TimeoutError, ErrorKind.TIMEOUT),
+    (OSError, ErrorKind.CONNECTION),
+)
+
+# Conditions the SDK maps to the plain ServiceBusError and marks retryable, although the
+# request itself is wrong: retrying, or another region, would not help.
+_ARGUMENT_CONDITIONS = frozenset(
+    {"com.microsoft:argument-error", "com.microsoft:argument-out-of-range"}
+)
 
 _HINTS = {
     ErrorKind.AUTHENTICATION: "check SharedAccessKeyName and SharedAccessKey for this namespace",
@@ -33,7 +73,34 @@ _HINTS = {
     ErrorKind.ENTITY_DISABLED: "enable the queue or topic in this namespace",
     ErrorKind.MESSAGE_TOO_LARGE: "shrink the message or split the batch",
     ErrorKind.QUOTA_EXCEEDED: "drain the entity or raise its maximum size",
+    ErrorKind.INVALID_ARGUMENT: "the request is wrong, not the region: fix it and send again",
 }
+
+
+def error_kind(exc: BaseException) -> ErrorKind | None:
+    """The :class:`ErrorKind` of an SDK (or socket) exception, or None if it is not one.
+
+    A plain ``ServiceBusError`` is a failure inside the client when it wraps a non-SDK
+    exception (the SDK wraps, for example, the ``UnicodeEncodeError`` of a message id that
+    is not valid UTF-8 as "Handler failed"): INVALID_ARGUMENT. Otherwise it is a service
+    error the SDK marks retryable (``amqp:internal-error``, unknown conditions):
+    SERVICE_ERROR; or one it does not (``amqp:not-allowed``, ``amqp:decode-error``, ...)
+    or an argument error: INVALID_ARGUMENT.
+    """
+    for error_class, kind in SDK_ERROR_KINDS:
+        if isinstance(exc, error_class):
+            return kind
+    if isinstance(exc, ServiceBusError):
+        inner = getattr(exc, "inner_exception", None)
+        condition = str(getattr(exc, "_condition", None) or "")
+        if inner is not None and not isinstance(inner, ServiceBusError) and not condition:
+            return ErrorKind.INVALID_ARGUMENT
+        if condition in _ARGUMENT_CONDITIONS or not getattr(exc, "_retryable", False):
+            return ErrorKind.INVALID_ARGUMENT
+        return ErrorKind.SERVICE_ERROR
+    if isinstance(exc, ValueError | TypeError):
+        return ErrorKind.INVALID_ARGUMENT
+    return None
 
 
 def translate_error(exc: BaseException, *, region: str, namespace: str) -> RegionError | None:
@@ -42,31 +109,10 @@ def translate_error(exc: BaseException, *, region: str, namespace: str) -> Regio
     The text names the region and its namespace and carries the SDK's description (which
     never contains the key); the SDK exception stays attached as ``__cause__``.
     """
-    kind: ErrorKind
-    error_type: type[RegionError] = RegionError
-    if isinstance(exc, MessageSizeExceededError):
-        kind, error_type = ErrorKind.MESSAGE_TOO_LARGE, MessageTooLargeError
-    elif isinstance(exc, ServiceBusAuthenticationError | ServiceBusAuthorizationError):
-        kind, error_type = ErrorKind.AUTHENTICATION, AuthenticationError
-    elif isinstance(exc, MessagingEntityNotFoundError):
-        kind, error_type = ErrorKind.ENTITY_NOT_FOUND, EntityNotFoundError
-    elif isinstance(exc, MessagingEntityDisabledError):
-        kind, error_type = ErrorKind.ENTITY_DISABLED, EntityNotFoundError
-    elif isinstance(exc, ServiceBusServerBusyError):
-        kind = ErrorKind.SERVER_BUSY
-    elif isinstance(exc, ServiceBusQuotaExceededError):
-        kind = ErrorKind.QUOTA_EXCEEDED
-    elif isinstance(exc, OperationTimeoutError | TimeoutError):
-        kind, error_type = ErrorKind.TIMEOUT, RegionUnavailableError
-    elif isinstance(exc, ServiceBusConnectionError | ServiceBusCommunicationError | OSError):
-        kind, error_type = ErrorKind.CONNECTION, RegionUnavailableError
-    elif isinstance(exc, ServiceBusError):
-        kind, error_type = ErrorKind.SERVICE_ERROR, RegionUnavailableError
-    elif isinstance(exc, ValueError | TypeError):
-        kind = ErrorKind.INVALID_ARGUMENT
-    else:
+    kind = error_kind(exc)
+    if kind is None:
         return None
     detail = str(exc).strip() or type(exc).__name__
     hint = _HINTS.get(kind)
     message = f"{region} ({namespace}): {detail}" + (f"; {hint}" if hint else "")
-    return error_type(message, region=region, kind=kind)
+    return region_error(message, region=region, kind=kind)

@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 import asyncio
-import uuid
 import zlib
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable
 
 import pytest
 from azure.servicebus import ServiceBusMessage, ServiceBusReceiveMode
@@ -30,20 +29,9 @@ def key_in_fragment(fragment: int, avoid: bool = False) -> str:
     raise AssertionError("no key found")
 
 
-@pytest.fixture(scope="module")
-def emu() -> Iterator[Emulator]:
-    with Emulator() as emulator:
-        yield emulator
-
-
 @pytest.fixture
-def queue(emu: Emulator) -> Iterator[str]:
-    name = f"part-{uuid.uuid4().hex[:8]}"
-    for namespace in emu.namespaces:
-        emu.namespace(namespace).create_queue(name, enable_partitioning=True)
-    yield name
-    for namespace in emu.namespaces:
-        emu.namespace(namespace).restore()
+def queue(private_queue: Callable[..., str]) -> str:
+    return private_queue("part", enable_partitioning=True)
 
 
 async def drain(emu: Emulator, namespace: str, queue: str) -> Counter[str]:

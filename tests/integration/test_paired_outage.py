@@ -6,7 +6,6 @@ import asyncio
 import time
 import uuid
 from collections import Counter
-from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -26,12 +25,6 @@ from georep.adapters.servicebus import ensure_backlog_queues, from_backlog
 from georep.testing import InMemorySeenSet
 
 pytestmark = pytest.mark.integration
-
-
-@pytest.fixture(scope="module")
-def emu() -> Iterator[Emulator]:
-    with Emulator() as emulator:
-        yield emulator
 
 
 async def back_on_primary(sender: PairedSender, within: float) -> bool:
@@ -160,7 +153,9 @@ async def test_the_syphon_brings_backlog_messages_home_and_each_is_received_once
     handled: Counter[str] = Counter()
 
     async def handle(message: Any) -> None:
-        assert message.time_to_live == timedelta(minutes=10), "TTL restored"
+        # Restored, less the time spent in the backlog after the schedule time (issue 14).
+        ttl = message.time_to_live
+        assert timedelta(minutes=9) < ttl <= timedelta(minutes=10), "TTL restored"
         handled[str(message.message_id)] += 1
 
     async with GeoReceiver.from_connection_strings(

@@ -4,18 +4,23 @@ from __future__ import annotations
 
 import asyncio
 import random
+from datetime import UTC, datetime
 from typing import Any
 
 import pytest
 
 from georep import AllRegionsUnavailableError, ErrorKind, PairedNamespaceOptions, PairedSender
 from georep.exceptions import RegionError
-from georep.testing import FakeClock, FakeMessage, InMemoryRegionSender
+from georep.testing import FakeBatch, FakeClock, FakeMessage, InMemoryRegionSender
 
 
-def rewrite(message: FakeMessage, destination: str) -> FakeMessage:
+def rewrite(
+    message: FakeMessage, destination: str, *, schedule_time_utc: datetime | None = None
+) -> FakeMessage:
     copy = FakeMessage(message.body, message.message_id, message.subject)
     copy.application_properties = {**message.application_properties, "x-ms-path": destination}
+    if schedule_time_utc is not None:
+        copy.application_properties["x-ms-scheduledenqueuetimeutc"] = schedule_time_utc.isoformat()
     return copy
 
 
@@ -121,3 +126,51 @@ async def test_senders_on_the_pair_learn_of_failover_at_once() -> None:
     await first.aclose()
     await second.aclose()
     await asyncio.sleep(0)
+
+
+async def test_lists_batches_and_schedules_work_before_and_after_failover() -> None:
+    clock = FakeClock()
+    sender, primary, backlog = build(clock, failover_interval=0)
+    when = datetime(2030, 1, 1, tzinfo=UTC)
+    assert await sender.send_messages([FakeMessage(b"a", "a"), FakeMessage(b"b", "b")]) == "primary"
+    numbers = await sender.schedule_messages([FakeMessage(b"s", "s")], when)
+    assert numbers == list(primary.scheduled)
+    await sender.cancel_scheduled_messages(numbers[0])
+    assert primary.scheduled == {}
+
+    primary.fail_with(ErrorKind.CONNECTION)
+    assert await sender.send_messages([FakeMessage(b"c", "c"), FakeMessage(b"d", "d")]) != "primary"
+    batch = FakeBatch(1000, lambda _: None)
+    batch.add_message(FakeMessage(b"e", "e"))
+    batch.add_message(FakeMessage(b"f", "f"))
+    assert await sender.send_messages(batch) != "primary"
+    assert await sender.schedule_messages(FakeMessage(b"g", "g"), when) == []
+
+    copies = {m.message_id: m for q in backlog for m in q.accepted}
+    assert sorted(copies) == ["c", "d", "e", "f", "g"], "each message rewritten, none lost"
+    assert all(m.application_properties["x-ms-path"] == "orders" for m in copies.values())
+    assert copies["g"].application_properties["x-ms-scheduledenqueuetimeutc"] == when.isoformat()
+    await sender.aclose()
+
+
+async def test_a_message_every_backlog_queue_would_refuse_is_raised_not_rotated() -> None:
+    clock = FakeClock()
+    sender, primary, backlog = build(clock, failover_interval=0)
+    primary.fail_with(ErrorKind.CONNECTION)
+    for queue in backlog:
+        queue.fail_with(ErrorKind.MESSAGE_TOO_LARGE)
+    with pytest.raises(RegionError) as raised:
+        await sender.send_messages(FakeMessage(b"big"))
+    assert raised.value.kind is ErrorKind.MESSAGE_TOO_LARGE
+    assert sum(q.attempts for q in backlog) == 1 and not sender.state.excluded
+    await sender.aclose()
+
+
+async def test_a_service_error_does_not_start_the_failover_timer() -> None:
+    clock = FakeClock()
+    sender, primary, backlog = build(clock, failover_interval=0)
+    primary.fail_with(ErrorKind.SERVICE_ERROR)
+    with pytest.raises(RegionError):
+        await sender.send_messages(FakeMessage(b"a"))
+    assert not sender.state.engaged and all(q.attempts == 0 for q in backlog)
+    await sender.aclose()

@@ -8,6 +8,7 @@ from datetime import UTC, datetime
 import pytest
 
 from georep import (
+    DEFAULT_FAILOVER_KINDS,
     AllRegionsUnavailableError,
     AuthenticationError,
     ClosedError,
@@ -21,6 +22,7 @@ from georep import (
     InvalidMessageError,
     MessageTooLargeError,
     OutboxFullError,
+    RegionError,
     ReplicationMode,
     RoleState,
 )
@@ -70,7 +72,7 @@ async def test_passive_keeps_a_caller_message_id() -> None:
     assert primary.accepted[0].message_id == "order-17"
 
 
-@pytest.mark.parametrize("kind", [ErrorKind.CONNECTION, ErrorKind.TIMEOUT, ErrorKind.SERVICE_ERROR])
+@pytest.mark.parametrize("kind", [ErrorKind.CONNECTION, ErrorKind.TIMEOUT, ErrorKind.SERVER_BUSY])
 async def test_passive_fails_over_with_a_copy_and_swaps_roles(kind: ErrorKind) -> None:
     primary, secondary = regions()
     sender = geo(primary, secondary)
@@ -136,7 +138,10 @@ async def test_senders_on_the_same_pair_share_roles() -> None:
         (ErrorKind.AUTHENTICATION, AuthenticationError),
         (ErrorKind.ENTITY_NOT_FOUND, EntityNotFoundError),
         (ErrorKind.ENTITY_DISABLED, EntityNotFoundError),
-        (ErrorKind.SERVER_BUSY, Exception),
+        # Not outages (issue 14 item 6): raised at once, region unchanged, never queued.
+        (ErrorKind.SERVICE_ERROR, RegionError),
+        (ErrorKind.QUOTA_EXCEEDED, RegionError),
+        (ErrorKind.INVALID_ARGUMENT, RegionError),
     ],
 )
 async def test_errors_that_do_not_mean_unavailability_never_fail_over(
@@ -156,11 +161,11 @@ async def test_errors_that_do_not_mean_unavailability_never_fail_over(
     await sender.aclose()
 
 
-async def test_server_busy_fails_over_when_the_policy_says_so() -> None:
+async def test_a_service_error_fails_over_when_the_policy_says_so() -> None:
     primary, secondary = regions()
-    policy = FailoverPolicy(fail_over_on=frozenset({ErrorKind.SERVER_BUSY}))
+    policy = FailoverPolicy(fail_over_on=DEFAULT_FAILOVER_KINDS | {ErrorKind.SERVICE_ERROR})
     sender = geo(primary, secondary, policy=policy)
-    primary.fail_with(ErrorKind.SERVER_BUSY)
+    primary.fail_with(ErrorKind.SERVICE_ERROR)
     assert (await sender.send_messages(FakeMessage(b"x"))).failed_over
 
 
@@ -306,7 +311,7 @@ async def test_active_with_both_regions_down_raises_with_each_cause() -> None:
     primary, secondary = regions()
     sender = geo(primary, secondary, mode="active")
     primary.fail_with(ErrorKind.CONNECTION)
-    secondary.fail_with(ErrorKind.SERVICE_ERROR)
+    secondary.fail_with(ErrorKind.TIMEOUT)  # a service error is not "down"
     with pytest.raises(AllRegionsUnavailableError) as raised:
         await sender.send_messages(FakeMessage(b"x"))
     assert set(raised.value.causes) == {"primary", "secondary"}
@@ -414,7 +419,10 @@ async def test_a_refused_outbox_entry_does_not_block_the_others() -> None:
     )
     assert await sender.drain_outbox() == 1
     assert [m.body for m in primary.accepted] == [b"ok"]
-    assert await outbox.depth() == 1, "a refused entry is kept, never dropped"
+    assert await outbox.depth() == 0
+    [dead] = await outbox.records(dead=True)
+    assert dead.reason == "InvalidMessageError", "a refused entry is kept aside, never dropped"
+    assert sender.stats.dead_lettered == 1
     await sender.aclose()
 
 
@@ -470,25 +478,78 @@ async def test_batches_fit_both_regions_and_their_messages_get_ids() -> None:
     assert [m.message_id for m in primary.accepted] == [m.message_id for m in secondary.accepted]
 
 
-async def test_schedule_returns_numbers_per_region_and_cancel_takes_them_back() -> None:
+@pytest.mark.parametrize("mode", ["active", "passive"])
+async def test_schedule_returns_a_list_and_cancel_takes_it_back_as_the_sdk_does(mode: str) -> None:
+    primary, secondary = regions()
+    sender = geo(primary, secondary, mode=mode)
+    when = datetime(2030, 1, 1, tzinfo=UTC)
+    secondary.scheduled[99] = FakeMessage(b"offset")  # the regions' numbers differ
+
+    numbers = await sender.schedule_messages([FakeMessage(b"a"), FakeMessage(b"b")], when)
+    assert isinstance(numbers, list) and len(numbers) == 2
+    assert all(isinstance(n, int) for n in numbers)
+    await sender.cancel_scheduled_messages(numbers)
+    assert primary.scheduled == {} and list(secondary.scheduled) == [99]
+
+    [one] = await sender.schedule_messages(FakeMessage(b"c"), when)
+    await sender.cancel_scheduled_messages(one)  # a single number, as the SDK takes
+    assert primary.scheduled == {} and list(secondary.scheduled) == [99]
+
+
+async def test_cancelling_an_unknown_number_raises_and_cancels_nothing() -> None:
+    primary, secondary = regions()
+    sender = geo(primary, secondary, mode="active")
+    [number] = await sender.schedule_messages(FakeMessage(b"a"), datetime(2030, 1, 1, tzinfo=UTC))
+    with pytest.raises(InvalidMessageError, match="cancel_scheduled_messages_by_region"):
+        await sender.cancel_scheduled_messages([number, number + 1000])
+    assert len(primary.scheduled) == 1 and len(secondary.scheduled) == 1
+    await sender.cancel_scheduled_messages([number])
+    with pytest.raises(InvalidMessageError, match="was not returned"):
+        await sender.cancel_scheduled_messages([number])  # cancelled: forgotten
+
+
+async def test_per_region_numbers_and_the_deprecated_mapping_form() -> None:
     primary, secondary = regions()
     sender = geo(primary, secondary, mode="active")
     when = datetime(2030, 1, 1, tzinfo=UTC)
-
-    numbers = await sender.schedule_messages([FakeMessage(b"a"), FakeMessage(b"b")], when)
-    assert set(numbers) == {"primary", "secondary"} and len(numbers["primary"]) == 2
-    await sender.cancel_scheduled_messages(numbers)
+    by_region = await sender.schedule_messages_by_region([FakeMessage(b"a")], when)
+    assert set(by_region) == {"primary", "secondary"}
+    with pytest.warns(DeprecationWarning, match="deprecated"):
+        await sender.cancel_scheduled_messages(by_region)
     assert primary.scheduled == {} and secondary.scheduled == {}
-    with pytest.raises(InvalidMessageError, match="mapping"):
-        await sender.cancel_scheduled_messages([1, 2])  # type: ignore[arg-type]
+    by_region = await sender.schedule_messages_by_region([FakeMessage(b"b")], when)
+    await sender.cancel_scheduled_messages_by_region(by_region)
+    assert primary.scheduled == {} and secondary.scheduled == {}
 
 
-async def test_passive_schedule_fails_over() -> None:
+async def test_passive_schedule_fails_over_and_returns_the_backups_numbers() -> None:
     primary, secondary = regions()
     sender = geo(primary, secondary)
     primary.fail_with(ErrorKind.CONNECTION)
     numbers = await sender.schedule_messages(FakeMessage(b"a"), datetime(2030, 1, 1, tzinfo=UTC))
-    assert list(numbers) == ["secondary"] and sender.active_region == "secondary"
+    assert numbers == list(secondary.scheduled) and sender.active_region == "secondary"
+    await sender.cancel_scheduled_messages(numbers)
+    assert secondary.scheduled == {}
+
+
+def test_the_book_avoids_a_number_another_region_already_returned_and_is_bounded() -> None:
+    from georep._schedule import ScheduleBook
+
+    book = ScheduleBook(limit=3, grace=10)
+    assert book.remember({"primary": [1], "secondary": [7]}, ["primary", "secondary"], 100, 0) == [
+        1
+    ]
+    # The primary's 1 is pending: this schedule hands back the secondary's 1 only if it is free.
+    assert book.remember({"primary": [1]}, ["primary"], 100, 0) == [1]
+    assert book.resolve([1]) == {"primary": [1]}, "the newer schedule wins, with a warning"
+    assert book.remember({"primary": [5], "secondary": [1]}, ["secondary", "primary"], 100, 0) == [
+        5
+    ]
+    book.remember({"primary": [6]}, ["primary"], 5, 0)
+    book.remember({"primary": [8]}, ["primary"], 100, 20)  # 4 entries: the due one goes first
+    assert len(book) == 3
+    with pytest.raises(InvalidMessageError):
+        book.resolve([6])
 
 
 # --------------------------------------------------------------------------- lifecycle
@@ -504,3 +565,17 @@ async def test_close_is_idempotent_and_use_after_close_raises() -> None:
         await sender.send_messages(FakeMessage(b"y"))
     assert not primary.closed, "a caller's senders are never closed by georep"
     await settle()
+
+
+@pytest.mark.parametrize("mode", ["passive", "active"])
+async def test_a_region_that_refuses_the_message_itself_is_raised_never_queued(mode: str) -> None:
+    primary, secondary = regions()
+    outbox = InMemoryOutbox()
+    sender = geo(primary, secondary, mode=mode, outbox=outbox)
+    primary.fail_with(ErrorKind.CONNECTION)
+    secondary.fail_with(ErrorKind.MESSAGE_TOO_LARGE)
+    with pytest.raises(MessageTooLargeError):
+        await sender.send_messages(FakeMessage(b"x"))
+    assert await outbox.depth() == 0 and sender.stats.queued == 0
+    assert sender.active_region == "primary"
+    await sender.aclose()

@@ -6,7 +6,7 @@ import asyncio
 from typing import Any
 
 from georep import ErrorKind, PairedNamespaceOptions, Syphon
-from georep.exceptions import InvalidMessageError
+from georep.exceptions import InvalidMessageError, MessageExpiredError
 from georep.testing import FakeClock, FakeMessage, InMemoryRegionReceiver, InMemoryRegionSender
 
 
@@ -128,3 +128,45 @@ async def test_a_faulted_primary_client_hands_messages_back_and_closes_the_backl
     await clock.advance(900)
     await asyncio.wait_for(task, 1)
     assert queues[0].closed and syphon.closed_partner == "secondary"
+
+
+async def test_an_expired_message_is_dead_lettered_and_counted_never_moved() -> None:
+    clock = FakeClock()
+    queues = [InMemoryRegionReceiver("b0", "west", "east/x-servicebus-transfer/0", clock=clock)]
+    primary = InMemoryRegionSender("primary", "east", "orders")
+
+    def restore_or_expire(message: Any) -> tuple[str, FakeMessage]:
+        if message.application_properties.get("expired"):
+            raise MessageExpiredError("outlived its time to live")
+        return restore(message)
+
+    syphon = Syphon(
+        queues,
+        lambda entity: primary,
+        restore=restore_or_expire,
+        options=PairedNamespaceOptions(backlog_queue_count=1),
+        clock=clock,
+    )
+    queues[0].put(FakeMessage(b"a", "old", None, {"x-ms-path": "orders", "expired": True}))
+    queues[0].put(FakeMessage(b"b", "fresh", None, {"x-ms-path": "orders"}))
+    task = asyncio.create_task(syphon.run())
+    await clock.advance(1)
+    assert [m.message_id for m in primary.accepted] == ["fresh"]
+    assert [m.message_id for m in queues[0].dead_lettered] == ["old"]
+    assert syphon.stats.expired == 1 and syphon.stats.moved == 1
+    await syphon.aclose()
+    await clock.advance(900)
+    await task
+
+
+async def test_a_service_error_from_the_primary_is_retried_not_dead_lettered() -> None:
+    clock = FakeClock()
+    syphon, queues, primary = build(clock, count=1)
+    primary.fail_with(ErrorKind.SERVICE_ERROR, times=2)
+    queues[0].put(FakeMessage(b"a", "m1", None, {"x-ms-path": "orders"}))
+    task = asyncio.create_task(syphon.run())
+    await clock.advance(5)
+    assert [m.message_id for m in primary.accepted] == ["m1"] and queues[0].dead_lettered == []
+    await syphon.aclose()
+    await clock.advance(900)
+    await task

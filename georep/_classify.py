@@ -1,0 +1,160 @@
+"""The one table of what a failed operation says about its region (issue 14, item 6).
+
+Every part of georep that asks "is this region unavailable?" reads :data:`CLASSIFICATION`:
+the GeoSender's default failover kinds (and so what the outbox may queue), the paired
+sender's failover timer, the syphon's retry-or-dead-letter decision, the relay channel's
+default failover kinds, and :attr:`georep.exceptions.RegionError.retryable`. Adapters only
+map their client's exceptions to an :class:`~georep.ports.ErrorKind`
+(``georep.adapters.servicebus`` does it in one table of SDK classes).
+
+Decisions, and why:
+
+- **Fail over only when the region may be unavailable**: the connection failed or was
+  lost, no answer in time, or the namespace is throttling (``SERVER_BUSY``). A message sent
+  to the other region after any other failure doubles traffic into it for a problem that
+  is not an outage (a bug, a full queue, a wrong key) and hides the problem.
+- **SERVER_BUSY fails over** (GeoSender). It was opt-in before. The SDK has already retried
+  it with backoff (``retry_total``) by the time georep sees it, a throttled namespace did
+  not store the message (so the copy in the other region is not a duplicate), and for the
+  caller a namespace that keeps refusing is unavailable. Paired namespaces keep the old
+  .NET behaviour (SPEC §3: "not auth, not server-busy") for their failover timer.
+- **SERVICE_ERROR does not fail over.** It is any other ``ServiceBusError`` the service
+  marked retryable (``amqp:internal-error`` and unknown conditions): the SDK has retried it
+  already, and the service may have stored the message before failing, so a copy in the
+  other region would be a duplicate. It is retryable (the same call may succeed later) and
+  the syphon retries it, but it is raised to the caller at once, region unchanged. Add it
+  to ``FailoverPolicy.fail_over_on`` to fail over on it anyway.
+- The SDK's own ``retryable`` flag is not the rule: the SDK marks authentication,
+  authorization and entity-disabled errors retryable, and every AMQP condition outside its
+  short no-retry list (argument errors included). The adapter uses the flag only to split
+  the generic ``ServiceBusError`` into SERVICE_ERROR (flag set) and INVALID_ARGUMENT (flag
+  clear, or a failure inside the client such as a message id that is not valid UTF-8).
+"""
+
+from __future__ import annotations
+
+from types import MappingProxyType
+from typing import NamedTuple
+
+from georep.exceptions import (
+    AuthenticationError,
+    ConfigurationError,
+    EntityNotFoundError,
+    MessageTooLargeError,
+    RegionError,
+    RegionUnavailableError,
+)
+from georep.ports import ErrorKind
+
+__all__ = [
+    "CLASSIFICATION",
+    "MESSAGE_FAULT_KINDS",
+    "PAIRED_FAILOVER_KINDS",
+    "RELAY_FAILOVER_KINDS",
+    "RETRYABLE_KINDS",
+    "UNAVAILABLE_KINDS",
+    "Classification",
+    "error_kinds",
+    "error_type",
+    "region_error",
+]
+
+
+class Classification(NamedTuple):
+    """What one :class:`~georep.ports.ErrorKind` means.
+
+    Attributes:
+        unavailable: The region may be down: a GeoSender fails over (and queues in the
+            outbox when no region answers); the default for ``FailoverPolicy``.
+        retryable: The same call may succeed later without any change (the syphon retries
+            it; ``RegionError.retryable``).
+        paired: Runs the paired sender's failover timer (SPEC §3).
+        error: The georep error class raised for it.
+    """
+
+    unavailable: bool
+    retryable: bool
+    paired: bool
+    error: type[RegionError]
+
+
+_C = Classification
+
+#: The table. Every ErrorKind has a row (a unit test checks it).
+CLASSIFICATION: MappingProxyType[ErrorKind, Classification] = MappingProxyType(
+    {
+        ErrorKind.CONNECTION: _C(True, True, True, RegionUnavailableError),
+        ErrorKind.TIMEOUT: _C(True, True, True, RegionUnavailableError),
+        ErrorKind.SERVER_BUSY: _C(True, True, False, RegionUnavailableError),
+        ErrorKind.SERVICE_ERROR: _C(False, True, False, RegionError),
+        # A disabled entity in the primary: paired mode parks its messages in the backlog
+        # until an operator enables it again (the syphon then moves them back).
+        ErrorKind.ENTITY_DISABLED: _C(False, False, True, EntityNotFoundError),
+        ErrorKind.ENTITY_NOT_FOUND: _C(False, False, False, EntityNotFoundError),
+        ErrorKind.AUTHENTICATION: _C(False, False, False, AuthenticationError),
+        ErrorKind.MESSAGE_TOO_LARGE: _C(False, False, False, MessageTooLargeError),
+        ErrorKind.QUOTA_EXCEEDED: _C(False, False, False, RegionError),
+        ErrorKind.LOCK_LOST: _C(False, False, False, RegionError),
+        ErrorKind.INVALID_ARGUMENT: _C(False, False, False, RegionError),
+        ErrorKind.UNKNOWN: _C(False, False, False, RegionError),
+    }
+)
+
+UNAVAILABLE_KINDS: frozenset[ErrorKind] = frozenset(
+    kind for kind, row in CLASSIFICATION.items() if row.unavailable
+)
+"""Kinds that mean "the region may be unavailable" (the GeoSender's default failover)."""
+
+RETRYABLE_KINDS: frozenset[ErrorKind] = frozenset(
+    kind for kind, row in CLASSIFICATION.items() if row.retryable
+)
+"""Kinds after which the same call may succeed later unchanged."""
+
+PAIRED_FAILOVER_KINDS: frozenset[ErrorKind] = frozenset(
+    kind for kind, row in CLASSIFICATION.items() if row.paired
+)
+"""Kinds that run the paired sender's failover timer."""
+
+MESSAGE_FAULT_KINDS: frozenset[ErrorKind] = frozenset(
+    {ErrorKind.MESSAGE_TOO_LARGE, ErrorKind.INVALID_ARGUMENT}
+)
+"""Kinds that are the message's (or request's) own fault: every region would refuse it."""
+
+RELAY_FAILOVER_KINDS: frozenset[ErrorKind] = UNAVAILABLE_KINDS | {
+    ErrorKind.SERVICE_ERROR,
+    ErrorKind.AUTHENTICATION,
+    ErrorKind.ENTITY_NOT_FOUND,
+}
+"""The relay channel's default (SPEC §2.5). Relay kinds mean other things: SERVICE_ERROR is
+a gateway answer (HTTP 502/503/504, handshake 500, close 1011), ENTITY_NOT_FOUND is "no
+listener", AUTHENTICATION a refused handshake. The other endpoint lives in another
+namespace with its own listener and key, and a relayed request carries no message that a
+second try could duplicate in a queue, so each is worth one try there."""
+
+
+def error_kinds(kinds: object, name: str) -> frozenset[ErrorKind]:
+    """``kinds`` (a collection of :class:`ErrorKind` or their values) as a frozenset.
+
+    Raises:
+        ConfigurationError: It is a string, not iterable, or names an unknown kind.
+    """
+    if isinstance(kinds, str | bytes) or not hasattr(kinds, "__iter__"):
+        raise ConfigurationError(
+            f"{name} must be a collection of ErrorKind values, e.g. "
+            f"frozenset({{ErrorKind.CONNECTION}}), got {kinds!r}"
+        )
+    try:
+        return frozenset(ErrorKind(kind) for kind in kinds)
+    except ValueError as error:
+        known = ", ".join(kind.value for kind in ErrorKind)
+        raise ConfigurationError(f"{name}: {error}; the kinds are: {known}") from None
+
+
+def error_type(kind: ErrorKind) -> type[RegionError]:
+    """The georep error class for ``kind``."""
+    return CLASSIFICATION[kind].error
+
+
+def region_error(message: str, *, region: str, kind: ErrorKind) -> RegionError:
+    """The georep error for a failure of ``kind`` in ``region``."""
+    return error_type(kind)(message, region=region, kind=kind)

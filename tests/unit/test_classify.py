@@ -1,0 +1,134 @@
+"""The one classification table: every SDK exception -> kind -> fails over or not."""
+
+from __future__ import annotations
+
+import inspect
+from typing import Any
+
+import azure.servicebus.exceptions as sdk
+import pytest
+
+from georep import DEFAULT_FAILOVER_KINDS, ErrorKind, GeoSender, RegionError
+from georep._classify import (
+    CLASSIFICATION,
+    PAIRED_FAILOVER_KINDS,
+    RETRYABLE_KINDS,
+    UNAVAILABLE_KINDS,
+)
+from georep._relay import DEFAULT_RELAY_FAILOVER_KINDS
+from georep.adapters.servicebus._errors import translate_error
+from georep.exceptions import RegionUnavailableError
+from georep.testing import FakeMessage, InMemoryOutbox, InMemoryRegionSender
+
+_INTERNAL = {"condition": b"amqp:internal-error", "retryable": True}
+
+# (exception, kind, fails over by default). One row per class in azure.servicebus.exceptions.
+CASES: list[tuple[BaseException, ErrorKind, bool]] = [
+    (sdk.ServiceBusConnectionError(message="x"), ErrorKind.CONNECTION, True),
+    (sdk.ServiceBusCommunicationError(message="x"), ErrorKind.CONNECTION, True),
+    (sdk.OperationTimeoutError(message="x"), ErrorKind.TIMEOUT, True),
+    (sdk.ServiceBusServerBusyError(message="x"), ErrorKind.SERVER_BUSY, True),
+    (sdk.ServiceBusAuthenticationError(message="x"), ErrorKind.AUTHENTICATION, False),
+    (sdk.ServiceBusAuthorizationError(message="x"), ErrorKind.AUTHENTICATION, False),
+    (sdk.MessageSizeExceededError(message="x"), ErrorKind.MESSAGE_TOO_LARGE, False),
+    (sdk.MessagingEntityNotFoundError(message="x"), ErrorKind.ENTITY_NOT_FOUND, False),
+    (sdk.MessagingEntityDisabledError(message="x"), ErrorKind.ENTITY_DISABLED, False),
+    (sdk.MessagingEntityAlreadyExistsError(message="x"), ErrorKind.INVALID_ARGUMENT, False),
+    (sdk.ServiceBusQuotaExceededError(message="x"), ErrorKind.QUOTA_EXCEEDED, False),
+    (sdk.MessageLockLostError(message="x"), ErrorKind.LOCK_LOST, False),
+    (sdk.SessionLockLostError(message="x"), ErrorKind.LOCK_LOST, False),
+    (sdk.MessageNotFoundError(message="x"), ErrorKind.INVALID_ARGUMENT, False),
+    (sdk.MessageAlreadySettled(action="complete"), ErrorKind.INVALID_ARGUMENT, False),
+    (sdk.SessionCannotBeLockedError(message="x"), ErrorKind.SERVICE_ERROR, False),
+    (sdk.AutoLockRenewFailed("x"), ErrorKind.LOCK_LOST, False),
+    (sdk.AutoLockRenewTimeout("x"), ErrorKind.LOCK_LOST, False),
+    # The plain ServiceBusError: a service failure the SDK marks retryable...
+    (sdk.ServiceBusError("internal", **_INTERNAL), ErrorKind.SERVICE_ERROR, False),
+    # ... an argument error (which the SDK also marks retryable) ...
+    (
+        sdk.ServiceBusError(
+            "bad", condition=b"com.microsoft:argument-out-of-range", retryable=True
+        ),
+        ErrorKind.INVALID_ARGUMENT,
+        False,
+    ),
+    # ... a condition the SDK does not retry ...
+    (
+        sdk.ServiceBusError("no", condition=b"amqp:not-allowed", retryable=False),
+        ErrorKind.INVALID_ARGUMENT,
+        False,
+    ),
+    # ... and a failure inside the client: a message id that is not valid UTF-8.
+    (
+        sdk.ServiceBusError(
+            "Handler failed: 'utf-8' codec can't encode",
+            error=UnicodeEncodeError("utf-8", "\udcff", 0, 1, "surrogates not allowed"),
+        ),
+        ErrorKind.INVALID_ARGUMENT,
+        False,
+    ),
+    (ConnectionResetError("reset"), ErrorKind.CONNECTION, True),
+    (TimeoutError(), ErrorKind.TIMEOUT, True),
+]
+
+
+def test_every_sdk_exception_class_has_a_row() -> None:
+    classes = {
+        obj
+        for _, obj in inspect.getmembers(sdk, inspect.isclass)
+        if issubclass(obj, BaseException) and obj.__module__ == sdk.__name__
+    }
+    assert classes <= {type(exc) for exc, _, _ in CASES}
+
+
+def test_every_kind_has_a_row_in_the_table() -> None:
+    assert set(CLASSIFICATION) == set(ErrorKind)
+
+
+@pytest.mark.parametrize(
+    ("exc", "kind", "fails_over"),
+    CASES,
+    ids=[type(c[0]).__name__ + str(i) for i, c in enumerate(CASES)],
+)
+async def test_sdk_exception_kind_and_failover(
+    exc: BaseException, kind: ErrorKind, fails_over: bool
+) -> None:
+    error = translate_error(exc, region="primary", namespace="east.example")
+    assert error is not None and error.kind is kind
+    assert isinstance(error, RegionUnavailableError) is fails_over
+    assert error.retryable is (kind in RETRYABLE_KINDS)
+
+    # Through a GeoSender: the primary fails with that kind.
+    primary = InMemoryRegionSender("primary", "east.example", "orders")
+    secondary = InMemoryRegionSender("secondary", "west.example", "orders")
+    outbox = InMemoryOutbox()
+    sender = GeoSender(primary, secondary, outbox=outbox)
+    primary.fail_with(kind)
+    try:
+        if fails_over:
+            result = await sender.send_messages(FakeMessage(b"x"))
+            assert result.failed_over and len(secondary.accepted) == 1
+        else:
+            with pytest.raises(RegionError) as raised:
+                await sender.send_messages(FakeMessage(b"x"))
+            assert raised.value.kind is kind
+            # Raised at once: the other region never tried, roles unchanged, not queued.
+            assert secondary.attempts == 0 and sender.active_region == "primary"
+            assert await outbox.depth() == 0
+    finally:
+        await sender.aclose()
+
+
+def test_every_consumer_reads_the_one_table() -> None:
+    from georep import _paired_sender, _syphon
+    from georep._policy import FailoverPolicy
+
+    assert DEFAULT_FAILOVER_KINDS == UNAVAILABLE_KINDS
+    assert FailoverPolicy().fail_over_on == UNAVAILABLE_KINDS
+    assert {ErrorKind.CONNECTION, ErrorKind.TIMEOUT, ErrorKind.SERVER_BUSY} == UNAVAILABLE_KINDS
+    # SPEC §3: the paired timer ignores auth and server-busy.
+    assert ErrorKind.SERVER_BUSY not in PAIRED_FAILOVER_KINDS
+    assert ErrorKind.AUTHENTICATION not in PAIRED_FAILOVER_KINDS
+    assert UNAVAILABLE_KINDS <= DEFAULT_RELAY_FAILOVER_KINDS
+    source: Any = inspect.getsource(_paired_sender) + inspect.getsource(_syphon)
+    assert "frozenset(\n    {ErrorKind" not in source, "a private copy of the table is back"

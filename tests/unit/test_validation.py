@@ -1,0 +1,132 @@
+"""Bad input is refused before any network call with a georep error naming the fix (issue 20)."""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+import pytest
+from azure.servicebus import ServiceBusMessage
+from azure.servicebus.amqp import AmqpMessageBodyType
+
+from georep import (
+    ConfigurationError,
+    DrainPolicy,
+    FailoverPolicy,
+    GeoReplicationError,
+    GeoSender,
+    InvalidMessageError,
+    PairedNamespaceOptions,
+)
+from georep.adapters.servicebus._codec import ServiceBusCodec
+from georep.testing import FakeMessage, InMemoryOutbox, InMemoryRegionSender
+
+CODEC = ServiceBusCodec()
+
+
+def with_raw_id(message_id: Any) -> ServiceBusMessage:
+    """A message whose id was set past the SDK's setter (as a received copy can be)."""
+    message = ServiceBusMessage(b"x", message_id="placeholder")
+    message.raw_amqp_message.properties.message_id = message_id  # type: ignore[union-attr]
+    return message
+
+
+def check(messages: Any, max_size: int | None = None) -> None:
+    CODEC.check(CODEC.split(messages), one_partition=False, max_size=max_size)
+
+
+@pytest.mark.parametrize(
+    ("message", "words"),
+    [
+        ({"body": b"x", "bdy": 1}, "unknown field(s) bdy"),
+        ({"message_id": "m"}, "needs a 'body'"),
+        ({"body": b"x", "message_id": b"\xff\xfe"}, "message_id must be a str, got bytes"),
+        ({"body": b"x", "message_id": "m" * 129}, "longer than 128"),
+        (with_raw_id("m" * 129), "at most 128"),
+        (ServiceBusMessage(b"x", message_id="bad-\udcff"), "not valid Unicode"),
+        (ServiceBusMessage(b"x", session_id=b"s"), "session_id must be a str"),  # type: ignore[arg-type]
+        (
+            ServiceBusMessage(b"x", application_properties={"k": [1, 2]}),  # type: ignore[dict-item]
+            "application property 'k' is a list",
+        ),
+        (ServiceBusMessage(b"x", application_properties={"k": 2**64}), "64-bit"),
+        (ServiceBusMessage(b"x", application_properties={1: "v"}), "keys must be str"),  # type: ignore[dict-item]
+        ([ServiceBusMessage(b"x"), {"body": b"y", "sesion_id": "s"}], "sesion_id"),
+    ],
+)
+def test_bad_messages_raise_invalid_message_error(message: Any, words: str) -> None:
+    with pytest.raises(InvalidMessageError) as raised:
+        check(message)
+    assert words in str(raised.value)
+
+
+def test_a_value_body_cannot_be_copied_by_a_failover() -> None:
+    message = ServiceBusMessage(b"x")
+    message.raw_amqp_message._body_type = AmqpMessageBodyType.VALUE
+    message.raw_amqp_message._value_body = {"a": 1}
+    with pytest.raises(InvalidMessageError, match="data bodies"):
+        check(message)
+
+
+def test_good_messages_pass_and_keep_their_fields() -> None:
+    check(
+        [
+            ServiceBusMessage(
+                "text",
+                message_id="m" * 128,
+                application_properties={
+                    "s": "v",
+                    b"b": b"v",
+                    "i": -(2**63),
+                    "f": 1.5,
+                    "t": True,
+                    "u": uuid.uuid4(),
+                    "n": None,
+                },
+            ),
+            {"body": b"y", "subject": "s", "time_to_live": None},
+        ]
+    )
+
+
+def test_a_body_over_the_known_limit_is_refused_before_sending() -> None:
+    check(ServiceBusMessage(b"x" * 1000), max_size=1000)
+    with pytest.raises(InvalidMessageError, match="over the entity's limit of 1000"):
+        check(ServiceBusMessage(b"x" * 1001), max_size=1000)
+    with pytest.raises(InvalidMessageError, match="2 messages together"):
+        check([ServiceBusMessage(b"x" * 600), ServiceBusMessage(b"x" * 600)], max_size=1000)
+
+
+async def test_the_sender_refuses_an_oversized_message_once_it_knows_the_limit() -> None:
+    primary = InMemoryRegionSender("primary", "east.example", "orders", max_message_size=100)
+    secondary = InMemoryRegionSender("secondary", "west.example", "orders", max_message_size=100)
+    outbox = InMemoryOutbox()
+    primary.fail_with("connection")
+    async with GeoSender(primary, secondary, outbox=outbox) as sender:
+        secondary_attempts = secondary.attempts
+        with pytest.raises(InvalidMessageError):
+            await sender.send_messages(FakeMessage(b"x" * 101))
+        # Never sent anywhere, never queued.
+        assert secondary.attempts == secondary_attempts and await outbox.depth() == 0
+
+
+@pytest.mark.parametrize(
+    "build",
+    [
+        lambda: PairedNamespaceOptions(backlog_queue_count="3"),  # type: ignore[arg-type]
+        lambda: PairedNamespaceOptions(backlog_queue_count=2.5),  # type: ignore[arg-type]
+        lambda: PairedNamespaceOptions(syphon_batch_size=1.5),  # type: ignore[arg-type]
+        lambda: PairedNamespaceOptions(syphon_prefetch=True),
+        lambda: PairedNamespaceOptions(failover_interval=float("nan")),
+        lambda: FailoverPolicy(attempt_timeout=float("nan")),
+        lambda: FailoverPolicy(attempt_timeout=float("inf")),
+        lambda: DrainPolicy(batch_size="100"),  # type: ignore[arg-type]
+        lambda: FailoverPolicy(fail_over_on=frozenset({"outage"})),  # type: ignore[arg-type]
+        lambda: FailoverPolicy(fail_over_on=3),  # type: ignore[arg-type]
+    ],
+)
+def test_wrong_option_types_raise_configuration_error(build: Any) -> None:
+    with pytest.raises(ConfigurationError) as raised:
+        build()
+    assert isinstance(raised.value, GeoReplicationError)
+    assert any(name in str(raised.value) for name in ("PairedNamespaceOptions.", "Policy."))
