@@ -15,7 +15,7 @@ import math
 from dataclasses import dataclass
 from datetime import timedelta
 
-from georep._policy import ReplicationMode, Seconds, seconds
+from georep._policy import ReplicationMode, Seconds, count, seconds
 from georep.exceptions import ConfigurationError
 
 __all__ = ["BILLING_CHUNK_BYTES", "CostEstimate", "Workload", "estimate_cost", "estimate_costs"]
@@ -67,15 +67,11 @@ class Workload:
 
     def __post_init__(self) -> None:
         for name in ("messages_per_second", "outage_minutes_per_month", "price_per_million"):
-            if not getattr(self, name) >= 0:
-                raise ConfigurationError(f"Workload.{name} must be 0 or more")
+            _finite(getattr(self, name), f"Workload.{name}", allow_zero=True)
         for name in ("message_size_bytes", "entities", "senders", "backlog_queue_count"):
-            if getattr(self, name) < 1:
-                raise ConfigurationError(f"Workload.{name} must be at least 1")
-        if self.syphon_hosts < 0:
-            raise ConfigurationError("Workload.syphon_hosts must be 0 or more")
-        if not self.days > 0:
-            raise ConfigurationError("Workload.days must be greater than 0")
+            count(getattr(self, name), f"Workload.{name}")
+        count(self.syphon_hosts, "Workload.syphon_hosts", minimum=0)
+        _finite(self.days, "Workload.days", allow_zero=False)
         if self.outage_minutes_per_month > self.days * 24 * 60:
             raise ConfigurationError(
                 f"Workload.outage_minutes_per_month ({self.outage_minutes_per_month:g}) is "
@@ -99,6 +95,20 @@ class Workload:
     def messages_during_outage(self) -> float:
         """Logical messages sent while the primary is unavailable."""
         return self.messages_per_second * self.outage_minutes_per_month * 60
+
+
+def _finite(value: object, name: str, *, allow_zero: bool) -> float:
+    """``value`` as a finite number, >= 0 (``allow_zero``) or > 0.
+
+    Raises:
+        ConfigurationError: It is not a number, is NaN, infinite or out of range.
+    """
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ConfigurationError(f"{name} must be a number, got {value!r}")
+    if not math.isfinite(value) or value < 0 or (value == 0 and not allow_zero):
+        bound = "0 or more" if allow_zero else "greater than 0"
+        raise ConfigurationError(f"{name} must be a finite number {bound}, got {value!r}")
+    return float(value)
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -47,19 +47,24 @@ RECEIVES_DIR: Final = "receives"
 SEND_MODES: Final = ("active", "passive", "paired", "raw")
 """``raw``: a plain SDK sender measured beside georep (benchmarks)."""
 
-SEND_OUTCOMES: Final = ("accepted", "queued", "failed")
+SEND_OUTCOMES: Final = ("accepted", "queued", "failed", "expired")
 """``accepted``: a region stored it. ``queued``: no region did, the durable outbox holds it
 (acknowledged to the caller all the same). ``failed``: the caller got an error, so the
-message was never acknowledged and cannot count as lost."""
+message was never acknowledged and cannot count as lost. ``expired``: written by the outbox
+drainer for a message whose ``time_to_live`` ran out while it waited in the outbox (a
+``queued`` row for the same id precedes it): it was dropped, as the broker would have."""
 
 REGION_OUTCOMES: Final = ("accepted", "failed", "skipped", "queued")
 """Per region tried: ``skipped`` is a region in cool-down (active mode); ``queued`` is a copy
 put in the outbox for that region (active repair, or a target the drainer will retry)."""
 
-RECEIVE_OUTCOMES: Final = ("processed", "suppressed", "failed")
+RECEIVE_OUTCOMES: Final = ("processed", "suppressed", "failed", "dead_lettered", "deferred")
 """``processed``: the handler ran and succeeded, and the copy was completed.
 ``suppressed``: a duplicate, settled without calling the handler. ``failed``: the handler
-raised; the copy was abandoned for redelivery."""
+raised or abandoned the copy; it was abandoned for redelivery. ``dead_lettered``: the copy
+was dead-lettered (by its handler, after ``max_attempts`` failures, or as the twin of a
+dead-lettered copy). ``deferred``: the copy was deferred (by its handler, or as the twin of
+a deferred copy)."""
 
 SEND_COLUMNS: Final = (
     ("schema_version", "int16", "always SCHEMA_VERSION"),

@@ -9,26 +9,44 @@ on the disk and the connection is only ever touched by the thread that created i
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import sqlite3
+import time
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Final, TypeVar
 
-from georep.exceptions import ClosedError, ConfigurationError, OutboxFullError
+from georep.exceptions import (
+    ClosedError,
+    ConfigurationError,
+    OutboxFullError,
+    OutboxUnavailableError,
+)
 from georep.ports import OutboxEntry
 
-__all__ = ["SqliteOutbox"]
+__all__ = ["OutboxRecord", "SqliteOutbox"]
 
 _Result = TypeVar("_Result")
 
-SCHEMA_VERSION: Final = 1
-"""Stored in ``PRAGMA user_version``; bump it (and migrate) whenever the schema changes."""
+SCHEMA_VERSION: Final = 2
+"""Stored in ``PRAGMA user_version``; bump it (and migrate) whenever the schema changes.
+
+Version 2 added ``outbox.leased_by`` (the claiming drainer) and the ``outbox_dead`` table.
+"""
 
 BUSY_TIMEOUT_SECONDS: Final = 5.0
 """How long a statement waits for another process's write lock before failing."""
+
+DISK_HEADROOM_MIN_BYTES: Final = 16 << 20
+DISK_HEADROOM_MAX_BYTES: Final = 256 << 20
+"""A put is refused when it would leave less than 5% of the disk free (at least 16 MiB, at
+most 256 MiB): the write-ahead log grows up to ~4 MiB before it is folded into the
+database, and claims and deletes need room in it too; without it a full disk would stop
+the drain, not just new puts."""
 
 # The totals row is kept by triggers rather than computed per put: COUNT(*) and
 # SUM(length(payload)) would scan the whole table (up to max_bytes of pages) on every put,
@@ -43,7 +61,8 @@ CREATE TABLE IF NOT EXISTS outbox (
     enqueued_at REAL NOT NULL,
     attempts INTEGER NOT NULL DEFAULT 0,
     not_before REAL NOT NULL,
-    leased_until REAL NOT NULL DEFAULT 0
+    leased_until REAL NOT NULL DEFAULT 0,
+    leased_by TEXT
 );
 CREATE INDEX IF NOT EXISTS outbox_due ON outbox (channel, not_before, entry_id);
 CREATE TABLE IF NOT EXISTS outbox_totals (
@@ -62,12 +81,63 @@ CREATE TRIGGER IF NOT EXISTS outbox_totals_after_delete AFTER DELETE ON outbox B
     SET entries = entries - 1, payload_bytes = payload_bytes - length(OLD.payload)
     WHERE singleton = 1;
 END;
+CREATE TABLE IF NOT EXISTS outbox_dead (
+    entry_id INTEGER PRIMARY KEY,
+    channel TEXT NOT NULL,
+    region TEXT,
+    payload BLOB NOT NULL,
+    enqueued_at REAL NOT NULL,
+    attempts INTEGER NOT NULL,
+    reason TEXT NOT NULL,
+    dead_at REAL NOT NULL
+);
 """
+
+# Statements that bring a file of the key's version to the next one.
+_MIGRATIONS: Final = {
+    1: (
+        "ALTER TABLE outbox ADD COLUMN leased_by TEXT",
+        "CREATE TABLE IF NOT EXISTS outbox_dead (entry_id INTEGER PRIMARY KEY,"
+        " channel TEXT NOT NULL, region TEXT, payload BLOB NOT NULL, enqueued_at REAL NOT NULL,"
+        " attempts INTEGER NOT NULL, reason TEXT NOT NULL, dead_at REAL NOT NULL)",
+    ),
+}
+
+_ENTRY_COLUMNS: Final = "entry_id, channel, region, payload, enqueued_at, attempts"
 
 # Errors that mean "this path cannot hold an outbox", as opposed to a transient failure.
 _UNUSABLE_FILE_ERRORS: Final = frozenset(
     {sqlite3.SQLITE_NOTADB, sqlite3.SQLITE_CORRUPT, sqlite3.SQLITE_CANTOPEN}
 )
+# Another connection holds a lock: worth retrying (primary result codes).
+_BUSY_ERRORS: Final = frozenset({sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED})
+
+
+@dataclass(frozen=True, slots=True)
+class OutboxRecord:
+    """One stored entry as :meth:`SqliteOutbox.records` lists it (no payload).
+
+    Attributes:
+        entry_id: The entry's id (kept when it is dead-lettered and replayed).
+        state: ``"queued"`` or ``"dead"`` (dead-lettered).
+        channel: The sender it belongs to (namespace pair and entity).
+        region: Its target namespace, or None for whichever region accepts it.
+        size: Payload bytes.
+        enqueued_at: Wall-clock seconds when it was first stored.
+        attempts: Failed delivery attempts.
+        reason: Why it was dead-lettered (error class and kind); None while queued.
+        dead_at: Wall-clock seconds when it was dead-lettered; None while queued.
+    """
+
+    entry_id: int
+    state: str
+    channel: str
+    region: str | None
+    size: int
+    enqueued_at: float
+    attempts: int
+    reason: str | None = None
+    dead_at: float | None = None
 
 
 def check_outbox_bounds(*, max_entries: int, max_bytes: int) -> None:
@@ -193,30 +263,19 @@ class SqliteOutbox:
             The new entry ids, in the order of ``items``.
 
         Raises:
-            OutboxFullError: Storing them would exceed ``max_entries`` or ``max_bytes``;
-                none is stored.
+            OutboxFullError: Storing them would exceed ``max_entries`` or ``max_bytes``,
+                or the disk is full; none is stored.
             ClosedError: The outbox was closed.
+            OutboxUnavailableError: The file could not be used just now (locked by another
+                process past the busy timeout, I/O error); none is stored.
         """
         rows = [(channel, region, bytes(payload), now, now) for region, payload in items]
         new_bytes = sum(len(row[2]) for row in rows)
 
         def insert(connection: sqlite3.Connection) -> list[int]:
+            self._check_disk(new_bytes)
             with _immediate_transaction(connection):
-                entries, payload_bytes = _totals(connection)
-                if (
-                    entries + len(rows) > self._max_entries
-                    or payload_bytes + new_bytes > self._max_bytes
-                ):
-                    self._last_known_depth = entries
-                    raise outbox_full_error(
-                        store=f"outbox {self._path}",
-                        entries=entries,
-                        payload_bytes=payload_bytes,
-                        new_entries=len(rows),
-                        new_bytes=new_bytes,
-                        max_entries=self._max_entries,
-                        max_bytes=self._max_bytes,
-                    )
+                self._check_room(connection, len(rows), new_bytes)
                 # One INSERT per row: lastrowid is only defined for single-row inserts.
                 entry_ids: list[int] = []
                 for row in rows:
@@ -227,16 +286,17 @@ class SqliteOutbox:
                     )
                     assert cursor.lastrowid is not None
                     entry_ids.append(cursor.lastrowid)
-            self._last_known_depth = entries + len(rows)
+                self._last_known_depth = _totals(connection)[0]
             return entry_ids
 
         if not rows:
             self._ensure_open()
             return []
-        return await self._run(insert)
+        # A put refused for lack of disk is not retried: the headroom is the drain's.
+        return await self._run(insert, retry_when_full=False)
 
     async def claim(
-        self, channel: str, *, limit: int, now: float, lease: float
+        self, channel: str, *, limit: int, now: float, lease: float, owner: str | None = None
     ) -> list[OutboxEntry]:
         """Lease up to ``limit`` due, unleased entries of ``channel``, oldest first.
 
@@ -245,10 +305,12 @@ class SqliteOutbox:
             limit: Most entries returned; at least 1.
             now: Wall-clock seconds; entries due at or before it qualify.
             lease: Seconds the entries stay invisible to other claims; positive.
+            owner: Who holds the lease (for :meth:`renew`, :meth:`release`).
 
         Raises:
             ConfigurationError: ``limit`` or ``lease`` is out of range.
             ClosedError: The outbox was closed.
+            OutboxUnavailableError: The file could not be used just now.
         """
         check_claim_arguments(limit=limit, lease=lease)
 
@@ -257,34 +319,68 @@ class SqliteOutbox:
             # select the same rows between our SELECT and UPDATE.
             with _immediate_transaction(connection):
                 rows = connection.execute(
-                    "SELECT entry_id, channel, region, payload, enqueued_at, attempts"
-                    " FROM outbox WHERE channel = ? AND not_before <= ? AND leased_until <= ?"
+                    f"SELECT {_ENTRY_COLUMNS} FROM outbox"
+                    " WHERE channel = ? AND not_before <= ? AND leased_until <= ?"
                     " ORDER BY entry_id LIMIT ?",
                     (channel, now, now, limit),
                 ).fetchall()
                 connection.executemany(
-                    "UPDATE outbox SET leased_until = ? WHERE entry_id = ?",
-                    [(now + lease, row[0]) for row in rows],
+                    "UPDATE outbox SET leased_until = ?, leased_by = ? WHERE entry_id = ?",
+                    [(now + lease, owner, row[0]) for row in rows],
                 )
-            return [
-                OutboxEntry(
-                    entry_id=entry_id,
-                    channel=entry_channel,
-                    region=region,
-                    payload=bytes(payload),
-                    enqueued_at=enqueued_at,
-                    attempts=attempts,
-                )
-                for entry_id, entry_channel, region, payload, enqueued_at, attempts in rows
-            ]
+            return [_entry(row) for row in rows]
 
         return await self._run(lease_due_entries)
+
+    async def renew(
+        self, entry_ids: Sequence[int], *, owner: str, now: float, lease: float
+    ) -> list[int]:
+        """Extend ``owner``'s leases on ``entry_ids`` to ``now + lease``.
+
+        Returns:
+            The ids ``owner`` still holds (another drainer took the others over after
+            their lease ran out, or they are gone), in the order given.
+
+        Raises:
+            ClosedError: The outbox was closed.
+            OutboxUnavailableError: The file could not be used just now.
+        """
+        ids = list(entry_ids)
+
+        def extend(connection: sqlite3.Connection) -> list[int]:
+            held: list[int] = []
+            with _immediate_transaction(connection):
+                for entry_id in ids:
+                    cursor = connection.execute(
+                        "UPDATE outbox SET leased_until = ? WHERE entry_id = ? AND leased_by = ?",
+                        (now + lease, entry_id, owner),
+                    )
+                    if cursor.rowcount:
+                        held.append(entry_id)
+            return held
+
+        if not ids:
+            self._ensure_open()
+            return []
+        return await self._run(extend)
+
+    async def release(self, entry_ids: Sequence[int], *, owner: str | None = None) -> None:
+        """Hand leased entries back unsent: due at once, no attempt counted.
+
+        With ``owner``, only entries it still holds are released.
+
+        Raises:
+            ClosedError: The outbox was closed.
+            OutboxUnavailableError: The file could not be used just now.
+        """
+        await self._unlease(entry_ids, owner=owner, attempts=0, not_before=None)
 
     async def delete(self, entry_ids: Sequence[int]) -> None:
         """Remove delivered entries; ids no longer stored are ignored.
 
         Raises:
             ClosedError: The outbox was closed.
+            OutboxUnavailableError: The file could not be used just now.
         """
         ids = [(entry_id,) for entry_id in entry_ids]
 
@@ -298,30 +394,203 @@ class SqliteOutbox:
             return
         await self._run(remove)
 
-    async def retry_later(self, entry_ids: Sequence[int], *, not_before: float) -> None:
+    async def retry_later(
+        self, entry_ids: Sequence[int], *, not_before: float, owner: str | None = None
+    ) -> None:
         """Count a failed attempt, drop the lease, and make them due again at ``not_before``.
 
         Args:
             entry_ids: Entries whose delivery failed; ids no longer stored are ignored.
             not_before: Wall-clock seconds before which no claim returns them.
+            owner: When given, only entries this owner still holds are changed.
 
         Raises:
             ClosedError: The outbox was closed.
+            OutboxUnavailableError: The file could not be used just now.
         """
-        rows = [(not_before, entry_id) for entry_id in entry_ids]
+        await self._unlease(entry_ids, owner=owner, attempts=1, not_before=not_before)
 
-        def reschedule(connection: sqlite3.Connection) -> None:
+    async def _unlease(
+        self,
+        entry_ids: Sequence[int],
+        *,
+        owner: str | None,
+        attempts: int,
+        not_before: float | None,
+    ) -> None:
+        # not_before None keeps the due time (a release: the entry was due when claimed).
+        sql = (
+            "UPDATE outbox SET attempts = attempts + ?, leased_until = 0, leased_by = NULL,"
+            " not_before = COALESCE(?, not_before) WHERE entry_id = ?"
+        )
+        rows: list[tuple[object, ...]] = [(attempts, not_before, i) for i in entry_ids]
+        if owner is not None:
+            sql += " AND leased_by = ?"
+            rows = [(*row, owner) for row in rows]
+
+        def update(connection: sqlite3.Connection) -> None:
             with _immediate_transaction(connection):
-                connection.executemany(
-                    "UPDATE outbox SET attempts = attempts + 1, leased_until = 0,"
-                    " not_before = ? WHERE entry_id = ?",
-                    rows,
-                )
+                connection.executemany(sql, rows)
 
         if not rows:
             self._ensure_open()
             return
-        await self._run(reschedule)
+        await self._run(update)
+
+    async def dead_letter(self, entries: Sequence[tuple[int, str]], *, now: float) -> None:
+        """Move ``(entry_id, reason)`` entries from the queue to the dead-letter table.
+
+        They stop counting against the bounds and stay in the file until
+        :meth:`replay` or :meth:`purge` (``georep outbox replay|purge``). Ids no longer
+        queued are ignored.
+
+        Raises:
+            ClosedError: The outbox was closed.
+            OutboxUnavailableError: The file could not be used just now.
+        """
+        rows = [(reason, now, entry_id) for entry_id, reason in entries]
+
+        def move(connection: sqlite3.Connection) -> None:
+            with _immediate_transaction(connection):
+                for reason, dead_at, entry_id in rows:
+                    connection.execute(
+                        "INSERT OR REPLACE INTO outbox_dead (entry_id, channel, region, payload,"
+                        " enqueued_at, attempts, reason, dead_at) SELECT entry_id, channel,"
+                        " region, payload, enqueued_at, attempts + 1, ?, ? FROM outbox"
+                        " WHERE entry_id = ?",
+                        (reason, dead_at, entry_id),
+                    )
+                    connection.execute("DELETE FROM outbox WHERE entry_id = ?", (entry_id,))
+                self._last_known_depth = _totals(connection)[0]
+
+        if not rows:
+            self._ensure_open()
+            return
+        await self._run(move)
+
+    async def records(self, *, dead: bool, limit: int = 1000) -> list[OutboxRecord]:
+        """Stored entries without their payloads, oldest first (for ``georep outbox list``).
+
+        Args:
+            dead: List dead-lettered entries instead of queued ones.
+            limit: Most rows returned.
+
+        Raises:
+            ClosedError: The outbox was closed.
+            OutboxUnavailableError: The file could not be used just now.
+        """
+        sql = (
+            "SELECT entry_id, 'dead', channel, region, length(payload), enqueued_at, attempts,"
+            " reason, dead_at FROM outbox_dead ORDER BY entry_id LIMIT ?"
+            if dead
+            else "SELECT entry_id, 'queued', channel, region, length(payload), enqueued_at,"
+            " attempts, NULL, NULL FROM outbox ORDER BY entry_id LIMIT ?"
+        )
+
+        def select(connection: sqlite3.Connection) -> list[OutboxRecord]:
+            return [OutboxRecord(*row) for row in connection.execute(sql, (limit,))]
+
+        return await self._run(select)
+
+    async def dead_depth(self) -> int:
+        """Dead-lettered entries in the file.
+
+        Raises:
+            ClosedError: The outbox was closed.
+            OutboxUnavailableError: The file could not be used just now.
+        """
+
+        def count(connection: sqlite3.Connection) -> int:
+            return int(connection.execute("SELECT COUNT(*) FROM outbox_dead").fetchone()[0])
+
+        return await self._run(count)
+
+    async def replay(self, entry_ids: Sequence[int] | None = None, *, now: float) -> int:
+        """Move dead-lettered entries (all, or ``entry_ids``) back to the queue, due at once.
+
+        They keep their id (so their place in the order) and their enqueue time (so a
+        message whose time-to-live ran out is dropped as expired, not delivered late);
+        their attempts restart from 0.
+
+        Returns:
+            How many entries were moved back.
+
+        Raises:
+            OutboxFullError: The queue has no room for them; none is moved.
+            ClosedError: The outbox was closed.
+            OutboxUnavailableError: The file could not be used just now.
+        """
+        where, parameters = _id_filter(entry_ids)
+
+        def move_back(connection: sqlite3.Connection) -> int:
+            with _immediate_transaction(connection):
+                count, size = connection.execute(
+                    f"SELECT COUNT(*), COALESCE(SUM(length(payload)), 0) FROM outbox_dead{where}",
+                    parameters,
+                ).fetchone()
+                self._check_room(connection, int(count), int(size))
+                connection.execute(
+                    "INSERT INTO outbox (entry_id, channel, region, payload, enqueued_at,"
+                    " attempts, not_before) SELECT entry_id, channel, region, payload,"
+                    f" enqueued_at, 0, ? FROM outbox_dead{where}",
+                    (now, *parameters),
+                )
+                connection.execute(f"DELETE FROM outbox_dead{where}", parameters)
+                self._last_known_depth = _totals(connection)[0]
+            return int(count)
+
+        return await self._run(move_back)
+
+    async def purge(self, entry_ids: Sequence[int] | None = None) -> int:
+        """Delete dead-lettered entries (all, or ``entry_ids``) for good.
+
+        Returns:
+            How many were deleted.
+
+        Raises:
+            ClosedError: The outbox was closed.
+            OutboxUnavailableError: The file could not be used just now.
+        """
+        where, parameters = _id_filter(entry_ids)
+
+        def remove(connection: sqlite3.Connection) -> int:
+            with _immediate_transaction(connection):
+                cursor = connection.execute(f"DELETE FROM outbox_dead{where}", parameters)
+            return cursor.rowcount
+
+        return await self._run(remove)
+
+    def _check_disk(self, new_bytes: int) -> None:
+        """Refuse a put that would eat into the room the drain needs (see DISK_HEADROOM_*)."""
+        try:
+            disk = os.statvfs(self._path.parent)
+        except OSError:  # pragma: no cover - not every platform has statvfs
+            return
+        free = disk.f_bavail * disk.f_frsize
+        total = disk.f_blocks * disk.f_frsize
+        headroom = min(max(DISK_HEADROOM_MIN_BYTES, total // 20), DISK_HEADROOM_MAX_BYTES)
+        # The log and then the database each hold a copy of new pages.
+        if free - 2 * new_bytes < headroom:
+            raise OutboxFullError(
+                f"outbox {self._path}: the disk is full for new entries: {free} bytes free, "
+                f"and georep keeps {headroom} free so that the entries already stored can "
+                "still be drained; this call stored nothing. Free space on that disk or move "
+                "the outbox to a larger one"
+            )
+
+    def _check_room(self, connection: sqlite3.Connection, new_entries: int, new_bytes: int) -> None:
+        entries, payload_bytes = _totals(connection)
+        if entries + new_entries > self._max_entries or payload_bytes + new_bytes > self._max_bytes:
+            self._last_known_depth = entries
+            raise outbox_full_error(
+                store=f"outbox {self._path}",
+                entries=entries,
+                payload_bytes=payload_bytes,
+                new_entries=new_entries,
+                new_bytes=new_bytes,
+                max_entries=self._max_entries,
+                max_bytes=self._max_bytes,
+            )
 
     async def depth(self, channel: str | None = None) -> int:
         """Entries stored for ``channel``, or in total (leased ones included).
@@ -361,15 +630,36 @@ class SqliteOutbox:
         if self._closed:
             raise ClosedError(f"outbox {self._path} is closed; create a new SqliteOutbox")
 
-    async def _run(self, operation: Callable[[sqlite3.Connection], _Result]) -> _Result:
+    async def _run(
+        self, operation: Callable[[sqlite3.Connection], _Result], *, retry_when_full: bool = True
+    ) -> _Result:
         self._ensure_open()
         loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self._worker, self._run_on_worker, operation)
+        return await loop.run_in_executor(
+            self._worker, self._run_on_worker, operation, retry_when_full
+        )
 
-    def _run_on_worker(self, operation: Callable[[sqlite3.Connection], _Result]) -> _Result:
-        if self._connection is None:
-            self._connection = _open(self._path)
-        return operation(self._connection)
+    def _run_on_worker(
+        self, operation: Callable[[sqlite3.Connection], _Result], retry_when_full: bool
+    ) -> _Result:
+        try:
+            if self._connection is None:
+                self._connection = _open(self._path)
+            try:
+                return operation(self._connection)
+            except sqlite3.OperationalError as error:
+                if _primary_code(error) != sqlite3.SQLITE_FULL:
+                    raise
+                # The write-ahead log may hold the space: fold it into the database and
+                # truncate it, so that claims and deletes (which free space) can go on.
+                # Operations are single transactions, rolled back on failure: a retry is safe.
+                _truncate_log(self._connection)
+                if not retry_when_full:
+                    raise
+                return operation(self._connection)
+        except sqlite3.Error as error:
+            # Callers get a georep error naming the file, never a raw sqlite3 error.
+            raise _named_error(self._path, error) from error
 
     def _close_on_worker(self) -> None:
         if self._connection is not None:
@@ -393,16 +683,37 @@ def _open(path: Path) -> sqlite3.Connection:
     except sqlite3.Error as error:
         raise _unusable_file_error(path, error) from error
     try:
-        _prepare(connection, path)
+        _prepare_when_free(connection, path)
     except sqlite3.Error as error:
         connection.close()
-        if getattr(error, "sqlite_errorcode", None) in _UNUSABLE_FILE_ERRORS:
+        if _primary_code(error) in _UNUSABLE_FILE_ERRORS:
             raise _unusable_file_error(path, error) from error
         raise
     except BaseException:
         connection.close()
         raise
     return connection
+
+
+def _prepare_when_free(connection: sqlite3.Connection, path: Path) -> None:
+    """:func:`_prepare`, retried while another process holds the lock it needs.
+
+    Switching a new file to WAL takes an exclusive lock and SQLite does not call the busy
+    handler for it: several processes opening one new file at once would otherwise fail
+    with a raw "database is locked". The retries stop after :data:`BUSY_TIMEOUT_SECONDS`.
+    """
+    deadline = time.monotonic() + BUSY_TIMEOUT_SECONDS
+    pause = 0.005
+    while True:
+        try:
+            _prepare(connection, path)
+            return
+        except sqlite3.OperationalError as error:
+            if _primary_code(error) not in _BUSY_ERRORS or time.monotonic() >= deadline:
+                raise
+        # On the outbox's worker thread (never the event loop): a short blocking pause.
+        time.sleep(pause)
+        pause = min(pause * 2, 0.1)
 
 
 def _prepare(connection: sqlite3.Connection, path: Path) -> None:
@@ -413,10 +724,64 @@ def _prepare(connection: sqlite3.Connection, path: Path) -> None:
     connection.execute("PRAGMA synchronous=FULL")
     with _immediate_transaction(connection):
         # Re-read under the write lock: another process may have created the schema.
-        if _check_schema_version(connection, path) == 0:
+        version = _check_schema_version(connection, path)
+        if version == 0:
             for statement in _schema_statements():
                 connection.execute(statement)
+        else:
+            for step in range(version, SCHEMA_VERSION):
+                for statement in _MIGRATIONS[step]:
+                    connection.execute(statement)
+        if version != SCHEMA_VERSION:
             connection.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+
+
+def _truncate_log(connection: sqlite3.Connection) -> None:
+    with contextlib.suppress(sqlite3.Error):
+        connection.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchall()
+
+
+def _primary_code(error: sqlite3.Error) -> int | None:
+    code = getattr(error, "sqlite_errorcode", None)
+    # Extended codes (SQLITE_BUSY_SNAPSHOT, SQLITE_IOERR_WRITE...) keep the primary code in
+    # their low byte.
+    return None if code is None else int(code) & 0xFF
+
+
+def _named_error(path: Path, error: sqlite3.Error) -> OutboxFullError | OutboxUnavailableError:
+    # SQLite's messages ("database or disk is full", "database is locked") hold no row data.
+    if _primary_code(error) == sqlite3.SQLITE_FULL:
+        return OutboxFullError(
+            f"outbox {path}: the disk is full ({error}); this call stored nothing. Free "
+            "space on that disk or move the outbox to a larger one; entries already stored "
+            "keep draining"
+        )
+    return OutboxUnavailableError(
+        f"outbox {path} could not be used just now ({error}); this call stored and changed "
+        "nothing. Retry; if it persists, check the disk and the file's permissions"
+    )
+
+
+def _entry(row: tuple[int, str, str | None, bytes, float, int]) -> OutboxEntry:
+    entry_id, channel, region, payload, enqueued_at, attempts = row
+    return OutboxEntry(
+        entry_id=entry_id,
+        channel=channel,
+        region=region,
+        payload=bytes(payload),
+        enqueued_at=enqueued_at,
+        attempts=attempts,
+    )
+
+
+def _id_filter(entry_ids: Sequence[int] | None) -> tuple[str, tuple[int, ...]]:
+    """A WHERE clause (with its parameters) for ``entry_ids``; None means every row."""
+    if entry_ids is None:
+        return "", ()
+    ids = tuple(int(entry_id) for entry_id in entry_ids)
+    if not ids:
+        return " WHERE 0", ()
+    return f" WHERE entry_id IN ({', '.join('?' * len(ids))})", ids
 
 
 def _schema_statements() -> list[str]:

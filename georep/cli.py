@@ -5,8 +5,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import sys
+from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated
+from typing import TYPE_CHECKING, Annotated, Any, TypeVar
 
 try:
     import typer
@@ -19,6 +20,8 @@ if TYPE_CHECKING:
     from georep._doctor import Finding
 
 __all__ = ["app", "main"]
+
+_T = TypeVar("_T")
 
 app = typer.Typer(
     name="georep",
@@ -93,6 +96,14 @@ def fault(
     control_url: Annotated[
         str, typer.Option(envvar="GEOREP_EMULATOR_CONTROL_URL", help="The emulator's control URL.")
     ] = "http://127.0.0.1:5710",
+    control_token: Annotated[
+        str | None,
+        typer.Option(
+            envvar="GEOREP_EMULATOR_CONTROL_TOKEN",
+            help="The control token `georep emulator` printed.",
+            show_default=False,
+        ),
+    ] = None,
 ) -> None:
     """Inject a fault into a running emulator (`georep emulator`) through its control endpoint."""
     import json
@@ -109,13 +120,20 @@ def fault(
         f"{control_url.rstrip('/')}/namespaces/{namespace}/faults/{action}",
         data=json.dumps(bodies.get(action, {})).encode(),
         method="POST",
-        headers={"Content-Type": "application/json"},
+        headers={
+            "Content-Type": "application/json",
+            "Authorization": f"Bearer {control_token or ''}",
+        },
     )
     try:
         with urllib.request.urlopen(request, timeout=10) as response:
             state = json.loads(response.read())
     except urllib.error.HTTPError as exc:
-        console.print(f"[red]error[/]: {json.loads(exc.read()).get('error', exc)}")
+        try:
+            message = json.loads(exc.read()).get("error", exc)
+        except ValueError:
+            message = str(exc)
+        console.print(f"error: {message}", style="red", markup=False, highlight=False)
         raise typer.Exit(2) from None
     except (urllib.error.URLError, OSError) as exc:
         console.print(
@@ -482,7 +500,8 @@ def audit(
 ) -> None:
     """Audit a delivery ledger with Spark: loss, duplicates, latency, failovers.
 
-    Exit status 1 when a message was lost or processed more than once, 2 on bad input.
+    Exit status 1 when a message was lost or processed more than once; 2 on bad input
+    (checked before Spark starts) or when the audit could not run.
     """
     from georep import ConfigurationError
 
@@ -507,6 +526,16 @@ def audit(
     except ConfigurationError as exc:
         console.print(str(exc), style="red", soft_wrap=True, markup=False, highlight=False)
         raise typer.Exit(2) from None
+    except Exception as exc:  # exit 1 means "messages lost": a crash must not read as that
+        first = (str(exc).strip().splitlines() or [""])[0]
+        console.print(
+            f"the audit could not run: {type(exc).__name__}: {first}",
+            style="red",
+            soft_wrap=True,
+            markup=False,
+            highlight=False,
+        )
+        raise typer.Exit(2) from None
     console.print(report_table(report))
     for warning in report["warnings"]:
         console.print(f"warning: {warning}", style="yellow", soft_wrap=True, markup=False)
@@ -516,6 +545,131 @@ def audit(
     for path in report.get("plots", {}).values():
         console.print(f"plot: {path}", soft_wrap=True, highlight=False)
     raise typer.Exit(1 if report["lost"] or report["processed_more_than_once"] else 0)
+
+
+# ---------------------------------------------------------------------------- outbox
+
+outbox_app = typer.Typer(
+    help="Inspect a durable SQLite outbox: queued and dead-lettered entries.",
+    no_args_is_help=True,
+)
+app.add_typer(outbox_app, name="outbox")
+
+_OutboxPath = Annotated[Path, typer.Argument(help="The outbox file (SqliteOutbox path).")]
+_EntryIds = Annotated[
+    list[int] | None, typer.Option("--id", help="A dead-lettered entry's id (repeat).")
+]
+_All = Annotated[bool, typer.Option("--all", help="Every dead-lettered entry.")]
+
+
+def _existing_outbox(path: Path) -> Any:
+    """The SqliteOutbox at ``path``; exit 2 if there is no file (never create one)."""
+    from georep._outbox import SqliteOutbox
+
+    if not path.is_file():
+        console.print(f"[red]error[/]: no outbox file at {path}; pass the SqliteOutbox path")
+        raise typer.Exit(2)
+    return SqliteOutbox(path)
+
+
+def _on_outbox(path: Path, action: Callable[[Any], Awaitable[_T]]) -> _T:
+    """Run ``action(outbox)`` on the file, turning georep errors into exit code 2."""
+    from georep.exceptions import GeoReplicationError
+
+    outbox = _existing_outbox(path)
+
+    async def run() -> _T:
+        async with outbox:
+            return await action(outbox)
+
+    try:
+        return asyncio.run(run())
+    except GeoReplicationError as exc:
+        console.print(f"[red]error[/]: {exc}", soft_wrap=True, highlight=False)
+        raise typer.Exit(2) from None
+
+
+def _chosen_ids(ids: list[int] | None, every: bool) -> list[int] | None:
+    if bool(ids) == every:
+        console.print("[red]error[/]: name entries with --id ID (repeat), or pass --all")
+        raise typer.Exit(2)
+    return None if every else list(ids or [])
+
+
+@outbox_app.command("list")
+def outbox_list(
+    path: _OutboxPath,
+    limit: Annotated[int, typer.Option(min=1, help="Most rows listed per state.")] = 100,
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead of tables.")] = False,
+) -> None:
+    """Counts and rows (oldest first) of queued and dead-lettered entries."""
+    import json
+    from dataclasses import asdict
+
+    async def read(outbox: Any) -> tuple[int, int, list[Any]]:
+        rows = await outbox.records(dead=False, limit=limit)
+        rows += await outbox.records(dead=True, limit=limit)
+        return await outbox.depth(), await outbox.dead_depth(), rows
+
+    queued, dead, rows = _on_outbox(path, read)
+    if as_json:
+        document = {"queued": queued, "dead": dead, "entries": [asdict(row) for row in rows]}
+        typer.echo(json.dumps(document, indent=2))
+        return
+    console.print(f"{queued} queued, {dead} dead-lettered", highlight=False)
+    if not rows:
+        return
+    table = Table()
+    for column in ("id", "state", "channel", "target", "bytes", "enqueued (UTC)", "attempts"):
+        table.add_column(column)
+    table.add_column("reason")
+    for row in rows:
+        table.add_row(
+            str(row.entry_id),
+            row.state,
+            row.channel,
+            row.region or "any",
+            str(row.size),
+            _utc(row.enqueued_at),
+            str(row.attempts),
+            row.reason or "",
+        )
+    console.print(table)
+
+
+@outbox_app.command("replay")
+def outbox_replay(path: _OutboxPath, entry_id: _EntryIds = None, every: _All = False) -> None:
+    """Move dead-lettered entries back to the queue; the next drainer sends them."""
+    import time
+
+    ids = _chosen_ids(entry_id, every)
+    count = _on_outbox(path, lambda outbox: outbox.replay(ids, now=time.time()))
+    console.print(f"replayed {count} entr{'y' if count == 1 else 'ies'}", highlight=False)
+
+
+@outbox_app.command("purge")
+def outbox_purge(
+    path: _OutboxPath,
+    entry_id: _EntryIds = None,
+    every: _All = False,
+    yes: Annotated[bool, typer.Option("--yes", help="Confirm: the messages are lost.")] = False,
+) -> None:
+    """Delete dead-lettered entries for good (their messages are never sent)."""
+    ids = _chosen_ids(entry_id, every)
+    if not yes:
+        console.print(
+            "[red]error[/]: purge deletes the messages for good; add --yes to confirm "
+            "(or replay them instead)"
+        )
+        raise typer.Exit(2)
+    count = _on_outbox(path, lambda outbox: outbox.purge(ids))
+    console.print(f"purged {count} entr{'y' if count == 1 else 'ies'}", highlight=False)
+
+
+def _utc(seconds: float) -> str:
+    from datetime import UTC, datetime
+
+    return datetime.fromtimestamp(seconds, UTC).strftime("%Y-%m-%d %H:%M:%S")
 
 
 def main() -> None:

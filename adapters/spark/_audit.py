@@ -33,14 +33,19 @@ from georep.exceptions import ConfigurationError
 from ._report import (
     ACKNOWLEDGED,
     BUCKETS_PER_UNIT,
+    DEAD_LETTERED,
+    DEFERRED,
+    EXPIRED,
+    SETTLED_UNPROCESSED,
     UNKNOWN,
     Aggregates,
+    _windows,
     build_report,
     ledger_files,
 )
 from ._session import spark_session
 
-__all__ = ["audit", "spark_aggregates"]
+__all__ = ["audit", "check_audit_inputs", "spark_aggregates"]
 
 _log = logging.getLogger("georep.audit")
 
@@ -279,16 +284,24 @@ def _per_message(
         F.lit(1).alias("send_rows"),
         F.lit(0).alias("copies"),
         none.alias("first_copy"),
+        (F.col("outcome") == EXPIRED).cast("int").alias("expired"),
+        F.lit(0).alias("dead_lettered"),
+        F.lit(0).alias("deferred"),
     )
-    copy_rows = receives.where(F.col("outcome") == "processed").select(
+    processed = F.col("outcome") == "processed"
+    copy_rows = receives.where(processed | F.col("outcome").isin(*SETTLED_UNPROCESSED)).select(
         *_id_hash(),
         none.alias("first_send"),
         F.lit(0).alias("acked"),
         F.lit(0).alias("send_rows"),
-        F.lit(1).alias("copies"),
-        (F.unix_micros("received_at") * region_span + _rank_of(F.col("region"), regions)).alias(
-            "first_copy"
-        ),
+        processed.cast("int").alias("copies"),
+        F.when(
+            processed,
+            F.unix_micros("received_at") * region_span + _rank_of(F.col("region"), regions),
+        ).alias("first_copy"),
+        F.lit(0).alias("expired"),
+        (F.col("outcome") == DEAD_LETTERED).cast("int").alias("dead_lettered"),
+        (F.col("outcome") == DEFERRED).cast("int").alias("deferred"),
     )
     per_id = (
         send_rows.unionByName(copy_rows)
@@ -299,6 +312,9 @@ def _per_message(
             F.max("send_rows").alias("has_send"),
             F.sum("copies").alias("copies"),
             F.min("first_copy").alias("first_copy"),
+            F.max("expired").alias("expired"),
+            F.max("dead_lettered").alias("dead_lettered"),
+            F.max("deferred").alias("deferred"),
         )
     )
     # Integer division: the packed keys exceed a double's 53-bit precision.
@@ -309,19 +325,87 @@ def _per_message(
         (F.col("sent") == 1).alias("sent"),
         (F.col("has_send") == 1).alias("has_send"),
         F.col("copies"),
+        # Settled otherwise by the handler, or dropped as expired: not lost (one reason
+        # each, in this order, as the reference audit counts them).
+        (F.col("dead_lettered") == 1).alias("dead_lettered"),
+        ((F.col("deferred") == 1) & (F.col("dead_lettered") == 0)).alias("deferred"),
+        ((F.col("expired") == 1) & (F.col("dead_lettered") == 0) & (F.col("deferred") == 0)).alias(
+            "expired"
+        ),
         F.pmod("first_send", F.lit(mode_span)).alias("mode"),
         F.pmod("first_copy", F.lit(region_span)).alias("region"),
         latency_ms.alias("latency"),
     )
+    unprocessed = F.col("sent") & (F.col("copies") == 0)
     return measured.groupBy("mode", "region", _bucket(F.col("latency")).alias("bucket")).agg(
         F.count_if("sent").alias("sent"),
         F.count_if(F.col("copies") > 0).alias("processed"),
-        F.count_if(F.col("sent") & (F.col("copies") == 0)).alias("lost"),
+        F.count_if(
+            unprocessed & ~F.col("dead_lettered") & ~F.col("deferred") & ~F.col("expired")
+        ).alias("lost"),
+        F.count_if(unprocessed & F.col("dead_lettered")).alias("dead_lettered"),
+        F.count_if(unprocessed & F.col("deferred")).alias("deferred"),
+        F.count_if(unprocessed & F.col("expired")).alias("expired"),
         F.count_if(F.col("copies") >= 2).alias("more_than_once"),
         F.count_if(F.col("has_send") & ~F.col("sent")).alias("send_failed"),
         F.count("latency").alias("measured"),
         F.max("latency").alias("max_latency"),
     )
+
+
+def check_audit_inputs(
+    ledger_dir: str | Path, outage_windows: Iterable[Sequence[Any]] = ()
+) -> list[Sequence[Any]]:
+    """Check an audit's inputs without Spark; returns the outage windows as a list.
+
+    A local ledger must be a directory whose ``sends/`` and ``receives/`` hold Parquet
+    files with a string ``message_id`` (their footers are read, not their rows). A ledger
+    given as a URI is checked by Spark itself.
+
+    Raises:
+        ConfigurationError: The ledger is missing, empty or holds a file that is not a
+            ledger Parquet file, or an outage window is not a (start, end) pair of UTC
+            datetimes, ISO 8601 strings with a time zone, or Unix seconds.
+    """
+    windows = list(outage_windows)
+    try:
+        _windows(windows)
+    except (ValueError, TypeError, OverflowError, OSError) as exc:
+        raise ConfigurationError(
+            f"outage window {_shown(windows)} is invalid ({exc}): give START,END as "
+            "ISO 8601 UTC, e.g. 2026-01-01T10:00:00Z,2026-01-01T10:05:00Z"
+        ) from None
+    if not is_uri(ledger_dir):
+        send_files, receive_files = ledger_files(ledger_dir)
+        for path in (*send_files, *receive_files):
+            _check_parquet(path)
+    return windows
+
+
+def _shown(windows: list[Sequence[Any]]) -> str:
+    return ", ".join(repr(tuple(window)) for window in windows)
+
+
+def _check_parquet(path: Path) -> None:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    try:
+        schema = pq.read_schema(path)
+    except (OSError, ValueError, pa.ArrowException) as exc:
+        raise ConfigurationError(
+            f"{path} is not a Parquet file ({str(exc).splitlines()[0]}): a ledger directory "
+            "holds only what a ParquetLedger wrote; move the file out"
+        ) from None
+    index = schema.get_field_index("message_id")
+    if index < 0 or not (
+        pa.types.is_string(schema.field(index).type)
+        or pa.types.is_large_string(schema.field(index).type)
+    ):
+        raise ConfigurationError(
+            f"{path} is not a ledger file (no string message_id column): a ledger directory "
+            "holds only what a ParquetLedger wrote; move the file out"
+        )
 
 
 def spark_aggregates(spark: SparkSession, ledger_dir: str | Path) -> Aggregates:
@@ -340,6 +424,9 @@ def spark_aggregates(spark: SparkSession, ledger_dir: str | Path) -> Aggregates:
         result.sent += row["sent"]
         result.processed += row["processed"]
         result.lost += row["lost"]
+        result.dead_lettered += row["dead_lettered"]
+        result.deferred += row["deferred"]
+        result.expired += row["expired"]
         result.processed_more_than_once += row["more_than_once"]
         result.send_failed += row["send_failed"]
         if row["measured"]:
@@ -378,8 +465,9 @@ def audit(
     Raises:
         ConfigurationError: ``ledger_dir`` holds no ledger, or an outage window is invalid.
     """
-    if not is_uri(ledger_dir):
-        ledger_files(ledger_dir)  # a clear error before Spark starts
+    # Everything that can be checked is checked before Spark starts: a bad input is a
+    # one-line error, never a Spark traceback after minutes of work.
+    outage_windows = check_audit_inputs(ledger_dir, outage_windows)
     spark = spark_session(master)
     report = build_report(
         spark_aggregates(spark, ledger_dir),

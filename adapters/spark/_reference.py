@@ -22,6 +22,9 @@ from georep._ledger_schema import receive_schema, send_schema
 from ._report import (
     ACKNOWLEDGED,
     BUCKETS_PER_UNIT,
+    DEAD_LETTERED,
+    DEFERRED,
+    EXPIRED,
     UNKNOWN,
     Aggregates,
     build_report,
@@ -155,9 +158,19 @@ def reference_aggregates(ledger_dir: str | Path) -> Aggregates:
     first_copy_time[processed_codes[first]] = received[first]
     first_copy_region[processed_codes[first]] = region_ranks[first]
 
+    # Ids the handler settled otherwise (dead-lettered, deferred) or the outbox dropped as
+    # expired: held by the broker or dropped as the broker would have, not lost.
+    unprocessed = sent & (copies == 0)
+    dead_lettered = _ids_with(receives, DEAD_LETTERED, encoded.dictionary, id_count)
+    deferred = _ids_with(receives, DEFERRED, encoded.dictionary, id_count)
+    expired = _ids_with(sends, EXPIRED, encoded.dictionary, id_count)
+    result.dead_lettered = int((unprocessed & dead_lettered).sum())
+    result.deferred = int((unprocessed & deferred & ~dead_lettered).sum())
+    result.expired = int((unprocessed & expired & ~dead_lettered & ~deferred).sum())
+
     result.sent = int(sent.sum())
     result.processed = int((copies > 0).sum())
-    result.lost = int((sent & (copies == 0)).sum())
+    result.lost = int((unprocessed & ~dead_lettered & ~deferred & ~expired).sum())
     result.processed_more_than_once = int((copies >= 2).sum())
     result.send_failed = int((has_send & ~sent).sum())
 
@@ -173,6 +186,18 @@ def reference_aggregates(ledger_dir: str | Path) -> Aggregates:
     _receive_side(receives, is_processed, processed, received, received_valid, result)
     _send_side(sends, started, started_valid, result)
     return result
+
+
+def _ids_with(table: pa.Table, outcome: str, ids: pa.Array, id_count: int) -> np.ndarray:
+    """A mask over the dense id codes: ids with a row of ``outcome`` in ``table``."""
+    mask = np.zeros(id_count, dtype=bool)
+    rows = table.filter(pc.fill_null(pc.equal(table["outcome"], outcome), False))
+    if rows.num_rows:
+        # Ids absent from the dictionary (no send, no processed copy) come back null.
+        found = pc.fill_null(pc.index_in(rows["message_id"], value_set=ids), -1)
+        codes = found.to_numpy(zero_copy_only=False).astype(np.int64)
+        mask[codes[codes >= 0]] = True
+    return mask
 
 
 def _receive_side(

@@ -28,6 +28,10 @@ from georep.exceptions import ConfigurationError
 __all__ = [
     "ACKNOWLEDGED",
     "BUCKETS_PER_UNIT",
+    "DEAD_LETTERED",
+    "DEFERRED",
+    "EXPIRED",
+    "SETTLED_UNPROCESSED",
     "UNKNOWN",
     "Aggregates",
     "OutageWindow",
@@ -41,6 +45,14 @@ _log = logging.getLogger("georep.audit")
 
 ACKNOWLEDGED = ("accepted", "queued")
 """Send outcomes that acknowledged the message to the caller."""
+EXPIRED = "expired"
+"""The send outcome the outbox drainer writes for a queued message whose time to live ran
+out while it waited: dropped as the broker would have dropped it, so not lost."""
+DEAD_LETTERED, DEFERRED = "dead_lettered", "deferred"
+SETTLED_UNPROCESSED = (DEAD_LETTERED, DEFERRED)
+"""Receive outcomes the handler (or georep on its behalf: ``max_attempts``, the twin of a
+dead-lettered copy) chose instead of processing: the message is held by the broker (its
+dead-letter queue, or deferred), so not lost."""
 UNKNOWN = "unknown"
 """Label for a null mode or region."""
 BUCKETS_PER_UNIT = 1000
@@ -70,6 +82,9 @@ class Aggregates:
     lost: int = 0
     processed_more_than_once: int = 0
     send_failed: int = 0
+    dead_lettered: int = 0
+    deferred: int = 0
+    expired: int = 0
     latency: dict[tuple[str, str], Histogram] = field(default_factory=dict)
     latency_max: dict[tuple[str, str], float] = field(default_factory=dict)
     suppressed_by_region: dict[str, int] = field(default_factory=dict)
@@ -303,6 +318,9 @@ def build_report(
         "lost": aggregates.lost,
         "processed_more_than_once": aggregates.processed_more_than_once,
         "send_failed": aggregates.send_failed,
+        "dead_lettered": aggregates.dead_lettered,
+        "deferred": aggregates.deferred,
+        "expired": aggregates.expired,
         "suppressed_by_region": dict(sorted(aggregates.suppressed_by_region.items())),
         "receive_failed_by_region": dict(sorted(aggregates.receive_failed_by_region.items())),
         "latency_ms": latency,

@@ -40,6 +40,13 @@ def report_table(report: dict[str, Any]) -> Any:
     table.add_row(f"lost{bound}", bad(report["lost"]))
     table.add_row(f"processed more than once{bound}", bad(report["processed_more_than_once"]))
     table.add_row("send failed (caller got an error)", f"{report['send_failed']:,}")
+    for key, label in (
+        ("dead_lettered", "dead-lettered by the handler (not processed, held)"),
+        ("deferred", "deferred by the handler (not processed, held)"),
+        ("expired", "expired in the outbox (time to live ran out)"),
+    ):
+        if report.get(key):
+            table.add_row(label, f"{report[key]:,}")
     for region, count in report["suppressed_by_region"].items():
         table.add_row(f"duplicates suppressed in {region}", f"{count:,}")
     for region, count in report["receive_failed_by_region"].items():

@@ -6,7 +6,8 @@ Run it with Python or with spark-submit (which then decides the master)::
     JOB="$(python -c 'import georep.adapters.spark.audit_job as m; print(m.__file__)')"
     spark-submit --master local[2] "$JOB" LEDGER_DIR --out DIR
 
-Exit status: 0 when nothing was lost or processed more than once, 1 otherwise, 2 on bad input.
+Exit status: 0 when nothing was lost or processed more than once, 1 otherwise, 2 on bad input
+or when the audit could not run.
 """
 
 from __future__ import annotations
@@ -56,6 +57,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
     except ConfigurationError as exc:
         print(f"error: {exc}", file=sys.stderr)
+        return 2
+    except Exception as exc:  # 1 means "messages lost": a crash must not read as that
+        first = (str(exc).strip().splitlines() or [""])[0]
+        print(f"error: the audit could not run: {type(exc).__name__}: {first}", file=sys.stderr)
         return 2
     try:
         from rich.console import Console

@@ -83,6 +83,48 @@ def test_spark_and_the_pyarrow_reference_give_the_same_report(
     }
 
 
+def _settled_otherwise_ledger(root: Path) -> Path:
+    """A ledger written by ParquetLedger with dead-lettered, deferred and expired ids."""
+    from georep import ParquetLedger
+    from georep.ports import ReceiveRecord, RegionAttempt, SendRecord
+
+    def send(ids: tuple[str, ...], outcome: str) -> SendRecord:
+        accepted = "primary" if outcome == "accepted" else None
+        attempts = [RegionAttempt(accepted, outcome)] if accepted else []
+        return SendRecord(ids, "q", "passive", outcome, accepted, False, attempts, 1.0, 1.1)
+
+    def receive(message_id: str, outcome: str, region: str = "primary") -> ReceiveRecord:
+        return ReceiveRecord(message_id, "q", region, outcome, 1, 1.2, 1.3, 1.4)
+
+    async def write() -> None:
+        async with ParquetLedger(root) as ledger:
+            ledger.record_send(send(("dead", "deferred", "gone", "ok"), "accepted"))
+            ledger.record_send(send(("expired",), "queued"))
+            ledger.record_send(send(("expired",), "expired"))
+            for record in (
+                receive("dead", "failed"),
+                receive("dead", "dead_lettered"),
+                receive("dead", "dead_lettered", "secondary"),
+                receive("deferred", "deferred"),
+                receive("ok", "processed"),
+            ):
+                ledger.record_receive(record)
+
+    asyncio.run(write())
+    return root
+
+
+def test_dead_lettered_deferred_and_expired_ids_are_not_lost_in_either_engine(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    ledger = _settled_otherwise_ledger(tmp_path / "ledger")
+    report = audit(ledger, out_dir=tmp_path / "out", master="local[2]")
+    reference = reference_audit(ledger)
+    counts = ("sent", "processed", "lost", "dead_lettered", "deferred", "expired")
+    assert [report[k] for k in counts] == [5, 1, 1, 1, 1, 1]
+    assert [reference[k] for k in counts] == [report[k] for k in counts]
+
+
 def test_report_json_holds_the_returned_report_and_the_plots_are_pngs(
     report: dict[str, Any],
 ) -> None:

@@ -109,3 +109,32 @@ def test_cli_refuses_an_unknown_mode_with_exit_status_2() -> None:
     result = CliRunner().invoke(app, ["cost", "--rate", "1", "--mode", "geo"])
     assert result.exit_code == 2
     assert "unknown mode" in result.output
+
+
+@pytest.mark.parametrize(
+    "option",
+    ["--rate", "--outage-minutes", "--ping-interval", "--days", "--price-per-million"],
+)
+@pytest.mark.parametrize("value", ["inf", "nan", "-inf"])
+def test_cli_refuses_non_finite_numbers_with_exit_status_2(option: str, value: str) -> None:
+    arguments = ["cost", "--rate", "1", option, value]
+    result = CliRunner().invoke(app, arguments)
+    assert result.exit_code == 2, result.output
+    # Refused with a message, before any estimate is printed.
+    assert "total operations" not in result.output and "Infinity" not in result.output
+
+
+@pytest.mark.parametrize("value", [float("inf"), float("nan"), -1.0, "1", True])
+@pytest.mark.parametrize(
+    "field", ["messages_per_second", "days", "price_per_million", "outage_minutes_per_month"]
+)
+def test_workload_numbers_must_be_finite(field: str, value: object) -> None:
+    arguments: dict[str, object] = {"messages_per_second": 1, field: value}
+    with pytest.raises(ConfigurationError, match=rf"Workload\.{field}"):
+        Workload(**arguments)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("value", [2.5, True, "3", -1])
+def test_workload_counts_must_be_ints(value: object) -> None:
+    with pytest.raises(ConfigurationError, match=r"Workload\.entities"):
+        Workload(messages_per_second=1, entities=value)  # type: ignore[arg-type]

@@ -179,3 +179,28 @@ def test_sink_message_ids_depend_on_scope_batch_and_key_only() -> None:
     assert sink_message_id("q", 3, "k") == sink_message_id("q", 3, "k")
     assert sink_message_id("q", 3, "k") != sink_message_id("q", 4, "k")
     assert sink_message_id("q", 3, "k") != sink_message_id("other", 3, "k")
+
+
+def test_messages_settled_otherwise_or_expired_are_counted_apart_not_lost(
+    tmp_path: Path,
+) -> None:
+    sends = [
+        _send("dead"),
+        _send("deferred"),
+        _send("expired", outcome="queued", region=None),
+        _send("expired", outcome="expired", region=None),
+        _send("gone"),
+        _send("ok"),
+    ]
+    receives = [
+        _receive("dead", outcome="failed"),
+        _receive("dead", outcome="dead_lettered", received_ms=5),
+        _receive("dead", region="west", outcome="dead_lettered", received_ms=6),  # its twin
+        _receive("deferred", outcome="deferred"),
+        _receive("ok", received_ms=3),
+    ]
+    report = reference_audit(_ledger(tmp_path / "l", sends, receives))
+    assert (report["sent"], report["processed"]) == (5, 1)
+    assert (report["dead_lettered"], report["deferred"], report["expired"]) == (1, 1, 1)
+    assert report["lost"] == 1, "only 'gone' was acknowledged and never settled"
+    assert report["send_failed"] == 0

@@ -136,7 +136,7 @@ async def test_a_passive_send_that_raises_writes_a_failed_row() -> None:
 
 
 async def test_both_regions_down_without_an_outbox_writes_failed_rows() -> None:
-    rig = Rig(primary_fails=ErrorKind.CONNECTION, secondary_fails=ErrorKind.SERVICE_ERROR)
+    rig = Rig(primary_fails=ErrorKind.CONNECTION, secondary_fails=ErrorKind.TIMEOUT)
 
     with pytest.raises(AllRegionsUnavailableError):
         await rig.sender().send_messages([FakeMessage(b"a", "m-1"), FakeMessage(b"b", "m-2")])

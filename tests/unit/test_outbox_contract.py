@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -237,3 +238,78 @@ async def test_aclose_before_first_use(outbox: Outbox) -> None:
 
     with pytest.raises(ClosedError):
         await outbox.depth()
+
+
+async def test_a_lease_renewed_by_its_owner_outlives_the_original(outbox: Outbox) -> None:
+    [entry_id] = await outbox.put(CHANNEL, [(None, b"a")], now=0.0)
+    await outbox.claim(CHANNEL, limit=1, now=0.0, lease=LEASE, owner="one")
+
+    assert await outbox.renew([entry_id], owner="one", now=LEASE - 1, lease=LEASE) == [entry_id]
+    assert await outbox.claim(CHANNEL, limit=1, now=LEASE + 1, lease=LEASE, owner="two") == []
+
+
+async def test_a_lease_taken_over_is_never_renewed_released_or_retried_by_the_old_owner(
+    outbox: Outbox,
+) -> None:
+    [entry_id] = await outbox.put(CHANNEL, [(None, b"a")], now=0.0)
+    await outbox.claim(CHANNEL, limit=1, now=0.0, lease=LEASE, owner="one")
+    [taken] = await outbox.claim(CHANNEL, limit=1, now=LEASE + 1, lease=LEASE, owner="two")
+    assert taken.entry_id == entry_id
+
+    assert await outbox.renew([entry_id], owner="one", now=LEASE + 2, lease=LEASE) == []
+    await outbox.release([entry_id], owner="one")
+    await outbox.retry_later([entry_id], not_before=0.0, owner="one")
+    # Still leased to "two": nobody else can claim it.
+    assert await outbox.claim(CHANNEL, limit=1, now=LEASE + 3, lease=LEASE, owner="three") == []
+
+
+async def test_release_hands_an_entry_back_at_once_without_counting_an_attempt(
+    outbox: Outbox,
+) -> None:
+    [entry_id] = await outbox.put(CHANNEL, [(None, b"a")], now=0.0)
+    await outbox.claim(CHANNEL, limit=1, now=1.0, lease=LEASE, owner="one")
+    await outbox.release([entry_id], owner="one")
+
+    [again] = await outbox.claim(CHANNEL, limit=1, now=1.0, lease=LEASE, owner="two")
+    assert again.entry_id == entry_id and again.attempts == 0
+
+
+async def test_dead_letter_moves_an_entry_aside_and_replay_brings_it_back(
+    make_outbox: OutboxFactory,
+) -> None:
+    outbox: Any = make_outbox(max_entries=2)
+    first, second = await outbox.put(CHANNEL, [(None, b"a"), ("west", b"bb")], now=5.0)
+    await outbox.claim(CHANNEL, limit=2, now=6.0, lease=LEASE, owner="one")
+    await outbox.dead_letter([(first, "MessageTooLargeError (message-too-large)")], now=7.0)
+
+    assert await outbox.depth() == 1 and await outbox.dead_depth() == 1
+    [dead] = await outbox.records(dead=True)
+    assert (dead.entry_id, dead.state, dead.size, dead.attempts) == (first, "dead", 1, 1)
+    assert (dead.reason, dead.dead_at, dead.enqueued_at) == (
+        "MessageTooLargeError (message-too-large)",
+        7.0,
+        5.0,
+    )
+    [queued] = await outbox.records(dead=False)
+    assert (queued.entry_id, queued.state, queued.region) == (second, "queued", "west")
+    # Dead letters do not count against the bounds: the queue has room for one more.
+    await outbox.put(CHANNEL, [(None, b"c")], now=8.0)
+    with pytest.raises(OutboxFullError):
+        await outbox.replay(now=9.0)
+    assert await outbox.dead_depth() == 1, "a refused replay moves nothing"
+
+    await outbox.delete([second])
+    assert await outbox.replay([first], now=9.0) == 1
+    claimed = await outbox.claim(CHANNEL, limit=5, now=9.0, lease=LEASE)
+    oldest = claimed[0]
+    assert (oldest.entry_id, oldest.enqueued_at, oldest.attempts) == (first, 5.0, 0)
+
+
+async def test_purge_deletes_dead_letters_all_or_by_id(outbox: Any) -> None:
+    ids = await outbox.put(CHANNEL, [(None, b"a"), (None, b"b"), (None, b"c")], now=0.0)
+    await outbox.dead_letter([(i, "InvalidMessageError") for i in ids], now=1.0)
+
+    assert await outbox.purge([ids[1], 999]) == 1
+    assert [r.entry_id for r in await outbox.records(dead=True)] == [ids[0], ids[2]]
+    assert await outbox.purge() == 2
+    assert await outbox.dead_depth() == 0 and await outbox.depth() == 0

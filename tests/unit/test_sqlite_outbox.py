@@ -3,17 +3,19 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import signal
 import sqlite3
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 
 from georep._outbox import SCHEMA_VERSION, SqliteOutbox
-from georep.exceptions import ConfigurationError, OutboxFullError
+from georep.exceptions import ConfigurationError, OutboxFullError, OutboxUnavailableError
 
 CHANNEL = "east+west/orders"
 LEASE = 30.0
@@ -163,3 +165,144 @@ def test_non_positive_bounds_are_refused_before_any_io(
         SqliteOutbox(tmp_path / "missing" / "outbox.db", **bounds)
 
     assert not (tmp_path / "missing").exists()
+
+
+# Each worker opens outbox-0.db, outbox-1.db, ... at shared wall-clock instants, so several
+# processes create and switch the same new file to WAL at once.
+OPENING_WORKER = """
+import sys, time
+from pathlib import Path
+from georep._outbox import SqliteOutbox
+import asyncio
+
+async def open_once(path):
+    async with SqliteOutbox(path) as outbox:
+        await outbox.depth()
+
+directory, start = Path(sys.argv[1]), float(sys.argv[2])
+rounds, step = int(sys.argv[3]), float(sys.argv[4])
+failures = []
+for r in range(rounds):
+    delay = start + r * step - time.time()
+    if delay > 0:
+        time.sleep(delay)
+    try:
+        asyncio.run(open_once(directory / f"outbox-{r}.db"))
+    except Exception as exc:
+        failures.append(f"{r}: {type(exc).__name__}: {exc}")
+print(len(failures), failures[:3])
+"""
+
+
+def test_several_processes_opening_one_new_file_at_once_all_succeed(tmp_path: Path) -> None:
+    # Before: switching a new file to WAL raised a raw "database is locked" in about 7% of
+    # the opens (13 of 180 here); SQLite does not call the busy handler for it.
+    processes, rounds = 6, 30
+    start = time.time() + 3.0  # after every interpreter has started
+    workers = [
+        subprocess.Popen(
+            [sys.executable, "-c", OPENING_WORKER, str(tmp_path), str(start), str(rounds), "0.1"],
+            cwd=REPO_ROOT,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        for _ in range(processes)
+    ]
+    outputs = [worker.communicate(timeout=120)[0].strip() for worker in workers]
+    assert all(worker.returncode == 0 for worker in workers)
+    assert [output.split(" ", 1)[0] for output in outputs] == ["0"] * processes, outputs
+
+
+async def test_a_version_1_file_is_migrated_and_keeps_its_entries(tmp_path: Path) -> None:
+    path = tmp_path / "v1.db"
+    with contextlib.closing(sqlite3.connect(path, isolation_level=None)) as connection:
+        connection.executescript(V1_SCHEMA)
+        connection.execute(
+            "INSERT INTO outbox (channel, region, payload, enqueued_at, not_before)"
+            " VALUES (?, NULL, ?, 1.0, 1.0)",
+            (CHANNEL, b"old"),
+        )
+        connection.execute("PRAGMA user_version = 1")
+
+    async with SqliteOutbox(path) as outbox:
+        [entry] = await outbox.claim(CHANNEL, limit=5, now=2.0, lease=LEASE, owner="me")
+        assert entry.payload == b"old" and await outbox.depth() == 1
+        await outbox.dead_letter([(entry.entry_id, "InvalidMessageError")], now=3.0)
+        assert await outbox.dead_depth() == 1
+    with contextlib.closing(sqlite3.connect(path)) as connection:
+        assert connection.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
+
+
+async def test_a_full_disk_raises_outbox_full_and_draining_goes_on(tmp_path: Path) -> None:
+    # The seam: SQLite's own page limit makes the file unable to grow, which SQLite reports
+    # exactly as a full disk (SQLITE_FULL). Before: a raw sqlite3.OperationalError.
+    async with SqliteOutbox(tmp_path / "full.db") as outbox:
+        ids = await outbox.put(CHANNEL, [(None, b"x" * 100) for _ in range(3)], now=0.0)
+        pages = await outbox._run(
+            lambda c: c.execute("PRAGMA page_count").fetchone()[0]  # type: ignore[no-any-return]
+        )
+        await outbox._run(lambda c: c.execute(f"PRAGMA max_page_count = {pages}"))
+
+        with pytest.raises(OutboxFullError, match=r"full\.db.*disk is full") as raised:
+            await outbox.put(CHANNEL, [(None, b"y" * 200_000)], now=1.0)
+        assert not isinstance(raised.value, sqlite3.Error)
+        assert await outbox.depth() == 3, "nothing of the refused put was stored"
+
+        claimed = await outbox.claim(CHANNEL, limit=10, now=2.0, lease=LEASE, owner="me")
+        assert [e.entry_id for e in claimed] == ids
+        await outbox.delete(ids[:2])
+        await outbox.dead_letter([(ids[2], "InvalidMessageError")], now=3.0)
+        assert await outbox.depth() == 0
+
+
+async def test_a_locked_file_raises_a_named_error_not_a_raw_sqlite_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import georep._outbox as module
+
+    path = tmp_path / "locked.db"
+    async with SqliteOutbox(path) as outbox:
+        await outbox.put(CHANNEL, [(None, b"a")], now=0.0)
+    monkeypatch.setattr(module, "BUSY_TIMEOUT_SECONDS", 0.2)
+    blocker = sqlite3.connect(path, isolation_level=None)
+    blocker.execute("BEGIN EXCLUSIVE")
+    try:
+        async with SqliteOutbox(path) as outbox:
+            with pytest.raises(OutboxUnavailableError, match=r"locked\.db.*locked"):
+                await outbox.put(CHANNEL, [(None, b"b")], now=1.0)
+    except OutboxUnavailableError:
+        pass  # opening may be the call that meets the lock: the same named error
+    finally:
+        blocker.execute("ROLLBACK")
+        blocker.close()
+
+
+V1_SCHEMA = """
+CREATE TABLE outbox (
+    entry_id INTEGER PRIMARY KEY AUTOINCREMENT,
+    channel TEXT NOT NULL,
+    region TEXT,
+    payload BLOB NOT NULL,
+    enqueued_at REAL NOT NULL,
+    attempts INTEGER NOT NULL DEFAULT 0,
+    not_before REAL NOT NULL,
+    leased_until REAL NOT NULL DEFAULT 0
+);
+CREATE INDEX outbox_due ON outbox (channel, not_before, entry_id);
+CREATE TABLE outbox_totals (
+    singleton INTEGER PRIMARY KEY CHECK (singleton = 1),
+    entries INTEGER NOT NULL,
+    payload_bytes INTEGER NOT NULL
+);
+INSERT INTO outbox_totals (singleton, entries, payload_bytes) VALUES (1, 0, 0);
+CREATE TRIGGER outbox_totals_after_insert AFTER INSERT ON outbox BEGIN
+    UPDATE outbox_totals
+    SET entries = entries + 1, payload_bytes = payload_bytes + length(NEW.payload)
+    WHERE singleton = 1;
+END;
+CREATE TRIGGER outbox_totals_after_delete AFTER DELETE ON outbox BEGIN
+    UPDATE outbox_totals
+    SET entries = entries - 1, payload_bytes = payload_bytes - length(OLD.payload)
+    WHERE singleton = 1;
+END;
+"""

@@ -1,0 +1,503 @@
+"""The outbox drainer's failure paths: poison entries, refusals, TTL, errors, leases, close.
+
+In-memory regions and outbox, FakeClock: no network, no real sleeps.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import Counter
+from typing import Any
+
+import pytest
+from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+
+from georep import (
+    DrainPolicy,
+    ErrorKind,
+    FailoverPolicy,
+    GeoSender,
+    MessageTooLargeError,
+    OutboxUnavailableError,
+    RoleState,
+)
+from georep.exceptions import AuthenticationError, RegionError
+from georep.testing import (
+    FakeClock,
+    FakeMessage,
+    InMemoryLedger,
+    InMemoryOutbox,
+    InMemoryRegionSender,
+    settle,
+)
+
+POISON = b"poison"
+
+
+class PickyRegion(InMemoryRegionSender):
+    """A region that refuses the poison message (too large, or ``poison_kind``), when up."""
+
+    poison_kind = ErrorKind.MESSAGE_TOO_LARGE
+
+    async def send(self, messages: Any, *, timeout: float) -> None:
+        await self._check()
+        if any(m.body == POISON for m in self.codec.split(messages)):
+            kind = self.poison_kind
+            error = MessageTooLargeError if kind is ErrorKind.MESSAGE_TOO_LARGE else RegionError
+            raise error(f"{self.region}: refused", region=self.region, kind=kind)
+        self.payloads.append(messages)
+        self.accepted.extend(self.codec.split(messages))
+
+
+class SlowClosingRegion(InMemoryRegionSender):
+    """A region whose close takes ``close_seconds`` of (fake) time, or never ends."""
+
+    close_seconds: float | None = 1.0
+
+    async def close(self) -> None:
+        assert self._clock is not None
+        if self.close_seconds is None:
+            await asyncio.Event().wait()
+        await self._clock.sleep(self.close_seconds)
+        self.closed = True
+
+
+def pair(
+    cls: type[InMemoryRegionSender] = InMemoryRegionSender, clock: FakeClock | None = None
+) -> tuple[Any, Any]:
+    return (
+        cls("primary", "east.example", "orders", clock=clock),
+        cls("secondary", "west.example", "orders", clock=clock),
+    )
+
+
+def geo(primary: Any, secondary: Any, **kwargs: Any) -> GeoSender:
+    kwargs.setdefault("role_state", RoleState(primary.namespace))
+    return GeoSender(primary, secondary, **kwargs)
+
+
+async def queue_while_both_down(sender: GeoSender, primary: Any, secondary: Any, *bodies: bytes):
+    primary.fail_with(ErrorKind.CONNECTION)
+    secondary.fail_with(ErrorKind.CONNECTION)
+    results = [await sender.send_messages(FakeMessage(body)) for body in bodies]
+    assert all(r.queued for r in results)
+    return results
+
+
+# -------------------------------------------------------------- refused for good
+
+
+async def test_a_poison_entry_is_dead_lettered_and_the_messages_behind_it_drain() -> None:
+    # Primary stays down; the backup is back but refuses the poison message for what it is.
+    # Before: the refusal came back as AllRegionsUnavailableError, backed off "any region",
+    # and the poison (always oldest) held the 3 healthy messages back forever.
+    clock = FakeClock()
+    primary, secondary = pair(PickyRegion)
+    outbox = InMemoryOutbox()
+    sender = geo(primary, secondary, outbox=outbox, clock=clock)
+    await queue_while_both_down(sender, primary, secondary, POISON, b"a", b"b", b"c")
+    secondary.restore()
+
+    for _ in range(20):
+        await sender.drain_outbox()
+        await clock.advance(10)
+
+    assert [m.body for m in secondary.accepted] == [b"a", b"b", b"c"]
+    assert await outbox.depth() == 0
+    [dead] = await outbox.records(dead=True)
+    assert dead.reason == "MessageTooLargeError (message-too-large)"
+    assert dead.attempts >= 1 and dead.dead_at is not None
+    assert sender.stats.dead_lettered == 1
+    await sender.aclose()
+
+
+async def test_a_dead_lettered_entry_can_be_replayed_or_purged() -> None:
+    clock = FakeClock()
+    primary, secondary = pair(PickyRegion)
+    outbox = InMemoryOutbox()
+    sender = geo(primary, secondary, outbox=outbox, clock=clock)
+    await queue_while_both_down(sender, primary, secondary, POISON, b"ok")
+    primary.restore()
+    secondary.restore()
+    await sender.drain_outbox()
+    [dead] = await outbox.records(dead=True)
+
+    assert await outbox.replay([dead.entry_id], now=clock.time()) == 1
+    assert await outbox.depth() == 1 and await outbox.dead_depth() == 0
+    await sender.drain_outbox()  # refused again: back to the dead-letter table
+    assert await outbox.dead_depth() == 1
+    assert await outbox.purge() == 1
+    assert await outbox.dead_depth() == 0 and await outbox.depth() == 0
+    await sender.aclose()
+
+
+async def test_a_message_specific_refusal_never_backs_the_region_off() -> None:
+    # Both regions back; poison refused by the primary (no failover). The healthy ones in
+    # the same round go to the same region right after it.
+    clock = FakeClock()
+    primary, secondary = pair(PickyRegion)
+    outbox = InMemoryOutbox()
+    sender = geo(primary, secondary, outbox=outbox, clock=clock)
+    await queue_while_both_down(sender, primary, secondary, POISON, b"a", b"b")
+    primary.restore()
+    secondary.restore()
+
+    assert await sender.drain_outbox() == 2
+    assert [m.body for m in primary.accepted] == [b"a", b"b"]
+    assert await outbox.depth() == 0 and await outbox.dead_depth() == 1
+    await sender.aclose()
+
+
+async def test_an_unavailable_region_backs_off_without_dead_lettering() -> None:
+    clock = FakeClock()
+    primary, secondary = pair()
+    outbox = InMemoryOutbox()
+    sender = geo(primary, secondary, outbox=outbox, clock=clock)
+    await queue_while_both_down(sender, primary, secondary, b"a", b"b")
+
+    assert await sender.drain_outbox() == 0
+    assert await outbox.depth() == 2 and await outbox.dead_depth() == 0
+    await sender.aclose()
+
+
+# ----------------------------------------------- refused for what it is: never queued
+
+
+@pytest.mark.parametrize("mode", ["passive", "active"])
+async def test_a_message_the_backup_refuses_is_raised_and_never_queued(mode: str) -> None:
+    primary, secondary = pair(PickyRegion)
+    outbox = InMemoryOutbox()
+    sender = geo(primary, secondary, outbox=outbox, clock=FakeClock(), mode=mode)
+    primary.fail_with(ErrorKind.CONNECTION)
+
+    with pytest.raises(MessageTooLargeError) as raised:
+        await sender.send_messages(FakeMessage(POISON))
+
+    assert raised.value.region == "secondary"
+    assert await outbox.depth() == 0 and sender.stats.queued == 0
+    await sender.aclose()
+
+
+async def test_refused_credentials_on_the_backup_are_raised_not_queued() -> None:
+    primary, secondary = pair()
+    outbox = InMemoryOutbox()
+    sender = geo(primary, secondary, outbox=outbox, clock=FakeClock())
+    primary.fail_with(ErrorKind.TIMEOUT)
+    secondary.fail_with(ErrorKind.AUTHENTICATION)
+
+    with pytest.raises(AuthenticationError):
+        await sender.send_messages(FakeMessage(b"x"))
+    assert await outbox.depth() == 0
+    await sender.aclose()
+
+
+# ------------------------------------------------------------------------------- TTL
+
+
+async def test_the_wait_in_the_outbox_is_taken_off_the_time_to_live() -> None:
+    clock = FakeClock()
+    primary, secondary = pair()
+    outbox = InMemoryOutbox()
+    sender = geo(primary, secondary, outbox=outbox, clock=clock, drain=DrainPolicy(max_backoff=1))
+    primary.fail_with(ErrorKind.CONNECTION)
+    secondary.fail_with(ErrorKind.CONNECTION)
+    await sender.send_messages(FakeMessage(b"t", time_to_live=10.0))
+    await sender.send_messages(FakeMessage(b"none"))
+
+    await clock.advance(4)
+    primary.restore()
+    secondary.restore()
+    await clock.advance(1)  # the background drainer retries within max_backoff
+
+    ttl, no_ttl = primary.accepted
+    assert ttl.time_to_live is not None and 5.0 <= ttl.time_to_live <= 6.0
+    assert no_ttl.time_to_live is None
+    await sender.aclose()
+
+
+async def test_a_message_whose_ttl_ran_out_in_the_outbox_is_dropped_counted_and_ledgered() -> None:
+    clock = FakeClock()
+    primary, secondary = pair()
+    outbox = InMemoryOutbox()
+    ledger = InMemoryLedger()
+    reader = InMemoryMetricReader()
+    sender = geo(
+        primary,
+        secondary,
+        outbox=outbox,
+        clock=clock,
+        ledger=ledger,
+        drain=DrainPolicy(max_backoff=1),
+        meter_provider=MeterProvider(metric_readers=[reader]),
+    )
+    primary.fail_with(ErrorKind.CONNECTION)
+    secondary.fail_with(ErrorKind.CONNECTION)
+    expiring = await sender.send_messages(FakeMessage(b"short", time_to_live=3.0))
+    await sender.send_messages(FakeMessage(b"long", time_to_live=60.0))
+
+    await clock.advance(5)
+    primary.restore()
+    secondary.restore()
+    await clock.advance(1)
+
+    assert [m.body for m in primary.accepted] == [b"long"]
+    assert await outbox.depth() == 0 and await outbox.dead_depth() == 0
+    assert sender.stats.expired == 1
+    [expired_row] = [r for r in ledger.sends if r.outcome == "expired"]
+    assert list(expired_row.message_ids) == list(expiring.message_ids)
+    assert _counter(reader, "georep.outbox.expired") == 1
+    await sender.aclose()
+
+
+def _counter(reader: InMemoryMetricReader, name: str) -> int:
+    data = reader.get_metrics_data()
+    assert data is not None
+    return sum(
+        point.value
+        for resource in data.resource_metrics
+        for scope in resource.scope_metrics
+        for metric in scope.metrics
+        if metric.name == name
+        for point in metric.data.data_points  # type: ignore[union-attr]
+    )
+
+
+# ------------------------------------------------------------ the drainer never dies
+
+
+class FlakyOutbox(InMemoryOutbox):
+    """An outbox whose ``depth`` fails ``failures`` times (a file briefly unopenable)."""
+
+    def __init__(self, failures: int) -> None:
+        super().__init__()
+        self.failures = failures
+
+    async def depth(self, channel: str | None = None) -> int:
+        if self.failures:
+            self.failures -= 1
+            raise OutboxUnavailableError("outbox could not be used just now (injected)")
+        return await super().depth(channel)
+
+
+async def test_the_drainer_survives_a_transient_outbox_error_and_drains() -> None:
+    clock = FakeClock()
+    primary, secondary = pair()
+    outbox = FlakyOutbox(failures=0)
+    reader = InMemoryMetricReader()
+    sender = geo(
+        primary,
+        secondary,
+        outbox=outbox,
+        clock=clock,
+        drain=DrainPolicy(initial_backoff=1, max_backoff=2),
+        meter_provider=MeterProvider(metric_readers=[reader]),
+    )
+    primary.fail_with(ErrorKind.CONNECTION)
+    secondary.fail_with(ErrorKind.CONNECTION)
+    for n in range(5):
+        await sender.send_messages(FakeMessage(b"%d" % n))
+    await sender.aclose()
+    primary.restore()
+    secondary.restore()
+
+    outbox.failures = 3  # the next sender's first depth() calls fail
+    reader = InMemoryMetricReader()
+    async with geo(
+        primary,
+        secondary,
+        outbox=outbox,
+        clock=clock,
+        drain=DrainPolicy(initial_backoff=1, max_backoff=2),
+        meter_provider=MeterProvider(metric_readers=[reader]),
+    ) as second:
+        for _ in range(10):
+            await clock.advance(2)
+        assert await outbox.depth() == 0
+        assert len(primary.accepted) == 5
+        assert second._drainer is not None and second._drainer.errors == 3
+    assert _counter(reader, "georep.outbox.drainer_errors") == 3
+
+
+async def test_aclose_closes_everything_even_when_the_drainer_failed() -> None:
+    clock = FakeClock()
+    primary, secondary = pair()
+    ledger = InMemoryLedger()
+    outbox = FlakyOutbox(failures=10**6)  # every depth() fails
+    sender = geo(primary, secondary, outbox=outbox, clock=clock, ledger=ledger)
+    sender._owned.extend([primary, secondary])
+    async with sender:
+        await clock.advance(3)
+    assert primary.closed and secondary.closed
+    assert ledger.flushes == 1
+
+
+async def test_aclose_closes_owned_regions_concurrently_within_a_deadline() -> None:
+    clock = FakeClock()
+    primary, secondary = pair(SlowClosingRegion, clock)
+    sender = geo(primary, secondary, clock=clock, policy=FailoverPolicy(attempt_timeout=5))
+    sender._owned.extend([primary, secondary])
+    closing = asyncio.ensure_future(sender.aclose())
+    await clock.advance(1.0)
+    assert closing.done(), "two 1 s closes take 1 s together, not 2 s"
+    assert primary.closed and secondary.closed
+
+    primary, secondary = pair(SlowClosingRegion, clock)
+    primary.close_seconds = None  # never closes
+    ledger = InMemoryLedger()
+    sender = geo(
+        primary, secondary, clock=clock, ledger=ledger, policy=FailoverPolicy(attempt_timeout=5)
+    )
+    sender._owned.extend([primary, secondary])
+    closing = asyncio.ensure_future(sender.aclose())
+    await clock.advance(5.0)
+    assert closing.done(), "a close that hangs is bounded by the attempt deadline"
+    assert secondary.closed and ledger.flushes == 1
+
+
+# ------------------------------------------------------------- leases and duplicates
+
+
+def slow_pair(clock: FakeClock, latency: float) -> tuple[Any, Any]:
+    primary, secondary = pair(clock=clock)
+    primary.latency = secondary.latency = latency
+    return primary, secondary
+
+
+async def test_two_drainers_with_slow_sends_never_send_an_entry_twice() -> None:
+    # Before: the first drainer leased 100 entries for `lease` seconds and never renewed
+    # them; with sends slower than lease/100 the second one re-sent its tail.
+    clock = FakeClock()
+    primary, secondary = slow_pair(clock, latency=1.0)
+    outbox = InMemoryOutbox()
+    drain = DrainPolicy(lease=2.0)
+    policy = FailoverPolicy(attempt_timeout=2.0)
+    first = geo(primary, secondary, outbox=outbox, clock=clock, drain=drain, policy=policy)
+    second = geo(primary, secondary, outbox=outbox, clock=clock, drain=drain, policy=policy)
+    codec = primary.codec
+    await outbox.put(
+        first.channel,
+        [(None, codec.encode(FakeMessage(b"%d" % n, message_id=f"m{n}"))) for n in range(20)],
+        now=clock.time(),
+    )
+
+    rounds = [asyncio.ensure_future(first.drain_outbox())]
+    await clock.advance(2.5)  # the first drainer's original lease has run out
+    rounds.append(asyncio.ensure_future(second.drain_outbox()))
+    for _ in range(40):
+        await clock.advance(1.0)
+    delivered = await asyncio.gather(*rounds)
+
+    ids = Counter(m.message_id for m in primary.accepted)
+    assert sum(delivered) == 20 and len(ids) == 20
+    assert max(ids.values()) == 1, f"duplicates: {[i for i, n in ids.items() if n > 1]}"
+    assert await outbox.depth() == 0
+
+
+async def test_each_entry_is_deleted_as_soon_as_it_is_accepted() -> None:
+    clock = FakeClock()
+    primary, secondary = slow_pair(clock, latency=1.0)
+    outbox = InMemoryOutbox()
+    sender = geo(primary, secondary, outbox=outbox, clock=clock)
+    codec = primary.codec
+    await outbox.put(
+        sender.channel, [(None, codec.encode(FakeMessage(b"%d" % n))) for n in range(10)], now=0
+    )
+    draining = asyncio.ensure_future(sender.drain_outbox())
+    await clock.advance(3.5)
+    assert len(primary.accepted) == 3
+    assert await outbox.depth() == 7, "accepted entries must not wait for the end of the round"
+    await clock.advance(10)
+    assert await draining == 10
+
+
+async def test_aclose_mid_drain_hands_back_what_it_sent_and_releases_the_rest() -> None:
+    clock = FakeClock()
+    primary, secondary = pair(clock=clock)
+    outbox = InMemoryOutbox()
+    sender = geo(primary, secondary, outbox=outbox, clock=clock)
+    codec = primary.codec
+    await outbox.put(
+        sender.channel,
+        [(None, codec.encode(FakeMessage(b"%d" % n, message_id=f"m{n}"))) for n in range(10)],
+        now=clock.time(),
+    )
+    await sender.__aenter__()  # starts the drainer
+    primary.latency = 1.0
+    await clock.advance(3.5)  # three accepted, the fourth in flight
+    closing = asyncio.ensure_future(sender.aclose())
+    await clock.advance(1.0)
+    await closing
+    sent_before_close = len(primary.accepted)
+    assert sent_before_close == 4, "the send in flight finishes"
+    assert await outbox.depth() == 10 - sent_before_close
+    # Released, not leased: a new drainer takes the rest at once, and sends nothing twice.
+    primary.latency = 0.0
+    async with geo(primary, secondary, outbox=outbox, clock=clock):
+        await clock.advance(1.0)
+    ids = Counter(m.message_id for m in primary.accepted)
+    assert len(ids) == 10 and max(ids.values()) == 1
+    await settle()
+
+
+@pytest.mark.parametrize(
+    "kind", [ErrorKind.SERVER_BUSY, ErrorKind.QUOTA_EXCEEDED, ErrorKind.SERVICE_ERROR]
+)
+async def test_transient_refusals_are_retried_never_dead_lettered(kind: ErrorKind) -> None:
+    clock = FakeClock()
+    primary, secondary = pair()
+    outbox = InMemoryOutbox()
+    sender = geo(primary, secondary, outbox=outbox, clock=clock)
+    encoded = primary.codec.encode(FakeMessage(b"x"))
+    await outbox.put(sender.channel, [(primary.namespace, encoded)], now=clock.time())
+    primary.fail_with(kind)
+
+    assert await sender.drain_outbox() == 0
+    assert await outbox.depth() == 1 and await outbox.dead_depth() == 0
+    await sender.aclose()
+
+
+class DeleteFailsOnce(InMemoryOutbox):
+    def __init__(self) -> None:
+        super().__init__()
+        self.delete_failures = 1
+
+    async def delete(self, entry_ids: Any) -> None:
+        if self.delete_failures:
+            self.delete_failures -= 1
+            raise OutboxUnavailableError("outbox could not be used just now (injected)")
+        await super().delete(entry_ids)
+
+
+async def test_a_failed_delete_after_acceptance_is_retried_so_nothing_is_sent_twice() -> None:
+    clock = FakeClock()
+    primary, secondary = pair()
+    outbox = DeleteFailsOnce()
+    sender = geo(primary, secondary, outbox=outbox, clock=clock)
+    encoded = primary.codec.encode(FakeMessage(b"x", message_id="once"))
+    await outbox.put(sender.channel, [(None, encoded)], now=clock.time())
+
+    draining = asyncio.ensure_future(sender.drain_outbox())
+    await clock.advance(1)
+    assert await draining == 1
+    await sender.drain_outbox()
+    assert [m.message_id for m in primary.accepted] == ["once"]
+    assert await outbox.depth() == 0
+    await sender.aclose()
+
+
+async def test_a_transient_refusal_of_one_entry_never_holds_up_the_others() -> None:
+    # Quota exceeded is not an outage (no failover) but may pass later: retried on its own.
+    clock = FakeClock()
+    primary, secondary = pair(PickyRegion)
+    primary.poison_kind = secondary.poison_kind = ErrorKind.QUOTA_EXCEEDED
+    outbox = InMemoryOutbox()
+    sender = geo(primary, secondary, outbox=outbox, clock=clock)
+    await queue_while_both_down(sender, primary, secondary, POISON, b"a", b"b")
+    primary.restore()
+    secondary.restore()
+    await clock.advance(10)
+
+    assert [m.body for m in primary.accepted] == [b"a", b"b"]
+    assert await outbox.depth() == 1 and await outbox.dead_depth() == 0
+    await sender.aclose()
