@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import os
 import socket
@@ -33,24 +34,38 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Any, Literal, Self
 
 from opentelemetry import trace
-from opentelemetry.trace import INVALID_SPAN, Link, SpanKind, Status, StatusCode
+from opentelemetry.trace import Status, StatusCode
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
 from georep._clock import SystemClock
-from georep._policy import DedupKey, Seconds, seconds
+from georep._outcomes import (
+    ABANDON,
+    COMPLETE,
+    LEDGER_OUTCOMES,
+    Decision,
+    Decisions,
+    Settle,
+    dead_letter_decision,
+    max_attempts_decision,
+)
+from georep._policy import DedupKey, Seconds, count, positive_seconds, seconds
+from georep._settle import Copy, Settlements
 from georep._telemetry import ReceiverMetrics, TracingGate
 from georep.exceptions import (
     ClosedError,
     ConfigurationError,
     RegionError,
+    RegionUnavailableError,
+    SettlementError,
     StoreUnavailableError,
 )
 from georep.ports import (
+    FINAL_STATES,
+    Claims,
     ClaimState,
     Clock,
-    Delivery,
+    ErrorKind,
     Ledger,
-    ReceiveRecord,
     RegionReceiver,
     SeenStore,
 )
@@ -62,6 +77,10 @@ if TYPE_CHECKING:
 __all__ = ["GeoReceiver", "ReceiverHandler", "ReceiverStats", "receiver"]
 
 _log = logging.getLogger("georep.receiver")
+
+#: Seconds a receive call may take beyond ``max_wait`` (opening a link, a slow answer)
+#: before georep gives up on it: the SDK alone can wait forever on a lost link.
+RECEIVE_GRACE = 10.0
 _propagator = TraceContextTextMapPropagator()
 
 Handler = Callable[[Any], Awaitable[object]]
@@ -75,7 +94,12 @@ class ReceiverStats:
     Attributes:
         processed: Copies whose handler succeeded (each is one logical message).
         suppressed: Duplicate copies settled without calling the handler, by region.
-        failed: Handler failures (the copy was abandoned and will be redelivered).
+        failed: Handler failures: it raised or abandoned the copy (abandoned for
+            redelivery, or dead-lettered once ``max_attempts`` is reached).
+        dead_lettered: Copies dead-lettered: by the handler, after ``max_attempts``, or
+            as the twin of a copy dead-lettered in the other region.
+        deferred: Copies deferred: by the handler, or as the twin of a deferred copy.
+        pings: The paired namespaces' ping messages completed without the handler.
         parked: Copies now waiting for another consumer's outcome.
         in_flight: Handlers running now.
         store_errors: Seen-set calls that failed (Redis unreachable).
@@ -87,6 +111,9 @@ class ReceiverStats:
     processed: int = 0
     suppressed: dict[str, int] = field(default_factory=dict)
     failed: int = 0
+    dead_lettered: int = 0
+    deferred: int = 0
+    pings: int = 0
     parked: int = 0
     in_flight: int = 0
     store_errors: int = 0
@@ -94,28 +121,24 @@ class ReceiverStats:
     received: dict[str, int] = field(default_factory=dict)
 
 
-@dataclass(slots=True)
-class _Copy:
-    message: Any
-    delivery: Delivery
-    received_at: float = 0.0
-    """Wall-clock seconds when the receive call returned it (for the ledger)."""
-    parked_turns: int = 0
-    settled: bool = False
-
-
 def _as_region_receiver(receiver: Any, region: str) -> RegionReceiver:
     if isinstance(receiver, RegionReceiver):
         return receiver
     try:
-        from georep.adapters.servicebus import ServiceBusRegionReceiver
+        from georep.adapters.servicebus import region_receiver_for
     except ImportError as exc:  # pragma: no cover - depends on the install
         raise ConfigurationError(
             f"{region} receiver is a {type(receiver).__name__}; wrapping an SDK receiver "
             "needs pip install 'georep[servicebus]'"
         ) from exc
-    wrapped: RegionReceiver = ServiceBusRegionReceiver(receiver, region=region)
+    # Async SDK receivers run on the loop, sync ones on a worker thread per SDK receiver.
+    wrapped: RegionReceiver = region_receiver_for(receiver, region=region)
     return wrapped
+
+
+def _observed_parked(receiver: GeoReceiver) -> int | None:
+    """The parked count the gauge reports for ``receiver``: none once it is closed."""
+    return None if receiver._closed else receiver.stats.parked
 
 
 class GeoReceiver:
@@ -142,6 +165,20 @@ class GeoReceiver:
             is unreachable, keep the copies locked, retry with backoff. ``"process"``:
             process without the dedup check (availability over exactly-once).
         owner: This consumer's identity in the seen-set (default: host, pid and a UUID).
+        dedup_scope: What the copies are copies *of*: seen-set keys are scoped by it, so
+            the subscriptions of one topic never look like duplicates of each other.
+            Default: the entity path (queue, or ``topic/Subscriptions/name``), lower-cased
+            (Service Bus names are case-insensitive); both regions' receivers must read
+            the same path. Set it (the same string on every GeoReceiver of the entity)
+            when the entity is named differently in the two regions.
+        max_attempts: Handler failures (it raised or abandoned the copy) after which a
+            copy is dead-lettered (reason ``georep:max-attempts``) instead of abandoned
+            again; counted by the broker's delivery count of that copy. Default 10,
+            Service Bus's default max delivery count: georep does not read the entity's
+            (that needs Manage rights). Keep it at or below the entity's, so georep, not
+            the broker, dead-letters the copy and records it for the twin.
+        close_timeout: Seconds :meth:`aclose` waits for the clients it owns to close
+            (closed concurrently). Default 5.0.
         ledger: Record one row per copy received (e.g. :class:`georep.ParquetLedger`): which
             region, processed, suppressed or failed, and when. The caller owns it:
             :meth:`aclose` flushes it but does not close it.
@@ -150,7 +187,8 @@ class GeoReceiver:
         meter_provider: OpenTelemetry meter provider (default: the global one).
 
     Raises:
-        ConfigurationError: A setting is out of range.
+        ConfigurationError: A setting is out of range, or the two regions' receivers read
+            different entities and no ``dedup_scope`` says they are one.
     """
 
     def __init__(
@@ -165,13 +203,17 @@ class GeoReceiver:
         max_wait: Seconds = 1.0,
         on_store_unavailable: StorePolicy = "pause",
         owner: str | None = None,
+        dedup_scope: str | None = None,
+        max_attempts: int = 10,
+        close_timeout: Seconds = 5.0,
         ledger: Ledger | None = None,
         clock: Clock | None = None,
         tracer_provider: TracerProvider | None = None,
         meter_provider: MeterProvider | None = None,
     ) -> None:
-        if concurrency < 1:
-            raise ConfigurationError("concurrency must be at least 1")
+        count(concurrency, "concurrency")
+        self.max_attempts = count(max_attempts, "max_attempts")
+        self.close_timeout = positive_seconds(close_timeout, "close_timeout")
         if on_store_unavailable not in ("pause", "process"):
             raise ConfigurationError(
                 f"on_store_unavailable must be 'pause' or 'process', not {on_store_unavailable!r}"
@@ -192,19 +234,34 @@ class GeoReceiver:
             _as_region_receiver(secondary, "secondary"),
         ]
         self.entity = self._regions[0].entity
+        self.dedup_scope = _dedup_scope(self._regions, dedup_scope)
+        self._scope_prefix = self.dedup_scope + "\n"
+        self._decisions = Decisions()
         # One owner per region loop: the twin in the other region must not find "our"
         # claim and process the message a second time.
         self._owners = {r.region: f"{self.owner}/{r.region}" for r in self._regions}
         self.stats = ReceiverStats()
-        self._tracer = trace.get_tracer("georep", None, tracer_provider)
-        self._tracing = TracingGate(tracer_provider, self._clock.monotonic)
-        self._metrics = ReceiverMetrics(self.entity, meter_provider, self.stats)
-        self._owned: list[Any] = []
+        self._metrics = ReceiverMetrics(self.entity, meter_provider, self, _observed_parked)
+        self._settlements = Settlements(
+            entity=self.entity,
+            stats=self.stats,
+            metrics=self._metrics,
+            ledger=ledger,
+            clock=self._clock,
+            tracer=trace.get_tracer("georep", None, tracer_provider),
+            tracing=TracingGate(tracer_provider, self._clock.monotonic),
+        )
+        # Adapters georep made around the caller's SDK receivers are georep's to close: that
+        # stops their worker threads (sync receivers) and never closes the caller's receiver.
+        self._owned: list[Any] = [
+            adapter
+            for adapter, given in zip(self._regions, (primary, secondary), strict=True)
+            if adapter is not given
+        ]
         self._stopping = asyncio.Event()
         self._closed = False
         self._running: asyncio.Task[None] | None = None
         self._stopped = asyncio.Event()
-        self._locks: dict[str, asyncio.Lock] = {}
         self._parked: dict[str, int] = {}
         self._handler: Handler | None = None
 
@@ -273,8 +330,12 @@ class GeoReceiver:
         """Receive and process until :meth:`aclose` (or cancellation).
 
         Args:
-            handler: ``async def handler(message)``; raising means "not processed" (the
-                copy is abandoned and redelivered). It must not settle the message.
+            handler: ``async def handler(message)``. Returning means "processed" (the
+                copy is completed), raising means "not processed" (abandoned and
+                redelivered, dead-lettered on its ``max_attempts``-th delivery). It may
+                decide otherwise with :meth:`complete_message`, :meth:`abandon_message`,
+                :meth:`defer_message` or :meth:`dead_letter_message` on the message it
+                was given (never with the SDK's own settle methods).
 
         Raises:
             ClosedError: The receiver was closed.
@@ -304,14 +365,49 @@ class GeoReceiver:
         self._stopping.set()
         running = self._running
         if running is not None and running is not asyncio.current_task():
-            with contextlib.suppress(Exception, asyncio.CancelledError):
-                await asyncio.shield(self._stopped.wait())
-        for region in self._owned:
-            with contextlib.suppress(Exception):
-                await region.close()
+            await self._wait_for_loop(running)
+        await self._close_owned()
         if self.ledger is not None:
             with contextlib.suppress(Exception):
                 await self.ledger.flush()
+
+    async def _wait_for_loop(self, running: asyncio.Task[Any]) -> None:
+        """Let the region loops finish their handlers and settle, for at most a lease (a
+        handler running longer has lost its claim anyway); then cancel them."""
+        try:
+            with self._clock.deadline(self.lease + self.max_wait):
+                await asyncio.shield(self._stopped.wait())
+        except TimeoutError:
+            _log.warning(
+                "the receive loops did not stop within %g s; cancelling them (copies not "
+                "settled are redelivered when their locks expire)",
+                self.lease + self.max_wait,
+            )
+            running.cancel()
+            with contextlib.suppress(Exception, asyncio.CancelledError):
+                await asyncio.shield(self._stopped.wait())
+
+    async def _receive(self, region: RegionReceiver, room: int) -> list[Any]:
+        """One receive call, bounded by georep's own deadline.
+
+        The SDK can wait forever on a link lost under it; without this bound the region's
+        loop (and :meth:`aclose`, which waits for it) would hang.
+
+        Raises:
+            RegionError: The region failed, or did not answer within ``max_wait`` plus
+                :data:`RECEIVE_GRACE` seconds (kind TIMEOUT).
+        """
+        bound = self.max_wait + RECEIVE_GRACE
+        try:
+            with self._clock.deadline(bound):
+                async with self._settlements.lock(region):
+                    return await region.receive(room, max_wait=self.max_wait)
+        except TimeoutError:
+            raise RegionUnavailableError(
+                f"{region.region}: a receive did not return within {bound:g} s",
+                region=region.region,
+                kind=ErrorKind.TIMEOUT,
+            ) from None
 
     async def peek_all(self, count: int) -> dict[str, list[Any]]:
         """Up to ``count`` messages from each region, without locking them.
@@ -324,25 +420,79 @@ class GeoReceiver:
         """
         peeked: dict[str, list[Any]] = {}
         for region in self._regions:
-            async with self._region_lock(region):
+            async with self._settlements.lock(region):
                 peeked[region.region] = await region.peek(count)
         return peeked
+
+    def seen_key(self, value: str) -> str:
+        """The seen-set key this receiver uses for the dedup key ``value`` (its scope + it)."""
+        return self._scope_prefix + value
+
+    # ------------------------------------------------------------ handler decisions
+
+    async def complete_message(self, message: Any) -> None:
+        """Decide that ``message`` (the one the handler was given) is processed.
+
+        The default when the handler returns without a decision. Only recorded here;
+        applied when the handler returns (seen-set first, then the broker).
+
+        Raises:
+            SettlementError: ``message`` is not being handled now, or was decided already.
+        """
+        self._decisions.decide(message, COMPLETE)
+
+    async def abandon_message(self, message: Any) -> None:
+        """Decide that ``message`` is not processed: redelivered, as if the handler raised.
+
+        Counts as a failed attempt (``max_attempts``).
+
+        Raises:
+            SettlementError: ``message`` is not being handled now, or was decided already.
+        """
+        self._decisions.decide(message, ABANDON)
+
+    async def defer_message(self, message: Any) -> None:
+        """Decide to defer ``message``; its twin in the other region is deferred too.
+
+        The copy stays in its entity, retrievable by sequence number with the SDK's
+        ``receive_deferred_messages`` (georep does not fetch deferred messages).
+
+        Raises:
+            SettlementError: ``message`` is not being handled now, or was decided already.
+        """
+        self._decisions.decide(message, Decision(Settle.DEFER))
+
+    async def dead_letter_message(
+        self, message: Any, reason: str | None = None, error_description: str | None = None
+    ) -> None:
+        """Decide to dead-letter ``message``; its twin is dead-lettered too, never processed.
+
+        Args:
+            message: The message the handler was given.
+            reason: The DeadLetterReason (the seen-set keeps its first 256 characters, and
+                the twin's reason is ``georep:twin:`` followed by it).
+            error_description: The DeadLetterErrorDescription (this copy only; keep
+                secrets out of it, as with the SDK).
+
+        Raises:
+            SettlementError: ``message`` is not being handled now, or was decided already.
+        """
+        self._decisions.decide(message, dead_letter_decision(reason, error_description))
 
     # ------------------------------------------------------------------- the loop
 
     async def _region_loop(self, region: RegionReceiver) -> None:
-        parked: list[_Copy] = []
+        parked: list[Copy] = []
         backoff = _Backoff(self._clock)
         while True:
             if self._stopping.is_set():
                 await self._abandon_all(region, parked)
                 return
             room = self.concurrency - len(parked)
-            fresh: list[_Copy] = []
+            fresh: list[Copy] = []
             if room > 0:
                 try:
-                    async with self._region_lock(region):
-                        messages = await region.receive(room, max_wait=self.max_wait)
+                    messages = await self._receive(region, room)
                 except RegionError as exc:
                     _log.warning("receive from %s failed: %s", region.region, exc)
                     await backoff.wait(self._stopping)
@@ -350,9 +500,10 @@ class GeoReceiver:
                 backoff.reset()
                 source, name = self.dedup_key.source, self.dedup_key.name
                 now = self._clock.time()
-                fresh = [_Copy(m, region.delivery(m, source, name), now) for m in messages]
+                fresh = [Copy(m, region.delivery(m, source, name), now) for m in messages]
                 received = self.stats.received
                 received[region.region] = received.get(region.region, 0) + len(fresh)
+                fresh = await self._settlements.complete_pings(region, fresh)
             if not fresh and not parked:
                 continue
             try:
@@ -363,10 +514,10 @@ class GeoReceiver:
             self._parked[region.region] = len(parked)
             self.stats.parked = sum(self._parked.values())
 
-    async def _turn(self, region: RegionReceiver, copies: list[_Copy]) -> list[_Copy]:
+    async def _turn(self, region: RegionReceiver, copies: list[Copy]) -> list[Copy]:
         """Claim, process, commit and settle one turn's copies; return those still parked."""
-        checked: list[_Copy] = []
-        repeats: list[_Copy] = []
+        checked: list[Copy] = []
+        repeats: list[Copy] = []
         unchecked = [c for c in copies if c.delivery.key is None]
         seen_keys: set[str] = set()
         for copy in copies:
@@ -382,17 +533,14 @@ class GeoReceiver:
         if states is None:  # store unreachable and policy "process"
             unchecked, checked, states, repeats = copies, [], [], []
         to_process = [c for c, s in zip(checked, states, strict=True) if s is ClaimState.CLAIMED]
-        done = [c for c, s in zip(checked, states, strict=True) if s is ClaimState.DONE]
         parked = [c for c, s in zip(checked, states, strict=True) if s is ClaimState.IN_FLIGHT]
         parked += repeats
         self.stats.unchecked += len(unchecked)
 
-        for copy in done:
-            suppressed = self.stats.suppressed
-            suppressed[region.region] = suppressed.get(region.region, 0) + 1
-            self._metrics.suppressed(region.region)
-            settled = await self._settle(region, copy, complete=True, duplicate=True)
-            self._record(region, copy, "suppressed", settled)
+        reasons = states.reasons if isinstance(states, Claims) else {}
+        for index, (copy, state) in enumerate(zip(checked, states, strict=True)):
+            if state in FINAL_STATES:
+                await self._settlements.settle_twin(region, copy, state, reasons.get(index))
         await self._process(region, to_process, unchecked, held=copies)
         for copy in parked:
             copy.parked_turns += 1
@@ -405,12 +553,12 @@ class GeoReceiver:
         return parked
 
     async def _claim(
-        self, region: RegionReceiver, checked: list[_Copy], held: list[_Copy]
+        self, region: RegionReceiver, checked: list[Copy], held: list[Copy]
     ) -> list[ClaimState] | None:
         if not checked:
             return []
         started = self._clock.monotonic()
-        keys = _keys(checked)
+        keys = self._keys(checked)
         backoff = _Backoff(self._clock)
         while True:
             try:
@@ -433,7 +581,7 @@ class GeoReceiver:
                 await self._renew_locks(region, held)
 
     async def _store_call(
-        self, region: RegionReceiver, held: list[_Copy], call: Callable[[], Awaitable[object]]
+        self, region: RegionReceiver, held: list[Copy], call: Callable[[], Awaitable[object]]
     ) -> bool:
         """A commit or release, retried until the store answers (copies stay locked).
 
@@ -460,51 +608,29 @@ class GeoReceiver:
     async def _process(
         self,
         region: RegionReceiver,
-        claimed: list[_Copy],
-        unchecked: list[_Copy],
+        claimed: list[Copy],
+        unchecked: list[Copy],
         *,
-        held: list[_Copy],
+        held: list[Copy],
     ) -> None:
-        """Run the handler on every copy; commit and settle each as soon as it finishes.
+        """Run the handler on every copy; record and settle each as soon as it finishes.
 
-        A slow handler must not hold back its turn-mates: they are committed and settled
+        A slow handler must not hold back its turn-mates: they are recorded and settled
         while it runs (batched with whatever else finished meanwhile), so a crash loses
         at most the work still running.
         """
         copies = claimed + unchecked
         if not copies:
             return
-        assert self._handler is not None
-        handler = self._handler
         checked = {id(c) for c in claimed}
-        owner = self._owners[region.region]
-        finished: list[tuple[_Copy, bool]] = []
+        finished: list[tuple[Copy, Decision]] = []
         wake = asyncio.Event()
         self.stats.in_flight += len(copies)
 
-        async def one(copy: _Copy) -> None:
-            span = self._start_span("process", region, copy)
-            ok = False
+        async def one(copy: Copy) -> None:
             try:
-                await handler(copy.message)
-                ok = True
-                self.stats.processed += 1
-                self._metrics.processed(region.region)
-            except Exception as exc:
-                self.stats.failed += 1
-                self._metrics.failed(region.region)
-                span.set_status(Status(StatusCode.ERROR, type(exc).__name__))
-                _log.warning(
-                    "handler failed for %s from %s (delivery %d): %r",
-                    copy.delivery.key,
-                    region.region,
-                    copy.delivery.delivery_count,
-                    exc,
-                )
+                finished.append((copy, await self._handle(region, copy)))
             finally:
-                span.end()
-                self.stats.in_flight -= 1
-                finished.append((copy, ok))
                 wake.set()
 
         async def settle_as_they_finish() -> None:
@@ -515,23 +641,7 @@ class GeoReceiver:
                 batch = finished[:]
                 del finished[:]
                 remaining -= len(batch)
-                succeeded = [c for c, ok in batch if ok and id(c) in checked]
-                failed = [c for c, ok in batch if not ok and id(c) in checked]
-                committed = True
-                if succeeded:
-                    committed = await self._store_call(
-                        region, held, partial(self.seen.commit, _keys(succeeded), owner=owner)
-                    )
-                if failed:
-                    await self._store_call(
-                        region, held, partial(self.seen.release, _keys(failed), owner=owner)
-                    )
-                for copy, ok in batch:
-                    complete = ok and (committed or id(copy) not in checked)
-                    settled = await self._settle(region, copy, complete=complete, duplicate=False)
-                    # A handler that succeeded counts as processed even if its commit could
-                    # not be made and the copy was abandoned: its effects happened.
-                    self._record(region, copy, "processed" if ok else "failed", settled)
+                await self._finish(region, batch, checked, held)
 
         renewer = asyncio.ensure_future(self._keep_alive(region, held, claimed))
         try:
@@ -545,8 +655,82 @@ class GeoReceiver:
             with contextlib.suppress(asyncio.CancelledError):
                 await renewer
 
+    async def _handle(self, region: RegionReceiver, copy: Copy) -> Decision:
+        """Run the handler on one copy; what it decided (or the default for how it ended).
+
+        No decision: complete if it returned, abandon if it raised. An abandon on the
+        copy's ``max_attempts``-th delivery becomes a dead-letter.
+        """
+        assert self._handler is not None
+        span = self._settlements.start_span("process", region, copy)
+        message = copy.message
+        error: Exception | None = None
+        self._decisions.begin(message)
+        try:
+            await self._handler(message)
+        except Exception as exc:
+            error = exc
+            span.set_status(Status(StatusCode.ERROR, type(exc).__name__))
+            _log.warning(
+                "handler failed for %s from %s (delivery %d): %r",
+                copy.delivery.key,
+                region.region,
+                copy.delivery.delivery_count,
+                exc,
+            )
+        finally:
+            decided = self._decisions.end(message)
+            span.end()
+            self.stats.in_flight -= 1
+        decision = decided or (COMPLETE if error is None else ABANDON)
+        if decision.settle is Settle.ABANDON:
+            self.stats.failed += 1
+            self._metrics.failed(region.region)
+            if copy.delivery.delivery_count >= self.max_attempts:
+                decision = max_attempts_decision(
+                    copy.delivery.delivery_count, self.max_attempts, error
+                )
+        self._settlements.count(region, decision)
+        return decision
+
+    async def _finish(
+        self,
+        region: RegionReceiver,
+        batch: list[tuple[Copy, Decision]],
+        checked: set[int],
+        held: list[Copy],
+    ) -> None:
+        """Record the batch's outcomes in the seen-set (one call per outcome), then settle.
+
+        A copy whose outcome could not be recorded (closing with the store unreachable) is
+        abandoned instead: settling it for good would hide it from its twin.
+        """
+        owner = self._owners[region.region]
+        groups: dict[ClaimState | None, list[tuple[Copy, Decision]]] = {}
+        for copy, decision in batch:
+            if id(copy) in checked:
+                groups.setdefault(decision.state, []).append((copy, decision))
+        recorded: dict[ClaimState | None, bool] = {}
+        for state, members in groups.items():
+            keys = self._keys([copy for copy, _ in members])
+            call: Callable[[], Awaitable[object]]
+            if state is None:
+                call = partial(self.seen.release, keys, owner=owner)
+            else:
+                reasons = (
+                    [d.reason for _, d in members] if state is ClaimState.DEAD_LETTERED else None
+                )
+                call = partial(self.seen.commit, keys, owner=owner, outcome=state, reasons=reasons)
+            recorded[state] = await self._store_call(region, held, call)
+        for copy, decision in batch:
+            kept = id(copy) not in checked or recorded[decision.state]
+            settled = await self._settlements.settle(region, copy, decision if kept else ABANDON)
+            # A handler that succeeded counts as processed even if its commit could not be
+            # made and the copy was abandoned: its effects happened.
+            self._settlements.record(region, copy, LEDGER_OUTCOMES[decision.settle], settled)
+
     async def _keep_alive(
-        self, region: RegionReceiver, held: list[_Copy], processing: list[_Copy]
+        self, region: RegionReceiver, held: list[Copy], processing: list[Copy]
     ) -> None:
         """While handlers run: renew every held copy's lock and our claims' leases.
 
@@ -565,7 +749,7 @@ class GeoReceiver:
             await self._clock.sleep(max(interval, 0.05))
             await self._renew_locks(region, held, margin=2 * max(interval, 0.05))
             running = [c for c in processing if not c.settled]
-            keys = _keys(running)
+            keys = self._keys(running)
             if not keys:
                 continue
             try:
@@ -582,7 +766,7 @@ class GeoReceiver:
                     )
 
     async def _renew_locks(
-        self, region: RegionReceiver, copies: Sequence[_Copy], margin: float | None = None
+        self, region: RegionReceiver, copies: Sequence[Copy], margin: float | None = None
     ) -> None:
         """Renew the locks that expire within ``margin`` seconds (default: half a lease)."""
         margin = self.lease / 2 if margin is None else margin
@@ -594,110 +778,80 @@ class GeoReceiver:
             if locked_until is not None and locked_until - now > margin:
                 continue
             try:
-                async with self._region_lock(region):
+                async with self._settlements.lock(region):
                     new_expiry = await region.renew_lock(copy.message)
             except RegionError as exc:
                 _log.warning("could not renew a lock in %s: %s", region.region, exc)
                 continue
-            copy.delivery = Delivery(
-                copy.delivery.key,
-                copy.delivery.delivery_count,
-                copy.delivery.enqueued_at,
-                new_expiry,
-                copy.delivery.traceparent,
-            )
+            copy.delivery = dataclasses.replace(copy.delivery, locked_until=new_expiry)
 
-    async def _renew_parked(self, region: RegionReceiver, parked: list[_Copy]) -> None:
+    async def _renew_parked(self, region: RegionReceiver, parked: list[Copy]) -> None:
         if parked:
             await self._renew_locks(region, parked)
 
-    async def _settle(
-        self, region: RegionReceiver, copy: _Copy, *, complete: bool, duplicate: bool
-    ) -> bool:
-        """Complete or abandon ``copy``; False when the broker did not take the settlement."""
-        span = self._start_span("settle", region, copy)
-        span.set_attribute("georep.duplicate", duplicate)
-        span.set_attribute("messaging.operation.name", "complete" if complete else "abandon")
-        copy.settled = True
-        try:
-            async with self._region_lock(region):
-                if complete:
-                    await region.complete(copy.message)
-                else:
-                    await region.abandon(copy.message)
-        except RegionError as exc:
-            # The copy will be redelivered; if it was processed its key is done, so the
-            # redelivery is suppressed.
-            _log.warning("settling a copy in %s failed: %s", region.region, exc)
-            return False
-        finally:
-            span.end()
-        return True
+    def _keys(self, copies: Sequence[Copy]) -> list[str]:
+        """The seen-set keys of ``copies`` (those with a dedup key), in this scope."""
+        prefix = self._scope_prefix
+        return [prefix + c.delivery.key for c in copies if c.delivery.key is not None]
 
-    def _record(self, region: RegionReceiver, copy: _Copy, outcome: str, settled: bool) -> None:
-        ledger = self.ledger
-        if ledger is None:
+    async def _close_owned(self) -> None:
+        """Close the regions' clients this receiver created, concurrently, within
+        ``close_timeout`` (each SDK close waits for its links to detach)."""
+        if not self._owned:
             return
-        delivery = copy.delivery
-        ledger.record_receive(
-            ReceiveRecord(
-                message_id=delivery.key or "",
-                entity=self.entity,
-                region=region.region,
-                outcome=outcome,
-                delivery_count=delivery.delivery_count,
-                enqueued_at=delivery.enqueued_at,
-                received_at=copy.received_at,
-                settled_at=self._clock.time() if settled else None,
+
+        async def close(region: Any) -> None:
+            try:
+                await region.close()
+            except Exception as exc:
+                _log.warning("closing the %s receiver failed: %r", region.region, exc)
+
+        tasks = [asyncio.ensure_future(close(region)) for region in self._owned]
+        try:
+            with self._clock.deadline(self.close_timeout):
+                await asyncio.gather(*tasks)
+        except TimeoutError:
+            # The deadline cancelled the closes still running (gather cancels its children).
+            _log.warning(
+                "%d region receiver(s) did not close within %g s; gave up on them",
+                sum(1 for task in tasks if task.cancelled()),
+                self.close_timeout,
             )
-        )
+            await asyncio.gather(*tasks, return_exceptions=True)
 
-    def _region_lock(self, region: RegionReceiver) -> asyncio.Lock:
-        """Settlements and lock renewals may overlap within a turn; the SDK's receiver
-        takes one call at a time."""
-        lock = self._locks.get(region.region)
-        if lock is None:
-            lock = self._locks[region.region] = asyncio.Lock()
-        return lock
-
-    async def _abandon_all(self, region: RegionReceiver, copies: list[_Copy]) -> None:
+    async def _abandon_all(self, region: RegionReceiver, copies: list[Copy]) -> None:
         for copy in copies:
             with contextlib.suppress(RegionError):
                 await region.abandon(copy.message)
-
-    # ---------------------------------------------------------------- telemetry
-
-    def _start_span(self, operation: str, region: RegionReceiver, copy: _Copy) -> trace.Span:
-        if not self._tracing():
-            return INVALID_SPAN
-        links = []
-        if copy.delivery.traceparent:
-            context = trace.get_current_span(
-                _propagator.extract({"traceparent": copy.delivery.traceparent})
-            ).get_span_context()
-            if context.is_valid:
-                links.append(Link(context))
-        return self._tracer.start_span(
-            f"{operation} {self.entity}",
-            kind=SpanKind.CONSUMER if operation == "process" else SpanKind.CLIENT,
-            links=links,
-            attributes={
-                "messaging.system": "servicebus",
-                "messaging.destination.name": self.entity,
-                "messaging.operation.type": operation,
-                "georep.region": region.region,
-                "georep.duplicate": False,
-                "messaging.message.delivery_count": copy.delivery.delivery_count,
-            },
-        )
 
 
 class _Stopping(Exception):
     """Closing while the seen-set is unreachable: the turn's copies are handed back."""
 
 
-def _keys(copies: Sequence[_Copy]) -> list[str]:
-    return [c.delivery.key for c in copies if c.delivery.key is not None]
+def _dedup_scope(regions: Sequence[RegionReceiver], override: str | None) -> str:
+    """The seen-set scope: ``override``, or the entity path both regions read (lower case).
+
+    Raises:
+        ConfigurationError: ``override`` is empty, or the regions read different entities.
+    """
+    if override is not None:
+        if not isinstance(override, str) or not override.strip():
+            raise ConfigurationError(
+                f"dedup_scope must be a non-empty string, not {override!r} (leave it out to "
+                "scope by the entity path)"
+            )
+        return override.strip().lower()
+    paths = {region.region: region.entity.strip("/").lower() for region in regions}
+    if len(set(paths.values())) > 1:
+        described = ", ".join(f"{label} reads {path!r}" for label, path in paths.items())
+        raise ConfigurationError(
+            f"the regions' receivers read different entities ({described}): dedup needs "
+            "one scope for both copies of a message. If they are the same entity under two "
+            "names, pass dedup_scope='<one name>' (the same on every GeoReceiver of it); "
+            "otherwise give the receivers of one entity"
+        )
+    return next(iter(paths.values()))
 
 
 class _Backoff:
@@ -738,6 +892,34 @@ class ReceiverHandler:
     @property
     def stats(self) -> ReceiverStats:
         return self._receiver.stats if self._receiver is not None else ReceiverStats()
+
+    def _running_receiver(self, method: str) -> GeoReceiver:
+        if self._receiver is None:
+            raise SettlementError(
+                f"{method}: this handler is not running; call it on the message the "
+                "handler was given while run() is receiving"
+            )
+        return self._receiver
+
+    async def complete_message(self, message: Any) -> None:
+        """As :meth:`GeoReceiver.complete_message` (the default when the handler returns)."""
+        await self._running_receiver("complete_message").complete_message(message)
+
+    async def abandon_message(self, message: Any) -> None:
+        """As :meth:`GeoReceiver.abandon_message`: redelivered, counts as a failed attempt."""
+        await self._running_receiver("abandon_message").abandon_message(message)
+
+    async def defer_message(self, message: Any) -> None:
+        """As :meth:`GeoReceiver.defer_message`: deferred here, and its twin too."""
+        await self._running_receiver("defer_message").defer_message(message)
+
+    async def dead_letter_message(
+        self, message: Any, reason: str | None = None, error_description: str | None = None
+    ) -> None:
+        """As :meth:`GeoReceiver.dead_letter_message`: dead-lettered here, and its twin too."""
+        await self._running_receiver("dead_letter_message").dead_letter_message(
+            message, reason=reason, error_description=error_description
+        )
 
     async def run(self) -> None:
         """Receive and process until :meth:`aclose` or cancellation."""

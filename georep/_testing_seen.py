@@ -7,9 +7,10 @@ from dataclasses import dataclass
 from datetime import timedelta
 
 from georep._clock import SystemClock
+from georep._outcomes import check_commit
 from georep._policy import positive_seconds
 from georep.exceptions import ClosedError, StoreUnavailableError
-from georep.ports import ClaimState, Clock
+from georep.ports import Claims, ClaimState, Clock
 
 __all__ = ["InMemorySeenSet"]
 
@@ -17,9 +18,13 @@ __all__ = ["InMemorySeenSet"]
 @dataclass(frozen=True, slots=True)
 class _Entry:
     owner: str | None
-    """Who holds the claim; None once the key is done."""
+    """Who holds the claim; None once the key has a final outcome."""
     expires_at: float
     """On the clock's ``monotonic()``; the entry is gone once the clock is past it."""
+    outcome: ClaimState = ClaimState.DONE
+    """The final outcome recorded (meaningful once ``owner`` is None)."""
+    reason: str = ""
+    """The dead-letter reason recorded with ``DEAD_LETTERED``."""
 
 
 class InMemorySeenSet:
@@ -77,32 +82,43 @@ class InMemorySeenSet:
         """
         lease = positive_seconds(lease, "lease")
         if not self._begin(keys):
-            return []
+            return Claims()
         now = self._clock.monotonic()
-        states: list[ClaimState] = []
-        for key in keys:
+        states = Claims()
+        for index, key in enumerate(keys):
             entry = self._live(key, now)
             if entry is None or entry.owner == owner:
                 self._entries[key] = _Entry(owner, now + lease)
                 states.append(ClaimState.CLAIMED)
             elif entry.owner is None:
-                states.append(ClaimState.DONE)
+                states.append(entry.outcome)
+                if entry.outcome is ClaimState.DEAD_LETTERED:
+                    states.reasons[index] = entry.reason
             else:
                 states.append(ClaimState.IN_FLIGHT)
         return states
 
-    async def commit(self, keys: Sequence[str], *, owner: str) -> None:
-        """Mark keys done for the window, whoever holds them.
+    async def commit(
+        self,
+        keys: Sequence[str],
+        *,
+        owner: str,
+        outcome: ClaimState = ClaimState.DONE,
+        reasons: Sequence[str] | None = None,
+    ) -> None:
+        """Record the keys' final outcome for the window, whoever holds them.
 
         Raises:
+            ConfigurationError: ``outcome`` is not final, or ``reasons`` is not one per key.
             StoreUnavailableError: ``unavailable`` is set.
             ClosedError: The store was closed.
         """
+        texts = check_commit(keys, outcome, reasons)
         if not self._begin(keys):
             return
         expires_at = self._clock.monotonic() + self._window
-        for key in keys:
-            self._entries[key] = _Entry(None, expires_at)
+        for key, reason in zip(keys, texts, strict=True):
+            self._entries[key] = _Entry(None, expires_at, outcome, reason)
 
     async def release(self, keys: Sequence[str], *, owner: str) -> None:
         """Drop ``owner``'s claims on the keys; done keys and others' claims stay.

@@ -1,11 +1,11 @@
 """The seen-set on Redis: one string key per dedup key, one Lua script for every operation.
 
 A key (the prefix, the group and a 128-bit digest of the dedup key) holds ``"1"`` once its
-message was processed (TTL = the dedup window) or
-``"c" + owner`` while a consumer holds a claim on it (TTL = the lease). Every script call
-touches exactly one key (``KEYS[1]``), so the store works unchanged on Redis Cluster
-(SPEC §2.4); a method sends one call per key, all in one pipeline: one round trip however
-many keys it is given.
+message was processed, ``"F"`` once deferred, ``"D" + reason`` once dead-lettered (TTL = the
+dedup window), or ``"c" + owner`` while a consumer holds a claim on it (TTL = the lease).
+Every script call touches exactly one key (``KEYS[1]``), so the store works unchanged on
+Redis Cluster (SPEC §2.4); a method sends one call per key, all in one pipeline: one round
+trip however many keys it is given.
 """
 
 from __future__ import annotations
@@ -24,9 +24,10 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import NoScriptError, RedisError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
+from georep._outcomes import check_commit
 from georep._policy import positive_seconds
 from georep.exceptions import ClosedError, StoreUnavailableError
-from georep.ports import ClaimState
+from georep.ports import Claims, ClaimState
 
 __all__ = ["RedisSeenSet"]
 
@@ -34,14 +35,17 @@ DEFAULT_WINDOW: Final = timedelta(hours=24)
 DEFAULT_OPERATION_TIMEOUT: Final = 2.0
 
 # Values: '1' done (an integer Redis can share between keys instead of storing one per key,
-# under the noeviction policy the seen-set needs anyway), 'c' .. owner claimed.
-# ARGV: operation, owner, milliseconds (the lease for claim/extend, the window for commit).
-# Returns for claim: 0 claimed, 1 in flight, 2 done; for the others 1 if it changed the key.
+# under the noeviction policy the seen-set needs anyway), 'c' .. owner claimed, 'F' deferred,
+# 'D' .. reason dead-lettered (the reason is returned to the twin's claim).
+# ARGV: operation, owner, milliseconds (the lease for claim/extend, the window for commit),
+# and for commit the value to store.
+# Returns for claim: 0 claimed, 1 in flight, 2 done, 4 deferred, or the stored 'D' .. reason
+# string for dead-lettered; for the others 1 if it changed the key.
 # The operation names are one letter: the script runs once per key, 1,000s of times a batch.
 _SCRIPT: Final = """
 local op = ARGV[1]
 if op == 'm' then
-  redis.call('SET', KEYS[1], '1', 'PX', ARGV[3])
+  redis.call('SET', KEYS[1], ARGV[4], 'PX', ARGV[3])
   return 1
 end
 local value = redis.call('GET', KEYS[1])
@@ -57,6 +61,12 @@ if op == 'c' then
   if value == mine then
     redis.call('PEXPIRE', KEYS[1], ARGV[3])
     return 0
+  end
+  if value == 'F' then
+    return 4
+  end
+  if string.sub(value, 1, 1) == 'D' then
+    return value
   end
   return 1
 end
@@ -81,7 +91,13 @@ def _digest(data: bytes) -> Any:
     return hashlib.blake2b(data, digest_size=16)
 
 
-_CLAIM_STATES: Final = (ClaimState.CLAIMED, ClaimState.IN_FLIGHT, ClaimState.DONE)
+_CLAIM_STATES: Final = {
+    0: ClaimState.CLAIMED,
+    1: ClaimState.IN_FLIGHT,
+    2: ClaimState.DONE,
+    4: ClaimState.DEFERRED,
+}
+_STORED: Final = {ClaimState.DONE: b"1", ClaimState.DEFERRED: b"F", ClaimState.DEAD_LETTERED: b"D"}
 
 
 def _milliseconds(value: float) -> int:
@@ -169,17 +185,38 @@ class RedisSeenSet:
             ClosedError: The store was closed.
         """
         lease_ms = _milliseconds(positive_seconds(lease, "lease"))
-        results = await self._run(keys, _CLAIM, owner, lease_ms)
-        return [_CLAIM_STATES[result] for result in results]
+        claims = Claims()
+        for index, result in enumerate(await self._run(keys, _CLAIM, owner, lease_ms)):
+            if isinstance(result, int):
+                claims.append(_CLAIM_STATES[result])
+            else:  # the stored 'D' + reason of a dead-lettered key
+                text = result.decode("utf-8", "replace") if isinstance(result, bytes) else result
+                claims.append(ClaimState.DEAD_LETTERED)
+                claims.reasons[index] = text[1:]
+        return claims
 
-    async def commit(self, keys: Sequence[str], *, owner: str) -> None:
-        """Mark keys done for the window, whoever holds them.
+    async def commit(
+        self,
+        keys: Sequence[str],
+        *,
+        owner: str,
+        outcome: ClaimState = ClaimState.DONE,
+        reasons: Sequence[str] | None = None,
+    ) -> None:
+        """Record the keys' final outcome for the window, whoever holds them.
 
         Raises:
+            ConfigurationError: ``outcome`` is not final, or ``reasons`` is not one per key.
             StoreUnavailableError: Redis did not answer in time or refused the call.
             ClosedError: The store was closed.
         """
-        await self._run(keys, _COMMIT, owner, self._window_ms)
+        texts = check_commit(keys, outcome, reasons)
+        stored = _STORED[outcome]
+        if outcome is ClaimState.DEAD_LETTERED:
+            values = [stored + text.encode("utf-8", "replace") for text in texts]
+        else:
+            values = [stored] * len(keys)
+        await self._run(keys, _COMMIT, owner, self._window_ms, values)
 
     async def release(self, keys: Sequence[str], *, owner: str) -> None:
         """Drop ``owner``'s claims on the keys; done keys and others' claims stay.
@@ -216,8 +253,18 @@ class RedisSeenSet:
         if self._closed:
             raise ClosedError("redis seen set is closed; create a new RedisSeenSet")
 
-    async def _run(self, keys: Sequence[str], operation: str, owner: str, ms: int) -> list[int]:
-        """Run the script once per key, all in one pipeline; the script's answers in order."""
+    async def _run(
+        self,
+        keys: Sequence[str],
+        operation: str,
+        owner: str,
+        ms: int,
+        values: Sequence[bytes] | None = None,
+    ) -> list[Any]:
+        """Run the script once per key, all in one pipeline; the script's answers in order.
+
+        ``values`` (commit only) is one more argument per key: the value to store.
+        """
         self._ensure_open()
         if not keys:
             return []
@@ -229,13 +276,16 @@ class RedisSeenSet:
                 # Arguments go pre-encoded: redis-py encodes every argument of every call
                 # otherwise, a cost paid per key per batch.
                 args = (operation.encode(), owner.encode(), str(ms).encode())
-                return await self._pipelined(full_keys, args)
+                return await self._pipelined(full_keys, args, values)
         except (RedisError, OSError) as exc:  # OSError includes TimeoutError
             raise self._unavailable(exc, deadline_passed=deadline.expired()) from exc
 
     async def _pipelined(
-        self, full_keys: list[bytes], args: tuple[bytes, bytes, bytes]
-    ) -> list[int]:
+        self,
+        full_keys: list[bytes],
+        args: tuple[bytes, bytes, bytes],
+        values: Sequence[bytes] | None,
+    ) -> list[Any]:
         results: list[Any] = [None] * len(full_keys)
         pending = list(range(len(full_keys)))
         # EVALSHA straight into the pipeline: redis-py's Script object would add a
@@ -247,7 +297,8 @@ class RedisSeenSet:
                 self._script.sha.encode() if isinstance(self._script.sha, str) else self._script.sha
             )
             for index in pending:
-                pipe.execute_command("EVALSHA", sha, b"1", full_keys[index], *args)
+                extra = () if values is None else (values[index],)
+                pipe.execute_command("EVALSHA", sha, b"1", full_keys[index], *args, *extra)
             self.round_trips += 1
             answers = await pipe.execute(raise_on_error=False)
             missing: list[int] = []
@@ -257,7 +308,9 @@ class RedisSeenSet:
                 elif isinstance(answer, Exception):
                     raise answer
                 else:
-                    results[index] = int(answer)
+                    # Integers, or a dead-lettered key's stored value (bytes, or str on a
+                    # client created with decode_responses=True).
+                    results[index] = answer
             if not missing:
                 break
             self.round_trips += 1

@@ -95,6 +95,7 @@ class ServiceBusRegionReceiver:
             enqueued_at=enqueued.timestamp() if enqueued is not None else None,
             locked_until=locked.timestamp() if locked is not None else None,
             traceparent=_text(properties.get(b"traceparent", properties.get("traceparent"))),
+            content_type=_text(message.content_type),
         )
 
     async def receive(self, max_messages: int, *, max_wait: float) -> list[Any]:
@@ -139,6 +140,12 @@ class ServiceBusRegionReceiver:
             await self._receiver.dead_letter_message(
                 message, reason=reason, error_description=description
             )
+        except Exception as exc:
+            raise self._translate(exc) from exc
+
+    async def defer(self, message: ServiceBusReceivedMessage) -> None:
+        try:
+            await self._receiver.defer_message(message)
         except Exception as exc:
             raise self._translate(exc) from exc
 

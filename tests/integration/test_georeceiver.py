@@ -27,20 +27,9 @@ REPO = Path(__file__).resolve().parents[2]
 REDIS_URL = os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0")
 
 
-@pytest.fixture(scope="module")
-def emu() -> Iterator[Emulator]:
-    with Emulator() as emulator:
-        yield emulator
-
-
 @pytest.fixture
-def queue(emu: Emulator) -> Iterator[str]:
-    name = f"rx-{uuid.uuid4().hex[:8]}"
-    for namespace in emu.namespaces:
-        emu.namespace(namespace).create_queue(name, lock_duration=5, max_delivery_count=10)
-    yield name
-    for namespace in emu.namespaces:
-        emu.namespace(namespace).restore()
+def queue(private_queue: Callable[..., str]) -> str:
+    return private_queue("rx", lock_duration=5, max_delivery_count=10)
 
 
 @pytest.fixture

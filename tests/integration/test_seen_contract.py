@@ -25,7 +25,7 @@ import redis.asyncio
 from georep._testing_seen import InMemorySeenSet
 from georep.adapters.redis import RedisSeenSet, embedded_redis_url
 from georep.exceptions import ClosedError, ConfigurationError, StoreUnavailableError
-from georep.ports import ClaimState, SeenStore
+from georep.ports import Claims, ClaimState, SeenStore
 from georep.testing import FakeClock
 
 REDIS_URL = os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0")
@@ -205,6 +205,100 @@ async def test_a_key_twice_in_one_claim_is_claimed_twice(store: SeenSet) -> None
         ClaimState.CLAIMED,
     ]
     assert await store.claim(["m1"], owner=BOB, lease=LONG_LEASE) == [ClaimState.IN_FLIGHT]
+
+
+# ------------------------------------------------------------------ recorded outcomes
+
+
+async def test_a_dead_lettered_key_answers_dead_lettered_with_its_reason(store: SeenSet) -> None:
+    await store.claim(["poison"], owner=ALICE, lease=LONG_LEASE)
+    await store.commit(
+        ["poison", "bad-too"],
+        owner=ALICE,
+        outcome=ClaimState.DEAD_LETTERED,
+        reasons=["invalid-order", "r\u00e9sum\u00e9 missing"],
+    )
+
+    claims = await store.claim(["new", "poison", "bad-too"], owner=BOB, lease=LONG_LEASE)
+
+    assert claims == [ClaimState.CLAIMED, ClaimState.DEAD_LETTERED, ClaimState.DEAD_LETTERED]
+    assert isinstance(claims, Claims)
+    assert claims.reasons == {1: "invalid-order", 2: "r\u00e9sum\u00e9 missing"}
+
+
+async def test_a_dead_lettered_key_without_reasons_has_an_empty_reason(store: SeenSet) -> None:
+    await store.commit(["poison"], owner=ALICE, outcome=ClaimState.DEAD_LETTERED)
+
+    claims = await store.claim(["poison"], owner=ALICE, lease=LONG_LEASE)
+
+    assert claims == [ClaimState.DEAD_LETTERED]
+    assert isinstance(claims, Claims) and claims.reasons == {0: ""}
+
+
+async def test_a_deferred_key_answers_deferred_for_everyone(store: SeenSet) -> None:
+    await store.claim(["later"], owner=ALICE, lease=LONG_LEASE)
+    await store.commit(["later"], owner=ALICE, outcome=ClaimState.DEFERRED)
+
+    assert await store.claim(["later"], owner=BOB, lease=LONG_LEASE) == [ClaimState.DEFERRED]
+    assert await store.claim(["later"], owner=ALICE, lease=LONG_LEASE) == [ClaimState.DEFERRED]
+
+
+async def test_recorded_outcomes_are_final_for_release_and_extend(store: SeenSet) -> None:
+    await store.claim(["dl", "df"], owner=ALICE, lease=LONG_LEASE)
+    await store.commit(["dl"], owner=ALICE, outcome=ClaimState.DEAD_LETTERED, reasons=["x"])
+    await store.commit(["df"], owner=ALICE, outcome=ClaimState.DEFERRED)
+
+    await store.release(["dl", "df"], owner=ALICE)
+
+    assert await store.extend(["dl", "df"], owner=ALICE, lease=LONG_LEASE) == [False, False]
+    assert await store.claim(["dl", "df"], owner=BOB, lease=LONG_LEASE) == [
+        ClaimState.DEAD_LETTERED,
+        ClaimState.DEFERRED,
+    ]
+
+
+async def test_recorded_outcomes_expire_after_the_window(harness: Harness) -> None:
+    store = harness.make(window=SHORT_LEASE)
+    await store.commit(["dl"], owner=ALICE, outcome=ClaimState.DEAD_LETTERED, reasons=["x"])
+    await store.commit(["df"], owner=ALICE, outcome=ClaimState.DEFERRED)
+
+    await harness.advance(PAST_SHORT_LEASE)
+
+    assert await store.claim(["dl", "df"], owner=BOB, lease=LONG_LEASE) == [
+        ClaimState.CLAIMED,
+        ClaimState.CLAIMED,
+    ]
+
+
+async def test_a_recorded_outcome_is_one_round_trip_however_many_keys(store: SeenSet) -> None:
+    keys = [f"k{i}" for i in range(200)]
+    before = store.round_trips
+
+    await store.commit(keys, owner=ALICE, outcome=ClaimState.DEAD_LETTERED, reasons=keys)
+    claims = await store.claim(keys, owner=BOB, lease=LONG_LEASE)
+
+    assert store.round_trips - before == 2
+    assert isinstance(claims, Claims) and claims.reasons == dict(enumerate(keys))
+
+
+@pytest.mark.parametrize("outcome", [ClaimState.CLAIMED, ClaimState.IN_FLIGHT])
+async def test_commit_refuses_a_state_that_is_not_an_outcome(
+    store: SeenSet, outcome: ClaimState
+) -> None:
+    with pytest.raises(ConfigurationError, match="final outcome"):
+        await store.commit(["m1"], owner=ALICE, outcome=outcome)
+    assert await store.claim(["m1"], owner=BOB, lease=LONG_LEASE) == [ClaimState.CLAIMED]
+
+
+async def test_commit_refuses_reasons_that_are_not_one_per_key(store: SeenSet) -> None:
+    with pytest.raises(ConfigurationError, match="one per key"):
+        await store.commit(
+            ["a", "b"], owner=ALICE, outcome=ClaimState.DEAD_LETTERED, reasons=["only one"]
+        )
+    assert await store.claim(["a", "b"], owner=BOB, lease=LONG_LEASE) == [
+        ClaimState.CLAIMED,
+        ClaimState.CLAIMED,
+    ]
 
 
 # ----------------------------------------------------------------------------- release
@@ -464,6 +558,22 @@ async def test_redis_store_leaves_a_client_passed_in_open(
 
     assert await redis_client.ping()
     await delete_prefix(redis_client, prefix)
+
+
+async def test_redis_store_on_a_decoding_client_reads_dead_letter_reasons(
+    redis_client: redis.asyncio.Redis, prefix: str
+) -> None:
+    skip_unless_redis_answers()
+    decoding = redis.asyncio.Redis.from_url(REDIS_URL, decode_responses=True)
+    try:
+        store = RedisSeenSet(decoding, prefix=prefix)
+        await store.commit(["m1"], owner=ALICE, outcome=ClaimState.DEAD_LETTERED, reasons=["r"])
+        claims = await store.claim(["m1", "m2"], owner=BOB, lease=LONG_LEASE)
+        assert claims == [ClaimState.DEAD_LETTERED, ClaimState.CLAIMED]
+        assert isinstance(claims, Claims) and claims.reasons == {0: "r"}
+    finally:
+        await delete_prefix(redis_client, prefix)
+        await decoding.aclose()
 
 
 async def test_unreachable_redis_error_names_the_server_not_the_password() -> None:

@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 
 from georep import ClaimState, ConfigurationError, GeoReceiver, receiver
+from georep._receiver import RECEIVE_GRACE
 from georep._testing_seen import InMemorySeenSet
 from georep.testing import FakeClock, FakeMessage, InMemoryRegionReceiver
 
@@ -152,14 +153,15 @@ async def test_opting_in_processes_unchecked_while_the_store_is_down(world: Worl
 
 async def test_a_copy_claimed_elsewhere_waits_for_that_outcome(world: World) -> None:
     world.primary.put(FakeMessage(b"x", "k"))
-    assert await world.seen.claim(["k"], owner="other", lease=60) == [ClaimState.CLAIMED]
     geo = world.receiver()
+    key = geo.seen_key("k")
+    assert await world.seen.claim([key], owner="other", lease=60) == [ClaimState.CLAIMED]
     task = asyncio.create_task(geo.run(world.handler))
     await world.clock.advance(5)
     assert world.processed == Counter() and geo.stats.parked == 1
     assert world.primary.pending == 1
 
-    await world.seen.commit(["k"], owner="other")
+    await world.seen.commit([key], owner="other")
     await world.clock.advance(5)
     assert world.processed == Counter(), "the other consumer processed it"
     assert world.primary.pending == 0 and geo.stats.suppressed == {"primary": 1}
@@ -171,8 +173,8 @@ async def test_a_copy_claimed_elsewhere_waits_for_that_outcome(world: World) -> 
 
 async def test_a_released_or_expired_claim_elsewhere_is_claimed_again(world: World) -> None:
     world.primary.put(FakeMessage(b"x", "k"))
-    await world.seen.claim(["k"], owner="crashed", lease=8)
     geo = world.receiver()
+    await world.seen.claim([geo.seen_key("k")], owner="crashed", lease=8)
     await world.run_for(geo, 15)  # the crashed owner's lease expires after 8 s
     assert world.processed["k"] == 1 and world.primary.pending == 0
 
@@ -191,7 +193,8 @@ async def test_a_long_handler_keeps_its_lock_and_its_lease(world: World) -> None
     async def competitor() -> None:
         for _ in range(20):
             await world.clock.sleep(1)
-            other.append((await world.seen.claim(["slow"], owner="rival", lease=1))[0])
+            key = geo.seen_key("slow")
+            other.append((await world.seen.claim([key], owner="rival", lease=1))[0])
 
     rival = asyncio.create_task(competitor())
     await world.run_for(geo, 30, slow)
@@ -221,8 +224,9 @@ async def test_the_decorator_keeps_the_function_callable(world: World) -> None:
 
 
 def test_bad_settings_are_refused(world: World) -> None:
-    with pytest.raises(ConfigurationError, match="concurrency"):
-        world.receiver(concurrency=0)
+    for concurrency in (0, 2.5, True, "8"):
+        with pytest.raises(ConfigurationError, match="concurrency"):
+            world.receiver(concurrency=concurrency)
     with pytest.raises(ConfigurationError, match="on_store_unavailable"):
         world.receiver(on_store_unavailable="ignore")
 
@@ -270,3 +274,26 @@ async def test_closing_while_the_store_is_down_hands_the_copies_back(world: Worl
     assert world.processed == Counter()
     assert len(world.primary.abandoned) == len(world.secondary.abandoned) == 1
     assert world.primary.pending == world.secondary.pending == 1, "handed back, not lost"
+
+
+async def test_a_receive_that_never_returns_neither_stalls_the_other_region_nor_aclose(
+    world: World,
+) -> None:
+    """The SDK can wait forever on a lost link: georep bounds each receive itself."""
+    hung = asyncio.Event()  # never set: this region's receive never returns
+
+    async def never(max_messages: int, *, max_wait: float) -> list[Any]:
+        await hung.wait()
+        return []
+
+    world.primary.receive = never  # type: ignore[method-assign]
+    world.both("a", "b")
+    geo = world.receiver()
+    task = asyncio.create_task(geo.run(world.handler))
+    await world.clock.advance(3)
+    assert world.processed == Counter({"a": 1, "b": 1}), "the secondary went on"
+    await world.clock.advance(1.0 + RECEIVE_GRACE)  # the hung receive hit its deadline
+    closing = asyncio.create_task(geo.aclose())
+    await world.clock.advance(1.0 + RECEIVE_GRACE)
+    await asyncio.wait_for(closing, 1)
+    await asyncio.wait_for(task, 1)

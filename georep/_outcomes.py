@@ -1,0 +1,195 @@
+"""What a received copy's handler decided, and how the seen-set records it.
+
+The handler settles through :meth:`georep.GeoReceiver.complete_message` and its siblings;
+those only record a :class:`Decision` here. The receiver applies it after the handler
+returns: the seen-set first (so the twin copy in the other region gets the same outcome),
+then the broker.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Final
+
+from georep.exceptions import ConfigurationError, SettlementError
+from georep.ports import FINAL_STATES, ClaimState
+
+__all__ = [
+    "MAX_ATTEMPTS_REASON",
+    "PING_CONTENT_TYPE",
+    "Decision",
+    "Decisions",
+    "Settle",
+    "check_commit",
+    "dead_letter_decision",
+    "max_attempts_decision",
+    "twin_reason",
+]
+
+PING_CONTENT_TYPE: Final = "application/vnd.ms-servicebus-ping"
+"""The paired namespaces' ping (SPEC §3): completed by the receiver, never handled."""
+
+MAX_ATTEMPTS_REASON: Final = "georep:max-attempts"
+"""DeadLetterReason of a copy whose handler failed ``max_attempts`` times."""
+
+TWIN_REASON_PREFIX: Final = "georep:twin:"
+"""DeadLetterReason prefix of a copy dead-lettered because its twin was."""
+
+REASON_LIMIT: Final = 256
+"""Characters of a dead-letter reason kept in the seen-set (the twin's reason names it)."""
+
+
+class Settle(enum.StrEnum):
+    """How a copy is settled with the broker."""
+
+    COMPLETE = "complete"
+    ABANDON = "abandon"
+    DEFER = "defer"
+    DEAD_LETTER = "dead_letter"
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    """One copy's outcome.
+
+    Attributes:
+        settle: What to do with the copy at the broker.
+        reason: The DeadLetterReason (``DEAD_LETTER`` only).
+        description: The DeadLetterErrorDescription (``DEAD_LETTER`` only).
+    """
+
+    settle: Settle
+    reason: str = ""
+    description: str = ""
+
+    @property
+    def state(self) -> ClaimState | None:
+        """What the seen-set records for it (None: release the claim)."""
+        return _STATES[self.settle]
+
+
+_STATES: Final = {
+    Settle.COMPLETE: ClaimState.DONE,
+    Settle.ABANDON: None,
+    Settle.DEFER: ClaimState.DEFERRED,
+    Settle.DEAD_LETTER: ClaimState.DEAD_LETTERED,
+}
+
+COMPLETE: Final = Decision(Settle.COMPLETE)
+ABANDON: Final = Decision(Settle.ABANDON)
+
+
+def twin_reason(state: ClaimState, reason: str | None) -> Decision:
+    """The decision for a copy whose twin was settled with ``state`` already."""
+    if state is ClaimState.DEFERRED:
+        return Decision(Settle.DEFER)
+    if state is ClaimState.DEAD_LETTERED:
+        original = reason or "(none given)"
+        return Decision(
+            Settle.DEAD_LETTER,
+            reason=f"{TWIN_REASON_PREFIX}{original}"[:REASON_LIMIT],
+            description=(
+                "georep: another copy of this message (same dedup key: its twin from the "
+                f"other region, or an earlier copy) was dead-lettered with reason {original!r}"
+            ),
+        )
+    return COMPLETE
+
+
+class Decisions:
+    """The decisions of the handlers running now, keyed by the message object given.
+
+    A handler may decide once, and only about the message it was given.
+    """
+
+    def __init__(self) -> None:
+        self._open: dict[int, Decision | None] = {}
+
+    def begin(self, message: Any) -> None:
+        """``message`` is being handed to a handler: it may be decided now."""
+        self._open[id(message)] = None
+
+    def end(self, message: Any) -> Decision | None:
+        """The handler returned: its decision (None: it made none)."""
+        return self._open.pop(id(message), None)
+
+    def decide(self, message: Any, decision: Decision) -> None:
+        """Record ``decision`` for ``message``.
+
+        Raises:
+            SettlementError: ``message`` is not being handled now, or was decided already.
+        """
+        key = id(message)
+        if key not in self._open:
+            raise SettlementError(
+                f"{decision.settle}_message: this message is not one a handler of this "
+                "GeoReceiver is processing now (decide on the message your handler was "
+                "given, before the handler returns)"
+            )
+        earlier = self._open[key]
+        if earlier is not None:
+            raise SettlementError(
+                f"{decision.settle}_message: the handler already called "
+                f"{earlier.settle}_message for this message (one decision per message)"
+            )
+        self._open[key] = decision
+
+
+def dead_letter_decision(reason: str | None, error_description: str | None) -> Decision:
+    """A handler's dead-letter decision, with its reason kept to a bounded length."""
+    text = "" if reason is None else str(reason)
+    return Decision(
+        Settle.DEAD_LETTER,
+        reason=text[:REASON_LIMIT],
+        description="" if error_description is None else str(error_description),
+    )
+
+
+def max_attempts_decision(
+    delivery_count: int, max_attempts: int, error: BaseException | None
+) -> Decision:
+    """Dead-letter a copy whose handler failed ``max_attempts`` times.
+
+    The description names the last error's class only: its text may carry secrets.
+    """
+    cause = "the handler abandoned it" if error is None else f"last error: {type(error).__name__}"
+    return Decision(
+        Settle.DEAD_LETTER,
+        reason=MAX_ATTEMPTS_REASON,
+        description=(
+            f"georep: the handler failed on delivery {delivery_count} "
+            f"(max_attempts={max_attempts}); {cause}"
+        ),
+    )
+
+
+LEDGER_OUTCOMES: Final = {
+    Settle.COMPLETE: "processed",
+    Settle.ABANDON: "failed",
+    Settle.DEFER: "deferred",
+    Settle.DEAD_LETTER: "dead_lettered",
+}
+"""The ledger's ``receives.outcome`` for a copy settled by its handler's decision."""
+
+
+def check_commit(
+    keys: Sequence[str], outcome: ClaimState, reasons: Sequence[str] | None
+) -> list[str]:
+    """The per-key reasons of a commit, after checking its arguments (shared by the stores).
+
+    Raises:
+        ConfigurationError: ``outcome`` is not final, or ``reasons`` is not one per key.
+    """
+    if outcome not in FINAL_STATES:
+        raise ConfigurationError(
+            f"commit records a final outcome ({', '.join(FINAL_STATES)}), not {outcome!r}"
+        )
+    if reasons is None:
+        return [""] * len(keys)
+    if len(reasons) != len(keys):
+        raise ConfigurationError(
+            f"commit got {len(reasons)} reasons for {len(keys)} keys: give one per key"
+        )
+    return [str(reason) for reason in reasons]

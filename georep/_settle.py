@@ -1,0 +1,198 @@
+"""How a GeoReceiver settles a copy: at the broker, in its stats, metrics, spans and ledger.
+
+One :class:`Settlements` per GeoReceiver. The receiver decides (claim states, the
+handler's decisions); this applies a decision to one copy and accounts for it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from opentelemetry import trace
+from opentelemetry.trace import INVALID_SPAN, Link, SpanKind
+from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+
+from georep._outcomes import (
+    COMPLETE,
+    LEDGER_OUTCOMES,
+    PING_CONTENT_TYPE,
+    Decision,
+    Settle,
+    twin_reason,
+)
+from georep.exceptions import RegionError
+from georep.ports import ClaimState, Clock, Delivery, Ledger, ReceiveRecord, RegionReceiver
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from georep._telemetry import ReceiverMetrics
+
+__all__ = ["Copy", "Settlements"]
+
+_log = logging.getLogger("georep.receiver")
+_propagator = TraceContextTextMapPropagator()
+
+
+@dataclass(slots=True)
+class Copy:
+    """One received copy, as the receiver tracks it."""
+
+    message: Any
+    delivery: Delivery
+    received_at: float = 0.0
+    """Wall-clock seconds when the receive call returned it (for the ledger)."""
+    parked_turns: int = 0
+    settled: bool = False
+
+
+class Settlements:
+    """Settles copies for one GeoReceiver and accounts for them.
+
+    Args:
+        entity: The receiver's entity path (spans, ledger rows).
+        stats: The receiver's :class:`georep.ReceiverStats` (updated in place).
+        metrics: The receiver's metrics.
+        ledger: Where a row per settled copy goes, if anywhere.
+        clock: Time source (the ledger's settled time).
+        tracer: The receiver's tracer.
+        tracing: Whether spans are recorded now.
+    """
+
+    def __init__(
+        self,
+        *,
+        entity: str,
+        stats: Any,
+        metrics: ReceiverMetrics,
+        ledger: Ledger | None,
+        clock: Clock,
+        tracer: trace.Tracer,
+        tracing: Callable[[], bool],
+    ) -> None:
+        self._entity = entity
+        self._stats = stats
+        self._metrics = metrics
+        self._ledger = ledger
+        self._clock = clock
+        self._tracer = tracer
+        self._tracing = tracing
+        self._locks: dict[str, asyncio.Lock] = {}
+
+    def lock(self, region: RegionReceiver) -> asyncio.Lock:
+        """Settlements and lock renewals may overlap within a turn; the SDK's receiver
+        takes one call at a time."""
+        lock = self._locks.get(region.region)
+        if lock is None:
+            lock = self._locks[region.region] = asyncio.Lock()
+        return lock
+
+    def start_span(self, operation: str, region: RegionReceiver, copy: Copy) -> trace.Span:
+        if not self._tracing():
+            return INVALID_SPAN
+        links = []
+        if copy.delivery.traceparent:
+            context = trace.get_current_span(
+                _propagator.extract({"traceparent": copy.delivery.traceparent})
+            ).get_span_context()
+            if context.is_valid:
+                links.append(Link(context))
+        return self._tracer.start_span(
+            f"{operation} {self._entity}",
+            kind=SpanKind.CONSUMER if operation == "process" else SpanKind.CLIENT,
+            links=links,
+            attributes={
+                "messaging.system": "servicebus",
+                "messaging.destination.name": self._entity,
+                "messaging.operation.type": operation,
+                "georep.region": region.region,
+                "georep.duplicate": False,
+                "messaging.message.delivery_count": copy.delivery.delivery_count,
+            },
+        )
+
+    async def settle(
+        self, region: RegionReceiver, copy: Copy, decision: Decision, *, duplicate: bool = False
+    ) -> bool:
+        """Settle ``copy`` as decided; False when the broker did not take the settlement."""
+        span = self.start_span("settle", region, copy)
+        span.set_attribute("georep.duplicate", duplicate)
+        span.set_attribute("messaging.operation.name", decision.settle.value)
+        copy.settled = True
+        message = copy.message
+        try:
+            async with self.lock(region):
+                if decision.settle is Settle.COMPLETE:
+                    await region.complete(message)
+                elif decision.settle is Settle.ABANDON:
+                    await region.abandon(message)
+                elif decision.settle is Settle.DEFER:
+                    await region.defer(message)
+                else:
+                    await region.dead_letter(message, decision.reason, decision.description)
+        except RegionError as exc:
+            # The copy will be redelivered; its outcome is recorded, so the redelivery
+            # gets the same outcome without the handler.
+            _log.warning("settling a copy in %s failed: %s", region.region, exc)
+            return False
+        finally:
+            span.end()
+        return True
+
+    def record(self, region: RegionReceiver, copy: Copy, outcome: str, settled: bool) -> None:
+        ledger = self._ledger
+        if ledger is None:
+            return
+        delivery = copy.delivery
+        ledger.record_receive(
+            ReceiveRecord(
+                message_id=delivery.key or "",
+                entity=self._entity,
+                region=region.region,
+                outcome=outcome,
+                delivery_count=delivery.delivery_count,
+                enqueued_at=delivery.enqueued_at,
+                received_at=copy.received_at,
+                settled_at=self._clock.time() if settled else None,
+            )
+        )
+
+    def count(self, region: RegionReceiver, decision: Decision) -> None:
+        if decision.settle is Settle.COMPLETE:
+            self._stats.processed += 1
+            self._metrics.processed(region.region)
+        elif decision.settle is Settle.DEAD_LETTER:
+            self._stats.dead_lettered += 1
+            self._metrics.dead_lettered(region.region)
+        elif decision.settle is Settle.DEFER:
+            self._stats.deferred += 1
+            self._metrics.deferred(region.region)
+
+    async def complete_pings(self, region: RegionReceiver, copies: list[Copy]) -> list[Copy]:
+        """Complete the paired namespaces' pings (never a handler's business); the rest."""
+        pings = [c for c in copies if c.delivery.content_type == PING_CONTENT_TYPE]
+        if not pings:
+            return copies
+        for copy in pings:
+            await self.settle(region, copy, COMPLETE, duplicate=False)
+        self._stats.pings += len(pings)
+        return [c for c in copies if c.delivery.content_type != PING_CONTENT_TYPE]
+
+    async def settle_twin(
+        self, region: RegionReceiver, copy: Copy, state: ClaimState, reason: str | None
+    ) -> None:
+        """Give a copy the outcome its twin (or an earlier copy) already got; no handler."""
+        decision = twin_reason(state, reason)
+        if decision.settle is Settle.COMPLETE:
+            suppressed = self._stats.suppressed
+            suppressed[region.region] = suppressed.get(region.region, 0) + 1
+            self._metrics.suppressed(region.region)
+            outcome = "suppressed"
+        else:
+            self.count(region, decision)
+            outcome = LEDGER_OUTCOMES[decision.settle]
+        settled = await self.settle(region, copy, decision, duplicate=True)
+        self.record(region, copy, outcome, settled)

@@ -1,0 +1,299 @@
+"""GeoReceiver end to end, beyond one queue: topics, the handler's decisions, max_attempts,
+pings. Real SDK, the two-region emulator, a real Redis seen-set."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+import uuid
+from collections import Counter
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import pytest
+from azure.servicebus import ServiceBusMessage, ServiceBusSubQueue
+from azure.servicebus.aio import ServiceBusClient
+
+from georep import GeoReceiver, GeoSender, ReplicationMode
+from georep.adapters.emulator import Emulator
+from georep.adapters.redis import RedisSeenSet
+from georep.adapters.servicebus import ServiceBusRegionReceiver
+from georep.adapters.servicebus._backlog import make_ping
+
+pytestmark = pytest.mark.integration
+
+REDIS_URL = os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0")
+REGIONS = ("primary", "secondary")
+
+
+@pytest.fixture
+def queue(emu: Emulator) -> str:
+    name = f"rx-{uuid.uuid4().hex[:8]}"
+    for namespace in emu.namespaces:
+        emu.namespace(namespace).create_queue(name, lock_duration=5, max_delivery_count=10)
+    return name
+
+
+@pytest.fixture
+def topic(emu: Emulator) -> str:
+    name = f"tp-{uuid.uuid4().hex[:8]}"
+    for namespace in emu.namespaces:
+        emu.namespace(namespace).create_topic(name, subscriptions=["billing", "shipping"])
+    return name
+
+
+@pytest.fixture
+async def seen() -> AsyncIterator[RedisSeenSet]:
+    # Default options but a group of its own, so runs do not see each other's keys.
+    store = RedisSeenSet(REDIS_URL, group=f"test-{uuid.uuid4().hex[:8]}", window=600)
+    yield store
+    await store.aclose()
+
+
+async def eventually(condition: Callable[[], bool], within: float) -> bool:
+    deadline = time.monotonic() + within
+    while not condition():
+        if time.monotonic() > deadline:
+            return False
+        await asyncio.sleep(0.05)
+    return True
+
+
+def stored(emu: Emulator, entity: str) -> int:
+    return sum(emu.namespace(n).message_count(entity) for n in emu.namespaces)
+
+
+async def send_active(emu: Emulator, count: int, **entity: str) -> list[str]:
+    async with GeoSender.from_connection_strings(
+        emu.connection_string("primary"),
+        emu.connection_string("secondary"),
+        mode=ReplicationMode.ACTIVE,
+        **entity,
+    ) as sender:
+        messages = [ServiceBusMessage(f"m{index}") for index in range(count)]
+        return list((await sender.send_messages(messages)).message_ids)
+
+
+async def send_to(emu: Emulator, region: str, queue: str, messages: list[Any]) -> None:
+    """A plain SDK send to one region (the twin arriving there on its own)."""
+    async with (
+        ServiceBusClient.from_connection_string(emu.connection_string(region)) as client,
+        client.get_queue_sender(queue) as sender,
+    ):
+        await sender.send_messages(messages)
+
+
+async def dead_letters(emu: Emulator, region: str, queue: str) -> list[Any]:
+    """Every message in the queue's dead-letter queue in ``region`` (received and completed)."""
+    found: list[Any] = []
+    async with (
+        ServiceBusClient.from_connection_string(emu.connection_string(region)) as client,
+        client.get_queue_receiver(queue, sub_queue=ServiceBusSubQueue.DEAD_LETTER) as receiver,
+    ):
+        while batch := await receiver.receive_messages(max_message_count=50, max_wait_time=1):
+            for message in batch:
+                found.append(message)
+                await receiver.complete_message(message)
+    return found
+
+
+async def run_until(receiver: GeoReceiver, handler: Any, done: Callable[[], bool]) -> None:
+    task = asyncio.create_task(receiver.run(handler))
+    try:
+        assert await eventually(done, within=60), "the receiver did not finish in time"
+    finally:
+        await receiver.aclose()
+        await task
+
+
+def geo(emu: Emulator, seen: RedisSeenSet, **options: Any) -> GeoReceiver:
+    return GeoReceiver.from_connection_strings(
+        emu.connection_string("primary"), emu.connection_string("secondary"), seen=seen, **options
+    )
+
+
+# --------------------------------------------------------------------------------- topics
+
+
+async def test_each_subscription_of_a_topic_processes_every_message_once(
+    emu: Emulator, topic: str, seen: RedisSeenSet
+) -> None:
+    ids = await send_active(emu, 40, topic_name=topic)
+    counts = {"billing": Counter[str](), "shipping": Counter[str]()}
+
+    def handler(subscription: str) -> Any:
+        async def handle(message: Any) -> None:
+            counts[subscription][str(message.message_id)] += 1
+
+        return handle
+
+    receivers = {name: geo(emu, seen, topic_name=topic, subscription_name=name) for name in counts}
+    tasks = [asyncio.create_task(r.run(handler(name))) for name, r in receivers.items()]
+    paths = [f"{topic}/Subscriptions/{name}" for name in counts]
+    drained = await eventually(lambda: all(stored(emu, p) == 0 for p in paths), within=60)
+    await asyncio.gather(*(r.aclose() for r in receivers.values()))
+    await asyncio.gather(*tasks)
+
+    assert drained
+    expected = Counter(dict.fromkeys(ids, 1))
+    assert counts["billing"] == expected, "billing: every message once"
+    assert counts["shipping"] == expected, "shipping: every message once (not taken as dupes)"
+
+
+async def test_two_receivers_of_one_subscription_still_dedup(
+    emu: Emulator, topic: str, seen: RedisSeenSet
+) -> None:
+    ids = await send_active(emu, 40, topic_name=topic)
+    processed: Counter[str] = Counter()
+
+    async def handle(message: Any) -> None:
+        processed[str(message.message_id)] += 1
+
+    receivers = [geo(emu, seen, topic_name=topic, subscription_name="billing") for _ in range(2)]
+    tasks = [asyncio.create_task(r.run(handle)) for r in receivers]
+    path = f"{topic}/Subscriptions/billing"
+    drained = await eventually(lambda: stored(emu, path) == 0, within=60)
+    await asyncio.gather(*(r.aclose() for r in receivers))
+    await asyncio.gather(*tasks)
+
+    assert drained
+    assert processed == Counter(dict.fromkeys(ids, 1))
+    assert sum(sum(r.stats.suppressed.values()) for r in receivers) == 40
+
+
+# ---------------------------------------------------------------------- the handler decides
+
+
+async def test_a_message_dead_lettered_in_primary_is_dead_lettered_when_its_twin_arrives(
+    emu: Emulator, queue: str, seen: RedisSeenSet
+) -> None:
+    ids = [f"order-{index}" for index in range(5)]
+    await send_to(emu, "primary", queue, [ServiceBusMessage("x", message_id=i) for i in ids])
+    handled: Counter[str] = Counter()
+
+    first = geo(emu, seen, queue_name=queue)
+
+    async def reject(message: Any) -> None:
+        handled[str(message.message_id)] += 1
+        await first.dead_letter_message(
+            message, reason="invalid-order", error_description="no customer id"
+        )
+
+    await run_until(first, reject, lambda: first.stats.dead_lettered == 5)
+    assert first.stats.processed == 0
+
+    # The twins reach the secondary region later (e.g. it was unreachable meanwhile).
+    await send_to(emu, "secondary", queue, [ServiceBusMessage("x", message_id=i) for i in ids])
+    second = geo(emu, seen, queue_name=queue)
+
+    async def must_not_run(message: Any) -> None:
+        handled[str(message.message_id)] += 1
+
+    await run_until(second, must_not_run, lambda: second.stats.dead_lettered == 5)
+
+    assert handled == Counter(dict.fromkeys(ids, 1)), "the twins never reached a handler"
+    primary = await dead_letters(emu, "primary", queue)
+    secondary = await dead_letters(emu, "secondary", queue)
+    assert sorted(str(m.message_id) for m in primary) == sorted(ids)
+    assert {m.dead_letter_reason for m in primary} == {"invalid-order"}
+    assert {m.dead_letter_error_description for m in primary} == {"no customer id"}
+    assert sorted(str(m.message_id) for m in secondary) == sorted(ids)
+    assert {m.dead_letter_reason for m in secondary} == {"georep:twin:invalid-order"}
+    assert all("invalid-order" in (m.dead_letter_error_description or "") for m in secondary)
+
+
+async def test_a_deferred_message_is_deferred_in_both_regions(
+    emu: Emulator, queue: str, seen: RedisSeenSet
+) -> None:
+    ids = await send_active(emu, 6, queue_name=queue)
+    handled: Counter[str] = Counter()
+    receiver = geo(emu, seen, queue_name=queue)
+
+    async def defer(message: Any) -> None:
+        handled[str(message.message_id)] += 1
+        await receiver.defer_message(message)
+
+    await run_until(receiver, defer, lambda: receiver.stats.deferred == 12)
+
+    assert handled == Counter(dict.fromkeys(ids, 1))
+    for region in REGIONS:
+        async with (
+            ServiceBusClient.from_connection_string(emu.connection_string(region)) as client,
+            client.get_queue_receiver(queue) as sdk,
+        ):
+            peeked = await sdk.peek_messages(max_message_count=50, sequence_number=0)
+            numbers = [m.sequence_number for m in peeked]
+            deferred = await sdk.receive_deferred_messages(numbers)
+            assert sorted(str(m.message_id) for m in deferred) == sorted(ids), region
+            for message in deferred:
+                await sdk.complete_message(message)
+
+
+async def test_a_message_failing_max_attempts_times_is_dead_lettered_in_both_regions(
+    emu: Emulator, queue: str, seen: RedisSeenSet
+) -> None:
+    ids = await send_active(emu, 3, queue_name=queue)
+    handled: Counter[str] = Counter()
+
+    async def fails(message: Any) -> None:
+        handled[str(message.message_id)] += 1
+        raise RuntimeError("token=sekrit-value rejected")
+
+    receiver = geo(emu, seen, queue_name=queue, max_attempts=3)
+    await run_until(receiver, fails, lambda: stored(emu, queue) == receiver.stats.dead_lettered)
+
+    assert receiver.stats.dead_lettered == 6
+    # Attempts are the broker's delivery count of each copy (deliveries that never reached
+    # the handler count too, as for the entity's MaxDeliveryCount): the first copy to reach
+    # 3 is dead-lettered, its twin follows without running its handler to 3.
+    assert all(1 <= handled[i] <= 2 * 3 for i in ids), handled
+    assert receiver.stats.failed == sum(handled.values())
+    reasons: dict[str, set[str]] = {i: set() for i in ids}
+    for region in REGIONS:
+        for message in await dead_letters(emu, region, queue):
+            reasons[str(message.message_id)].add(str(message.dead_letter_reason))
+            description = str(message.dead_letter_error_description)
+            assert "sekrit" not in description, "an error's text may carry secrets"
+            if message.dead_letter_reason == "georep:max-attempts":
+                assert "RuntimeError" in description and "max_attempts=3" in description
+    assert reasons == {i: {"georep:max-attempts", "georep:twin:georep:max-attempts"} for i in ids}
+
+
+async def test_pings_never_reach_the_handler(emu: Emulator, queue: str, seen: RedisSeenSet) -> None:
+    # The service (and the emulator) drop a ping at send time; the receiver completes any
+    # that reaches it unhandled (unit-tested with in-memory regions, since none can reach
+    # it here). End to end: the paired sender's ping never reaches a handler.
+    ping = make_ping()
+    ping.time_to_live = None
+    real = ServiceBusMessage("{}", message_id="real", content_type="application/json")
+    await send_to(emu, "primary", queue, [ping, real])
+    handled: list[Any] = []
+    receiver = geo(emu, seen, queue_name=queue)
+
+    async def handle(message: Any) -> None:
+        handled.append(message.content_type)
+
+    await run_until(receiver, handle, lambda: stored(emu, queue) == 0)
+
+    assert handled == ["application/json"]
+    assert receiver.stats.processed == 1
+
+
+async def test_the_sdk_adapter_reads_the_content_type_pings_are_recognised_by(
+    emu: Emulator, queue: str
+) -> None:
+    message = ServiceBusMessage("{}", message_id="typed", content_type="application/json")
+    await send_to(emu, "primary", queue, [message])
+    async with (
+        ServiceBusClient.from_connection_string(emu.connection_string("primary")) as client,
+        client.get_queue_receiver(queue) as sdk,
+    ):
+        [received] = await sdk.receive_messages(max_message_count=1, max_wait_time=5)
+        region = ServiceBusRegionReceiver(sdk, region="primary")
+        delivery = region.delivery(received, "message_id", None)
+        assert (delivery.key, delivery.content_type) == ("typed", "application/json")
+        await region.defer(received)
+        [again] = await sdk.receive_deferred_messages([received.sequence_number])
+        assert again.message_id == "typed", "defer() deferred it"
+        await sdk.complete_message(again)
