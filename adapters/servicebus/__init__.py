@@ -15,19 +15,25 @@ except ImportError as exc:  # pragma: no cover - depends on the install
 from ._backlog import ensure_backlog_queues, from_backlog, make_ping, to_backlog
 from ._codec import GeoMessageBatch, ServiceBusCodec
 from ._errors import translate_error
+from ._factory import region_receiver_for, region_sender_for
 from ._receiver import ServiceBusRegionReceiver, open_region_receiver
 from ._sender import ServiceBusRegionSender, open_region_sender
+from ._sync import SyncServiceBusRegionReceiver, SyncServiceBusRegionSender
 
 __all__ = [
     "GeoMessageBatch",
     "ServiceBusCodec",
     "ServiceBusRegionReceiver",
     "ServiceBusRegionSender",
+    "SyncServiceBusRegionReceiver",
+    "SyncServiceBusRegionSender",
     "ensure_backlog_queues",
     "from_backlog",
     "make_ping",
     "open_region_receiver",
     "open_region_sender",
+    "region_receiver_for",
+    "region_sender_for",
     "to_backlog",
     "translate_error",
 ]

@@ -1,0 +1,156 @@
+"""The one event-loop thread that :mod:`georep.sync` drives the async core on.
+
+One loop per process, not one per object: every GeoSender on a namespace pair in one loop
+shares its role state (a failover seen by one sender is seen by all), and a process with
+ten sync senders has one extra thread, not ten. The thread starts with the first open
+``georep.sync`` object and is stopped and joined when the last one closes, so a closed
+application has no georep thread left.
+
+Async resources a sync caller hands over (``seen=``, ``outbox=``, ``ledger=``) live on
+that loop. A sync caller cannot ``await aclose()`` them, and the loop they are bound to
+stops with the last sync object, so each is closed when the last sync object using it
+closes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import contextlib
+import threading
+from collections.abc import Coroutine
+from typing import Any, TypeVar
+
+from georep.exceptions import ClosedError
+
+__all__ = ["RUNTIME", "LoopRuntime"]
+
+_T = TypeVar("_T")
+_JOIN_SECONDS = 30.0
+
+
+class LoopRuntime:
+    """A reference-counted event loop on a daemon thread."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
+        self._users = 0
+        self._held: dict[int, list[Any]] = {}
+
+    @property
+    def loop(self) -> asyncio.AbstractEventLoop:
+        """The running loop.
+
+        Raises:
+            ClosedError: No georep.sync object is open.
+        """
+        loop = self._loop
+        if loop is None:
+            raise ClosedError("georep's loop thread is stopped: every georep.sync object is closed")
+        return loop
+
+    @property
+    def thread(self) -> threading.Thread | None:
+        """The loop's thread while one is running."""
+        return self._thread
+
+    def acquire(self) -> None:
+        """Count one more user; start the loop thread for the first."""
+        with self._lock:
+            self._users += 1
+            if self._loop is not None:
+                return
+            loop = asyncio.new_event_loop()
+            started = threading.Event()
+            thread = threading.Thread(
+                target=_serve, args=(loop, started), name="georep-sync-loop", daemon=True
+            )
+            thread.start()
+            started.wait()
+            self._loop, self._thread = loop, thread
+
+    def release(self) -> None:
+        """Count one user less; stop and join the loop thread after the last."""
+        with self._lock:
+            self._users -= 1
+            if self._users > 0 or self._loop is None:
+                return
+            loop, thread = self._loop, self._thread
+            self._loop = self._thread = None
+        loop.call_soon_threadsafe(loop.stop)
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(_JOIN_SECONDS)
+
+    def submit(self, coroutine: Coroutine[Any, Any, _T]) -> concurrent.futures.Future[_T]:
+        """Schedule ``coroutine`` on the loop; the caller waits on the returned future.
+
+        Raises:
+            ClosedError: The loop is stopped.
+            RuntimeError: Called from the loop's own thread (it would wait for itself).
+        """
+        try:
+            loop = self.loop
+            if threading.current_thread() is self._thread:
+                raise RuntimeError(
+                    "a georep.sync method was called on georep's event-loop thread (from "
+                    "async code): use the async API (georep.GeoSender...) there"
+                )
+        except BaseException:
+            coroutine.close()
+            raise
+        return asyncio.run_coroutine_threadsafe(coroutine, loop)
+
+    def call(self, coroutine: Coroutine[Any, Any, _T]) -> _T:
+        """Run ``coroutine`` on the loop and wait for it; its exception is raised as is.
+
+        An interrupt (Ctrl-C) while waiting cancels the coroutine and is re-raised.
+        """
+        future = self.submit(coroutine)
+        try:
+            return future.result()
+        except concurrent.futures.CancelledError:
+            raise ClosedError("the call was cancelled: georep's loop thread stopped") from None
+        except BaseException:
+            future.cancel()
+            raise
+
+    def hold(self, resource: object) -> None:
+        """Count one more sync object using ``resource`` (an async store, outbox, ledger)."""
+        with self._lock:
+            entry = self._held.setdefault(id(resource), [resource, 0])
+            entry[1] += 1
+
+    def drop(self, resource: object) -> bool:
+        """Count one user of ``resource`` less; True when it was the last (close it now)."""
+        with self._lock:
+            entry = self._held.get(id(resource))
+            if entry is None:
+                return False
+            entry[1] -= 1
+            if entry[1] > 0:
+                return False
+            del self._held[id(resource)]
+            return True
+
+
+def _serve(loop: asyncio.AbstractEventLoop, started: threading.Event) -> None:
+    asyncio.set_event_loop(loop)
+    loop.call_soon(started.set)
+    try:
+        loop.run_forever()
+    finally:
+        # Stopped with the last sync object: whatever is left was abandoned by its caller.
+        leftovers = asyncio.all_tasks(loop)
+        for task in leftovers:
+            task.cancel()
+        with contextlib.suppress(Exception):
+            loop.run_until_complete(asyncio.gather(*leftovers, return_exceptions=True))
+            loop.run_until_complete(loop.shutdown_asyncgens())
+            loop.run_until_complete(loop.shutdown_default_executor())
+        loop.close()
+
+
+RUNTIME = LoopRuntime()
+"""The process's runtime, shared by every georep.sync object."""

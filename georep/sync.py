@@ -1,0 +1,554 @@
+"""georep for sync applications: blocking GeoSender, GeoReceiver and ``@receiver``.
+
+The same names, arguments, results and errors as the async API in :mod:`georep`, the way
+azure-servicebus ships ``azure.servicebus`` beside ``azure.servicebus.aio``::
+
+    from azure.servicebus import ServiceBusClient, ServiceBusMessage
+    import georep.sync
+
+    with georep.sync.GeoSender(sender_a, sender_b) as sender:   # sync SDK senders
+        result = sender.send_messages(ServiceBusMessage("hello"))
+
+There is no second implementation: every object here drives the one async core
+(:class:`georep.GeoSender`...) on a background event-loop thread. One loop thread serves
+the whole process (so senders on one namespace pair share their roles, as in one asyncio
+loop); it starts with the first open object and is stopped and joined when the last one
+closes. Sync SDK senders and receivers are wrapped in adapters that run their calls on one
+worker thread per SDK object (``georep.adapters.servicebus.SyncServiceBusRegionSender``);
+those threads are joined on :meth:`GeoSender.close` too.
+
+Ownership as in the async API, with one difference: a sync caller cannot ``await
+aclose()``, so the async resources passed in (``seen=``, ``outbox=``, ``ledger=``) are
+closed when the last georep.sync object using them closes. SDK senders and receivers
+passed in stay open (their owner closes them).
+
+Every method blocks until the core answers (its deadlines bound that) and raises the
+core's errors (:mod:`georep.exceptions`); a closed object raises
+:class:`georep.exceptions.ClosedError`. Calling these methods from async code on georep's
+own loop thread raises RuntimeError: use the async API there.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import contextlib
+import contextvars
+import threading
+from collections.abc import Callable, Coroutine, Mapping, Sequence
+from datetime import datetime
+from types import TracebackType
+from typing import Any, Self
+
+from georep import _paired_sender, _receiver, _sender
+from georep._receiver import ReceiverStats
+from georep._sender import SenderStats, SendResult
+from georep._sync_runtime import RUNTIME
+from georep.exceptions import ClosedError
+from georep.ports import RegionSender
+
+__all__ = ["GeoReceiver", "GeoSender", "PairedSender", "ReceiverHandler", "receiver"]
+
+SyncHandler = Callable[[Any], object]
+
+_RESOURCES = ("seen", "outbox", "ledger")
+_handler_context = threading.local()
+"""``receiver`` is set on a handler thread while it runs that receiver's handler."""
+
+
+async def _build(factory: Callable[[], Any]) -> Any:
+    # Built on the loop thread: the core may look up the running loop while it sets up.
+    return factory()
+
+
+class _Blocking:
+    """Holds the loop runtime for one core object and closes everything it was given."""
+
+    _kind = "object"
+
+    def __init__(
+        self, factory: Callable[[], Any], *, adapters: Sequence[Any] = (), options: Any = None
+    ) -> None:
+        self._closed = False
+        self._close_lock = threading.Lock()
+        self._adapters = list(adapters)
+        self._resources = [
+            value
+            for name in _RESOURCES
+            if (value := (options or {}).get(name)) is not None and hasattr(value, "aclose")
+        ]
+        RUNTIME.acquire()
+        try:
+            self._core = RUNTIME.call(_build(factory))
+        except BaseException:
+            RUNTIME.call(self._close_adapters())
+            RUNTIME.release()
+            raise
+        for resource in self._resources:
+            RUNTIME.hold(resource)
+
+    def _call(self, coroutine: Coroutine[Any, Any, Any]) -> Any:
+        if self._closed:
+            coroutine.close()
+            raise ClosedError(f"this georep.sync.{self._kind} is closed; create a new one")
+        return RUNTIME.call(coroutine)
+
+    def __enter__(self) -> Self:
+        self._call(self._core.__aenter__())
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Close the core, the adapters georep made and the resources no one else uses.
+
+        Idempotent and safe from any thread: a second caller waits for the first's close
+        to finish. Called from inside a handler (which the close would wait for), it
+        starts the close and returns at once.
+        """
+        if getattr(_handler_context, "receiver", None) is self:
+            threading.Thread(target=self.close, name="georep-close", daemon=True).start()
+            return
+        with self._close_lock:
+            if self._closed:
+                return
+            self._closed = True
+            try:
+                RUNTIME.call(self._aclose())
+            finally:
+                RUNTIME.release()
+
+    async def _aclose(self) -> None:
+        try:
+            await self._core.aclose()
+        finally:
+            await self._close_adapters()
+            for resource in self._resources:
+                if RUNTIME.drop(resource):
+                    with contextlib.suppress(Exception):
+                        await resource.aclose()
+
+    async def _close_adapters(self) -> None:
+        for adapter in self._adapters:
+            with contextlib.suppress(Exception):
+                await adapter.close()
+
+
+def _sender_adapters(primary: Any, secondary: Any) -> tuple[list[Any], list[Any]]:
+    """The two regions' RegionSenders, and those georep created (to close their threads)."""
+    regions: list[Any] = []
+    created: list[Any] = []
+    for sdk_sender, label in ((primary, "primary"), (secondary, "secondary")):
+        region = _sender._as_region_sender(sdk_sender, label)
+        regions.append(region)
+        if region is not sdk_sender:
+            created.append(region)
+    return regions, created
+
+
+class GeoSender(_Blocking):
+    """Blocking :class:`georep.GeoSender`: the same arguments, results and errors.
+
+    Args:
+        primary: The primary region's sender: an ``azure.servicebus.ServiceBusSender``
+            (sync; its calls run on a worker thread), an async one, or a RegionSender.
+        secondary: The secondary region's sender, for the same entity.
+        **options: As :class:`georep.GeoSender` (``mode``, ``policy``, ``outbox``...).
+
+    Raises:
+        ConfigurationError: As :class:`georep.GeoSender`.
+    """
+
+    _kind = "GeoSender"
+
+    def __init__(self, primary: Any, secondary: Any, **options: Any) -> None:
+        regions, created = _sender_adapters(primary, secondary)
+        super().__init__(
+            lambda: _sender.GeoSender(regions[0], regions[1], **options),
+            adapters=created,
+            options=options,
+        )
+
+    @classmethod
+    def from_connection_strings(cls, primary: str, secondary: str, **kwargs: Any) -> GeoSender:
+        """A GeoSender that creates, and closes, its own clients (as the async one).
+
+        Raises:
+            ConfigurationError: A connection string is malformed or the entity is not
+                named exactly once. The message never contains the key.
+        """
+        sender = cls.__new__(cls)
+        _Blocking.__init__(
+            sender,
+            lambda: _sender.GeoSender.from_connection_strings(primary, secondary, **kwargs),
+            options=kwargs,
+        )
+        return sender
+
+    @property
+    def stats(self) -> SenderStats:
+        """Live counters of the core sender."""
+        stats: SenderStats = self._core.stats
+        return stats
+
+    @property
+    def entity(self) -> str:
+        """The queue or topic name."""
+        return str(self._core.entity)
+
+    @property
+    def active_region(self) -> str:
+        """The label of the region passive sends go to now."""
+        # Read on the loop: the role state is per event loop.
+        return str(self._call(_build(lambda: self._core.active_region)))
+
+    def warm_up(self) -> None:
+        """Open both regions' links now (see :meth:`georep.GeoSender.warm_up`)."""
+        self._call(self._core.warm_up())
+
+    def send_messages(self, message: Any, *, timeout: float | None = None) -> SendResult:
+        """Send a message, a list of messages or a batch (as the async method).
+
+        Raises:
+            AllRegionsUnavailableError, OutboxFullError, RegionError, ClosedError: As the
+                async method.
+        """
+        result: SendResult = self._call(self._core.send_messages(message, timeout=timeout))
+        return result
+
+    def schedule_messages(
+        self, messages: Any, schedule_time_utc: datetime, *, timeout: float | None = None
+    ) -> Any:
+        """Schedule messages; see :meth:`georep.GeoSender.schedule_messages`."""
+        return self._call(
+            self._core.schedule_messages(messages, schedule_time_utc, timeout=timeout)
+        )
+
+    def cancel_scheduled_messages(
+        self, sequence_numbers: Mapping[str, Sequence[int]] | Any, *, timeout: float | None = None
+    ) -> None:
+        """Cancel scheduled messages; see :meth:`georep.GeoSender.cancel_scheduled_messages`."""
+        self._call(self._core.cancel_scheduled_messages(sequence_numbers, timeout=timeout))
+
+    def create_message_batch(self, max_size_in_bytes: int | None = None) -> Any:
+        """An empty batch that fits both regions (as the async method)."""
+        return self._call(self._core.create_message_batch(max_size_in_bytes))
+
+    def drain_outbox(self) -> int:
+        """Try once to send everything due in the outbox; return how many were delivered."""
+        delivered: int = self._call(self._core.drain_outbox())
+        return delivered
+
+
+class GeoReceiver(_Blocking):
+    """Blocking :class:`georep.GeoReceiver`: :meth:`run` calls a sync handler.
+
+    Args:
+        primary: The primary region's peek-lock receiver: an
+            ``azure.servicebus.ServiceBusReceiver`` (sync; its calls run on a worker
+            thread), an async one, or a RegionReceiver.
+        secondary: The secondary region's receiver.
+        seen: The shared seen-set (e.g. ``georep.adapters.redis.RedisSeenSet``); closed
+            when the last georep.sync object using it closes.
+        **options: As :class:`georep.GeoReceiver` (``concurrency``, ``lease``...).
+
+    Raises:
+        ConfigurationError: As :class:`georep.GeoReceiver`.
+    """
+
+    _kind = "GeoReceiver"
+
+    def __init__(self, primary: Any, secondary: Any, *, seen: Any, **options: Any) -> None:
+        regions: list[Any] = []
+        created: list[Any] = []
+        for sdk_receiver, label in ((primary, "primary"), (secondary, "secondary")):
+            region = _receiver._as_region_receiver(sdk_receiver, label)
+            regions.append(region)
+            if region is not sdk_receiver:
+                created.append(region)
+        super().__init__(
+            lambda: _receiver.GeoReceiver(regions[0], regions[1], seen=seen, **options),
+            adapters=created,
+            options={**options, "seen": seen},
+        )
+        self._run_future: concurrent.futures.Future[None] | None = None
+
+    @classmethod
+    def from_connection_strings(
+        cls, primary: str, secondary: str, *, seen: Any, **kwargs: Any
+    ) -> GeoReceiver:
+        """A GeoReceiver that creates, and closes, its own clients (as the async one).
+
+        Name ``queue_name=``, or ``topic_name=`` and ``subscription_name=``.
+
+        Raises:
+            ConfigurationError: A connection string is malformed or the entity is not
+                named properly. The message never contains the key.
+        """
+        receiver = cls.__new__(cls)
+        receiver._run_future = None
+        _Blocking.__init__(
+            receiver,
+            lambda: _receiver.GeoReceiver.from_connection_strings(
+                primary, secondary, seen=seen, **kwargs
+            ),
+            options={**kwargs, "seen": seen},
+        )
+        return receiver
+
+    @property
+    def stats(self) -> ReceiverStats:
+        """Live counters of the core receiver."""
+        stats: ReceiverStats = self._core.stats
+        return stats
+
+    @property
+    def entity(self) -> str:
+        """The queue, or ``topic/Subscriptions/subscription``."""
+        return str(self._core.entity)
+
+    def run(self, handler: SyncHandler) -> None:
+        """Receive and process until :meth:`close` (from another thread) or Ctrl-C.
+
+        Args:
+            handler: ``def handle(message)``, run on a worker thread (up to
+                ``concurrency`` at once per region), never on georep's loop thread.
+                Raising means "not processed"; it may decide the outcome with
+                :meth:`dead_letter_message` and the other outcome methods.
+
+        Raises:
+            ClosedError: The receiver was closed.
+            KeyboardInterrupt: After a graceful stop (in-flight handlers finished and
+                settled), re-raised so the application exits as usual.
+        """
+        if self._closed:
+            raise ClosedError("this georep.sync.GeoReceiver is closed; create a new one")
+        core = self._core
+        loop = RUNTIME.loop
+        pool = concurrent.futures.ThreadPoolExecutor(
+            max_workers=2 * core.concurrency, thread_name_prefix="georep-handler"
+        )
+
+        def run_handler(message: Any) -> object:
+            _handler_context.receiver = self
+            try:
+                return handler(message)
+            finally:
+                _handler_context.receiver = None
+
+        async def call(message: Any) -> object:
+            # As asyncio.to_thread: the handler sees the context the core set for it.
+            context = contextvars.copy_context()
+            return await loop.run_in_executor(pool, context.run, run_handler, message)
+
+        try:
+            self._run_future = RUNTIME.submit(core.run(call))
+            self._wait_for_run(self._run_future)
+        finally:
+            pool.shutdown(wait=True, cancel_futures=True)
+
+    def _wait_for_run(self, future: concurrent.futures.Future[None]) -> None:
+        try:
+            future.result()
+        except KeyboardInterrupt:
+            # Stop gracefully (the core finishes and settles in-flight handlers), then let
+            # the interrupt end the application.
+            self.close()
+            with contextlib.suppress(Exception):
+                future.result()
+            raise
+        except concurrent.futures.CancelledError:
+            return
+
+    def peek_all(self, count: int) -> dict[str, list[Any]]:
+        """Up to ``count`` messages from each region, without locking them."""
+        peeked: dict[str, list[Any]] = self._call(self._core.peek_all(count))
+        return peeked
+
+    # ----------------------------------------------------------- handler outcomes
+    # Recorded by the core (no I/O) and applied after the handler returns.
+
+    def complete_message(self, message: Any) -> None:
+        """Decide: complete ``message`` (the default when the handler returns)."""
+        self._outcome("complete_message", message)
+
+    def abandon_message(self, message: Any) -> None:
+        """Decide: abandon ``message`` (redelivered; the default when the handler raises)."""
+        self._outcome("abandon_message", message)
+
+    def defer_message(self, message: Any) -> None:
+        """Decide: defer ``message`` (kept in the entity, receivable by sequence number)."""
+        self._outcome("defer_message", message)
+
+    def dead_letter_message(
+        self, message: Any, reason: str | None = None, error_description: str | None = None
+    ) -> None:
+        """Decide: dead-letter ``message`` in its region; its twin gets the same outcome."""
+        self._outcome(
+            "dead_letter_message", message, reason=reason, error_description=error_description
+        )
+
+    def _outcome(self, name: str, *args: Any, **kwargs: Any) -> None:
+        method = getattr(self._core, name, None)
+        if method is None:
+            raise NotImplementedError(f"georep.GeoReceiver has no {name} in this version")
+        # Not self._call: a handler still running while close() waits for it may decide.
+        RUNTIME.call(method(*args, **kwargs))
+
+
+class ReceiverHandler:
+    """What ``@georep.sync.receiver(...)`` returns: the handler, still callable, plus run().
+
+    Attributes:
+        stats: Live counters (:class:`georep.ReceiverStats`), once running.
+    """
+
+    def __init__(self, function: SyncHandler, factory: Callable[[], GeoReceiver]) -> None:
+        self._function = function
+        self._factory = factory
+        self._receiver: GeoReceiver | None = None
+        self._closed = False
+        self._lock = threading.Lock()
+        self.__name__ = getattr(function, "__name__", "handler")
+        self.__doc__ = getattr(function, "__doc__", None)
+
+    def __call__(self, message: Any) -> object:
+        return self._function(message)
+
+    @property
+    def stats(self) -> ReceiverStats:
+        return self._receiver.stats if self._receiver is not None else ReceiverStats()
+
+    def run(self) -> None:
+        """Receive and process until :meth:`close` (from another thread) or Ctrl-C.
+
+        Raises:
+            ClosedError: :meth:`close` was called.
+        """
+        with self._lock:
+            if self._closed:
+                raise ClosedError("this receiver handler is closed; decorate a new one")
+            if self._receiver is None:
+                self._receiver = self._factory()
+            receiver = self._receiver
+        receiver.run(self._function)
+
+    def close(self) -> None:
+        """Stop gracefully: finish in-flight handlers, settle, close. Idempotent."""
+        with self._lock:
+            self._closed = True
+            receiver = self._receiver
+        if receiver is not None:
+            receiver.close()
+
+    def _running(self) -> GeoReceiver:
+        if self._receiver is None:
+            raise ClosedError("the handler's receiver is not running")
+        return self._receiver
+
+    def complete_message(self, message: Any) -> None:
+        """As :meth:`GeoReceiver.complete_message`."""
+        self._running().complete_message(message)
+
+    def abandon_message(self, message: Any) -> None:
+        """As :meth:`GeoReceiver.abandon_message`."""
+        self._running().abandon_message(message)
+
+    def defer_message(self, message: Any) -> None:
+        """As :meth:`GeoReceiver.defer_message`."""
+        self._running().defer_message(message)
+
+    def dead_letter_message(
+        self, message: Any, reason: str | None = None, error_description: str | None = None
+    ) -> None:
+        """As :meth:`GeoReceiver.dead_letter_message`."""
+        self._running().dead_letter_message(
+            message, reason=reason, error_description=error_description
+        )
+
+
+def receiver(
+    *,
+    primary: Any,
+    secondary: Any,
+    seen: Any,
+    queue_name: str | None = None,
+    topic_name: str | None = None,
+    subscription_name: str | None = None,
+    **options: Any,
+) -> Callable[[SyncHandler], ReceiverHandler]:
+    """Decorate ``def handle(message)`` to receive each logical message once (blocking).
+
+    As :func:`georep.receiver`: ``primary``/``secondary`` are SDK receivers (sync or
+    async) or RegionReceivers, or connection strings with ``queue_name`` (or
+    ``topic_name`` and ``subscription_name``); other options go to :class:`GeoReceiver`.
+    The returned object is still callable and has ``run()`` (blocking), ``close()``,
+    ``stats`` and the outcome methods::
+
+        @georep.sync.receiver(primary=conn_a, secondary=conn_b, queue_name="orders", seen=seen)
+        def handle(message): ...
+
+        handle.run()
+    """
+
+    def factory() -> GeoReceiver:
+        if isinstance(primary, str) and isinstance(secondary, str):
+            return GeoReceiver.from_connection_strings(
+                primary,
+                secondary,
+                queue_name=queue_name,
+                topic_name=topic_name,
+                subscription_name=subscription_name,
+                seen=seen,
+                **options,
+            )
+        return GeoReceiver(primary, secondary, seen=seen, **options)
+
+    def decorate(function: SyncHandler) -> ReceiverHandler:
+        return ReceiverHandler(function, factory)
+
+    return decorate
+
+
+class PairedSender(_Blocking):
+    """Blocking :class:`georep.PairedSender` (paired namespaces, SPEC §3).
+
+    Build it with :meth:`from_connection_strings`; the constructor takes the same
+    arguments as :class:`georep.PairedSender` (RegionSenders).
+    """
+
+    _kind = "PairedSender"
+
+    def __init__(
+        self, primary: RegionSender, backlog: Sequence[RegionSender], **options: Any
+    ) -> None:
+        super().__init__(
+            lambda: _paired_sender.PairedSender(primary, backlog, **options), options=options
+        )
+
+    @classmethod
+    def from_connection_strings(cls, primary: str, secondary: str, **kwargs: Any) -> PairedSender:
+        """A PairedSender that creates, and closes, its senders (as the async one)."""
+        sender = cls.__new__(cls)
+        _Blocking.__init__(
+            sender,
+            lambda: _paired_sender.PairedSender.from_connection_strings(
+                primary, secondary, **kwargs
+            ),
+            options=kwargs,
+        )
+        return sender
+
+    @property
+    def entity(self) -> str:
+        """The queue or topic name."""
+        return str(self._core.entity)
+
+    def send_messages(self, message: Any, *, timeout: float | None = None) -> Any:
+        """Send; see :meth:`georep.PairedSender.send_messages`."""
+        return self._call(self._core.send_messages(message, timeout=timeout))

@@ -1,0 +1,146 @@
+"""georep.sync over georep.testing's in-memory regions: blocking calls, errors, lifecycle."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+
+import pytest
+
+import georep.sync
+from georep import AllRegionsUnavailableError, ClosedError, ConfigurationError, SendResult
+from georep._sync_runtime import RUNTIME
+from georep.ports import ErrorKind
+from georep.testing import FakeMessage, InMemoryOutbox, InMemoryRegionSender
+
+
+def loop_threads() -> list[threading.Thread]:
+    return [t for t in threading.enumerate() if t.name == "georep-sync-loop"]
+
+
+@pytest.fixture
+def regions() -> Iterator[tuple[InMemoryRegionSender, InMemoryRegionSender]]:
+    yield InMemoryRegionSender("primary"), InMemoryRegionSender("secondary")
+    assert RUNTIME.thread is None, "a test left a georep.sync object open"
+
+
+def test_send_blocks_and_returns_the_cores_send_result(
+    regions: tuple[InMemoryRegionSender, InMemoryRegionSender],
+) -> None:
+    primary, secondary = regions
+    with georep.sync.GeoSender(primary, secondary, mode="active") as sender:
+        result = sender.send_messages(FakeMessage(b"hello"))
+        assert isinstance(result, SendResult)
+        assert set(result.accepted) == {"primary", "secondary"}
+        assert (
+            [m.body for m in primary.accepted] == [b"hello"] == [m.body for m in secondary.accepted]
+        )
+        assert sender.stats.accepted == {"primary": 1, "secondary": 1}
+
+
+def test_errors_are_georeps_not_concurrent_futures(
+    regions: tuple[InMemoryRegionSender, InMemoryRegionSender],
+) -> None:
+    primary, secondary = regions
+    primary.fail_with(ErrorKind.CONNECTION)
+    secondary.fail_with(ErrorKind.CONNECTION)
+    with georep.sync.GeoSender(primary, secondary) as sender:
+        with pytest.raises(AllRegionsUnavailableError) as caught:
+            sender.send_messages(FakeMessage(b"lost?"))
+        assert set(caught.value.causes) == {"primary", "secondary"}
+
+
+def test_bad_configuration_raises_at_construction_and_leaves_no_thread(
+    regions: tuple[InMemoryRegionSender, InMemoryRegionSender],
+) -> None:
+    primary, _ = regions
+    with pytest.raises(ConfigurationError, match="same namespace"):
+        georep.sync.GeoSender(primary, InMemoryRegionSender("other", primary.namespace))
+    assert not loop_threads()
+
+
+def test_close_is_idempotent_and_use_after_close_raises_closed_error(
+    regions: tuple[InMemoryRegionSender, InMemoryRegionSender],
+) -> None:
+    sender = georep.sync.GeoSender(*regions)
+    sender.send_messages(FakeMessage(b"m"))
+    sender.close()
+    sender.close()
+    for call in (
+        lambda: sender.send_messages(FakeMessage(b"m")),
+        sender.create_message_batch,
+        sender.drain_outbox,
+    ):
+        with pytest.raises(ClosedError):
+            call()
+    assert not loop_threads()
+
+
+def test_one_loop_thread_serves_every_open_object_and_stops_with_the_last(
+    regions: tuple[InMemoryRegionSender, InMemoryRegionSender],
+) -> None:
+    first = georep.sync.GeoSender(*regions)
+    second = georep.sync.GeoSender(
+        InMemoryRegionSender("primary", "a.example"), InMemoryRegionSender("secondary", "b.example")
+    )
+    assert len(loop_threads()) == 1
+    first.close()
+    assert len(loop_threads()) == 1, "the second sender still needs the loop"
+    second.send_messages(FakeMessage(b"still works"))
+    second.close()
+    assert not loop_threads()
+
+
+def test_senders_on_one_pair_share_their_roles_as_in_one_event_loop(
+    regions: tuple[InMemoryRegionSender, InMemoryRegionSender],
+) -> None:
+    primary, secondary = regions
+    primary.fail_with(ErrorKind.CONNECTION)
+    with (
+        georep.sync.GeoSender(primary, secondary) as first,
+        georep.sync.GeoSender(primary, secondary) as second,
+    ):
+        assert first.send_messages(FakeMessage(b"a")).failed_over
+        assert second.active_region == "secondary"
+
+
+def test_an_outbox_handed_over_is_closed_by_the_last_object_using_it(
+    regions: tuple[InMemoryRegionSender, InMemoryRegionSender],
+) -> None:
+    outbox = InMemoryOutbox()
+    first = georep.sync.GeoSender(*regions, outbox=outbox)
+    second = georep.sync.GeoSender(*regions, outbox=outbox)
+    first.close()
+    assert not outbox._closed
+    second.close()
+    assert outbox._closed
+
+
+def test_a_sync_method_called_on_georeps_loop_thread_raises_instead_of_deadlocking(
+    regions: tuple[InMemoryRegionSender, InMemoryRegionSender],
+) -> None:
+    import asyncio
+
+    with georep.sync.GeoSender(*regions) as sender:
+
+        async def from_async_code() -> None:
+            sender.send_messages(FakeMessage(b"m"))
+
+        future = asyncio.run_coroutine_threadsafe(from_async_code(), RUNTIME.loop)
+        with pytest.raises(RuntimeError, match="use the async API"):
+            future.result(timeout=5)
+
+
+def test_a_sync_receiver_handler_is_still_callable() -> None:
+    calls: list[object] = []
+
+    @georep.sync.receiver(primary="a", secondary="b", queue_name="orders", seen=object())
+    def handle(message: object) -> None:
+        calls.append(message)
+
+    handle("m")
+    assert calls == ["m"] and handle.__name__ == "handle"
+    assert handle.stats.processed == 0
+    handle.close()
+    with pytest.raises(ClosedError):
+        handle.run()
