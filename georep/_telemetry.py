@@ -6,16 +6,27 @@ keep georep's own attributes under ``georep.*``.
 
 from __future__ import annotations
 
+import threading
 import time
+import weakref
 from collections.abc import Callable, Iterable
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 from opentelemetry import metrics, trace
 from opentelemetry.metrics import CallbackOptions, Observation
 from opentelemetry.trace import Span
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
-__all__ = ["ReceiverMetrics", "SenderTelemetry", "TracingGate", "traceparent_of"]
+__all__ = [
+    "Instruments",
+    "LiveGauge",
+    "ReceiverMetrics",
+    "SenderTelemetry",
+    "TracingGate",
+    "traceparent_of",
+]
+
+_O = TypeVar("_O")
 
 _INSTRUMENTATION = "georep"
 _propagator = TraceContextTextMapPropagator()
@@ -59,6 +70,147 @@ class TracingGate:
         return self._on
 
 
+class Instruments:
+    """The instruments of one meter provider, created once per process.
+
+    Senders and receivers come and go; their instruments must not. The API's proxy meter
+    provider keeps every instrument ever created on it (and an SDK provider every gauge
+    callback), so creating them per sender grew memory with every GeoSender and kept
+    each one alive through its gauge callback. Synchronous instruments take their
+    attributes per call, so one shared set serves every owner; gauges read a registry
+    of live owners (:class:`LiveGauge`).
+    """
+
+    # An explicit provider is held weakly; None (the global provider) is process-wide.
+    # Guarded by a lock: senders may be created on several event-loop threads.
+    _by_provider: weakref.WeakKeyDictionary[Any, Instruments] = weakref.WeakKeyDictionary()
+    _global: Instruments | None = None
+    _lock = threading.Lock()
+
+    def __init__(self, meter_provider: metrics.MeterProvider | None) -> None:
+        from georep import __version__
+
+        self._meter = metrics.get_meter(_INSTRUMENTATION, __version__, meter_provider)
+        self._made: dict[str, Any] = {}
+
+    @classmethod
+    def of(cls, meter_provider: metrics.MeterProvider | None) -> Instruments:
+        """The shared instruments of ``meter_provider`` (None: the global one)."""
+        with cls._lock:
+            if meter_provider is None:
+                if cls._global is None:
+                    cls._global = Instruments(None)
+                return cls._global
+            found = cls._by_provider.get(meter_provider)
+            if found is None:
+                found = cls._by_provider[meter_provider] = Instruments(meter_provider)
+            return found
+
+    def counter(self, name: str, *, unit: str, description: str) -> metrics.Counter:
+        """The counter ``name``, created on first use."""
+        with self._lock:
+            if name not in self._made:
+                self._made[name] = self._meter.create_counter(
+                    name, unit=unit, description=description
+                )
+            counter: metrics.Counter = self._made[name]
+            return counter
+
+    def histogram(self, name: str, *, unit: str, description: str) -> metrics.Histogram:
+        """The histogram ``name``, created on first use."""
+        with self._lock:
+            if name not in self._made:
+                self._made[name] = self._meter.create_histogram(
+                    name, unit=unit, description=description
+                )
+            histogram: metrics.Histogram = self._made[name]
+            return histogram
+
+    def gauge(
+        self,
+        name: str,
+        *,
+        unit: str,
+        description: str,
+        combine: Callable[[list[int]], int] = sum,
+    ) -> LiveGauge[Any]:
+        """The live-owner gauge ``name``, registered with the provider on first use.
+
+        ``combine`` merges the values of owners with the same attributes (one point per
+        attribute set reaches the exporter): ``sum`` for per-owner counts, ``max`` for a
+        value the owners share (the depth of one outbox channel).
+        """
+        with self._lock:
+            if name not in self._made:
+                gauge: LiveGauge[Any] = LiveGauge(combine)
+                self._meter.create_observable_gauge(
+                    name, callbacks=[gauge._observe], unit=unit, description=description
+                )
+                self._made[name] = gauge
+            found: LiveGauge[Any] = self._made[name]
+            return found
+
+
+class LiveGauge(Generic[_O]):
+    """An observable gauge reading every live owner (see :class:`Instruments`).
+
+    Owners (GeoSenders, GeoReceivers) are held through weak references: one that is
+    collected vanishes from the reading, one whose reader returns None (closed) is
+    skipped. Nothing the gauge holds keeps an owner, its SDK clients or its tasks alive.
+    """
+
+    def __init__(self, combine: Callable[[list[int]], int] = sum) -> None:
+        self._combine = combine
+        self._owners: dict[
+            int, tuple[weakref.ref[Any], Callable[[Any], int | None], dict[str, str]]
+        ] = {}
+        self._next = 0
+        self._owner_lock = threading.Lock()
+
+    def add(self, owner: _O, read: Callable[[_O], int | None], attributes: dict[str, str]) -> int:
+        """Observe ``read(owner)`` with ``attributes`` while ``owner`` lives.
+
+        ``read`` must not close over ``owner`` (pass a function of it): the gauge holds the
+        owner weakly and ``read`` strongly. Returns a handle for :meth:`remove`.
+        """
+        with self._owner_lock:
+            # Collected owners are swept here and when read, not from a weakref callback:
+            # that would run inside the garbage collector, possibly while this thread
+            # holds the lock.
+            for dead in [h for h, (ref, _, _) in self._owners.items() if ref() is None]:
+                del self._owners[dead]
+            handle = self._next
+            self._next += 1
+            self._owners[handle] = (weakref.ref(owner), read, attributes)
+        return handle
+
+    def remove(self, handle: int) -> None:
+        """Stop observing the owner behind ``handle`` (idempotent)."""
+        self._drop(handle)
+
+    def _drop(self, handle: int) -> None:
+        with self._owner_lock:
+            self._owners.pop(handle, None)
+
+    def __len__(self) -> int:
+        """Owners registered and not yet swept."""
+        return len(self._owners)
+
+    def _observe(self, _options: CallbackOptions) -> Iterable[Observation]:
+        with self._owner_lock:
+            owners = list(self._owners.items())
+        values: dict[tuple[tuple[str, str], ...], list[int]] = {}
+        for handle, (ref, read, attributes) in owners:
+            owner = ref()
+            if owner is None:
+                self._drop(handle)
+                continue
+            value = read(owner)
+            if value is not None:
+                values.setdefault(tuple(sorted(attributes.items())), []).append(value)
+        return [Observation(self._combine(v), dict(k)) for k, v in values.items()]
+
+
 class SenderTelemetry:
     """The instruments one :class:`georep.GeoSender` records into."""
 
@@ -69,8 +221,20 @@ class SenderTelemetry:
         mode: str,
         tracer_provider: trace.TracerProvider | None,
         meter_provider: metrics.MeterProvider | None,
-        outbox_depth: Callable[[], int | None],
+        owner: _O,
+        outbox_depth: Callable[[_O], int | None],
     ) -> None:
+        """Create the instruments of one sender.
+
+        Args:
+            entity: The queue or topic name (an attribute of every point).
+            mode: ``"passive"`` or ``"active"``.
+            tracer_provider: OpenTelemetry tracer provider (None: the global one).
+            meter_provider: OpenTelemetry meter provider (None: the global one).
+            owner: The sender, held weakly by the outbox-depth gauge.
+            outbox_depth: Reads ``owner``'s outbox depth, None when there is none to
+                report (no outbox yet, or closed); must not close over ``owner``.
+        """
         from georep import __version__
 
         self.entity = entity
@@ -79,47 +243,42 @@ class SenderTelemetry:
         self.tracer = trace.get_tracer(_INSTRUMENTATION, __version__, tracer_provider)
         self.tracing = TracingGate(tracer_provider, time.monotonic)
         """True when spans are worth creating (see :class:`TracingGate`)."""
-        meter = metrics.get_meter(_INSTRUMENTATION, __version__, meter_provider)
+        meter = Instruments.of(meter_provider)
         self._base = {"messaging.destination.name": entity, "georep.mode": mode}
         self.span_attributes: dict[str, Any] = {
             "messaging.system": "servicebus",
             "messaging.operation.type": "send",
             **self._base,
         }
-        self._messages = meter.create_counter(
+        self._messages = meter.counter(
             "georep.messages.sent",
             unit="{message}",
             description="Messages handed to a region, by region and outcome "
             "(accepted, failed, queued).",
         )
-        self._failovers = meter.create_counter(
+        self._failovers = meter.counter(
             "georep.failovers",
             unit="{failover}",
             description="Sends that went to the backup region after the active one failed.",
         )
-        self._role_swaps = meter.create_counter(
+        self._role_swaps = meter.counter(
             "georep.role_swaps",
             unit="{swap}",
             description="Times the active and backup regions swapped roles.",
         )
-        self._duration = meter.create_histogram(
+        self._duration = meter.histogram(
             "georep.send.duration",
             unit="s",
             description="Duration of send_messages calls, failover included.",
         )
-        self._outbox_depth = outbox_depth
-
-        def observe_depth(_options: CallbackOptions) -> Iterable[Observation]:
-            depth = self._outbox_depth()
-            if depth is not None:
-                yield Observation(depth, self._base)
-
-        meter.create_observable_gauge(
+        self._depth_gauge = meter.gauge(
             "georep.outbox.depth",
-            callbacks=[observe_depth],
             unit="{message}",
             description="Messages waiting in the durable outbox.",
+            # Senders of one entity and mode share an outbox channel: the same queue.
+            combine=max,
         )
+        self._depth_handle = self._depth_gauge.add(owner, outbox_depth, self._base)
         # Attribute dicts are built once: the send path must stay within a few microseconds.
         self._outcome_attributes: dict[tuple[str, str], dict[str, str]] = {}
 
@@ -143,53 +302,77 @@ class SenderTelemetry:
     def duration(self, seconds: float, outcome: str) -> None:
         self._duration.record(seconds, self._attributes("all", outcome))
 
+    def close(self) -> None:
+        """Drop this sender from the outbox-depth gauge (idempotent)."""
+        self._depth_gauge.remove(self._depth_handle)
+
 
 class ReceiverMetrics:
     """The metrics one :class:`georep.GeoReceiver` records into."""
 
     def __init__(
-        self, entity: str, meter_provider: metrics.MeterProvider | None, stats: Any
+        self,
+        entity: str,
+        meter_provider: metrics.MeterProvider | None,
+        owner: _O,
+        parked: Callable[[_O], int | None],
     ) -> None:
-        from georep import __version__
+        """Create the instruments of one receiver.
 
-        meter = metrics.get_meter(_INSTRUMENTATION, __version__, meter_provider)
+        Args:
+            entity: The queue, topic or subscription path (an attribute of every point).
+            meter_provider: OpenTelemetry meter provider (None: the global one).
+            owner: The receiver, held weakly by the parked-copies gauge.
+            parked: Reads ``owner``'s parked count, None once closed; must not close over
+                ``owner``.
+        """
+
+        meter = Instruments.of(meter_provider)
         self._base = {"messaging.destination.name": entity}
         self._by_region: dict[str, dict[str, str]] = {}
-        self._processed = meter.create_counter(
+        self._processed = meter.counter(
             "georep.messages.processed",
             unit="{message}",
             description="Logical messages whose handler succeeded, by the region of the copy.",
         )
-        self._suppressed = meter.create_counter(
+        self._suppressed = meter.counter(
             "georep.messages.suppressed",
             unit="{message}",
             description="Duplicate copies settled without calling the handler, by region.",
         )
-        self._failed = meter.create_counter(
+        self._failed = meter.counter(
             "georep.messages.failed",
             unit="{message}",
             description="Handler failures (copy abandoned, redelivered later).",
         )
-        self._store_errors = meter.create_counter(
+        self._dead_lettered = meter.counter(
+            "georep.messages.dead_lettered",
+            unit="{message}",
+            description="Copies dead-lettered (by the handler, after max_attempts, or as the "
+            "twin of a dead-lettered copy), by region.",
+        )
+        self._deferred = meter.counter(
+            "georep.messages.deferred",
+            unit="{message}",
+            description="Copies deferred (by the handler, or as the twin of a deferred copy).",
+        )
+        self._store_errors = meter.counter(
             "georep.seen.errors",
             unit="{error}",
             description="Seen-set calls that failed (store unreachable).",
         )
-        self._claim_latency = meter.create_histogram(
+        self._claim_latency = meter.histogram(
             "georep.seen.claim.duration",
             unit="s",
             description="Duration of one batched claim round trip to the seen-set.",
         )
 
-        def observe_parked(_options: CallbackOptions) -> Iterable[Observation]:
-            yield Observation(stats.parked, self._base)
-
-        meter.create_observable_gauge(
+        self._parked_gauge = meter.gauge(
             "georep.messages.parked",
-            callbacks=[observe_parked],
             unit="{message}",
             description="Copies waiting for another consumer's outcome.",
         )
+        self._parked_handle = self._parked_gauge.add(owner, parked, self._base)
 
     def _region(self, region: str) -> dict[str, str]:
         attributes = self._by_region.get(region)
@@ -206,8 +389,18 @@ class ReceiverMetrics:
     def failed(self, region: str) -> None:
         self._failed.add(1, self._region(region))
 
+    def dead_lettered(self, region: str) -> None:
+        self._dead_lettered.add(1, self._region(region))
+
+    def deferred(self, region: str) -> None:
+        self._deferred.add(1, self._region(region))
+
     def store_error(self) -> None:
         self._store_errors.add(1, self._base)
 
     def claim_latency(self, seconds: float) -> None:
         self._claim_latency.record(seconds, self._base)
+
+    def close(self) -> None:
+        """Drop this receiver from the parked-copies gauge (idempotent)."""
+        self._parked_gauge.remove(self._parked_handle)

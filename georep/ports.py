@@ -20,6 +20,7 @@ from georep._slot import RegionSlot
 
 __all__ = [
     "ClaimState",
+    "Claims",
     "Clock",
     "Delivery",
     "ErrorKind",
@@ -182,6 +183,14 @@ class MessageCodec(Protocol):
 
     def set_application_property(self, message: Any, name: str, value: str) -> None: ...
 
+    def time_to_live(self, message: Any) -> float | None:
+        """The message's time-to-live in seconds, or None when it has none."""
+        ...
+
+    def set_time_to_live(self, message: Any, seconds: float) -> None:
+        """Set the message's time-to-live to ``seconds`` (positive)."""
+        ...
+
     def copy(self, message: Any) -> Any:
         """An independent copy with the same body and properties (never the same object)."""
         ...
@@ -192,11 +201,15 @@ class MessageCodec(Protocol):
 
     def decode(self, payload: bytes) -> Any: ...
 
-    def check(self, messages: Sequence[Any], *, one_partition: bool) -> None:
+    def check(
+        self, messages: Sequence[Any], *, one_partition: bool, max_size: int | None = None
+    ) -> None:
         """Refuse, before anything is sent, what the service would refuse.
 
         SessionId and PartitionKey both set and different; with ``one_partition``, a list
-        or batch whose messages carry different partition keys.
+        or batch whose messages carry different partition keys; identifiers, property
+        types and body kinds the service (or a failover copy) cannot take; with
+        ``max_size`` (bytes, the entity's limit when known), messages certainly over it.
 
         Raises:
             InvalidMessageError: naming the message and the fix.
@@ -234,7 +247,12 @@ class Outbox(Protocol):
     """A durable local queue of messages no region accepted yet (SPEC §2.3).
 
     Implementations persist every entry before :meth:`put` returns, and delete it only
-    when told to (after a region accepted it), so nothing acknowledged is lost.
+    when told to (after a region accepted it), so nothing acknowledged is lost. An entry
+    that can never be sent leaves the queue through :meth:`dead_letter` and is kept aside.
+
+    Claims carry an ``owner`` (one per drainer): :meth:`renew`, :meth:`release` and
+    :meth:`retry_later` given an owner only touch entries that owner still holds, so a
+    drainer whose lease ran out never disturbs the drainer that took the entry over.
     """
 
     async def put(
@@ -243,30 +261,50 @@ class Outbox(Protocol):
         """Store ``(region, payload)`` items atomically; return their entry ids.
 
         Raises:
-            OutboxFullError: Storing them would exceed the outbox's bound; none is stored.
+            OutboxFullError: Storing them would exceed the outbox's bound (or its disk is
+                full); none is stored.
         """
         ...
 
     async def claim(
-        self, channel: str, *, limit: int, now: float, lease: float
+        self, channel: str, *, limit: int, now: float, lease: float, owner: str | None = None
     ) -> list[OutboxEntry]:
         """Up to ``limit`` entries of ``channel`` that are due and not leased, oldest first.
 
-        They stay leased for ``lease`` seconds, so a second drainer (in this process or
-        another) does not send them at the same time.
+        They stay leased to ``owner`` for ``lease`` seconds, so a second drainer (in this
+        process or another) does not send them at the same time.
         """
+        ...
+
+    async def renew(
+        self, entry_ids: Sequence[int], *, owner: str, now: float, lease: float
+    ) -> list[int]:
+        """Extend ``owner``'s leases to ``now + lease``; return the ids it still holds."""
+        ...
+
+    async def release(self, entry_ids: Sequence[int], *, owner: str | None = None) -> None:
+        """Hand leased entries back unsent: due again at once, no attempt counted."""
         ...
 
     async def delete(self, entry_ids: Sequence[int]) -> None:
         """Remove delivered entries."""
         ...
 
-    async def retry_later(self, entry_ids: Sequence[int], *, not_before: float) -> None:
+    async def retry_later(
+        self, entry_ids: Sequence[int], *, not_before: float, owner: str | None = None
+    ) -> None:
         """Count a failed attempt, drop the lease, and make them due again at ``not_before``."""
         ...
 
+    async def dead_letter(self, entries: Sequence[tuple[int, str]], *, now: float) -> None:
+        """Move ``(entry_id, reason)`` entries out of the queue into the dead-letter store.
+
+        ``reason`` names the error's class and kind, never its text (it may hold a secret).
+        """
+        ...
+
     async def depth(self, channel: str | None = None) -> int:
-        """Entries stored (for ``channel``, or in total)."""
+        """Entries queued (for ``channel``, or in total); dead-lettered ones not included."""
         ...
 
     async def aclose(self) -> None:
@@ -275,7 +313,7 @@ class Outbox(Protocol):
 
 
 class ClaimState(enum.StrEnum):
-    """What :meth:`SeenStore.claim` found for one dedup key."""
+    """What :meth:`SeenStore.claim` found for one dedup key, and the outcomes it records."""
 
     CLAIMED = "claimed"
     """Ours now: process the message, then commit (or release on failure)."""
@@ -283,6 +321,38 @@ class ClaimState(enum.StrEnum):
     """Another consumer holds a live claim: wait for its outcome."""
     DONE = "done"
     """Processed already (within the dedup window): settle the copy without processing."""
+    DEAD_LETTERED = "dead-lettered"
+    """Dead-lettered already (by a handler, or after ``max_attempts``): dead-letter this copy
+    too, never process it. The recorded reason is in :attr:`Claims.reasons`."""
+    DEFERRED = "deferred"
+    """Deferred already by a handler: defer this copy too, never process it."""
+
+
+FINAL_STATES: tuple[ClaimState, ...] = (
+    ClaimState.DONE,
+    ClaimState.DEAD_LETTERED,
+    ClaimState.DEFERRED,
+)
+"""The outcomes :meth:`SeenStore.commit` records (the others are claim answers only)."""
+
+
+class Claims(list[ClaimState]):
+    """What :meth:`SeenStore.claim` returns: the states in key order, plus reasons.
+
+    A plain list of :class:`ClaimState` (compares equal to one), with the reason each
+    :attr:`ClaimState.DEAD_LETTERED` key was committed with, read in the same round trip.
+
+    Attributes:
+        reasons: Index in the key list -> the dead-letter reason recorded for that key.
+    """
+
+    __slots__ = ("reasons",)
+
+    def __init__(
+        self, states: Sequence[ClaimState] = (), reasons: dict[int, str] | None = None
+    ) -> None:
+        super().__init__(states)
+        self.reasons: dict[int, str] = reasons if reasons is not None else {}
 
 
 @runtime_checkable
@@ -301,11 +371,31 @@ class SeenStore(Protocol):
         """Try to claim each key for ``owner`` for ``lease`` seconds.
 
         A key already claimed by the same ``owner`` is claimed again (lease renewed).
+        Implementations return a :class:`Claims` so that dead-letter reasons come back in
+        the same round trip; a plain list means "no reasons known".
         """
         ...
 
-    async def commit(self, keys: Sequence[str], *, owner: str) -> None:
-        """Mark keys done for the store's dedup window (whoever holds them)."""
+    async def commit(
+        self,
+        keys: Sequence[str],
+        *,
+        owner: str,
+        outcome: ClaimState = ClaimState.DONE,
+        reasons: Sequence[str] | None = None,
+    ) -> None:
+        """Record the keys' final outcome for the store's dedup window (whoever holds them).
+
+        Args:
+            keys: The dedup keys.
+            owner: The committing consumer.
+            outcome: One of :data:`FINAL_STATES`. Default ``DONE`` (processed).
+            reasons: For ``DEAD_LETTERED``: one reason per key, returned to later claims.
+
+        Raises:
+            ConfigurationError: ``outcome`` is not a final state, or ``reasons`` does not
+                have one entry per key.
+        """
         ...
 
     async def release(self, keys: Sequence[str], *, owner: str) -> None:
@@ -331,6 +421,8 @@ class Delivery:
         enqueued_at: Wall-clock seconds when the region stored it, if known.
         locked_until: Wall-clock seconds when its lock expires, if known.
         traceparent: The producer's W3C traceparent, if the copy carries one.
+        content_type: The copy's content type, if set (the paired namespaces' ping is
+            recognised by it).
     """
 
     key: str | None
@@ -338,6 +430,7 @@ class Delivery:
     enqueued_at: float | None
     locked_until: float | None
     traceparent: str | None
+    content_type: str | None = None
 
 
 @runtime_checkable
@@ -377,6 +470,10 @@ class RegionReceiver(Protocol):
 
     async def dead_letter(self, message: Any, reason: str, description: str) -> None:
         """Move the copy to the entity's dead-letter queue with a reason."""
+        ...
+
+    async def defer(self, message: Any) -> None:
+        """Defer the copy (it stays in the entity, retrievable by sequence number)."""
         ...
 
     async def renew_lock(self, message: Any) -> float | None:

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
+from georep._classify import error_type as classified_error_type
 from georep._clock import Deadline, FakeWatchdog
 from georep._slot import RegionSlot
 from georep._testing_ledger import InMemoryLedger
@@ -32,12 +33,8 @@ from georep._testing_outbox import InMemoryOutbox
 from georep._testing_relay import InMemoryRelayEndpoint
 from georep._testing_seen import InMemorySeenSet
 from georep.exceptions import (
-    AuthenticationError,
-    EntityNotFoundError,
     InvalidMessageError,
-    MessageTooLargeError,
     RegionError,
-    RegionUnavailableError,
 )
 from georep.ports import Delivery, ErrorKind
 
@@ -124,6 +121,8 @@ class FakeMessage:
     message_id: str | None = None
     subject: str | None = None
     application_properties: dict[str, Any] = field(default_factory=dict)
+    time_to_live: float | None = None
+    """Seconds, or None for no time-to-live."""
 
 
 class FakeBatch:
@@ -181,12 +180,19 @@ class FakeCodec:
     def set_application_property(self, message: Any, name: str, value: str) -> None:
         message.application_properties[name] = value
 
+    def time_to_live(self, message: Any) -> float | None:
+        return message.time_to_live  # type: ignore[no-any-return]
+
+    def set_time_to_live(self, message: Any, seconds: float) -> None:
+        message.time_to_live = seconds
+
     def copy(self, message: Any) -> Any:
         return FakeMessage(
             message.body,
             message.message_id,
             message.subject,
             dict(message.application_properties),
+            message.time_to_live,
         )
 
     def encode(self, message: Any) -> bytes:
@@ -196,6 +202,7 @@ class FakeCodec:
                 "message_id": message.message_id,
                 "subject": message.subject,
                 "application_properties": message.application_properties,
+                "time_to_live": message.time_to_live,
             }
         ).encode()
 
@@ -206,24 +213,18 @@ class FakeCodec:
             document["message_id"],
             document["subject"],
             document["application_properties"],
+            document.get("time_to_live"),
         )
 
-    def check(self, messages: Sequence[Any], *, one_partition: bool) -> None:
-        return None  # FakeMessage has no session id or partition key
+    def check(
+        self, messages: Sequence[Any], *, one_partition: bool, max_size: int | None = None
+    ) -> None:
+        if max_size is not None and sum(len(m.body) for m in messages) > max_size:
+            raise InvalidMessageError(f"the bodies are over the entity's limit of {max_size} bytes")
+        # FakeMessage has no session id or partition key.
 
     def new_batch(self, max_size_in_bytes: int, prepare: Callable[[Any], object]) -> Any:
         return FakeBatch(max_size_in_bytes, prepare)
-
-
-_ERROR_TYPES: dict[ErrorKind, type[RegionError]] = {
-    ErrorKind.CONNECTION: RegionUnavailableError,
-    ErrorKind.TIMEOUT: RegionUnavailableError,
-    ErrorKind.SERVICE_ERROR: RegionUnavailableError,
-    ErrorKind.MESSAGE_TOO_LARGE: MessageTooLargeError,
-    ErrorKind.AUTHENTICATION: AuthenticationError,
-    ErrorKind.ENTITY_NOT_FOUND: EntityNotFoundError,
-    ErrorKind.ENTITY_DISABLED: EntityNotFoundError,
-}
 
 
 class InMemoryRegionSender:
@@ -308,7 +309,7 @@ class InMemoryRegionSender:
                 self._failures_left -= 1
                 if self._failures_left <= 0:
                     self._failure = None
-            error_type = _ERROR_TYPES.get(kind, RegionError)
+            error_type = classified_error_type(kind)  # the one table
             raise error_type(
                 f"{self._region}: injected {kind.value}", region=self._region, kind=kind
             )
@@ -318,6 +319,15 @@ class InMemoryRegionSender:
 
     async def send(self, messages: Any, *, timeout: float) -> None:
         await self._check()
+        size = sum(len(m.body) for m in self._codec.split(messages))
+        if size > self._max_message_size:
+            # As the service refuses it (SDK: MessageSizeExceededError), nothing stored.
+            raise classified_error_type(ErrorKind.MESSAGE_TOO_LARGE)(
+                f"{self._region}: {size} bytes is over the entity's limit of "
+                f"{self._max_message_size} bytes",
+                region=self._region,
+                kind=ErrorKind.MESSAGE_TOO_LARGE,
+            )
         self.payloads.append(messages)
         self.accepted.extend(self._codec.split(messages))
 
@@ -360,6 +370,9 @@ class FakeReceivedMessage:
     sequence_number: int = 0
     lock_token: int = 0
     locked_until: float = 0.0
+    content_type: str | None = None
+    dead_letter_reason: str | None = None
+    dead_letter_error_description: str | None = None
 
 
 class InMemoryRegionReceiver:
@@ -368,7 +381,9 @@ class InMemoryRegionReceiver:
     Attributes:
         completed: Copies completed, in order.
         abandoned: Copies abandoned, in order.
-        dead_lettered: Messages moved aside after ``max_delivery_count`` deliveries.
+        deferred: Copies deferred, in order.
+        dead_lettered: Messages dead-lettered (by a receiver, with its reason and
+            description, or after ``max_delivery_count`` deliveries).
     """
 
     def __init__(
@@ -394,6 +409,7 @@ class InMemoryRegionReceiver:
         self.completed: list[FakeReceivedMessage] = []
         self.abandoned: list[FakeReceivedMessage] = []
         self.dead_lettered: list[FakeReceivedMessage] = []
+        self.deferred: list[FakeReceivedMessage] = []
         self.closed = False
 
     @property
@@ -408,7 +424,7 @@ class InMemoryRegionReceiver:
     def entity(self) -> str:
         return self._entity
 
-    def put(self, message: FakeMessage) -> None:
+    def put(self, message: FakeMessage, *, content_type: str | None = None) -> None:
         """Enqueue a copy of ``message`` (as a sender's accepted message would be)."""
         self._available.append(
             FakeReceivedMessage(
@@ -417,6 +433,7 @@ class InMemoryRegionReceiver:
                 message.subject,
                 dict(message.application_properties),
                 sequence_number=next(self._sequence),
+                content_type=content_type,
             )
         )
 
@@ -454,6 +471,7 @@ class InMemoryRegionReceiver:
             enqueued_at=None,
             locked_until=message.locked_until,
             traceparent=message.application_properties.get("traceparent"),
+            content_type=message.content_type,
         )
 
     async def receive(self, max_messages: int, *, max_wait: float) -> list[Any]:
@@ -482,7 +500,12 @@ class InMemoryRegionReceiver:
 
     async def peek(self, count: int) -> list[Any]:
         self._expire_locks()
-        return [dataclasses.replace(m) for m in self._available[:count]]
+        # As the service: peek sees every stored message, locked and deferred ones too.
+        stored = sorted(
+            [*self._available, *self._locked.values(), *self.deferred],
+            key=lambda m: m.sequence_number,
+        )
+        return [dataclasses.replace(m) for m in stored[:count]]
 
     async def complete(self, message: Any) -> None:
         held = self._held(message)
@@ -498,7 +521,14 @@ class InMemoryRegionReceiver:
     async def dead_letter(self, message: Any, reason: str, description: str) -> None:
         held = self._held(message)
         del self._locked[held.lock_token]
+        held.dead_letter_reason = reason
+        held.dead_letter_error_description = description
         self.dead_lettered.append(held)
+
+    async def defer(self, message: Any) -> None:
+        held = self._held(message)
+        del self._locked[held.lock_token]
+        self.deferred.append(held)
 
     async def renew_lock(self, message: Any) -> float | None:
         held = self._held(message)

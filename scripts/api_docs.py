@@ -16,6 +16,7 @@ from pathlib import Path
 #: The public modules, in reading order. Each one's ``__all__`` is its public surface.
 MODULES = (
     "georep",
+    "georep.sync",
     "georep.testing",
     "georep.adapters.servicebus",
     "georep.adapters.redis",

@@ -1,9 +1,10 @@
-"""Shared fixtures: one emulator for the session, a fresh queue per test."""
+"""Shared fixtures: one emulator for the session, a fresh queue per test; a private emulator
+per module for modules whose tests inject faults."""
 
 from __future__ import annotations
 
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any
 
 import pytest
@@ -38,3 +39,27 @@ async def client(georep_emulator: Emulator) -> AsyncIterator[ServiceBusClient]:
         georep_emulator.connection_string("primary")
     ) as sb:
         yield sb
+
+
+@pytest.fixture(scope="module")
+def emu() -> Iterator[Emulator]:
+    """A private two-region emulator for one module: its tests inject faults, which must
+    not reach the session's emulator."""
+    with Emulator() as emulator:
+        yield emulator
+
+
+@pytest.fixture
+def private_queue(emu: Emulator) -> Iterator[Callable[..., str]]:
+    """``private_queue(prefix, **properties)`` creates a uniquely named queue in every
+    namespace of the module's emulator; every fault is lifted after the test."""
+
+    def create(prefix: str = "q", **properties: Any) -> str:
+        name = f"{prefix}-{uuid.uuid4().hex[:8]}"
+        for namespace in emu.namespaces:
+            emu.namespace(namespace).create_queue(name, **properties)
+        return name
+
+    yield create
+    for namespace in emu.namespaces:
+        emu.namespace(namespace).restore()

@@ -36,7 +36,7 @@ async def test_an_outage_loses_nothing_and_processes_nothing_twice(
     assert result.failover_seconds is not None
     if mode == "active":
         # Copies sent to both regions before the outage were suppressed on one side.
-        assert sum(result.progress.suppressed.values()) >= 100
+        assert sum(result.progress.suppressed.values()) >= 50
     else:
         assert result.progress.accepted["secondary"] > 0, "backlog queues took the outage"
     assert (tmp_path / "ledger" / "sends").is_dir()

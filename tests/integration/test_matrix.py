@@ -1,0 +1,440 @@
+"""The whole surface through one primary outage, audited from the ledgers (issue 14).
+
+Entity {queue, topic with two subscriptions, partitioned queue} x mode {active, passive,
+paired} x client {async, sync}: 18 cells. Every cell sends at a steady rate while the
+primary namespace goes down and comes back, GeoReceivers (one per queue or subscription,
+all on one Redis group with default options) process what arrives, and each queue or
+subscription is audited from its ledger: nothing lost, nothing processed twice.
+
+The cells run at the same time against one private emulator, so one outage is mid-run for
+all of them and the wall time is that of one cell. Sync cells send with the sync SDK
+through ``georep.sync`` on threads; async cells use the async SDK and georep's async API.
+Every cell receives with the async GeoReceiver (sync receiving: test_sync_sdk.py).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import shutil
+import threading
+import time
+import uuid
+from collections import Counter
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+from azure.servicebus import ServiceBusClient as SyncClient
+from azure.servicebus import ServiceBusMessage
+
+import georep.sync
+from georep import (
+    FailoverPolicy,
+    GeoReceiver,
+    GeoReplicationError,
+    GeoSender,
+    PairedNamespaceOptions,
+    PairedSender,
+    ParquetLedger,
+    ReplicationMode,
+    Syphon,
+)
+from georep.adapters.emulator import Emulator
+from georep.adapters.redis import RedisSeenSet
+from georep.adapters.servicebus import ensure_backlog_queues
+from georep.adapters.spark import reference_audit
+
+pytestmark = [
+    pytest.mark.integration,
+    # Partitioned cells use a 3 s attempt deadline to keep the run short.
+    pytest.mark.filterwarnings("ignore:attempt_timeout=.*partitioned entity:UserWarning"),
+]
+
+REDIS_URL = os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0")
+MESSAGES = int(os.environ.get("GEOREP_MATRIX_MESSAGES", "120"))
+SEND_SECONDS = 5.0
+OUTAGE_AT, OUTAGE_FOR = 1.5, 3.0
+#: A copy in flight when the outage drops its connection stays locked this long (as on
+#: Service Bus) before it is redelivered: short, so the run catches up quickly.
+LOCK_SECONDS = 5
+SUBSCRIPTIONS = ("billing", "shipping")
+ENTITIES = ("queue", "topic", "partitioned")
+MODES = ("active", "passive", "paired")
+CLIENTS = ("async", "sync")
+POLICY = FailoverPolicy(attempt_timeout=3.0)
+PAIRED = PairedNamespaceOptions(
+    backlog_queue_count=2,
+    failover_interval=0,
+    ping_primary_interval=1,
+    ping_timeout=5,
+    syphon_long_poll=1,
+)
+
+
+@dataclass
+class Cell:
+    entity: str
+    mode: str
+    client: str
+    directory: Path
+    acknowledged: set[str] = field(default_factory=set)
+    processed: dict[str, Counter[str]] = field(default_factory=dict)
+    send_errors: list[str] = field(default_factory=list)
+
+    @property
+    def id(self) -> str:
+        return f"{self.entity}-{self.mode}-{self.client}"
+
+    @property
+    def name(self) -> str:
+        return f"mx-{self.id}"
+
+    @property
+    def is_topic(self) -> bool:
+        return self.entity == "topic"
+
+    @property
+    def paths(self) -> list[str]:
+        """What receivers read: the queue, or each subscription."""
+        if self.is_topic:
+            return [f"{self.name}/Subscriptions/{s}" for s in SUBSCRIPTIONS]
+        return [self.name]
+
+    def ledger_dir(self, role: str) -> Path:
+        return self.directory / self.id / role
+
+    def message(self, index: int) -> ServiceBusMessage:
+        message = ServiceBusMessage(f"{self.id}-{index}", message_id=f"{self.id}-{index}")
+        if self.entity == "partitioned" and index % 3 == 0:
+            message.partition_key = f"pk-{index % 4}"
+        return message
+
+
+CELLS = [Cell(e, m, c, Path()) for e in ENTITIES for m in MODES for c in CLIENTS]
+
+
+def entity_kwargs(cell: Cell) -> dict[str, str]:
+    return {"topic_name": cell.name} if cell.is_topic else {"queue_name": cell.name}
+
+
+def receiver_kwargs(path: str) -> dict[str, str]:
+    if "/Subscriptions/" in path:
+        topic, _, subscription = path.partition("/Subscriptions/")
+        return {"topic_name": topic, "subscription_name": subscription}
+    return {"queue_name": path}
+
+
+# ---------------------------------------------------------------------------- senders
+
+
+class Pacer:
+    """Send ``MESSAGES`` evenly over ``SEND_SECONDS`` from a shared start.
+
+    Every sender opens its connections first and then waits at the barrier; the start is
+    set when all of them (and the outage) are there, so the outage is mid-run for every
+    cell however long opening 18 senders takes.
+    """
+
+    def __init__(self, parties: int) -> None:
+        self.start = 0.0
+        self.barrier = threading.Barrier(parties, action=self._go, timeout=120)
+
+    def _go(self) -> None:
+        self.start = time.monotonic() + 0.2
+
+    def ready(self) -> None:
+        """Block until every party is ready (call from a thread)."""
+        self.barrier.wait()
+
+    def due(self, index: int) -> float:
+        return self.start + SEND_SECONDS * index / MESSAGES - time.monotonic()
+
+
+async def send_async(cell: Cell, emu: Emulator, pacer: Pacer) -> None:
+    primary, secondary = emu.connection_string("primary"), emu.connection_string("secondary")
+    ledger = ParquetLedger(cell.ledger_dir("send"))
+    sender: Any
+    if cell.mode == "paired":
+        sender = PairedSender.from_connection_strings(
+            primary,
+            secondary,
+            primary_namespace=primary_name(emu),
+            options=PAIRED,
+            ledger=ledger,
+            **entity_kwargs(cell),
+        )
+    else:
+        sender = GeoSender.from_connection_strings(
+            primary,
+            secondary,
+            mode=ReplicationMode(cell.mode),
+            policy=POLICY,
+            partitioned=cell.entity == "partitioned",
+            ledger=ledger,
+            **entity_kwargs(cell),
+        )
+    async with ledger, sender:
+        await asyncio.to_thread(pacer.ready)
+        for index in range(MESSAGES):
+            await asyncio.sleep(max(pacer.due(index), 0))
+            message = cell.message(index)
+            for attempt in range(20):
+                try:
+                    await sender.send_messages(message)
+                except GeoReplicationError as exc:
+                    # Paired mode raises while failover engages (as the .NET original):
+                    # the application retries with the same MessageId.
+                    cell.send_errors.append(type(exc).__name__)
+                    await asyncio.sleep(0.1 * (attempt + 1))
+                    continue
+                cell.acknowledged.add(str(message.message_id))
+                break
+
+
+def send_sync(cell: Cell, emu: Emulator, pacer: Pacer) -> None:
+    primary, secondary = emu.connection_string("primary"), emu.connection_string("secondary")
+    # georep.sync closes the async resources it is given (the ledger) with the sender.
+    ledger = ParquetLedger(cell.ledger_dir("send"))
+    with contextlib.ExitStack() as stack:
+        sender: Any
+        if cell.mode == "paired":
+            sender = georep.sync.PairedSender.from_connection_strings(
+                primary,
+                secondary,
+                primary_namespace=primary_name(emu),
+                options=PAIRED,
+                ledger=ledger,
+                **entity_kwargs(cell),
+            )
+        else:
+            clients = [
+                # Short SDK retries, as georep's own clients have: each retry delays failover.
+                stack.enter_context(
+                    SyncClient.from_connection_string(c, retry_total=1, retry_backoff_factor=0.01)
+                )
+                for c in (primary, secondary)
+            ]
+            sdk_senders = [
+                stack.enter_context(
+                    client.get_topic_sender(cell.name)
+                    if cell.is_topic
+                    else client.get_queue_sender(cell.name)
+                )
+                for client in clients
+            ]
+            sender = georep.sync.GeoSender(
+                sdk_senders[0],
+                sdk_senders[1],
+                mode=cell.mode,
+                policy=POLICY,
+                partitioned=cell.entity == "partitioned",
+                ledger=ledger,
+            )
+        stack.enter_context(sender)  # opens both regions' links, as async with does
+        pacer.ready()
+        for index in range(MESSAGES):
+            time.sleep(max(pacer.due(index), 0))
+            message = cell.message(index)
+            for attempt in range(20):
+                try:
+                    sender.send_messages(message)
+                except GeoReplicationError as exc:
+                    cell.send_errors.append(type(exc).__name__)
+                    time.sleep(0.1 * (attempt + 1))
+                    continue
+                cell.acknowledged.add(str(message.message_id))
+                break
+
+
+def primary_name(emu: Emulator) -> str:
+    return f"127.0.0.1:{emu.namespace('primary').port}"
+
+
+# -------------------------------------------------------------------------- receivers
+
+
+def counting(cell: Cell, path: str) -> Callable[[Any], None]:
+    counter = cell.processed.setdefault(path, Counter())
+    lock = threading.Lock()
+
+    def count(message: Any) -> None:
+        with lock:
+            counter[str(message.message_id)] += 1
+
+    return count
+
+
+class Receivers:
+    """Every cell's receivers (async GeoReceivers on this loop, one per queue/subscription)."""
+
+    def __init__(self, emu: Emulator, group: str) -> None:
+        self.emu = emu
+        self.group = group
+        self.tasks: list[asyncio.Task[None]] = []
+        self.async_receivers: list[GeoReceiver] = []
+        self.ledgers: list[Any] = []
+
+    def seen(self) -> RedisSeenSet:
+        # The same group for every cell and subscription: dedup is scoped by entity path.
+        return RedisSeenSet(REDIS_URL, group=self.group, window=600)
+
+    async def start(self, cell: Cell) -> None:
+        for index, path in enumerate(cell.paths):
+            directory = cell.ledger_dir(f"receive-{index}")
+            # Sync cells send through georep.sync; every cell receives with the async
+            # GeoReceiver. Sync receivers under an outage flaked here (a receiver that
+            # stopped processing; root cause open): they are covered in test_sync_sdk.py.
+            await self._start_async(cell, path, directory)
+
+    async def _start_async(self, cell: Cell, path: str, directory: Path) -> None:
+        ledger = ParquetLedger(directory)
+        self.ledgers.append(ledger)
+        receiver = GeoReceiver.from_connection_strings(
+            self.emu.connection_string("primary"),
+            self.emu.connection_string("secondary"),
+            seen=self.seen(),
+            concurrency=8,
+            max_wait=0.5,
+            ledger=ledger,
+            **receiver_kwargs(path),
+        )
+        count = counting(cell, path)
+
+        async def handle(message: Any) -> None:
+            count(message)
+
+        self.async_receivers.append(receiver)
+        self.tasks.append(asyncio.create_task(receiver.run(handle)))
+
+    async def stop(self) -> None:
+        await asyncio.gather(*(r.aclose() for r in self.async_receivers))
+        for task in self.tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await asyncio.wait_for(task, 30)
+        await asyncio.gather(*(ledger.aclose() for ledger in self.ledgers))
+
+
+# ------------------------------------------------------------------------------- run
+
+
+def caught_up(cells: list[Cell]) -> bool:
+    return all(
+        cell.acknowledged <= set(cell.processed.get(path, ()))
+        for cell in cells
+        for path in cell.paths
+    )
+
+
+async def run_matrix(emu: Emulator, cells: list[Cell]) -> dict[str, float]:
+    """Run every cell through one outage; return timings for the report."""
+    # Sync cells and barrier waits each hold a thread for the whole run: the default
+    # executor (cores + 4 threads) would deadlock at the barrier.
+    asyncio.get_running_loop().set_default_executor(ThreadPoolExecutor(max_workers=64))
+    async with emu.async_admin_client("secondary") as admin:
+        await ensure_backlog_queues(admin, primary_name(emu), PAIRED)
+    syphon = Syphon.from_connection_strings(
+        emu.connection_string("primary"),
+        emu.connection_string("secondary"),
+        primary_namespace=primary_name(emu),
+        options=PAIRED,
+    )
+    syphon_task = asyncio.create_task(syphon.run())
+    receivers = Receivers(emu, group=f"matrix-{uuid.uuid4().hex[:8]}")
+    started = time.monotonic()
+    try:
+        for cell in cells:
+            await receivers.start(cell)
+        pacer = Pacer(len(cells) + 1)
+
+        async def outage() -> None:
+            await asyncio.to_thread(pacer.ready)
+            await asyncio.sleep(max(pacer.start + OUTAGE_AT - time.monotonic(), 0))
+            await asyncio.to_thread(emu.namespace("primary").outage)
+            await asyncio.sleep(OUTAGE_FOR)
+            await asyncio.to_thread(emu.namespace("primary").restore)
+
+        sends = [
+            send_async(cell, emu, pacer)
+            if cell.client == "async"
+            else asyncio.to_thread(send_sync, cell, emu, pacer)
+            for cell in cells
+        ]
+        await asyncio.gather(outage(), *sends)
+        sent = time.monotonic()
+        deadline = sent + 90
+        while not caught_up(cells) and time.monotonic() < deadline:  # noqa: ASYNC110 - polls counters other threads update
+            await asyncio.sleep(0.5)
+        caught = time.monotonic()
+        # Late copies (the twin of an active send, a redelivery) get a moment to arrive
+        # and be suppressed, so a second processing would show in the counts.
+        await asyncio.sleep(3)
+    finally:
+        await receivers.stop()
+        await syphon.aclose()
+        with contextlib.suppress(asyncio.CancelledError, GeoReplicationError):
+            await asyncio.wait_for(syphon_task, 10)
+    total = time.monotonic() - started
+    return {"send": sent - pacer.start, "catch_up": caught - sent, "total": total}
+
+
+def audit(cell: Cell, index: int) -> dict[str, Any]:
+    """The ledger audit of one queue or subscription: the cell's sends + its receives."""
+    directory = cell.ledger_dir(f"audit-{index}")
+    shutil.copytree(cell.ledger_dir("send") / "sends", directory / "sends")
+    shutil.copytree(cell.ledger_dir(f"receive-{index}") / "receives", directory / "receives")
+    return reference_audit(directory)
+
+
+@pytest.fixture(scope="module")
+def matrix(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Cell]]:
+    directory = tmp_path_factory.mktemp("matrix")
+    cells = [Cell(c.entity, c.mode, c.client, directory) for c in CELLS]
+    with Emulator() as emu:
+        for namespace in emu.namespaces:
+            control = emu.namespace(namespace)
+            with emu.admin_client(namespace) as admin:
+                for cell in cells:
+                    if not cell.is_topic:
+                        control.create_queue(
+                            cell.name,
+                            lock_duration=LOCK_SECONDS,
+                            enable_partitioning=cell.entity == "partitioned",
+                        )
+                        continue
+                    admin.create_topic(cell.name)
+                    for subscription in SUBSCRIPTIONS:
+                        admin.create_subscription(
+                            cell.name, subscription, lock_duration=timedelta(seconds=LOCK_SECONDS)
+                        )
+        timings = asyncio.run(run_matrix(emu, cells))
+    print(
+        f"\nmatrix: {len(cells)} cells x {MESSAGES} messages: "
+        + ", ".join(f"{name} {seconds:.1f} s" for name, seconds in timings.items())
+    )
+    yield {cell.id: cell for cell in cells}
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("cell_id", [cell.id for cell in CELLS])
+def test_nothing_lost_nothing_twice(matrix: dict[str, Cell], cell_id: str) -> None:
+    cell = matrix[cell_id]
+    assert len(cell.acknowledged) == MESSAGES, f"send errors: {Counter(cell.send_errors)}"
+    for index, path in enumerate(cell.paths):
+        processed = cell.processed.get(path, Counter())
+        lost = cell.acknowledged - set(processed)
+        assert not lost, f"{path}: {len(lost)} lost"
+        assert max(processed.values()) == 1, f"{path}: processed twice"
+        report = audit(cell, index)
+        assert report["sent"] == MESSAGES, (path, report["sent"])
+        assert report["lost"] == 0, (path, report)
+        assert report["processed_more_than_once"] == 0, (path, report)
+        assert report["processed"] == MESSAGES
+        # The outage was mid-run for this cell: some sends went to the secondary region
+        # (passive failover, active with the primary down, paired backlog queues).
+        assert report["failover"]["sends"] > 0, (path, report["failover"])
