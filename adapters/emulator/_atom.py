@@ -180,87 +180,128 @@ def _runtime(tag: str, key: str, kind: str) -> _Field:
     return _Field(tag, key, kind, writable=False)
 
 
-_COUNTS = _runtime("CountDetails", "", "counts")
+# Every child element any description carries, once; each entity lists its own in order below.
+_CATALOGUE: Final[dict[str, _Field]] = {
+    field.tag: field
+    for field in (
+        _Field("LockDuration", "lock_duration", "duration"),
+        _Field("MaxSizeInMegabytes", "max_size_in_megabytes", "int"),
+        _Field("RequiresDuplicateDetection", "requires_duplicate_detection", "bool"),
+        _Field("RequiresSession", "requires_session", "bool"),
+        _Field("DefaultMessageTimeToLive", "default_message_time_to_live", "duration"),
+        _Field("DeadLetteringOnMessageExpiration", "dead_lettering_on_message_expiration", "bool"),
+        _Field(
+            "DeadLetteringOnFilterEvaluationExceptions",
+            "dead_lettering_on_filter_evaluation_exceptions",
+            "bool",
+        ),
+        _Field(
+            "DuplicateDetectionHistoryTimeWindow",
+            "duplicate_detection_history_time_window",
+            "duration",
+        ),
+        _Field("MaxDeliveryCount", "max_delivery_count", "int"),
+        _Field("EnableBatchedOperations", "enable_batched_operations", "bool"),
+        _Field("FilteringMessagesBeforePublishing", "filtering_messages_before_publishing", "bool"),
+        _Field("SupportOrdering", "support_ordering", "bool"),
+        _Field("Status", "status", "str"),
+        _Field("AutoDeleteOnIdle", "auto_delete_on_idle", "duration"),
+        _Field("EnablePartitioning", "enable_partitioning", "bool"),
+        _Field("EnableExpress", "enable_express", "bool"),
+        _Field("ForwardTo", "forward_to", "str"),
+        _Field("ForwardDeadLetteredMessagesTo", "forward_dead_lettered_messages_to", "str"),
+        _Field("UserMetadata", "user_metadata", "str"),
+        _Field("MaxMessageSizeInKilobytes", "max_message_size_in_kilobytes", "int"),
+        _runtime("SizeInBytes", "size_in_bytes", "int"),
+        _runtime("MessageCount", "total_message_count", "int"),
+        _runtime("CreatedAt", "created_at_utc", "datetime"),
+        _runtime("UpdatedAt", "updated_at_utc", "datetime"),
+        _runtime("AccessedAt", "accessed_at_utc", "datetime"),
+        _runtime("CountDetails", "", "counts"),
+        _runtime("SubscriptionCount", "subscription_count", "int"),
+        _runtime("SqlFilterCount", "sql_filter_count", "int"),
+        _runtime("CorrelationFilterCount", "correlation_filter_count", "int"),
+        _runtime("EntityAvailabilityStatus", "availability_status", "str"),
+    )
+}
+
+
+def _fields(*tags: str) -> tuple[_Field, ...]:
+    return tuple(_CATALOGUE[tag] for tag in tags)
+
+
 # Element order matters to the real service, so it follows the SDK's MODEL_CLASS_ATTRIBUTES.
-_QUEUE_FIELDS: Final = (
-    _Field("LockDuration", "lock_duration", "duration"),
-    _Field("MaxSizeInMegabytes", "max_size_in_megabytes", "int"),
-    _Field("RequiresDuplicateDetection", "requires_duplicate_detection", "bool"),
-    _Field("RequiresSession", "requires_session", "bool"),
-    _Field("DefaultMessageTimeToLive", "default_message_time_to_live", "duration"),
-    _Field("DeadLetteringOnMessageExpiration", "dead_lettering_on_message_expiration", "bool"),
-    _Field(
-        "DuplicateDetectionHistoryTimeWindow", "duplicate_detection_history_time_window", "duration"
-    ),
-    _Field("MaxDeliveryCount", "max_delivery_count", "int"),
-    _Field("EnableBatchedOperations", "enable_batched_operations", "bool"),
-    _runtime("SizeInBytes", "size_in_bytes", "int"),
-    _runtime("MessageCount", "total_message_count", "int"),
-    _Field("Status", "status", "str"),
-    _runtime("CreatedAt", "created_at_utc", "datetime"),
-    _runtime("UpdatedAt", "updated_at_utc", "datetime"),
-    _runtime("AccessedAt", "accessed_at_utc", "datetime"),
-    _COUNTS,
-    _Field("AutoDeleteOnIdle", "auto_delete_on_idle", "duration"),
-    _Field("EnablePartitioning", "enable_partitioning", "bool"),
-    _runtime("EntityAvailabilityStatus", "availability_status", "str"),
-    _Field("EnableExpress", "enable_express", "bool"),
-    _Field("ForwardTo", "forward_to", "str"),
-    _Field("UserMetadata", "user_metadata", "str"),
-    _Field("ForwardDeadLetteredMessagesTo", "forward_dead_lettered_messages_to", "str"),
-    _Field("MaxMessageSizeInKilobytes", "max_message_size_in_kilobytes", "int"),
+_QUEUE_FIELDS: Final = _fields(
+    "LockDuration",
+    "MaxSizeInMegabytes",
+    "RequiresDuplicateDetection",
+    "RequiresSession",
+    "DefaultMessageTimeToLive",
+    "DeadLetteringOnMessageExpiration",
+    "DuplicateDetectionHistoryTimeWindow",
+    "MaxDeliveryCount",
+    "EnableBatchedOperations",
+    "SizeInBytes",
+    "MessageCount",
+    "Status",
+    "CreatedAt",
+    "UpdatedAt",
+    "AccessedAt",
+    "CountDetails",
+    "AutoDeleteOnIdle",
+    "EnablePartitioning",
+    "EntityAvailabilityStatus",
+    "EnableExpress",
+    "ForwardTo",
+    "UserMetadata",
+    "ForwardDeadLetteredMessagesTo",
+    "MaxMessageSizeInKilobytes",
 )
-_TOPIC_FIELDS: Final = (
-    _Field("DefaultMessageTimeToLive", "default_message_time_to_live", "duration"),
-    _Field("MaxSizeInMegabytes", "max_size_in_megabytes", "int"),
-    _Field("RequiresDuplicateDetection", "requires_duplicate_detection", "bool"),
-    _Field(
-        "DuplicateDetectionHistoryTimeWindow", "duplicate_detection_history_time_window", "duration"
-    ),
-    _Field("EnableBatchedOperations", "enable_batched_operations", "bool"),
-    _runtime("SizeInBytes", "size_in_bytes", "int"),
-    _Field("FilteringMessagesBeforePublishing", "filtering_messages_before_publishing", "bool"),
-    _Field("Status", "status", "str"),
-    _runtime("CreatedAt", "created_at_utc", "datetime"),
-    _runtime("UpdatedAt", "updated_at_utc", "datetime"),
-    _runtime("AccessedAt", "accessed_at_utc", "datetime"),
-    _Field("SupportOrdering", "support_ordering", "bool"),
-    _COUNTS,
-    _runtime("SubscriptionCount", "subscription_count", "int"),
-    _runtime("SqlFilterCount", "sql_filter_count", "int"),
-    _runtime("CorrelationFilterCount", "correlation_filter_count", "int"),
-    _Field("AutoDeleteOnIdle", "auto_delete_on_idle", "duration"),
-    _Field("EnablePartitioning", "enable_partitioning", "bool"),
-    _runtime("EntityAvailabilityStatus", "availability_status", "str"),
-    _Field("EnableExpress", "enable_express", "bool"),
-    _Field("UserMetadata", "user_metadata", "str"),
-    _Field("MaxMessageSizeInKilobytes", "max_message_size_in_kilobytes", "int"),
+_TOPIC_FIELDS: Final = _fields(
+    "DefaultMessageTimeToLive",
+    "MaxSizeInMegabytes",
+    "RequiresDuplicateDetection",
+    "DuplicateDetectionHistoryTimeWindow",
+    "EnableBatchedOperations",
+    "SizeInBytes",
+    "FilteringMessagesBeforePublishing",
+    "Status",
+    "CreatedAt",
+    "UpdatedAt",
+    "AccessedAt",
+    "SupportOrdering",
+    "CountDetails",
+    "SubscriptionCount",
+    "SqlFilterCount",
+    "CorrelationFilterCount",
+    "AutoDeleteOnIdle",
+    "EnablePartitioning",
+    "EntityAvailabilityStatus",
+    "EnableExpress",
+    "UserMetadata",
+    "MaxMessageSizeInKilobytes",
 )
-_SUBSCRIPTION_FIELDS: Final = (
-    _Field("LockDuration", "lock_duration", "duration"),
-    _Field("RequiresSession", "requires_session", "bool"),
-    _Field("DefaultMessageTimeToLive", "default_message_time_to_live", "duration"),
-    _Field("DeadLetteringOnMessageExpiration", "dead_lettering_on_message_expiration", "bool"),
-    _Field(
-        "DeadLetteringOnFilterEvaluationExceptions",
-        "dead_lettering_on_filter_evaluation_exceptions",
-        "bool",
-    ),
-    _runtime("MessageCount", "total_message_count", "int"),
-    _Field("MaxDeliveryCount", "max_delivery_count", "int"),
-    _Field("EnableBatchedOperations", "enable_batched_operations", "bool"),
-    _Field("Status", "status", "str"),
-    _Field("ForwardTo", "forward_to", "str"),
-    _runtime("CreatedAt", "created_at_utc", "datetime"),
-    _runtime("UpdatedAt", "updated_at_utc", "datetime"),
-    _runtime("AccessedAt", "accessed_at_utc", "datetime"),
-    _COUNTS,
-    _Field("ForwardDeadLetteredMessagesTo", "forward_dead_lettered_messages_to", "str"),
-    _Field("AutoDeleteOnIdle", "auto_delete_on_idle", "duration"),
-    _runtime("EntityAvailabilityStatus", "availability_status", "str"),
-    _Field("UserMetadata", "user_metadata", "str"),
-    # DefaultRuleDescription is deliberately absent: the SDK never sends one and the service does
-    # not return it; the $Default rule is served by the rules endpoints instead.
+# DefaultRuleDescription is deliberately absent: the SDK never sends one and the service does
+# not return it; the $Default rule is served by the rules endpoints instead.
+_SUBSCRIPTION_FIELDS: Final = _fields(
+    "LockDuration",
+    "RequiresSession",
+    "DefaultMessageTimeToLive",
+    "DeadLetteringOnMessageExpiration",
+    "DeadLetteringOnFilterEvaluationExceptions",
+    "MessageCount",
+    "MaxDeliveryCount",
+    "EnableBatchedOperations",
+    "Status",
+    "ForwardTo",
+    "CreatedAt",
+    "UpdatedAt",
+    "AccessedAt",
+    "CountDetails",
+    "ForwardDeadLetteredMessagesTo",
+    "AutoDeleteOnIdle",
+    "EntityAvailabilityStatus",
+    "UserMetadata",
 )
 _COUNT_FIELDS: Final = (
     ("ActiveMessageCount", "active_message_count"),
@@ -428,7 +469,7 @@ def _description(kind: str, properties: Mapping[str, Any]) -> ET.Element:
     tag, fields = _DESCRIPTIONS[kind]
     description = ET.Element(_sb(tag))
     for field in fields:
-        if field is _COUNTS:
+        if field.kind == "counts":
             # Always present: the SDK's runtime-properties getters dereference it unconditionally.
             counts = ET.SubElement(description, _sb("CountDetails"))
             for count_tag, key in _COUNT_FIELDS:

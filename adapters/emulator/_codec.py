@@ -80,6 +80,17 @@ _F32 = struct.Struct(">f")
 _F64 = struct.Struct(">d")
 _U16 = struct.Struct(">H")
 _I16 = struct.Struct(">h")
+# Fixed-width numbers: format code -> how to read them.
+_NUMBERS: dict[int, struct.Struct] = {
+    0x60: _U16,
+    0x61: _I16,
+    0x70: _U32,
+    0x71: _I32,
+    0x72: _F32,
+    0x80: _U64,
+    0x81: _I64,
+    0x82: _F64,
+}
 
 
 def skip_value(buf: bytes | memoryview, pos: int) -> int:
@@ -157,22 +168,9 @@ def _decode(buf: bytes | memoryview, pos: int) -> tuple[Any, int]:
         return (value - 256 if value > 127 else value), pos + 1
     if code == 0x56:
         return buf[pos] != 0, pos + 1
-    if code == 0x60:
-        return _U16.unpack_from(buf, pos)[0], pos + 2
-    if code == 0x61:
-        return _I16.unpack_from(buf, pos)[0], pos + 2
-    if code == 0x70:
-        return _U32.unpack_from(buf, pos)[0], pos + 4
-    if code == 0x71:
-        return _I32.unpack_from(buf, pos)[0], pos + 4
-    if code == 0x72:
-        return _F32.unpack_from(buf, pos)[0], pos + 4
-    if code == 0x80:
-        return _U64.unpack_from(buf, pos)[0], pos + 8
-    if code == 0x81:
-        return _I64.unpack_from(buf, pos)[0], pos + 8
-    if code == 0x82:
-        return _F64.unpack_from(buf, pos)[0], pos + 8
+    number = _NUMBERS.get(code)
+    if number is not None:
+        return number.unpack_from(buf, pos)[0], pos + number.size
     if code == 0x83:
         return Timestamp(_I64.unpack_from(buf, pos)[0]), pos + 8
     if code == 0x98:

@@ -12,7 +12,7 @@ from georep._peek import peek_all
 from georep.exceptions import ConfigurationError, RegionError
 from georep.ports import Delivery, ErrorKind
 
-from ._errors import translate_error
+from ._region import SdkRegion
 from ._sender import open_client
 
 __all__ = ["ServiceBusRegionReceiver", "open_region_receiver"]
@@ -26,7 +26,7 @@ def _text(value: Any) -> str | None:
     return str(value)
 
 
-class ServiceBusRegionReceiver:
+class ServiceBusRegionReceiver(SdkRegion):
     """One region's peek-lock ``ServiceBusReceiver`` behind georep's port.
 
     Args:
@@ -49,24 +49,15 @@ class ServiceBusRegionReceiver:
                 f"the {region} receiver is in {mode} mode: GeoReceiver needs PEEK_LOCK "
                 "(get_queue_receiver(..., receive_mode=ServiceBusReceiveMode.PEEK_LOCK))"
             )
+        super().__init__(
+            receiver,
+            region=region,
+            namespace=str(receiver.fully_qualified_namespace),
+            entity=str(getattr(receiver, "_entity_path", None) or receiver.entity_path),
+            client=client,
+        )
         self._receiver = receiver
-        self._client = client
-        self._region = region
-        self._namespace = str(receiver.fully_qualified_namespace)
-        self._entity = str(getattr(receiver, "_entity_path", None) or receiver.entity_path)
         self._link_open = False
-
-    @property
-    def region(self) -> str:
-        return self._region
-
-    @property
-    def namespace(self) -> str:
-        return self._namespace
-
-    @property
-    def entity(self) -> str:
-        return self._entity
 
     def _translate(self, exc: Exception) -> Exception:
         if isinstance(exc, MessageLockLostError):
@@ -76,7 +67,7 @@ class ServiceBusRegionReceiver:
                 region=self._region,
                 kind=ErrorKind.LOCK_LOST,
             )
-        return translate_error(exc, region=self._region, namespace=self._namespace) or exc
+        return super()._translate(exc)
 
     def delivery(self, message: Any, dedup_source: str, dedup_name: str | None) -> Delivery:
         properties = message.application_properties or {}
@@ -116,38 +107,25 @@ class ServiceBusRegionReceiver:
             raise self._translate(exc) from exc
 
     async def peek(self, count: int) -> list[Any]:
-        try:
-            return await peek_all(self._receiver, count)
-        except Exception as exc:
-            raise self._translate(exc) from exc
+        return await self._call(lambda: peek_all(self._receiver, count))
 
     async def complete(self, message: ServiceBusReceivedMessage) -> None:
-        try:
-            await self._receiver.complete_message(message)
-        except Exception as exc:
-            raise self._translate(exc) from exc
+        await self._call(lambda: self._receiver.complete_message(message))
 
     async def abandon(self, message: ServiceBusReceivedMessage) -> None:
-        try:
-            await self._receiver.abandon_message(message)
-        except Exception as exc:
-            raise self._translate(exc) from exc
+        await self._call(lambda: self._receiver.abandon_message(message))
 
     async def dead_letter(
         self, message: ServiceBusReceivedMessage, reason: str, description: str
     ) -> None:
-        try:
-            await self._receiver.dead_letter_message(
+        await self._call(
+            lambda: self._receiver.dead_letter_message(
                 message, reason=reason, error_description=description
             )
-        except Exception as exc:
-            raise self._translate(exc) from exc
+        )
 
     async def defer(self, message: ServiceBusReceivedMessage) -> None:
-        try:
-            await self._receiver.defer_message(message)
-        except Exception as exc:
-            raise self._translate(exc) from exc
+        await self._call(lambda: self._receiver.defer_message(message))
 
     async def renew_lock(self, message: ServiceBusReceivedMessage) -> float | None:
         try:
@@ -155,14 +133,6 @@ class ServiceBusRegionReceiver:
         except Exception as exc:
             raise self._translate(exc) from exc
         return expiry.timestamp() if expiry is not None else None
-
-    async def close(self) -> None:
-        if self._client is None:
-            return
-        try:
-            await self._receiver.close()
-        finally:
-            await self._client.close()
 
 
 def open_region_receiver(

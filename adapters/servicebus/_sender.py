@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import weakref
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Sequence
 from datetime import datetime
 from typing import Any, TypeVar
 
@@ -15,7 +15,7 @@ from georep.exceptions import ConfigurationError, RegionError
 from georep.ports import RegionSlot
 
 from ._codec import ServiceBusCodec
-from ._errors import translate_error
+from ._region import SdkRegion
 
 __all__ = ["ServiceBusRegionSender", "open_region_sender"]
 
@@ -24,7 +24,7 @@ _SLOTS: weakref.WeakKeyDictionary[ServiceBusSender, RegionSlot] = weakref.WeakKe
 _NO_SUCH_SEQUENCE = 2**62
 
 
-class ServiceBusRegionSender:
+class ServiceBusRegionSender(SdkRegion):
     """One region's ``ServiceBusSender`` behind georep's port.
 
     Args:
@@ -37,11 +37,14 @@ class ServiceBusRegionSender:
     def __init__(
         self, sender: ServiceBusSender, *, region: str, client: ServiceBusClient | None = None
     ) -> None:
+        super().__init__(
+            sender,
+            region=region,
+            namespace=str(sender.fully_qualified_namespace),
+            entity=str(sender.entity_name),
+            client=client,
+        )
         self._sender = sender
-        self._client = client
-        self._region = region
-        self._namespace = str(sender.fully_qualified_namespace)
-        self._entity = str(sender.entity_name)
         self._codec = ServiceBusCodec(getattr(sender, "_amqp_transport", None))
         # One call at a time per SDK sender: concurrent send_messages on one async
         # ServiceBusSender interleave AMQP transfers out of order and race on reopening the
@@ -55,18 +58,6 @@ class ServiceBusRegionSender:
         self._slot = slot
 
     @property
-    def namespace(self) -> str:
-        return self._namespace
-
-    @property
-    def entity(self) -> str:
-        return self._entity
-
-    @property
-    def region(self) -> str:
-        return self._region
-
-    @property
     def codec(self) -> ServiceBusCodec:
         return self._codec
 
@@ -78,15 +69,7 @@ class ServiceBusRegionSender:
     def slot(self) -> RegionSlot:
         return self._slot
 
-    async def _call(self, operation: Callable[[], Awaitable[_T]]) -> _T:
-        # The caller holds slot(); georep's core always does (see GeoSender._bounded).
-        try:
-            return await operation()
-        except Exception as exc:
-            raise self._translate(exc) from exc
-
-    def _translate(self, exc: Exception) -> Exception:
-        return translate_error(exc, region=self._region, namespace=self._namespace) or exc
+    # Every call below runs with the caller holding slot(); georep's core always does.
 
     async def send(self, messages: Any, *, timeout: float) -> None:
         # Written out rather than through _call: this is the hot path.
@@ -124,14 +107,6 @@ class ServiceBusRegionSender:
         except RegionError as exc:
             if not isinstance(exc.__cause__, MessageNotFoundError):
                 raise
-
-    async def close(self) -> None:
-        if self._client is None:
-            return
-        try:
-            await self._sender.close()
-        finally:
-            await self._client.close()
 
 
 def check_connection_string(connection_string: str, region: str) -> None:
