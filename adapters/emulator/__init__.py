@@ -15,12 +15,9 @@ Example::
 
 from __future__ import annotations
 
-try:
-    import proton  # noqa: F401
-except ImportError as exc:  # pragma: no cover - depends on the install
-    raise ImportError(
-        "georep.adapters.emulator needs python-qpid-proton: pip install 'georep[emulator]'"
-    ) from exc
+from georep._extras import require_extra
+
+require_extra("georep.adapters.emulator", "emulator", "proton")
 
 from ._emulator import Emulator, NamespaceControl, SendRejection
 

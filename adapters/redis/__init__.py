@@ -5,10 +5,9 @@ Install with ``pip install 'georep[redis]'``.
 
 from __future__ import annotations
 
-try:
-    import redis  # noqa: F401
-except ImportError as exc:  # pragma: no cover - depends on the install
-    raise ImportError("georep.adapters.redis needs redis: pip install 'georep[redis]'") from exc
+from georep._extras import require_extra
+
+require_extra("georep.adapters.redis", "redis", "redis")
 
 from ._embedded import embedded_redis_url
 from ._seen import RedisSeenSet

@@ -13,13 +13,9 @@ Install with ``pip install 'georep[relay]'``.
 
 from __future__ import annotations
 
-try:
-    import aiohttp  # noqa: F401
-    import websockets  # noqa: F401
-except ImportError as exc:  # pragma: no cover - depends on the install
-    raise ImportError(
-        "georep.adapters.relay needs websockets and aiohttp: pip install 'georep[relay]'"
-    ) from exc
+from georep._extras import require_extra
+
+require_extra("georep.adapters.relay", "relay", "aiohttp", "websockets")
 
 from ._endpoint import HybridConnectionEndpoint, PlainHttpEndpoint, RelayMode
 from ._listener import HybridConnectionListener, ListenerStats, RelayHandler

@@ -5,12 +5,9 @@ Install with ``pip install 'georep[servicebus]'``.
 
 from __future__ import annotations
 
-try:
-    import azure.servicebus  # noqa: F401
-except ImportError as exc:  # pragma: no cover - depends on the install
-    raise ImportError(
-        "georep.adapters.servicebus needs azure-servicebus: pip install 'georep[servicebus]'"
-    ) from exc
+from georep._extras import require_extra
+
+require_extra("georep.adapters.servicebus", "servicebus", "azure.servicebus")
 
 from ._backlog import ensure_backlog_queues, from_backlog, make_ping, to_backlog
 from ._codec import GeoMessageBatch, ServiceBusCodec

@@ -5,13 +5,9 @@ Install with ``pip install 'georep[spark]'``.
 
 from __future__ import annotations
 
-try:
-    import pyarrow  # noqa: F401
-    import pyspark  # noqa: F401
-except ImportError as exc:  # pragma: no cover - depends on the install
-    raise ImportError(
-        "georep.adapters.spark needs pyspark and pyarrow: pip install 'georep[spark]'"
-    ) from exc
+from georep._extras import require_extra
+
+require_extra("georep.adapters.spark", "spark", "pyarrow", "pyspark")
 
 from ._audit import audit, spark_aggregates
 from ._plots import write_plots

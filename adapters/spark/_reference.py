@@ -74,6 +74,19 @@ def _first_per_id(codes: np.ndarray, times: np.ndarray, ranks: np.ndarray) -> np
     return firsts
 
 
+def _earliest_per_id(
+    codes: np.ndarray, times: np.ndarray, ranks: np.ndarray, usable: np.ndarray, id_count: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """Per id code: the time and label rank of its earliest usable row (rank -1: none)."""
+    candidates = np.flatnonzero(usable)
+    first = candidates[_first_per_id(codes[candidates], times[candidates], ranks[candidates])]
+    earliest = np.zeros(id_count, dtype=np.int64)
+    rank = np.full(id_count, -1, dtype=np.int64)
+    earliest[codes[first]] = times[first]
+    rank[codes[first]] = ranks[first]
+    return earliest, rank
+
+
 def latency_buckets(latency_ms: np.ndarray) -> np.ndarray:
     """The histogram bucket of each latency (see ``BUCKETS_PER_UNIT``)."""
     scaled = np.sign(latency_ms) * np.log1p(np.abs(latency_ms)) * BUCKETS_PER_UNIT
@@ -136,27 +149,17 @@ def reference_aggregates(ledger_dir: str | Path) -> Aggregates:
     sent[send_codes[acked_rows]] = True
     started, started_valid = _micros(sends["started_at"])
     mode_ranks, modes = _labels(sends["mode"])
-    candidates = np.flatnonzero(acked_rows & started_valid)
-    first = candidates[
-        _first_per_id(send_codes[candidates], started[candidates], mode_ranks[candidates])
-    ]
-    first_send_time = np.zeros(id_count, dtype=np.int64)
-    first_send_mode = np.full(id_count, -1, dtype=np.int64)
-    first_send_time[send_codes[first]] = started[first]
-    first_send_mode[send_codes[first]] = mode_ranks[first]
+    first_send_time, first_send_mode = _earliest_per_id(
+        send_codes, started, mode_ranks, acked_rows & started_valid, id_count
+    )
 
     # Processed copies: how many per id, and the earliest (its time and region).
     copies = np.bincount(processed_codes, minlength=id_count)
     received, received_valid = _micros(processed["received_at"])
     region_ranks, regions = _labels(processed["region"])
-    candidates = np.flatnonzero(received_valid)
-    first = candidates[
-        _first_per_id(processed_codes[candidates], received[candidates], region_ranks[candidates])
-    ]
-    first_copy_time = np.zeros(id_count, dtype=np.int64)
-    first_copy_region = np.full(id_count, -1, dtype=np.int64)
-    first_copy_time[processed_codes[first]] = received[first]
-    first_copy_region[processed_codes[first]] = region_ranks[first]
+    first_copy_time, first_copy_region = _earliest_per_id(
+        processed_codes, received, region_ranks, received_valid, id_count
+    )
 
     # Ids the handler settled otherwise (dead-lettered, deferred) or the outbox dropped as
     # expired: held by the broker or dropped as the broker would have, not lost.
