@@ -45,6 +45,7 @@ from pathlib import Path
 from typing import Any
 
 import pyarrow.dataset as ds
+from _common import fill_active
 from azure.servicebus import ServiceBusMessage
 from azure.servicebus.aio import ServiceBusClient
 
@@ -132,21 +133,6 @@ async def send_throughput(
             )
 
 
-async def fill(emu: Emulator, queue: str, count: int) -> None:
-    """``count`` logical messages, a copy in each region."""
-    async with GeoSender.from_connection_strings(
-        emu.connection_string("primary"),
-        emu.connection_string("secondary"),
-        queue_name=queue,
-        mode=ReplicationMode.ACTIVE,
-    ) as sender:
-        for _ in range(0, count, 100):
-            batch = await sender.create_message_batch()
-            for _ in range(100):
-                batch.add_message(ServiceBusMessage(BODY))
-            await sender.send_messages(batch)
-
-
 async def drain_once(emu: Emulator, queue: str, count: int, ledger: ParquetLedger | None) -> float:
     """Seconds a fresh GeoReceiver takes to handle ``count`` logical messages and settle
     every copy."""
@@ -190,7 +176,7 @@ async def receive_throughput(emu: Emulator, ledger: ParquetLedger, count: int, r
     times: dict[str, float] = {"without ledger": 0.0, "with ledger": 0.0}
     for _ in range(rounds):
         for name in times:
-            await fill(emu, queue, count)
+            await fill_active(emu, queue, count)
             times[name] += await drain_once(
                 emu, queue, count, ledger if name == "with ledger" else None
             )

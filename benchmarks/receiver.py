@@ -28,9 +28,8 @@ import time
 import uuid
 from pathlib import Path
 
-from azure.servicebus import ServiceBusMessage
+from _common import fill_active
 
-from georep import GeoSender, ReplicationMode
 from georep.adapters.emulator import Emulator
 
 REPO = Path(__file__).resolve().parents[1]
@@ -86,20 +85,6 @@ async def main():
 
 asyncio.run(main())
 """
-
-
-async def fill(emu: Emulator, queue: str, messages: int) -> None:
-    async with GeoSender.from_connection_strings(
-        emu.connection_string("primary"),
-        emu.connection_string("secondary"),
-        queue_name=queue,
-        mode=ReplicationMode.ACTIVE,
-    ) as sender:
-        for start in range(0, messages, 100):
-            batch = await sender.create_message_batch()
-            for _ in range(min(100, messages - start)):
-                batch.add_message(ServiceBusMessage(b"x" * 200))
-            await sender.send_messages(batch)
 
 
 def stored(emu: Emulator, queue: str) -> int:
@@ -172,7 +157,7 @@ async def main() -> None:
                 queue = f"rx-{uuid.uuid4().hex[:6]}"
                 for namespace in emu.namespaces:
                     emu.namespace(namespace).create_queue(queue)
-                await fill(emu, queue, args.messages)
+                await fill_active(emu, queue, args.messages)
                 result = await drain_with(emu, queue, kind, processes)
                 rate = args.messages / result["seconds"]
                 raw_rate = raw_rate or rate

