@@ -14,6 +14,7 @@ import sys
 import time
 import urllib.request
 from collections.abc import Callable
+from typing import Any
 from urllib.parse import quote_plus, urlencode
 
 import pytest
@@ -325,28 +326,24 @@ def test_cli_runs_the_emulator_in_the_foreground_and_stops_on_signal() -> None:
         assert process.wait(timeout=15) == 0
 
 
+def fault_cli(emu: Any, *args: str) -> subprocess.CompletedProcess[str]:
+    """``georep fault ARGS`` against ``emu``, in a child process."""
+    control = ["--control-url", emu.control_url, "--control-token", emu.control_token]
+    return subprocess.run(
+        [sys.executable, "-m", "georep.cli", "fault", *args, *control],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
 def test_cli_injects_faults_into_a_running_emulator(
     georep_emulator_factory: EmulatorFactory,
 ) -> None:
     emu = georep_emulator_factory(queues=("q",))
 
     def cli(*args: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "georep.cli",
-                "fault",
-                *args,
-                "--control-url",
-                emu.control_url,
-                "--control-token",
-                emu.control_token,
-            ],
-            capture_output=True,
-            text=True,
-            timeout=60,
-        )
+        return fault_cli(emu, *args)
 
     assert cli("primary", "reject-sends", "--condition", "server-busy").returncode == 0
     assert emu.namespace("primary").faults()["reject_sends"] == "server-busy"
@@ -365,22 +362,7 @@ def test_cli_toggles_the_relay_no_listener_fault(georep_emulator_factory: Emulat
     emu = georep_emulator_factory(queues=("q",), hybrid_connections=("svc",))
 
     def cli(*args: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "georep.cli",
-                "fault",
-                *args,
-                "--control-url",
-                emu.control_url,
-                "--control-token",
-                emu.control_token,
-            ],
-            capture_output=True,
-            text=True,
-            timeout=60,
-        )
+        return fault_cli(emu, *args)
 
     assert cli("primary", "relay-no-listener", "--path", "svc").returncode == 0
     assert emu.namespace("primary").relay()["no_listener"] == ["svc"]
