@@ -22,7 +22,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
 from datetime import timedelta
 from enum import StrEnum
-from typing import Any, Protocol
+from typing import Any, Final, Protocol
 
 from ._codec import (
     SECTION_APPLICATION_PROPERTIES,
@@ -148,6 +148,13 @@ class MessageState(StrEnum):
     """Completed, expired, moved or purged."""
 
 
+# x-opt-message-state as the service sends it (the SDK's ServiceBusMessageState values).
+_WIRE_STATES: Final[dict[MessageState, int]] = {
+    MessageState.DEFERRED: 1,
+    MessageState.SCHEDULED: 2,
+}
+
+
 @dataclass(slots=True, eq=False)
 class StoredMessage:
     """One copy of a message in one entity (a queue, a subscription, or a dead-letter queue)."""
@@ -191,6 +198,9 @@ class StoredMessage:
             annotations[Symbol("x-opt-lock-token")] = lock_token
         if self.dead_letter_source is not None:
             annotations[Symbol("x-opt-deadletter-source")] = self.dead_letter_source
+        wire_state = _WIRE_STATES.get(self.state)
+        if wire_state is not None:  # absent means active, as the SDK reads it
+            annotations[Symbol("x-opt-message-state")] = wire_state
         if extra:
             annotations.update(extra)
         header = encode_header_section(

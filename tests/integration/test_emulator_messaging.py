@@ -13,6 +13,7 @@ from azure.servicebus import (
 )
 from azure.servicebus import (
     ServiceBusMessage,
+    ServiceBusMessageState,
     ServiceBusReceiveMode,
     ServiceBusSubQueue,
 )
@@ -265,6 +266,25 @@ async def test_peek_does_not_lock_or_remove(client: ServiceBusClient, queue: str
         rest = await receiver.peek_messages(max_message_count=10)
         assert [str(m) for m in rest] == ["p3"]
     assert len(await _drain(client, queue, expect=4)) == 4
+
+
+async def test_peek_reports_each_message_state(client: ServiceBusClient, queue: str) -> None:
+    async with client.get_queue_sender(queue) as sender:
+        await sender.send_messages([ServiceBusMessage("active"), ServiceBusMessage("deferred")])
+        await sender.schedule_messages(ServiceBusMessage("scheduled"), _utc_in(600))
+    async with client.get_queue_receiver(queue) as receiver:
+        got = await receiver.receive_messages(max_message_count=2, max_wait_time=5)
+        [to_defer] = [m for m in got if str(m) == "deferred"]
+        await receiver.defer_message(to_defer)
+        await receiver.abandon_message(next(m for m in got if str(m) == "active"))
+    # A fresh receiver: the SDK peeks from the last sequence number a receiver received.
+    async with client.get_queue_receiver(queue) as receiver:
+        peeked = await receiver.peek_messages(max_message_count=10)
+    assert {str(m): m.state for m in peeked} == {
+        "active": ServiceBusMessageState.ACTIVE,
+        "deferred": ServiceBusMessageState.DEFERRED,
+        "scheduled": ServiceBusMessageState.SCHEDULED,
+    }
 
 
 async def test_receive_and_delete(
