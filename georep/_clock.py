@@ -1,6 +1,7 @@
 """The real clock, and the deadlines georep puts on every call to a region.
 
-Tests inject :class:`georep.testing.FakeClock`, whose deadlines run on virtual time.
+Tests inject :class:`georep.testing.FakeClock`, whose deadlines run on virtual time
+(its watchdog, ``georep.testing._clock.FakeWatchdog``, lives in the test kit).
 """
 
 from __future__ import annotations
@@ -9,11 +10,10 @@ import asyncio
 import heapq
 import itertools
 import time
-from collections.abc import Callable
 from types import TracebackType
 from typing import Protocol
 
-__all__ = ["Deadline", "FakeWatchdog", "SystemClock"]
+__all__ = ["Deadline", "SystemClock"]
 
 
 class _Watch(Protocol):
@@ -104,27 +104,6 @@ class _Watchdog:
         if heap:
             self._timer_when = heap[0][0]
             self._timer = self._loop.call_at(self._timer_when, self._fire)
-
-
-class FakeWatchdog:
-    """Deadlines on virtual time, for :class:`georep.testing.FakeClock`."""
-
-    def __init__(self, now: Callable[[], float]) -> None:
-        self._now = now
-        self.pending: list[Deadline] = []
-
-    def add(self, deadline: Deadline) -> None:
-        deadline.when = self._now() + deadline.seconds
-        self.pending.append(deadline)
-
-    def next_due(self) -> float | None:
-        self.pending = [d for d in self.pending if not d.done]
-        return min((d.when for d in self.pending), default=None)
-
-    def expire(self, now: float) -> None:
-        for deadline in self.pending:
-            if deadline.when <= now:
-                deadline.expire()
 
 
 class SystemClock:

@@ -178,7 +178,7 @@ class PairedSender:
         ``primary_namespace`` names them (default: the primary's namespace host).
         """
         from georep._paired import backlog_queue_path
-        from georep.adapters.servicebus import make_ping, open_region_sender, to_backlog
+        from georep._sdk import make_ping, open_region_sender, to_backlog
 
         if (queue_name is None) == (topic_name is None):
             raise ConfigurationError("name exactly one of queue_name= or topic_name=")

@@ -125,7 +125,7 @@ def _as_region_receiver(receiver: Any, region: str) -> RegionReceiver:
     if isinstance(receiver, RegionReceiver):
         return receiver
     try:
-        from georep.adapters.servicebus import region_receiver_for
+        from georep._sdk import region_receiver_for
     except ImportError as exc:  # pragma: no cover - depends on the install
         raise ConfigurationError(
             f"{region} receiver is a {type(receiver).__name__}; wrapping an SDK receiver "
@@ -287,7 +287,7 @@ class GeoReceiver:
             ConfigurationError: A connection string is malformed or the entity is not
                 named properly. The message never contains the key.
         """
-        from georep.adapters.servicebus import open_region_receiver
+        from georep._sdk import open_region_receiver
 
         if (queue_name is None) == (topic_name is None) or (
             topic_name is not None and subscription_name is None

@@ -108,7 +108,7 @@ def _as_region_sender(sender: Any, region: str) -> RegionSender:
     if isinstance(sender, RegionSender):
         return sender
     try:
-        from georep.adapters.servicebus import region_sender_for
+        from georep._sdk import region_sender_for
     except ImportError as exc:  # pragma: no cover - depends on the install
         raise ConfigurationError(
             f"{region} sender is a {type(sender).__name__}; wrapping an SDK sender needs "
@@ -299,7 +299,7 @@ class GeoSender:
             ConfigurationError: A connection string is malformed or the entity is not
                 named exactly once. The message never contains the key.
         """
-        from georep.adapters.servicebus import open_region_sender
+        from georep._sdk import open_region_sender
 
         if (queue_name is None) == (topic_name is None):
             raise ConfigurationError("name exactly one of queue_name= or topic_name=")

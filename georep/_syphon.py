@@ -141,7 +141,7 @@ class Syphon:
                 to ``ensure_backlog_queues``).
         """
         from georep._paired import backlog_queue_path
-        from georep.adapters.servicebus import (
+        from georep._sdk import (
             from_backlog,
             open_region_receiver,
             open_region_sender,

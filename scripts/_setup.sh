@@ -33,9 +33,8 @@ stamp=".venv/.georep-installed-$1"
 # Reinstall when pyproject.toml changed since the last install of these extras.
 if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
     .venv/bin/python -m pip install -q --disable-pip-version-check --upgrade pip >/dev/null
-    # "strict" editable mode builds a link tree in which georep.adapters exists, so that
-    # type checkers (and any tool) see the installed layout, not the source layout.
-    .venv/bin/python -m pip install -q --disable-pip-version-check \
-        -e ".[$1]" --config-settings editable_mode=strict
+    # A plain editable install: georep/adapters is a symlink to adapters/, so the source
+    # tree has the installed layout and setuptools writes a static .pth (see pyproject.toml).
+    .venv/bin/python -m pip install -q --disable-pip-version-check -e ".[$1]"
     touch "$stamp"
 fi

@@ -24,7 +24,7 @@ from ._server import (
     NamespaceSpec,
 )
 
-__all__ = ["build_specs", "main", "parse_topic", "serve"]
+__all__ = ["build_specs", "main", "parse_topic", "run", "serve"]
 
 
 def parse_topic(text: str) -> tuple[str, tuple[str, ...]]:
@@ -161,22 +161,68 @@ def _argument_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m georep.adapters.emulator``: parse ``argv``, then :func:`run`."""
     args = _argument_parser().parse_args(argv)
+    return run(
+        namespaces=args.namespaces,
+        ports=args.ports,
+        queues=args.queues,
+        topics=args.topics,
+        hybrid_connections=args.hybrid_connections,
+        control_port=args.control_port,
+        control_token=args.control_token,
+        as_json=args.json,
+        stop_on_stdin_eof=args.stop_on_stdin_eof,
+        log_level=args.log_level,
+    )
+
+
+def run(
+    *,
+    namespaces: Sequence[str] | None = None,
+    ports: Sequence[int] | None = None,
+    queues: Sequence[str] = (),
+    topics: Sequence[str] = (),
+    hybrid_connections: Sequence[str] = (),
+    control_port: int = DEFAULT_CONTROL_PORT,
+    control_token: str | None = None,
+    as_json: bool = False,
+    stop_on_stdin_eof: bool = False,
+    log_level: str = "WARNING",
+) -> int:
+    """Run the emulator in the foreground until stopped; the exit status.
+
+    Shared by both command lines (``georep emulator`` and ``python -m
+    georep.adapters.emulator``), each of which parses its own options.
+
+    Args:
+        namespaces: Namespace names (default ``primary`` and ``secondary``).
+        ports: One port per namespace, in order (0 = any free; default: the usual ports
+            for the default pair, any free otherwise).
+        queues: Queues created in every namespace.
+        topics: Topics ``NAME[:SUB1,SUB2]`` created in every namespace.
+        hybrid_connections: Relay hybrid connections created in every namespace.
+        control_port: The HTTP control endpoint's port (0 = any free).
+        control_token: The control endpoint's token (default: random).
+        as_json: Print one JSON line describing the emulator once it is ready.
+        stop_on_stdin_eof: Exit when standard input closes.
+        log_level: The logging level name.
+    """
     logging.basicConfig(
-        level=args.log_level.upper(),
+        level=log_level.upper(),
         stream=sys.stderr,
         format="%(asctime)s %(name)s %(levelname)s %(message)s",
     )
-    namespaces = args.namespaces or ["primary", "secondary"]
-    ports = args.ports or ([*DEFAULT_PORTS] if namespaces == ["primary", "secondary"] else [])
+    namespaces = list(namespaces or ["primary", "secondary"])
+    ports = list(ports or ([*DEFAULT_PORTS] if namespaces == ["primary", "secondary"] else []))
     try:
-        specs = build_specs(namespaces, ports, args.queues, args.topics, args.hybrid_connections)
+        specs = build_specs(namespaces, ports, queues, topics, hybrid_connections)
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
 
     def on_ready(description: dict[str, Any]) -> None:
-        if args.json:
+        if as_json:
             print(json.dumps(description), flush=True)
             return
         print(
@@ -201,10 +247,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             asyncio.run(
                 serve(
                     specs,
-                    control_port=args.control_port,
+                    control_port=control_port,
                     on_ready=on_ready,
-                    stop_on_stdin_eof=args.stop_on_stdin_eof,
-                    control_token=args.control_token,
+                    stop_on_stdin_eof=stop_on_stdin_eof,
+                    control_token=control_token,
                 )
             )
         except OSError as exc:

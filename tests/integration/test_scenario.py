@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from georep._scenario import ScenarioConfig, run_scenario
+from georep.cli._scenario import ScenarioConfig, run_scenario
 from georep.exceptions import ConfigurationError
 
 pytestmark = pytest.mark.integration

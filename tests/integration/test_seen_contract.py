@@ -22,11 +22,11 @@ import pytest
 import redis
 import redis.asyncio
 
-from georep._testing_seen import InMemorySeenSet
 from georep.adapters.redis import RedisSeenSet, embedded_redis_url
 from georep.exceptions import ClosedError, ConfigurationError, StoreUnavailableError
 from georep.ports import Claims, ClaimState, SeenStore
 from georep.testing import FakeClock
+from georep.testing._seen import InMemorySeenSet
 
 REDIS_URL = os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0")
 UNREACHABLE_URL = "redis://:s3cret@127.0.0.1:1/0"

@@ -8,8 +8,8 @@ from datetime import timedelta
 import pytest
 from typer.testing import CliRunner
 
-from georep._cost import Workload, estimate_cost, estimate_costs, syphon_receive_calls
 from georep.cli import app
+from georep.cli._cost import Workload, estimate_cost, estimate_costs, syphon_receive_calls
 from georep.exceptions import ConfigurationError
 
 

@@ -12,9 +12,9 @@ from typing import Any
 import pytest
 
 from georep._outbox import SqliteOutbox
-from georep._testing_outbox import InMemoryOutbox
 from georep.exceptions import ClosedError, ConfigurationError, OutboxFullError
 from georep.ports import Outbox
+from georep.testing._outbox import InMemoryOutbox
 
 OutboxFactory = Callable[..., Outbox]
 

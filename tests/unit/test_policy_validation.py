@@ -21,8 +21,8 @@ from georep import (
     RoleState,
 )
 from georep._relay import RelayPolicy
-from georep._testing_seen import InMemorySeenSet
 from georep.testing import FakeClock, FakeMessage, InMemoryRegionReceiver, InMemoryRegionSender
+from georep.testing._seen import InMemorySeenSet
 
 NAN = float("nan")
 INF = float("inf")

@@ -11,8 +11,8 @@ import pytest
 
 from georep import ClaimState, ConfigurationError, GeoReceiver, receiver
 from georep._receiver import RECEIVE_GRACE
-from georep._testing_seen import InMemorySeenSet
 from georep.testing import FakeClock, FakeMessage, InMemoryRegionReceiver
+from georep.testing._seen import InMemorySeenSet
 
 Handler = Callable[[Any], Awaitable[object]]
 

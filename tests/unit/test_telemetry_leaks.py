@@ -22,8 +22,8 @@ from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 
 from georep import GeoReceiver, GeoSender, SqliteOutbox
 from georep._telemetry import Instruments
-from georep._testing_seen import InMemorySeenSet
 from georep.testing import FakeClock, FakeMessage, InMemoryRegionReceiver, InMemoryRegionSender
+from georep.testing._seen import InMemorySeenSet
 
 
 def gauge_points(reader: InMemoryMetricReader, name: str) -> list[tuple[dict[str, Any], float]]:

@@ -1,6 +1,6 @@
 """``georep bench``: benchmark scenarios on the emulator, each audited from its ledger.
 
-Every scenario runs :func:`georep._scenario.run_scenario`, writes a delivery ledger, has the
+Every scenario runs :func:`georep.cli._scenario.run_scenario`, writes a delivery ledger, has the
 Spark audit turn it into ``report.json`` and PNGs under ``OUT/<scenario>/``, and adds what
 the client measured itself (send rate, failover time) under the report's ``scenario`` key.
 ``OUT/SUMMARY.md`` puts every scenario on one page.
@@ -19,7 +19,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from georep._scenario import ScenarioConfig, ScenarioResult, run_scenario
+from georep.cli._scenario import ScenarioConfig, ScenarioResult, run_scenario
 
 __all__ = ["SCENARIOS", "BenchScenario", "run_bench"]
 

@@ -14,7 +14,7 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
-from georep._scenario import ScenarioConfig, ScenarioProgress, ScenarioResult, run_scenario
+from georep.cli._scenario import ScenarioConfig, ScenarioProgress, ScenarioResult, run_scenario
 
 __all__ = ["log_to", "progress_table", "run_demo"]
 

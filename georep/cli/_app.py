@@ -1,4 +1,4 @@
-"""The ``georep`` command line."""
+"""The ``georep`` command line: one typer command per subcommand."""
 
 from __future__ import annotations
 
@@ -55,20 +55,22 @@ def emulator(
     ] = 5710,
 ) -> None:
     """Run the local two-region Service Bus emulator in the foreground (Ctrl-C stops it)."""
-    from georep.adapters.emulator._runner import main as run
+    import os
 
-    argv: list[str] = ["--control-port", str(control_port)]
-    for name in namespace or []:
-        argv += ["--namespace", name]
-    for number in port or []:
-        argv += ["--port", str(number)]
-    for name in queue or ["orders"]:
-        argv += ["--queue", name]
-    for name in topic or []:
-        argv += ["--topic", name]
-    for name in hybrid_connection or []:
-        argv += ["--hybrid-connection", name]
-    raise typer.Exit(run(argv))
+    from georep.adapters.emulator._runner import run
+    from georep.adapters.emulator._server import CONTROL_TOKEN_ENV
+
+    raise typer.Exit(
+        run(
+            namespaces=namespace,
+            ports=port,
+            queues=queue or ["orders"],
+            topics=topic or [],
+            hybrid_connections=hybrid_connection or [],
+            control_port=control_port,
+            control_token=os.environ.get(CONTROL_TOKEN_ENV) or None,
+        )
+    )
 
 
 @app.command()
@@ -184,8 +186,8 @@ def demo(
     Zero configuration: starts the two-region emulator and an embedded Redis (or uses
     $REDIS_URL). Exit status 1 if any acknowledged message was lost or processed twice.
     """
-    from georep._demo import default_work_dir, run_demo
-    from georep._scenario import ScenarioConfig
+    from georep.cli._demo import default_work_dir, run_demo
+    from georep.cli._scenario import ScenarioConfig
     from georep.exceptions import ConfigurationError
 
     try:
@@ -319,7 +321,7 @@ def cost(
     """Billed operations per month and their price, per replication mode, side by side."""
     import json
 
-    from georep._cost import MODES, Workload, estimate_costs
+    from georep.cli._cost import MODES, Workload, estimate_costs
     from georep.exceptions import ConfigurationError
 
     try:
@@ -458,8 +460,8 @@ def bench(
     Writes OUT/<scenario>/report.json, timeline.png, latency_cdf.png and OUT/SUMMARY.md.
     Exit status 1 if any scenario lost a message or processed one twice.
     """
-    from georep._bench import SCENARIOS, run_bench
-    from georep._demo import log_to
+    from georep.cli._bench import SCENARIOS, run_bench
+    from georep.cli._demo import log_to
 
     log_to(console)
 
@@ -674,7 +676,3 @@ def _utc(seconds: float) -> str:
 
 def main() -> None:
     app()
-
-
-if __name__ == "__main__":
-    main()
