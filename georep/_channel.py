@@ -12,14 +12,19 @@ receives).
 
 from __future__ import annotations
 
+import asyncio
+import logging
 from collections.abc import Awaitable, Callable, Collection, Sequence
 from types import TracebackType
 from typing import Any, Generic, Protocol, TypeVar
 
+from georep._policy import FailoverPolicy
 from georep.exceptions import RegionError, RegionUnavailableError
 from georep.ports import Clock, ErrorKind, RegionSender
 
-__all__ = ["RegionChannel", "RegionDeadline", "RegionPair"]
+__all__ = ["RegionChannel", "RegionDeadline", "RegionPair", "learn_max_sizes", "sender_channel"]
+
+_log = logging.getLogger("georep.sender")
 
 _T = TypeVar("_T")
 _NONE: frozenset[ErrorKind] = frozenset()
@@ -245,17 +250,31 @@ class RegionPair(Generic[_C]):
 
 
 def sender_channel(
-    sender: RegionSender,
-    *,
-    clock: Clock,
-    fail_over_on: Collection[ErrorKind] = _NONE,
-    cooldown: float = 0.0,
+    sender: RegionSender, *, clock: Clock, policy: FailoverPolicy
 ) -> RegionChannel[RegionSender]:
-    """A channel to a region sender; its timeouts name the region and its namespace."""
+    """A GeoSender's channel to a region: ``policy``'s failover kinds and cool-down; its
+    timeouts name the region and its namespace."""
     return RegionChannel(
         sender,
         clock=clock,
-        fail_over_on=fail_over_on,
-        cooldown=cooldown,
+        fail_over_on=policy.fail_over_on,
+        cooldown=policy.region_cooldown_seconds,
         name=f"{sender.region} ({sender.namespace})",
     )
+
+
+async def learn_max_sizes(
+    regions: Sequence[RegionChannel[RegionSender]], timeout: float
+) -> dict[str, BaseException]:
+    """Ask each region its message size limit (it opens the link); return who failed."""
+    errors: dict[str, BaseException] = {}
+
+    async def size_of(region: RegionChannel[RegionSender]) -> None:
+        try:
+            region.max_size = await region.call(timeout, region.client.max_message_size)
+        except RegionError as exc:
+            errors[region.region] = exc
+            _log.warning("%s did not answer while connecting: %s", region.region, exc)
+
+    await asyncio.gather(*(size_of(region) for region in regions))
+    return errors

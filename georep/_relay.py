@@ -9,25 +9,24 @@ returned as they are.
 
 from __future__ import annotations
 
-import asyncio
 import random
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
-from types import TracebackType
-from typing import Any, Self
+from typing import Any
 
 from opentelemetry import metrics, trace
 from opentelemetry.trace import SpanKind, Status, StatusCode
 
+from georep._channel import RegionChannel
 from georep._classify import RELAY_FAILOVER_KINDS, error_kinds
 from georep._clock import SystemClock
+from georep._lifecycle import AsyncResource, close_all
 from georep._policy import Seconds, as_seconds, positive_seconds
 from georep._roles import RoleSnapshot, RoleState
 from georep._telemetry import Instruments, TracingGate
 from georep.exceptions import (
     AllRegionsUnavailableError,
-    ClosedError,
     ConfigurationError,
     RegionError,
     RegionUnavailableError,
@@ -136,7 +135,7 @@ class _ChannelTelemetry:
         self._duration.record(seconds, _OUTCOMES[outcome])
 
 
-class FailoverChannel:
+class FailoverChannel(AsyncResource):
     """Requests to a service exposed on two relay endpoints, failing over between them.
 
     Share one channel among every caller of the service: the roles (which endpoint is
@@ -202,6 +201,17 @@ class FailoverChannel:
         self._policy = policy or RelayPolicy()
         self._rng = rng or random.SystemRandom()
         self._clock: Clock = clock or SystemClock()
+        # Requests run concurrently on an endpoint: no slot.
+        self._channels = {
+            endpoint.region: RegionChannel(
+                endpoint,
+                clock=self._clock,
+                fail_over_on=self._policy.fail_over_on,
+                exclusive=False,
+            )
+            for endpoint in endpoints
+        }
+        self._close_endpoints = True
         if role_state is not None and role_state.current.active not in self._endpoints:
             raise ConfigurationError(
                 f"role_state has {role_state.current.active!r} active, which is neither "
@@ -209,7 +219,6 @@ class FailoverChannel:
             )
         self._roles: RoleState | None = role_state
         self._telemetry = _ChannelTelemetry(tracer_provider, meter_provider, time.monotonic)
-        self._closed = False
         self.stats = RelayChannelStats()
 
     # -- roles -------------------------------------------------------------------------
@@ -264,8 +273,7 @@ class FailoverChannel:
             ConfigurationError: Bad method, path or timeout.
             ClosedError: The channel was closed.
         """
-        if self._closed:
-            raise ClosedError("this FailoverChannel is closed; create a new one")
+        self._check_open()
         method = method.upper()
         if method not in _METHODS:
             raise ConfigurationError(
@@ -377,18 +385,10 @@ class FailoverChannel:
                 kind=ErrorKind.TIMEOUT,
             )
         seconds = min(as_seconds(self._policy.attempt_timeout), remaining)
-        endpoint = self._endpoints[region]
-        try:
-            with self._clock.deadline(seconds):
-                response = await endpoint.request(
-                    method, path, body=body, headers=headers, timeout=seconds
-                )
-        except TimeoutError:
-            raise RegionUnavailableError(
-                f"{region} did not answer within {seconds:g} s",
-                region=region,
-                kind=ErrorKind.TIMEOUT,
-            ) from None
+        channel = self._channels[region]
+        response = await channel.call(
+            seconds, channel.client.request, method, path, body=body, headers=headers
+        )
         if response.region != region:
             response = RelayResponse(response.status, response.headers, response.body, region)
         return response
@@ -403,23 +403,15 @@ class FailoverChannel:
     # -- lifecycle ---------------------------------------------------------------------------
     async def aclose(self, *, close_endpoints: bool = True) -> None:
         """Close the channel (idempotent) and, by default, both endpoints."""
-        if self._closed:
-            return
-        self._closed = True
-        if close_endpoints:
-            await asyncio.shield(
-                asyncio.gather(
-                    *(e.close() for e in self._endpoints.values()), return_exceptions=True
-                )
+        if not self.closed:
+            self._close_endpoints = close_endpoints
+        await super().aclose()
+
+    async def _close(self) -> None:
+        if self._close_endpoints:
+            await close_all(
+                self._endpoints.values(),
+                timeout=as_seconds(self._policy.attempt_timeout),
+                clock=self._clock,
+                what="relay endpoint",
             )
-
-    async def __aenter__(self) -> Self:
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.aclose()

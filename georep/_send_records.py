@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Collection, Sequence
 from typing import Any
 
@@ -9,12 +10,25 @@ from georep._sending import SendResult
 from georep.exceptions import AllRegionsUnavailableError, RegionError
 from georep.ports import Clock, ErrorKind, Ledger, MessageCodec, RegionAttempt, SendRecord
 
-__all__ = ["SendRecords", "error_name"]
+__all__ = ["SendRecords", "error_name", "flush_ledger"]
+
+_log = logging.getLogger("georep.sender")
 
 
 def error_name(error: BaseException) -> str:
     """How the ledger names an error: its class, never its message (it may hold a secret)."""
     return type(error).__name__
+
+
+async def flush_ledger(ledger: Ledger | None, *, timeout: float, clock: Clock) -> None:
+    """Flush ``ledger`` (a sender's ``aclose``) within ``timeout`` seconds. Never raises."""
+    if ledger is None:
+        return
+    try:
+        with clock.deadline(timeout):
+            await ledger.flush()
+    except Exception as exc:
+        _log.warning("flushing the ledger failed: %s", type(exc).__name__)
 
 
 class SendRecords:

@@ -9,18 +9,16 @@ drain loop (:mod:`georep._send_outbox`, :mod:`georep._drain`) and the ledger rec
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import warnings
 from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
-from opentelemetry.trace import INVALID_SPAN, Span, SpanKind, Status, StatusCode
+from opentelemetry.trace import SpanKind
 
-from georep._channel import RegionChannel, RegionPair, sender_channel
+from georep._channel import learn_max_sizes
 from georep._clock import SystemClock
-from georep._drain import DrainTelemetry, OutboxDrainer
 from georep._lifecycle import AsyncResource, close_all
 from georep._policy import (
     DedupKey,
@@ -30,17 +28,14 @@ from georep._policy import (
     positive_seconds,
 )
 from georep._roles import RoleState, role_state_for
-from georep._schedule import Scheduler
-from georep._send_outbox import OutboxLink
-from georep._send_paths import ActivePath, PassivePath
-from georep._send_records import SendRecords
-from georep._sending import MessagePrep, PendingSend, SendCounts, SenderStats, SendResult
-from georep._telemetry import SenderTelemetry, traceparent_of
+from georep._send_records import flush_ledger
+from georep._send_wiring import SenderParts, SenderSettings, wire
+from georep._sending import SenderStats, SendResult
+from georep._telemetry import SenderTelemetry
 from georep.exceptions import (
     AllRegionsUnavailableError,
     ClosedError,
     ConfigurationError,
-    RegionError,
 )
 from georep.ports import Clock, Ledger, Outbox, RegionSender
 
@@ -184,7 +179,20 @@ class GeoSender(AsyncResource):
         self.channel = "|".join(
             [*sorted((self._primary.namespace, self._secondary.namespace)), self.entity]
         )
+        # Adapters georep made around the caller's SDK senders are georep's to close: that
+        # stops their worker threads (sync senders) and never closes the caller's sender.
+        self._owned: list[Any] = [
+            adapter
+            for adapter, given in ((self._primary, primary), (self._secondary, secondary))
+            if adapter is not given
+        ]
         self.stats = SenderStats()
+        self._parts = self._build(tracer_provider, meter_provider)
+        self._drainer = self._parts.drainer
+
+    def _build(
+        self, tracer_provider: TracerProvider | None, meter_provider: MeterProvider | None
+    ) -> SenderParts:
         self._telemetry = SenderTelemetry(
             entity=self.entity,
             mode=self.mode.value,
@@ -193,93 +201,27 @@ class GeoSender(AsyncResource):
             owner=self,
             outbox_depth=_observed_outbox_depth,
         )
-        # Adapters georep made around the caller's SDK senders are georep's to close: that
-        # stops their worker threads (sync senders) and never closes the caller's sender.
-        self._owned: list[Any] = [
-            adapter
-            for adapter, given in ((self._primary, primary), (self._secondary, secondary))
-            if adapter is not given
-        ]
-        self._wire(meter_provider)
-
-    def _wire(self, meter_provider: MeterProvider | None) -> None:
-        """Build the collaborators; each gets its state here, through its constructor."""
-        policy, clock = self.policy, self._clock
-        self._regions: RegionPair[RegionSender] = RegionPair(
-            *(
-                sender_channel(
-                    region,
-                    clock=clock,
-                    fail_over_on=policy.fail_over_on,
-                    cooldown=policy.region_cooldown_seconds,
-                )
-                for region in (self._primary, self._secondary)
-            )
+        settings = SenderSettings(
+            mode=self.mode,
+            policy=self.policy,
+            drain_policy=self.drain_policy,
+            dedup_key=self.dedup_key,
+            outbox=self.outbox,
+            repair=self.repair,
+            ledger=self.ledger,
+            partitioned=self.partitioned,
+            entity=self.entity,
+            channel=self.channel,
+            clock=self._clock,
         )
-        self._prep = MessagePrep(self._codec, self.dedup_key)
-        counts = SendCounts(self.stats, self._telemetry)
-        self._drainer = self._new_drainer(meter_provider)
-        self._outbox: OutboxLink | None = None
-        if self.outbox is not None and self._drainer is not None:
-            self._outbox = OutboxLink(
-                self.outbox,
-                channel=self.channel,
-                regions=self._regions,
-                policy=policy,
-                codec=self._codec,
-                counts=counts,
-                stats=self.stats,
-                telemetry=self._telemetry,
-                wake=self._drainer.wake,
-                clock=clock,
-            )
-        queue = None if self._outbox is None else self._outbox.queue
-        self._passive = PassivePath(
-            self._regions,
-            policy=policy,
-            roles=lambda: self.roles,
-            prep=self._prep,
-            counts=counts,
+        return wire(
+            settings,
+            self._primary,
+            self._secondary,
             stats=self.stats,
             telemetry=self._telemetry,
-            queue=queue,
-            entity=self.entity,
-            clock=clock,
-        )
-        self._active = ActivePath(
-            self._regions,
-            policy=policy,
-            prep=self._prep,
-            counts=counts,
-            queue=queue,
-            repair=self.repair,
-            entity=self.entity,
-            clock=clock,
-        )
-        self._scheduler = Scheduler(
-            self._regions,
-            active=self.mode is ReplicationMode.ACTIVE,
-            policy=policy,
-            codec=self._codec,
-            prep=self._prep,
-            partitioned=self.partitioned,
-            passive=self._passive,
             roles=lambda: self.roles,
-            entity=self.entity,
-            clock=clock,
-        )
-        self._records = (
-            None
-            if self.ledger is None
-            else SendRecords(
-                self.ledger,
-                entity=self.entity,
-                mode=self.mode.value,
-                labels=(self._primary.region, self._secondary.region),
-                fail_over_on=policy.fail_over_on,
-                codec=self._codec,
-                clock=clock,
-            )
+            meter_provider=meter_provider,
         )
 
     # ----------------------------------------------------------------- construction
@@ -341,23 +283,7 @@ class GeoSender(AsyncResource):
         A failover then costs one send to an already connected backup instead of a new
         connection (0.3-1 s). A region that is down now is skipped; it connects on first use.
         """
-        await self._learn_max_sizes([self._regions.primary, self._regions.secondary])
-
-    async def _learn_max_sizes(
-        self, regions: Sequence[RegionChannel[RegionSender]]
-    ) -> dict[str, BaseException]:
-        errors: dict[str, BaseException] = {}
-        timeout = self.policy.attempt_seconds
-
-        async def size_of(region: RegionChannel[RegionSender]) -> None:
-            try:
-                region.max_size = await region.call(timeout, region.client.max_message_size)
-            except RegionError as exc:
-                errors[region.region] = exc
-                _log.warning("%s did not answer while connecting: %s", region.region, exc)
-
-        await asyncio.gather(*(size_of(region) for region in regions))
-        return errors
+        await learn_max_sizes(list(self._parts.regions), self.policy.attempt_seconds)
 
     async def aclose(self) -> None:
         """Stop the outbox drainer and close what this GeoSender created. Idempotent.
@@ -384,18 +310,9 @@ class GeoSender(AsyncResource):
         except Exception:
             _log.exception("stopping the outbox drainer failed")
         finally:
-            await self._passive.stop()
+            await self._parts.passive.stop()
             await close_all(self._owned, timeout=timeout, clock=self._clock, what="region sender")
-            await self._flush_ledger(timeout)
-
-    async def _flush_ledger(self, timeout: float) -> None:
-        if self.ledger is None:
-            return
-        try:
-            with self._clock.deadline(timeout):
-                await self.ledger.flush()
-        except Exception as exc:
-            _log.warning("flushing the ledger failed: %s", type(exc).__name__)
+            await flush_ledger(self.ledger, timeout=timeout, clock=self._clock)
 
     def _check_open(self) -> None:
         if self.closed:
@@ -411,7 +328,7 @@ class GeoSender(AsyncResource):
     @property
     def active_region(self) -> str:
         """The label of the region passive sends go to now."""
-        return self._regions.by_namespace[self.roles.current.active].region
+        return self._parts.regions.by_namespace[self.roles.current.active].region
 
     # ----------------------------------------------------------------------- sends
 
@@ -444,76 +361,7 @@ class GeoSender(AsyncResource):
         attempt_timeout = (
             self.policy.attempt_seconds if timeout is None else positive_seconds(timeout, "timeout")
         )
-        codec = self._codec
-        messages = codec.split(message)
-        if not messages:
-            return SendResult(accepted=())
-        # Validated before any network call (issue 20): what no region would take is
-        # raised here, never failed over or queued.
-        codec.check(messages, one_partition=self.partitioned, max_size=self._regions.size_limit())
-        started = self._clock.monotonic()
-        records = self._records
-        wall_started = self._clock.time() if records is not None else 0.0
-        telemetry = self._telemetry
-        # start_span, not start_as_current_span: no context switch on the hot path. The span
-        # still parents to the caller's current span and its context travels in traceparent.
-        span = (
-            telemetry.tracer.start_span(
-                telemetry.span_name, kind=_PRODUCER, attributes=telemetry.span_attributes
-            )
-            if telemetry.tracing()
-            else INVALID_SPAN
-        )
-        try:
-            send = self._pending(message, messages, attempt_timeout, span)
-            if self.mode is ReplicationMode.ACTIVE:
-                result = await self._active.send(send)
-            else:
-                result = await self._passive.send(send)
-        except BaseException as exc:
-            self._failed(span, exc, started, messages, wall_started)
-            raise
-        telemetry.duration(
-            self._clock.monotonic() - started, "queued" if result.queued else "accepted"
-        )
-        span.end()
-        if records is not None:
-            records.sent(result, wall_started)
-        return result
-
-    def _pending(
-        self, message: Any, messages: Sequence[Any], timeout: float, span: Span
-    ) -> PendingSend:
-        """The call's messages given their ids (and traceparent), ready for the paths."""
-        traceparent = traceparent_of(span) if span is not INVALID_SPAN else None
-        # A single message goes to the SDK as itself: wrapped in a list it would be
-        # re-encoded into a one-message batch.
-        if len(messages) == 1 and messages[0] is message:
-            return PendingSend(
-                message, messages, timeout, span, (self._prep.prepare(message, traceparent),)
-            )
-        payload: Any = messages
-        if self._codec.is_batch(message) and getattr(message, "georep_prepared", False):
-            payload = message
-        # A batch the SDK built before we could give its messages ids is resent as a list
-        # of its (now prepared) messages, so both regions see the same ids.
-        ids = self._prep.prepare_all(messages, traceparent)
-        return PendingSend(payload, messages, timeout, span, ids)
-
-    def _failed(
-        self,
-        span: Span,
-        exc: BaseException,
-        started: float,
-        messages: Sequence[Any],
-        wall_started: float,
-    ) -> None:
-        span.set_status(Status(StatusCode.ERROR, type(exc).__name__))
-        span.set_attribute("error.type", type(exc).__name__)
-        self._telemetry.duration(self._clock.monotonic() - started, "failed")
-        span.end()
-        if self._records is not None:
-            self._records.failed(messages, exc, wall_started)
+        return await self._parts.flow.send(message, attempt_timeout)
 
     # ------------------------------------------------------------------ scheduling
 
@@ -536,7 +384,7 @@ class GeoSender(AsyncResource):
                 the outbox: a late schedule would fire at the wrong time).
         """
         self._check_open()
-        return await self._scheduler.schedule(messages, schedule_time_utc, timeout)
+        return await self._parts.scheduler.schedule(messages, schedule_time_utc, timeout)
 
     async def schedule_messages_by_region(
         self, messages: Any, schedule_time_utc: datetime, *, timeout: float | None = None
@@ -552,7 +400,7 @@ class GeoSender(AsyncResource):
             AllRegionsUnavailableError: No region scheduled them.
         """
         self._check_open()
-        return await self._scheduler.schedule_by_region(messages, schedule_time_utc, timeout)
+        return await self._parts.scheduler.schedule_by_region(messages, schedule_time_utc, timeout)
 
     async def cancel_scheduled_messages(
         self,
@@ -587,7 +435,7 @@ class GeoSender(AsyncResource):
             await self.cancel_scheduled_messages_by_region(sequence_numbers, timeout=timeout)
             return
         numbers = [sequence_numbers] if isinstance(sequence_numbers, int) else sequence_numbers
-        await self._scheduler.cancel(numbers, timeout)
+        await self._parts.scheduler.cancel(numbers, timeout)
 
     async def cancel_scheduled_messages_by_region(
         self, sequence_numbers: Mapping[str, Sequence[int]], *, timeout: float | None = None
@@ -603,7 +451,7 @@ class GeoSender(AsyncResource):
             RegionError: A region could not cancel (the others were still cancelled).
         """
         self._check_open()
-        await self._scheduler.cancel_by_region(sequence_numbers, timeout)
+        await self._parts.scheduler.cancel_by_region(sequence_numbers, timeout)
 
     # ---------------------------------------------------------------------- batches
 
@@ -617,9 +465,9 @@ class GeoSender(AsyncResource):
                 ``max_size_in_bytes`` was not given.
         """
         self._check_open()
-        missing = [r for r in self._regions if r.max_size is None]
-        errors = await self._learn_max_sizes(missing) if missing else {}
-        sizes = [r.max_size for r in self._regions if r.max_size is not None]
+        missing = [r for r in self._parts.regions if r.max_size is None]
+        errors = await learn_max_sizes(missing, self.policy.attempt_seconds) if missing else {}
+        sizes = [r.max_size for r in self._parts.regions if r.max_size is not None]
         if max_size_in_bytes is not None:
             if max_size_in_bytes <= 0:
                 raise ConfigurationError("max_size_in_bytes must be greater than 0")
@@ -628,29 +476,9 @@ class GeoSender(AsyncResource):
             raise AllRegionsUnavailableError(
                 "no region could tell its message size limit; pass max_size_in_bytes", errors
             )
-        return self._codec.new_batch(min(sizes), self._prep.prepare)
+        return self._codec.new_batch(min(sizes), self._parts.prep.prepare)
 
     # ----------------------------------------------------------------------- outbox
-
-    def _new_drainer(self, meter_provider: MeterProvider | None) -> OutboxDrainer | None:
-        if self.outbox is None:
-            return None
-        return OutboxDrainer(
-            outbox=self.outbox,
-            channel=self.channel,
-            codec=self._codec,
-            policy=self.drain_policy,
-            clock=self._clock,
-            deliver=self._deliver,
-            unavailable_kinds=self.policy.fail_over_on,
-            # A passive delivery may try both regions, each within the attempt deadline.
-            send_budget=2 * self.policy.attempt_seconds + 1.0,
-            telemetry=DrainTelemetry(entity=self.entity, meter_provider=meter_provider),
-            stats=self.stats,
-            ledger=self.ledger,
-            entity=self.entity,
-            mode=self.mode.value,
-        )
 
     async def drain_outbox(self) -> int:
         """Try once to send everything due in the outbox; return how many were delivered.
@@ -662,10 +490,3 @@ class GeoSender(AsyncResource):
         if self._drainer is None:
             return 0
         return await self._drainer.drain_once()
-
-    async def _deliver(self, target: str | None, message: Any) -> None:
-        if target is None:
-            await self._passive.send_unqueued(message)
-        else:
-            assert self._outbox is not None
-            await self._outbox.deliver_to(target, message)
