@@ -10,13 +10,12 @@ from collections.abc import Callable, Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
-from georep._channel import RegionChannel, RegionPair
-from georep._policy import FailoverPolicy
+from georep._channel import RegionChannel
 from georep._roles import RoleState
 from georep._send_paths import PassivePath
-from georep._sending import MessagePrep
+from georep._sending import SendContext
 from georep.exceptions import AllRegionsUnavailableError, InvalidMessageError, RegionError
-from georep.ports import Clock, MessageCodec, RegionSender
+from georep.ports import RegionSender
 
 __all__ = ["ScheduleBook", "Scheduler"]
 
@@ -124,42 +123,26 @@ class Scheduler:
     """Scheduling for a GeoSender: both regions (active) or the active one with failover.
 
     Args:
-        regions: The two regions' channels.
+        context: What the sender's collaborators share (regions, policy, codec...).
         active: Active mode (schedule in both regions).
-        policy: Failover kinds and the attempt deadline.
-        codec: Splits and checks messages.
-        prep: Gives messages their ids; copies them.
-        partitioned: The entity is partitioned (one partition key per list).
         passive: Records a failover (passive mode).
         roles: The role state shared on the pair.
-        entity: The entity, for messages.
-        clock: Time source.
     """
 
     def __init__(
         self,
-        regions: RegionPair[RegionSender],
+        context: SendContext,
         *,
         active: bool,
-        policy: FailoverPolicy,
-        codec: MessageCodec,
-        prep: MessagePrep,
-        partitioned: bool,
         passive: PassivePath,
         roles: Callable[[], RoleState],
-        entity: str,
-        clock: Clock,
     ) -> None:
-        self._regions = regions
+        self._context = context
+        self._regions = context.regions
+        self._policy = context.policy
         self._active = active
-        self._policy = policy
-        self._codec = codec
-        self._prep = prep
-        self._partitioned = partitioned
         self._passive = passive
         self._roles = roles
-        self._entity = entity
-        self._clock = clock
         self.book = ScheduleBook()
 
     async def schedule(
@@ -174,19 +157,19 @@ class Scheduler:
         when = schedule_time_utc
         if when.tzinfo is None:  # the SDK reads a naive time as UTC (its samples use utcnow())
             when = when.replace(tzinfo=UTC)
-        return self.book.remember(by_region, order, when.timestamp(), self._clock.time())
+        return self.book.remember(by_region, order, when.timestamp(), self._context.clock.time())
 
     async def schedule_by_region(
         self, messages: Any, schedule_time_utc: datetime, timeout: float | None
     ) -> dict[str, list[int]]:
         """``GeoSender.schedule_messages_by_region``."""
         attempt_timeout = self._policy.attempt_seconds if timeout is None else timeout
-        batch = self._codec.split(messages)
+        batch = self._context.codec.split(messages)
         if not batch:
             return {}
         limit = self._regions.size_limit()
-        self._codec.check(batch, one_partition=self._partitioned, max_size=limit)
-        self._prep.prepare_all(batch, None)
+        self._context.codec.check(batch, one_partition=self._context.partitioned, max_size=limit)
+        self._context.prep.prepare_all(batch, None)
         if self._active:
             return await self._schedule_both(batch, schedule_time_utc, attempt_timeout)
         return await self._schedule_passive(batch, schedule_time_utc, attempt_timeout)
@@ -203,7 +186,7 @@ class Scheduler:
         primary, secondary = self._regions.primary, self._regions.secondary
         results = await asyncio.gather(
             self._schedule_in(primary, timeout, batch, when),
-            self._schedule_in(secondary, timeout, self._prep.copies(batch), when),
+            self._schedule_in(secondary, timeout, self._context.prep.copies(batch), when),
             return_exceptions=True,
         )
         scheduled: dict[str, list[int]] = {}
@@ -225,7 +208,7 @@ class Scheduler:
             )
         if not scheduled:
             raise AllRegionsUnavailableError(
-                f"no region scheduled the messages for {self._entity!r}", errors
+                f"no region scheduled the messages for {self._context.entity!r}", errors
             )
         return scheduled
 
@@ -241,10 +224,12 @@ class Scheduler:
                 raise
             backup = self._regions.other(active)
             try:
-                numbers = await self._schedule_in(backup, timeout, self._prep.copies(batch), when)
+                numbers = await self._schedule_in(
+                    backup, timeout, self._context.prep.copies(batch), when
+                )
             except RegionError as second_error:
                 raise AllRegionsUnavailableError(
-                    f"no region scheduled the messages for {self._entity!r}",
+                    f"no region scheduled the messages for {self._context.entity!r}",
                     {active.region: first_error, backup.region: second_error},
                 ) from second_error
             await self._passive.record_failover(snapshot, active, backup, None)
@@ -283,6 +268,6 @@ class Scheduler:
             raise errors[0]
         if errors:
             raise AllRegionsUnavailableError(
-                f"no region cancelled its scheduled messages for {self._entity!r}",
+                f"no region cancelled its scheduled messages for {self._context.entity!r}",
                 {error.region: error for error in errors},
             )

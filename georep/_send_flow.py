@@ -12,11 +12,9 @@ from typing import Any
 
 from opentelemetry.trace import INVALID_SPAN, Span, SpanKind, Status, StatusCode
 
-from georep._channel import RegionPair
 from georep._send_records import SendRecords
-from georep._sending import MessagePrep, PendingSend, SendResult
-from georep._telemetry import SenderTelemetry, traceparent_of
-from georep.ports import Clock, MessageCodec, RegionSender
+from georep._sending import PendingSend, SendContext, SendResult
+from georep._telemetry import traceparent_of
 
 __all__ = ["SendFlow"]
 
@@ -27,50 +25,40 @@ class SendFlow:
     """Runs each send through ``path``.
 
     Args:
+        context: What the sender's collaborators share (regions, codec, telemetry...).
         path: The active or passive path's ``send``.
-        regions: The two regions' channels (their learned size limits).
-        codec: Splits and checks messages.
-        prep: Gives messages their ids and traceparent.
-        partitioned: Lists and batches must carry one partition key.
-        telemetry: The sender's instruments (span, duration).
         records: The ledger rows (None: no ledger).
-        clock: Time source.
     """
 
     def __init__(
         self,
+        context: SendContext,
         path: Callable[[PendingSend], Awaitable[SendResult]],
         *,
-        regions: RegionPair[RegionSender],
-        codec: MessageCodec,
-        prep: MessagePrep,
-        partitioned: bool,
-        telemetry: SenderTelemetry,
         records: SendRecords | None,
-        clock: Clock,
     ) -> None:
+        self._context = context
         self._path = path
-        self._regions = regions
-        self._codec = codec
-        self._prep = prep
-        self._partitioned = partitioned
-        self._telemetry = telemetry
         self._records = records
-        self._clock = clock
 
     async def send(self, message: Any, timeout: float) -> SendResult:
         """Send ``message`` (a message, a list or a batch) with ``timeout`` per attempt."""
-        codec = self._codec
+        context = self._context
+        codec = context.codec
         messages = codec.split(message)
         if not messages:
             return SendResult(accepted=())
         # Validated before any network call (issue 20): what no region would take is
         # raised here, never failed over or queued.
-        codec.check(messages, one_partition=self._partitioned, max_size=self._regions.size_limit())
-        started = self._clock.monotonic()
+        codec.check(
+            messages,
+            one_partition=self._context.partitioned,
+            max_size=self._context.regions.size_limit(),
+        )
+        started = self._context.clock.monotonic()
         records = self._records
-        wall_started = self._clock.time() if records is not None else 0.0
-        telemetry = self._telemetry
+        wall_started = self._context.clock.time() if records is not None else 0.0
+        telemetry = self._context.telemetry
         # start_span, not start_as_current_span: no context switch on the hot path. The span
         # still parents to the caller's current span and its context travels in traceparent.
         span = (
@@ -86,7 +74,7 @@ class SendFlow:
             self._failed(span, exc, started, messages, wall_started)
             raise
         telemetry.duration(
-            self._clock.monotonic() - started, "queued" if result.queued else "accepted"
+            self._context.clock.monotonic() - started, "queued" if result.queued else "accepted"
         )
         span.end()
         if records is not None:
@@ -101,15 +89,15 @@ class SendFlow:
         # A single message goes to the SDK as itself: wrapped in a list it would be
         # re-encoded into a one-message batch.
         if len(messages) == 1 and messages[0] is message:
-            ids = (self._prep.prepare(message, traceparent),)
+            ids = (self._context.prep.prepare(message, traceparent),)
             return PendingSend(message, messages, timeout, span, ids)
         payload: Any = messages
-        if self._codec.is_batch(message) and getattr(message, "georep_prepared", False):
+        if self._context.codec.is_batch(message) and getattr(message, "georep_prepared", False):
             payload = message
         # A batch the SDK built before we could give its messages ids is resent as a list
         # of its (now prepared) messages, so both regions see the same ids.
         return PendingSend(
-            payload, messages, timeout, span, self._prep.prepare_all(messages, traceparent)
+            payload, messages, timeout, span, self._context.prep.prepare_all(messages, traceparent)
         )
 
     def _failed(
@@ -122,7 +110,7 @@ class SendFlow:
     ) -> None:
         span.set_status(Status(StatusCode.ERROR, type(exc).__name__))
         span.set_attribute("error.type", type(exc).__name__)
-        self._telemetry.duration(self._clock.monotonic() - started, "failed")
+        self._context.telemetry.duration(self._context.clock.monotonic() - started, "failed")
         span.end()
         if self._records is not None:
             self._records.failed(messages, exc, wall_started)

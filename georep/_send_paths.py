@@ -16,13 +16,12 @@ from typing import Any
 
 from opentelemetry.trace import Span, SpanKind
 
-from georep._channel import RegionChannel, RegionPair
-from georep._policy import FailoverPolicy, as_seconds
+from georep._channel import RegionChannel
+from georep._policy import as_seconds
 from georep._roles import RoleSnapshot, RoleState
-from georep._sending import MessagePrep, PendingSend, SendCounts, SenderStats, SendResult
-from georep._telemetry import SenderTelemetry
+from georep._sending import PendingSend, SendContext, SendResult
 from georep.exceptions import AllRegionsUnavailableError, RegionError
-from georep.ports import Clock, RegionSender
+from georep.ports import RegionSender
 
 __all__ = ["ActivePath", "PassivePath", "Queue"]
 
@@ -45,42 +44,20 @@ class PassivePath:
     """Passive replication: the active region, then the backup; roles shared per pair.
 
     Args:
-        regions: The two regions' channels.
-        policy: When to fail over; switch-back.
+        context: What the sender's collaborators share (regions, policy, counters...).
         roles: Returns the role state shared by every sender on the pair.
-        prep: Copies messages for the backup.
-        counts: Per-region message counters.
-        stats: The sender's stats (failovers, role swaps).
-        telemetry: The sender's instruments.
         queue: Persists what no region accepted (None: no outbox).
-        entity: The entity, for messages.
-        clock: Time source.
     """
 
     def __init__(
-        self,
-        regions: RegionPair[RegionSender],
-        *,
-        policy: FailoverPolicy,
-        roles: Callable[[], RoleState],
-        prep: MessagePrep,
-        counts: SendCounts,
-        stats: SenderStats,
-        telemetry: SenderTelemetry,
-        queue: Queue | None,
-        entity: str,
-        clock: Clock,
+        self, context: SendContext, *, roles: Callable[[], RoleState], queue: Queue | None
     ) -> None:
-        self._regions = regions
-        self._policy = policy
+        self._context = context
+        self._regions = context.regions
+        self._policy = context.policy
+        self._counts = context.counts
         self._roles = roles
-        self._prep = prep
-        self._counts = counts
-        self._stats = stats
-        self._telemetry = telemetry
         self._queue = queue
-        self._entity = entity
-        self._clock = clock
         self._probe: asyncio.Task[None] | None = None
         self._stopped = False
 
@@ -102,7 +79,7 @@ class PassivePath:
 
     async def send_unqueued(self, message: Any) -> None:
         """An outbox entry for whichever region accepts (never queued again)."""
-        telemetry = self._telemetry
+        telemetry = self._context.telemetry
         span = telemetry.tracer.start_span(
             telemetry.span_name,
             kind=SpanKind.PRODUCER,
@@ -135,7 +112,7 @@ class PassivePath:
         )
         # The SDK may have kept state on the objects it tried to send; the backup gets
         # copies with the same MessageIds (a batch is immutable once built, so it is reused).
-        retry_payload = self._prep.copy_payload(send.payload, send.messages)
+        retry_payload = self._context.prep.copy_payload(send.payload, send.messages)
         try:
             await backup.call(send.timeout, backup.client.send, retry_payload)
         except RegionError as second_error:
@@ -152,7 +129,7 @@ class PassivePath:
                 send.span.set_attribute("georep.queued", True)
                 return SendResult(accepted=(), failed=causes, queued=True, message_ids=send.ids)
             raise AllRegionsUnavailableError(
-                f"no region accepted the send to {self._entity!r}", causes
+                f"no region accepted the send to {self._context.entity!r}", causes
             ) from second_error
         self._counts.accepted(backup.region, count)
         await self.record_failover(snapshot, active, backup, send.span)
@@ -167,17 +144,17 @@ class PassivePath:
         self, snapshot: RoleSnapshot, active: Channel, backup: Channel, span: Span | None
     ) -> None:
         """The backup accepted what the active region refused: count it, swap the roles."""
-        self._stats.failovers += 1
-        self._telemetry.failover(active.region, backup.region)
+        self._context.stats.failovers += 1
+        self._context.telemetry.failover(active.region, backup.region)
         if span is not None:
             span.set_attribute("georep.region", backup.region)
             span.set_attribute("georep.failover", True)
         if await self._roles().swap(expected=snapshot, new_active=backup.client.namespace):
-            self._stats.role_swaps += 1
-            self._telemetry.role_swap(backup.region)
+            self._context.stats.role_swaps += 1
+            self._context.telemetry.role_swap(backup.region)
             if span is not None:
                 span.add_event("georep.role_swap", {"georep.region": backup.region})
-            _log.warning("%s is now the active region for %s", backup.region, self._entity)
+            _log.warning("%s is now the active region for %s", backup.region, self._context.entity)
             if self._policy.switch_back and self._probe is None and not self._stopped:
                 self._probe = asyncio.create_task(self._probe_for_switch_back())
 
@@ -187,7 +164,7 @@ class PassivePath:
         primary = self._regions.primary
         try:
             while not self._stopped:
-                await self._clock.sleep(interval)
+                await self._context.clock.sleep(interval)
                 snapshot = await self._roles().read()
                 if snapshot.active == primary.client.namespace:
                     return
@@ -197,8 +174,8 @@ class PassivePath:
                     continue
                 roles = self._roles()
                 if await roles.swap(expected=snapshot, new_active=primary.client.namespace):
-                    self._stats.role_swaps += 1
-                    self._telemetry.role_swap(primary.region)
+                    self._context.stats.role_swaps += 1
+                    self._context.telemetry.role_swap(primary.region)
                     _log.warning("%s answers again; switched back to it", primary.region)
                 return
         finally:
@@ -218,42 +195,23 @@ class ActivePath:
     """Active replication: both regions at once, each message with the same MessageId.
 
     Args:
-        regions: The two regions' channels (their cool-downs skip a region that just
-            failed).
-        policy: Which failures count as "unavailable".
-        prep: Copies messages for the second region.
-        counts: Per-region message counters.
+        context: What the sender's collaborators share (regions, policy, counters...).
         queue: Persists what no region accepted (None: no outbox).
         repair: Queue a failed region's copy when the other accepted.
-        entity: The entity, for messages.
-        clock: Time source.
     """
 
-    def __init__(
-        self,
-        regions: RegionPair[RegionSender],
-        *,
-        policy: FailoverPolicy,
-        prep: MessagePrep,
-        counts: SendCounts,
-        queue: Queue | None,
-        repair: bool,
-        entity: str,
-        clock: Clock,
-    ) -> None:
-        self._regions = regions
-        self._policy = policy
-        self._prep = prep
-        self._counts = counts
+    def __init__(self, context: SendContext, *, queue: Queue | None, repair: bool) -> None:
+        self._context = context
+        self._regions = context.regions
+        self._policy = context.policy
+        self._counts = context.counts
         self._queue = queue
         self._repair = repair
-        self._entity = entity
-        self._clock = clock
 
     async def send(self, send: PendingSend) -> SendResult:
         """Send to both regions; return which accepted (raise when none could)."""
         regions = self._regions
-        now = self._clock.monotonic()
+        now = self._context.clock.monotonic()
         # A region that just failed is skipped until its cool-down ends (its last error
         # stands for this send), so one dead region does not slow every send to its
         # failure latency. If both are cooling down, both are tried: nothing to lose.
@@ -292,7 +250,7 @@ class ActivePath:
         primary, secondary = self._regions.primary, self._regions.secondary
         secondary_attempt: asyncio.Future[None] | None = None
         if secondary.region not in skip:
-            copies = self._prep.copy_payload(send.payload, send.messages)
+            copies = self._context.prep.copy_payload(send.payload, send.messages)
             # One task, not two: the primary's attempt runs in this task.
             secondary_attempt = asyncio.ensure_future(
                 secondary.call(send.timeout, secondary.client.send, copies)
@@ -357,5 +315,5 @@ class ActivePath:
                 accepted=(), failed=dict(errors), queued=True, skipped=skipped, message_ids=send.ids
             )
         raise AllRegionsUnavailableError(
-            f"no region accepted the send to {self._entity!r}", errors
+            f"no region accepted the send to {self._context.entity!r}", errors
         ) from errors[self._regions.secondary.region]

@@ -17,9 +17,16 @@ from georep._roles import RoleState
 from georep._schedule import Scheduler
 from georep._send_flow import SendFlow
 from georep._send_outbox import OutboxLink
-from georep._send_paths import ActivePath, PassivePath, Queue
+from georep._send_paths import ActivePath, PassivePath
 from georep._send_records import SendRecords
-from georep._sending import MessagePrep, PendingSend, SendCounts, SenderStats, SendResult
+from georep._sending import (
+    MessagePrep,
+    PendingSend,
+    SendContext,
+    SendCounts,
+    SenderStats,
+    SendResult,
+)
 from georep._telemetry import SenderTelemetry
 from georep.ports import Clock, Ledger, MessageCodec, Outbox, RegionSender
 
@@ -69,12 +76,21 @@ def wire(
     meter_provider: MeterProvider | None,
 ) -> SenderParts:
     """Build the collaborators of one GeoSender."""
-    policy, clock = settings.policy, settings.clock
-    regions = RegionPair(
-        *(sender_channel(region, clock=clock, policy=policy) for region in (primary, secondary))
+    policy, clock, codec = settings.policy, settings.clock, primary.codec
+    context = SendContext(
+        regions=RegionPair(
+            *(sender_channel(region, clock=clock, policy=policy) for region in (primary, secondary))
+        ),
+        policy=policy,
+        codec=codec,
+        prep=MessagePrep(codec, settings.dedup_key),
+        counts=SendCounts(stats, telemetry),
+        stats=stats,
+        telemetry=telemetry,
+        partitioned=settings.partitioned,
+        entity=settings.entity,
+        clock=clock,
     )
-    prep = MessagePrep(primary.codec, settings.dedup_key)
-    counts = SendCounts(stats, telemetry)
 
     async def deliver(target: str | None, message: Any) -> None:
         # An outbox entry: to its region, or (None) to whichever accepts, never requeued.
@@ -84,94 +100,20 @@ def wire(
             assert link is not None
             await link.deliver_to(target, message)
 
-    drainer, link = _outbox(settings, regions, counts, stats, telemetry, deliver, meter_provider)
+    drainer: OutboxDrainer | None = None
+    link: OutboxLink | None = None
+    if settings.outbox is not None:
+        drainer = _drainer(settings, deliver, stats, meter_provider, codec)
+        link = OutboxLink(context, settings.outbox, channel=settings.channel, wake=drainer.wake)
     queue = None if link is None else link.queue
-    passive = PassivePath(
-        regions,
-        policy=policy,
-        roles=roles,
-        prep=prep,
-        counts=counts,
-        stats=stats,
-        telemetry=telemetry,
-        queue=queue,
-        entity=settings.entity,
-        clock=clock,
-    )
-    flow = SendFlow(
-        _path(settings, regions, prep, counts, queue) or passive.send,
-        regions=regions,
-        codec=primary.codec,
-        prep=prep,
-        partitioned=settings.partitioned,
-        telemetry=telemetry,
-        records=_records(settings, primary, secondary),
-        clock=clock,
-    )
-    scheduler = Scheduler(
-        regions,
-        active=settings.mode is ReplicationMode.ACTIVE,
-        policy=policy,
-        codec=primary.codec,
-        prep=prep,
-        partitioned=settings.partitioned,
-        passive=passive,
-        roles=roles,
-        entity=settings.entity,
-        clock=clock,
-    )
-    return SenderParts(regions, prep, drainer, passive, flow, scheduler)
-
-
-def _path(
-    settings: SenderSettings,
-    regions: RegionPair[RegionSender],
-    prep: MessagePrep,
-    counts: SendCounts,
-    queue: Queue | None,
-) -> Callable[[PendingSend], Awaitable[SendResult]] | None:
-    """The active path's send in active mode; None in passive mode."""
-    if settings.mode is not ReplicationMode.ACTIVE:
-        return None
-    return ActivePath(
-        regions,
-        policy=settings.policy,
-        prep=prep,
-        counts=counts,
-        queue=queue,
-        repair=settings.repair,
-        entity=settings.entity,
-        clock=settings.clock,
-    ).send
-
-
-def _outbox(
-    settings: SenderSettings,
-    regions: RegionPair[RegionSender],
-    counts: SendCounts,
-    stats: SenderStats,
-    telemetry: SenderTelemetry,
-    deliver: Callable[[str | None, Any], Awaitable[None]],
-    meter_provider: MeterProvider | None,
-) -> tuple[OutboxDrainer | None, OutboxLink | None]:
-    """The drain loop and the link that fills the outbox (none without an outbox)."""
-    if settings.outbox is None:
-        return None, None
-    codec = regions.primary.client.codec
-    drainer = _drainer(settings, deliver, stats, meter_provider, codec)
-    link = OutboxLink(
-        settings.outbox,
-        channel=settings.channel,
-        regions=regions,
-        policy=settings.policy,
-        codec=codec,
-        counts=counts,
-        stats=stats,
-        telemetry=telemetry,
-        wake=drainer.wake,
-        clock=settings.clock,
-    )
-    return drainer, link
+    passive = PassivePath(context, roles=roles, queue=queue)
+    path: Callable[[PendingSend], Awaitable[SendResult]] = passive.send
+    if settings.mode is ReplicationMode.ACTIVE:
+        path = ActivePath(context, queue=queue, repair=settings.repair).send
+    flow = SendFlow(context, path, records=_records(settings, primary, secondary))
+    active = settings.mode is ReplicationMode.ACTIVE
+    scheduler = Scheduler(context, active=active, passive=passive, roles=roles)
+    return SenderParts(context.regions, context.prep, drainer, passive, flow, scheduler)
 
 
 def _drainer(

@@ -14,12 +14,20 @@ from typing import Any
 
 from opentelemetry.trace import Span
 
-from georep._policy import DedupKey
+from georep._channel import RegionPair
+from georep._policy import DedupKey, FailoverPolicy
 from georep._telemetry import SenderTelemetry
 from georep.exceptions import InvalidMessageError
-from georep.ports import MessageCodec
+from georep.ports import Clock, MessageCodec, RegionSender
 
-__all__ = ["MessagePrep", "PendingSend", "SendCounts", "SendResult", "SenderStats"]
+__all__ = [
+    "MessagePrep",
+    "PendingSend",
+    "SendContext",
+    "SendCounts",
+    "SendResult",
+    "SenderStats",
+]
 
 _TRACEPARENT = "traceparent"
 
@@ -154,3 +162,32 @@ class MessagePrep:
     def copies(self, messages: Sequence[Any]) -> list[Any]:
         copy = self._codec.copy
         return [copy(message) for message in messages]
+
+
+@dataclass(frozen=True, slots=True)
+class SendContext:
+    """What every collaborator of one GeoSender shares (given to each constructor).
+
+    Attributes:
+        regions: The two regions' channels.
+        policy: When to fail over; the attempt deadline.
+        codec: Splits, checks, encodes and copies messages.
+        prep: Gives messages their ids; copies them.
+        counts: Per-region message counters.
+        stats: The sender's stats.
+        telemetry: The sender's instruments.
+        partitioned: The entity is partitioned (one partition key per list).
+        entity: The entity, for messages.
+        clock: Time source.
+    """
+
+    regions: RegionPair[RegionSender]
+    policy: FailoverPolicy
+    codec: MessageCodec
+    prep: MessagePrep
+    counts: SendCounts
+    stats: SenderStats
+    telemetry: SenderTelemetry
+    partitioned: bool
+    entity: str
+    clock: Clock

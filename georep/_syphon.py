@@ -12,7 +12,7 @@ from typing import Any
 from opentelemetry import metrics
 
 from georep._channel import RegionChannel
-from georep._classify import RETRYABLE_KINDS
+from georep._classify import CLIENT_FAULT_KINDS, RETRYABLE_KINDS
 from georep._clock import SystemClock
 from georep._lifecycle import AsyncResource, close_all
 from georep._paired import PairedNamespaceOptions
@@ -22,15 +22,11 @@ from georep.exceptions import (
     MessageExpiredError,
     RegionError,
 )
-from georep.ports import Clock, ErrorKind, RegionReceiver, RegionSender
+from georep.ports import Clock, RegionReceiver, RegionSender
 
 __all__ = ["Syphon", "SyphonStats"]
 
 _log = logging.getLogger("georep.syphon")
-
-#: Failures that mean a side's client is unusable (not an outage, not the message's fault):
-#: the partner side is closed after ``partner_close_timeout`` (SPEC §3).
-_CLIENT_FAULTS = frozenset({ErrorKind.AUTHENTICATION})
 
 
 @dataclass(slots=True)
@@ -211,7 +207,7 @@ class Syphon(AsyncResource):
             except RegionError as exc:
                 if self._stopping.is_set():
                     return
-                if exc.kind in _CLIENT_FAULTS:
+                if exc.kind in CLIENT_FAULT_KINDS:
                     self._side_faulted("secondary", exc)
                     return
                 _log.warning("receive from backlog queue %s failed: %s", queue.entity, exc)
@@ -247,7 +243,7 @@ class Syphon(AsyncResource):
                 break
             except RegionError as exc:
                 kind = exc.kind
-                if kind in _CLIENT_FAULTS:
+                if kind in CLIENT_FAULT_KINDS:
                     # The primary client is unusable, not the message: hand it back.
                     with contextlib.suppress(RegionError):
                         await queue.abandon(message)
