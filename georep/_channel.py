@@ -15,7 +15,6 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Awaitable, Callable, Collection, Sequence
-from types import TracebackType
 from typing import Any, Generic, Protocol, TypeVar
 
 from georep._policy import FailoverPolicy
@@ -79,18 +78,14 @@ class RegionDeadline:
     def __enter__(self) -> None:
         self._deadline.__enter__()
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        traceback: TracebackType | None,
-    ) -> None:
+    def __exit__(self, *exc_info: Any) -> None:
+        exc_type: type[BaseException] | None = exc_info[0]
         try:
-            self._deadline.__exit__(exc_type, exc, traceback)
+            self._deadline.__exit__(*exc_info)
         except TimeoutError as timeout:
             raise self.error() from timeout
         if exc_type is not None and issubclass(exc_type, TimeoutError):
-            raise self.error() from exc
+            raise self.error() from exc_info[1]
 
 
 class RegionChannel(Generic[_C]):

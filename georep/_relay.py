@@ -13,7 +13,7 @@ import random
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from opentelemetry import metrics, trace
 from opentelemetry.trace import SpanKind, Status, StatusCode
@@ -90,6 +90,17 @@ class RelayChannelStats:
     failovers: int = 0
     role_swaps: int = 0
     failures: int = 0
+
+
+class _Call(NamedTuple):
+    """One ``request`` call: what is sent, when it started, its whole budget (seconds)."""
+
+    method: str
+    path: str
+    body: bytes
+    headers: dict[str, str]
+    started: float
+    total: float
 
 
 # Attribute dicts built once: the request path stays within a few microseconds.
@@ -290,18 +301,16 @@ class FailoverChannel(AsyncResource):
             if timeout is None
             else positive_seconds(timeout, "timeout")
         )
-        started = self._clock.monotonic()
+        call = _Call(method, path, payload, request_headers, self._clock.monotonic(), total)
         if not self._telemetry.tracing():
-            return await self._request(method, path, payload, request_headers, started, total)
+            return await self._request(call)
         with self._telemetry.tracer.start_as_current_span(
             f"{method} {path.split('?', 1)[0]}",
             kind=SpanKind.CLIENT,
             attributes={"http.request.method": method, "georep.relay": True},
         ) as span:
             try:
-                response = await self._request(
-                    method, path, payload, request_headers, started, total
-                )
+                response = await self._request(call)
             except Exception as exc:
                 span.set_status(Status(StatusCode.ERROR, type(exc).__name__))
                 raise
@@ -309,40 +318,21 @@ class FailoverChannel(AsyncResource):
             span.set_attribute("http.response.status_code", response.status)
             return response
 
-    async def _request(
-        self,
-        method: str,
-        path: str,
-        body: bytes,
-        headers: dict[str, str],
-        started: float,
-        total: float,
-    ) -> RelayResponse:
+    async def _request(self, call: _Call) -> RelayResponse:
         roles = self._role_state()
         snapshot = roles.read_now() or await roles.read()
-        active = snapshot.active
         try:
-            response = await self._attempt(active, method, path, body, headers, started, total)
+            response = await self._attempt(snapshot.active, call)
         except RegionError as first:
             if first.kind not in self._policy.fail_over_on:
-                self._finish(started, "failed")
+                self._finish(call.started, "failed")
                 raise
-            return await self._fail_over(
-                snapshot, first, method, path, body, headers, started, total
-            )
-        self._finish(started, "ok")
+            return await self._fail_over(snapshot, first, call)
+        self._finish(call.started, "ok")
         return response
 
     async def _fail_over(
-        self,
-        snapshot: RoleSnapshot,
-        first: RegionError,
-        method: str,
-        path: str,
-        body: bytes,
-        headers: dict[str, str],
-        started: float,
-        total: float,
+        self, snapshot: RoleSnapshot, first: RegionError, call: _Call
     ) -> RelayResponse:
         active = snapshot.active
         backup = self._other(active)
@@ -354,9 +344,9 @@ class FailoverChannel(AsyncResource):
         )
         trace.get_current_span().set_attribute("georep.failover", True)
         try:
-            response = await self._attempt(backup, method, path, body, headers, started, total)
+            response = await self._attempt(backup, call)
         except RegionError as second:
-            self._finish(started, "failed")
+            self._finish(call.started, "failed")
             raise AllRegionsUnavailableError(
                 "both relay endpoints failed", {active: first, backup: second}
             ) from second
@@ -364,30 +354,26 @@ class FailoverChannel(AsyncResource):
         if await self._roles.swap(expected=snapshot, new_active=backup):
             self.stats.role_swaps += 1
             self._telemetry.swap(backup)
-        self._finish(started, "ok")
+        self._finish(call.started, "ok")
         return response
 
-    async def _attempt(
-        self,
-        region: str,
-        method: str,
-        path: str,
-        body: bytes,
-        headers: dict[str, str],
-        started: float,
-        total: float,
-    ) -> RelayResponse:
-        remaining = total - (self._clock.monotonic() - started)
+    async def _attempt(self, region: str, call: _Call) -> RelayResponse:
+        remaining = call.total - (self._clock.monotonic() - call.started)
         if remaining <= 0:
             raise RegionUnavailableError(
-                f"no time left for {region} (request timeout {total:g} s)",
+                f"no time left for {region} (request timeout {call.total:g} s)",
                 region=region,
                 kind=ErrorKind.TIMEOUT,
             )
         seconds = min(as_seconds(self._policy.attempt_timeout), remaining)
         channel = self._channels[region]
         response = await channel.call(
-            seconds, channel.client.request, method, path, body=body, headers=headers
+            seconds,
+            channel.client.request,
+            call.method,
+            call.path,
+            body=call.body,
+            headers=call.headers,
         )
         if response.region != region:
             response = RelayResponse(response.status, response.headers, response.body, region)

@@ -40,7 +40,18 @@ def _region_failed(span: Span, region: str, error: RegionError) -> None:
     )
 
 
-class PassivePath:
+class _Path:
+    """What both paths hold: the shared context and the outbox's ``queue``."""
+
+    def __init__(self, context: SendContext, queue: Queue | None) -> None:
+        self._context = context
+        self._regions = context.regions
+        self._policy = context.policy
+        self._counts = context.counts
+        self._queue = queue
+
+
+class PassivePath(_Path):
     """Passive replication: the active region, then the backup; roles shared per pair.
 
     Args:
@@ -52,12 +63,8 @@ class PassivePath:
     def __init__(
         self, context: SendContext, *, roles: Callable[[], RoleState], queue: Queue | None
     ) -> None:
-        self._context = context
-        self._regions = context.regions
-        self._policy = context.policy
-        self._counts = context.counts
+        super().__init__(context, queue)
         self._roles = roles
-        self._queue = queue
         self._probe: asyncio.Task[None] | None = None
         self._stopped = False
 
@@ -191,7 +198,7 @@ class PassivePath:
                 await probe
 
 
-class ActivePath:
+class ActivePath(_Path):
     """Active replication: both regions at once, each message with the same MessageId.
 
     Args:
@@ -201,11 +208,7 @@ class ActivePath:
     """
 
     def __init__(self, context: SendContext, *, queue: Queue | None, repair: bool) -> None:
-        self._context = context
-        self._regions = context.regions
-        self._policy = context.policy
-        self._counts = context.counts
-        self._queue = queue
+        super().__init__(context, queue)
         self._repair = repair
 
     async def send(self, send: PendingSend) -> SendResult:
