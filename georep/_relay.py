@@ -285,23 +285,8 @@ class FailoverChannel(AsyncResource):
             ClosedError: The channel was closed.
         """
         self._check_open()
-        method = method.upper()
-        if method not in _METHODS:
-            raise ConfigurationError(
-                f"unsupported method {method!r}: use one of {sorted(_METHODS)}"
-            )
-        if not path.startswith("/"):
-            raise ConfigurationError(f"path {path!r} must start with '/' (e.g. '/orders')")
-        payload = body.encode() if isinstance(body, str) else body
-        if type(payload) is not bytes:
-            payload = bytes(payload)
-        request_headers = dict(headers or {})
-        total = (
-            as_seconds(self._policy.request_timeout)
-            if timeout is None
-            else positive_seconds(timeout, "timeout")
-        )
-        call = _Call(method, path, payload, request_headers, self._clock.monotonic(), total)
+        call = self._call(method.upper(), path, body, headers, timeout)
+        method = call.method
         if not self._telemetry.tracing():
             return await self._request(call)
         with self._telemetry.tracer.start_as_current_span(
@@ -317,6 +302,31 @@ class FailoverChannel(AsyncResource):
             span.set_attribute("georep.region", response.region)
             span.set_attribute("http.response.status_code", response.status)
             return response
+
+    def _call(
+        self,
+        method: str,
+        path: str,
+        body: bytes | str,
+        headers: Mapping[str, str] | None,
+        timeout: Seconds | None,
+    ) -> _Call:
+        """The checked request, its budget starting now."""
+        if method not in _METHODS:
+            raise ConfigurationError(
+                f"unsupported method {method!r}: use one of {sorted(_METHODS)}"
+            )
+        if not path.startswith("/"):
+            raise ConfigurationError(f"path {path!r} must start with '/' (e.g. '/orders')")
+        payload = body.encode() if isinstance(body, str) else body
+        if type(payload) is not bytes:
+            payload = bytes(payload)
+        total = (
+            as_seconds(self._policy.request_timeout)
+            if timeout is None
+            else positive_seconds(timeout, "timeout")
+        )
+        return _Call(method, path, payload, dict(headers or {}), self._clock.monotonic(), total)
 
     async def _request(self, call: _Call) -> RelayResponse:
         roles = self._role_state()
