@@ -37,6 +37,13 @@ class _Labelled(Protocol):
 _C = TypeVar("_C", bound=_Labelled)
 
 
+def timeout_error(region: str, what: str, seconds: float) -> RegionUnavailableError:
+    """``f"{what} within {seconds:g} s"`` as a TIMEOUT failure of ``region``."""
+    return RegionUnavailableError(
+        f"{what} within {seconds:g} s", region=region, kind=ErrorKind.TIMEOUT
+    )
+
+
 class RegionDeadline:
     """``with RegionDeadline(clock, seconds, region):`` the body within ``seconds``.
 
@@ -69,11 +76,7 @@ class RegionDeadline:
     def error(self) -> RegionUnavailableError:
         """The error a timeout becomes."""
         name = self._region if self._name is None else self._name
-        return RegionUnavailableError(
-            f"{name} {self._what} within {self._seconds:g} s",
-            region=self._region,
-            kind=ErrorKind.TIMEOUT,
-        )
+        return timeout_error(self._region, f"{name} {self._what}", self._seconds)
 
     def __enter__(self) -> None:
         self._deadline.__enter__()
@@ -161,11 +164,10 @@ class RegionChannel(Generic[_C]):
         Raises:
             RegionError: The region failed (a timeout is kind ``TIMEOUT``).
         """
+        # One frame, no helper coroutine: this is every send's path.
         slot = self._slot
-        if slot is None:
-            return await self._call(timeout, operation, args, kwargs)
         failures_before = self.failures
-        if not slot.try_acquire():
+        if slot is not None and not slot.try_acquire():
             await slot.acquire()
         try:
             if self.failures != failures_before and self.last_error is not None:
@@ -175,25 +177,25 @@ class RegionChannel(Generic[_C]):
                     region=self.region,
                     kind=last.kind,
                 ) from last
-            return await self._call(timeout, operation, args, kwargs)
+            try:
+                with self._clock.deadline(timeout):
+                    return await operation(*args, **kwargs, timeout=timeout)
+            except TimeoutError as exc:
+                name = self.region if self._name is None else self._name
+                error = timeout_error(self.region, f"{name} did not answer", timeout)
+                self._count(error)
+                raise error from exc
+            except RegionError as exc:
+                self._count(exc)
+                raise
         finally:
-            slot.release()
+            if slot is not None:
+                slot.release()
 
-    async def _call(
-        self,
-        timeout: float,
-        operation: Callable[..., Awaitable[_T]],
-        args: Sequence[Any],
-        kwargs: dict[str, Any],
-    ) -> _T:
-        try:
-            with RegionDeadline(self._clock, timeout, self.region, name=self._name):
-                return await operation(*args, **kwargs, timeout=timeout)
-        except RegionError as exc:
-            if exc.kind in self.fail_over_on:
-                self.failures += 1
-                self.last_error = exc
-            raise
+    def _count(self, error: RegionError) -> None:
+        if error.kind in self.fail_over_on:
+            self.failures += 1
+            self.last_error = error
 
     # ----------------------------------------------------------------- cool-down
 
