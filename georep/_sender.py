@@ -1,10 +1,12 @@
 """GeoSender: active and passive replication over two regions' senders (SPEC §2.1-2.3).
 
-The GeoSender wires its collaborators, each given its state through its constructor:
-the region channels (:mod:`georep._channel`), the active and passive paths
-(:mod:`georep._send_paths`), scheduling (:mod:`georep._schedule`), the outbox link and
-drain loop (:mod:`georep._send_outbox`, :mod:`georep._drain`) and the ledger records
-(:mod:`georep._send_records`).
+The GeoSender is the public face; its collaborators, built in :mod:`georep._send_wiring`
+and each given its state through its constructor, do the work: the region channels
+(:mod:`georep._channel`), one send from end to end (:mod:`georep._send_flow`), the active
+and passive paths (:mod:`georep._send_paths`), scheduling (:mod:`georep._schedule`), the
+outbox link and drain loop (:mod:`georep._send_outbox`, :mod:`georep._drain`) and the
+ledger rows (:mod:`georep._send_records`). What they share is one
+:class:`georep._sending.SendContext`.
 """
 
 from __future__ import annotations
