@@ -3,7 +3,9 @@
 Every part of georep that asks "is this region unavailable?" reads :data:`CLASSIFICATION`:
 the GeoSender's default failover kinds (and so what the outbox may queue), the paired
 sender's failover timer, the syphon's retry-or-dead-letter decision, the relay channel's
-default failover kinds, and :attr:`georep.exceptions.RegionError.retryable`. Adapters only
+default failover kinds, and :attr:`georep.exceptions.RegionError.retryable`. Two small sets
+beside the table finish it: :data:`TRY_LATER_KINDS` (the outbox drainer) and
+:data:`CLIENT_FAULT_KINDS` (the syphon). No other module defines a set of kinds. Adapters only
 map their client's exceptions to an :class:`~georep.ports.ErrorKind`
 (``georep.adapters.servicebus`` does it in one table of SDK classes).
 
@@ -48,10 +50,12 @@ from georep.ports import ErrorKind
 
 __all__ = [
     "CLASSIFICATION",
+    "CLIENT_FAULT_KINDS",
     "MESSAGE_FAULT_KINDS",
     "PAIRED_FAILOVER_KINDS",
     "RELAY_FAILOVER_KINDS",
     "RETRYABLE_KINDS",
+    "TRY_LATER_KINDS",
     "UNAVAILABLE_KINDS",
     "Classification",
     "error_kinds",
@@ -119,6 +123,15 @@ MESSAGE_FAULT_KINDS: frozenset[ErrorKind] = frozenset(
     {ErrorKind.MESSAGE_TOO_LARGE, ErrorKind.INVALID_ARGUMENT}
 )
 """Kinds that are the message's (or request's) own fault: every region would refuse it."""
+
+TRY_LATER_KINDS: frozenset[ErrorKind] = frozenset({ErrorKind.QUOTA_EXCEEDED})
+"""Kinds that mean "try again later" without meaning the region is down (the entity is full
+until receivers catch up). With :data:`RETRYABLE_KINDS` they make the outbox drainer retry
+that one entry later, never dead-letter it, and never hold up the entries behind it."""
+
+CLIENT_FAULT_KINDS: frozenset[ErrorKind] = frozenset({ErrorKind.AUTHENTICATION})
+"""Kinds that mean a client is unusable (not an outage, not the message's fault): the
+syphon closes that side's partner after ``partner_close_timeout`` (SPEC §3)."""
 
 RELAY_FAILOVER_KINDS: frozenset[ErrorKind] = UNAVAILABLE_KINDS | {
     ErrorKind.SERVICE_ERROR,

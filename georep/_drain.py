@@ -25,6 +25,7 @@ import uuid
 from collections.abc import Awaitable, Callable, Collection, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
+from georep._classify import TRY_LATER_KINDS
 from georep._policy import DrainPolicy, as_seconds
 from georep._telemetry import Instruments
 from georep.exceptions import AllRegionsUnavailableError, RegionError
@@ -42,12 +43,6 @@ __all__ = [
 ]
 
 _log = logging.getLogger("georep.sender")
-
-#: Kinds that mean "try again later" without meaning the region is down (the entity is
-#: full until receivers catch up). With the retryable kinds (``RegionError.retryable``)
-#: they make the drainer retry that one entry later, never dead-letter it, and never hold
-#: up the entries behind it.
-TRY_LATER_KINDS = frozenset({ErrorKind.QUOTA_EXCEEDED})
 
 
 def is_unavailable(error: BaseException, kinds: Collection[ErrorKind]) -> bool:

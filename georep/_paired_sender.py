@@ -10,24 +10,23 @@ import weakref
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
-from types import TracebackType
-from typing import Any, Self
+from typing import Any
 
 from opentelemetry import metrics
 
+from georep._channel import RegionChannel
 from georep._classify import MESSAGE_FAULT_KINDS, PAIRED_FAILOVER_KINDS
 from georep._clock import SystemClock
+from georep._lifecycle import AsyncResource, close_all
 from georep._paired import PairedNamespaceOptions
-from georep._slot import holding
+from georep._send_records import flush_ledger
 from georep._telemetry import Instruments
 from georep.exceptions import (
     AllRegionsUnavailableError,
-    ClosedError,
     ConfigurationError,
     RegionError,
-    RegionUnavailableError,
 )
-from georep.ports import Clock, ErrorKind, Ledger, RegionAttempt, RegionSender, SendRecord
+from georep.ports import Clock, Ledger, RegionAttempt, RegionSender, SendRecord
 
 __all__ = ["PairedSender", "PairedState"]
 
@@ -62,7 +61,13 @@ def _running_loop() -> asyncio.AbstractEventLoop | None:
         return None
 
 
-class PairedSender:
+def _ledger_error(error: RegionError) -> str:
+    """How the ledger names a failure: the class, ``TimeoutError`` for georep's deadline."""
+    cause = error.__cause__
+    return type(cause if isinstance(cause, TimeoutError) else error).__name__
+
+
+class PairedSender(AsyncResource):
     """Send to the primary; after ``failover_interval`` of failures, to backlog queues.
 
     Args:
@@ -104,10 +109,14 @@ class PairedSender:
             )
         self._primary = primary
         self._backlog = list(backlog)
+        self._clock: Clock = clock or SystemClock()
+        # The failover timer (PairedState) decides when to fail over: the channels count
+        # nothing themselves.
+        self._main = RegionChannel(primary, clock=self._clock)
+        self._queues = [RegionChannel(queue, clock=self._clock) for queue in self._backlog]
         self._rewrite = rewrite
         self._make_ping = make_ping
         self._rng = rng or random.Random()
-        self._clock: Clock = clock or SystemClock()
         self.ledger = ledger
         key = (_running_loop(), primary.namespace, secondary_namespace, primary.entity)
         state = _states.get(key)
@@ -115,7 +124,6 @@ class PairedSender:
             state = _states[key] = PairedState()
         self.state = state
         self._owned: list[RegionSender] = []
-        self._closed = False
         # Shared per provider: instruments created per instance would pile up.
         meter = Instruments.of(meter_provider)
         self._pings = meter.counter(
@@ -128,33 +136,19 @@ class PairedSender:
         )
         self.pings = 0
 
-    async def __aenter__(self) -> Self:
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        traceback: TracebackType | None,
-    ) -> None:
-        await self.aclose()
-
     async def aclose(self) -> None:
         """Stop pinging (if this sender pings) and close what it created. Idempotent."""
-        if self._closed:
-            return
-        self._closed = True
+        await super().aclose()
+
+    async def _close(self) -> None:
         pinger = self.state.pinger
         if pinger is not None and not pinger.done():
             pinger.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await pinger
-        for region in self._owned:
-            with contextlib.suppress(Exception):
-                await region.close()
-        if self.ledger is not None:
-            with contextlib.suppress(Exception):
-                await self.ledger.flush()
+        timeout = self.options.seconds("ping_timeout")
+        await close_all(self._owned, timeout=timeout, clock=self._clock, what="region sender")
+        await flush_ledger(self.ledger, timeout=timeout, clock=self._clock)
 
     @property
     def entity(self) -> str:
@@ -285,13 +279,7 @@ class PairedSender:
         if not numbers:
             return
         deadline = self.options.seconds("ping_timeout") if timeout is None else timeout
-        async with holding(self._primary.slot()):
-            with self._clock.deadline(deadline):
-                await self._primary.cancel_scheduled(list(numbers), timeout=deadline)
-
-    def _check_open(self) -> None:
-        if self._closed:
-            raise ClosedError("this PairedSender is closed; create a new one")
+        await self._main.call(deadline, self._primary.cancel_scheduled, list(numbers))
 
     def _validate(self, message: Any) -> list[Any]:
         """The messages in ``message``, checked before any network call."""
@@ -355,24 +343,11 @@ class PairedSender:
         """``operation(payload, *args)`` on the primary: (True, its result), or (False, None)
         once a failure engaged failover; any other failure is raised."""
         try:
-            async with holding(self._primary.slot()):
-                with self._clock.deadline(deadline):
-                    result = await operation(payload, *args, timeout=deadline)
-        except TimeoutError as exc:
-            error = RegionUnavailableError(
-                f"primary did not answer within {deadline:g} s",
-                region="primary",
-                kind=ErrorKind.TIMEOUT,
-            )
-            self._failed(error)
-            if attempts is not None:
-                attempts.append(RegionAttempt(self._primary.region, "failed", "TimeoutError"))
-            if not self.state.engaged:
-                raise error from exc
+            result = await self._main.call(deadline, operation, payload, *args)
         except RegionError as exc:
             self._failed(exc)
             if attempts is not None:
-                attempts.append(RegionAttempt(self._primary.region, "failed", type(exc).__name__))
+                attempts.append(RegionAttempt(self._primary.region, "failed", _ledger_error(exc)))
             if not self.state.engaged:
                 raise
         else:
@@ -429,18 +404,17 @@ class PairedSender:
                     causes,
                 )
             index = self._rng.choice(candidates)
-            queue = self._backlog[index]
+            channel = self._queues[index]
+            queue = channel.client
             try:
-                async with holding(queue.slot()):
-                    with self._clock.deadline(deadline):
-                        await queue.send(backlog_copy, timeout=deadline)
-            except (RegionError, TimeoutError) as exc:
-                if isinstance(exc, RegionError) and exc.kind in MESSAGE_FAULT_KINDS:
+                await channel.call(deadline, queue.send, backlog_copy)
+            except RegionError as exc:
+                if exc.kind in MESSAGE_FAULT_KINDS:
                     raise  # the message's fault: another backlog queue would refuse it too
                 state.excluded.add(index)
                 causes[queue.entity] = exc
                 if attempts is not None:
-                    attempts.append(RegionAttempt(queue.region, "failed", type(exc).__name__))
+                    attempts.append(RegionAttempt(queue.region, "failed", _ledger_error(exc)))
                 _log.warning("backlog queue %s left the rotation: %s", queue.entity, exc)
                 continue
             self._backlog_sends.add(1, {"georep.backlog_queue": str(index)})
@@ -458,10 +432,8 @@ class PairedSender:
             self.pings += 1
             self._pings.add(1, {"messaging.destination.name": self.entity})
             try:
-                async with holding(self._primary.slot()):
-                    with self._clock.deadline(timeout):
-                        await self._primary.send(self._make_ping(), timeout=timeout)
-            except (RegionError, TimeoutError) as exc:
+                await self._main.call(timeout, self._primary.send, self._make_ping())
+            except RegionError as exc:
                 _log.info("ping of %s failed: %s", self.entity, exc)
                 continue
             state.engaged = False

@@ -9,25 +9,24 @@ returned as they are.
 
 from __future__ import annotations
 
-import asyncio
 import random
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
-from types import TracebackType
-from typing import Any, Self
+from typing import Any, NamedTuple
 
 from opentelemetry import metrics, trace
 from opentelemetry.trace import SpanKind, Status, StatusCode
 
+from georep._channel import RegionChannel
 from georep._classify import RELAY_FAILOVER_KINDS, error_kinds
 from georep._clock import SystemClock
+from georep._lifecycle import AsyncResource, close_all
 from georep._policy import Seconds, as_seconds, positive_seconds
 from georep._roles import RoleSnapshot, RoleState
 from georep._telemetry import Instruments, TracingGate
 from georep.exceptions import (
     AllRegionsUnavailableError,
-    ClosedError,
     ConfigurationError,
     RegionError,
     RegionUnavailableError,
@@ -93,6 +92,17 @@ class RelayChannelStats:
     failures: int = 0
 
 
+class _Call(NamedTuple):
+    """One ``request`` call: what is sent, when it started, its whole budget (seconds)."""
+
+    method: str
+    path: str
+    body: bytes
+    headers: dict[str, str]
+    started: float
+    total: float
+
+
 # Attribute dicts built once: the request path stays within a few microseconds.
 _OUTCOMES = {outcome: {"georep.outcome": outcome} for outcome in ("ok", "failed")}
 
@@ -136,7 +146,7 @@ class _ChannelTelemetry:
         self._duration.record(seconds, _OUTCOMES[outcome])
 
 
-class FailoverChannel:
+class FailoverChannel(AsyncResource):
     """Requests to a service exposed on two relay endpoints, failing over between them.
 
     Share one channel among every caller of the service: the roles (which endpoint is
@@ -202,6 +212,17 @@ class FailoverChannel:
         self._policy = policy or RelayPolicy()
         self._rng = rng or random.SystemRandom()
         self._clock: Clock = clock or SystemClock()
+        # Requests run concurrently on an endpoint: no slot.
+        self._channels = {
+            endpoint.region: RegionChannel(
+                endpoint,
+                clock=self._clock,
+                fail_over_on=self._policy.fail_over_on,
+                exclusive=False,
+            )
+            for endpoint in endpoints
+        }
+        self._close_endpoints = True
         if role_state is not None and role_state.current.active not in self._endpoints:
             raise ConfigurationError(
                 f"role_state has {role_state.current.active!r} active, which is neither "
@@ -209,7 +230,6 @@ class FailoverChannel:
             )
         self._roles: RoleState | None = role_state
         self._telemetry = _ChannelTelemetry(tracer_provider, meter_provider, time.monotonic)
-        self._closed = False
         self.stats = RelayChannelStats()
 
     # -- roles -------------------------------------------------------------------------
@@ -264,9 +284,34 @@ class FailoverChannel:
             ConfigurationError: Bad method, path or timeout.
             ClosedError: The channel was closed.
         """
-        if self._closed:
-            raise ClosedError("this FailoverChannel is closed; create a new one")
-        method = method.upper()
+        self._check_open()
+        call = self._call(method.upper(), path, body, headers, timeout)
+        method = call.method
+        if not self._telemetry.tracing():
+            return await self._request(call)
+        with self._telemetry.tracer.start_as_current_span(
+            f"{method} {path.split('?', 1)[0]}",
+            kind=SpanKind.CLIENT,
+            attributes={"http.request.method": method, "georep.relay": True},
+        ) as span:
+            try:
+                response = await self._request(call)
+            except Exception as exc:
+                span.set_status(Status(StatusCode.ERROR, type(exc).__name__))
+                raise
+            span.set_attribute("georep.region", response.region)
+            span.set_attribute("http.response.status_code", response.status)
+            return response
+
+    def _call(
+        self,
+        method: str,
+        path: str,
+        body: bytes | str,
+        headers: Mapping[str, str] | None,
+        timeout: Seconds | None,
+    ) -> _Call:
+        """The checked request, its budget starting now."""
         if method not in _METHODS:
             raise ConfigurationError(
                 f"unsupported method {method!r}: use one of {sorted(_METHODS)}"
@@ -276,65 +321,28 @@ class FailoverChannel:
         payload = body.encode() if isinstance(body, str) else body
         if type(payload) is not bytes:
             payload = bytes(payload)
-        request_headers = dict(headers or {})
         total = (
             as_seconds(self._policy.request_timeout)
             if timeout is None
             else positive_seconds(timeout, "timeout")
         )
-        started = self._clock.monotonic()
-        if not self._telemetry.tracing():
-            return await self._request(method, path, payload, request_headers, started, total)
-        with self._telemetry.tracer.start_as_current_span(
-            f"{method} {path.split('?', 1)[0]}",
-            kind=SpanKind.CLIENT,
-            attributes={"http.request.method": method, "georep.relay": True},
-        ) as span:
-            try:
-                response = await self._request(
-                    method, path, payload, request_headers, started, total
-                )
-            except Exception as exc:
-                span.set_status(Status(StatusCode.ERROR, type(exc).__name__))
-                raise
-            span.set_attribute("georep.region", response.region)
-            span.set_attribute("http.response.status_code", response.status)
-            return response
+        return _Call(method, path, payload, dict(headers or {}), self._clock.monotonic(), total)
 
-    async def _request(
-        self,
-        method: str,
-        path: str,
-        body: bytes,
-        headers: dict[str, str],
-        started: float,
-        total: float,
-    ) -> RelayResponse:
+    async def _request(self, call: _Call) -> RelayResponse:
         roles = self._role_state()
         snapshot = roles.read_now() or await roles.read()
-        active = snapshot.active
         try:
-            response = await self._attempt(active, method, path, body, headers, started, total)
+            response = await self._attempt(snapshot.active, call)
         except RegionError as first:
             if first.kind not in self._policy.fail_over_on:
-                self._finish(started, "failed")
+                self._finish(call.started, "failed")
                 raise
-            return await self._fail_over(
-                snapshot, first, method, path, body, headers, started, total
-            )
-        self._finish(started, "ok")
+            return await self._fail_over(snapshot, first, call)
+        self._finish(call.started, "ok")
         return response
 
     async def _fail_over(
-        self,
-        snapshot: RoleSnapshot,
-        first: RegionError,
-        method: str,
-        path: str,
-        body: bytes,
-        headers: dict[str, str],
-        started: float,
-        total: float,
+        self, snapshot: RoleSnapshot, first: RegionError, call: _Call
     ) -> RelayResponse:
         active = snapshot.active
         backup = self._other(active)
@@ -346,9 +354,9 @@ class FailoverChannel:
         )
         trace.get_current_span().set_attribute("georep.failover", True)
         try:
-            response = await self._attempt(backup, method, path, body, headers, started, total)
+            response = await self._attempt(backup, call)
         except RegionError as second:
-            self._finish(started, "failed")
+            self._finish(call.started, "failed")
             raise AllRegionsUnavailableError(
                 "both relay endpoints failed", {active: first, backup: second}
             ) from second
@@ -356,39 +364,27 @@ class FailoverChannel:
         if await self._roles.swap(expected=snapshot, new_active=backup):
             self.stats.role_swaps += 1
             self._telemetry.swap(backup)
-        self._finish(started, "ok")
+        self._finish(call.started, "ok")
         return response
 
-    async def _attempt(
-        self,
-        region: str,
-        method: str,
-        path: str,
-        body: bytes,
-        headers: dict[str, str],
-        started: float,
-        total: float,
-    ) -> RelayResponse:
-        remaining = total - (self._clock.monotonic() - started)
+    async def _attempt(self, region: str, call: _Call) -> RelayResponse:
+        remaining = call.total - (self._clock.monotonic() - call.started)
         if remaining <= 0:
             raise RegionUnavailableError(
-                f"no time left for {region} (request timeout {total:g} s)",
+                f"no time left for {region} (request timeout {call.total:g} s)",
                 region=region,
                 kind=ErrorKind.TIMEOUT,
             )
         seconds = min(as_seconds(self._policy.attempt_timeout), remaining)
-        endpoint = self._endpoints[region]
-        try:
-            with self._clock.deadline(seconds):
-                response = await endpoint.request(
-                    method, path, body=body, headers=headers, timeout=seconds
-                )
-        except TimeoutError:
-            raise RegionUnavailableError(
-                f"{region} did not answer within {seconds:g} s",
-                region=region,
-                kind=ErrorKind.TIMEOUT,
-            ) from None
+        channel = self._channels[region]
+        response = await channel.call(
+            seconds,
+            channel.client.request,
+            call.method,
+            call.path,
+            body=call.body,
+            headers=call.headers,
+        )
         if response.region != region:
             response = RelayResponse(response.status, response.headers, response.body, region)
         return response
@@ -403,23 +399,15 @@ class FailoverChannel:
     # -- lifecycle ---------------------------------------------------------------------------
     async def aclose(self, *, close_endpoints: bool = True) -> None:
         """Close the channel (idempotent) and, by default, both endpoints."""
-        if self._closed:
-            return
-        self._closed = True
-        if close_endpoints:
-            await asyncio.shield(
-                asyncio.gather(
-                    *(e.close() for e in self._endpoints.values()), return_exceptions=True
-                )
+        if not self.closed:
+            self._close_endpoints = close_endpoints
+        await super().aclose()
+
+    async def _close(self) -> None:
+        if self._close_endpoints:
+            await close_all(
+                self._endpoints.values(),
+                timeout=as_seconds(self._policy.attempt_timeout),
+                clock=self._clock,
+                what="relay endpoint",
             )
-
-    async def __aenter__(self) -> Self:
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.aclose()

@@ -11,26 +11,22 @@ from typing import Any
 
 from opentelemetry import metrics
 
-from georep._classify import RETRYABLE_KINDS
+from georep._channel import RegionChannel
+from georep._classify import CLIENT_FAULT_KINDS, RETRYABLE_KINDS
 from georep._clock import SystemClock
+from georep._lifecycle import AsyncResource, close_all
 from georep._paired import PairedNamespaceOptions
-from georep._slot import holding
 from georep._telemetry import Instruments
 from georep.exceptions import (
-    ClosedError,
     GeoReplicationError,
     MessageExpiredError,
     RegionError,
 )
-from georep.ports import Clock, ErrorKind, RegionReceiver, RegionSender
+from georep.ports import Clock, RegionReceiver, RegionSender
 
 __all__ = ["Syphon", "SyphonStats"]
 
 _log = logging.getLogger("georep.syphon")
-
-#: Failures that mean a side's client is unusable (not an outage, not the message's fault):
-#: the partner side is closed after ``partner_close_timeout`` (SPEC §3).
-_CLIENT_FAULTS = frozenset({ErrorKind.AUTHENTICATION})
 
 
 @dataclass(slots=True)
@@ -59,7 +55,7 @@ class SyphonStats:
         return 4 * self.moved
 
 
-class Syphon:
+class Syphon(AsyncResource):
     """Long-polls every backlog queue and moves each message to its ``x-ms-path`` entity.
 
     A message's backlog copy is completed only after the primary accepted it (nothing is
@@ -98,12 +94,12 @@ class Syphon:
         self.stats = SyphonStats()
         self._owned_receivers: list[RegionReceiver] = []
         self._owned_senders: dict[str, RegionSender] = {}
-        self._used_senders: dict[str, RegionSender] = {}
+        # One channel per entity, shared by the drain loops (one call at a time per sender).
+        self._used_senders: dict[str, RegionChannel[RegionSender]] = {}
         self.faulted: dict[str, BaseException] = {}
         self.closed_partner: str | None = None
         self._partner_closer: asyncio.Future[None] | None = None
         self._stopping = asyncio.Event()
-        self._closed = False
         # Shared per provider: instruments created per instance would pile up.
         meter = Instruments.of(meter_provider)
         self._receives = meter.counter(
@@ -176,8 +172,7 @@ class Syphon:
 
     async def run(self) -> None:
         """Drain every backlog queue until :meth:`aclose` (or cancellation)."""
-        if self._closed:
-            raise ClosedError("this Syphon is closed; create a new one")
+        self._check_open()
         await asyncio.gather(*(self._drain(queue) for queue in self._backlog))
         if self._partner_closer is not None:
             await self._partner_closer
@@ -188,16 +183,17 @@ class Syphon:
         A receive in progress ends when its long poll does; owned receivers are closed
         first so that it ends at once. Idempotent.
         """
-        if self._closed:
-            return
-        self._closed = True
+        await super().aclose()
+
+    async def _close(self) -> None:
         self._stopping.set()
-        for receiver in self._owned_receivers:
-            with contextlib.suppress(Exception):
-                await receiver.close()
-        for sender in self._owned_senders.values():
-            with contextlib.suppress(Exception):
-                await sender.close()
+        timeout = self.options.seconds("ping_timeout")
+        await close_all(
+            self._owned_receivers, timeout=timeout, clock=self._clock, what="backlog receiver"
+        )
+        await close_all(
+            self._owned_senders.values(), timeout=timeout, clock=self._clock, what="sender"
+        )
 
     async def _drain(self, queue: RegionReceiver) -> None:
         batch_size = self.options.syphon_batch_size
@@ -211,7 +207,7 @@ class Syphon:
             except RegionError as exc:
                 if self._stopping.is_set():
                     return
-                if exc.kind in _CLIENT_FAULTS:
+                if exc.kind in CLIENT_FAULT_KINDS:
                     self._side_faulted("secondary", exc)
                     return
                 _log.warning("receive from backlog queue %s failed: %s", queue.entity, exc)
@@ -242,16 +238,12 @@ class Syphon:
         timeout = self.options.seconds("ping_timeout")
         while True:
             try:
-                sender = self._used_senders.get(entity) or self._primary_sender(entity)
-                self._used_senders[entity] = sender
-                # One call at a time per SDK sender; the drain loops share the sender.
-                async with holding(sender.slot()):
-                    with self._clock.deadline(timeout):
-                        await sender.send(restored, timeout=timeout)
+                channel = self._channel_to(entity)
+                await channel.call(timeout, channel.client.send, restored)
                 break
-            except (RegionError, TimeoutError) as exc:
-                kind = exc.kind if isinstance(exc, RegionError) else ErrorKind.TIMEOUT
-                if kind in _CLIENT_FAULTS:
+            except RegionError as exc:
+                kind = exc.kind
+                if kind in CLIENT_FAULT_KINDS:
                     # The primary client is unusable, not the message: hand it back.
                     with contextlib.suppress(RegionError):
                         await queue.abandon(message)
@@ -280,6 +272,13 @@ class Syphon:
         self.stats.moved += 1
         self._moved.add(1, {"messaging.destination.name": entity})
 
+    def _channel_to(self, entity: str) -> RegionChannel[RegionSender]:
+        channel = self._used_senders.get(entity)
+        if channel is None:
+            channel = RegionChannel(self._primary_sender(entity), clock=self._clock)
+            self._used_senders[entity] = channel
+        return channel
+
     def _side_faulted(self, side: str, error: BaseException) -> None:
         """One side's client faulted: close its partner after ``partner_close_timeout``."""
         if side in self.faulted:
@@ -296,18 +295,18 @@ class Syphon:
     async def _close_partner_of(self, side: str) -> None:
         await self._clock.sleep(self.options.seconds("partner_close_timeout"))
         self._stopping.set()
+        timeout = self.options.seconds("ping_timeout")
         if side == "secondary":
-            for sender in {id(s): s for s in self._senders_in_use()}.values():
-                with contextlib.suppress(Exception):
-                    await sender.close()
+            senders = {id(s): s for s in self._senders_in_use()}.values()
+            await close_all(senders, timeout=timeout, clock=self._clock, what="sender")
         else:
-            for receiver in self._backlog:
-                with contextlib.suppress(Exception):
-                    await receiver.close()
+            await close_all(
+                self._backlog, timeout=timeout, clock=self._clock, what="backlog receiver"
+            )
         self.closed_partner = "primary" if side == "secondary" else "secondary"
 
     def _senders_in_use(self) -> list[RegionSender]:
-        return [*self._owned_senders.values(), *self._used_senders.values()]
+        return [*self._owned_senders.values(), *(c.client for c in self._used_senders.values())]
 
     async def _dead_letter(
         self, queue: RegionReceiver, message: Any, reason: str, description: str

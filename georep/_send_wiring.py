@@ -1,0 +1,158 @@
+"""How a GeoSender's collaborators are put together (its composition root).
+
+Each collaborator gets what it uses through its constructor; nothing here imports
+:mod:`georep._sender`, so no import cycle appears.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from georep._channel import RegionPair, sender_channel
+from georep._drain import DrainTelemetry, OutboxDrainer
+from georep._policy import DedupKey, DrainPolicy, FailoverPolicy, ReplicationMode
+from georep._roles import RoleState
+from georep._schedule import Scheduler
+from georep._send_flow import SendFlow
+from georep._send_outbox import OutboxLink
+from georep._send_paths import ActivePath, PassivePath
+from georep._send_records import SendRecords
+from georep._sending import (
+    MessagePrep,
+    PendingSend,
+    SendContext,
+    SendCounts,
+    SenderStats,
+    SendResult,
+)
+from georep._telemetry import SenderTelemetry
+from georep.ports import Clock, Ledger, MessageCodec, Outbox, RegionSender
+
+if TYPE_CHECKING:
+    from opentelemetry.metrics import MeterProvider
+
+__all__ = ["SenderParts", "SenderSettings", "wire"]
+
+
+@dataclass(frozen=True, slots=True)
+class SenderSettings:
+    """What a GeoSender was configured with (its constructor's arguments, checked)."""
+
+    mode: ReplicationMode
+    policy: FailoverPolicy
+    drain_policy: DrainPolicy
+    dedup_key: DedupKey
+    outbox: Outbox | None
+    repair: bool
+    ledger: Ledger | None
+    partitioned: bool
+    entity: str
+    channel: str
+    clock: Clock
+
+
+@dataclass(frozen=True, slots=True)
+class SenderParts:
+    """A GeoSender's collaborators."""
+
+    regions: RegionPair[RegionSender]
+    prep: MessagePrep
+    drainer: OutboxDrainer | None
+    passive: PassivePath
+    flow: SendFlow
+    scheduler: Scheduler
+
+
+def wire(
+    settings: SenderSettings,
+    primary: RegionSender,
+    secondary: RegionSender,
+    *,
+    stats: SenderStats,
+    telemetry: SenderTelemetry,
+    roles: Callable[[], RoleState],
+    meter_provider: MeterProvider | None,
+) -> SenderParts:
+    """Build the collaborators of one GeoSender."""
+    policy, clock, codec = settings.policy, settings.clock, primary.codec
+    context = SendContext(
+        regions=RegionPair(
+            *(sender_channel(region, clock=clock, policy=policy) for region in (primary, secondary))
+        ),
+        policy=policy,
+        codec=codec,
+        prep=MessagePrep(codec, settings.dedup_key),
+        counts=SendCounts(stats, telemetry),
+        stats=stats,
+        telemetry=telemetry,
+        partitioned=settings.partitioned,
+        entity=settings.entity,
+        clock=clock,
+    )
+
+    async def deliver(target: str | None, message: Any) -> None:
+        # An outbox entry: to its region, or (None) to whichever accepts, never requeued.
+        if target is None:
+            await passive.send_unqueued(message)
+        else:
+            assert link is not None
+            await link.deliver_to(target, message)
+
+    drainer: OutboxDrainer | None = None
+    link: OutboxLink | None = None
+    if settings.outbox is not None:
+        drainer = _drainer(settings, deliver, stats, meter_provider, codec)
+        link = OutboxLink(context, settings.outbox, channel=settings.channel, wake=drainer.wake)
+    queue = None if link is None else link.queue
+    passive = PassivePath(context, roles=roles, queue=queue)
+    path: Callable[[PendingSend], Awaitable[SendResult]] = passive.send
+    if settings.mode is ReplicationMode.ACTIVE:
+        path = ActivePath(context, queue=queue, repair=settings.repair).send
+    flow = SendFlow(context, path, records=_records(settings, primary, secondary))
+    active = settings.mode is ReplicationMode.ACTIVE
+    scheduler = Scheduler(context, active=active, passive=passive, roles=roles)
+    return SenderParts(context.regions, context.prep, drainer, passive, flow, scheduler)
+
+
+def _drainer(
+    settings: SenderSettings,
+    deliver: Callable[[str | None, Any], Awaitable[None]],
+    stats: SenderStats,
+    meter_provider: MeterProvider | None,
+    codec: MessageCodec,
+) -> OutboxDrainer:
+    assert settings.outbox is not None
+    return OutboxDrainer(
+        outbox=settings.outbox,
+        channel=settings.channel,
+        codec=codec,
+        policy=settings.drain_policy,
+        clock=settings.clock,
+        deliver=deliver,
+        unavailable_kinds=settings.policy.fail_over_on,
+        # A passive delivery may try both regions, each within the attempt deadline.
+        send_budget=2 * settings.policy.attempt_seconds + 1.0,
+        telemetry=DrainTelemetry(entity=settings.entity, meter_provider=meter_provider),
+        stats=stats,
+        ledger=settings.ledger,
+        entity=settings.entity,
+        mode=settings.mode.value,
+    )
+
+
+def _records(
+    settings: SenderSettings, primary: RegionSender, secondary: RegionSender
+) -> SendRecords | None:
+    if settings.ledger is None:
+        return None
+    return SendRecords(
+        settings.ledger,
+        entity=settings.entity,
+        mode=settings.mode.value,
+        labels=(primary.region, secondary.region),
+        fail_over_on=settings.policy.fail_over_on,
+        codec=primary.codec,
+        clock=settings.clock,
+    )
