@@ -653,8 +653,8 @@ class GeoReceiver:
                 await asyncio.gather(settle_as_they_finish(), *(one(copy) for copy in copies))
         finally:
             # Told as well as cancelled: an SDK call can swallow a cancellation (Python
-            # 3.11's asyncio.wait_for returns a result that raced it), and the renewer
-            # would then renew for ever while this region's loop waits for it.
+            # 3.11's asyncio.wait_for returns a result that raced it, cpython gh-86296),
+            # and the renewer would then renew for ever while this region's loop waits.
             done.set()
             renewer.cancel()
             with contextlib.suppress(asyncio.CancelledError):
