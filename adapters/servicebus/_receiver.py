@@ -84,7 +84,6 @@ class ServiceBusRegionReceiver:
         self._entity = str(getattr(receiver, "_entity_path", None) or receiver.entity_path)
         self._link_open = False
         self._reopen = reopen
-        self._discarded: list[Any] = []
         self._closing: set[asyncio.Task[None]] = set()
 
     @property
@@ -157,7 +156,6 @@ class ServiceBusRegionReceiver:
         assert self._reopen is not None
         old, self._receiver = self._receiver, self._reopen()
         self._link_open = False
-        self._discarded.append(old)
         closing = asyncio.ensure_future(self._close_discarded(old))
         self._closing.add(closing)
         closing.add_done_callback(self._closing.discard)
@@ -179,7 +177,8 @@ class ServiceBusRegionReceiver:
     def _receiver_of(self, message: Any) -> ServiceBusReceiver:
         """The receiver to settle ``message`` on: never another link than its own (a
         delivery id on a new link names another message)."""
-        if self._discarded and getattr(message, "_receiver", None) in self._discarded:
+        came_from = getattr(message, "_receiver", None)
+        if self._reopen is not None and came_from is not None and came_from is not self._receiver:
             raise RegionError(
                 f"{self._region} ({self._namespace}): the copy's link was discarded; it "
                 "will be redelivered",

@@ -318,6 +318,8 @@ class SyncServiceBusRegionReceiver(ServiceBusRegionReceiver):
 
     async def receive(self, max_messages: int, *, max_wait: float) -> list[Any]:
         self._check_stuck()
+        # Set again when the call starts on the worker (it may wait behind a settlement).
+        self._receive_started = time.monotonic()
         call = self.worker.submit(partial(self._receive, max_messages, max_wait))
         try:
             return await asyncio.wrap_future(call)
