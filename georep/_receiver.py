@@ -643,7 +643,8 @@ class GeoReceiver:
                 remaining -= len(batch)
                 await self._finish(region, batch, checked, held)
 
-        renewer = asyncio.ensure_future(self._keep_alive(region, held, claimed))
+        done = asyncio.Event()
+        renewer = asyncio.ensure_future(self._keep_alive(region, held, claimed, done))
         try:
             if len(copies) == 1:  # no tasks to spread over: the common case when idle-ish
                 await one(copies[0])
@@ -651,6 +652,10 @@ class GeoReceiver:
             else:
                 await asyncio.gather(settle_as_they_finish(), *(one(copy) for copy in copies))
         finally:
+            # Told as well as cancelled: an SDK call can swallow a cancellation (Python
+            # 3.11's asyncio.wait_for returns a result that raced it, cpython gh-86296),
+            # and the renewer would then renew for ever while this region's loop waits.
+            done.set()
             renewer.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await renewer
@@ -730,15 +735,19 @@ class GeoReceiver:
             self._settlements.record(region, copy, LEDGER_OUTCOMES[decision.settle], settled)
 
     async def _keep_alive(
-        self, region: RegionReceiver, held: list[Copy], processing: list[Copy]
+        self,
+        region: RegionReceiver,
+        held: list[Copy],
+        processing: list[Copy],
+        done: asyncio.Event,
     ) -> None:
-        """While handlers run: renew every held copy's lock and our claims' leases.
+        """Until ``done``: renew every held copy's lock and our claims' leases.
 
         Wakes at a third of the lease, or at half the time left on the soonest lock,
         whichever comes first (a queue's lock duration can be far shorter than the lease).
         """
         owner = self._owners[region.region]
-        while True:
+        while not done.is_set():
             now = self._clock.time()
             lock_left = [
                 c.delivery.locked_until - now

@@ -251,7 +251,10 @@ class GeoReceiver(_Blocking):
     Args:
         primary: The primary region's peek-lock receiver: an
             ``azure.servicebus.ServiceBusReceiver`` (sync; its calls run on a worker
-            thread), an async one, or a RegionReceiver.
+            thread), an async one, or a RegionReceiver. It stays yours: if an outage
+            leaves a receive stuck inside the sync SDK, georep cannot replace it and that
+            region is not read until the SDK returns (an error is logged; see
+            docs/receiver.md §17a). :meth:`from_connection_strings` has no such limit.
         secondary: The secondary region's receiver.
         seen: The shared seen-set (e.g. ``georep.adapters.redis.RedisSeenSet``); closed
             when the last georep.sync object using it closes.
@@ -284,7 +287,10 @@ class GeoReceiver(_Blocking):
     ) -> GeoReceiver:
         """A GeoReceiver that creates, and closes, its own clients (as the async one).
 
-        Name ``queue_name=``, or ``topic_name=`` and ``subscription_name=``.
+        Name ``queue_name=``, or ``topic_name=`` and ``subscription_name=``. Its SDK
+        receivers run on georep's loop thread; one whose receive overran its deadline (a
+        link an outage dropped) is discarded and reopened, so both regions are read again
+        once they are back.
 
         Raises:
             ConfigurationError: A connection string is malformed or the entity is not

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import asyncio
+import logging
+import time
+from collections.abc import Callable
 from typing import Any
 
 from azure.servicebus import ServiceBusReceivedMessage, ServiceBusReceiveMode
@@ -15,7 +19,16 @@ from georep.ports import Delivery, ErrorKind
 from ._region import SdkRegion
 from ._sender import open_client
 
-__all__ = ["ServiceBusRegionReceiver", "open_region_receiver"]
+__all__ = ["STUCK_AFTER", "ServiceBusRegionReceiver", "open_region_receiver"]
+
+_log = logging.getLogger("georep.adapters.servicebus")
+
+STUCK_AFTER = 5.0
+"""Seconds past its ``max_wait`` after which a receive the core gave up on counts as stuck
+(its link presumed dead). Below georep's receive deadline (``max_wait`` + 10 s), above any
+healthy receive (which returns at ``max_wait``)."""
+
+_DISCARD_CLOSE_SECONDS = 5.0
 
 
 def _text(value: Any) -> str | None:
@@ -29,11 +42,21 @@ def _text(value: Any) -> str | None:
 class ServiceBusRegionReceiver(SdkRegion):
     """One region's peek-lock ``ServiceBusReceiver`` behind georep's port.
 
+    A stuck receive. When the core gives up on a receive that ran :data:`STUCK_AFTER`
+    seconds past its ``max_wait``, its link is presumed dead (an outage dropped it under
+    the SDK). If georep created the receiver (``reopen`` given, as by
+    :func:`open_region_receiver`), it discards that SDK receiver (closed in the background,
+    bounded) and the next receive opens a fresh one, so the region is read again once it
+    is back; copies received through the discarded one fail to settle with a lost lock
+    and are redelivered. A caller's receiver is kept as it is (georep cannot replace it).
+
     Args:
         receiver: The SDK receiver, in PEEK_LOCK mode. Closed by :meth:`close` only if
             ``client`` is given (georep created both).
         region: The region's label.
         client: The client georep created for this receiver, closed with it.
+        reopen: Creates a new SDK receiver for the same entity (on ``client``); given
+            when georep created the receiver.
 
     Raises:
         ConfigurationError: The receiver is in RECEIVE_AND_DELETE mode (a copy would be
@@ -41,7 +64,12 @@ class ServiceBusRegionReceiver(SdkRegion):
     """
 
     def __init__(
-        self, receiver: ServiceBusReceiver, *, region: str, client: ServiceBusClient | None = None
+        self,
+        receiver: ServiceBusReceiver,
+        *,
+        region: str,
+        client: ServiceBusClient | None = None,
+        reopen: Callable[[], ServiceBusReceiver] | None = None,
     ) -> None:
         mode = getattr(receiver, "_receive_mode", ServiceBusReceiveMode.PEEK_LOCK)
         if mode != ServiceBusReceiveMode.PEEK_LOCK:
@@ -58,6 +86,8 @@ class ServiceBusRegionReceiver(SdkRegion):
         )
         self._receiver = receiver
         self._link_open = False
+        self._reopen = reopen
+        self._closing: set[asyncio.Task[None]] = set()
 
     def _translate(self, exc: Exception) -> Exception:
         if isinstance(exc, MessageLockLostError):
@@ -90,6 +120,7 @@ class ServiceBusRegionReceiver(SdkRegion):
         )
 
     async def receive(self, max_messages: int, *, max_wait: float) -> list[Any]:
+        started = time.monotonic()
         try:
             if not self._link_open:
                 # Open the link with the SDK's own open timeouts first: receive_messages
@@ -102,37 +133,90 @@ class ServiceBusRegionReceiver(SdkRegion):
                     max_message_count=max_messages, max_wait_time=max_wait
                 )
             )
+        except asyncio.CancelledError:
+            overran = time.monotonic() - started
+            if self._reopen is not None and overran > max_wait + STUCK_AFTER:
+                self._replace_receiver(overran)
+            raise
         except Exception as exc:
             self._link_open = False
             raise self._translate(exc) from exc
+
+    def _replace_receiver(self, overran: float) -> None:
+        """Discard the SDK receiver whose receive overran; the next receive opens anew."""
+        assert self._reopen is not None
+        old, self._receiver = self._receiver, self._reopen()
+        self._link_open = False
+        closing = asyncio.ensure_future(self._close_discarded(old))
+        self._closing.add(closing)
+        closing.add_done_callback(self._closing.discard)
+        _log.warning(
+            "%s (%s): a receive did not return within %.0f s; its link is presumed dead: "
+            "discarded the receiver and opening a new one (copies it held are redelivered)",
+            self._region,
+            self._namespace,
+            overran,
+        )
+
+    async def _close_discarded(self, receiver: Any) -> None:
+        try:
+            async with asyncio.timeout(_DISCARD_CLOSE_SECONDS):
+                await receiver.close()
+        except Exception as exc:  # TimeoutError included: given up on, as intended
+            _log.debug("closing a discarded %s receiver failed: %r", self._region, exc)
+
+    def _receiver_of(self, message: Any) -> ServiceBusReceiver:
+        """The receiver to settle ``message`` on: never another link than its own (a
+        delivery id on a new link names another message)."""
+        came_from = getattr(message, "_receiver", None)
+        if self._reopen is not None and came_from is not None and came_from is not self._receiver:
+            raise RegionError(
+                f"{self._region} ({self._namespace}): the copy's link was discarded; it "
+                "will be redelivered",
+                region=self._region,
+                kind=ErrorKind.LOCK_LOST,
+            )
+        return self._receiver
 
     async def peek(self, count: int) -> list[Any]:
         return await self._call(lambda: peek_all(self._receiver, count))
 
     async def complete(self, message: ServiceBusReceivedMessage) -> None:
-        await self._call(lambda: self._receiver.complete_message(message))
+        await self._call(lambda: self._receiver_of(message).complete_message(message))
 
     async def abandon(self, message: ServiceBusReceivedMessage) -> None:
-        await self._call(lambda: self._receiver.abandon_message(message))
+        await self._call(lambda: self._receiver_of(message).abandon_message(message))
 
     async def dead_letter(
         self, message: ServiceBusReceivedMessage, reason: str, description: str
     ) -> None:
         await self._call(
-            lambda: self._receiver.dead_letter_message(
+            lambda: self._receiver_of(message).dead_letter_message(
                 message, reason=reason, error_description=description
             )
         )
 
     async def defer(self, message: ServiceBusReceivedMessage) -> None:
-        await self._call(lambda: self._receiver.defer_message(message))
+        await self._call(lambda: self._receiver_of(message).defer_message(message))
 
     async def renew_lock(self, message: ServiceBusReceivedMessage) -> float | None:
         try:
-            expiry = await self._receiver.renew_message_lock(message)
+            expiry = await self._receiver_of(message).renew_message_lock(message)
         except Exception as exc:
             raise self._translate(exc) from exc
         return expiry.timestamp() if expiry is not None else None
+
+    async def close(self) -> None:
+        # Not SdkRegion.close: the receiver may have been replaced, and discarded ones may
+        # still be closing.
+        if self._client is None:
+            return
+        try:
+            await self._receiver.close()
+            if self._closing:
+                await asyncio.gather(*self._closing, return_exceptions=True)
+        finally:
+            await self._client.close()
 
 
 def open_region_receiver(
@@ -159,15 +243,21 @@ def open_region_receiver(
         retry_backoff_factor=retry_backoff_factor,
         **client_kwargs,
     )
-    if queue_name is not None:
-        sdk_receiver = client.get_queue_receiver(
-            queue_name, receive_mode=ServiceBusReceiveMode.PEEK_LOCK, prefetch_count=prefetch_count
-        )
-    else:
-        sdk_receiver = client.get_subscription_receiver(
+
+    def new_receiver() -> ServiceBusReceiver:
+        if queue_name is not None:
+            return client.get_queue_receiver(
+                queue_name,
+                receive_mode=ServiceBusReceiveMode.PEEK_LOCK,
+                prefetch_count=prefetch_count,
+            )
+        return client.get_subscription_receiver(
             str(topic_name),
             str(subscription_name),
             receive_mode=ServiceBusReceiveMode.PEEK_LOCK,
             prefetch_count=prefetch_count,
         )
-    return ServiceBusRegionReceiver(sdk_receiver, region=region, client=client)
+
+    return ServiceBusRegionReceiver(
+        new_receiver(), region=region, client=client, reopen=new_receiver
+    )

@@ -30,6 +30,7 @@ import concurrent.futures
 import logging
 import queue
 import threading
+import time
 import weakref
 from collections.abc import Callable
 from functools import partial
@@ -38,8 +39,10 @@ from typing import Any, TypeVar
 from azure.servicebus import ServiceBusReceiver, ServiceBusSender
 
 from georep._peek import peek_all
-from georep.exceptions import ClosedError
+from georep.exceptions import ClosedError, RegionUnavailableError
+from georep.ports import ErrorKind
 
+from . import _receiver
 from ._receiver import ServiceBusRegionReceiver
 from ._sender import ServiceBusRegionSender
 
@@ -251,6 +254,17 @@ class SyncServiceBusRegionReceiver(ServiceBusRegionReceiver):
     Same behaviour as :class:`ServiceBusRegionReceiver`, every SDK call on the receiver's
     worker thread.
 
+    A stuck receive. The sync SDK can stay inside ``receive_messages`` on a link an outage
+    dropped, and a thread cannot be interrupted. When the core gives up on a receive that
+    ran ``STUCK_AFTER`` seconds past its ``max_wait``, the adapter logs an error and,
+    until that SDK call returns, fails every receive at once with
+    :class:`~georep.exceptions.RegionUnavailableError` (kind TIMEOUT) naming the cause,
+    instead of queueing calls behind it: the region is not read by this receiver
+    meanwhile (its copies are taken from the other region, or by other consumers). The
+    SDK receiver is the caller's, so georep cannot close it and open another; a
+    GeoReceiver built with ``from_connection_strings`` owns its receivers and reopens them.
+    Once the SDK call returns, the region is read again.
+
     Args:
         receiver: The caller's sync SDK receiver, in PEEK_LOCK mode; never closed by georep.
         region: The region's label.
@@ -268,6 +282,9 @@ class SyncServiceBusRegionReceiver(ServiceBusRegionReceiver):
         self._worker: RegionWorker | None = region_worker(
             receiver, region=region, idle_exit=idle_exit
         )
+        self._receive_started = 0.0
+        self._stuck: concurrent.futures.Future[list[Any]] | None = None
+        self._stuck_since = 0.0
 
     @property
     def worker(self) -> RegionWorker:
@@ -276,6 +293,11 @@ class SyncServiceBusRegionReceiver(ServiceBusRegionReceiver):
             raise ClosedError(f"the {self.region} adapter is closed; wrap the SDK object again")
         return self._worker
 
+    @property
+    def stuck(self) -> bool:
+        """True while a receive the core gave up on is still inside the SDK."""
+        return self._stuck is not None and not self._stuck.done()
+
     async def _on_worker(self, function: Callable[[], _T]) -> _T:
         try:
             return await self.worker.run(function)
@@ -283,6 +305,7 @@ class SyncServiceBusRegionReceiver(ServiceBusRegionReceiver):
             raise self._translate(exc) from exc
 
     def _receive(self, max_messages: int, max_wait: float) -> list[Any]:
+        self._receive_started = time.monotonic()
         if not self._link_open:
             # As the async adapter: open the link with the SDK's own open timeouts first.
             self._sync_receiver.__enter__()
@@ -294,11 +317,54 @@ class SyncServiceBusRegionReceiver(ServiceBusRegionReceiver):
         )
 
     async def receive(self, max_messages: int, *, max_wait: float) -> list[Any]:
+        self._check_stuck()
+        # Set again when the call starts on the worker (it may wait behind a settlement).
+        self._receive_started = time.monotonic()
+        call = self.worker.submit(partial(self._receive, max_messages, max_wait))
         try:
-            return await self.worker.run(partial(self._receive, max_messages, max_wait))
+            return await asyncio.wrap_future(call)
+        except asyncio.CancelledError:
+            overran = time.monotonic() - self._receive_started
+            if call.running() and overran > max_wait + _receiver.STUCK_AFTER:
+                self._mark_stuck(call)
+            raise
         except Exception as exc:
             self._link_open = False
             raise self._translate(exc) from exc
+
+    def _mark_stuck(self, call: concurrent.futures.Future[list[Any]]) -> None:
+        self._stuck, self._stuck_since = call, self._receive_started
+        self._link_open = False  # reopened on the next receive once the call returns
+        _log.error(
+            "%s (%s): the sync SDK receiver has been inside receive_messages for %.0f s (its "
+            "link was probably dropped by an outage). georep cannot reopen a receiver it did "
+            "not create: this region is not read by this receiver until the SDK call returns. "
+            "Build the GeoReceiver with from_connection_strings(...) to let georep reconnect.",
+            self.region,
+            self.namespace,
+            time.monotonic() - self._receive_started,
+        )
+
+    def _check_stuck(self) -> None:
+        call = self._stuck
+        if call is None:
+            return
+        if call.done():
+            self._stuck = None
+            _log.warning(
+                "%s (%s): the stuck receive returned after %.0f s; reading the region again",
+                self.region,
+                self.namespace,
+                time.monotonic() - self._stuck_since,
+            )
+            return
+        raise RegionUnavailableError(
+            f"{self.region} ({self.namespace}): the sync SDK receiver is stuck in "
+            f"receive_messages for {time.monotonic() - self._stuck_since:.0f} s; georep cannot "
+            "reopen a receiver it did not create (use from_connection_strings)",
+            region=self.region,
+            kind=ErrorKind.TIMEOUT,
+        )
 
     async def peek(self, count: int) -> list[Any]:
         try:

@@ -7,9 +7,11 @@ all on one Redis group with default options) process what arrives, and each queu
 subscription is audited from its ledger: nothing lost, nothing processed twice.
 
 The cells run at the same time against one private emulator, so one outage is mid-run for
-all of them and the wall time is that of one cell. Sync cells send with the sync SDK
-through ``georep.sync`` on threads; async cells use the async SDK and georep's async API.
-Every cell receives with the async GeoReceiver (sync receiving: test_sync_sdk.py).
+all of them and the wall time is that of one cell. Async cells use the async SDK and
+georep's async API. Sync cells are sync applications: they send with sync SDK senders
+wrapped by ``georep.sync.GeoSender`` (paired: ``georep.sync.PairedSender``) and receive
+with ``georep.sync.GeoReceiver.run`` on threads, half of the receivers wrapping the
+application's sync SDK receivers and half built with ``from_connection_strings``.
 """
 
 from __future__ import annotations
@@ -86,6 +88,7 @@ class Cell:
     acknowledged: set[str] = field(default_factory=set)
     processed: dict[str, Counter[str]] = field(default_factory=dict)
     send_errors: list[str] = field(default_factory=list)
+    receivers: list[str] = field(default_factory=list)
 
     @property
     def id(self) -> str:
@@ -271,14 +274,22 @@ def counting(cell: Cell, path: str) -> Callable[[Any], None]:
 
 
 class Receivers:
-    """Every cell's receivers (async GeoReceivers on this loop, one per queue/subscription)."""
+    """Every cell's receivers, one GeoReceiver per queue or subscription.
+
+    Async cells: async GeoReceivers on this loop. Sync cells: ``georep.sync.GeoReceiver``
+    ``run()`` on a thread each, half of them wrapping the application's sync SDK
+    receivers and half built with ``from_connection_strings`` (see :func:`sync_style`).
+    """
 
     def __init__(self, emu: Emulator, group: str) -> None:
         self.emu = emu
         self.group = group
         self.tasks: list[asyncio.Task[None]] = []
         self.async_receivers: list[GeoReceiver] = []
+        self.sync_receivers: list[georep.sync.GeoReceiver] = []
         self.ledgers: list[Any] = []
+        self.sdk = contextlib.ExitStack()
+        self._sync_clients: list[SyncClient] = []
 
     def seen(self) -> RedisSeenSet:
         # The same group for every cell and subscription: dedup is scoped by entity path.
@@ -287,10 +298,18 @@ class Receivers:
     async def start(self, cell: Cell) -> None:
         for index, path in enumerate(cell.paths):
             directory = cell.ledger_dir(f"receive-{index}")
-            # Sync cells send through georep.sync; every cell receives with the async
-            # GeoReceiver. Sync receivers under an outage flaked here (a receiver that
-            # stopped processing; root cause open): they are covered in test_sync_sdk.py.
-            await self._start_async(cell, path, directory)
+            if cell.client == "async":
+                cell.receivers.append("GeoReceiver")
+                await self._start_async(cell, path, directory)
+            else:
+                cell.receivers.append(f"georep.sync.GeoReceiver/{sync_style(cell, index)}")
+                # Built off the loop (it blocks), then run() blocks a thread until close().
+                receiver = await asyncio.to_thread(
+                    self._sync_receiver, cell, index, path, directory
+                )
+                self.sync_receivers.append(receiver)
+                run = asyncio.to_thread(receiver.run, counting(cell, path))
+                self.tasks.append(asyncio.ensure_future(run))
 
     async def _start_async(self, cell: Cell, path: str, directory: Path) -> None:
         ledger = ParquetLedger(directory)
@@ -312,12 +331,64 @@ class Receivers:
         self.async_receivers.append(receiver)
         self.tasks.append(asyncio.create_task(receiver.run(handle)))
 
+    def _sdk_receiver(self, region: int, path: str) -> Any:
+        """A sync SDK receiver, as a sync application opens it (closed by the test)."""
+        if not self._sync_clients:
+            self._sync_clients = [
+                # Short SDK retries, as georep's own clients have.
+                self.sdk.enter_context(
+                    SyncClient.from_connection_string(
+                        self.emu.connection_string(r), retry_total=1, retry_backoff_factor=0.01
+                    )
+                )
+                for r in ("primary", "secondary")
+            ]
+        client = self._sync_clients[region]
+        kwargs = receiver_kwargs(path)
+        if "topic_name" in kwargs:
+            return self.sdk.enter_context(
+                client.get_subscription_receiver(kwargs["topic_name"], kwargs["subscription_name"])
+            )
+        return self.sdk.enter_context(client.get_queue_receiver(kwargs["queue_name"]))
+
+    def _sync_receiver(
+        self, cell: Cell, index: int, path: str, directory: Path
+    ) -> georep.sync.GeoReceiver:
+        # georep.sync closes the async resources it is given (ledger, seen-set).
+        options: dict[str, Any] = {
+            "seen": self.seen(),
+            "concurrency": 8,
+            "max_wait": 0.5,
+            "ledger": ParquetLedger(directory),
+        }
+        if sync_style(cell, index) == "wrap":
+            return georep.sync.GeoReceiver(
+                self._sdk_receiver(0, path), self._sdk_receiver(1, path), **options
+            )
+        return georep.sync.GeoReceiver.from_connection_strings(
+            self.emu.connection_string("primary"),
+            self.emu.connection_string("secondary"),
+            **receiver_kwargs(path),
+            **options,
+        )
+
     async def stop(self) -> None:
-        await asyncio.gather(*(r.aclose() for r in self.async_receivers))
+        await asyncio.gather(
+            *(r.aclose() for r in self.async_receivers),
+            *(asyncio.to_thread(r.close) for r in self.sync_receivers),
+        )
         for task in self.tasks:
             with contextlib.suppress(asyncio.CancelledError):
                 await asyncio.wait_for(task, 30)
         await asyncio.gather(*(ledger.aclose() for ledger in self.ledgers))
+        await asyncio.to_thread(self.sdk.close)
+
+
+def sync_style(cell: Cell, path_index: int) -> str:
+    """How a sync cell's receiver is built: ``"wrap"`` (the application's sync SDK
+    receivers) or ``"connection_strings"``; both styles in every entity and every mode."""
+    turn = ENTITIES.index(cell.entity) + MODES.index(cell.mode) + path_index + 1
+    return "wrap" if turn % 2 == 0 else "connection_strings"
 
 
 # ------------------------------------------------------------------------------- run
@@ -420,10 +491,23 @@ def matrix(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Cell]
     yield {cell.id: cell for cell in cells}
 
 
+def test_sync_cells_receive_both_ways_in_every_entity_and_mode() -> None:
+    styles = {"wrap", "connection_strings"}
+    sync_cells = [cell for cell in CELLS if cell.client == "sync"]
+    for entity in ENTITIES:
+        cells = [cell for cell in sync_cells if cell.entity == entity]
+        assert {sync_style(c, i) for c in cells for i, _ in enumerate(c.paths)} == styles
+    for mode in MODES:
+        cells = [cell for cell in sync_cells if cell.mode == mode]
+        assert {sync_style(c, i) for c in cells for i, _ in enumerate(c.paths)} == styles
+
+
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("cell_id", [cell.id for cell in CELLS])
 def test_nothing_lost_nothing_twice(matrix: dict[str, Cell], cell_id: str) -> None:
     cell = matrix[cell_id]
+    expected = "GeoReceiver" if cell.client == "async" else "georep.sync.GeoReceiver/"
+    assert cell.receivers and all(r.startswith(expected) for r in cell.receivers)
     assert len(cell.acknowledged) == MESSAGES, f"send errors: {Counter(cell.send_errors)}"
     for index, path in enumerate(cell.paths):
         processed = cell.processed.get(path, Counter())
