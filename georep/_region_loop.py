@@ -382,7 +382,7 @@ class RegionLoop:
         decision = decided or (COMPLETE if error is None else ABANDON)
         if decision.settle is Settle.ABANDON:
             self._stats.failed += 1
-            self._metrics.failed(self.region.region)
+            self._metrics.copy("failed", self.region.region)
             max_attempts = self._policy.max_attempts
             if copy.delivery.delivery_count >= max_attempts:
                 decision = max_attempts_decision(copy.delivery.delivery_count, max_attempts, error)

@@ -161,13 +161,13 @@ class Settlements:
         label = self.region.region
         if decision.settle is Settle.COMPLETE:
             self._stats.processed += 1
-            self._metrics.processed(label)
+            self._metrics.copy("processed", label)
         elif decision.settle is Settle.DEAD_LETTER:
             self._stats.dead_lettered += 1
-            self._metrics.dead_lettered(label)
+            self._metrics.copy("dead_lettered", label)
         elif decision.settle is Settle.DEFER:
             self._stats.deferred += 1
-            self._metrics.deferred(label)
+            self._metrics.copy("deferred", label)
 
     async def complete_pings(self, copies: list[Copy]) -> list[Copy]:
         """Complete the paired namespaces' pings (never a handler's business); the rest."""
@@ -186,7 +186,7 @@ class Settlements:
             label = self.region.region
             suppressed = self._stats.suppressed
             suppressed[label] = suppressed.get(label, 0) + 1
-            self._metrics.suppressed(label)
+            self._metrics.copy("suppressed", label)
             outcome = "suppressed"
         else:
             self.count(decision)
