@@ -17,7 +17,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from azure.servicebus import ServiceBusMessage, ServiceBusReceiveMode, ServiceBusSubQueue
+from _helpers import drain, fault
+from azure.servicebus import ServiceBusMessage, ServiceBusSubQueue
 from azure.servicebus.aio import ServiceBusClient
 
 from georep import (
@@ -43,25 +44,6 @@ UTC = datetime.UTC
 @pytest.fixture
 def queue(private_queue: Callable[..., str]) -> str:
     return private_queue("cls")
-
-
-async def fault(emu: Emulator, namespace: str, action: str, *args: object) -> None:
-    await asyncio.to_thread(getattr(emu.namespace(namespace), action), *args)
-
-
-async def drain(
-    emu: Emulator, namespace: str, queue: str, *, sub_queue: Any = None, wait: float = 1
-) -> list[Any]:
-    async with (
-        ServiceBusClient.from_connection_string(emu.connection_string(namespace)) as client,
-        client.get_queue_receiver(
-            queue, receive_mode=ServiceBusReceiveMode.RECEIVE_AND_DELETE, sub_queue=sub_queue
-        ) as receiver,
-    ):
-        messages: list[Any] = []
-        while batch := await receiver.receive_messages(max_message_count=50, max_wait_time=wait):
-            messages.extend(batch)
-        return messages
 
 
 # ----------------------------------------------------------------- classification

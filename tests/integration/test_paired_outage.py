@@ -10,7 +10,8 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
-from azure.servicebus import ServiceBusMessage, ServiceBusReceiveMode
+from _helpers import drain
+from azure.servicebus import ServiceBusMessage
 from azure.servicebus.aio import ServiceBusClient
 
 from georep import (
@@ -35,19 +36,6 @@ async def back_on_primary(sender: PairedSender, within: float) -> bool:
             return False
         await asyncio.sleep(0.1)
     return True
-
-
-async def received(emu: Emulator, namespace: str, queue: str) -> list[ServiceBusMessage]:
-    async with (
-        ServiceBusClient.from_connection_string(emu.connection_string(namespace)) as client,
-        client.get_queue_receiver(
-            queue, receive_mode=ServiceBusReceiveMode.RECEIVE_AND_DELETE
-        ) as receiver,
-    ):
-        messages = []
-        while batch := await receiver.receive_messages(max_message_count=50, max_wait_time=1):
-            messages.extend(batch)
-        return messages
 
 
 async def test_outage_sends_go_to_backlog_queues_until_a_ping_succeeds(emu: Emulator) -> None:
@@ -82,12 +70,12 @@ async def test_outage_sends_go_to_backlog_queues_until_a_ping_succeeds(emu: Emul
         assert sender.pings >= 1
         assert await sender.send_messages(ServiceBusMessage("after")) == "primary"
 
-    backlog = [m for path in paths for m in await received(emu, "secondary", path)]
+    backlog = [m for path in paths for m in await drain(emu, "secondary", path)]
     assert sorted(str(m.message_id) for m in backlog) == sorted(str(m.message_id) for m in during)
     for message in backlog:
         destination, restored = from_backlog(message)
         assert destination == queue and restored.session_id == "s-1"
-    in_primary = [b"".join(m.body) for m in await received(emu, "primary", queue)]
+    in_primary = [b"".join(m.body) for m in await drain(emu, "primary", queue)]
     assert sorted(in_primary) == [b"after", b"before"], "pings are never delivered"
 
 
@@ -229,5 +217,5 @@ async def test_the_syphon_cli_moves_messages_and_stops_gracefully(emu: Emulator)
     assert process.returncode == 0, text
     assert "syphon stopped" in text and "moved 1" in text
     assert "SharedAccessKey" not in text
-    [home] = await received(emu, "primary", queue)
+    [home] = await drain(emu, "primary", queue)
     assert home.message_id == "h1"
