@@ -530,16 +530,9 @@ def receiver(
         await handle.run()
     """
 
+    names = (queue_name, topic_name, subscription_name)
     return receiver_decorator(
-        GeoReceiver,
-        ReceiverHandler,
-        primary=primary,
-        secondary=secondary,
-        seen=seen,
-        queue_name=queue_name,
-        topic_name=topic_name,
-        subscription_name=subscription_name,
-        options=options,
+        GeoReceiver, ReceiverHandler, primary, secondary, seen, names, options
     )
 
 
@@ -550,13 +543,10 @@ _H = TypeVar("_H")
 def receiver_decorator(
     geo_receiver: Any,
     handler_class: Callable[[Any, Callable[[], _R]], _H],
-    *,
     primary: Any,
     secondary: Any,
     seen: Any,
-    queue_name: str | None,
-    topic_name: str | None,
-    subscription_name: str | None,
+    names: tuple[str | None, str | None, str | None],
     options: dict[str, Any],
 ) -> Callable[[Any], _H]:
     """The decorator ``@receiver(...)`` returns, async (:func:`receiver`) or blocking
@@ -571,11 +561,12 @@ def receiver_decorator(
         primary: The primary region's receiver or connection string.
         secondary: The secondary region's receiver or connection string.
         seen: The shared seen-set.
-        queue_name: With connection strings: the queue.
-        topic_name: With connection strings: the topic.
-        subscription_name: With connection strings: the topic's subscription.
+        names: With connection strings: the queue, topic and subscription names (as
+            ``from_connection_strings`` takes them; None where not given).
         options: Other keyword arguments of ``geo_receiver``.
     """
+
+    queue_name, topic_name, subscription_name = names
 
     def factory() -> _R:
         built: _R

@@ -496,16 +496,9 @@ def receiver(
         handle.run()
     """
 
+    names = (queue_name, topic_name, subscription_name)
     return _receiver.receiver_decorator(
-        GeoReceiver,
-        ReceiverHandler,
-        primary=primary,
-        secondary=secondary,
-        seen=seen,
-        queue_name=queue_name,
-        topic_name=topic_name,
-        subscription_name=subscription_name,
-        options=options,
+        GeoReceiver, ReceiverHandler, primary, secondary, seen, names, options
     )
 
 
