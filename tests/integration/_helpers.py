@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import os
 import time
+import uuid
 from collections import Counter
 from collections.abc import Callable
 from typing import Any
@@ -16,8 +17,9 @@ from typing import Any
 from azure.servicebus import ServiceBusMessage, ServiceBusReceiveMode
 from azure.servicebus.aio import ServiceBusClient
 
-from georep import GeoSender, ReplicationMode
+from georep import GeoReceiver, GeoSender, PairedNamespaceOptions, ReplicationMode
 from georep.adapters.emulator import Emulator
+from georep.adapters.servicebus import ensure_backlog_queues
 
 REDIS_URL = os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0")
 
@@ -111,3 +113,36 @@ async def drain_all_ids(
     for namespace in emu.namespaces:
         ids.update(await drain_ids(emu, namespace, queue, known_count=known_count, wait=wait))
     return ids
+
+
+async def run_until(receiver: GeoReceiver, handler: Any, done: Callable[[], bool]) -> None:
+    """Run ``receiver`` with ``handler`` until ``done()`` (asserted within 60 s), then close
+    it and wait for ``run()`` to return."""
+    task = asyncio.create_task(receiver.run(handler))
+    try:
+        assert await eventually(done, within=60), "the receiver did not finish in time"
+    finally:
+        await receiver.aclose()
+        await task
+
+
+def create_queue(emu: Emulator, prefix: str = "q", **properties: Any) -> str:
+    """Create a uniquely named queue (``prefix-`` and 8 hex digits) in every namespace."""
+    name = f"{prefix}-{uuid.uuid4().hex[:8]}"
+    for namespace in emu.namespaces:
+        emu.namespace(namespace).create_queue(name, **properties)
+    return name
+
+
+async def backlog_queues(
+    emu: Emulator, options: PairedNamespaceOptions, primary_name: str | None = None
+) -> tuple[str, list[str]]:
+    """Create the backlog queues ``options`` asks for in the secondary namespace.
+
+    Returns:
+        The primary's name they are for (default: the emulator's primary ``host:port``)
+        and their paths.
+    """
+    name = primary_name or f"127.0.0.1:{emu.namespace('primary').port}"
+    async with emu.async_admin_client("secondary") as admin:
+        return name, await ensure_backlog_queues(admin, name, options)

@@ -6,10 +6,11 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
+from functools import partial
 from typing import Any
 
 import pytest
-from _helpers import REDIS_URL
+from _helpers import REDIS_URL, create_queue
 from azure.servicebus.aio import ServiceBusClient
 
 from georep.adapters.emulator import Emulator
@@ -57,13 +58,7 @@ def private_queue(emu: Emulator) -> Iterator[Callable[..., str]]:
     """``private_queue(prefix, **properties)`` creates a uniquely named queue in every
     namespace of the module's emulator; every fault is lifted after the test."""
 
-    def create(prefix: str = "q", **properties: Any) -> str:
-        name = f"{prefix}-{uuid.uuid4().hex[:8]}"
-        for namespace in emu.namespaces:
-            emu.namespace(namespace).create_queue(name, **properties)
-        return name
-
-    yield create
+    yield partial(create_queue, emu)
     for namespace in emu.namespaces:
         emu.namespace(namespace).restore()
 

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from _helpers import drain, fault
+from _helpers import backlog_queues, drain, fault
 from azure.servicebus import ServiceBusMessage, ServiceBusSubQueue
 from azure.servicebus.aio import ServiceBusClient
 
@@ -34,7 +34,6 @@ from georep import (
     backlog_queue_path,
 )
 from georep.adapters.emulator import Emulator
-from georep.adapters.servicebus import ensure_backlog_queues
 
 pytestmark = pytest.mark.integration
 
@@ -177,9 +176,7 @@ async def paired_setup(
         ping_timeout=5,
         syphon_long_poll=1,
     )
-    primary_name = f"cls{uuid.uuid4().hex[:6]}"
-    async with emu.async_admin_client("secondary") as admin:
-        await ensure_backlog_queues(admin, primary_name, options)
+    primary_name, _ = await backlog_queues(emu, options, f"cls{uuid.uuid4().hex[:6]}")
     return options, primary_name
 
 

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from _helpers import REDIS_URL, eventually, send_active, stored
+from _helpers import REDIS_URL, eventually, run_until, send_active, stored
 from azure.servicebus import ServiceBusMessage
 
 from georep import FailoverPolicy, GeoReceiver, GeoSender
@@ -52,10 +52,7 @@ async def test_active_twins_are_processed_once(
         processed[str(message.message_id)] += 1
 
     async with geo_receiver(emu, queue, seen) as receiver:
-        task = asyncio.create_task(receiver.run(handle))
-        assert await eventually(lambda: stored(emu, queue) == 0, within=60)
-        await receiver.aclose()
-        await task
+        await run_until(receiver, handle, lambda: stored(emu, queue) == 0)
     assert processed == Counter({message_id: 1 for message_id in ids})
     assert sum(receiver.stats.suppressed.values()) == 300
 
@@ -104,10 +101,7 @@ async def test_duplicate_reception_after_a_lost_response_is_processed_once(
         processed[str(message.message_id)] += 1
 
     async with geo_receiver(emu, queue, seen) as receiver:
-        task = asyncio.create_task(receiver.run(handle))
-        assert await eventually(lambda: stored(emu, queue) == 0, within=60)
-        await receiver.aclose()
-        await task
+        await run_until(receiver, handle, lambda: stored(emu, queue) == 0)
     assert all(count == 1 for count in processed.values()), processed
     assert {r.message_ids[0] for r in results} <= set(processed)
 

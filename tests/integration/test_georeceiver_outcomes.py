@@ -6,11 +6,10 @@ from __future__ import annotations
 import asyncio
 import uuid
 from collections import Counter
-from collections.abc import Callable
 from typing import Any
 
 import pytest
-from _helpers import eventually, send_active, stored
+from _helpers import eventually, run_until, send_active, stored
 from azure.servicebus import ServiceBusMessage, ServiceBusSubQueue
 from azure.servicebus.aio import ServiceBusClient
 
@@ -62,15 +61,6 @@ async def dead_letters(emu: Emulator, region: str, queue: str) -> list[Any]:
                 found.append(message)
                 await receiver.complete_message(message)
     return found
-
-
-async def run_until(receiver: GeoReceiver, handler: Any, done: Callable[[], bool]) -> None:
-    task = asyncio.create_task(receiver.run(handler))
-    try:
-        assert await eventually(done, within=60), "the receiver did not finish in time"
-    finally:
-        await receiver.aclose()
-        await task
 
 
 def geo(emu: Emulator, seen: RedisSeenSet, **options: Any) -> GeoReceiver:

@@ -10,7 +10,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
-from _helpers import drain
+from _helpers import backlog_queues, create_queue, drain
 from azure.servicebus import ServiceBusMessage
 from azure.servicebus.aio import ServiceBusClient
 
@@ -22,7 +22,7 @@ from georep import (
     backlog_queue_path,
 )
 from georep.adapters.emulator import Emulator
-from georep.adapters.servicebus import ensure_backlog_queues, from_backlog
+from georep.adapters.servicebus import from_backlog
 from georep.testing import InMemorySeenSet
 
 pytestmark = pytest.mark.integration
@@ -39,15 +39,11 @@ async def back_on_primary(sender: PairedSender, within: float) -> bool:
 
 
 async def test_outage_sends_go_to_backlog_queues_until_a_ping_succeeds(emu: Emulator) -> None:
-    queue = f"paired-{uuid.uuid4().hex[:6]}"
-    for namespace in emu.namespaces:
-        emu.namespace(namespace).create_queue(queue)
+    queue = create_queue(emu, "paired")
     options = PairedNamespaceOptions(
         backlog_queue_count=2, failover_interval=1, ping_primary_interval=1, ping_timeout=5
     )
-    primary_name = f"127.0.0.1:{emu.namespace('primary').port}"
-    async with emu.async_admin_client("secondary") as admin:
-        paths = await ensure_backlog_queues(admin, primary_name, options)
+    primary_name, paths = await backlog_queues(emu, options)
     assert paths == [backlog_queue_path(primary_name, i) for i in range(2)]
 
     async with PairedSender.from_connection_strings(
@@ -84,9 +80,7 @@ async def test_the_syphon_brings_backlog_messages_home_and_each_is_received_once
 ) -> None:
     from georep import Syphon
 
-    queue = f"syphon-{uuid.uuid4().hex[:6]}"
-    for namespace in emu.namespaces:
-        emu.namespace(namespace).create_queue(queue)
+    queue = create_queue(emu, "syphon")
     options = PairedNamespaceOptions(
         backlog_queue_count=3,
         failover_interval=0,
@@ -94,9 +88,7 @@ async def test_the_syphon_brings_backlog_messages_home_and_each_is_received_once
         ping_timeout=5,
         syphon_long_poll=1,
     )
-    primary_name = f"127.0.0.1:{emu.namespace('primary').port}"
-    async with emu.async_admin_client("secondary") as admin:
-        await ensure_backlog_queues(admin, primary_name, options)
+    primary_name, _ = await backlog_queues(emu, options)
 
     async with PairedSender.from_connection_strings(
         emu.connection_string("primary"),
@@ -170,13 +162,9 @@ async def test_the_syphon_cli_moves_messages_and_stops_gracefully(emu: Emulator)
 
     from georep.adapters.servicebus import to_backlog
 
-    queue = f"cli-{uuid.uuid4().hex[:6]}"
-    for namespace in emu.namespaces:
-        emu.namespace(namespace).create_queue(queue)
+    queue = create_queue(emu, "cli")
     options = PairedNamespaceOptions(backlog_queue_count=2)
-    name = f"cli{uuid.uuid4().hex[:6]}"
-    async with emu.async_admin_client("secondary") as admin:
-        paths = await ensure_backlog_queues(admin, name, options)
+    name, paths = await backlog_queues(emu, options, f"cli{uuid.uuid4().hex[:6]}")
     async with (
         ServiceBusClient.from_connection_string(emu.connection_string("secondary")) as client,
         client.get_queue_sender(paths[1]) as sender,
