@@ -118,13 +118,8 @@ class Instruments:
 
     def counter(self, name: str, *, unit: str, description: str) -> metrics.Counter:
         """The counter ``name``, created on first use."""
-        with self._lock:
-            if name not in self._made:
-                self._made[name] = self._meter.create_counter(
-                    name, unit=unit, description=description
-                )
-            counter: metrics.Counter = self._made[name]
-            return counter
+        made: metrics.Counter = self._once(name, self._meter.create_counter, unit, description)
+        return made
 
     def counters(self, specs: Mapping[_K, InstrumentSpec]) -> dict[_K, metrics.Counter]:
         """The counters of ``specs``, by the same keys (each created on first use)."""
@@ -135,13 +130,14 @@ class Instruments:
 
     def histogram(self, name: str, *, unit: str, description: str) -> metrics.Histogram:
         """The histogram ``name``, created on first use."""
+        made: metrics.Histogram = self._once(name, self._meter.create_histogram, unit, description)
+        return made
+
+    def _once(self, name: str, create: Callable[..., Any], unit: str, description: str) -> Any:
         with self._lock:
             if name not in self._made:
-                self._made[name] = self._meter.create_histogram(
-                    name, unit=unit, description=description
-                )
-            histogram: metrics.Histogram = self._made[name]
-            return histogram
+                self._made[name] = create(name, unit=unit, description=description)
+            return self._made[name]
 
     def gauge(
         self,
@@ -228,6 +224,24 @@ class LiveGauge(Generic[_O]):
         return [Observation(self._combine(v), dict(k)) for k, v in values.items()]
 
 
+SENDER_COUNTERS: Final = {
+    "messages": InstrumentSpec(
+        "georep.messages.sent",
+        "{message}",
+        "Messages handed to a region, by region and outcome (accepted, failed, queued).",
+    ),
+    "failovers": InstrumentSpec(
+        "georep.failovers",
+        "{failover}",
+        "Sends that went to the backup region after the active one failed.",
+    ),
+    "role_swaps": InstrumentSpec(
+        "georep.role_swaps", "{swap}", "Times the active and backup regions swapped roles."
+    ),
+}
+"""The sender's counters."""
+
+
 class SenderTelemetry:
     """The instruments one :class:`georep.GeoSender` records into."""
 
@@ -267,22 +281,7 @@ class SenderTelemetry:
             "messaging.operation.type": "send",
             **self._base,
         }
-        self._messages = meter.counter(
-            "georep.messages.sent",
-            unit="{message}",
-            description="Messages handed to a region, by region and outcome "
-            "(accepted, failed, queued).",
-        )
-        self._failovers = meter.counter(
-            "georep.failovers",
-            unit="{failover}",
-            description="Sends that went to the backup region after the active one failed.",
-        )
-        self._role_swaps = meter.counter(
-            "georep.role_swaps",
-            unit="{swap}",
-            description="Times the active and backup regions swapped roles.",
-        )
+        self._counters = meter.counters(SENDER_COUNTERS)
         self._duration = meter.histogram(
             "georep.send.duration",
             unit="s",
@@ -308,13 +307,15 @@ class SenderTelemetry:
         return attributes
 
     def messages(self, count: int, region: str, outcome: str) -> None:
-        self._messages.add(count, self._attributes(region, outcome))
+        self._counters["messages"].add(count, self._attributes(region, outcome))
 
     def failover(self, from_region: str, to_region: str) -> None:
-        self._failovers.add(1, {**self._base, "georep.from": from_region, "georep.to": to_region})
+        self._counters["failovers"].add(
+            1, {**self._base, "georep.from": from_region, "georep.to": to_region}
+        )
 
     def role_swap(self, new_active: str) -> None:
-        self._role_swaps.add(1, {**self._base, "georep.region": new_active})
+        self._counters["role_swaps"].add(1, {**self._base, "georep.region": new_active})
 
     def duration(self, seconds: float, outcome: str) -> None:
         self._duration.record(seconds, self._attributes("all", outcome))
