@@ -465,6 +465,20 @@ async def test_a_hanging_close_is_bounded_by_close_timeout(world: World) -> None
     assert closing.done() and quick.closed and not hung.closed
 
 
+async def test_a_caller_cancelled_mid_close_still_closes_the_owned_regions(world: World) -> None:
+    geo = world.receiver(Pair(world.clock))
+    owned = [SlowClose("primary", world.clock, 2), SlowClose("secondary", world.clock, 2)]
+    geo._owned.extend(owned)
+    closing = asyncio.create_task(geo.aclose())
+    await world.clock.advance(1)
+    closing.cancel()
+    await world.clock.advance(2)
+    assert all(region.closed for region in owned), "the close is shielded from its caller"
+    again = asyncio.create_task(geo.aclose())  # idempotent: waits for the same close
+    await world.clock.advance(0.1)
+    assert again.done() and geo.closed
+
+
 def test_a_useless_close_timeout_is_refused(world: World) -> None:
     with pytest.raises(ConfigurationError, match="close_timeout"):
         world.receiver(Pair(world.clock), close_timeout=0)
