@@ -187,7 +187,7 @@ class GeoReceiver(AsyncResource):
         self.stats = ReceiverStats()
         self._metrics = ReceiverMetrics(self.entity, meter_provider, self, _observed_parked)
         self._stopping = asyncio.Event()
-        self._loops = [self._region_loop(region, tracer_provider) for region in regions]
+        self._loops = [self._loop_for(region, tracer_provider) for region in regions]
         # Adapters georep made around the caller's SDK receivers are georep's to close: that
         # stops their worker threads (sync receivers) and never closes the caller's receiver.
         self._owned: list[Any] = [
@@ -198,7 +198,7 @@ class GeoReceiver(AsyncResource):
         self._running: asyncio.Task[None] | None = None
         self._stopped = asyncio.Event()
 
-    def _region_loop(
+    def _loop_for(
         self, region: RegionReceiver, tracer_provider: TracerProvider | None
     ) -> RegionLoop:
         """The loop of ``region``, with its own settler and seen-set owner."""
