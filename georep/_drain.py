@@ -23,11 +23,11 @@ import contextlib
 import logging
 import uuid
 from collections.abc import Awaitable, Callable, Collection, Sequence
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Final, Protocol
 
 from georep._classify import TRY_LATER_KINDS
 from georep._policy import DrainPolicy, as_seconds
-from georep._telemetry import Instruments
+from georep._telemetry import Instruments, InstrumentSpec
 from georep.exceptions import AllRegionsUnavailableError, RegionError
 from georep.ports import Clock, ErrorKind, Ledger, MessageCodec, Outbox, OutboxEntry, SendRecord
 
@@ -81,36 +81,41 @@ class DrainStats(Protocol):
     outbox_depth: int | None
 
 
+DRAIN_COUNTERS: Final = {
+    "dead_lettered": InstrumentSpec(
+        "georep.outbox.dead_lettered",
+        "{message}",
+        "Outbox entries refused for good and moved to the dead-letter table.",
+    ),
+    "expired": InstrumentSpec(
+        "georep.outbox.expired",
+        "{message}",
+        "Outbox entries dropped because their time-to-live ran out.",
+    ),
+    "error": InstrumentSpec(
+        "georep.outbox.drainer_errors",
+        "{error}",
+        "Drain rounds that failed (the drainer backs off and goes on).",
+    ),
+}
+"""The drainer's counters."""
+
+
 class DrainTelemetry:
     """The counters the drainer records into (the shared per-provider instruments)."""
 
     def __init__(self, *, entity: str, meter_provider: MeterProvider | None) -> None:
         self._attributes = {"messaging.destination.name": entity}
-        meter = Instruments.of(meter_provider)
-        self._dead_lettered = meter.counter(
-            "georep.outbox.dead_lettered",
-            unit="{message}",
-            description="Outbox entries refused for good and moved to the dead-letter table.",
-        )
-        self._expired = meter.counter(
-            "georep.outbox.expired",
-            unit="{message}",
-            description="Outbox entries dropped because their time-to-live ran out.",
-        )
-        self._errors = meter.counter(
-            "georep.outbox.drainer_errors",
-            unit="{error}",
-            description="Drain rounds that failed (the drainer backs off and goes on).",
-        )
+        self._counters = Instruments.of(meter_provider).counters(DRAIN_COUNTERS)
 
     def dead_lettered(self) -> None:
-        self._dead_lettered.add(1, self._attributes)
+        self._counters["dead_lettered"].add(1, self._attributes)
 
     def expired(self) -> None:
-        self._expired.add(1, self._attributes)
+        self._counters["expired"].add(1, self._attributes)
 
     def error(self) -> None:
-        self._errors.add(1, self._attributes)
+        self._counters["error"].add(1, self._attributes)
 
 
 class OutboxDrainer:

@@ -33,8 +33,7 @@ import threading
 from collections.abc import Callable, Sequence
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from types import TracebackType
-from typing import TYPE_CHECKING, Any, Self
+from typing import TYPE_CHECKING, Any
 
 from georep._clock import SystemClock
 from georep._ledger_schema import (
@@ -50,6 +49,7 @@ from georep._ledger_schema import (
     receive_schema,
     send_schema,
 )
+from georep._lifecycle import AsyncResource
 from georep._policy import Seconds, positive_seconds
 from georep.exceptions import ConfigurationError
 from georep.ports import Clock, ReceiveRecord, SendRecord
@@ -200,7 +200,7 @@ def _positive_int(value: int, name: str) -> int:
     return value
 
 
-class ParquetLedger:
+class ParquetLedger(AsyncResource):
     """Record every send and received copy in Parquet files under ``directory``.
 
     Layout (format version :data:`georep._ledger_schema.SCHEMA_VERSION`, see
@@ -274,15 +274,13 @@ class ParquetLedger:
         self._wake = asyncio.Event()
         self._write_lock = asyncio.Lock()
         self._flusher: asyncio.Task[None] | None = None
-        self._closing = False
-        self._close_task: asyncio.Task[None] | None = None
 
     # ------------------------------------------------------------------ recording
 
     def record_send(self, record: SendRecord) -> None:
         """Buffer one send call (one row per message id); drop and count when full."""
         rows = len(record.message_ids)
-        if self._closing or self._buffered + rows > self.max_buffer_rows:
+        if self._closed or self._buffered + rows > self.max_buffer_rows:
             self._refused[0] += rows
             self._dropped()
             return
@@ -293,7 +291,7 @@ class ParquetLedger:
 
     def record_receive(self, record: ReceiveRecord) -> None:
         """Buffer one received copy; drop and count when full."""
-        if self._closing or self._buffered >= self.max_buffer_rows:
+        if self._closed or self._buffered >= self.max_buffer_rows:
             self._refused[1] += 1
             self._dropped()
             return
@@ -320,7 +318,7 @@ class ParquetLedger:
     def _dropped(self) -> None:
         if not self._warned:
             self._warned = True
-            reason = "it is closed" if self._closing else f"{self.max_buffer_rows} rows are waiting"
+            reason = "it is closed" if self._closed else f"{self.max_buffer_rows} rows are waiting"
             _log.warning(
                 "ledger %s is dropping rows (%s); they are counted in %s",
                 self.directory,
@@ -341,7 +339,7 @@ class ParquetLedger:
     # -------------------------------------------------------------------- writing
 
     async def _flush_periodically(self) -> None:
-        while not self._closing:
+        while not self._closed:
             with contextlib.suppress(TimeoutError), self._clock.deadline(self.flush_interval):
                 await self._wake.wait()
             self._wake.clear()
@@ -422,28 +420,14 @@ class ParquetLedger:
 
     # ------------------------------------------------------------------ lifecycle
 
-    async def __aenter__(self) -> Self:
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        traceback: TracebackType | None,
-    ) -> None:
-        await self.aclose()
-
     async def aclose(self) -> None:
         """Flush what is buffered, write the meta file and stop. Idempotent.
 
         Rows recorded after this are dropped and counted (in memory only).
         """
-        if self._close_task is None:
-            self._close_task = asyncio.ensure_future(self._close())
-        await asyncio.shield(self._close_task)
+        await super().aclose()
 
     async def _close(self) -> None:
-        self._closing = True
         flusher = self._flusher
         if flusher is not None:
             self._wake.set()  # it finishes its flush and sees _closing

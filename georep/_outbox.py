@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Final, TypeVar
 
+from georep._lifecycle import AsyncResource
 from georep.exceptions import (
     ClosedError,
     ConfigurationError,
@@ -189,7 +190,7 @@ def outbox_full_error(
     )
 
 
-class SqliteOutbox:
+class SqliteOutbox(AsyncResource):
     """A durable :class:`georep.ports.Outbox` in one SQLite file.
 
     Several instances, in this process or others, may share the file: claims take the
@@ -221,7 +222,6 @@ class SqliteOutbox:
         self._path = Path(path)
         self._max_entries = max_entries
         self._max_bytes = max_bytes
-        self._closed = False
         self._last_known_depth: int | None = None
         # Touched only on the worker thread.
         self._connection: sqlite3.Connection | None = None
@@ -241,13 +241,9 @@ class SqliteOutbox:
         """
         return self._last_known_depth
 
-    async def __aenter__(self) -> SqliteOutbox:
+    async def _open(self) -> None:
         """Open the file now, so a bad path fails here rather than on first use."""
         await self._run(lambda connection: None)
-        return self
-
-    async def __aexit__(self, *exc_info: object) -> None:
-        await self.aclose()
 
     async def put(
         self, channel: str, items: Sequence[tuple[str | None, bytes]], *, now: float
@@ -290,7 +286,7 @@ class SqliteOutbox:
             return entry_ids
 
         if not rows:
-            self._ensure_open()
+            self._check_open()
             return []
         # A put refused for lack of disk is not retried: the headroom is the drain's.
         return await self._run(insert, retry_when_full=False)
@@ -360,7 +356,7 @@ class SqliteOutbox:
             return held
 
         if not ids:
-            self._ensure_open()
+            self._check_open()
             return []
         return await self._run(extend)
 
@@ -390,7 +386,7 @@ class SqliteOutbox:
                 self._last_known_depth = _totals(connection)[0]
 
         if not ids:
-            self._ensure_open()
+            self._check_open()
             return
         await self._run(remove)
 
@@ -433,7 +429,7 @@ class SqliteOutbox:
                 connection.executemany(sql, rows)
 
         if not rows:
-            self._ensure_open()
+            self._check_open()
             return
         await self._run(update)
 
@@ -464,7 +460,7 @@ class SqliteOutbox:
                 self._last_known_depth = _totals(connection)[0]
 
         if not rows:
-            self._ensure_open()
+            self._check_open()
             return
         await self._run(move)
 
@@ -616,9 +612,9 @@ class SqliteOutbox:
 
         The close is shielded: cancelling the caller does not leave the file open.
         """
-        if self._closed:
-            return
-        self._closed = True
+        await super().aclose()
+
+    async def _close(self) -> None:
         loop = asyncio.get_running_loop()
         try:
             await asyncio.shield(loop.run_in_executor(self._worker, self._close_on_worker))
@@ -626,14 +622,14 @@ class SqliteOutbox:
             # Work already queued (including the close) still runs; nothing new is accepted.
             self._worker.shutdown(wait=False)
 
-    def _ensure_open(self) -> None:
+    def _check_open(self) -> None:
         if self._closed:
             raise ClosedError(f"outbox {self._path} is closed; create a new SqliteOutbox")
 
     async def _run(
         self, operation: Callable[[sqlite3.Connection], _Result], *, retry_when_full: bool = True
     ) -> _Result:
-        self._ensure_open()
+        self._check_open()
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(
             self._worker, self._run_on_worker, operation, retry_when_full

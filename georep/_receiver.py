@@ -1,74 +1,34 @@
 """GeoReceiver: read both regions, hand each logical message to the handler once (SPEC §2.4).
 
-Each region has one loop, and only that loop touches the region's receiver (the SDK's
-receivers are not safe for concurrent calls). A turn of the loop:
-
-1. receive up to ``concurrency`` copies (fewer while copies are parked);
-2. claim their keys, and the keys of copies parked from earlier turns, in one round trip
-   to the seen-set;
-3. settle the copies found DONE (duplicates) at once;
-4. run the handler on every CLAIMED copy, concurrently, and commit (or release) and settle
-   each one as soon as it finishes, batched with whatever finished meanwhile, so a slow
-   handler never holds back its turn-mates; a side task renews locks and leases while
-   handlers run long;
-5. copies whose key is IN_FLIGHT elsewhere stay locked ("parked") and are claimed again
-   next turn.
-
-A parked copy waits for the other holder's outcome without a busy loop: it rides along
-with the next turn's claim, and the turn itself waits on the broker when idle.
+The GeoReceiver holds the settings, the lifecycle and the handler's outcome methods; the
+work is done by one :class:`georep._region_loop.RegionLoop` per region (receive, claim,
+process, settle, renew), which alone touches its region's receiver.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import logging
 import os
 import socket
 import uuid
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
-from functools import partial
-from types import TracebackType
-from typing import TYPE_CHECKING, Any, Literal, Self
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 from opentelemetry import trace
-from opentelemetry.trace import Status, StatusCode
-from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
 from georep._clock import SystemClock
-from georep._outcomes import (
-    ABANDON,
-    COMPLETE,
-    LEDGER_OUTCOMES,
-    Decision,
-    Decisions,
-    Settle,
-    dead_letter_decision,
-    max_attempts_decision,
-)
+from georep._lifecycle import AsyncResource, close_all
+from georep._outcomes import ABANDON, COMPLETE, Decision, Decisions, Settle, dead_letter_decision
 from georep._policy import DedupKey, Seconds, count, positive_seconds, seconds
-from georep._settle import Copy, Settlements
+from georep._region_loop import RECEIVE_GRACE as RECEIVE_GRACE
+from georep._region_loop import Handler, LoopPolicy, RegionLoop, StorePolicy
+from georep._settle import Settlements
 from georep._telemetry import ReceiverMetrics, TracingGate
-from georep.exceptions import (
-    ClosedError,
-    ConfigurationError,
-    RegionError,
-    RegionUnavailableError,
-    SettlementError,
-    StoreUnavailableError,
-)
-from georep.ports import (
-    FINAL_STATES,
-    Claims,
-    ClaimState,
-    Clock,
-    ErrorKind,
-    Ledger,
-    RegionReceiver,
-    SeenStore,
-)
+from georep.exceptions import ConfigurationError, SettlementError
+from georep.ports import Clock, Ledger, RegionReceiver, SeenStore
 
 if TYPE_CHECKING:
     from opentelemetry.metrics import MeterProvider
@@ -77,14 +37,6 @@ if TYPE_CHECKING:
 __all__ = ["GeoReceiver", "ReceiverHandler", "ReceiverStats", "receiver"]
 
 _log = logging.getLogger("georep.receiver")
-
-#: Seconds a receive call may take beyond ``max_wait`` (opening a link, a slow answer)
-#: before georep gives up on it: the SDK alone can wait forever on a lost link.
-RECEIVE_GRACE = 10.0
-_propagator = TraceContextTextMapPropagator()
-
-Handler = Callable[[Any], Awaitable[object]]
-StorePolicy = Literal["pause", "process"]
 
 
 @dataclass(slots=True)
@@ -141,7 +93,7 @@ def _observed_parked(receiver: GeoReceiver) -> int | None:
     return None if receiver._closed else receiver.stats.parked
 
 
-class GeoReceiver:
+class GeoReceiver(AsyncResource):
     """Receive from a queue (or subscription) in two regions; process each message once.
 
     Wraps two existing ``azure.servicebus.aio.ServiceBusReceiver`` objects in PEEK_LOCK
@@ -211,59 +163,77 @@ class GeoReceiver:
         tracer_provider: TracerProvider | None = None,
         meter_provider: MeterProvider | None = None,
     ) -> None:
-        count(concurrency, "concurrency")
+        self.concurrency = count(concurrency, "concurrency")
         self.max_attempts = count(max_attempts, "max_attempts")
         self.close_timeout = positive_seconds(close_timeout, "close_timeout")
-        if on_store_unavailable not in ("pause", "process"):
-            raise ConfigurationError(
-                f"on_store_unavailable must be 'pause' or 'process', not {on_store_unavailable!r}"
-            )
+        self.on_store_unavailable = _store_policy(on_store_unavailable)
         self.seen = seen
         self.dedup_key = dedup_key
-        self.concurrency = concurrency
         self.lease = seconds(lease, "lease")
         self.max_wait = seconds(max_wait, "max_wait")
         if self.lease <= 0:
             raise ConfigurationError("lease must be greater than 0 seconds")
-        self.on_store_unavailable = on_store_unavailable
         self.ledger = ledger
         self.owner = owner or f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
         self._clock: Clock = clock or SystemClock()
-        self._regions = [
+        regions = [
             _as_region_receiver(primary, "primary"),
             _as_region_receiver(secondary, "secondary"),
         ]
-        self.entity = self._regions[0].entity
-        self.dedup_scope = _dedup_scope(self._regions, dedup_scope)
+        self.entity = regions[0].entity
+        self.dedup_scope = _dedup_scope(regions, dedup_scope)
         self._scope_prefix = self.dedup_scope + "\n"
         self._decisions = Decisions()
-        # One owner per region loop: the twin in the other region must not find "our"
-        # claim and process the message a second time.
-        self._owners = {r.region: f"{self.owner}/{r.region}" for r in self._regions}
         self.stats = ReceiverStats()
         self._metrics = ReceiverMetrics(self.entity, meter_provider, self, _observed_parked)
-        self._settlements = Settlements(
-            entity=self.entity,
-            stats=self.stats,
-            metrics=self._metrics,
-            ledger=ledger,
-            clock=self._clock,
-            tracer=trace.get_tracer("georep", None, tracer_provider),
-            tracing=TracingGate(tracer_provider, self._clock.monotonic),
-        )
+        self._stopping = asyncio.Event()
+        self._loops = [self._loop_for(region, tracer_provider) for region in regions]
         # Adapters georep made around the caller's SDK receivers are georep's to close: that
         # stops their worker threads (sync receivers) and never closes the caller's receiver.
         self._owned: list[Any] = [
             adapter
-            for adapter, given in zip(self._regions, (primary, secondary), strict=True)
+            for adapter, given in zip(regions, (primary, secondary), strict=True)
             if adapter is not given
         ]
-        self._stopping = asyncio.Event()
-        self._closed = False
         self._running: asyncio.Task[None] | None = None
         self._stopped = asyncio.Event()
-        self._parked: dict[str, int] = {}
-        self._handler: Handler | None = None
+
+    def _loop_for(
+        self, region: RegionReceiver, tracer_provider: TracerProvider | None
+    ) -> RegionLoop:
+        """The loop of ``region``, with its own settler and seen-set owner."""
+        settlements = Settlements(
+            region,
+            entity=self.entity,
+            stats=self.stats,
+            metrics=self._metrics,
+            ledger=self.ledger,
+            clock=self._clock,
+            tracer=trace.get_tracer("georep", None, tracer_provider),
+            tracing=TracingGate(tracer_provider, self._clock.monotonic),
+        )
+        policy = LoopPolicy(
+            concurrency=self.concurrency,
+            lease=self.lease,
+            max_wait=self.max_wait,
+            max_attempts=self.max_attempts,
+            on_store_unavailable=self.on_store_unavailable,
+            dedup_key=self.dedup_key,
+            scope_prefix=self._scope_prefix,
+        )
+        return RegionLoop(
+            settlements,
+            # One owner per region loop: the twin in the other region must not find "our"
+            # claim and process the message a second time.
+            owner=f"{self.owner}/{region.region}",
+            seen=self.seen,
+            decisions=self._decisions,
+            stats=self.stats,
+            metrics=self._metrics,
+            clock=self._clock,
+            policy=policy,
+            stopping=self._stopping,
+        )
 
     @classmethod
     def from_connection_strings(
@@ -313,19 +283,6 @@ class GeoReceiver:
 
     # ------------------------------------------------------------------- lifecycle
 
-    async def __aenter__(self) -> Self:
-        if self._closed:
-            raise ClosedError("this GeoReceiver is closed; create a new one")
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        traceback: TracebackType | None,
-    ) -> None:
-        await self.aclose()
-
     async def run(self, handler: Handler) -> None:
         """Receive and process until :meth:`aclose` (or cancellation).
 
@@ -340,15 +297,13 @@ class GeoReceiver:
         Raises:
             ClosedError: The receiver was closed.
         """
-        if self._closed:
-            raise ClosedError("this GeoReceiver is closed; create a new one")
+        self._check_open()
         if self._running is not None:
             raise RuntimeError("this GeoReceiver is already running")
-        self._handler = handler
         self._running = asyncio.current_task()
         self._stopped.clear()
         try:
-            await asyncio.gather(*(self._region_loop(region) for region in self._regions))
+            await asyncio.gather(*(loop.run(handler) for loop in self._loops))
         finally:
             self._running = None
             self._stopped.set()
@@ -356,17 +311,20 @@ class GeoReceiver:
     async def aclose(self) -> None:
         """Stop fetching, finish in-flight handlers, settle, and close owned clients.
 
-        Idempotent. Copies parked waiting for another consumer are abandoned (redelivered
-        at once rather than when their locks expire). A ledger is flushed, not closed.
+        Idempotent and shielded. Copies parked waiting for another consumer are abandoned
+        (redelivered at once rather than when their locks expire). A ledger is flushed, not
+        closed.
         """
-        if self._closed:
-            return
-        self._closed = True
+        await super().aclose()
+
+    async def _close(self) -> None:
         self._stopping.set()
         running = self._running
-        if running is not None and running is not asyncio.current_task():
+        if running is not None:
             await self._wait_for_loop(running)
-        await self._close_owned()
+        await close_all(
+            self._owned, timeout=self.close_timeout, clock=self._clock, what="region receiver"
+        )
         if self.ledger is not None:
             with contextlib.suppress(Exception):
                 await self.ledger.flush()
@@ -387,28 +345,6 @@ class GeoReceiver:
             with contextlib.suppress(Exception, asyncio.CancelledError):
                 await asyncio.shield(self._stopped.wait())
 
-    async def _receive(self, region: RegionReceiver, room: int) -> list[Any]:
-        """One receive call, bounded by georep's own deadline.
-
-        The SDK can wait forever on a link lost under it; without this bound the region's
-        loop (and :meth:`aclose`, which waits for it) would hang.
-
-        Raises:
-            RegionError: The region failed, or did not answer within ``max_wait`` plus
-                :data:`RECEIVE_GRACE` seconds (kind TIMEOUT).
-        """
-        bound = self.max_wait + RECEIVE_GRACE
-        try:
-            with self._clock.deadline(bound):
-                async with self._settlements.lock(region):
-                    return await region.receive(room, max_wait=self.max_wait)
-        except TimeoutError:
-            raise RegionUnavailableError(
-                f"{region.region}: a receive did not return within {bound:g} s",
-                region=region.region,
-                kind=ErrorKind.TIMEOUT,
-            ) from None
-
     async def peek_all(self, count: int) -> dict[str, list[Any]]:
         """Up to ``count`` messages from each region, without locking them.
 
@@ -418,11 +354,7 @@ class GeoReceiver:
         Returns:
             The peeked messages per region label.
         """
-        peeked: dict[str, list[Any]] = {}
-        for region in self._regions:
-            async with self._settlements.lock(region):
-                peeked[region.region] = await region.peek(count)
-        return peeked
+        return {loop.region.region: await loop.peek(count) for loop in self._loops}
 
     def seen_key(self, value: str) -> str:
         """The seen-set key this receiver uses for the dedup key ``value`` (its scope + it)."""
@@ -479,364 +411,6 @@ class GeoReceiver:
         """
         self._decisions.decide(message, dead_letter_decision(reason, error_description))
 
-    # ------------------------------------------------------------------- the loop
-
-    async def _region_loop(self, region: RegionReceiver) -> None:
-        parked: list[Copy] = []
-        backoff = _Backoff(self._clock)
-        while True:
-            if self._stopping.is_set():
-                await self._abandon_all(region, parked)
-                return
-            room = self.concurrency - len(parked)
-            fresh: list[Copy] = []
-            if room > 0:
-                try:
-                    messages = await self._receive(region, room)
-                except RegionError as exc:
-                    _log.warning("receive from %s failed: %s", region.region, exc)
-                    await backoff.wait(self._stopping)
-                    continue
-                backoff.reset()
-                source, name = self.dedup_key.source, self.dedup_key.name
-                now = self._clock.time()
-                fresh = [Copy(m, region.delivery(m, source, name), now) for m in messages]
-                received = self.stats.received
-                received[region.region] = received.get(region.region, 0) + len(fresh)
-                fresh = await self._settlements.complete_pings(region, fresh)
-            if not fresh and not parked:
-                continue
-            try:
-                parked = await self._turn(region, parked + fresh)
-            except _Stopping:
-                await self._abandon_all(region, parked + fresh)
-                return
-            self._parked[region.region] = len(parked)
-            self.stats.parked = sum(self._parked.values())
-
-    async def _turn(self, region: RegionReceiver, copies: list[Copy]) -> list[Copy]:
-        """Claim, process, commit and settle one turn's copies; return those still parked."""
-        checked: list[Copy] = []
-        repeats: list[Copy] = []
-        unchecked = [c for c in copies if c.delivery.key is None]
-        seen_keys: set[str] = set()
-        for copy in copies:
-            key = copy.delivery.key
-            if key is None:
-                continue
-            # Two copies of one message in one turn (a redelivery, a replayed batch): our
-            # claim is re-entrant for our own owner, so only the first is claimed; the
-            # others wait a turn and then find it done (or released, after a failure).
-            (repeats if key in seen_keys else checked).append(copy)
-            seen_keys.add(key)
-        states = await self._claim(region, checked, copies)
-        if states is None:  # store unreachable and policy "process"
-            unchecked, checked, states, repeats = copies, [], [], []
-        to_process = [c for c, s in zip(checked, states, strict=True) if s is ClaimState.CLAIMED]
-        parked = [c for c, s in zip(checked, states, strict=True) if s is ClaimState.IN_FLIGHT]
-        parked += repeats
-        self.stats.unchecked += len(unchecked)
-
-        reasons = states.reasons if isinstance(states, Claims) else {}
-        for index, (copy, state) in enumerate(zip(checked, states, strict=True)):
-            if state in FINAL_STATES:
-                await self._settlements.settle_twin(region, copy, state, reasons.get(index))
-        await self._process(region, to_process, unchecked, held=copies)
-        for copy in parked:
-            copy.parked_turns += 1
-        if parked and len(parked) == len(copies):
-            # Nothing else to do this turn: give the other holder a moment before the
-            # next claim instead of spinning on the store (receive() waits when idle, but
-            # not while copies are parked and the entity is busy).
-            await self._clock.sleep(min(0.05 * 2 ** min(parked[0].parked_turns, 5), 1.0))
-        await self._renew_parked(region, parked)
-        return parked
-
-    async def _claim(
-        self, region: RegionReceiver, checked: list[Copy], held: list[Copy]
-    ) -> list[ClaimState] | None:
-        if not checked:
-            return []
-        started = self._clock.monotonic()
-        keys = self._keys(checked)
-        backoff = _Backoff(self._clock)
-        while True:
-            try:
-                states = await self.seen.claim(
-                    keys, owner=self._owners[region.region], lease=self.lease
-                )
-                self._metrics.claim_latency(self._clock.monotonic() - started)
-                return states
-            except StoreUnavailableError as exc:
-                self.stats.store_errors += 1
-                self._metrics.store_error()
-                if self.on_store_unavailable == "process":
-                    _log.error("seen-set unreachable (%s): processing WITHOUT dedup", exc)
-                    return None
-                if self._stopping.is_set():
-                    # Closing: nothing was processed yet, so hand every copy back.
-                    raise _Stopping from exc
-                _log.error("seen-set unreachable (%s): holding %d copies, retrying", exc, len(held))
-                await backoff.wait(None)
-                await self._renew_locks(region, held)
-
-    async def _store_call(
-        self, region: RegionReceiver, held: list[Copy], call: Callable[[], Awaitable[object]]
-    ) -> bool:
-        """A commit or release, retried until the store answers (copies stay locked).
-
-        Returns False only when the receiver is closing and the store still does not
-        answer: the caller then abandons the copies (processed again later: at least once).
-        """
-        backoff = _Backoff(self._clock)
-        while True:
-            try:
-                await call()
-                return True
-            except StoreUnavailableError as exc:
-                self.stats.store_errors += 1
-                self._metrics.store_error()
-                if self.on_store_unavailable == "process":
-                    return True
-                if self._stopping.is_set():
-                    _log.error("closing with the seen-set unreachable (%s): abandoning", exc)
-                    return False
-                _log.error("seen-set unreachable (%s): settlement waits for it", exc)
-                await backoff.wait(None)
-                await self._renew_locks(region, held)
-
-    async def _process(
-        self,
-        region: RegionReceiver,
-        claimed: list[Copy],
-        unchecked: list[Copy],
-        *,
-        held: list[Copy],
-    ) -> None:
-        """Run the handler on every copy; record and settle each as soon as it finishes.
-
-        A slow handler must not hold back its turn-mates: they are recorded and settled
-        while it runs (batched with whatever else finished meanwhile), so a crash loses
-        at most the work still running.
-        """
-        copies = claimed + unchecked
-        if not copies:
-            return
-        checked = {id(c) for c in claimed}
-        finished: list[tuple[Copy, Decision]] = []
-        wake = asyncio.Event()
-        self.stats.in_flight += len(copies)
-
-        async def one(copy: Copy) -> None:
-            try:
-                finished.append((copy, await self._handle(region, copy)))
-            finally:
-                wake.set()
-
-        async def settle_as_they_finish() -> None:
-            remaining = len(copies)
-            while remaining:
-                await wake.wait()
-                wake.clear()
-                batch = finished[:]
-                del finished[:]
-                remaining -= len(batch)
-                await self._finish(region, batch, checked, held)
-
-        done = asyncio.Event()
-        renewer = asyncio.ensure_future(self._keep_alive(region, held, claimed, done))
-        try:
-            if len(copies) == 1:  # no tasks to spread over: the common case when idle-ish
-                await one(copies[0])
-                await settle_as_they_finish()
-            else:
-                await asyncio.gather(settle_as_they_finish(), *(one(copy) for copy in copies))
-        finally:
-            # Told as well as cancelled: an SDK call can swallow a cancellation (Python
-            # 3.11's asyncio.wait_for returns a result that raced it, cpython gh-86296),
-            # and the renewer would then renew for ever while this region's loop waits.
-            done.set()
-            renewer.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await renewer
-
-    async def _handle(self, region: RegionReceiver, copy: Copy) -> Decision:
-        """Run the handler on one copy; what it decided (or the default for how it ended).
-
-        No decision: complete if it returned, abandon if it raised. An abandon on the
-        copy's ``max_attempts``-th delivery becomes a dead-letter.
-        """
-        assert self._handler is not None
-        span = self._settlements.start_span("process", region, copy)
-        message = copy.message
-        error: Exception | None = None
-        self._decisions.begin(message)
-        try:
-            await self._handler(message)
-        except Exception as exc:
-            error = exc
-            span.set_status(Status(StatusCode.ERROR, type(exc).__name__))
-            _log.warning(
-                "handler failed for %s from %s (delivery %d): %r",
-                copy.delivery.key,
-                region.region,
-                copy.delivery.delivery_count,
-                exc,
-            )
-        finally:
-            decided = self._decisions.end(message)
-            span.end()
-            self.stats.in_flight -= 1
-        decision = decided or (COMPLETE if error is None else ABANDON)
-        if decision.settle is Settle.ABANDON:
-            self.stats.failed += 1
-            self._metrics.failed(region.region)
-            if copy.delivery.delivery_count >= self.max_attempts:
-                decision = max_attempts_decision(
-                    copy.delivery.delivery_count, self.max_attempts, error
-                )
-        self._settlements.count(region, decision)
-        return decision
-
-    async def _finish(
-        self,
-        region: RegionReceiver,
-        batch: list[tuple[Copy, Decision]],
-        checked: set[int],
-        held: list[Copy],
-    ) -> None:
-        """Record the batch's outcomes in the seen-set (one call per outcome), then settle.
-
-        A copy whose outcome could not be recorded (closing with the store unreachable) is
-        abandoned instead: settling it for good would hide it from its twin.
-        """
-        owner = self._owners[region.region]
-        groups: dict[ClaimState | None, list[tuple[Copy, Decision]]] = {}
-        for copy, decision in batch:
-            if id(copy) in checked:
-                groups.setdefault(decision.state, []).append((copy, decision))
-        recorded: dict[ClaimState | None, bool] = {}
-        for state, members in groups.items():
-            keys = self._keys([copy for copy, _ in members])
-            call: Callable[[], Awaitable[object]]
-            if state is None:
-                call = partial(self.seen.release, keys, owner=owner)
-            else:
-                reasons = (
-                    [d.reason for _, d in members] if state is ClaimState.DEAD_LETTERED else None
-                )
-                call = partial(self.seen.commit, keys, owner=owner, outcome=state, reasons=reasons)
-            recorded[state] = await self._store_call(region, held, call)
-        for copy, decision in batch:
-            kept = id(copy) not in checked or recorded[decision.state]
-            settled = await self._settlements.settle(region, copy, decision if kept else ABANDON)
-            # A handler that succeeded counts as processed even if its commit could not be
-            # made and the copy was abandoned: its effects happened.
-            self._settlements.record(region, copy, LEDGER_OUTCOMES[decision.settle], settled)
-
-    async def _keep_alive(
-        self,
-        region: RegionReceiver,
-        held: list[Copy],
-        processing: list[Copy],
-        done: asyncio.Event,
-    ) -> None:
-        """Until ``done``: renew every held copy's lock and our claims' leases.
-
-        Wakes at a third of the lease, or at half the time left on the soonest lock,
-        whichever comes first (a queue's lock duration can be far shorter than the lease).
-        """
-        owner = self._owners[region.region]
-        while not done.is_set():
-            now = self._clock.time()
-            lock_left = [
-                c.delivery.locked_until - now
-                for c in held
-                if not c.settled and c.delivery.locked_until is not None
-            ]
-            interval = min([self.lease / 3, 10.0, *(left / 2 for left in lock_left)])
-            await self._clock.sleep(max(interval, 0.05))
-            await self._renew_locks(region, held, margin=2 * max(interval, 0.05))
-            running = [c for c in processing if not c.settled]
-            keys = self._keys(running)
-            if not keys:
-                continue
-            try:
-                kept = await self.seen.extend(keys, owner=owner, lease=self.lease)
-            except StoreUnavailableError:
-                continue
-            for key, ok in zip(keys, kept, strict=True):
-                if not ok:
-                    _log.warning(
-                        "lost the claim on %s in %s while its handler ran: another consumer "
-                        "may process it too (raise lease= above the handler's run time)",
-                        key,
-                        region.region,
-                    )
-
-    async def _renew_locks(
-        self, region: RegionReceiver, copies: Sequence[Copy], margin: float | None = None
-    ) -> None:
-        """Renew the locks that expire within ``margin`` seconds (default: half a lease)."""
-        margin = self.lease / 2 if margin is None else margin
-        now = self._clock.time()
-        for copy in copies:
-            if copy.settled:
-                continue
-            locked_until = copy.delivery.locked_until
-            if locked_until is not None and locked_until - now > margin:
-                continue
-            try:
-                async with self._settlements.lock(region):
-                    new_expiry = await region.renew_lock(copy.message)
-            except RegionError as exc:
-                _log.warning("could not renew a lock in %s: %s", region.region, exc)
-                continue
-            copy.delivery = dataclasses.replace(copy.delivery, locked_until=new_expiry)
-
-    async def _renew_parked(self, region: RegionReceiver, parked: list[Copy]) -> None:
-        if parked:
-            await self._renew_locks(region, parked)
-
-    def _keys(self, copies: Sequence[Copy]) -> list[str]:
-        """The seen-set keys of ``copies`` (those with a dedup key), in this scope."""
-        prefix = self._scope_prefix
-        return [prefix + c.delivery.key for c in copies if c.delivery.key is not None]
-
-    async def _close_owned(self) -> None:
-        """Close the regions' clients this receiver created, concurrently, within
-        ``close_timeout`` (each SDK close waits for its links to detach)."""
-        if not self._owned:
-            return
-
-        async def close(region: Any) -> None:
-            try:
-                await region.close()
-            except Exception as exc:
-                _log.warning("closing the %s receiver failed: %r", region.region, exc)
-
-        tasks = [asyncio.ensure_future(close(region)) for region in self._owned]
-        try:
-            with self._clock.deadline(self.close_timeout):
-                await asyncio.gather(*tasks)
-        except TimeoutError:
-            # The deadline cancelled the closes still running (gather cancels its children).
-            _log.warning(
-                "%d region receiver(s) did not close within %g s; gave up on them",
-                sum(1 for task in tasks if task.cancelled()),
-                self.close_timeout,
-            )
-            await asyncio.gather(*tasks, return_exceptions=True)
-
-    async def _abandon_all(self, region: RegionReceiver, copies: list[Copy]) -> None:
-        for copy in copies:
-            with contextlib.suppress(RegionError):
-                await region.abandon(copy.message)
-
-
-class _Stopping(Exception):
-    """Closing while the seen-set is unreachable: the turn's copies are handed back."""
-
 
 def _dedup_scope(regions: Sequence[RegionReceiver], override: str | None) -> str:
     """The seen-set scope: ``override``, or the entity path both regions read (lower case).
@@ -863,22 +437,12 @@ def _dedup_scope(regions: Sequence[RegionReceiver], override: str | None) -> str
     return next(iter(paths.values()))
 
 
-class _Backoff:
-    """Exponential waits, 0.1 s doubling to 5 s, on the injected clock."""
-
-    def __init__(self, clock: Clock) -> None:
-        self._clock = clock
-        self._attempts = 0
-
-    def reset(self) -> None:
-        self._attempts = 0
-
-    async def wait(self, stopping: asyncio.Event | None) -> None:
-        delay = min(0.1 * 2**self._attempts, 5.0)
-        self._attempts += 1
-        if stopping is not None and stopping.is_set():
-            return
-        await self._clock.sleep(delay)
+def _store_policy(value: str) -> StorePolicy:
+    if value not in ("pause", "process"):
+        raise ConfigurationError(
+            f"on_store_unavailable must be 'pause' or 'process', not {value!r}"
+        )
+    return cast(StorePolicy, value)
 
 
 class ReceiverHandler:
@@ -966,9 +530,48 @@ def receiver(
         await handle.run()
     """
 
-    def factory() -> GeoReceiver:
+    names = (queue_name, topic_name, subscription_name)
+    return receiver_decorator(
+        GeoReceiver, ReceiverHandler, primary, secondary, seen, names, options
+    )
+
+
+_R = TypeVar("_R")
+_H = TypeVar("_H")
+
+
+def receiver_decorator(
+    geo_receiver: Any,
+    handler_class: Callable[[Any, Callable[[], _R]], _H],
+    primary: Any,
+    secondary: Any,
+    seen: Any,
+    names: tuple[str | None, str | None, str | None],
+    options: dict[str, Any],
+) -> Callable[[Any], _H]:
+    """The decorator ``@receiver(...)`` returns, async (:func:`receiver`) or blocking
+    (:func:`georep.sync.receiver`).
+
+    Its handler object builds the receiver when run: from connection strings through
+    ``geo_receiver.from_connection_strings``, from anything else through its constructor.
+
+    Args:
+        geo_receiver: The GeoReceiver class (:class:`GeoReceiver`, or the blocking one).
+        handler_class: What wraps the decorated function (given it and the factory).
+        primary: The primary region's receiver or connection string.
+        secondary: The secondary region's receiver or connection string.
+        seen: The shared seen-set.
+        names: With connection strings: the queue, topic and subscription names (as
+            ``from_connection_strings`` takes them; None where not given).
+        options: Other keyword arguments of ``geo_receiver``.
+    """
+
+    queue_name, topic_name, subscription_name = names
+
+    def factory() -> _R:
+        built: _R
         if isinstance(primary, str) and isinstance(secondary, str):
-            return GeoReceiver.from_connection_strings(
+            built = geo_receiver.from_connection_strings(
                 primary,
                 secondary,
                 queue_name=queue_name,
@@ -977,9 +580,11 @@ def receiver(
                 seen=seen,
                 **options,
             )
-        return GeoReceiver(primary, secondary, seen=seen, **options)
+        else:
+            built = geo_receiver(primary, secondary, seen=seen, **options)
+        return built
 
-    def decorate(function: Handler) -> ReceiverHandler:
-        return ReceiverHandler(function, factory)
+    def decorate(function: Any) -> _H:
+        return handler_class(function, factory)
 
     return decorate

@@ -1,7 +1,8 @@
 """How a GeoReceiver settles a copy: at the broker, in its stats, metrics, spans and ledger.
 
-One :class:`Settlements` per GeoReceiver. The receiver decides (claim states, the
-handler's decisions); this applies a decision to one copy and accounts for it.
+One :class:`Settlements` per region of a GeoReceiver (its region loop's settler). The
+receiver decides (claim states, the handler's decisions); this applies a decision to one
+copy and accounts for it.
 """
 
 from __future__ import annotations
@@ -50,9 +51,10 @@ class Copy:
 
 
 class Settlements:
-    """Settles copies for one GeoReceiver and accounts for them.
+    """Settles one region's copies for a GeoReceiver and accounts for them.
 
     Args:
+        region: The region whose copies this settles.
         entity: The receiver's entity path (spans, ledger rows).
         stats: The receiver's :class:`georep.ReceiverStats` (updated in place).
         metrics: The receiver's metrics.
@@ -64,6 +66,7 @@ class Settlements:
 
     def __init__(
         self,
+        region: RegionReceiver,
         *,
         entity: str,
         stats: Any,
@@ -73,6 +76,10 @@ class Settlements:
         tracer: trace.Tracer,
         tracing: Callable[[], bool],
     ) -> None:
+        self.region = region
+        self.lock = asyncio.Lock()
+        """Held for every call on the region's receiver: settlements and lock renewals may
+        overlap within a turn, and the SDK's receiver takes one call at a time."""
         self._entity = entity
         self._stats = stats
         self._metrics = metrics
@@ -80,17 +87,8 @@ class Settlements:
         self._clock = clock
         self._tracer = tracer
         self._tracing = tracing
-        self._locks: dict[str, asyncio.Lock] = {}
 
-    def lock(self, region: RegionReceiver) -> asyncio.Lock:
-        """Settlements and lock renewals may overlap within a turn; the SDK's receiver
-        takes one call at a time."""
-        lock = self._locks.get(region.region)
-        if lock is None:
-            lock = self._locks[region.region] = asyncio.Lock()
-        return lock
-
-    def start_span(self, operation: str, region: RegionReceiver, copy: Copy) -> trace.Span:
+    def start_span(self, operation: str, copy: Copy) -> trace.Span:
         if not self._tracing():
             return INVALID_SPAN
         links = []
@@ -108,23 +106,22 @@ class Settlements:
                 "messaging.system": "servicebus",
                 "messaging.destination.name": self._entity,
                 "messaging.operation.type": operation,
-                "georep.region": region.region,
+                "georep.region": self.region.region,
                 "georep.duplicate": False,
                 "messaging.message.delivery_count": copy.delivery.delivery_count,
             },
         )
 
-    async def settle(
-        self, region: RegionReceiver, copy: Copy, decision: Decision, *, duplicate: bool = False
-    ) -> bool:
+    async def settle(self, copy: Copy, decision: Decision, *, duplicate: bool = False) -> bool:
         """Settle ``copy`` as decided; False when the broker did not take the settlement."""
-        span = self.start_span("settle", region, copy)
+        region = self.region
+        span = self.start_span("settle", copy)
         span.set_attribute("georep.duplicate", duplicate)
         span.set_attribute("messaging.operation.name", decision.settle.value)
         copy.settled = True
         message = copy.message
         try:
-            async with self.lock(region):
+            async with self.lock:
                 if decision.settle is Settle.COMPLETE:
                     await region.complete(message)
                 elif decision.settle is Settle.ABANDON:
@@ -142,7 +139,7 @@ class Settlements:
             span.end()
         return True
 
-    def record(self, region: RegionReceiver, copy: Copy, outcome: str, settled: bool) -> None:
+    def record(self, copy: Copy, outcome: str, settled: bool) -> None:
         ledger = self._ledger
         if ledger is None:
             return
@@ -151,7 +148,7 @@ class Settlements:
             ReceiveRecord(
                 message_id=delivery.key or "",
                 entity=self._entity,
-                region=region.region,
+                region=self.region.region,
                 outcome=outcome,
                 delivery_count=delivery.delivery_count,
                 enqueued_at=delivery.enqueued_at,
@@ -160,39 +157,39 @@ class Settlements:
             )
         )
 
-    def count(self, region: RegionReceiver, decision: Decision) -> None:
+    def count(self, decision: Decision) -> None:
+        label = self.region.region
         if decision.settle is Settle.COMPLETE:
             self._stats.processed += 1
-            self._metrics.processed(region.region)
+            self._metrics.copy("processed", label)
         elif decision.settle is Settle.DEAD_LETTER:
             self._stats.dead_lettered += 1
-            self._metrics.dead_lettered(region.region)
+            self._metrics.copy("dead_lettered", label)
         elif decision.settle is Settle.DEFER:
             self._stats.deferred += 1
-            self._metrics.deferred(region.region)
+            self._metrics.copy("deferred", label)
 
-    async def complete_pings(self, region: RegionReceiver, copies: list[Copy]) -> list[Copy]:
+    async def complete_pings(self, copies: list[Copy]) -> list[Copy]:
         """Complete the paired namespaces' pings (never a handler's business); the rest."""
         pings = [c for c in copies if c.delivery.content_type == PING_CONTENT_TYPE]
         if not pings:
             return copies
         for copy in pings:
-            await self.settle(region, copy, COMPLETE, duplicate=False)
+            await self.settle(copy, COMPLETE, duplicate=False)
         self._stats.pings += len(pings)
         return [c for c in copies if c.delivery.content_type != PING_CONTENT_TYPE]
 
-    async def settle_twin(
-        self, region: RegionReceiver, copy: Copy, state: ClaimState, reason: str | None
-    ) -> None:
+    async def settle_twin(self, copy: Copy, state: ClaimState, reason: str | None) -> None:
         """Give a copy the outcome its twin (or an earlier copy) already got; no handler."""
         decision = twin_reason(state, reason)
         if decision.settle is Settle.COMPLETE:
+            label = self.region.region
             suppressed = self._stats.suppressed
-            suppressed[region.region] = suppressed.get(region.region, 0) + 1
-            self._metrics.suppressed(region.region)
+            suppressed[label] = suppressed.get(label, 0) + 1
+            self._metrics.copy("suppressed", label)
             outcome = "suppressed"
         else:
-            self.count(region, decision)
+            self.count(decision)
             outcome = LEDGER_OUTCOMES[decision.settle]
-        settled = await self.settle(region, copy, decision, duplicate=True)
-        self.record(region, copy, outcome, settled)
+        settled = await self.settle(copy, decision, duplicate=True)
+        self.record(copy, outcome, settled)

@@ -9,8 +9,8 @@ from __future__ import annotations
 import threading
 import time
 import weakref
-from collections.abc import Callable, Iterable
-from typing import Any, Generic, TypeVar
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any, Final, Generic, NamedTuple, TypeVar
 
 from opentelemetry import metrics, trace
 from opentelemetry.metrics import CallbackOptions, Observation
@@ -18,6 +18,7 @@ from opentelemetry.trace import Span
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
 __all__ = [
+    "InstrumentSpec",
     "Instruments",
     "LiveGauge",
     "ReceiverMetrics",
@@ -27,6 +28,7 @@ __all__ = [
 ]
 
 _O = TypeVar("_O")
+_K = TypeVar("_K")
 
 _INSTRUMENTATION = "georep"
 _propagator = TraceContextTextMapPropagator()
@@ -70,6 +72,14 @@ class TracingGate:
         return self._on
 
 
+class InstrumentSpec(NamedTuple):
+    """One instrument as docs/telemetry.md lists it."""
+
+    name: str
+    unit: str
+    description: str
+
+
 class Instruments:
     """The instruments of one meter provider, created once per process.
 
@@ -108,23 +118,26 @@ class Instruments:
 
     def counter(self, name: str, *, unit: str, description: str) -> metrics.Counter:
         """The counter ``name``, created on first use."""
-        with self._lock:
-            if name not in self._made:
-                self._made[name] = self._meter.create_counter(
-                    name, unit=unit, description=description
-                )
-            counter: metrics.Counter = self._made[name]
-            return counter
+        made: metrics.Counter = self._once(name, self._meter.create_counter, unit, description)
+        return made
+
+    def counters(self, specs: Mapping[_K, InstrumentSpec]) -> dict[_K, metrics.Counter]:
+        """The counters of ``specs``, by the same keys (each created on first use)."""
+        return {
+            key: self.counter(spec.name, unit=spec.unit, description=spec.description)
+            for key, spec in specs.items()
+        }
 
     def histogram(self, name: str, *, unit: str, description: str) -> metrics.Histogram:
         """The histogram ``name``, created on first use."""
+        made: metrics.Histogram = self._once(name, self._meter.create_histogram, unit, description)
+        return made
+
+    def _once(self, name: str, create: Callable[..., Any], unit: str, description: str) -> Any:
         with self._lock:
             if name not in self._made:
-                self._made[name] = self._meter.create_histogram(
-                    name, unit=unit, description=description
-                )
-            histogram: metrics.Histogram = self._made[name]
-            return histogram
+                self._made[name] = create(name, unit=unit, description=description)
+            return self._made[name]
 
     def gauge(
         self,
@@ -211,6 +224,24 @@ class LiveGauge(Generic[_O]):
         return [Observation(self._combine(v), dict(k)) for k, v in values.items()]
 
 
+SENDER_COUNTERS: Final = {
+    "messages": InstrumentSpec(
+        "georep.messages.sent",
+        "{message}",
+        "Messages handed to a region, by region and outcome (accepted, failed, queued).",
+    ),
+    "failovers": InstrumentSpec(
+        "georep.failovers",
+        "{failover}",
+        "Sends that went to the backup region after the active one failed.",
+    ),
+    "role_swaps": InstrumentSpec(
+        "georep.role_swaps", "{swap}", "Times the active and backup regions swapped roles."
+    ),
+}
+"""The sender's counters."""
+
+
 class SenderTelemetry:
     """The instruments one :class:`georep.GeoSender` records into."""
 
@@ -250,22 +281,7 @@ class SenderTelemetry:
             "messaging.operation.type": "send",
             **self._base,
         }
-        self._messages = meter.counter(
-            "georep.messages.sent",
-            unit="{message}",
-            description="Messages handed to a region, by region and outcome "
-            "(accepted, failed, queued).",
-        )
-        self._failovers = meter.counter(
-            "georep.failovers",
-            unit="{failover}",
-            description="Sends that went to the backup region after the active one failed.",
-        )
-        self._role_swaps = meter.counter(
-            "georep.role_swaps",
-            unit="{swap}",
-            description="Times the active and backup regions swapped roles.",
-        )
+        self._counters = meter.counters(SENDER_COUNTERS)
         self._duration = meter.histogram(
             "georep.send.duration",
             unit="s",
@@ -291,13 +307,15 @@ class SenderTelemetry:
         return attributes
 
     def messages(self, count: int, region: str, outcome: str) -> None:
-        self._messages.add(count, self._attributes(region, outcome))
+        self._counters["messages"].add(count, self._attributes(region, outcome))
 
     def failover(self, from_region: str, to_region: str) -> None:
-        self._failovers.add(1, {**self._base, "georep.from": from_region, "georep.to": to_region})
+        self._counters["failovers"].add(
+            1, {**self._base, "georep.from": from_region, "georep.to": to_region}
+        )
 
     def role_swap(self, new_active: str) -> None:
-        self._role_swaps.add(1, {**self._base, "georep.region": new_active})
+        self._counters["role_swaps"].add(1, {**self._base, "georep.region": new_active})
 
     def duration(self, seconds: float, outcome: str) -> None:
         self._duration.record(seconds, self._attributes("all", outcome))
@@ -305,6 +323,40 @@ class SenderTelemetry:
     def close(self) -> None:
         """Drop this sender from the outbox-depth gauge (idempotent)."""
         self._depth_gauge.remove(self._depth_handle)
+
+
+RECEIVER_COUNTERS: Final = {
+    "processed": InstrumentSpec(
+        "georep.messages.processed",
+        "{message}",
+        "Logical messages whose handler succeeded, by the region of the copy.",
+    ),
+    "suppressed": InstrumentSpec(
+        "georep.messages.suppressed",
+        "{message}",
+        "Duplicate copies settled without calling the handler, by region.",
+    ),
+    "failed": InstrumentSpec(
+        "georep.messages.failed",
+        "{message}",
+        "Handler failures (copy abandoned, redelivered later).",
+    ),
+    "dead_lettered": InstrumentSpec(
+        "georep.messages.dead_lettered",
+        "{message}",
+        "Copies dead-lettered (by the handler, after max_attempts, or as the twin of a "
+        "dead-lettered copy), by region.",
+    ),
+    "deferred": InstrumentSpec(
+        "georep.messages.deferred",
+        "{message}",
+        "Copies deferred (by the handler, or as the twin of a deferred copy).",
+    ),
+    "store_errors": InstrumentSpec(
+        "georep.seen.errors", "{error}", "Seen-set calls that failed (store unreachable)."
+    ),
+}
+"""The receiver's counters; every key but ``store_errors`` counts copies by region."""
 
 
 class ReceiverMetrics:
@@ -330,43 +382,12 @@ class ReceiverMetrics:
         meter = Instruments.of(meter_provider)
         self._base = {"messaging.destination.name": entity}
         self._by_region: dict[str, dict[str, str]] = {}
-        self._processed = meter.counter(
-            "georep.messages.processed",
-            unit="{message}",
-            description="Logical messages whose handler succeeded, by the region of the copy.",
-        )
-        self._suppressed = meter.counter(
-            "georep.messages.suppressed",
-            unit="{message}",
-            description="Duplicate copies settled without calling the handler, by region.",
-        )
-        self._failed = meter.counter(
-            "georep.messages.failed",
-            unit="{message}",
-            description="Handler failures (copy abandoned, redelivered later).",
-        )
-        self._dead_lettered = meter.counter(
-            "georep.messages.dead_lettered",
-            unit="{message}",
-            description="Copies dead-lettered (by the handler, after max_attempts, or as the "
-            "twin of a dead-lettered copy), by region.",
-        )
-        self._deferred = meter.counter(
-            "georep.messages.deferred",
-            unit="{message}",
-            description="Copies deferred (by the handler, or as the twin of a deferred copy).",
-        )
-        self._store_errors = meter.counter(
-            "georep.seen.errors",
-            unit="{error}",
-            description="Seen-set calls that failed (store unreachable).",
-        )
+        self._counters = meter.counters(RECEIVER_COUNTERS)
         self._claim_latency = meter.histogram(
             "georep.seen.claim.duration",
             unit="s",
             description="Duration of one batched claim round trip to the seen-set.",
         )
-
         self._parked_gauge = meter.gauge(
             "georep.messages.parked",
             unit="{message}",
@@ -380,23 +401,13 @@ class ReceiverMetrics:
             attributes = self._by_region[region] = {**self._base, "georep.region": region}
         return attributes
 
-    def processed(self, region: str) -> None:
-        self._processed.add(1, self._region(region))
-
-    def suppressed(self, region: str) -> None:
-        self._suppressed.add(1, self._region(region))
-
-    def failed(self, region: str) -> None:
-        self._failed.add(1, self._region(region))
-
-    def dead_lettered(self, region: str) -> None:
-        self._dead_lettered.add(1, self._region(region))
-
-    def deferred(self, region: str) -> None:
-        self._deferred.add(1, self._region(region))
+    def copy(self, outcome: str, region: str) -> None:
+        """Count one copy of ``region`` as ``outcome`` (a key of :data:`RECEIVER_COUNTERS`:
+        processed, suppressed, failed, dead_lettered, deferred)."""
+        self._counters[outcome].add(1, self._region(region))
 
     def store_error(self) -> None:
-        self._store_errors.add(1, self._base)
+        self._counters["store_errors"].add(1, self._base)
 
     def claim_latency(self, seconds: float) -> None:
         self._claim_latency.record(seconds, self._base)

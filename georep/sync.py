@@ -502,23 +502,10 @@ def receiver(
         handle.run()
     """
 
-    def factory() -> GeoReceiver:
-        if isinstance(primary, str) and isinstance(secondary, str):
-            return GeoReceiver.from_connection_strings(
-                primary,
-                secondary,
-                queue_name=queue_name,
-                topic_name=topic_name,
-                subscription_name=subscription_name,
-                seen=seen,
-                **options,
-            )
-        return GeoReceiver(primary, secondary, seen=seen, **options)
-
-    def decorate(function: SyncHandler) -> ReceiverHandler:
-        return ReceiverHandler(function, factory)
-
-    return decorate
+    names = (queue_name, topic_name, subscription_name)
+    return _receiver.receiver_decorator(
+        GeoReceiver, ReceiverHandler, primary, secondary, seen, names, options
+    )
 
 
 class PairedSender(_Blocking):

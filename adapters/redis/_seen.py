@@ -24,9 +24,10 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import NoScriptError, RedisError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
+from georep._lifecycle import AsyncResource
 from georep._outcomes import check_commit
 from georep._policy import positive_seconds
-from georep.exceptions import ClosedError, StoreUnavailableError
+from georep.exceptions import StoreUnavailableError
 from georep.ports import Claims, ClaimState
 
 __all__ = ["RedisSeenSet"]
@@ -105,16 +106,16 @@ def _milliseconds(value: float) -> int:
     return max(1, math.ceil(value * 1000))
 
 
-class RedisSeenSet:
+class RedisSeenSet(AsyncResource):
     """A :class:`georep.ports.SeenStore` on Redis, shared by every receiver process.
 
+    Build it with :meth:`from_url` (the store creates its client and closes it), or give
+    the constructor a ``redis.asyncio.Redis`` client (borrowed: used as configured, never
+    closed by the store), as redis-py's ``from_url`` versus its constructor.
+
     Args:
-        url_or_client: A ``redis://``, ``rediss://`` or ``unix://`` URL, or a
-            ``redis.asyncio.Redis`` client. From a URL the store creates its own client
-            (with ``operation_timeout`` as socket and connect timeout, one immediate
-            reconnect, no backoff) and closes it in :meth:`aclose`; a client passed in is
-            used as configured and never closed by the store (as redis-py's ``from_url``
-            versus its constructor).
+        url_or_client: A ``redis.asyncio.Redis`` client (borrowed), or a URL (as
+            :meth:`from_url`: the store owns the client it creates).
         group: Receivers that deduplicate against each other share a group. Default
             ``"default"``.
         prefix: Prepended to every key: ``f"{prefix}{group}:{key}"``. Default
@@ -160,21 +161,42 @@ class RedisSeenSet:
         else:
             self._redis = url_or_client
         self._script = self._redis.register_script(_SCRIPT)
-        self._closed = False
-        self._close_task: asyncio.Future[None] | None = None
         self.round_trips = 0
+
+    @classmethod
+    def from_url(
+        cls,
+        url: str,
+        *,
+        group: str = "default",
+        prefix: str = "georep:seen:",
+        window: float | timedelta = DEFAULT_WINDOW,
+        operation_timeout: float = DEFAULT_OPERATION_TIMEOUT,
+    ) -> RedisSeenSet:
+        """A store on its own client for ``url``, closed by :meth:`aclose`.
+
+        The client takes ``operation_timeout`` as socket and connect timeout and makes one
+        immediate reconnect, no backoff (a longer wait would only delay the
+        StoreUnavailableError receivers pause on).
+
+        Args:
+            url: A ``redis://``, ``rediss://`` or ``unix://`` URL.
+            group: As the constructor.
+            prefix: As the constructor.
+            window: As the constructor.
+            operation_timeout: As the constructor.
+
+        Raises:
+            ConfigurationError: ``window`` or ``operation_timeout`` is not positive.
+        """
+        return cls(
+            url, group=group, prefix=prefix, window=window, operation_timeout=operation_timeout
+        )
 
     @property
     def window(self) -> float:
         """Seconds a committed key stays done."""
         return self._window_ms / 1000
-
-    async def __aenter__(self) -> RedisSeenSet:
-        self._ensure_open()
-        return self
-
-    async def __aexit__(self, *exc_info: object) -> None:
-        await self.aclose()
 
     async def claim(self, keys: Sequence[str], *, owner: str, lease: float) -> list[ClaimState]:
         """Claim each key for ``owner`` for ``lease`` seconds; their states in key order.
@@ -240,18 +262,11 @@ class RedisSeenSet:
 
     async def aclose(self) -> None:
         """Close the client if the store created it (from a URL); idempotent and shielded."""
-        self._closed = True
-        if self._close_task is None:
-            self._close_task = asyncio.ensure_future(self._close())
-        await asyncio.shield(self._close_task)
+        await super().aclose()
 
     async def _close(self) -> None:
         if self._owns_client:
             await self._redis.aclose()
-
-    def _ensure_open(self) -> None:
-        if self._closed:
-            raise ClosedError("redis seen set is closed; create a new RedisSeenSet")
 
     async def _run(
         self,
@@ -265,7 +280,7 @@ class RedisSeenSet:
 
         ``values`` (commit only) is one more argument per key: the value to store.
         """
-        self._ensure_open()
+        self._check_open()
         if not keys:
             return []
         prefix = self._key_prefix

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Final, NamedTuple
 
 import azure.servicebus
 import azure.servicebus.aio
@@ -15,6 +15,52 @@ from ._sender import ServiceBusRegionSender
 from ._sync import SyncServiceBusRegionReceiver, SyncServiceBusRegionSender
 
 __all__ = ["region_receiver_for", "region_sender_for"]
+
+
+class _Adapters(NamedTuple):
+    """The adapters of one SDK role: which SDK classes map to which adapter."""
+
+    role: str
+    port: type
+    by_sdk_class: tuple[tuple[type, Any], ...]
+    hint: str
+
+
+_SENDER: Final = _Adapters(
+    "sender",
+    RegionSender,
+    (
+        (azure.servicebus.aio.ServiceBusSender, ServiceBusRegionSender),
+        (azure.servicebus.ServiceBusSender, SyncServiceBusRegionSender),
+    ),
+    "(client.get_queue_sender(...) / get_topic_sender(...)) or a georep.ports.RegionSender",
+)
+_RECEIVER: Final = _Adapters(
+    "receiver",
+    RegionReceiver,
+    (
+        (azure.servicebus.aio.ServiceBusReceiver, ServiceBusRegionReceiver),
+        (azure.servicebus.ServiceBusReceiver, SyncServiceBusRegionReceiver),
+    ),
+    "(client.get_queue_receiver(...) / get_subscription_receiver(...)) or a "
+    "georep.ports.RegionReceiver",
+)
+
+
+def _adapter_for(adapters: _Adapters, sdk_object: Any, region: str) -> Any:
+    """``sdk_object`` as a port: itself if it is one, else its adapter (async SDK objects
+    run on the loop, sync ones on a worker thread each)."""
+    if isinstance(sdk_object, adapters.port):
+        return sdk_object
+    for sdk_class, adapter in adapters.by_sdk_class:
+        if isinstance(sdk_object, sdk_class):
+            return adapter(sdk_object, region=region)
+    role = adapters.role
+    raise ConfigurationError(
+        f"the {region} {role} is a {type(sdk_object).__name__}: pass an "
+        f"azure.servicebus.ServiceBus{role.title()}, an "
+        f"azure.servicebus.aio.ServiceBus{role.title()} {adapters.hint}"
+    )
 
 
 def region_sender_for(sdk_sender: Any, *, region: str) -> RegionSender:
@@ -31,17 +77,8 @@ def region_sender_for(sdk_sender: Any, *, region: str) -> RegionSender:
     Raises:
         ConfigurationError: ``sdk_sender`` is none of these.
     """
-    if isinstance(sdk_sender, RegionSender):
-        return sdk_sender
-    if isinstance(sdk_sender, azure.servicebus.aio.ServiceBusSender):
-        return ServiceBusRegionSender(sdk_sender, region=region)
-    if isinstance(sdk_sender, azure.servicebus.ServiceBusSender):
-        return SyncServiceBusRegionSender(sdk_sender, region=region)
-    raise ConfigurationError(
-        f"the {region} sender is a {type(sdk_sender).__name__}: pass an "
-        "azure.servicebus.ServiceBusSender, an azure.servicebus.aio.ServiceBusSender "
-        "(client.get_queue_sender(...) / get_topic_sender(...)) or a georep.ports.RegionSender"
-    )
+    sender: RegionSender = _adapter_for(_SENDER, sdk_sender, region)
+    return sender
 
 
 def region_receiver_for(sdk_receiver: Any, *, region: str) -> RegionReceiver:
@@ -55,15 +92,5 @@ def region_receiver_for(sdk_receiver: Any, *, region: str) -> RegionReceiver:
         ConfigurationError: ``sdk_receiver`` is none of the SDK receivers nor a
             RegionReceiver, or it is in RECEIVE_AND_DELETE mode.
     """
-    if isinstance(sdk_receiver, RegionReceiver):
-        return sdk_receiver
-    if isinstance(sdk_receiver, azure.servicebus.aio.ServiceBusReceiver):
-        return ServiceBusRegionReceiver(sdk_receiver, region=region)
-    if isinstance(sdk_receiver, azure.servicebus.ServiceBusReceiver):
-        return SyncServiceBusRegionReceiver(sdk_receiver, region=region)
-    raise ConfigurationError(
-        f"the {region} receiver is a {type(sdk_receiver).__name__}: pass an "
-        "azure.servicebus.ServiceBusReceiver, an azure.servicebus.aio.ServiceBusReceiver "
-        "(client.get_queue_receiver(...) / get_subscription_receiver(...)) or a "
-        "georep.ports.RegionReceiver"
-    )
+    receiver: RegionReceiver = _adapter_for(_RECEIVER, sdk_receiver, region)
+    return receiver

@@ -5,13 +5,13 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
+from georep._lifecycle import AsyncResource
 from georep._outbox import (
     OutboxRecord,
     check_claim_arguments,
     check_outbox_bounds,
     outbox_full_error,
 )
-from georep.exceptions import ClosedError
 from georep.ports import OutboxEntry
 
 __all__ = ["InMemoryOutbox"]
@@ -28,7 +28,7 @@ class _StoredEntry:
     dead_at: float | None = None
 
 
-class InMemoryOutbox:
+class InMemoryOutbox(AsyncResource):
     """Behaves like :class:`georep.SqliteOutbox` (bounds, leases, errors) but lives in a dict.
 
     Args:
@@ -48,19 +48,11 @@ class InMemoryOutbox:
         self._dead: dict[int, _StoredEntry] = {}
         self._payload_bytes = 0
         self._next_entry_id = 1
-        self._closed = False
 
     @property
     def last_known_depth(self) -> int:
         """Total entries stored (always current: nothing else writes this store)."""
         return len(self._stored)
-
-    async def __aenter__(self) -> InMemoryOutbox:
-        self._ensure_open()
-        return self
-
-    async def __aexit__(self, *exc_info: object) -> None:
-        await self.aclose()
 
     async def put(
         self, channel: str, items: Sequence[tuple[str | None, bytes]], *, now: float
@@ -72,7 +64,7 @@ class InMemoryOutbox:
                 none is stored.
             ClosedError: The outbox was closed.
         """
-        self._ensure_open()
+        self._check_open()
         payloads = [(region, bytes(payload)) for region, payload in items]
         self._check_room(len(payloads), sum(len(payload) for _, payload in payloads))
         entry_ids: list[int] = []
@@ -118,7 +110,7 @@ class InMemoryOutbox:
             ConfigurationError: ``limit`` is below 1 or ``lease`` is not positive.
             ClosedError: The outbox was closed.
         """
-        self._ensure_open()
+        self._check_open()
         check_claim_arguments(limit=limit, lease=lease)
         claimed: list[OutboxEntry] = []
         for stored in self._stored.values():
@@ -142,7 +134,7 @@ class InMemoryOutbox:
         Raises:
             ClosedError: The outbox was closed.
         """
-        self._ensure_open()
+        self._check_open()
         held: list[int] = []
         for entry_id in entry_ids:
             stored = self._stored.get(entry_id)
@@ -157,7 +149,7 @@ class InMemoryOutbox:
         Raises:
             ClosedError: The outbox was closed.
         """
-        self._ensure_open()
+        self._check_open()
         for stored in self._held(entry_ids, owner):
             stored.leased_until = 0.0
             stored.leased_by = None
@@ -168,7 +160,7 @@ class InMemoryOutbox:
         Raises:
             ClosedError: The outbox was closed.
         """
-        self._ensure_open()
+        self._check_open()
         for entry_id in entry_ids:
             stored = self._stored.pop(entry_id, None)
             if stored is not None:
@@ -182,7 +174,7 @@ class InMemoryOutbox:
         Raises:
             ClosedError: The outbox was closed.
         """
-        self._ensure_open()
+        self._check_open()
         for stored in self._held(entry_ids, owner):
             stored.entry = replace(stored.entry, attempts=stored.entry.attempts + 1)
             stored.leased_until = 0.0
@@ -199,7 +191,7 @@ class InMemoryOutbox:
         Raises:
             ClosedError: The outbox was closed.
         """
-        self._ensure_open()
+        self._check_open()
         for entry_id, reason in entries:
             stored = self._stored.pop(entry_id, None)
             if stored is None:
@@ -215,7 +207,7 @@ class InMemoryOutbox:
 
     async def records(self, *, dead: bool, limit: int = 1000) -> list[OutboxRecord]:
         """Stored entries without payloads, oldest first (as :class:`georep.SqliteOutbox`)."""
-        self._ensure_open()
+        self._check_open()
         source = self._dead if dead else self._stored
         return [
             OutboxRecord(
@@ -234,7 +226,7 @@ class InMemoryOutbox:
 
     async def dead_depth(self) -> int:
         """Dead-lettered entries."""
-        self._ensure_open()
+        self._check_open()
         return len(self._dead)
 
     async def replay(self, entry_ids: Sequence[int] | None = None, *, now: float) -> int:
@@ -244,7 +236,7 @@ class InMemoryOutbox:
             OutboxFullError: The queue has no room for them; none is moved.
             ClosedError: The outbox was closed.
         """
-        self._ensure_open()
+        self._check_open()
         ids = sorted(self._dead if entry_ids is None else set(entry_ids) & set(self._dead))
         self._check_room(len(ids), sum(len(self._dead[i].entry.payload) for i in ids))
         for entry_id in ids:
@@ -257,7 +249,7 @@ class InMemoryOutbox:
 
     async def purge(self, entry_ids: Sequence[int] | None = None) -> int:
         """Delete dead-lettered entries for good; return how many."""
-        self._ensure_open()
+        self._check_open()
         ids = list(self._dead) if entry_ids is None else [i for i in entry_ids if i in self._dead]
         for entry_id in ids:
             del self._dead[entry_id]
@@ -269,18 +261,13 @@ class InMemoryOutbox:
         Raises:
             ClosedError: The outbox was closed.
         """
-        self._ensure_open()
+        self._check_open()
         if channel is None:
             return len(self._stored)
         return sum(1 for stored in self._stored.values() if stored.entry.channel == channel)
 
-    async def aclose(self) -> None:
-        """Mark the outbox closed (its entries are dropped); idempotent."""
-        self._closed = True
+    async def _close(self) -> None:
+        # The entries are dropped, as a file nobody opens again.
         self._stored.clear()
         self._dead.clear()
         self._payload_bytes = 0
-
-    def _ensure_open(self) -> None:
-        if self._closed:
-            raise ClosedError("in-memory outbox is closed; create a new InMemoryOutbox")

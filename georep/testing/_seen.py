@@ -7,9 +7,10 @@ from dataclasses import dataclass
 from datetime import timedelta
 
 from georep._clock import SystemClock
+from georep._lifecycle import AsyncResource
 from georep._outcomes import check_commit
 from georep._policy import positive_seconds
-from georep.exceptions import ClosedError, StoreUnavailableError
+from georep.exceptions import StoreUnavailableError
 from georep.ports import Claims, ClaimState, Clock
 
 __all__ = ["InMemorySeenSet"]
@@ -27,7 +28,7 @@ class _Entry:
     """The dead-letter reason recorded with ``DEAD_LETTERED``."""
 
 
-class InMemorySeenSet:
+class InMemorySeenSet(AsyncResource):
     """Behaves like :class:`georep.adapters.redis.RedisSeenSet` but lives in a dict.
 
     Leases and the window run on ``clock.monotonic()``, so a test moves them with
@@ -56,7 +57,6 @@ class InMemorySeenSet:
         self._clock: Clock = clock if clock is not None else SystemClock()
         self._entries: dict[str, _Entry] = {}
         self._sweep_at = 1024
-        self._closed = False
         self.unavailable = False
         self.round_trips = 0
 
@@ -64,13 +64,6 @@ class InMemorySeenSet:
     def window(self) -> float:
         """Seconds a committed key stays done."""
         return self._window
-
-    async def __aenter__(self) -> InMemorySeenSet:
-        self._ensure_open()
-        return self
-
-    async def __aexit__(self, *exc_info: object) -> None:
-        await self.aclose()
 
     async def claim(self, keys: Sequence[str], *, owner: str, lease: float) -> list[ClaimState]:
         """Claim each key for ``owner`` for ``lease`` seconds; their states in key order.
@@ -156,14 +149,13 @@ class InMemorySeenSet:
             renewed.append(held)
         return renewed
 
-    async def aclose(self) -> None:
-        """Mark the store closed (its keys are dropped); idempotent."""
-        self._closed = True
+    async def _close(self) -> None:
+        # The keys are dropped, as a store nobody reaches again.
         self._entries.clear()
 
     def _begin(self, keys: Sequence[str]) -> bool:
         """Checks shared by every call; False when there is nothing to do (no round trip)."""
-        self._ensure_open()
+        self._check_open()
         if not keys:
             return False
         self.round_trips += 1
@@ -172,10 +164,6 @@ class InMemorySeenSet:
         if len(self._entries) >= self._sweep_at:
             self._sweep()
         return True
-
-    def _ensure_open(self) -> None:
-        if self._closed:
-            raise ClosedError("in-memory seen set is closed; create a new InMemorySeenSet")
 
     def _live(self, key: str, now: float) -> _Entry | None:
         entry = self._entries.get(key)

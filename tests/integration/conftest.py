@@ -1,16 +1,20 @@
 """Shared fixtures: one emulator for the session, a fresh queue per test; a private emulator
-per module for modules whose tests inject faults."""
+per module for modules whose tests inject faults; a Redis seen-set per test. Shared plain
+functions are in ``_helpers.py``."""
 
 from __future__ import annotations
 
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
+from functools import partial
 from typing import Any
 
 import pytest
+from _helpers import REDIS_URL, create_queue
 from azure.servicebus.aio import ServiceBusClient
 
 from georep.adapters.emulator import Emulator
+from georep.adapters.redis import RedisSeenSet
 
 pytestmark = pytest.mark.integration
 
@@ -54,12 +58,15 @@ def private_queue(emu: Emulator) -> Iterator[Callable[..., str]]:
     """``private_queue(prefix, **properties)`` creates a uniquely named queue in every
     namespace of the module's emulator; every fault is lifted after the test."""
 
-    def create(prefix: str = "q", **properties: Any) -> str:
-        name = f"{prefix}-{uuid.uuid4().hex[:8]}"
-        for namespace in emu.namespaces:
-            emu.namespace(namespace).create_queue(name, **properties)
-        return name
-
-    yield create
+    yield partial(create_queue, emu)
     for namespace in emu.namespaces:
         emu.namespace(namespace).restore()
+
+
+@pytest.fixture
+async def seen() -> AsyncIterator[RedisSeenSet]:
+    """A Redis seen-set with default options but a group of its own (tests never see each
+    other's keys), closed after the test."""
+    group = f"test-{uuid.uuid4().hex[:8]}"
+    async with RedisSeenSet.from_url(REDIS_URL, group=group, window=600) as store:
+        yield store

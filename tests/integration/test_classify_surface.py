@@ -17,12 +17,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from azure.servicebus import (
-    ServiceBusMessage,
-    ServiceBusMessageState,
-    ServiceBusReceiveMode,
-    ServiceBusSubQueue,
-)
+from _helpers import backlog_queues, drain, fault
+from azure.servicebus import ServiceBusMessage, ServiceBusMessageState, ServiceBusSubQueue
 from azure.servicebus.aio import ServiceBusClient
 
 from georep import (
@@ -38,7 +34,6 @@ from georep import (
     backlog_queue_path,
 )
 from georep.adapters.emulator import Emulator
-from georep.adapters.servicebus import ensure_backlog_queues
 
 pytestmark = pytest.mark.integration
 
@@ -48,25 +43,6 @@ UTC = datetime.UTC
 @pytest.fixture
 def queue(private_queue: Callable[..., str]) -> str:
     return private_queue("cls")
-
-
-async def fault(emu: Emulator, namespace: str, action: str, *args: object) -> None:
-    await asyncio.to_thread(getattr(emu.namespace(namespace), action), *args)
-
-
-async def drain(
-    emu: Emulator, namespace: str, queue: str, *, sub_queue: Any = None, wait: float = 1
-) -> list[Any]:
-    async with (
-        ServiceBusClient.from_connection_string(emu.connection_string(namespace)) as client,
-        client.get_queue_receiver(
-            queue, receive_mode=ServiceBusReceiveMode.RECEIVE_AND_DELETE, sub_queue=sub_queue
-        ) as receiver,
-    ):
-        messages: list[Any] = []
-        while batch := await receiver.receive_messages(max_message_count=50, max_wait_time=wait):
-            messages.extend(batch)
-        return messages
 
 
 # ----------------------------------------------------------------- classification
@@ -200,9 +176,7 @@ async def paired_setup(
         ping_timeout=5,
         syphon_long_poll=1,
     )
-    primary_name = f"cls{uuid.uuid4().hex[:6]}"
-    async with emu.async_admin_client("secondary") as admin:
-        await ensure_backlog_queues(admin, primary_name, options)
+    primary_name, _ = await backlog_queues(emu, options, f"cls{uuid.uuid4().hex[:6]}")
     return options, primary_name
 
 

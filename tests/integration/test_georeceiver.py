@@ -10,63 +10,26 @@ import sys
 import time
 import uuid
 from collections import Counter
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+from _helpers import REDIS_URL, eventually, run_until, send_active, stored
 from azure.servicebus import ServiceBusMessage
 
-from georep import FailoverPolicy, GeoReceiver, GeoSender, ReplicationMode
+from georep import FailoverPolicy, GeoReceiver, GeoSender
 from georep.adapters.emulator import Emulator
 from georep.adapters.redis import RedisSeenSet
 
 pytestmark = pytest.mark.integration
 
 REPO = Path(__file__).resolve().parents[2]
-REDIS_URL = os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0")
 
 
 @pytest.fixture
 def queue(private_queue: Callable[..., str]) -> str:
     return private_queue("rx", lock_duration=5, max_delivery_count=10)
-
-
-@pytest.fixture
-async def seen() -> AsyncIterator[RedisSeenSet]:
-    store = RedisSeenSet(REDIS_URL, group=f"test-{uuid.uuid4().hex[:8]}", window=600)
-    yield store
-    await store.aclose()
-
-
-async def eventually(condition: Callable[[], bool], within: float) -> bool:
-    """Wait until ``condition()`` holds (it is changed by tasks and processes we observe)."""
-    deadline = time.monotonic() + within
-    while not condition():
-        if time.monotonic() > deadline:
-            return False
-        await asyncio.sleep(0.05)
-    return True
-
-
-def stored(emu: Emulator, queue: str) -> int:
-    return sum(emu.namespace(n).message_count(queue) for n in emu.namespaces)
-
-
-async def send_active(emu: Emulator, queue: str, count: int) -> list[str]:
-    ids: list[str] = []
-    async with GeoSender.from_connection_strings(
-        emu.connection_string("primary"),
-        emu.connection_string("secondary"),
-        queue_name=queue,
-        mode=ReplicationMode.ACTIVE,
-    ) as sender:
-        for start in range(0, count, 100):
-            batch = await sender.create_message_batch()
-            for index in range(start, min(count, start + 100)):
-                batch.add_message(ServiceBusMessage(f"m{index}"))
-            ids.extend((await sender.send_messages(batch)).message_ids)
-    return ids
 
 
 def geo_receiver(emu: Emulator, queue: str, seen: RedisSeenSet, **options: Any) -> GeoReceiver:
@@ -82,17 +45,14 @@ def geo_receiver(emu: Emulator, queue: str, seen: RedisSeenSet, **options: Any) 
 async def test_active_twins_are_processed_once(
     emu: Emulator, queue: str, seen: RedisSeenSet
 ) -> None:
-    ids = await send_active(emu, queue, 300)
+    ids = await send_active(emu, 300, queue_name=queue)
     processed: Counter[str] = Counter()
 
     async def handle(message: Any) -> None:
         processed[str(message.message_id)] += 1
 
     async with geo_receiver(emu, queue, seen) as receiver:
-        task = asyncio.create_task(receiver.run(handle))
-        assert await eventually(lambda: stored(emu, queue) == 0, within=60)
-        await receiver.aclose()
-        await task
+        await run_until(receiver, handle, lambda: stored(emu, queue) == 0)
     assert processed == Counter({message_id: 1 for message_id in ids})
     assert sum(receiver.stats.suppressed.values()) == 300
 
@@ -100,7 +60,7 @@ async def test_active_twins_are_processed_once(
 async def test_a_handler_that_fails_once_is_processed_once_after_redelivery(
     emu: Emulator, queue: str, seen: RedisSeenSet
 ) -> None:
-    ids = await send_active(emu, queue, 20)
+    ids = await send_active(emu, 20, queue_name=queue)
     attempts: Counter[str] = Counter()
     processed: Counter[str] = Counter()
 
@@ -141,10 +101,7 @@ async def test_duplicate_reception_after_a_lost_response_is_processed_once(
         processed[str(message.message_id)] += 1
 
     async with geo_receiver(emu, queue, seen) as receiver:
-        task = asyncio.create_task(receiver.run(handle))
-        assert await eventually(lambda: stored(emu, queue) == 0, within=60)
-        await receiver.aclose()
-        await task
+        await run_until(receiver, handle, lambda: stored(emu, queue) == 0)
     assert all(count == 1 for count in processed.values()), processed
     assert {r.message_ids[0] for r in results} <= set(processed)
 
@@ -209,7 +166,7 @@ async def test_four_receiver_processes_process_every_id_exactly_once(
     emu: Emulator, queue: str
 ) -> None:
     total = 10_000
-    ids = await send_active(emu, queue, total)
+    ids = await send_active(emu, total, queue_name=queue)
     group = f"four-{uuid.uuid4().hex[:8]}"
     processes = [await start_receiver(emu, queue, group) for _ in range(4)]
     outputs: list[list[str]] = [[] for _ in processes]
@@ -241,7 +198,7 @@ async def test_four_receiver_processes_process_every_id_exactly_once(
 
 
 async def test_a_receiver_killed_mid_handler_loses_nothing(emu: Emulator, queue: str) -> None:
-    ids = await send_active(emu, queue, 5)
+    ids = await send_active(emu, 5, queue_name=queue)
     slow = ids[2]
     group = f"kill-{uuid.uuid4().hex[:8]}"
     victim = await start_receiver(emu, queue, group, SLOW_ID=slow, LEASE="3")
@@ -310,7 +267,7 @@ async def test_redis_frozen_mid_run_processes_nothing_unchecked_and_loses_nothin
     emu: Emulator, queue: str, private_redis: tuple[str, subprocess.Popen[bytes]]
 ) -> None:
     url, server = private_redis
-    ids = await send_active(emu, queue, 400)
+    ids = await send_active(emu, 400, queue_name=queue)
     processed: Counter[str] = Counter()
     during_outage: list[str] = []
     frozen = asyncio.Event()

@@ -4,18 +4,16 @@ pings. Real SDK, the two-region emulator, a real Redis seen-set."""
 from __future__ import annotations
 
 import asyncio
-import os
-import time
 import uuid
 from collections import Counter
-from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import pytest
+from _helpers import eventually, run_until, send_active, stored
 from azure.servicebus import ServiceBusMessage, ServiceBusSubQueue
 from azure.servicebus.aio import ServiceBusClient
 
-from georep import GeoReceiver, GeoSender, ReplicationMode
+from georep import GeoReceiver
 from georep.adapters.emulator import Emulator
 from georep.adapters.redis import RedisSeenSet
 from georep.adapters.servicebus import ServiceBusRegionReceiver
@@ -23,7 +21,6 @@ from georep.adapters.servicebus._backlog import make_ping
 
 pytestmark = pytest.mark.integration
 
-REDIS_URL = os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0")
 REGIONS = ("primary", "secondary")
 
 
@@ -41,38 +38,6 @@ def topic(emu: Emulator) -> str:
     for namespace in emu.namespaces:
         emu.namespace(namespace).create_topic(name, subscriptions=["billing", "shipping"])
     return name
-
-
-@pytest.fixture
-async def seen() -> AsyncIterator[RedisSeenSet]:
-    # Default options but a group of its own, so runs do not see each other's keys.
-    store = RedisSeenSet(REDIS_URL, group=f"test-{uuid.uuid4().hex[:8]}", window=600)
-    yield store
-    await store.aclose()
-
-
-async def eventually(condition: Callable[[], bool], within: float) -> bool:
-    deadline = time.monotonic() + within
-    while not condition():
-        if time.monotonic() > deadline:
-            return False
-        await asyncio.sleep(0.05)
-    return True
-
-
-def stored(emu: Emulator, entity: str) -> int:
-    return sum(emu.namespace(n).message_count(entity) for n in emu.namespaces)
-
-
-async def send_active(emu: Emulator, count: int, **entity: str) -> list[str]:
-    async with GeoSender.from_connection_strings(
-        emu.connection_string("primary"),
-        emu.connection_string("secondary"),
-        mode=ReplicationMode.ACTIVE,
-        **entity,
-    ) as sender:
-        messages = [ServiceBusMessage(f"m{index}") for index in range(count)]
-        return list((await sender.send_messages(messages)).message_ids)
 
 
 async def send_to(emu: Emulator, region: str, queue: str, messages: list[Any]) -> None:
@@ -96,15 +61,6 @@ async def dead_letters(emu: Emulator, region: str, queue: str) -> list[Any]:
                 found.append(message)
                 await receiver.complete_message(message)
     return found
-
-
-async def run_until(receiver: GeoReceiver, handler: Any, done: Callable[[], bool]) -> None:
-    task = asyncio.create_task(receiver.run(handler))
-    try:
-        assert await eventually(done, within=60), "the receiver did not finish in time"
-    finally:
-        await receiver.aclose()
-        await task
 
 
 def geo(emu: Emulator, seen: RedisSeenSet, **options: Any) -> GeoReceiver:

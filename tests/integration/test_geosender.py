@@ -15,8 +15,8 @@ from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
 import pytest
-from azure.servicebus import ServiceBusMessage, ServiceBusReceiveMode
-from azure.servicebus.aio import ServiceBusClient
+from _helpers import drain_all_ids, drain_ids, eventually, fault
+from azure.servicebus import ServiceBusMessage
 
 from georep import (
     AllRegionsUnavailableError,
@@ -40,39 +40,6 @@ REPO = Path(__file__).resolve().parents[2]
 @pytest.fixture
 def queue(private_queue: Callable[..., str]) -> str:
     return private_queue("geo")
-
-
-async def fault(emu: Emulator, namespace: str, action: str, *args: object) -> None:
-    """Inject a fault without blocking the event loop the SDK runs on."""
-    await asyncio.to_thread(getattr(emu.namespace(namespace), action), *args)
-
-
-async def drain(emu: Emulator, namespace: str, queue: str) -> Counter[str]:
-    """Every MessageId in ``queue``, received and deleted, with its count."""
-    ids: Counter[str] = Counter()
-    expected = emu.namespace(namespace).message_count(queue)
-    async with (
-        ServiceBusClient.from_connection_string(emu.connection_string(namespace)) as client,
-        client.get_queue_receiver(
-            queue, receive_mode=ServiceBusReceiveMode.RECEIVE_AND_DELETE, prefetch_count=200
-        ) as receiver,
-    ):
-        while sum(ids.values()) < expected:
-            batch = await receiver.receive_messages(max_message_count=200, max_wait_time=2)
-            if not batch:
-                break
-            ids.update(str(m.message_id) for m in batch)
-    return ids
-
-
-async def eventually(condition: Callable[[], bool], within: float) -> bool:
-    """Wait until ``condition()`` holds (it changes in a background task we do not own)."""
-    deadline = time.monotonic() + within
-    while not condition():
-        if time.monotonic() > deadline:
-            return False
-        await asyncio.sleep(0.05)
-    return True
 
 
 async def outbox_emptied(outbox: SqliteOutbox, within: float = 30.0) -> bool:
@@ -117,7 +84,7 @@ async def test_passive_outage_halfway_loses_nothing_and_swaps_once(
     assert passive.active_region == "secondary"
 
     await fault(emu, "primary", "restore")
-    stored = await drain(emu, "primary", queue) + await drain(emu, "secondary", queue)
+    stored = await drain_all_ids(emu, queue)
     assert set(stored) == set(sent), "every acknowledged message is in one of the queues"
     assert stored.total() == total, "an outage (refused connection) creates no duplicates"
 
@@ -134,7 +101,7 @@ async def test_passive_blackhole_fails_over_within_the_attempt_deadline(
     # The deadline, plus one send to the backup (connected when the GeoSender started).
     assert elapsed < 2.0 + 0.3, f"failover took {elapsed:.2f} s with a 2 s attempt deadline"
     await fault(emu, "primary", "restore")
-    assert set(await drain(emu, "secondary", queue)) == set(result.message_ids)
+    assert set(await drain_ids(emu, "secondary", queue)) == set(result.message_ids)
 
 
 async def test_switch_back_waits_for_the_old_active_to_answer(emu: Emulator, queue: str) -> None:
@@ -161,15 +128,15 @@ async def test_lost_response_leads_to_the_same_message_id_in_both_regions(
     emu: Emulator, queue: str, passive: GeoSender
 ) -> None:
     await passive.send_messages(ServiceBusMessage("warm-up"))
-    await drain(emu, "primary", queue)
+    await drain_ids(emu, "primary", queue)
     await fault(emu, "primary", "drop_dispositions", 1)
 
     result = await passive.send_messages(ServiceBusMessage("stored but unanswered"))
 
     assert result.failed_over
     [message_id] = result.message_ids
-    assert await drain(emu, "primary", queue) == Counter({message_id: 1})
-    assert await drain(emu, "secondary", queue) == Counter({message_id: 1})
+    assert await drain_ids(emu, "primary", queue) == Counter({message_id: 1})
+    assert await drain_ids(emu, "secondary", queue) == Counter({message_id: 1})
 
 
 async def test_active_keeps_twins_and_survives_one_region(emu: Emulator, queue: str) -> None:
@@ -194,8 +161,8 @@ async def test_active_keeps_twins_and_survives_one_region(emu: Emulator, queue: 
 
     await fault(emu, "primary", "restore")
     await fault(emu, "secondary", "restore")
-    in_primary = await drain(emu, "primary", queue)
-    in_secondary = await drain(emu, "secondary", queue)
+    in_primary = await drain_ids(emu, "primary", queue)
+    in_secondary = await drain_ids(emu, "secondary", queue)
     both_ids = {r.message_ids[0] for r in both}
     assert set(in_primary) == both_ids | {r.message_ids[0] for r in one}
     assert set(in_secondary) == both_ids, "twins carry the same MessageId"
@@ -227,8 +194,8 @@ async def test_active_outbox_queues_while_both_are_down_then_delivers(
         assert await outbox_emptied(outbox), "the drainer did not empty the outbox in 30 s"
 
     ids = {r.message_ids[0] for r in results}
-    assert set(await drain(emu, "primary", queue)) == ids
-    assert set(await drain(emu, "secondary", queue)) == ids
+    assert set(await drain_ids(emu, "primary", queue)) == ids
+    assert set(await drain_ids(emu, "secondary", queue)) == ids
 
 
 async def test_bad_input_is_raised_at_once_without_failover_or_outbox(
@@ -349,7 +316,7 @@ async def test_queued_messages_survive_a_sigkilled_process(
         assert await outbox_emptied(outbox), "the drainer did not empty the outbox in 30 s"
         assert sender.stats.drained >= len(acknowledged)
 
-    delivered = await drain(emu, "primary", queue) + await drain(emu, "secondary", queue)
+    delivered = await drain_all_ids(emu, queue)
     assert set(acknowledged) <= set(delivered), "every acknowledged message was delivered"
 
 

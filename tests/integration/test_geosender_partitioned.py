@@ -4,12 +4,11 @@ from __future__ import annotations
 
 import asyncio
 import zlib
-from collections import Counter
 from collections.abc import Callable
 
 import pytest
-from azure.servicebus import ServiceBusMessage, ServiceBusReceiveMode
-from azure.servicebus.aio import ServiceBusClient
+from _helpers import drain_all_ids
+from azure.servicebus import ServiceBusMessage
 
 from georep import FailoverPolicy, GeoReceiver, GeoSender, InvalidMessageError
 from georep.adapters.emulator import Emulator
@@ -32,19 +31,6 @@ def key_in_fragment(fragment: int, avoid: bool = False) -> str:
 @pytest.fixture
 def queue(private_queue: Callable[..., str]) -> str:
     return private_queue("part", enable_partitioning=True)
-
-
-async def drain(emu: Emulator, namespace: str, queue: str) -> Counter[str]:
-    ids: Counter[str] = Counter()
-    async with (
-        ServiceBusClient.from_connection_string(emu.connection_string(namespace)) as client,
-        client.get_queue_receiver(
-            queue, receive_mode=ServiceBusReceiveMode.RECEIVE_AND_DELETE
-        ) as receiver,
-    ):
-        while batch := await receiver.receive_messages(max_message_count=100, max_wait_time=1):
-            ids.update(str(m.message_id) for m in batch)
-    return ids
 
 
 async def test_unkeyed_sends_need_no_failover_and_keyed_ones_fail_over(
@@ -91,5 +77,5 @@ async def test_unkeyed_sends_need_no_failover_and_keyed_ones_fail_over(
     assert len(peeked["secondary"]) == 1
 
     await asyncio.to_thread(emu.namespace("primary").fragment_up, queue, DOWN)
-    stored = await drain(emu, "primary", queue) + await drain(emu, "secondary", queue)
+    stored = await drain_all_ids(emu, queue, known_count=False, wait=1)
     assert set(stored) == set(sent) and stored.total() == len(sent), "nothing lost"

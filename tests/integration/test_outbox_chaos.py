@@ -19,7 +19,8 @@ from datetime import timedelta
 from pathlib import Path
 
 import pytest
-from azure.servicebus import ServiceBusMessage, ServiceBusReceiveMode
+from _helpers import drain_all_ids, fault
+from azure.servicebus import ServiceBusMessage
 from azure.servicebus.aio import ServiceBusClient
 
 from georep import (
@@ -43,32 +44,6 @@ ENTRIES = 30
 @pytest.fixture
 def queue(private_queue: Callable[..., str]) -> str:
     return private_queue("chaos")
-
-
-async def fault(emu: Emulator, namespace: str, action: str, *args: object) -> None:
-    """Inject a fault without blocking the event loop the SDK runs on."""
-    await asyncio.to_thread(getattr(emu.namespace(namespace), action), *args)
-
-
-async def received(emu: Emulator, queue: str) -> Counter[str]:
-    """Every MessageId in ``queue`` in both regions, received and deleted, with its count."""
-    ids: Counter[str] = Counter()
-    for namespace in emu.namespaces:
-        expected = emu.namespace(namespace).message_count(queue)
-        async with (
-            ServiceBusClient.from_connection_string(emu.connection_string(namespace)) as client,
-            client.get_queue_receiver(
-                queue, receive_mode=ServiceBusReceiveMode.RECEIVE_AND_DELETE, prefetch_count=200
-            ) as receiver,
-        ):
-            got = 0
-            while got < expected:
-                batch = await receiver.receive_messages(max_message_count=200, max_wait_time=2)
-                if not batch:
-                    break
-                got += len(batch)
-                ids.update(str(m.message_id) for m in batch)
-    return ids
 
 
 def geo(emu: Emulator, queue: str, **kwargs: object) -> GeoSender:
@@ -152,7 +127,7 @@ async def test_a_poison_entry_is_dead_lettered_and_the_healthy_ones_behind_it_dr
         [dead] = await outbox.records(dead=True)
         assert dead.reason == "MessageTooLargeError (message-too-large)"
     await fault(emu, "primary", "restore")
-    ids = await received(emu, queue)
+    ids = await drain_all_ids(emu, queue)
     assert set(ids) == {r.message_ids[0] for r in healthy}
 
 
@@ -192,7 +167,7 @@ async def test_the_wait_in_the_outbox_is_taken_off_the_time_to_live_and_expired_
     assert str(message.message_id) == living.message_ids[0]
     assert message.time_to_live is not None
     assert message.time_to_live <= timedelta(seconds=28), "sent with what was left of it"
-    assert await received(emu, queue) == Counter()
+    assert await drain_all_ids(emu, queue) == Counter()
 
 
 # ----------------------------------------------------------------- real processes
@@ -282,7 +257,7 @@ async def test_two_processes_draining_one_file_with_slow_sends_send_nothing_twic
         await wait_output(second, "closed", 120)
     await fault(emu, "primary", "latency", 0)
 
-    delivered = await received(emu, queue)
+    delivered = await drain_all_ids(emu, queue)
     assert set(delivered) == ids, "nothing lost"
     assert [i for i, n in delivered.items() if n > 1] == [], "nothing sent twice"
     assert await depth(path) == 0
@@ -325,7 +300,7 @@ async def test_a_drainer_stopped_mid_drain_loses_nothing(
         # Handed back, not left leased: the next drainer needs no lease to run out (30 s).
         assert time.monotonic() - started < 15
 
-    delivered = await received(emu, queue)
+    delivered = await drain_all_ids(emu, queue)
     assert set(delivered) == ids, "nothing lost"
     twice = [i for i, n in delivered.items() if n > 1]
     assert len(twice) <= (0 if how == "graceful" else 1), twice
@@ -388,6 +363,6 @@ async def test_a_full_disk_is_a_named_error_and_what_was_stored_still_drains(
         while await outbox.depth():
             assert time.monotonic() < deadline, "draining stopped on the full disk"
             await asyncio.sleep(0.2)
-    delivered = await received(emu, queue)
+    delivered = await drain_all_ids(emu, queue)
     assert set(delivered) == set(acknowledged)
     assert max(delivered.values()) == 1

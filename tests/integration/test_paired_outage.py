@@ -10,7 +10,8 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
-from azure.servicebus import ServiceBusMessage, ServiceBusReceiveMode
+from _helpers import backlog_queues, create_queue, drain
+from azure.servicebus import ServiceBusMessage
 from azure.servicebus.aio import ServiceBusClient
 
 from georep import (
@@ -21,7 +22,7 @@ from georep import (
     backlog_queue_path,
 )
 from georep.adapters.emulator import Emulator
-from georep.adapters.servicebus import ensure_backlog_queues, from_backlog
+from georep.adapters.servicebus import from_backlog
 from georep.testing import InMemorySeenSet
 
 pytestmark = pytest.mark.integration
@@ -37,29 +38,12 @@ async def back_on_primary(sender: PairedSender, within: float) -> bool:
     return True
 
 
-async def received(emu: Emulator, namespace: str, queue: str) -> list[ServiceBusMessage]:
-    async with (
-        ServiceBusClient.from_connection_string(emu.connection_string(namespace)) as client,
-        client.get_queue_receiver(
-            queue, receive_mode=ServiceBusReceiveMode.RECEIVE_AND_DELETE
-        ) as receiver,
-    ):
-        messages = []
-        while batch := await receiver.receive_messages(max_message_count=50, max_wait_time=1):
-            messages.extend(batch)
-        return messages
-
-
 async def test_outage_sends_go_to_backlog_queues_until_a_ping_succeeds(emu: Emulator) -> None:
-    queue = f"paired-{uuid.uuid4().hex[:6]}"
-    for namespace in emu.namespaces:
-        emu.namespace(namespace).create_queue(queue)
+    queue = create_queue(emu, "paired")
     options = PairedNamespaceOptions(
         backlog_queue_count=2, failover_interval=1, ping_primary_interval=1, ping_timeout=5
     )
-    primary_name = f"127.0.0.1:{emu.namespace('primary').port}"
-    async with emu.async_admin_client("secondary") as admin:
-        paths = await ensure_backlog_queues(admin, primary_name, options)
+    primary_name, paths = await backlog_queues(emu, options)
     assert paths == [backlog_queue_path(primary_name, i) for i in range(2)]
 
     async with PairedSender.from_connection_strings(
@@ -82,12 +66,12 @@ async def test_outage_sends_go_to_backlog_queues_until_a_ping_succeeds(emu: Emul
         assert sender.pings >= 1
         assert await sender.send_messages(ServiceBusMessage("after")) == "primary"
 
-    backlog = [m for path in paths for m in await received(emu, "secondary", path)]
+    backlog = [m for path in paths for m in await drain(emu, "secondary", path)]
     assert sorted(str(m.message_id) for m in backlog) == sorted(str(m.message_id) for m in during)
     for message in backlog:
         destination, restored = from_backlog(message)
         assert destination == queue and restored.session_id == "s-1"
-    in_primary = [b"".join(m.body) for m in await received(emu, "primary", queue)]
+    in_primary = [b"".join(m.body) for m in await drain(emu, "primary", queue)]
     assert sorted(in_primary) == [b"after", b"before"], "pings are never delivered"
 
 
@@ -96,9 +80,7 @@ async def test_the_syphon_brings_backlog_messages_home_and_each_is_received_once
 ) -> None:
     from georep import Syphon
 
-    queue = f"syphon-{uuid.uuid4().hex[:6]}"
-    for namespace in emu.namespaces:
-        emu.namespace(namespace).create_queue(queue)
+    queue = create_queue(emu, "syphon")
     options = PairedNamespaceOptions(
         backlog_queue_count=3,
         failover_interval=0,
@@ -106,9 +88,7 @@ async def test_the_syphon_brings_backlog_messages_home_and_each_is_received_once
         ping_timeout=5,
         syphon_long_poll=1,
     )
-    primary_name = f"127.0.0.1:{emu.namespace('primary').port}"
-    async with emu.async_admin_client("secondary") as admin:
-        await ensure_backlog_queues(admin, primary_name, options)
+    primary_name, _ = await backlog_queues(emu, options)
 
     async with PairedSender.from_connection_strings(
         emu.connection_string("primary"),
@@ -182,13 +162,9 @@ async def test_the_syphon_cli_moves_messages_and_stops_gracefully(emu: Emulator)
 
     from georep.adapters.servicebus import to_backlog
 
-    queue = f"cli-{uuid.uuid4().hex[:6]}"
-    for namespace in emu.namespaces:
-        emu.namespace(namespace).create_queue(queue)
+    queue = create_queue(emu, "cli")
     options = PairedNamespaceOptions(backlog_queue_count=2)
-    name = f"cli{uuid.uuid4().hex[:6]}"
-    async with emu.async_admin_client("secondary") as admin:
-        paths = await ensure_backlog_queues(admin, name, options)
+    name, paths = await backlog_queues(emu, options, f"cli{uuid.uuid4().hex[:6]}")
     async with (
         ServiceBusClient.from_connection_string(emu.connection_string("secondary")) as client,
         client.get_queue_sender(paths[1]) as sender,
@@ -229,5 +205,5 @@ async def test_the_syphon_cli_moves_messages_and_stops_gracefully(emu: Emulator)
     assert process.returncode == 0, text
     assert "syphon stopped" in text and "moved 1" in text
     assert "SharedAccessKey" not in text
-    [home] = await received(emu, "primary", queue)
+    [home] = await drain(emu, "primary", queue)
     assert home.message_id == "h1"

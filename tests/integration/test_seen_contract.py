@@ -560,6 +560,28 @@ async def test_redis_store_leaves_a_client_passed_in_open(
     await delete_prefix(redis_client, prefix)
 
 
+@pytest.mark.parametrize("build", ["from_url", "constructor"])
+async def test_redis_store_from_a_url_closes_the_client_it_created(
+    redis_client: redis.asyncio.Redis, prefix: str, build: str
+) -> None:
+    if build == "from_url":
+        store = RedisSeenSet.from_url(REDIS_URL, prefix=prefix)
+    else:  # a URL given to the constructor, as before from_url existed
+        store = RedisSeenSet(REDIS_URL, prefix=prefix)
+    await store.claim(["m1"], owner=ALICE, lease=LONG_LEASE)
+    connection_id = await store._redis.client_id()
+    assert await redis_client.client_list(client_id=[connection_id])
+
+    await store.aclose()
+
+    for _ in range(100):  # the server drops the connection once it reads the close
+        if not await redis_client.client_list(client_id=[connection_id]):
+            break
+        await asyncio.sleep(0.02)
+    assert not await redis_client.client_list(client_id=[connection_id])
+    await delete_prefix(redis_client, prefix)
+
+
 async def test_redis_store_on_a_decoding_client_reads_dead_letter_reasons(
     redis_client: redis.asyncio.Redis, prefix: str
 ) -> None:

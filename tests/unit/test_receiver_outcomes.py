@@ -445,24 +445,39 @@ class SlowClose:
         self.closed = True
 
 
-async def test_owned_regions_close_concurrently(world: World) -> None:
-    geo = world.receiver(Pair(world.clock))
-    owned = [SlowClose("primary", world.clock, 2), SlowClose("secondary", world.clock, 2)]
+def closing(geo: GeoReceiver, *owned: SlowClose) -> asyncio.Task[None]:
+    """``geo`` owning ``owned`` (as if it had created them), being closed."""
     geo._owned.extend(owned)
-    closing = asyncio.create_task(geo.aclose())
+    return asyncio.create_task(geo.aclose())
+
+
+async def test_owned_regions_close_concurrently(world: World) -> None:
+    owned = [SlowClose("primary", world.clock, 2), SlowClose("secondary", world.clock, 2)]
+    task = closing(world.receiver(Pair(world.clock)), *owned)
     await world.clock.advance(2.5)
-    assert closing.done(), "both closes ran at once: 2 s, not 4 s"
+    assert task.done(), "both closes ran at once: 2 s, not 4 s"
     assert all(region.closed for region in owned)
 
 
 async def test_a_hanging_close_is_bounded_by_close_timeout(world: World) -> None:
-    geo = world.receiver(Pair(world.clock), close_timeout=3)
     hung = SlowClose("primary", world.clock, 1_000)
     quick = SlowClose("secondary", world.clock, 1)
-    geo._owned.extend([hung, quick])
-    closing = asyncio.create_task(geo.aclose())
+    task = closing(world.receiver(Pair(world.clock), close_timeout=3), hung, quick)
     await world.clock.advance(3.5)
-    assert closing.done() and quick.closed and not hung.closed
+    assert task.done() and quick.closed and not hung.closed
+
+
+async def test_a_caller_cancelled_mid_close_still_closes_the_owned_regions(world: World) -> None:
+    geo = world.receiver(Pair(world.clock))
+    owned = [SlowClose("primary", world.clock, 2), SlowClose("secondary", world.clock, 2)]
+    task = closing(geo, *owned)
+    await world.clock.advance(1)
+    task.cancel()
+    await world.clock.advance(2)
+    assert all(region.closed for region in owned), "the close is shielded from its caller"
+    again = asyncio.create_task(geo.aclose())  # idempotent: waits for the same close
+    await world.clock.advance(0.1)
+    assert again.done() and geo.closed
 
 
 def test_a_useless_close_timeout_is_refused(world: World) -> None:

@@ -35,8 +35,11 @@ def test_every_metric_and_span_georep_records_is_in_the_telemetry_reference() ->
     text = (REPO / "docs" / "telemetry.md").read_text()
     source = "\n".join(p.read_text() for p in (REPO / "georep").glob("*.py"))
     source += "\n".join(p.read_text() for p in (REPO / "adapters").rglob("*.py"))
-    # create_counter(...) on a meter, or georep's shared Instruments.counter(...) & co.
-    pattern = r'(?:create_[a-z_]+|\.counter|\.histogram|\.gauge)\(\s*"(georep\.[a-z_.]+)"'
+    # create_counter(...) on a meter, georep's shared Instruments.counter(...) & co, or an
+    # InstrumentSpec(...) in a table of counters.
+    pattern = (
+        r'(?:create_[a-z_]+|\.counter|\.histogram|\.gauge|InstrumentSpec)\(\s*"(georep\.[a-z_.]+)"'
+    )
     metrics = set(re.findall(pattern, source))
     assert len(metrics) >= 15
     assert not sorted(m for m in metrics if f"`{m}`" not in text)

@@ -1,0 +1,148 @@
+"""Helpers the integration modules share: reading queues back, faults, waiting, sending.
+
+Imported as ``from _helpers import ...`` (pytest puts this folder on ``sys.path``). The
+fixtures (``emu``, ``private_queue``, ``seen``...) are in ``conftest.py``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+import uuid
+from collections import Counter
+from collections.abc import Callable
+from typing import Any
+
+from azure.servicebus import ServiceBusMessage, ServiceBusReceiveMode
+from azure.servicebus.aio import ServiceBusClient
+
+from georep import GeoReceiver, GeoSender, PairedNamespaceOptions, ReplicationMode
+from georep.adapters.emulator import Emulator
+from georep.adapters.servicebus import ensure_backlog_queues
+
+REDIS_URL = os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0")
+
+
+async def drain(
+    emu: Emulator,
+    namespace: str,
+    queue: str,
+    *,
+    sub_queue: Any = None,
+    wait: float = 1.0,
+    known_count: bool = False,
+) -> list[Any]:
+    """Every message in ``queue`` of ``namespace`` (or its ``sub_queue``), received and
+    deleted.
+
+    Stops at the first receive that waits ``wait`` seconds for nothing; with
+    ``known_count``, as soon as it has as many as the emulator stores (no final wait).
+    """
+    expected = emu.namespace(namespace).message_count(queue) if known_count else None
+    messages: list[Any] = []
+    async with (
+        ServiceBusClient.from_connection_string(emu.connection_string(namespace)) as client,
+        client.get_queue_receiver(
+            queue,
+            receive_mode=ServiceBusReceiveMode.RECEIVE_AND_DELETE,
+            sub_queue=sub_queue,
+            prefetch_count=200 if known_count else 0,
+        ) as receiver,
+    ):
+        while expected is None or len(messages) < expected:
+            batch = await receiver.receive_messages(max_message_count=200, max_wait_time=wait)
+            if not batch:
+                break
+            messages.extend(batch)
+    return messages
+
+
+async def drain_ids(
+    emu: Emulator, namespace: str, queue: str, *, known_count: bool = True, wait: float = 2.0
+) -> Counter[str]:
+    """Every MessageId in ``queue`` of ``namespace``, received and deleted, with its count
+    (see :func:`drain`)."""
+    messages = await drain(emu, namespace, queue, known_count=known_count, wait=wait)
+    return Counter(str(m.message_id) for m in messages)
+
+
+async def fault(emu: Emulator, namespace: str, action: str, *args: object) -> None:
+    """Inject a fault without blocking the event loop the SDK runs on."""
+    await asyncio.to_thread(getattr(emu.namespace(namespace), action), *args)
+
+
+async def eventually(condition: Callable[[], bool], within: float) -> bool:
+    """Wait until ``condition()`` holds (it is changed by tasks and processes we observe)."""
+    deadline = time.monotonic() + within
+    while not condition():
+        if time.monotonic() > deadline:
+            return False
+        await asyncio.sleep(0.05)
+    return True
+
+
+def stored(emu: Emulator, entity: str) -> int:
+    """Messages ``entity`` holds, in all regions together."""
+    return sum(emu.namespace(n).message_count(entity) for n in emu.namespaces)
+
+
+async def send_active(emu: Emulator, count: int, **entity: str) -> list[str]:
+    """Send ``count`` messages (bodies ``m0``, ``m1``...) to both regions in active mode, in
+    batches of 100; their MessageIds. ``entity``: ``queue_name=`` or ``topic_name=``."""
+    ids: list[str] = []
+    async with GeoSender.from_connection_strings(
+        emu.connection_string("primary"),
+        emu.connection_string("secondary"),
+        mode=ReplicationMode.ACTIVE,
+        **entity,
+    ) as sender:
+        for start in range(0, count, 100):
+            batch = await sender.create_message_batch()
+            for index in range(start, min(count, start + 100)):
+                batch.add_message(ServiceBusMessage(f"m{index}"))
+            ids.extend((await sender.send_messages(batch)).message_ids)
+    return ids
+
+
+async def drain_all_ids(
+    emu: Emulator, queue: str, *, known_count: bool = True, wait: float = 2.0
+) -> Counter[str]:
+    """:func:`drain_ids` of ``queue`` in every region, added up."""
+    ids: Counter[str] = Counter()
+    for namespace in emu.namespaces:
+        ids.update(await drain_ids(emu, namespace, queue, known_count=known_count, wait=wait))
+    return ids
+
+
+async def run_until(receiver: GeoReceiver, handler: Any, done: Callable[[], bool]) -> None:
+    """Run ``receiver`` with ``handler`` until ``done()`` (asserted within 60 s), then close
+    it and wait for ``run()`` to return."""
+    task = asyncio.create_task(receiver.run(handler))
+    try:
+        assert await eventually(done, within=60), "the receiver did not finish in time"
+    finally:
+        await receiver.aclose()
+        await task
+
+
+def create_queue(emu: Emulator, prefix: str = "q", **properties: Any) -> str:
+    """Create a uniquely named queue (``prefix-`` and 8 hex digits) in every namespace."""
+    name = f"{prefix}-{uuid.uuid4().hex[:8]}"
+    for namespace in emu.namespaces:
+        emu.namespace(namespace).create_queue(name, **properties)
+    return name
+
+
+async def backlog_queues(
+    emu: Emulator, options: PairedNamespaceOptions, primary_name: str | None = None
+) -> tuple[str, list[str]]:
+    """Create the backlog queues ``options`` asks for in the secondary namespace.
+
+    Returns:
+        The primary's name they are for (default: the emulator's primary ``host:port``)
+        and their paths.
+    """
+    name = primary_name or f"127.0.0.1:{emu.namespace('primary').port}"
+    async with emu.async_admin_client("secondary") as admin:
+        return name, await ensure_backlog_queues(admin, name, options)
