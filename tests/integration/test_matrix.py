@@ -74,7 +74,10 @@ PAIRED = PairedNamespaceOptions(
     backlog_queue_count=2,
     failover_interval=0,
     ping_primary_interval=1,
-    ping_timeout=5,
+    # Each primary send's deadline. Shorter than the outage, so a send that the outage leaves
+    # hanging (rather than failing at once, as on a loaded machine) still fails over inside
+    # the outage window instead of succeeding after it.
+    ping_timeout=2,
     syphon_long_poll=1,
 )
 
