@@ -25,6 +25,7 @@ from georep._outcomes import ABANDON, COMPLETE, Decision, Decisions, Settle, dea
 from georep._policy import DedupKey, Seconds, count, positive_seconds, seconds
 from georep._region_loop import RECEIVE_GRACE as RECEIVE_GRACE
 from georep._region_loop import Handler, LoopPolicy, RegionLoop, StorePolicy
+from georep._region_wrap import as_region_receiver
 from georep._settle import Settlements
 from georep._telemetry import ReceiverMetrics, TracingGate
 from georep.exceptions import ConfigurationError, SettlementError
@@ -71,21 +72,6 @@ class ReceiverStats:
     store_errors: int = 0
     unchecked: int = 0
     received: dict[str, int] = field(default_factory=dict)
-
-
-def _as_region_receiver(receiver: Any, region: str) -> RegionReceiver:
-    if isinstance(receiver, RegionReceiver):
-        return receiver
-    try:
-        from georep._sdk import region_receiver_for
-    except ImportError as exc:  # pragma: no cover - depends on the install
-        raise ConfigurationError(
-            f"{region} receiver is a {type(receiver).__name__}; wrapping an SDK receiver "
-            "needs pip install 'georep[servicebus]'"
-        ) from exc
-    # Async SDK receivers run on the loop, sync ones on a worker thread per SDK receiver.
-    wrapped: RegionReceiver = region_receiver_for(receiver, region=region)
-    return wrapped
 
 
 def _observed_parked(receiver: GeoReceiver) -> int | None:
@@ -177,8 +163,8 @@ class GeoReceiver(AsyncResource):
         self.owner = owner or f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
         self._clock: Clock = clock or SystemClock()
         regions = [
-            _as_region_receiver(primary, "primary"),
-            _as_region_receiver(secondary, "secondary"),
+            as_region_receiver(primary, "primary"),
+            as_region_receiver(secondary, "secondary"),
         ]
         self.entity = regions[0].entity
         self.dedup_scope = _dedup_scope(regions, dedup_scope)

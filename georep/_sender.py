@@ -29,6 +29,7 @@ from georep._policy import (
     ReplicationMode,
     positive_seconds,
 )
+from georep._region_wrap import as_region_sender
 from georep._roles import RoleState, role_state_for
 from georep._send_records import flush_ledger
 from georep._send_wiring import SenderParts, SenderSettings, wire
@@ -50,21 +51,6 @@ __all__ = ["GeoSender", "SendResult", "SenderStats"]
 _log = logging.getLogger("georep.sender")
 
 _PRODUCER = SpanKind.PRODUCER
-
-
-def _as_region_sender(sender: Any, region: str) -> RegionSender:
-    if isinstance(sender, RegionSender):
-        return sender
-    try:
-        from georep._sdk import region_sender_for
-    except ImportError as exc:  # pragma: no cover - depends on the install
-        raise ConfigurationError(
-            f"{region} sender is a {type(sender).__name__}; wrapping an SDK sender needs "
-            "pip install 'georep[servicebus]'"
-        ) from exc
-    # Async SDK senders run on the loop, sync ones on a worker thread per SDK sender.
-    wrapped: RegionSender = region_sender_for(sender, region=region)
-    return wrapped
 
 
 def _observed_outbox_depth(sender: GeoSender) -> int | None:
@@ -169,8 +155,8 @@ class GeoSender(AsyncResource):
         self.repair = repair
         self.ledger = ledger
         self._clock: Clock = clock or SystemClock()
-        self._primary = _as_region_sender(primary, "primary")
-        self._secondary = _as_region_sender(secondary, "secondary")
+        self._primary = as_region_sender(primary, "primary")
+        self._secondary = as_region_sender(secondary, "secondary")
         _check_pair(self._primary, self._secondary)
         _check_options(self.policy, self.mode, partitioned, repair, outbox)
         self._codec = self._primary.codec

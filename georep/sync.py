@@ -41,6 +41,7 @@ from typing import Any, Self
 
 from georep import _paired_sender, _receiver, _sender
 from georep._receiver import ReceiverStats
+from georep._region_wrap import wrap_pair
 from georep._sender import SenderStats, SendResult
 from georep._sync_runtime import RUNTIME
 from georep.exceptions import ClosedError
@@ -139,18 +140,6 @@ class _Blocking:
                 await adapter.close()
 
 
-def _sender_adapters(primary: Any, secondary: Any) -> tuple[list[Any], list[Any]]:
-    """The two regions' RegionSenders, and those georep created (to close their threads)."""
-    regions: list[Any] = []
-    created: list[Any] = []
-    for sdk_sender, label in ((primary, "primary"), (secondary, "secondary")):
-        region = _sender._as_region_sender(sdk_sender, label)
-        regions.append(region)
-        if region is not sdk_sender:
-            created.append(region)
-    return regions, created
-
-
 class GeoSender(_Blocking):
     """Blocking :class:`georep.GeoSender`: the same arguments, results and errors.
 
@@ -167,7 +156,7 @@ class GeoSender(_Blocking):
     _kind = "GeoSender"
 
     def __init__(self, primary: Any, secondary: Any, **options: Any) -> None:
-        regions, created = _sender_adapters(primary, secondary)
+        regions, created = wrap_pair(primary, secondary, "sender")
         super().__init__(
             lambda: _sender.GeoSender(regions[0], regions[1], **options),
             adapters=created,
@@ -267,13 +256,7 @@ class GeoReceiver(_Blocking):
     _kind = "GeoReceiver"
 
     def __init__(self, primary: Any, secondary: Any, *, seen: Any, **options: Any) -> None:
-        regions: list[Any] = []
-        created: list[Any] = []
-        for sdk_receiver, label in ((primary, "primary"), (secondary, "secondary")):
-            region = _receiver._as_region_receiver(sdk_receiver, label)
-            regions.append(region)
-            if region is not sdk_receiver:
-                created.append(region)
+        regions, created = wrap_pair(primary, secondary, "receiver")
         super().__init__(
             lambda: _receiver.GeoReceiver(regions[0], regions[1], seen=seen, **options),
             adapters=created,

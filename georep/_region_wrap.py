@@ -1,0 +1,56 @@
+"""Turn what a caller passed as a region (a port, or an SDK sender/receiver) into the port.
+
+A :class:`georep.ports.RegionSender` or :class:`~georep.ports.RegionReceiver` is used as it
+is; an SDK object is wrapped by the Service Bus adapter, reached through the core's one door
+to it (:mod:`georep._sdk`): async SDK objects run on the loop, sync ones on a worker thread
+per SDK object. Without the SDK extra the wrapping fails with the ``pip install`` hint.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from georep.exceptions import ConfigurationError
+from georep.ports import RegionReceiver, RegionSender
+
+__all__ = ["as_region_receiver", "as_region_sender", "wrap_pair"]
+
+
+def as_region_sender(sender: Any, region: str) -> RegionSender:
+    """``sender`` as a RegionSender labelled ``region`` (wrapped if it is an SDK sender)."""
+    wrapped: RegionSender = _as_region(sender, region, "sender")
+    return wrapped
+
+
+def as_region_receiver(receiver: Any, region: str) -> RegionReceiver:
+    """``receiver`` as a RegionReceiver labelled ``region`` (wrapped if it is an SDK one)."""
+    wrapped: RegionReceiver = _as_region(receiver, region, "receiver")
+    return wrapped
+
+
+def wrap_pair(
+    primary: Any, secondary: Any, kind: Literal["sender", "receiver"]
+) -> tuple[list[Any], list[Any]]:
+    """The two regions' ports, and those wrapped here (the caller closes their threads)."""
+    regions: list[Any] = []
+    created: list[Any] = []
+    for given, label in ((primary, "primary"), (secondary, "secondary")):
+        region = _as_region(given, label, kind)
+        regions.append(region)
+        if region is not given:
+            created.append(region)
+    return regions, created
+
+
+def _as_region(given: Any, region: str, kind: Literal["sender", "receiver"]) -> Any:
+    if isinstance(given, RegionSender if kind == "sender" else RegionReceiver):
+        return given
+    try:
+        from georep import _sdk
+    except ImportError as exc:  # pragma: no cover - depends on the install
+        raise ConfigurationError(
+            f"{region} {kind} is a {type(given).__name__}; wrapping an SDK {kind} needs "
+            "pip install 'georep[servicebus]'"
+        ) from exc
+    wrap = _sdk.region_sender_for if kind == "sender" else _sdk.region_receiver_for
+    return wrap(given, region=region)
