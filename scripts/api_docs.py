@@ -61,8 +61,16 @@ def _doc(obj: object) -> str:
 
 
 def _members(cls: type) -> list[tuple[str, object]]:
+    # The test kit's fakes share fault switches and labels through private bases (in
+    # georep.testing): list what they inherit from those as their own.
+    shared = [
+        base for base in reversed(cls.__mro__[1:]) if base.__module__.startswith("georep.testing.")
+    ]
+    namespace: dict[str, object] = {}
+    for owner in (*shared, cls):
+        namespace.update(vars(owner))
     members = []
-    for name, value in vars(cls).items():
+    for name, value in namespace.items():
         if name.startswith("_") and name not in ("__init__",):
             continue
         if name == "__init__":

@@ -70,7 +70,7 @@ class InMemorySeenSet(AsyncResource):
         return self._window
 
     async def claim(self, keys: Sequence[str], *, owner: str, lease: float) -> list[ClaimState]:
-        """Claim each key for ``owner``; raises ConfigurationError for a lease <= 0."""
+        """Claim each key for ``owner`` for ``lease`` seconds (> 0); states in key order."""
         lease = positive_seconds(lease, "lease")
         states = Claims()
         now = self._begin(keys)
@@ -117,7 +117,7 @@ class InMemorySeenSet(AsyncResource):
                 del self._entries[key]
 
     async def extend(self, keys: Sequence[str], *, owner: str, lease: float) -> list[bool]:
-        """Renew ``owner``'s claims; raises ConfigurationError for a lease <= 0."""
+        """Renew ``owner``'s claims for ``lease`` seconds (> 0); False where it lost one."""
         lease = positive_seconds(lease, "lease")
         renewed: list[bool] = []
         now = self._begin(keys)
