@@ -61,10 +61,12 @@ def _doc(obj: object) -> str:
 
 
 def _members(cls: type) -> list[tuple[str, object]]:
-    # The test kit's fakes share fault switches and labels through private bases (in
-    # georep.testing): list what they inherit from those as their own.
+    # What a class inherits from a base the reference does not list (a private class, or
+    # the test kit's shared fault switches) is listed as its own.
     shared = [
-        base for base in reversed(cls.__mro__[1:]) if base.__module__.startswith("georep.testing.")
+        base
+        for base in reversed(cls.__mro__[1:])
+        if base.__name__.startswith("_") or base.__module__.startswith("georep.testing.")
     ]
     namespace: dict[str, object] = {}
     for owner in (*shared, cls):
