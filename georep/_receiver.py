@@ -25,7 +25,7 @@ from georep._outcomes import ABANDON, COMPLETE, Decision, Decisions, Settle, dea
 from georep._policy import DedupKey, Seconds, count, positive_seconds, seconds
 from georep._region_loop import RECEIVE_GRACE as RECEIVE_GRACE
 from georep._region_loop import Handler, LoopPolicy, RegionLoop, StorePolicy
-from georep._region_wrap import as_region_receiver
+from georep._region_wrap import as_region_receiver, open_pair
 from georep._settle import Settlements
 from georep._telemetry import ReceiverMetrics, TracingGate
 from georep.exceptions import ConfigurationError, SettlementError
@@ -252,18 +252,16 @@ class GeoReceiver(AsyncResource):
                 "name a queue (queue_name=) or a topic and subscription "
                 "(topic_name=, subscription_name=)"
             )
-        regions = [
-            open_region_receiver(
-                connection_string,
-                region=region,
-                queue_name=queue_name,
-                topic_name=topic_name,
-                subscription_name=subscription_name,
-                prefetch_count=prefetch_count,
-            )
-            for region, connection_string in (("primary", primary), ("secondary", secondary))
-        ]
-        receiver = cls(regions[0], regions[1], **kwargs)
+        regions = open_pair(
+            open_region_receiver,
+            primary,
+            secondary,
+            queue_name=queue_name,
+            topic_name=topic_name,
+            subscription_name=subscription_name,
+            prefetch_count=prefetch_count,
+        )
+        receiver = cls(*regions, **kwargs)
         receiver._owned.extend(regions)
         return receiver
 

@@ -8,12 +8,15 @@ per SDK object. Without the SDK extra the wrapping fails with the ``pip install`
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from collections.abc import Callable
+from typing import Any, Literal, TypeVar
 
 from georep.exceptions import ConfigurationError
 from georep.ports import RegionReceiver, RegionSender
 
-__all__ = ["as_region_receiver", "as_region_sender", "wrap_pair"]
+__all__ = ["as_region_receiver", "as_region_sender", "open_pair", "wrap_pair"]
+
+_Region = TypeVar("_Region")
 
 
 def as_region_sender(sender: Any, region: str) -> RegionSender:
@@ -40,6 +43,20 @@ def wrap_pair(
         if region is not given:
             created.append(region)
     return regions, created
+
+
+def open_pair(
+    open_region: Callable[..., _Region], primary: str, secondary: str, **options: Any
+) -> tuple[_Region, _Region]:
+    """Both regions opened from their connection strings, labelled primary and secondary.
+
+    ``open_region`` is the adapter's ``open_region_sender`` or ``open_region_receiver``
+    (from :mod:`georep._sdk`); ``options`` go to both calls.
+    """
+    return (
+        open_region(primary, region="primary", **options),
+        open_region(secondary, region="secondary", **options),
+    )
 
 
 def _as_region(given: Any, region: str, kind: Literal["sender", "receiver"]) -> Any:

@@ -29,7 +29,7 @@ from georep._policy import (
     ReplicationMode,
     positive_seconds,
 )
-from georep._region_wrap import as_region_sender
+from georep._region_wrap import as_region_sender, open_pair
 from georep._roles import RoleState, role_state_for
 from georep._send_records import flush_ledger
 from georep._send_wiring import SenderParts, SenderSettings, wire
@@ -244,17 +244,15 @@ class GeoSender(AsyncResource):
 
         if (queue_name is None) == (topic_name is None):
             raise ConfigurationError("name exactly one of queue_name= or topic_name=")
-        regions = [
-            open_region_sender(
-                connection_string,
-                region=region,
-                queue_name=queue_name,
-                topic_name=topic_name,
-                retry_total=retry_total,
-            )
-            for region, connection_string in (("primary", primary), ("secondary", secondary))
-        ]
-        sender = cls(regions[0], regions[1], **kwargs)
+        regions = open_pair(
+            open_region_sender,
+            primary,
+            secondary,
+            queue_name=queue_name,
+            topic_name=topic_name,
+            retry_total=retry_total,
+        )
+        sender = cls(*regions, **kwargs)
         sender._owned.extend(regions)
         return sender
 
