@@ -25,7 +25,7 @@ from georep._outcomes import ABANDON, COMPLETE, Decision, Decisions, Settle, dea
 from georep._policy import DedupKey, Seconds, count, positive_seconds, seconds
 from georep._region_loop import RECEIVE_GRACE as RECEIVE_GRACE
 from georep._region_loop import Handler, LoopPolicy, RegionLoop, StorePolicy
-from georep._region_wrap import as_region_receiver, open_pair
+from georep._region_wrap import open_pair, wrap_pair
 from georep._settle import Settlements
 from georep._telemetry import ReceiverMetrics, TracingGate
 from georep.exceptions import ConfigurationError, SettlementError
@@ -162,10 +162,9 @@ class GeoReceiver(AsyncResource):
         self.ledger = ledger
         self.owner = owner or f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
         self._clock: Clock = clock or SystemClock()
-        regions = [
-            as_region_receiver(primary, "primary"),
-            as_region_receiver(secondary, "secondary"),
-        ]
+        # Adapters georep made around the caller's SDK receivers are georep's to close: that
+        # stops their worker threads (sync receivers) and never closes the caller's receiver.
+        regions, self._owned = wrap_pair(primary, secondary, "receiver")
         self.entity = regions[0].entity
         self.dedup_scope = _dedup_scope(regions, dedup_scope)
         self._scope_prefix = self.dedup_scope + "\n"
@@ -174,13 +173,6 @@ class GeoReceiver(AsyncResource):
         self._metrics = ReceiverMetrics(self.entity, meter_provider, self, _observed_parked)
         self._stopping = asyncio.Event()
         self._loops = [self._loop_for(region, tracer_provider) for region in regions]
-        # Adapters georep made around the caller's SDK receivers are georep's to close: that
-        # stops their worker threads (sync receivers) and never closes the caller's receiver.
-        self._owned: list[Any] = [
-            adapter
-            for adapter, given in zip(regions, (primary, secondary), strict=True)
-            if adapter is not given
-        ]
         self._running: asyncio.Task[None] | None = None
         self._stopped = asyncio.Event()
 

@@ -14,27 +14,19 @@ from typing import Any, Literal, TypeVar
 from georep.exceptions import ConfigurationError
 from georep.ports import RegionReceiver, RegionSender
 
-__all__ = ["as_region_receiver", "as_region_sender", "open_pair", "wrap_pair"]
+__all__ = ["open_pair", "wrap_pair"]
 
 _Region = TypeVar("_Region")
-
-
-def as_region_sender(sender: Any, region: str) -> RegionSender:
-    """``sender`` as a RegionSender labelled ``region`` (wrapped if it is an SDK sender)."""
-    wrapped: RegionSender = _as_region(sender, region, "sender")
-    return wrapped
-
-
-def as_region_receiver(receiver: Any, region: str) -> RegionReceiver:
-    """``receiver`` as a RegionReceiver labelled ``region`` (wrapped if it is an SDK one)."""
-    wrapped: RegionReceiver = _as_region(receiver, region, "receiver")
-    return wrapped
 
 
 def wrap_pair(
     primary: Any, secondary: Any, kind: Literal["sender", "receiver"]
 ) -> tuple[list[Any], list[Any]]:
-    """The two regions' ports, and those wrapped here (the caller closes their threads)."""
+    """The two regions' ports, and those wrapped here (the caller closes their threads).
+
+    A :class:`~georep.ports.RegionSender` (or ``RegionReceiver``) is used as it is; an SDK
+    sender or receiver is wrapped and labelled ``"primary"`` or ``"secondary"``.
+    """
     regions: list[Any] = []
     created: list[Any] = []
     for given, label in ((primary, "primary"), (secondary, "secondary")):

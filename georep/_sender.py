@@ -29,7 +29,7 @@ from georep._policy import (
     ReplicationMode,
     positive_seconds,
 )
-from georep._region_wrap import as_region_sender, open_pair
+from georep._region_wrap import open_pair, wrap_pair
 from georep._roles import RoleState, role_state_for
 from georep._send_records import flush_ledger
 from georep._send_wiring import SenderParts, SenderSettings, wire
@@ -155,8 +155,11 @@ class GeoSender(AsyncResource):
         self.repair = repair
         self.ledger = ledger
         self._clock: Clock = clock or SystemClock()
-        self._primary = as_region_sender(primary, "primary")
-        self._secondary = as_region_sender(secondary, "secondary")
+        # Adapters georep made around the caller's SDK senders are georep's to close: that
+        # stops their worker threads (sync senders) and never closes the caller's sender.
+        regions, self._owned = wrap_pair(primary, secondary, "sender")
+        self._primary: RegionSender = regions[0]
+        self._secondary: RegionSender = regions[1]
         _check_pair(self._primary, self._secondary)
         _check_options(self.policy, self.mode, partitioned, repair, outbox)
         self._codec = self._primary.codec
@@ -167,13 +170,6 @@ class GeoSender(AsyncResource):
         self.channel = "|".join(
             [*sorted((self._primary.namespace, self._secondary.namespace)), self.entity]
         )
-        # Adapters georep made around the caller's SDK senders are georep's to close: that
-        # stops their worker threads (sync senders) and never closes the caller's sender.
-        self._owned: list[Any] = [
-            adapter
-            for adapter, given in ((self._primary, primary), (self._secondary, secondary))
-            if adapter is not given
-        ]
         self.stats = SenderStats()
         self._parts = self._build(tracer_provider, meter_provider)
         self._drainer = self._parts.drainer
