@@ -100,53 +100,33 @@ RECEIVE_COLUMNS: Final = (
 )
 
 
-def _timestamp() -> pa.DataType:
+_NOT_NULL: Final = frozenset({"schema_version", "message_id"})
+
+
+def _schema(columns: tuple[tuple[str, str, str], ...], files: str) -> pa.Schema:
+    """The pyarrow schema of ``columns`` (a table above), for ``files`` (sends, receives)."""
     import pyarrow as pa
 
-    return pa.timestamp("us", tz="UTC")
+    region = pa.struct([("region", pa.string()), ("outcome", pa.string()), ("error", pa.string())])
+    types = {
+        "int16": pa.int16(),
+        "int32": pa.int32(),
+        "bool": pa.bool_(),
+        "string": pa.string(),
+        "timestamp[us, UTC]": pa.timestamp("us", tz="UTC"),
+        "list<struct<region: string, outcome: string, error: string>>": pa.list_(region),
+    }
+    return pa.schema(
+        [pa.field(name, types[kind], nullable=name not in _NOT_NULL) for name, kind, _ in columns],
+        metadata={"georep.ledger": files, "georep.schema_version": str(SCHEMA_VERSION)},
+    )
 
 
 def send_schema() -> pa.Schema:
     """The pyarrow schema of ``sends`` files."""
-    import pyarrow as pa
-
-    region = pa.struct([("region", pa.string()), ("outcome", pa.string()), ("error", pa.string())])
-    return pa.schema(
-        [
-            pa.field("schema_version", pa.int16(), nullable=False),
-            pa.field("message_id", pa.string(), nullable=False),
-            pa.field("entity", pa.string()),
-            pa.field("mode", pa.string()),
-            pa.field("outcome", pa.string()),
-            pa.field("accepted_region", pa.string()),
-            pa.field("failover", pa.bool_()),
-            pa.field("regions", pa.list_(region)),
-            pa.field("started_at", _timestamp()),
-            pa.field("finished_at", _timestamp()),
-            pa.field("process_id", pa.int32()),
-            pa.field("host", pa.string()),
-        ],
-        metadata={"georep.ledger": "sends", "georep.schema_version": str(SCHEMA_VERSION)},
-    )
+    return _schema(SEND_COLUMNS, "sends")
 
 
 def receive_schema() -> pa.Schema:
     """The pyarrow schema of ``receives`` files."""
-    import pyarrow as pa
-
-    return pa.schema(
-        [
-            pa.field("schema_version", pa.int16(), nullable=False),
-            pa.field("message_id", pa.string(), nullable=False),
-            pa.field("entity", pa.string()),
-            pa.field("region", pa.string()),
-            pa.field("outcome", pa.string()),
-            pa.field("delivery_count", pa.int32()),
-            pa.field("enqueued_at", _timestamp()),
-            pa.field("received_at", _timestamp()),
-            pa.field("settled_at", _timestamp()),
-            pa.field("process_id", pa.int32()),
-            pa.field("host", pa.string()),
-        ],
-        metadata={"georep.ledger": "receives", "georep.schema_version": str(SCHEMA_VERSION)},
-    )
+    return _schema(RECEIVE_COLUMNS, "receives")

@@ -13,13 +13,14 @@ import contextlib
 import os
 import sqlite3
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import contextmanager
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Final, TypeVar
 
+from georep import _outbox_sql as sql
 from georep._lifecycle import AsyncResource
 from georep.exceptions import (
     ClosedError,
@@ -48,63 +49,6 @@ DISK_HEADROOM_MAX_BYTES: Final = 256 << 20
 most 256 MiB): the write-ahead log grows up to ~4 MiB before it is folded into the
 database, and claims and deletes need room in it too; without it a full disk would stop
 the drain, not just new puts."""
-
-# The totals row is kept by triggers rather than computed per put: COUNT(*) and
-# SUM(length(payload)) would scan the whole table (up to max_bytes of pages) on every put,
-# exactly when the outbox is large because a region is down. Triggers also keep it right
-# when several processes write the same file.
-_SCHEMA: Final = """
-CREATE TABLE IF NOT EXISTS outbox (
-    entry_id INTEGER PRIMARY KEY AUTOINCREMENT,
-    channel TEXT NOT NULL,
-    region TEXT,
-    payload BLOB NOT NULL,
-    enqueued_at REAL NOT NULL,
-    attempts INTEGER NOT NULL DEFAULT 0,
-    not_before REAL NOT NULL,
-    leased_until REAL NOT NULL DEFAULT 0,
-    leased_by TEXT
-);
-CREATE INDEX IF NOT EXISTS outbox_due ON outbox (channel, not_before, entry_id);
-CREATE TABLE IF NOT EXISTS outbox_totals (
-    singleton INTEGER PRIMARY KEY CHECK (singleton = 1),
-    entries INTEGER NOT NULL,
-    payload_bytes INTEGER NOT NULL
-);
-INSERT OR IGNORE INTO outbox_totals (singleton, entries, payload_bytes) VALUES (1, 0, 0);
-CREATE TRIGGER IF NOT EXISTS outbox_totals_after_insert AFTER INSERT ON outbox BEGIN
-    UPDATE outbox_totals
-    SET entries = entries + 1, payload_bytes = payload_bytes + length(NEW.payload)
-    WHERE singleton = 1;
-END;
-CREATE TRIGGER IF NOT EXISTS outbox_totals_after_delete AFTER DELETE ON outbox BEGIN
-    UPDATE outbox_totals
-    SET entries = entries - 1, payload_bytes = payload_bytes - length(OLD.payload)
-    WHERE singleton = 1;
-END;
-CREATE TABLE IF NOT EXISTS outbox_dead (
-    entry_id INTEGER PRIMARY KEY,
-    channel TEXT NOT NULL,
-    region TEXT,
-    payload BLOB NOT NULL,
-    enqueued_at REAL NOT NULL,
-    attempts INTEGER NOT NULL,
-    reason TEXT NOT NULL,
-    dead_at REAL NOT NULL
-);
-"""
-
-# Statements that bring a file of the key's version to the next one.
-_MIGRATIONS: Final = {
-    1: (
-        "ALTER TABLE outbox ADD COLUMN leased_by TEXT",
-        "CREATE TABLE IF NOT EXISTS outbox_dead (entry_id INTEGER PRIMARY KEY,"
-        " channel TEXT NOT NULL, region TEXT, payload BLOB NOT NULL, enqueued_at REAL NOT NULL,"
-        " attempts INTEGER NOT NULL, reason TEXT NOT NULL, dead_at REAL NOT NULL)",
-    ),
-}
-
-_ENTRY_COLUMNS: Final = "entry_id, channel, region, payload, enqueued_at, attempts"
 
 # Errors that mean "this path cannot hold an outbox", as opposed to a transient failure.
 _UNUSABLE_FILE_ERRORS: Final = frozenset(
@@ -270,19 +214,7 @@ class SqliteOutbox(AsyncResource):
 
         def insert(connection: sqlite3.Connection) -> list[int]:
             self._check_disk(new_bytes)
-            with _immediate_transaction(connection):
-                self._check_room(connection, len(rows), new_bytes)
-                # One INSERT per row: lastrowid is only defined for single-row inserts.
-                entry_ids: list[int] = []
-                for row in rows:
-                    cursor = connection.execute(
-                        "INSERT INTO outbox (channel, region, payload, enqueued_at, not_before)"
-                        " VALUES (?, ?, ?, ?, ?)",
-                        row,
-                    )
-                    assert cursor.lastrowid is not None
-                    entry_ids.append(cursor.lastrowid)
-                self._last_known_depth = _totals(connection)[0]
+            entry_ids, self._last_known_depth = sql.insert(connection, rows, self._check_room)
             return entry_ids
 
         if not rows:
@@ -309,24 +241,9 @@ class SqliteOutbox(AsyncResource):
             OutboxUnavailableError: The file could not be used just now.
         """
         check_claim_arguments(limit=limit, lease=lease)
-
-        def lease_due_entries(connection: sqlite3.Connection) -> list[OutboxEntry]:
-            # IMMEDIATE takes the write lock before reading, so a second process cannot
-            # select the same rows between our SELECT and UPDATE.
-            with _immediate_transaction(connection):
-                rows = connection.execute(
-                    f"SELECT {_ENTRY_COLUMNS} FROM outbox"
-                    " WHERE channel = ? AND not_before <= ? AND leased_until <= ?"
-                    " ORDER BY entry_id LIMIT ?",
-                    (channel, now, now, limit),
-                ).fetchall()
-                connection.executemany(
-                    "UPDATE outbox SET leased_until = ?, leased_by = ? WHERE entry_id = ?",
-                    [(now + lease, owner, row[0]) for row in rows],
-                )
-            return [_entry(row) for row in rows]
-
-        return await self._run(lease_due_entries)
+        return await self._run(
+            partial(sql.lease_due, channel=channel, limit=limit, now=now, lease=lease, owner=owner)
+        )
 
     async def renew(
         self, entry_ids: Sequence[int], *, owner: str, now: float, lease: float
@@ -342,23 +259,12 @@ class SqliteOutbox(AsyncResource):
             OutboxUnavailableError: The file could not be used just now.
         """
         ids = list(entry_ids)
-
-        def extend(connection: sqlite3.Connection) -> list[int]:
-            held: list[int] = []
-            with _immediate_transaction(connection):
-                for entry_id in ids:
-                    cursor = connection.execute(
-                        "UPDATE outbox SET leased_until = ? WHERE entry_id = ? AND leased_by = ?",
-                        (now + lease, entry_id, owner),
-                    )
-                    if cursor.rowcount:
-                        held.append(entry_id)
-            return held
-
         if not ids:
             self._check_open()
             return []
-        return await self._run(extend)
+        return await self._run(
+            partial(sql.extend_leases, entry_ids=ids, owner=owner, until=now + lease)
+        )
 
     async def release(self, entry_ids: Sequence[int], *, owner: str | None = None) -> None:
         """Hand leased entries back unsent: due at once, no attempt counted.
@@ -378,12 +284,10 @@ class SqliteOutbox(AsyncResource):
             ClosedError: The outbox was closed.
             OutboxUnavailableError: The file could not be used just now.
         """
-        ids = [(entry_id,) for entry_id in entry_ids]
+        ids = list(entry_ids)
 
         def remove(connection: sqlite3.Connection) -> None:
-            with _immediate_transaction(connection):
-                connection.executemany("DELETE FROM outbox WHERE entry_id = ?", ids)
-                self._last_known_depth = _totals(connection)[0]
+            self._last_known_depth = sql.delete(connection, ids)
 
         if not ids:
             self._check_open()
@@ -414,24 +318,15 @@ class SqliteOutbox(AsyncResource):
         attempts: int,
         not_before: float | None,
     ) -> None:
-        # not_before None keeps the due time (a release: the entry was due when claimed).
-        sql = (
-            "UPDATE outbox SET attempts = attempts + ?, leased_until = 0, leased_by = NULL,"
-            " not_before = COALESCE(?, not_before) WHERE entry_id = ?"
-        )
-        rows: list[tuple[object, ...]] = [(attempts, not_before, i) for i in entry_ids]
-        if owner is not None:
-            sql += " AND leased_by = ?"
-            rows = [(*row, owner) for row in rows]
-
-        def update(connection: sqlite3.Connection) -> None:
-            with _immediate_transaction(connection):
-                connection.executemany(sql, rows)
-
-        if not rows:
+        ids = list(entry_ids)
+        if not ids:
             self._check_open()
             return
-        await self._run(update)
+        await self._run(
+            partial(
+                sql.unlease, entry_ids=ids, owner=owner, attempts=attempts, not_before=not_before
+            )
+        )
 
     async def dead_letter(self, entries: Sequence[tuple[int, str]], *, now: float) -> None:
         """Move ``(entry_id, reason)`` entries from the queue to the dead-letter table.
@@ -444,20 +339,10 @@ class SqliteOutbox(AsyncResource):
             ClosedError: The outbox was closed.
             OutboxUnavailableError: The file could not be used just now.
         """
-        rows = [(reason, now, entry_id) for entry_id, reason in entries]
+        rows = list(entries)
 
         def move(connection: sqlite3.Connection) -> None:
-            with _immediate_transaction(connection):
-                for reason, dead_at, entry_id in rows:
-                    connection.execute(
-                        "INSERT OR REPLACE INTO outbox_dead (entry_id, channel, region, payload,"
-                        " enqueued_at, attempts, reason, dead_at) SELECT entry_id, channel,"
-                        " region, payload, enqueued_at, attempts + 1, ?, ? FROM outbox"
-                        " WHERE entry_id = ?",
-                        (reason, dead_at, entry_id),
-                    )
-                    connection.execute("DELETE FROM outbox WHERE entry_id = ?", (entry_id,))
-                self._last_known_depth = _totals(connection)[0]
+            self._last_known_depth = sql.bury(connection, rows, now)
 
         if not rows:
             self._check_open()
@@ -475,18 +360,8 @@ class SqliteOutbox(AsyncResource):
             ClosedError: The outbox was closed.
             OutboxUnavailableError: The file could not be used just now.
         """
-        sql = (
-            "SELECT entry_id, 'dead', channel, region, length(payload), enqueued_at, attempts,"
-            " reason, dead_at FROM outbox_dead ORDER BY entry_id LIMIT ?"
-            if dead
-            else "SELECT entry_id, 'queued', channel, region, length(payload), enqueued_at,"
-            " attempts, NULL, NULL FROM outbox ORDER BY entry_id LIMIT ?"
-        )
-
-        def select(connection: sqlite3.Connection) -> list[OutboxRecord]:
-            return [OutboxRecord(*row) for row in connection.execute(sql, (limit,))]
-
-        return await self._run(select)
+        rows = await self._run(partial(sql.records, dead=dead, limit=limit))
+        return [OutboxRecord(*row) for row in rows]  # type: ignore[arg-type]
 
     async def dead_depth(self) -> int:
         """Dead-lettered entries in the file.
@@ -495,11 +370,7 @@ class SqliteOutbox(AsyncResource):
             ClosedError: The outbox was closed.
             OutboxUnavailableError: The file could not be used just now.
         """
-
-        def count(connection: sqlite3.Connection) -> int:
-            return int(connection.execute("SELECT COUNT(*) FROM outbox_dead").fetchone()[0])
-
-        return await self._run(count)
+        return await self._run(sql.dead_count)
 
     async def replay(self, entry_ids: Sequence[int] | None = None, *, now: float) -> int:
         """Move dead-lettered entries (all, or ``entry_ids``) back to the queue, due at once.
@@ -516,24 +387,12 @@ class SqliteOutbox(AsyncResource):
             ClosedError: The outbox was closed.
             OutboxUnavailableError: The file could not be used just now.
         """
-        where, parameters = _id_filter(entry_ids)
 
         def move_back(connection: sqlite3.Connection) -> int:
-            with _immediate_transaction(connection):
-                count, size = connection.execute(
-                    f"SELECT COUNT(*), COALESCE(SUM(length(payload)), 0) FROM outbox_dead{where}",
-                    parameters,
-                ).fetchone()
-                self._check_room(connection, int(count), int(size))
-                connection.execute(
-                    "INSERT INTO outbox (entry_id, channel, region, payload, enqueued_at,"
-                    " attempts, not_before) SELECT entry_id, channel, region, payload,"
-                    f" enqueued_at, 0, ? FROM outbox_dead{where}",
-                    (now, *parameters),
-                )
-                connection.execute(f"DELETE FROM outbox_dead{where}", parameters)
-                self._last_known_depth = _totals(connection)[0]
-            return int(count)
+            moved, self._last_known_depth = sql.revive(
+                connection, entry_ids, now=now, check_room=self._check_room
+            )
+            return moved
 
         return await self._run(move_back)
 
@@ -547,14 +406,7 @@ class SqliteOutbox(AsyncResource):
             ClosedError: The outbox was closed.
             OutboxUnavailableError: The file could not be used just now.
         """
-        where, parameters = _id_filter(entry_ids)
-
-        def remove(connection: sqlite3.Connection) -> int:
-            with _immediate_transaction(connection):
-                cursor = connection.execute(f"DELETE FROM outbox_dead{where}", parameters)
-            return cursor.rowcount
-
-        return await self._run(remove)
+        return await self._run(partial(sql.purge, entry_ids=entry_ids))
 
     def _check_disk(self, new_bytes: int) -> None:
         """Refuse a put that would eat into the room the drain needs (see DISK_HEADROOM_*)."""
@@ -575,7 +427,7 @@ class SqliteOutbox(AsyncResource):
             )
 
     def _check_room(self, connection: sqlite3.Connection, new_entries: int, new_bytes: int) -> None:
-        entries, payload_bytes = _totals(connection)
+        entries, payload_bytes = sql.totals(connection)
         if entries + new_entries > self._max_entries or payload_bytes + new_bytes > self._max_bytes:
             self._last_known_depth = entries
             raise outbox_full_error(
@@ -596,14 +448,10 @@ class SqliteOutbox(AsyncResource):
         """
 
         def count(connection: sqlite3.Connection) -> int:
-            if channel is None:
-                total = _totals(connection)[0]
-                self._last_known_depth = total
-                return total
-            row = connection.execute(
-                "SELECT COUNT(*) FROM outbox WHERE channel = ?", (channel,)
-            ).fetchone()
-            return int(row[0])
+            if channel is not None:
+                return sql.count(connection, channel)
+            self._last_known_depth = sql.totals(connection)[0]
+            return self._last_known_depth
 
         return await self._run(count)
 
@@ -718,15 +566,15 @@ def _prepare(connection: sqlite3.Connection, path: Path) -> None:
     # log on every commit, which is what makes put's acknowledgement durable.
     connection.execute("PRAGMA journal_mode=WAL")
     connection.execute("PRAGMA synchronous=FULL")
-    with _immediate_transaction(connection):
+    with sql.immediate_transaction(connection):
         # Re-read under the write lock: another process may have created the schema.
         version = _check_schema_version(connection, path)
         if version == 0:
-            for statement in _schema_statements():
+            for statement in sql.schema_statements():
                 connection.execute(statement)
         else:
             for step in range(version, SCHEMA_VERSION):
-                for statement in _MIGRATIONS[step]:
+                for statement in sql.MIGRATIONS[step]:
                     connection.execute(statement)
         if version != SCHEMA_VERSION:
             connection.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
@@ -758,40 +606,6 @@ def _named_error(path: Path, error: sqlite3.Error) -> OutboxFullError | OutboxUn
     )
 
 
-def _entry(row: tuple[int, str, str | None, bytes, float, int]) -> OutboxEntry:
-    entry_id, channel, region, payload, enqueued_at, attempts = row
-    return OutboxEntry(
-        entry_id=entry_id,
-        channel=channel,
-        region=region,
-        payload=bytes(payload),
-        enqueued_at=enqueued_at,
-        attempts=attempts,
-    )
-
-
-def _id_filter(entry_ids: Sequence[int] | None) -> tuple[str, tuple[int, ...]]:
-    """A WHERE clause (with its parameters) for ``entry_ids``; None means every row."""
-    if entry_ids is None:
-        return "", ()
-    ids = tuple(int(entry_id) for entry_id in entry_ids)
-    if not ids:
-        return " WHERE 0", ()
-    return f" WHERE entry_id IN ({', '.join('?' * len(ids))})", ids
-
-
-def _schema_statements() -> list[str]:
-    # executescript() would COMMIT our open transaction first, so run statements one by one.
-    statements: list[str] = []
-    pending = ""
-    for line in _SCHEMA.strip().splitlines(keepends=True):
-        pending += line
-        if sqlite3.complete_statement(pending):
-            statements.append(pending.strip())
-            pending = ""
-    return statements
-
-
 def _check_schema_version(connection: sqlite3.Connection, path: Path) -> int:
     version = int(connection.execute("PRAGMA user_version").fetchone()[0])
     if version > SCHEMA_VERSION:
@@ -813,24 +627,3 @@ def _unusable_file_error(path: Path, error: sqlite3.Error) -> ConfigurationError
         f"cannot use {path} as an outbox: {error}; pass the path of a georep outbox file, "
         "or of a file that does not exist yet"
     )
-
-
-def _totals(connection: sqlite3.Connection) -> tuple[int, int]:
-    entries, payload_bytes = connection.execute(
-        "SELECT entries, payload_bytes FROM outbox_totals WHERE singleton = 1"
-    ).fetchone()
-    return int(entries), int(payload_bytes)
-
-
-@contextmanager
-def _immediate_transaction(connection: sqlite3.Connection) -> Iterator[None]:
-    connection.execute("BEGIN IMMEDIATE")
-    try:
-        yield
-    except BaseException:
-        # SQLite rolls back by itself after some errors (disk full, ...); a second
-        # ROLLBACK would then fail and hide the original error.
-        if connection.in_transaction:
-            connection.execute("ROLLBACK")
-        raise
-    connection.execute("COMMIT")

@@ -10,7 +10,7 @@ import weakref
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any
+from typing import Any, Final
 
 from opentelemetry import metrics
 
@@ -20,7 +20,7 @@ from georep._clock import SystemClock
 from georep._lifecycle import AsyncResource, close_all
 from georep._paired import PairedNamespaceOptions
 from georep._send_records import flush_ledger
-from georep._telemetry import Instruments
+from georep._telemetry import Instruments, InstrumentSpec
 from georep.exceptions import (
     AllRegionsUnavailableError,
     ConfigurationError,
@@ -65,6 +65,17 @@ def _ledger_error(error: RegionError) -> str:
     """How the ledger names a failure: the class, ``TimeoutError`` for georep's deadline."""
     cause = error.__cause__
     return type(cause if isinstance(cause, TimeoutError) else error).__name__
+
+
+PAIRED_COUNTERS: Final = {
+    "pings": InstrumentSpec(
+        "georep.paired.pings", "{ping}", "Pings sent to an unavailable entity."
+    ),
+    "backlog_sends": InstrumentSpec(
+        "georep.paired.backlog_sends", "{message}", "Messages sent to a backlog queue."
+    ),
+}
+"""The paired sender's counters."""
 
 
 class PairedSender(AsyncResource):
@@ -125,15 +136,7 @@ class PairedSender(AsyncResource):
         self.state = state
         self._owned: list[RegionSender] = []
         # Shared per provider: instruments created per instance would pile up.
-        meter = Instruments.of(meter_provider)
-        self._pings = meter.counter(
-            "georep.paired.pings", unit="{ping}", description="Pings sent to an unavailable entity."
-        )
-        self._backlog_sends = meter.counter(
-            "georep.paired.backlog_sends",
-            unit="{message}",
-            description="Messages sent to a backlog queue.",
-        )
+        self._counters = Instruments.of(meter_provider).counters(PAIRED_COUNTERS)
         self.pings = 0
 
     async def aclose(self) -> None:
@@ -417,7 +420,7 @@ class PairedSender(AsyncResource):
                     attempts.append(RegionAttempt(queue.region, "failed", _ledger_error(exc)))
                 _log.warning("backlog queue %s left the rotation: %s", queue.entity, exc)
                 continue
-            self._backlog_sends.add(1, {"georep.backlog_queue": str(index)})
+            self._counters["backlog_sends"].add(1, {"georep.backlog_queue": str(index)})
             if attempts is not None:
                 attempts.append(RegionAttempt(queue.region, "accepted"))
             return queue.entity
@@ -430,7 +433,7 @@ class PairedSender(AsyncResource):
         while state.engaged:
             await self._clock.sleep(interval)
             self.pings += 1
-            self._pings.add(1, {"messaging.destination.name": self.entity})
+            self._counters["pings"].add(1, {"messaging.destination.name": self.entity})
             try:
                 await self._main.call(timeout, self._primary.send, self._make_ping())
             except RegionError as exc:

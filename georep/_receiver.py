@@ -25,6 +25,7 @@ from georep._outcomes import ABANDON, COMPLETE, Decision, Decisions, Settle, dea
 from georep._policy import DedupKey, Seconds, count, positive_seconds, seconds
 from georep._region_loop import RECEIVE_GRACE as RECEIVE_GRACE
 from georep._region_loop import Handler, LoopPolicy, RegionLoop, StorePolicy
+from georep._region_wrap import open_pair, wrap_pair
 from georep._settle import Settlements
 from georep._telemetry import ReceiverMetrics, TracingGate
 from georep.exceptions import ConfigurationError, SettlementError
@@ -71,21 +72,6 @@ class ReceiverStats:
     store_errors: int = 0
     unchecked: int = 0
     received: dict[str, int] = field(default_factory=dict)
-
-
-def _as_region_receiver(receiver: Any, region: str) -> RegionReceiver:
-    if isinstance(receiver, RegionReceiver):
-        return receiver
-    try:
-        from georep._sdk import region_receiver_for
-    except ImportError as exc:  # pragma: no cover - depends on the install
-        raise ConfigurationError(
-            f"{region} receiver is a {type(receiver).__name__}; wrapping an SDK receiver "
-            "needs pip install 'georep[servicebus]'"
-        ) from exc
-    # Async SDK receivers run on the loop, sync ones on a worker thread per SDK receiver.
-    wrapped: RegionReceiver = region_receiver_for(receiver, region=region)
-    return wrapped
 
 
 def _observed_parked(receiver: GeoReceiver) -> int | None:
@@ -176,10 +162,9 @@ class GeoReceiver(AsyncResource):
         self.ledger = ledger
         self.owner = owner or f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
         self._clock: Clock = clock or SystemClock()
-        regions = [
-            _as_region_receiver(primary, "primary"),
-            _as_region_receiver(secondary, "secondary"),
-        ]
+        # Adapters georep made around the caller's SDK receivers are georep's to close: that
+        # stops their worker threads (sync receivers) and never closes the caller's receiver.
+        regions, self._owned = wrap_pair(primary, secondary, "receiver")
         self.entity = regions[0].entity
         self.dedup_scope = _dedup_scope(regions, dedup_scope)
         self._scope_prefix = self.dedup_scope + "\n"
@@ -188,13 +173,6 @@ class GeoReceiver(AsyncResource):
         self._metrics = ReceiverMetrics(self.entity, meter_provider, self, _observed_parked)
         self._stopping = asyncio.Event()
         self._loops = [self._loop_for(region, tracer_provider) for region in regions]
-        # Adapters georep made around the caller's SDK receivers are georep's to close: that
-        # stops their worker threads (sync receivers) and never closes the caller's receiver.
-        self._owned: list[Any] = [
-            adapter
-            for adapter, given in zip(regions, (primary, secondary), strict=True)
-            if adapter is not given
-        ]
         self._running: asyncio.Task[None] | None = None
         self._stopped = asyncio.Event()
 
@@ -266,18 +244,16 @@ class GeoReceiver(AsyncResource):
                 "name a queue (queue_name=) or a topic and subscription "
                 "(topic_name=, subscription_name=)"
             )
-        regions = [
-            open_region_receiver(
-                connection_string,
-                region=region,
-                queue_name=queue_name,
-                topic_name=topic_name,
-                subscription_name=subscription_name,
-                prefetch_count=prefetch_count,
-            )
-            for region, connection_string in (("primary", primary), ("secondary", secondary))
-        ]
-        receiver = cls(regions[0], regions[1], **kwargs)
+        regions = open_pair(
+            open_region_receiver,
+            primary,
+            secondary,
+            queue_name=queue_name,
+            topic_name=topic_name,
+            subscription_name=subscription_name,
+            prefetch_count=prefetch_count,
+        )
+        receiver = cls(*regions, **kwargs)
         receiver._owned.extend(regions)
         return receiver
 

@@ -13,7 +13,7 @@ import random
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import Any, Final, NamedTuple
 
 from opentelemetry import metrics, trace
 from opentelemetry.trace import SpanKind, Status, StatusCode
@@ -24,7 +24,7 @@ from georep._clock import SystemClock
 from georep._lifecycle import AsyncResource, close_all
 from georep._policy import Seconds, as_seconds, positive_seconds
 from georep._roles import RoleSnapshot, RoleState
-from georep._telemetry import Instruments, TracingGate
+from georep._telemetry import Instruments, InstrumentSpec, TracingGate
 from georep.exceptions import (
     AllRegionsUnavailableError,
     ConfigurationError,
@@ -107,6 +107,27 @@ class _Call(NamedTuple):
 _OUTCOMES = {outcome: {"georep.outcome": outcome} for outcome in ("ok", "failed")}
 
 
+RELAY_COUNTERS: Final = {
+    "failovers": InstrumentSpec(
+        "georep.relay.failovers",
+        "{request}",
+        "Relay requests reissued to the backup endpoint after the active failed.",
+    ),
+    "role_swaps": InstrumentSpec(
+        "georep.relay.role_swaps",
+        "{swap}",
+        "Times the active and backup relay endpoints swapped roles.",
+    ),
+}
+"""The failover channel's counters."""
+
+RELAY_DURATION: Final = InstrumentSpec(
+    "georep.relay.request.duration",
+    "s",
+    "Duration of FailoverChannel.request calls, failover included.",
+)
+
+
 class _ChannelTelemetry:
     def __init__(
         self,
@@ -120,27 +141,14 @@ class _ChannelTelemetry:
         self.tracing = TracingGate(tracer_provider, monotonic)
         # Shared per provider: instruments created per instance would pile up.
         meter = Instruments.of(meter_provider)
-        self._failovers = meter.counter(
-            "georep.relay.failovers",
-            unit="{request}",
-            description="Relay requests reissued to the backup endpoint after the active failed.",
-        )
-        self._swaps = meter.counter(
-            "georep.relay.role_swaps",
-            unit="{swap}",
-            description="Times the active and backup relay endpoints swapped roles.",
-        )
-        self._duration = meter.histogram(
-            "georep.relay.request.duration",
-            unit="s",
-            description="Duration of FailoverChannel.request calls, failover included.",
-        )
+        self._counters = meter.counters(RELAY_COUNTERS)
+        self._duration = meter.histogram_of(RELAY_DURATION)
 
     def failover(self, from_region: str, to_region: str) -> None:
-        self._failovers.add(1, {"georep.from": from_region, "georep.to": to_region})
+        self._counters["failovers"].add(1, {"georep.from": from_region, "georep.to": to_region})
 
     def swap(self, new_active: str) -> None:
-        self._swaps.add(1, {"georep.region": new_active})
+        self._counters["role_swaps"].add(1, {"georep.region": new_active})
 
     def duration(self, seconds: float, outcome: str) -> None:
         self._duration.record(seconds, _OUTCOMES[outcome])

@@ -29,6 +29,7 @@ from georep._policy import (
     ReplicationMode,
     positive_seconds,
 )
+from georep._region_wrap import open_pair, wrap_pair
 from georep._roles import RoleState, role_state_for
 from georep._send_records import flush_ledger
 from georep._send_wiring import SenderParts, SenderSettings, wire
@@ -50,21 +51,6 @@ __all__ = ["GeoSender", "SendResult", "SenderStats"]
 _log = logging.getLogger("georep.sender")
 
 _PRODUCER = SpanKind.PRODUCER
-
-
-def _as_region_sender(sender: Any, region: str) -> RegionSender:
-    if isinstance(sender, RegionSender):
-        return sender
-    try:
-        from georep._sdk import region_sender_for
-    except ImportError as exc:  # pragma: no cover - depends on the install
-        raise ConfigurationError(
-            f"{region} sender is a {type(sender).__name__}; wrapping an SDK sender needs "
-            "pip install 'georep[servicebus]'"
-        ) from exc
-    # Async SDK senders run on the loop, sync ones on a worker thread per SDK sender.
-    wrapped: RegionSender = region_sender_for(sender, region=region)
-    return wrapped
 
 
 def _observed_outbox_depth(sender: GeoSender) -> int | None:
@@ -169,8 +155,11 @@ class GeoSender(AsyncResource):
         self.repair = repair
         self.ledger = ledger
         self._clock: Clock = clock or SystemClock()
-        self._primary = _as_region_sender(primary, "primary")
-        self._secondary = _as_region_sender(secondary, "secondary")
+        # Adapters georep made around the caller's SDK senders are georep's to close: that
+        # stops their worker threads (sync senders) and never closes the caller's sender.
+        regions, self._owned = wrap_pair(primary, secondary, "sender")
+        self._primary: RegionSender = regions[0]
+        self._secondary: RegionSender = regions[1]
         _check_pair(self._primary, self._secondary)
         _check_options(self.policy, self.mode, partitioned, repair, outbox)
         self._codec = self._primary.codec
@@ -181,13 +170,6 @@ class GeoSender(AsyncResource):
         self.channel = "|".join(
             [*sorted((self._primary.namespace, self._secondary.namespace)), self.entity]
         )
-        # Adapters georep made around the caller's SDK senders are georep's to close: that
-        # stops their worker threads (sync senders) and never closes the caller's sender.
-        self._owned: list[Any] = [
-            adapter
-            for adapter, given in ((self._primary, primary), (self._secondary, secondary))
-            if adapter is not given
-        ]
         self.stats = SenderStats()
         self._parts = self._build(tracer_provider, meter_provider)
         self._drainer = self._parts.drainer
@@ -258,17 +240,15 @@ class GeoSender(AsyncResource):
 
         if (queue_name is None) == (topic_name is None):
             raise ConfigurationError("name exactly one of queue_name= or topic_name=")
-        regions = [
-            open_region_sender(
-                connection_string,
-                region=region,
-                queue_name=queue_name,
-                topic_name=topic_name,
-                retry_total=retry_total,
-            )
-            for region, connection_string in (("primary", primary), ("secondary", secondary))
-        ]
-        sender = cls(regions[0], regions[1], **kwargs)
+        regions = open_pair(
+            open_region_sender,
+            primary,
+            secondary,
+            queue_name=queue_name,
+            topic_name=topic_name,
+            retry_total=retry_total,
+        )
+        sender = cls(*regions, **kwargs)
         sender._owned.extend(regions)
         return sender
 

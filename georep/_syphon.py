@@ -7,7 +7,7 @@ import contextlib
 import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Final
 
 from opentelemetry import metrics
 
@@ -16,7 +16,7 @@ from georep._classify import CLIENT_FAULT_KINDS, RETRYABLE_KINDS
 from georep._clock import SystemClock
 from georep._lifecycle import AsyncResource, close_all
 from georep._paired import PairedNamespaceOptions
-from georep._telemetry import Instruments
+from georep._telemetry import Instruments, InstrumentSpec
 from georep.exceptions import (
     GeoReplicationError,
     MessageExpiredError,
@@ -53,6 +53,26 @@ class SyphonStats:
     def billed_operations(self) -> int:
         """Send to backlog, receive from backlog, send to primary, receive from primary."""
         return 4 * self.moved
+
+
+SYPHON_COUNTERS: Final = {
+    "receive_calls": InstrumentSpec(
+        "georep.syphon.receive_calls",
+        "{call}",
+        "Long-poll receive calls on backlog queues (billed operations).",
+    ),
+    "moved": InstrumentSpec(
+        "georep.syphon.moved",
+        "{message}",
+        "Messages moved to the primary (4 billed operations each).",
+    ),
+    "expired": InstrumentSpec(
+        "georep.syphon.expired",
+        "{message}",
+        "Backlog messages whose time to live ran out: dead-lettered, not moved.",
+    ),
+}
+"""The syphon's counters."""
 
 
 class Syphon(AsyncResource):
@@ -101,22 +121,7 @@ class Syphon(AsyncResource):
         self._partner_closer: asyncio.Future[None] | None = None
         self._stopping = asyncio.Event()
         # Shared per provider: instruments created per instance would pile up.
-        meter = Instruments.of(meter_provider)
-        self._receives = meter.counter(
-            "georep.syphon.receive_calls",
-            unit="{call}",
-            description="Long-poll receive calls on backlog queues (billed operations).",
-        )
-        self._moved = meter.counter(
-            "georep.syphon.moved",
-            unit="{message}",
-            description="Messages moved to the primary (4 billed operations each).",
-        )
-        self._expired = meter.counter(
-            "georep.syphon.expired",
-            unit="{message}",
-            description="Backlog messages whose time to live ran out: dead-lettered, not moved.",
-        )
+        self._counters = Instruments.of(meter_provider).counters(SYPHON_COUNTERS)
 
     @classmethod
     def from_connection_strings(
@@ -201,7 +206,7 @@ class Syphon(AsyncResource):
         while not self._stopping.is_set() and not self.faulted:
             # A receive call is billed when it is made, whatever it returns.
             self.stats.receive_calls += 1
-            self._receives.add(1, {"georep.backlog_queue": queue.entity})
+            self._counters["receive_calls"].add(1, {"georep.backlog_queue": queue.entity})
             try:
                 messages = await queue.receive(batch_size, max_wait=long_poll)
             except RegionError as exc:
@@ -229,7 +234,7 @@ class Syphon(AsyncResource):
             # service drops an expired message.
             await self._dead_letter(queue, message, "TTLExpiredException", str(exc))
             self.stats.expired += 1
-            self._expired.add(1, {"georep.backlog_queue": queue.entity})
+            self._counters["expired"].add(1, {"georep.backlog_queue": queue.entity})
             return
         except GeoReplicationError as exc:
             await self._dead_letter(queue, message, "NoDestination", str(exc))
@@ -270,7 +275,7 @@ class Syphon(AsyncResource):
             # MessageId, and suppressed by the receivers.
             _log.warning("completing a moved message in %s failed: %s", queue.entity, exc)
         self.stats.moved += 1
-        self._moved.add(1, {"messaging.destination.name": entity})
+        self._counters["moved"].add(1, {"messaging.destination.name": entity})
 
     def _channel_to(self, entity: str) -> RegionChannel[RegionSender]:
         channel = self._used_senders.get(entity)

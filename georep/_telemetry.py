@@ -133,6 +133,16 @@ class Instruments:
         made: metrics.Histogram = self._once(name, self._meter.create_histogram, unit, description)
         return made
 
+    def histogram_of(self, spec: InstrumentSpec) -> metrics.Histogram:
+        """The histogram ``spec`` describes, created on first use."""
+        return self.histogram(spec.name, unit=spec.unit, description=spec.description)
+
+    def gauge_of(
+        self, spec: InstrumentSpec, *, combine: Callable[[list[int]], int] = sum
+    ) -> LiveGauge[Any]:
+        """The live-owner gauge ``spec`` describes (see :meth:`gauge`)."""
+        return self.gauge(spec.name, unit=spec.unit, description=spec.description, combine=combine)
+
     def _once(self, name: str, create: Callable[..., Any], unit: str, description: str) -> Any:
         with self._lock:
             if name not in self._made:
@@ -241,6 +251,13 @@ SENDER_COUNTERS: Final = {
 }
 """The sender's counters."""
 
+SEND_DURATION: Final = InstrumentSpec(
+    "georep.send.duration", "s", "Duration of send_messages calls, failover included."
+)
+OUTBOX_DEPTH: Final = InstrumentSpec(
+    "georep.outbox.depth", "{message}", "Messages waiting in the durable outbox."
+)
+
 
 class SenderTelemetry:
     """The instruments one :class:`georep.GeoSender` records into."""
@@ -282,18 +299,9 @@ class SenderTelemetry:
             **self._base,
         }
         self._counters = meter.counters(SENDER_COUNTERS)
-        self._duration = meter.histogram(
-            "georep.send.duration",
-            unit="s",
-            description="Duration of send_messages calls, failover included.",
-        )
-        self._depth_gauge = meter.gauge(
-            "georep.outbox.depth",
-            unit="{message}",
-            description="Messages waiting in the durable outbox.",
-            # Senders of one entity and mode share an outbox channel: the same queue.
-            combine=max,
-        )
+        self._duration = meter.histogram_of(SEND_DURATION)
+        # Senders of one entity and mode share an outbox channel: the same queue.
+        self._depth_gauge = meter.gauge_of(OUTBOX_DEPTH, combine=max)
         self._depth_handle = self._depth_gauge.add(owner, outbox_depth, self._base)
         # Attribute dicts are built once: the send path must stay within a few microseconds.
         self._outcome_attributes: dict[tuple[str, str], dict[str, str]] = {}
@@ -358,6 +366,13 @@ RECEIVER_COUNTERS: Final = {
 }
 """The receiver's counters; every key but ``store_errors`` counts copies by region."""
 
+CLAIM_DURATION: Final = InstrumentSpec(
+    "georep.seen.claim.duration", "s", "Duration of one batched claim round trip to the seen-set."
+)
+PARKED: Final = InstrumentSpec(
+    "georep.messages.parked", "{message}", "Copies waiting for another consumer's outcome."
+)
+
 
 class ReceiverMetrics:
     """The metrics one :class:`georep.GeoReceiver` records into."""
@@ -383,16 +398,8 @@ class ReceiverMetrics:
         self._base = {"messaging.destination.name": entity}
         self._by_region: dict[str, dict[str, str]] = {}
         self._counters = meter.counters(RECEIVER_COUNTERS)
-        self._claim_latency = meter.histogram(
-            "georep.seen.claim.duration",
-            unit="s",
-            description="Duration of one batched claim round trip to the seen-set.",
-        )
-        self._parked_gauge = meter.gauge(
-            "georep.messages.parked",
-            unit="{message}",
-            description="Copies waiting for another consumer's outcome.",
-        )
+        self._claim_latency = meter.histogram_of(CLAIM_DURATION)
+        self._parked_gauge = meter.gauge_of(PARKED)
         self._parked_handle = self._parked_gauge.add(owner, parked, self._base)
 
     def _region(self, region: str) -> dict[str, str]:

@@ -41,6 +41,7 @@ from typing import Any, Self
 
 from georep import _paired_sender, _receiver, _sender
 from georep._receiver import ReceiverStats
+from georep._region_wrap import wrap_pair
 from georep._sender import SenderStats, SendResult
 from georep._sync_runtime import RUNTIME
 from georep.exceptions import ClosedError
@@ -85,6 +86,18 @@ class _Blocking:
             raise
         for resource in self._resources:
             RUNTIME.hold(resource)
+
+    @classmethod
+    def _owning(cls, factory: Callable[[], Any], *, options: Any) -> Self:
+        """One over a core that ``factory`` builds with its own clients (no adapters)."""
+        blocking = cls.__new__(cls)
+        _Blocking.__init__(blocking, factory, options=options)
+        return blocking
+
+    @property
+    def entity(self) -> str:
+        """The queue or topic name (a subscription's as ``topic/Subscriptions/name``)."""
+        return str(self._core.entity)
 
     def _call(self, coroutine: Coroutine[Any, Any, Any]) -> Any:
         if self._closed:
@@ -139,18 +152,6 @@ class _Blocking:
                 await adapter.close()
 
 
-def _sender_adapters(primary: Any, secondary: Any) -> tuple[list[Any], list[Any]]:
-    """The two regions' RegionSenders, and those georep created (to close their threads)."""
-    regions: list[Any] = []
-    created: list[Any] = []
-    for sdk_sender, label in ((primary, "primary"), (secondary, "secondary")):
-        region = _sender._as_region_sender(sdk_sender, label)
-        regions.append(region)
-        if region is not sdk_sender:
-            created.append(region)
-    return regions, created
-
-
 class GeoSender(_Blocking):
     """Blocking :class:`georep.GeoSender`: the same arguments, results and errors.
 
@@ -167,7 +168,7 @@ class GeoSender(_Blocking):
     _kind = "GeoSender"
 
     def __init__(self, primary: Any, secondary: Any, **options: Any) -> None:
-        regions, created = _sender_adapters(primary, secondary)
+        regions, created = wrap_pair(primary, secondary, "sender")
         super().__init__(
             lambda: _sender.GeoSender(regions[0], regions[1], **options),
             adapters=created,
@@ -182,24 +183,16 @@ class GeoSender(_Blocking):
             ConfigurationError: A connection string is malformed or the entity is not
                 named exactly once. The message never contains the key.
         """
-        sender = cls.__new__(cls)
-        _Blocking.__init__(
-            sender,
+        return cls._owning(
             lambda: _sender.GeoSender.from_connection_strings(primary, secondary, **kwargs),
             options=kwargs,
         )
-        return sender
 
     @property
     def stats(self) -> SenderStats:
         """Live counters of the core sender."""
         stats: SenderStats = self._core.stats
         return stats
-
-    @property
-    def entity(self) -> str:
-        """The queue or topic name."""
-        return str(self._core.entity)
 
     @property
     def active_region(self) -> str:
@@ -265,21 +258,15 @@ class GeoReceiver(_Blocking):
     """
 
     _kind = "GeoReceiver"
+    _run_future: concurrent.futures.Future[None] | None = None
 
     def __init__(self, primary: Any, secondary: Any, *, seen: Any, **options: Any) -> None:
-        regions: list[Any] = []
-        created: list[Any] = []
-        for sdk_receiver, label in ((primary, "primary"), (secondary, "secondary")):
-            region = _receiver._as_region_receiver(sdk_receiver, label)
-            regions.append(region)
-            if region is not sdk_receiver:
-                created.append(region)
+        regions, created = wrap_pair(primary, secondary, "receiver")
         super().__init__(
             lambda: _receiver.GeoReceiver(regions[0], regions[1], seen=seen, **options),
             adapters=created,
             options={**options, "seen": seen},
         )
-        self._run_future: concurrent.futures.Future[None] | None = None
 
     @classmethod
     def from_connection_strings(
@@ -296,27 +283,18 @@ class GeoReceiver(_Blocking):
             ConfigurationError: A connection string is malformed or the entity is not
                 named properly. The message never contains the key.
         """
-        receiver = cls.__new__(cls)
-        receiver._run_future = None
-        _Blocking.__init__(
-            receiver,
+        return cls._owning(
             lambda: _receiver.GeoReceiver.from_connection_strings(
                 primary, secondary, seen=seen, **kwargs
             ),
             options={**kwargs, "seen": seen},
         )
-        return receiver
 
     @property
     def stats(self) -> ReceiverStats:
         """Live counters of the core receiver."""
         stats: ReceiverStats = self._core.stats
         return stats
-
-    @property
-    def entity(self) -> str:
-        """The queue, or ``topic/Subscriptions/subscription``."""
-        return str(self._core.entity)
 
     def run(self, handler: SyncHandler) -> None:
         """Receive and process until :meth:`close` (from another thread) or Ctrl-C.
@@ -527,20 +505,12 @@ class PairedSender(_Blocking):
     @classmethod
     def from_connection_strings(cls, primary: str, secondary: str, **kwargs: Any) -> PairedSender:
         """A PairedSender that creates, and closes, its senders (as the async one)."""
-        sender = cls.__new__(cls)
-        _Blocking.__init__(
-            sender,
+        return cls._owning(
             lambda: _paired_sender.PairedSender.from_connection_strings(
                 primary, secondary, **kwargs
             ),
             options=kwargs,
         )
-        return sender
-
-    @property
-    def entity(self) -> str:
-        """The queue or topic name."""
-        return str(self._core.entity)
 
     def send_messages(self, message: Any, *, timeout: float | None = None) -> Any:
         """Send; see :meth:`georep.PairedSender.send_messages`."""

@@ -61,8 +61,18 @@ def _doc(obj: object) -> str:
 
 
 def _members(cls: type) -> list[tuple[str, object]]:
+    # What a class inherits from a base the reference does not list (a private class, or
+    # the test kit's shared fault switches) is listed as its own.
+    shared = [
+        base
+        for base in reversed(cls.__mro__[1:])
+        if base.__name__.startswith("_") or base.__module__.startswith("georep.testing.")
+    ]
+    namespace: dict[str, object] = {}
+    for owner in (*shared, cls):
+        namespace.update(vars(owner))
     members = []
-    for name, value in vars(cls).items():
+    for name, value in namespace.items():
         if name.startswith("_") and name not in ("__init__",):
             continue
         if name == "__init__":

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from georep._ledger import receive_rows, send_rows
@@ -38,18 +39,19 @@ class InMemoryLedger:
 
     @property
     def send_rows(self) -> list[dict[str, Any]]:
-        return [
-            row
-            for record in self.sends
-            for row in send_rows(record, process_id=self.process_id, host=self.host)
-        ]
+        return self._rows(self.sends, send_rows)
 
     @property
     def receive_rows(self) -> list[dict[str, Any]]:
+        return self._rows(self.receives, receive_rows)
+
+    def _rows(
+        self, records: list[Any], to_rows: Callable[..., list[dict[str, Any]]]
+    ) -> list[dict[str, Any]]:
         return [
             row
-            for record in self.receives
-            for row in receive_rows(record, process_id=self.process_id, host=self.host)
+            for record in records
+            for row in to_rows(record, process_id=self.process_id, host=self.host)
         ]
 
     async def flush(self) -> None:

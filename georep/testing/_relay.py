@@ -7,6 +7,7 @@ from collections.abc import Awaitable, Callable
 
 from georep._classify import region_error
 from georep.ports import ErrorKind, RelayRequest, RelayResponse
+from georep.testing._faults import FaultSwitch
 
 __all__ = ["InMemoryRelayEndpoint"]
 
@@ -17,7 +18,7 @@ async def _echo(request: RelayRequest) -> RelayResponse:
     return RelayResponse(200, {}, request.body)
 
 
-class InMemoryRelayEndpoint:
+class InMemoryRelayEndpoint(FaultSwitch):
     """A relay endpoint served by ``handler`` in-process; it can fail or hang on demand.
 
     Args:
@@ -29,35 +30,16 @@ class InMemoryRelayEndpoint:
     def __init__(
         self, region: str, handler: RelayHandler | None = None, *, address: str | None = None
     ) -> None:
-        self._region = region
+        super().__init__(region)
         self._address = address or f"memory://{region}"
         self._handler = handler or _echo
-        self._failure: ErrorKind | None = None
-        self._hang = False
         self.requests: list[RelayRequest] = []
         self.attempts = 0
         self.closed = False
 
     @property
-    def region(self) -> str:
-        return self._region
-
-    @property
     def address(self) -> str:
         return self._address
-
-    def fail_with(self, kind: ErrorKind | str) -> None:
-        """Fail every request with ``kind`` until :meth:`restore`."""
-        self._failure = ErrorKind(kind)
-
-    def hang(self) -> None:
-        """Never answer (until the caller's deadline) until :meth:`restore`."""
-        self._hang = True
-
-    def restore(self) -> None:
-        """Answer normally again."""
-        self._failure = None
-        self._hang = False
 
     async def request(
         self,
@@ -85,13 +67,7 @@ class InMemoryRelayEndpoint:
     ) -> RelayResponse:
         # One scheduling point, so concurrent requests really interleave.
         await asyncio.sleep(0)
-        if self._hang:
-            await asyncio.Event().wait()
-        if self._failure is not None:
-            # The class the one classification table gives the kind, as the adapters raise.
-            raise region_error(
-                f"{self._region} failed ({self._failure})", region=self._region, kind=self._failure
-            )
+        await self._injected_fault()
         request = RelayRequest(method, target, dict(headers), body)
         self.requests.append(request)
         response = await self._handler(request)

@@ -46,6 +46,10 @@ class InMemorySeenSet(AsyncResource):
             would; set it back to False to "restore" the store.
         round_trips: Calls that went to the store (non-empty ones), failed ones included.
 
+    Every method follows :class:`georep.ports.SeenStore` (its docstrings are the
+    reference); besides, a call raises :class:`~georep.exceptions.StoreUnavailableError`
+    while ``unavailable`` is set and :class:`~georep.exceptions.ClosedError` once closed.
+
     Raises:
         ConfigurationError: ``window`` is not positive.
     """
@@ -66,18 +70,12 @@ class InMemorySeenSet(AsyncResource):
         return self._window
 
     async def claim(self, keys: Sequence[str], *, owner: str, lease: float) -> list[ClaimState]:
-        """Claim each key for ``owner`` for ``lease`` seconds; their states in key order.
-
-        Raises:
-            ConfigurationError: ``lease`` is not positive.
-            StoreUnavailableError: ``unavailable`` is set.
-            ClosedError: The store was closed.
-        """
+        """Claim each key for ``owner`` for ``lease`` seconds (> 0); states in key order."""
         lease = positive_seconds(lease, "lease")
-        if not self._begin(keys):
-            return Claims()
-        now = self._clock.monotonic()
         states = Claims()
+        now = self._begin(keys)
+        if now is None:
+            return states
         for index, key in enumerate(keys):
             entry = self._live(key, now)
             if entry is None or entry.owner == owner:
@@ -99,48 +97,32 @@ class InMemorySeenSet(AsyncResource):
         outcome: ClaimState = ClaimState.DONE,
         reasons: Sequence[str] | None = None,
     ) -> None:
-        """Record the keys' final outcome for the window, whoever holds them.
-
-        Raises:
-            ConfigurationError: ``outcome`` is not final, or ``reasons`` is not one per key.
-            StoreUnavailableError: ``unavailable`` is set.
-            ClosedError: The store was closed.
-        """
+        """Record the keys' final outcome for the window, whoever holds them."""
         texts = check_commit(keys, outcome, reasons)
-        if not self._begin(keys):
+        now = self._begin(keys)
+        if now is None:
             return
-        expires_at = self._clock.monotonic() + self._window
+        expires_at = now + self._window
         for key, reason in zip(keys, texts, strict=True):
             self._entries[key] = _Entry(None, expires_at, outcome, reason)
 
     async def release(self, keys: Sequence[str], *, owner: str) -> None:
-        """Drop ``owner``'s claims on the keys; done keys and others' claims stay.
-
-        Raises:
-            StoreUnavailableError: ``unavailable`` is set.
-            ClosedError: The store was closed.
-        """
-        if not self._begin(keys):
+        """Drop ``owner``'s claims on the keys; done keys and others' claims stay."""
+        now = self._begin(keys)
+        if now is None:
             return
-        now = self._clock.monotonic()
         for key in keys:
             entry = self._live(key, now)
             if entry is not None and entry.owner == owner:
                 del self._entries[key]
 
     async def extend(self, keys: Sequence[str], *, owner: str, lease: float) -> list[bool]:
-        """Renew ``owner``'s claims for ``lease`` seconds; False where it no longer holds one.
-
-        Raises:
-            ConfigurationError: ``lease`` is not positive.
-            StoreUnavailableError: ``unavailable`` is set.
-            ClosedError: The store was closed.
-        """
+        """Renew ``owner``'s claims for ``lease`` seconds (> 0); False where it lost one."""
         lease = positive_seconds(lease, "lease")
-        if not self._begin(keys):
-            return []
-        now = self._clock.monotonic()
         renewed: list[bool] = []
+        now = self._begin(keys)
+        if now is None:
+            return renewed
         for key in keys:
             entry = self._live(key, now)
             held = entry is not None and entry.owner == owner
@@ -153,17 +135,18 @@ class InMemorySeenSet(AsyncResource):
         # The keys are dropped, as a store nobody reaches again.
         self._entries.clear()
 
-    def _begin(self, keys: Sequence[str]) -> bool:
-        """Checks shared by every call; False when there is nothing to do (no round trip)."""
+    def _begin(self, keys: Sequence[str]) -> float | None:
+        """Checks shared by every call: the clock's time, or None when there is nothing to
+        do (no round trip)."""
         self._check_open()
         if not keys:
-            return False
+            return None
         self.round_trips += 1
         if self.unavailable:
             raise StoreUnavailableError("seen set: in-memory store is unavailable (test outage)")
         if len(self._entries) >= self._sweep_at:
             self._sweep()
-        return True
+        return self._clock.monotonic()
 
     def _live(self, key: str, now: float) -> _Entry | None:
         entry = self._entries.get(key)

@@ -1,0 +1,296 @@
+"""In-memory regions: a sender that accepts or fails on demand, a peek-lock queue."""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+from georep._classify import error_type as classified_error_type
+from georep._slot import RegionSlot
+from georep.exceptions import RegionError
+from georep.ports import Delivery, ErrorKind
+from georep.testing._clock import FakeClock
+from georep.testing._faults import FaultSwitch
+from georep.testing._messages import FakeCodec, FakeMessage
+
+__all__ = ["FakeReceivedMessage", "InMemoryRegionReceiver", "InMemoryRegionSender"]
+
+
+class _Labels:
+    """The namespace and entity of a fake region (read-only, as the ports declare them)."""
+
+    def __init__(self, region: str, namespace: str | None, entity: str) -> None:
+        self._namespace = namespace or f"{region}.servicebus.example"
+        self._entity = entity
+
+    @property
+    def namespace(self) -> str:
+        return self._namespace
+
+    @property
+    def entity(self) -> str:
+        return self._entity
+
+
+class InMemoryRegionSender(FaultSwitch, _Labels):
+    """One fake region: it stores what it accepts and fails on demand.
+
+    Attributes:
+        accepted: Every message this region accepted, in order.
+        scheduled: Scheduled messages by sequence number (cancelled ones removed).
+        attempts: Send calls made to it (accepted or not).
+    """
+
+    def __init__(
+        self,
+        region: str,
+        namespace: str | None = None,
+        entity: str = "orders",
+        *,
+        max_message_size: int = 262_144,
+        clock: FakeClock | None = None,
+    ) -> None:
+        FaultSwitch.__init__(self, region)
+        _Labels.__init__(self, region, namespace, entity)
+        self._clock = clock
+        self.latency = 0.0
+        self._codec = FakeCodec()
+        self._max_message_size = max_message_size
+        self._sequence = itertools.count(1)
+        self.accepted: list[FakeMessage] = []
+        self.scheduled: dict[int, FakeMessage] = {}
+        self.attempts = 0
+        self.closed = False
+        self.payloads: list[Any] = []
+        self._slot = RegionSlot()
+
+    @property
+    def codec(self) -> FakeCodec:
+        return self._codec
+
+    async def _check(self) -> None:
+        self.attempts += 1
+        if self.latency:
+            if self._clock is None:
+                raise RuntimeError("InMemoryRegionSender(clock=...) is needed for latency")
+            await self._clock.sleep(self.latency)
+        await self._injected_fault()
+
+    def slot(self) -> RegionSlot:
+        return self._slot
+
+    async def send(self, messages: Any, *, timeout: float) -> None:
+        await self._check()
+        size = sum(len(m.body) for m in self._codec.split(messages))
+        if size > self._max_message_size:
+            # As the service refuses it (SDK: MessageSizeExceededError), nothing stored.
+            raise classified_error_type(ErrorKind.MESSAGE_TOO_LARGE)(
+                f"{self._region}: {size} bytes is over the entity's limit of "
+                f"{self._max_message_size} bytes",
+                region=self._region,
+                kind=ErrorKind.MESSAGE_TOO_LARGE,
+            )
+        self.payloads.append(messages)
+        self.accepted.extend(self._codec.split(messages))
+
+    async def schedule(
+        self, messages: Sequence[Any], schedule_time_utc: datetime, *, timeout: float
+    ) -> list[int]:
+        await self._check()
+        numbers = []
+        for message in messages:
+            number = next(self._sequence)
+            self.scheduled[number] = message
+            numbers.append(number)
+        return numbers
+
+    async def cancel_scheduled(self, sequence_numbers: Sequence[int], *, timeout: float) -> None:
+        await self._check()
+        for number in sequence_numbers:
+            self.scheduled.pop(number, None)
+
+    async def max_message_size(self, *, timeout: float) -> int:
+        await self._check()
+        return self._max_message_size
+
+    async def probe(self, *, timeout: float) -> None:
+        await self._check()
+
+    async def close(self) -> None:
+        self.closed = True
+
+
+@dataclass
+class FakeReceivedMessage:
+    """A copy handed out by :class:`InMemoryRegionReceiver`."""
+
+    body: bytes
+    message_id: str | None
+    subject: str | None = None
+    application_properties: dict[str, Any] = field(default_factory=dict)
+    delivery_count: int = 1
+    sequence_number: int = 0
+    lock_token: int = 0
+    locked_until: float = 0.0
+    content_type: str | None = None
+    dead_letter_reason: str | None = None
+    dead_letter_error_description: str | None = None
+
+
+class InMemoryRegionReceiver(_Labels):
+    """One fake region's queue with peek-lock semantics, on a :class:`FakeClock`.
+
+    Attributes:
+        completed: Copies completed, in order.
+        abandoned: Copies abandoned, in order.
+        deferred: Copies deferred, in order.
+        dead_lettered: Messages dead-lettered (by a receiver, with its reason and
+            description, or after ``max_delivery_count`` deliveries).
+    """
+
+    def __init__(
+        self,
+        region: str,
+        namespace: str | None = None,
+        entity: str = "orders",
+        *,
+        clock: FakeClock,
+        lock_duration: float = 30.0,
+        max_delivery_count: int = 10,
+    ) -> None:
+        super().__init__(region, namespace, entity)
+        self._region = region
+        self._clock = clock
+        self.lock_duration = lock_duration
+        self.max_delivery_count = max_delivery_count
+        self._sequence = itertools.count(1)
+        self._tokens = itertools.count(1)
+        self._available: list[FakeReceivedMessage] = []
+        self._locked: dict[int, FakeReceivedMessage] = {}
+        self.completed: list[FakeReceivedMessage] = []
+        self.abandoned: list[FakeReceivedMessage] = []
+        self.dead_lettered: list[FakeReceivedMessage] = []
+        self.deferred: list[FakeReceivedMessage] = []
+        self.closed = False
+
+    @property
+    def region(self) -> str:
+        return self._region
+
+    def put(self, message: FakeMessage, *, content_type: str | None = None) -> None:
+        """Enqueue a copy of ``message`` (as a sender's accepted message would be)."""
+        self._available.append(
+            FakeReceivedMessage(
+                message.body,
+                message.message_id,
+                message.subject,
+                dict(message.application_properties),
+                sequence_number=next(self._sequence),
+                content_type=content_type,
+            )
+        )
+
+    @property
+    def pending(self) -> int:
+        """Copies not yet completed (available or locked)."""
+        self._expire_locks()
+        return len(self._available) + len(self._locked)
+
+    def _expire_locks(self) -> None:
+        now = self._clock.time()
+        for token, message in list(self._locked.items()):
+            if message.locked_until <= now:
+                del self._locked[token]
+                self._redeliver(message)
+
+    def _redeliver(self, message: FakeReceivedMessage) -> None:
+        message.delivery_count += 1
+        if message.delivery_count > self.max_delivery_count:
+            self.dead_lettered.append(message)
+        else:
+            self._available.append(message)
+            self._available.sort(key=lambda m: m.sequence_number)
+
+    def delivery(self, message: Any, dedup_source: str, dedup_name: str | None) -> Delivery:
+        if dedup_source == "message_id":
+            key = message.message_id
+        elif dedup_source == "subject":
+            key = message.subject
+        else:
+            key = message.application_properties.get(dedup_name or "")
+        return Delivery(
+            key=None if key is None else str(key),
+            delivery_count=message.delivery_count,
+            enqueued_at=None,
+            locked_until=message.locked_until,
+            traceparent=message.application_properties.get("traceparent"),
+            content_type=message.content_type,
+        )
+
+    async def receive(self, max_messages: int, *, max_wait: float) -> list[Any]:
+        self._expire_locks()
+        if not self._available:
+            await self._clock.sleep(max_wait)
+            self._expire_locks()
+        batch, self._available = self._available[:max_messages], self._available[max_messages:]
+        copies = []
+        for message in batch:
+            message.lock_token = next(self._tokens)
+            message.locked_until = self._clock.time() + self.lock_duration
+            self._locked[message.lock_token] = message
+            # Each delivery is a separate object, as the SDK hands out.
+            copies.append(dataclasses.replace(message))
+        return copies
+
+    def _held(self, message: Any) -> FakeReceivedMessage:
+        self._expire_locks()
+        held = self._locked.get(message.lock_token)
+        if held is None:
+            raise RegionError(
+                f"{self._region}: lock lost", region=self._region, kind=ErrorKind.LOCK_LOST
+            )
+        return held
+
+    async def peek(self, count: int) -> list[Any]:
+        self._expire_locks()
+        # As the service: peek sees every stored message, locked and deferred ones too.
+        stored = sorted(
+            [*self._available, *self._locked.values(), *self.deferred],
+            key=lambda m: m.sequence_number,
+        )
+        return [dataclasses.replace(m) for m in stored[:count]]
+
+    async def complete(self, message: Any) -> None:
+        held = self._held(message)
+        del self._locked[held.lock_token]
+        self.completed.append(held)
+
+    async def abandon(self, message: Any) -> None:
+        held = self._held(message)
+        del self._locked[held.lock_token]
+        self.abandoned.append(held)
+        self._redeliver(held)
+
+    async def dead_letter(self, message: Any, reason: str, description: str) -> None:
+        held = self._held(message)
+        del self._locked[held.lock_token]
+        held.dead_letter_reason = reason
+        held.dead_letter_error_description = description
+        self.dead_lettered.append(held)
+
+    async def defer(self, message: Any) -> None:
+        held = self._held(message)
+        del self._locked[held.lock_token]
+        self.deferred.append(held)
+
+    async def renew_lock(self, message: Any) -> float | None:
+        held = self._held(message)
+        held.locked_until = self._clock.time() + self.lock_duration
+        return held.locked_until
+
+    async def close(self) -> None:
+        self.closed = True
