@@ -40,12 +40,14 @@ class PairedState:
     Attributes:
         failing_since: Monotonic time of the first failure of the current streak.
         engaged: Sends go to the backlog queues.
-        excluded: Backlog queues pulled from the rotation after a failed send.
+        excluded: Backlog queues pulled from the rotation after a failed send, each with
+            the monotonic time it rejoins (``ping_primary_interval`` later): one slow send
+            must not take a backlog queue away for the rest of an outage.
     """
 
     failing_since: float | None = None
     engaged: bool = False
-    excluded: set[int] = field(default_factory=set)
+    excluded: dict[int, float] = field(default_factory=dict)
     pinger: asyncio.Task[None] | None = None
 
 
@@ -399,8 +401,14 @@ class PairedSender(AsyncResource):
         backlog_copy = copies[0] if len(copies) == 1 else copies
         state = self.state
         causes: dict[str, BaseException] = {}
+        tried: set[int] = set()  # each backlog queue at most once per call
         while True:
-            candidates = [i for i in range(len(self._backlog)) if i not in state.excluded]
+            now = self._clock.monotonic()
+            candidates = [
+                i
+                for i in range(len(self._backlog))
+                if i not in tried and state.excluded.get(i, now) <= now
+            ]
             if not candidates:
                 raise AllRegionsUnavailableError(
                     f"{self.entity} is failed over and no backlog queue accepted the message",
@@ -414,7 +422,9 @@ class PairedSender(AsyncResource):
             except RegionError as exc:
                 if exc.kind in MESSAGE_FAULT_KINDS:
                     raise  # the message's fault: another backlog queue would refuse it too
-                state.excluded.add(index)
+                tried.add(index)
+                rejoin = self._clock.monotonic() + self.options.seconds("ping_primary_interval")
+                state.excluded[index] = rejoin
                 causes[queue.entity] = exc
                 if attempts is not None:
                     attempts.append(RegionAttempt(queue.region, "failed", _ledger_error(exc)))

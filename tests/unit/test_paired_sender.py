@@ -107,6 +107,25 @@ async def test_a_failing_backlog_queue_leaves_the_rotation() -> None:
     await sender.aclose()
 
 
+async def test_a_backlog_queue_rejoins_the_rotation_after_the_ping_interval() -> None:
+    """One failed (slow) send must not take a backlog queue away for the whole outage."""
+    clock = FakeClock()
+    sender, primary, backlog = build(clock, count=2, failover_interval=0, ping_primary_interval=5)
+    primary.fail_with(ErrorKind.CONNECTION)
+    for queue in backlog:
+        queue.fail_with(ErrorKind.TIMEOUT)
+    with pytest.raises(AllRegionsUnavailableError):
+        await sender.send_messages(FakeMessage(b"a"))
+    assert [q.attempts for q in backlog] == [1, 1], "each backlog queue tried once per call"
+    for queue in backlog:
+        queue.restore()
+    with pytest.raises(AllRegionsUnavailableError):
+        await sender.send_messages(FakeMessage(b"b"))  # both still out of the rotation
+    await clock.advance(5)
+    assert await sender.send_messages(FakeMessage(b"c")) in {q.entity for q in backlog}
+    await sender.aclose()
+
+
 async def test_senders_on_the_pair_learn_of_failover_at_once() -> None:
     clock = FakeClock()
     first, primary, backlog = build(clock, failover_interval=0)
