@@ -85,6 +85,17 @@ async def queue_while_both_down(sender: GeoSender, primary: Any, secondary: Any,
     return results
 
 
+async def poison_queued(
+    clock: FakeClock, *bodies: bytes
+) -> tuple[GeoSender, InMemoryOutbox, Any, Any]:
+    """A sender over two PickyRegions whose outbox holds POISON then ``bodies`` (both down)."""
+    primary, secondary = pair(PickyRegion)
+    outbox = InMemoryOutbox()
+    sender = geo(primary, secondary, outbox=outbox, clock=clock)
+    await queue_while_both_down(sender, primary, secondary, POISON, *bodies)
+    return sender, outbox, primary, secondary
+
+
 # -------------------------------------------------------------- refused for good
 
 
@@ -93,10 +104,7 @@ async def test_a_poison_entry_is_dead_lettered_and_the_messages_behind_it_drain(
     # Before: the refusal came back as AllRegionsUnavailableError, backed off "any region",
     # and the poison (always oldest) held the 3 healthy messages back forever.
     clock = FakeClock()
-    primary, secondary = pair(PickyRegion)
-    outbox = InMemoryOutbox()
-    sender = geo(primary, secondary, outbox=outbox, clock=clock)
-    await queue_while_both_down(sender, primary, secondary, POISON, b"a", b"b", b"c")
+    sender, outbox, _, secondary = await poison_queued(clock, b"a", b"b", b"c")
     secondary.restore()
 
     for _ in range(20):
@@ -114,10 +122,7 @@ async def test_a_poison_entry_is_dead_lettered_and_the_messages_behind_it_drain(
 
 async def test_a_dead_lettered_entry_can_be_replayed_or_purged() -> None:
     clock = FakeClock()
-    primary, secondary = pair(PickyRegion)
-    outbox = InMemoryOutbox()
-    sender = geo(primary, secondary, outbox=outbox, clock=clock)
-    await queue_while_both_down(sender, primary, secondary, POISON, b"ok")
+    sender, outbox, primary, secondary = await poison_queued(clock, b"ok")
     primary.restore()
     secondary.restore()
     await sender.drain_outbox()
@@ -136,10 +141,7 @@ async def test_a_message_specific_refusal_never_backs_the_region_off() -> None:
     # Both regions back; poison refused by the primary (no failover). The healthy ones in
     # the same round go to the same region right after it.
     clock = FakeClock()
-    primary, secondary = pair(PickyRegion)
-    outbox = InMemoryOutbox()
-    sender = geo(primary, secondary, outbox=outbox, clock=clock)
-    await queue_while_both_down(sender, primary, secondary, POISON, b"a", b"b")
+    sender, outbox, primary, secondary = await poison_queued(clock, b"a", b"b")
     primary.restore()
     secondary.restore()
 
@@ -489,11 +491,8 @@ async def test_a_failed_delete_after_acceptance_is_retried_so_nothing_is_sent_tw
 async def test_a_transient_refusal_of_one_entry_never_holds_up_the_others() -> None:
     # Quota exceeded is not an outage (no failover) but may pass later: retried on its own.
     clock = FakeClock()
-    primary, secondary = pair(PickyRegion)
+    sender, outbox, primary, secondary = await poison_queued(clock, b"a", b"b")
     primary.poison_kind = secondary.poison_kind = ErrorKind.QUOTA_EXCEEDED
-    outbox = InMemoryOutbox()
-    sender = geo(primary, secondary, outbox=outbox, clock=clock)
-    await queue_while_both_down(sender, primary, secondary, POISON, b"a", b"b")
     primary.restore()
     secondary.restore()
     await clock.advance(10)
