@@ -8,6 +8,7 @@ from datetime import timedelta
 from typing import Any
 
 import pytest
+from _emulator_parts import Clock
 
 from georep.adapters.emulator._broker import (
     BrokerError,
@@ -54,14 +55,6 @@ def batch(*inner: bytes) -> bytes:
         + encode_value(["batch"])
         + b"".join(b"\x00\x53\x75" + encode_value(m) for m in inner)
     )
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1_000_000.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 @dataclass(eq=False)

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
+from _emulator_parts import Clock
 
 from georep.adapters.emulator._broker import (
     MAX_PARTITIONED_ENTITIES,
@@ -53,14 +54,6 @@ def key_in(fragment: int, prefix: str = "k") -> str:
         if fragment_of(f"{prefix}{i}") == fragment:
             return f"{prefix}{i}"
     raise AssertionError("no key found")
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1_000_000.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 @dataclass(eq=False)
