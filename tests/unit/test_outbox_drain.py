@@ -10,6 +10,7 @@ from collections import Counter
 from typing import Any
 
 import pytest
+from _metrics import metric_sums
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 
@@ -252,17 +253,8 @@ async def test_a_message_whose_ttl_ran_out_in_the_outbox_is_dropped_counted_and_
     await sender.aclose()
 
 
-def _counter(reader: InMemoryMetricReader, name: str) -> int:
-    data = reader.get_metrics_data()
-    assert data is not None
-    return sum(
-        point.value
-        for resource in data.resource_metrics
-        for scope in resource.scope_metrics
-        for metric in scope.metrics
-        if metric.name == name
-        for point in metric.data.data_points  # type: ignore[union-attr]
-    )
+def _counter(reader: InMemoryMetricReader, name: str) -> float:
+    return metric_sums(reader, [name]).get(name, 0)
 
 
 # ------------------------------------------------------------ the drainer never dies

@@ -11,6 +11,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 import pytest
+from _metrics import metric_sums
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 
@@ -416,15 +417,7 @@ async def test_dead_letters_and_defers_are_counted_in_metrics(world: World) -> N
             await geo.defer_message(message)
 
     await world.run([(geo, handle)], 5)
-    data = reader.get_metrics_data()
-    assert data is not None
-    sums = {
-        metric.name: sum(point.value for point in metric.data.data_points)  # type: ignore[union-attr]
-        for rm in data.resource_metrics
-        for sm in rm.scope_metrics
-        for metric in sm.metrics
-        if metric.name in {"georep.messages.dead_lettered", "georep.messages.deferred"}
-    }
+    sums = metric_sums(reader, {"georep.messages.dead_lettered", "georep.messages.deferred"})
     assert sums == {"georep.messages.dead_lettered": 2, "georep.messages.deferred": 2}
 
 
