@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from georep.adapters.emulator._codec import encode_value
+
 
 class Clock:
     """A settable wall clock for the emulator's broker: ``clock()`` returns ``clock.now``."""
@@ -11,3 +13,12 @@ class Clock:
 
     def __call__(self) -> float:
         return self.now
+
+
+def batch(*inner: bytes) -> bytes:
+    """An AMQP batch payload (properties, then one data section per encoded message)."""
+    return (
+        b"\x00\x53\x73"
+        + encode_value(["batch"])
+        + b"".join(b"\x00\x53\x75" + encode_value(m) for m in inner)
+    )

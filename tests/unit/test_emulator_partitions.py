@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
-from _emulator_parts import Clock
+from _emulator_parts import Clock, batch
 
 from georep.adapters.emulator._broker import (
     MAX_PARTITIONED_ENTITIES,
@@ -38,14 +38,6 @@ def message(
     properties = [message_id, None, None, None, None, None, None, None, None, None, session_id]
     out += b"\x00\x53\x73" + encode_value(properties)
     return out + b"\x00\x53\x75" + encode_value(body)
-
-
-def batch(*inner: bytes) -> bytes:
-    return (
-        b"\x00\x53\x73"
-        + encode_value(["batch"])
-        + b"".join(b"\x00\x53\x75" + encode_value(m) for m in inner)
-    )
 
 
 def key_in(fragment: int, prefix: str = "k") -> str:
