@@ -45,7 +45,7 @@ from pathlib import Path
 from typing import Any
 
 import pyarrow.dataset as ds
-from _common import fill_active
+from _common import fill_active, interleaved
 from azure.servicebus import ServiceBusMessage
 from azure.servicebus.aio import ServiceBusClient
 
@@ -105,19 +105,7 @@ async def send_throughput(
             "single awaited sends": (messages, single_sends),
             "batches of 100": (batches * 100, batch_sends),
         }
-        wall: dict[tuple[str, str], float] = {}
-        cpu: dict[tuple[str, str], float] = {}
-        for workload, (total, run) in workloads.items():
-            per_chunk = max(100, total // chunks)
-            for sender in variants.values():  # warm-up
-                await run(sender, 100)
-            for _ in range(max(1, total // per_chunk)):
-                for name, sender in variants.items():
-                    started, cpu_started = time.perf_counter(), time.process_time()
-                    await run(sender, per_chunk)
-                    key = (workload, name)
-                    wall[key] = wall.get(key, 0.0) + time.perf_counter() - started
-                    cpu[key] = cpu.get(key, 0.0) + time.process_time() - cpu_started
+        wall, cpu = await interleaved(variants, workloads, chunks)
         for sender in variants.values():
             await sender.aclose()
 

@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import hmac
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from aiohttp import web
 
@@ -66,6 +66,21 @@ _BROKER_STATUS = {
     "com.microsoft:invalid-operation": 400,
     "amqp:resource-limit-exceeded": 403,
 }
+
+_N = TypeVar("_N", int, float)
+
+
+def _non_negative(
+    data: Any, key: str, convert: Callable[[Any], _N], needs: str, negative: str
+) -> _N | web.Response:
+    """``convert(data[key])`` if it is a number >= 0, else the 400 response to return."""
+    try:
+        value = convert(data[key])
+    except (KeyError, TypeError, ValueError):
+        return _error(400, needs)
+    if value < 0:
+        return _error(400, negative)
+    return value
 
 
 def _error(status: int, message: str) -> web.Response:
@@ -181,12 +196,10 @@ def build_control_app(emulator: EmulatorServer) -> web.Application:
         elif fault == "disaster":
             await server.disaster()
         elif fault == "latency":
-            try:
-                seconds = float(data["seconds"])
-            except (KeyError, TypeError, ValueError):
-                return _error(400, "latency needs {'seconds': <number >= 0>}")
-            if seconds < 0:
-                return _error(400, "latency seconds must be >= 0")
+            needs = "latency needs {'seconds': <number >= 0>}"
+            seconds = _non_negative(data, "seconds", float, needs, "latency seconds must be >= 0")
+            if isinstance(seconds, web.Response):
+                return seconds
             server.faults.latency = seconds
         elif fault == "reject-sends":
             condition = data.get("condition")
@@ -196,12 +209,10 @@ def build_control_app(emulator: EmulatorServer) -> web.Application:
                 )
             server.faults.reject_sends = condition
         elif fault == "drop-dispositions":
-            try:
-                count = int(data["count"])
-            except (KeyError, TypeError, ValueError):
-                return _error(400, "drop-dispositions needs {'count': <int >= 0>}")
-            if count < 0:
-                return _error(400, "count must be >= 0")
+            needs = "drop-dispositions needs {'count': <int >= 0>}"
+            count = _non_negative(data, "count", int, needs, "count must be >= 0")
+            if isinstance(count, web.Response):
+                return count
             server.faults.dropped_dispositions = count
         elif fault in ("fragment-down", "fragment-up"):
             entity, index = data.get("entity"), data.get("index")
