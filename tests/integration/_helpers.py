@@ -24,6 +24,17 @@ from georep.adapters.servicebus import ensure_backlog_queues
 REDIS_URL = os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0")
 
 
+def on_emulator(cls: Any, emu: Emulator, queue: str, **options: Any) -> Any:
+    """``cls.from_connection_strings(...)`` (a GeoSender, a GeoReceiver, their sync
+    versions) on the emulator's two namespaces, for ``queue``."""
+    return cls.from_connection_strings(
+        emu.connection_string("primary"),
+        emu.connection_string("secondary"),
+        queue_name=queue,
+        **options,
+    )
+
+
 async def drain(
     emu: Emulator,
     namespace: str,

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from _helpers import backlog_queues, drain, fault
+from _helpers import backlog_queues, drain, fault, on_emulator
 from azure.servicebus import ServiceBusMessage, ServiceBusMessageState, ServiceBusSubQueue
 from azure.servicebus.aio import ServiceBusClient
 
@@ -55,13 +55,7 @@ async def test_an_unclassified_service_error_raises_without_failover_or_queueing
     await fault(emu, "primary", "reject_sends", "internal-error")
     async with (
         SqliteOutbox(tmp_path / "outbox.db") as outbox,
-        GeoSender.from_connection_strings(
-            emu.connection_string("primary"),
-            emu.connection_string("secondary"),
-            queue_name=queue,
-            mode=mode,
-            outbox=outbox,
-        ) as sender,
+        on_emulator(GeoSender, emu, queue, mode=mode, outbox=outbox) as sender,
     ):
         if mode == "passive":
             with pytest.raises(RegionError) as raised:
@@ -80,9 +74,7 @@ async def test_an_unclassified_service_error_raises_without_failover_or_queueing
 
 async def test_server_busy_fails_over_by_default(emu: Emulator, queue: str) -> None:
     await fault(emu, "primary", "reject_sends", "server-busy")
-    async with GeoSender.from_connection_strings(
-        emu.connection_string("primary"), emu.connection_string("secondary"), queue_name=queue
-    ) as sender:
+    async with on_emulator(GeoSender, emu, queue) as sender:
         result = await sender.send_messages(ServiceBusMessage("busy"))
     assert result.failed_over and result.accepted == ("secondary",)
 
@@ -92,12 +84,7 @@ async def test_bad_messages_are_refused_before_any_network_call(
 ) -> None:
     async with (
         SqliteOutbox(tmp_path / "outbox.db") as outbox,
-        GeoSender.from_connection_strings(
-            emu.connection_string("primary"),
-            emu.connection_string("secondary"),
-            queue_name=queue,
-            outbox=outbox,
-        ) as sender,
+        on_emulator(GeoSender, emu, queue, outbox=outbox) as sender,
     ):
         await fault(emu, "primary", "outage")  # the case that used to queue them forever
         bad: list[Any] = [
@@ -121,13 +108,7 @@ async def test_primary_down_and_a_message_the_backup_refuses_is_raised_not_queue
 ) -> None:
     """Issue 20: the size limit is not known yet (no warm-up), so the backup refuses it."""
     outbox = SqliteOutbox(tmp_path / "outbox.db")
-    sender = GeoSender.from_connection_strings(
-        emu.connection_string("primary"),
-        emu.connection_string("secondary"),
-        queue_name=queue,
-        mode=mode,
-        outbox=outbox,
-    )
+    sender = on_emulator(GeoSender, emu, queue, mode=mode, outbox=outbox)
     try:
         await fault(emu, "primary", "outage")
         with pytest.raises(MessageTooLargeError):
@@ -334,12 +315,7 @@ async def test_schedule_and_cancel_are_drop_in(emu: Emulator, queue: str, which:
         ):
             await schedule_then_cancel(sdk_sender)
     else:
-        async with GeoSender.from_connection_strings(
-            emu.connection_string("primary"),
-            emu.connection_string("secondary"),
-            queue_name=queue,
-            mode=which,
-        ) as sender:
+        async with on_emulator(GeoSender, emu, queue, mode=which) as sender:
             await schedule_then_cancel(sender)
     for namespace in emu.namespaces:
         assert emu.namespace(namespace).message_count(queue) == 0, f"{namespace} kept one"

@@ -10,7 +10,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
-from _helpers import backlog_queues, create_queue, drain
+from _helpers import backlog_queues, create_queue, drain, on_emulator
 from azure.servicebus import ServiceBusMessage
 from azure.servicebus.aio import ServiceBusClient
 
@@ -138,12 +138,7 @@ async def test_the_syphon_brings_backlog_messages_home_and_each_is_received_once
         assert timedelta(minutes=9) < ttl <= timedelta(minutes=10), "TTL restored"
         handled[str(message.message_id)] += 1
 
-    async with GeoReceiver.from_connection_strings(
-        emu.connection_string("primary"),
-        emu.connection_string("secondary"),
-        queue_name=queue,
-        seen=InMemorySeenSet(),
-    ) as receiver:
+    async with on_emulator(GeoReceiver, emu, queue, seen=InMemorySeenSet()) as receiver:
         task = asyncio.create_task(receiver.run(handle))
         started = time.monotonic()
         while emu.namespace("primary").message_count(queue):
