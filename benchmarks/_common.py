@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, TypeVar
@@ -53,3 +54,13 @@ async def interleaved(
                 wall[key] = wall.get(key, 0.0) + time.perf_counter() - started
                 cpu[key] = cpu.get(key, 0.0) + time.process_time() - cpu_started
     return wall, cpu
+
+
+def send_workload_arguments(description: str, messages: int, batches: int, chunks: int) -> Any:
+    """An argument parser with the send-throughput options (``--messages``, ``--batches``,
+    ``--chunks``) and these defaults; the caller adds its own options."""
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--messages", type=int, default=messages, help="single sends per variant")
+    parser.add_argument("--batches", type=int, default=batches, help="batches of 100 per variant")
+    parser.add_argument("--chunks", type=int, default=chunks, help="turns per variant")
+    return parser

@@ -29,7 +29,6 @@ Target: with a ledger >= 0.95x without (the ledger stays off the hot path).
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import logging
 import os
@@ -45,7 +44,7 @@ from pathlib import Path
 from typing import Any
 
 import pyarrow.dataset as ds
-from _common import fill_active, interleaved
+from _common import fill_active, interleaved, send_workload_arguments
 from azure.servicebus import ServiceBusMessage
 from azure.servicebus.aio import ServiceBusClient
 
@@ -244,10 +243,7 @@ def report(ledger: ParquetLedger) -> None:
 
 
 async def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--messages", type=int, default=4000, help="single sends per variant")
-    parser.add_argument("--batches", type=int, default=40, help="batches of 100 per variant")
-    parser.add_argument("--chunks", type=int, default=20, help="turns per variant")
+    parser = send_workload_arguments(__doc__.split("\n")[0], 4000, 40, 20)
     parser.add_argument("--receive", type=int, default=2000, help="messages per drain round")
     parser.add_argument("--rounds", type=int, default=3, help="drain rounds per variant")
     parser.add_argument("--flush-rows", type=int, default=10_000)

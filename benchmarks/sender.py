@@ -26,7 +26,6 @@ for batches; failover after a refused connection < 250 ms p99.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import contextlib
 import logging
@@ -36,7 +35,7 @@ import uuid
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from _common import interleaved
+from _common import interleaved, send_workload_arguments
 from azure.servicebus import ServiceBusMessage
 from azure.servicebus.aio import ServiceBusClient
 
@@ -199,10 +198,7 @@ async def failover(emu: Emulator, trials: int, attempt_timeout: float) -> None:
 
 
 async def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--messages", type=int, default=6000, help="single sends per variant")
-    parser.add_argument("--batches", type=int, default=120, help="batches of 100 per variant")
-    parser.add_argument("--chunks", type=int, default=30, help="turns per variant")
+    parser = send_workload_arguments(__doc__.split("\n")[0], 6000, 120, 30)
     parser.add_argument("--trials", type=int, default=20, help="failover trials per fault")
     parser.add_argument("--attempt-timeout", type=float, default=1.0)
     args = parser.parse_args()
