@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 from _metrics import metric_sums
+from _receivers import ReceiverWorld
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 
@@ -22,7 +23,6 @@ from georep.testing import (
     FakeMessage,
     InMemoryLedger,
     InMemoryRegionReceiver,
-    InMemorySeenSet,
 )
 
 Handler = Callable[[Any], Awaitable[object]]
@@ -43,18 +43,13 @@ class Pair:
             self.secondary.put(FakeMessage(b"x", message_id))
 
 
-class World:
+class World(ReceiverWorld):
     def __init__(self) -> None:
-        self.clock = FakeClock()
-        self.seen = InMemorySeenSet(clock=self.clock)
+        super().__init__()
         self.calls: Counter[str] = Counter()
 
     def receiver(self, pair: Pair, **options: Any) -> GeoReceiver:
-        options.setdefault("max_wait", 1.0)
-        options.setdefault("lease", 10.0)
-        return GeoReceiver(
-            pair.primary, pair.secondary, seen=self.seen, clock=self.clock, **options
-        )
+        return self.geo(pair.primary, pair.secondary, **options)
 
     async def count(self, message: Any) -> None:
         self.calls[message.message_id] += 1
