@@ -185,12 +185,8 @@ async def test_paired_lists_batches_and_schedules_through_an_engaged_failover(
 ) -> None:
     options, primary_name = await paired_setup(emu, queue)
     when = datetime.datetime.now(UTC) + datetime.timedelta(seconds=4)
-    async with PairedSender.from_connection_strings(
-        emu.connection_string("primary"),
-        emu.connection_string("secondary"),
-        queue_name=queue,
-        primary_namespace=primary_name,
-        options=options,
+    async with on_emulator(
+        PairedSender, emu, queue, primary_namespace=primary_name, options=options
     ) as sender:
         # Healthy: a list, a batch and a schedule go to the primary.
         assert await sender.send_messages([ServiceBusMessage("p1"), ServiceBusMessage("p2")]) == (
@@ -244,12 +240,8 @@ async def test_the_syphon_never_delivers_a_message_after_its_time_to_live(
     emu: Emulator, queue: str
 ) -> None:
     options, primary_name = await paired_setup(emu, queue, count=1)
-    async with PairedSender.from_connection_strings(
-        emu.connection_string("primary"),
-        emu.connection_string("secondary"),
-        queue_name=queue,
-        primary_namespace=primary_name,
-        options=options,
+    async with on_emulator(
+        PairedSender, emu, queue, primary_namespace=primary_name, options=options
     ) as sender:
         await fault(emu, "primary", "outage")
         await sender.send_messages(ServiceBusMessage("engage", message_id="engage"))

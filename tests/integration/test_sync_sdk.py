@@ -266,12 +266,7 @@ def test_sync_paired_sender_sends_to_the_backlog_queues_during_an_outage(
             return await ensure_backlog_queues(admin, primary_name, options)
 
     paths = asyncio.run(create_backlog_queues())
-    with georep.sync.PairedSender.from_connection_strings(
-        emu.connection_string("primary"),
-        emu.connection_string("secondary"),
-        queue_name=queue,
-        options=options,
-    ) as sender:
+    with on_emulator(georep.sync.PairedSender, emu, queue, options=options) as sender:
         assert sender.send_messages(ServiceBusMessage("before")) == "primary"
         emu.namespace("primary").outage()
         places = [sender.send_messages(ServiceBusMessage(f"during-{i}")) for i in range(3)]
