@@ -7,11 +7,12 @@ fixtures (``emu``, ``private_queue``, ``seen``...) are in ``conftest.py``.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import time
 import uuid
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from azure.servicebus import ServiceBusMessage, ServiceBusReceiveMode
@@ -22,6 +23,18 @@ from georep.adapters.emulator import Emulator
 from georep.adapters.servicebus import ensure_backlog_queues
 
 REDIS_URL = os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0")
+
+
+@contextlib.asynccontextmanager
+async def sdk_sender(
+    connection_string: str, queue: str, **client_options: Any
+) -> AsyncIterator[Any]:
+    """The plain SDK's sender on ``queue`` (and its client) for the block; both closed after."""
+    async with (
+        ServiceBusClient.from_connection_string(connection_string, **client_options) as client,
+        client.get_queue_sender(queue) as sender,
+    ):
+        yield sender
 
 
 def on_emulator(cls: Any, emu: Emulator, queue: str, **options: Any) -> Any:

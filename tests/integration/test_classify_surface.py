@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from _helpers import backlog_queues, drain, fault, on_emulator
+from _helpers import backlog_queues, drain, fault, on_emulator, sdk_sender
 from azure.servicebus import ServiceBusMessage, ServiceBusMessageState, ServiceBusSubQueue
 from azure.servicebus.aio import ServiceBusClient
 
@@ -293,19 +293,13 @@ async def schedule_then_cancel(sender: Any) -> None:
 @pytest.mark.parametrize("which", ["sdk", "passive", "active"])
 async def test_schedule_and_cancel_are_drop_in(emu: Emulator, queue: str, which: str) -> None:
     # Offset the secondary's sequence numbers so that the regions' numbers differ.
-    async with (
-        ServiceBusClient.from_connection_string(emu.connection_string("secondary")) as sb,
-        sb.get_queue_sender(queue) as offset,
-    ):
+    async with sdk_sender(emu.connection_string("secondary"), queue) as offset:
         await offset.send_messages([ServiceBusMessage("offset") for _ in range(5)])
     await drain(emu, "secondary", queue, wait=0.5)
 
     if which == "sdk":
-        async with (
-            ServiceBusClient.from_connection_string(emu.connection_string("primary")) as sb,
-            sb.get_queue_sender(queue) as sdk_sender,
-        ):
-            await schedule_then_cancel(sdk_sender)
+        async with sdk_sender(emu.connection_string("primary"), queue) as raw_sender:
+            await schedule_then_cancel(raw_sender)
     else:
         async with on_emulator(GeoSender, emu, queue, mode=which) as sender:
             await schedule_then_cancel(sender)

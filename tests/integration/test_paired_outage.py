@@ -10,9 +10,8 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
-from _helpers import backlog_queues, create_queue, drain, on_emulator
+from _helpers import backlog_queues, create_queue, drain, on_emulator, sdk_sender
 from azure.servicebus import ServiceBusMessage
-from azure.servicebus.aio import ServiceBusClient
 
 from georep import (
     GeoReceiver,
@@ -150,10 +149,7 @@ async def test_the_syphon_cli_moves_messages_and_stops_gracefully(emu: Emulator)
     queue = create_queue(emu, "cli")
     options = PairedNamespaceOptions(backlog_queue_count=2)
     name, paths = await backlog_queues(emu, options, f"cli{uuid.uuid4().hex[:6]}")
-    async with (
-        ServiceBusClient.from_connection_string(emu.connection_string("secondary")) as client,
-        client.get_queue_sender(paths[1]) as sender,
-    ):
+    async with sdk_sender(emu.connection_string("secondary"), paths[1]) as sender:
         await sender.send_messages(to_backlog(ServiceBusMessage("home", message_id="h1"), queue))
 
     env = {
