@@ -69,6 +69,29 @@ _BROKER_STATUS = {
 
 _N = TypeVar("_N", int, float)
 
+#: Faults set by one number >= 0: fault -> (body key, type, NamespaceFaults attribute,
+#: message when the key is missing or not a number, message when it is negative).
+_NUMBER_FAULTS: dict[str, tuple[str, type[int] | type[float], str, str, str]] = {
+    "latency": ("seconds", float, "latency", "latency needs {'seconds': <number >= 0>}",
+                "latency seconds must be >= 0"),
+    "drop-dispositions": ("count", int, "dropped_dispositions",
+                          "drop-dispositions needs {'count': <int >= 0>}", "count must be >= 0"),
+}  # fmt: skip
+
+
+def _created(kind: str, create: Callable[[], object]) -> web.Response:
+    """201 with the name ``create()`` returns; 400 without a name or with an unknown
+    property, the broker's status when it refuses."""
+    try:
+        name = create()
+    except KeyError:
+        return _error(400, f"a {kind} needs a 'name'")
+    except TypeError as exc:
+        return _error(400, f"unknown {kind} property: {exc}")
+    except BrokerError as exc:
+        return _error(_BROKER_STATUS.get(exc.condition, 409), exc.description)
+    return web.json_response({"created": name}, status=201)
+
 
 def _non_negative(
     data: Any, key: str, convert: Callable[[Any], _N], needs: str, negative: str
@@ -137,34 +160,28 @@ def build_control_app(emulator: EmulatorServer) -> web.Application:
     async def create_queue(request: web.Request) -> web.Response:
         server = namespace(request)
         data = await body(request)
-        try:
+
+        def create() -> object:
             properties = default_properties("queue", dict(data.get("properties") or {}))
             server.namespace.create_queue(str(data["name"]), properties)  # type: ignore[arg-type]
-        except KeyError:
-            return _error(400, "a queue needs a 'name'")
-        except TypeError as exc:
-            return _error(400, f"unknown queue property: {exc}")
-        except BrokerError as exc:
-            return _error(_BROKER_STATUS.get(exc.condition, 409), exc.description)
-        return web.json_response({"created": data["name"]}, status=201)
+            return data["name"]
+
+        return _created("queue", create)
 
     @routes.post("/namespaces/{ns}/topics")
     async def create_topic(request: web.Request) -> web.Response:
         server = namespace(request)
         data = await body(request)
-        try:
+
+        def create() -> object:
             name = str(data["name"])
             properties = default_properties("topic", dict(data.get("properties") or {}))
             server.namespace.create_topic(name, properties)  # type: ignore[arg-type]
             for subscription in data.get("subscriptions") or ():
                 server.namespace.create_subscription(name, str(subscription))
-        except KeyError:
-            return _error(400, "a topic needs a 'name'")
-        except TypeError as exc:
-            return _error(400, f"unknown topic property: {exc}")
-        except BrokerError as exc:
-            return _error(_BROKER_STATUS.get(exc.condition, 409), exc.description)
-        return web.json_response({"created": name}, status=201)
+            return name
+
+        return _created("topic", create)
 
     @routes.get("/namespaces/{ns}/relay")
     async def relay(request: web.Request) -> web.Response:
@@ -195,12 +212,12 @@ def build_control_app(emulator: EmulatorServer) -> web.Application:
             server.blackhole()
         elif fault == "disaster":
             await server.disaster()
-        elif fault == "latency":
-            needs = "latency needs {'seconds': <number >= 0>}"
-            seconds = _non_negative(data, "seconds", float, needs, "latency seconds must be >= 0")
-            if isinstance(seconds, web.Response):
-                return seconds
-            server.faults.latency = seconds
+        elif fault in _NUMBER_FAULTS:
+            key, convert, attribute, needs, negative = _NUMBER_FAULTS[fault]
+            value = _non_negative(data, key, convert, needs, negative)
+            if isinstance(value, web.Response):
+                return value
+            setattr(server.faults, attribute, value)
         elif fault == "reject-sends":
             condition = data.get("condition")
             if condition is not None and condition not in SEND_REJECT_CONDITIONS:
@@ -208,12 +225,6 @@ def build_control_app(emulator: EmulatorServer) -> web.Application:
                     400, f"condition must be one of {sorted(SEND_REJECT_CONDITIONS)} or null"
                 )
             server.faults.reject_sends = condition
-        elif fault == "drop-dispositions":
-            needs = "drop-dispositions needs {'count': <int >= 0>}"
-            count = _non_negative(data, "count", int, needs, "count must be >= 0")
-            if isinstance(count, web.Response):
-                return count
-            server.faults.dropped_dispositions = count
         elif fault in ("fragment-down", "fragment-up"):
             entity, index = data.get("entity"), data.get("index")
             if not isinstance(entity, str) or not isinstance(index, int):

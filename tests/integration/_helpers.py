@@ -9,10 +9,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import subprocess
+import sys
 import time
 import uuid
 from collections import Counter
 from collections.abc import AsyncIterator, Callable
+from pathlib import Path
 from typing import Any
 
 from azure.servicebus import ServiceBusMessage, ServiceBusReceiveMode
@@ -23,6 +26,21 @@ from georep.adapters.emulator import Emulator
 from georep.adapters.servicebus import ensure_backlog_queues
 
 REDIS_URL = os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0")
+REPO = Path(__file__).resolve().parents[2]
+
+
+def run_python(*args: str, timeout: float, **options: Any) -> subprocess.CompletedProcess[str]:
+    """``python *args`` in a new process from the checkout's root, its output captured as
+    text; the exit status is the caller's to check."""
+    return subprocess.run(
+        [sys.executable, *args],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+        **options,
+    )
 
 
 @contextlib.asynccontextmanager
