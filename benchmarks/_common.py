@@ -2,12 +2,19 @@
 
 from __future__ import annotations
 
+import argparse
+import time
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any, TypeVar
+
 from azure.servicebus import ServiceBusMessage
 
 from georep import GeoSender, ReplicationMode
 from georep.adapters.emulator import Emulator
 
 BODY = b"x" * 200
+
+_V = TypeVar("_V")
 
 
 async def fill_active(emu: Emulator, queue: str, count: int, body: bytes = BODY) -> None:
@@ -23,3 +30,37 @@ async def fill_active(emu: Emulator, queue: str, count: int, body: bytes = BODY)
             for _ in range(min(100, count - start)):
                 batch.add_message(ServiceBusMessage(body))
             await sender.send_messages(batch)
+
+
+async def interleaved(
+    variants: Mapping[str, _V],
+    workloads: Mapping[str, tuple[int, Callable[[_V, int], Awaitable[Any]]]],
+    chunks: int,
+) -> tuple[dict[tuple[str, str], float], dict[tuple[str, str], float]]:
+    """Wall and CPU seconds per (workload, variant): each workload's ``total`` messages run
+    in chunks, the variants taking turns, so that a machine that speeds up or slows down
+    during the run (shared CPUs do) affects each of them alike. A warm-up of 100 first."""
+    wall: dict[tuple[str, str], float] = {}
+    cpu: dict[tuple[str, str], float] = {}
+    for workload, (total, run) in workloads.items():
+        per_chunk = max(100, total // chunks)
+        for variant in variants.values():  # warm-up
+            await run(variant, 100)
+        for _ in range(max(1, total // per_chunk)):
+            for name, variant in variants.items():
+                started, cpu_started = time.perf_counter(), time.process_time()
+                await run(variant, per_chunk)
+                key = (workload, name)
+                wall[key] = wall.get(key, 0.0) + time.perf_counter() - started
+                cpu[key] = cpu.get(key, 0.0) + time.process_time() - cpu_started
+    return wall, cpu
+
+
+def send_workload_arguments(description: str, messages: int, batches: int, chunks: int) -> Any:
+    """An argument parser with the send-throughput options (``--messages``, ``--batches``,
+    ``--chunks``) and these defaults; the caller adds its own options."""
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--messages", type=int, default=messages, help="single sends per variant")
+    parser.add_argument("--batches", type=int, default=batches, help="batches of 100 per variant")
+    parser.add_argument("--chunks", type=int, default=chunks, help="turns per variant")
+    return parser

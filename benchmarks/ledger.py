@@ -29,7 +29,6 @@ Target: with a ledger >= 0.95x without (the ledger stays off the hot path).
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import logging
 import os
@@ -45,7 +44,7 @@ from pathlib import Path
 from typing import Any
 
 import pyarrow.dataset as ds
-from _common import fill_active
+from _common import fill_active, interleaved, send_workload_arguments
 from azure.servicebus import ServiceBusMessage
 from azure.servicebus.aio import ServiceBusClient
 
@@ -105,19 +104,7 @@ async def send_throughput(
             "single awaited sends": (messages, single_sends),
             "batches of 100": (batches * 100, batch_sends),
         }
-        wall: dict[tuple[str, str], float] = {}
-        cpu: dict[tuple[str, str], float] = {}
-        for workload, (total, run) in workloads.items():
-            per_chunk = max(100, total // chunks)
-            for sender in variants.values():  # warm-up
-                await run(sender, 100)
-            for _ in range(max(1, total // per_chunk)):
-                for name, sender in variants.items():
-                    started, cpu_started = time.perf_counter(), time.process_time()
-                    await run(sender, per_chunk)
-                    key = (workload, name)
-                    wall[key] = wall.get(key, 0.0) + time.perf_counter() - started
-                    cpu[key] = cpu.get(key, 0.0) + time.process_time() - cpu_started
+        wall, cpu = await interleaved(variants, workloads, chunks)
         for sender in variants.values():
             await sender.aclose()
 
@@ -256,10 +243,7 @@ def report(ledger: ParquetLedger) -> None:
 
 
 async def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--messages", type=int, default=4000, help="single sends per variant")
-    parser.add_argument("--batches", type=int, default=40, help="batches of 100 per variant")
-    parser.add_argument("--chunks", type=int, default=20, help="turns per variant")
+    parser = send_workload_arguments(__doc__.split("\n")[0], 4000, 40, 20)
     parser.add_argument("--receive", type=int, default=2000, help="messages per drain round")
     parser.add_argument("--rounds", type=int, default=3, help="drain rounds per variant")
     parser.add_argument("--flush-rows", type=int, default=10_000)

@@ -23,10 +23,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import random
 import statistics
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 
 from georep import FailoverChannel, RelayRequest, RelayResponse
 from georep.adapters.emulator import Emulator
@@ -66,27 +67,29 @@ async def timed(call: Call, count: int, into: list[float]) -> None:
         assert response.status == 200
 
 
-async def latency(emu: Emulator, mode: str, requests: int, chunks: int = 20) -> None:
+@contextlib.asynccontextmanager
+async def variants(emu: Emulator, mode: str, timeout: float) -> AsyncIterator[dict[str, Call]]:
+    """The two variants compared, by name: one endpoint used directly (the one the channel
+    has active) and a FailoverChannel over both; closed after the block."""
     direct_pair = endpoints(emu, mode)
     channel = FailoverChannel(endpoints(emu, mode), rng=random.Random(0))  # type: ignore[arg-type]
     direct = direct_pair[0] if channel.active == "primary" else direct_pair[1]
 
     async def direct_call() -> RelayResponse:
-        return await direct.request("POST", "/echo", body=BODY, headers={}, timeout=10)
+        return await direct.request("POST", "/echo", body=BODY, headers={}, timeout=timeout)
 
     async def channel_call() -> RelayResponse:
         return await channel.request("POST", "/echo", body=BODY)
 
-    samples: dict[str, list[float]] = {"direct endpoint": [], "FailoverChannel": []}
-    calls = {"direct endpoint": direct_call, "FailoverChannel": channel_call}
-    for call in calls.values():  # warm-up: connections, TLS sessions, tokens
-        await timed(call, 50, [])
-    per_chunk = max(1, requests // chunks)
-    for chunk in range(chunks):
-        # Alternate which variant goes first, so neither always follows the other.
-        order = list(calls.items()) if chunk % 2 == 0 else list(reversed(calls.items()))
-        for name, call in order:
-            await timed(call, per_chunk, samples[name])
+    yield {"direct endpoint": direct_call, "FailoverChannel": channel_call}
+    for endpoint in direct_pair:
+        await endpoint.close()
+    await channel.aclose()
+
+
+async def latency(emu: Emulator, mode: str, requests: int, chunks: int = 20) -> None:
+    async with variants(emu, mode, timeout=10) as calls:
+        samples = await latency_samples(calls, requests, chunks)
     base = statistics.median(samples["direct endpoint"])
     base_p99 = percentile(samples["direct endpoint"], 0.99)
     for name, values in samples.items():
@@ -95,39 +98,38 @@ async def latency(emu: Emulator, mode: str, requests: int, chunks: int = 20) -> 
             f"{mode:10} {name:18} {p50 * 1e3:8.2f} {p99 * 1e3:8.2f} "
             f"{p50 / base:9.2f} {p99 / base_p99:9.2f}"
         )
-    for endpoint in direct_pair:
-        await endpoint.close()
-    await channel.aclose()
+
+
+async def latency_samples(
+    calls: dict[str, Call], requests: int, chunks: int
+) -> dict[str, list[float]]:
+    samples: dict[str, list[float]] = {name: [] for name in calls}
+    for call in calls.values():  # warm-up: connections, TLS sessions, tokens
+        await timed(call, 50, [])
+    per_chunk = max(1, requests // chunks)
+    for chunk in range(chunks):
+        # Alternate which variant goes first, so neither always follows the other.
+        order = list(calls.items()) if chunk % 2 == 0 else list(reversed(calls.items()))
+        for name, call in order:
+            await timed(call, per_chunk, samples[name])
+    return samples
 
 
 async def throughput(emu: Emulator, mode: str, requests: int, concurrency: int) -> None:
     """Requests per second with ``concurrency`` callers sharing one endpoint or channel."""
-    direct_pair = endpoints(emu, mode)
-    channel = FailoverChannel(endpoints(emu, mode), rng=random.Random(0))  # type: ignore[arg-type]
-    direct = direct_pair[0] if channel.active == "primary" else direct_pair[1]
-
-    async def direct_call() -> RelayResponse:
-        return await direct.request("POST", "/echo", body=BODY, headers={}, timeout=30)
-
-    async def channel_call() -> RelayResponse:
-        return await channel.request("POST", "/echo", body=BODY)
-
-    calls = {"direct endpoint": direct_call, "FailoverChannel": channel_call}
-    elapsed = dict.fromkeys(calls, 0.0)
-    per_caller = max(1, requests // concurrency // 4)
-    for call in calls.values():  # warm-up: every caller's connection
-        await asyncio.gather(*(timed(call, 5, []) for _ in range(concurrency)))
-    # Rounds in the order A B B A, so drift in machine speed hits both alike.
-    for name in ("direct endpoint", "FailoverChannel", "FailoverChannel", "direct endpoint"):
-        started = time.perf_counter()
-        await asyncio.gather(*(timed(calls[name], per_caller, []) for _ in range(concurrency)))
-        elapsed[name] += time.perf_counter() - started
+    async with variants(emu, mode, timeout=30) as calls:
+        elapsed = dict.fromkeys(calls, 0.0)
+        per_caller = max(1, requests // concurrency // 4)
+        for call in calls.values():  # warm-up: every caller's connection
+            await asyncio.gather(*(timed(call, 5, []) for _ in range(concurrency)))
+        # Rounds in the order A B B A, so drift in machine speed hits both alike.
+        for name in ("direct endpoint", "FailoverChannel", "FailoverChannel", "direct endpoint"):
+            started = time.perf_counter()
+            await asyncio.gather(*(timed(calls[name], per_caller, []) for _ in range(concurrency)))
+            elapsed[name] += time.perf_counter() - started
     rates = {name: 2 * per_caller * concurrency / seconds for name, seconds in elapsed.items()}
     for name, rate in rates.items():
         print(f"{mode:10} {name:18} {rate:9,.0f} {rate / rates['direct endpoint']:9.2f}")
-    for endpoint in direct_pair:
-        await endpoint.close()
-    await channel.aclose()
 
 
 async def failover(

@@ -26,7 +26,6 @@ for batches; failover after a refused connection < 250 ms p99.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import contextlib
 import logging
@@ -36,6 +35,7 @@ import uuid
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from _common import interleaved, send_workload_arguments
 from azure.servicebus import ServiceBusMessage
 from azure.servicebus.aio import ServiceBusClient
 
@@ -98,21 +98,7 @@ async def throughput(emu: Emulator, messages: int, batches: int, chunks: int) ->
                 lambda v, n: batch_sends(v[0], v[1], max(1, n // 100)),
             ),
         }
-        # The variants take turns in small chunks, so a machine that speeds up or slows
-        # down during the run (shared CPUs do) affects each of them alike.
-        wall: dict[tuple[str, str], float] = {}
-        cpu: dict[tuple[str, str], float] = {}
-        for workload, (total, run) in workloads.items():
-            per_chunk = max(100, total // chunks)
-            for variant in variants.values():  # warm-up
-                await run(variant, 100)
-            for _ in range(max(1, total // per_chunk)):
-                for name, variant in variants.items():
-                    started, cpu_started = time.perf_counter(), time.process_time()
-                    await run(variant, per_chunk)
-                    key = (workload, name)
-                    wall[key] = wall.get(key, 0.0) + time.perf_counter() - started
-                    cpu[key] = cpu.get(key, 0.0) + time.process_time() - cpu_started
+        wall, cpu = await interleaved(variants, workloads, chunks)
         await passive.aclose()
         await active.aclose()
 
@@ -212,10 +198,7 @@ async def failover(emu: Emulator, trials: int, attempt_timeout: float) -> None:
 
 
 async def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--messages", type=int, default=6000, help="single sends per variant")
-    parser.add_argument("--batches", type=int, default=120, help="batches of 100 per variant")
-    parser.add_argument("--chunks", type=int, default=30, help="turns per variant")
+    parser = send_workload_arguments(__doc__.split("\n")[0], 6000, 120, 30)
     parser.add_argument("--trials", type=int, default=20, help="failover trials per fault")
     parser.add_argument("--attempt-timeout", type=float, default=1.0)
     args = parser.parse_args()

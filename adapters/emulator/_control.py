@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import hmac
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from aiohttp import web
 
@@ -66,6 +66,44 @@ _BROKER_STATUS = {
     "com.microsoft:invalid-operation": 400,
     "amqp:resource-limit-exceeded": 403,
 }
+
+_N = TypeVar("_N", int, float)
+
+#: Faults set by one number >= 0: fault -> (body key, type, NamespaceFaults attribute,
+#: message when the key is missing or not a number, message when it is negative).
+_NUMBER_FAULTS: dict[str, tuple[str, type[int] | type[float], str, str, str]] = {
+    "latency": ("seconds", float, "latency", "latency needs {'seconds': <number >= 0>}",
+                "latency seconds must be >= 0"),
+    "drop-dispositions": ("count", int, "dropped_dispositions",
+                          "drop-dispositions needs {'count': <int >= 0>}", "count must be >= 0"),
+}  # fmt: skip
+
+
+def _created(kind: str, create: Callable[[], object]) -> web.Response:
+    """201 with the name ``create()`` returns; 400 without a name or with an unknown
+    property, the broker's status when it refuses."""
+    try:
+        name = create()
+    except KeyError:
+        return _error(400, f"a {kind} needs a 'name'")
+    except TypeError as exc:
+        return _error(400, f"unknown {kind} property: {exc}")
+    except BrokerError as exc:
+        return _error(_BROKER_STATUS.get(exc.condition, 409), exc.description)
+    return web.json_response({"created": name}, status=201)
+
+
+def _non_negative(
+    data: Any, key: str, convert: Callable[[Any], _N], needs: str, negative: str
+) -> _N | web.Response:
+    """``convert(data[key])`` if it is a number >= 0, else the 400 response to return."""
+    try:
+        value = convert(data[key])
+    except (KeyError, TypeError, ValueError):
+        return _error(400, needs)
+    if value < 0:
+        return _error(400, negative)
+    return value
 
 
 def _error(status: int, message: str) -> web.Response:
@@ -122,34 +160,28 @@ def build_control_app(emulator: EmulatorServer) -> web.Application:
     async def create_queue(request: web.Request) -> web.Response:
         server = namespace(request)
         data = await body(request)
-        try:
+
+        def create() -> object:
             properties = default_properties("queue", dict(data.get("properties") or {}))
             server.namespace.create_queue(str(data["name"]), properties)  # type: ignore[arg-type]
-        except KeyError:
-            return _error(400, "a queue needs a 'name'")
-        except TypeError as exc:
-            return _error(400, f"unknown queue property: {exc}")
-        except BrokerError as exc:
-            return _error(_BROKER_STATUS.get(exc.condition, 409), exc.description)
-        return web.json_response({"created": data["name"]}, status=201)
+            return data["name"]
+
+        return _created("queue", create)
 
     @routes.post("/namespaces/{ns}/topics")
     async def create_topic(request: web.Request) -> web.Response:
         server = namespace(request)
         data = await body(request)
-        try:
+
+        def create() -> object:
             name = str(data["name"])
             properties = default_properties("topic", dict(data.get("properties") or {}))
             server.namespace.create_topic(name, properties)  # type: ignore[arg-type]
             for subscription in data.get("subscriptions") or ():
                 server.namespace.create_subscription(name, str(subscription))
-        except KeyError:
-            return _error(400, "a topic needs a 'name'")
-        except TypeError as exc:
-            return _error(400, f"unknown topic property: {exc}")
-        except BrokerError as exc:
-            return _error(_BROKER_STATUS.get(exc.condition, 409), exc.description)
-        return web.json_response({"created": name}, status=201)
+            return name
+
+        return _created("topic", create)
 
     @routes.get("/namespaces/{ns}/relay")
     async def relay(request: web.Request) -> web.Response:
@@ -180,14 +212,12 @@ def build_control_app(emulator: EmulatorServer) -> web.Application:
             server.blackhole()
         elif fault == "disaster":
             await server.disaster()
-        elif fault == "latency":
-            try:
-                seconds = float(data["seconds"])
-            except (KeyError, TypeError, ValueError):
-                return _error(400, "latency needs {'seconds': <number >= 0>}")
-            if seconds < 0:
-                return _error(400, "latency seconds must be >= 0")
-            server.faults.latency = seconds
+        elif fault in _NUMBER_FAULTS:
+            key, convert, attribute, needs, negative = _NUMBER_FAULTS[fault]
+            value = _non_negative(data, key, convert, needs, negative)
+            if isinstance(value, web.Response):
+                return value
+            setattr(server.faults, attribute, value)
         elif fault == "reject-sends":
             condition = data.get("condition")
             if condition is not None and condition not in SEND_REJECT_CONDITIONS:
@@ -195,14 +225,6 @@ def build_control_app(emulator: EmulatorServer) -> web.Application:
                     400, f"condition must be one of {sorted(SEND_REJECT_CONDITIONS)} or null"
                 )
             server.faults.reject_sends = condition
-        elif fault == "drop-dispositions":
-            try:
-                count = int(data["count"])
-            except (KeyError, TypeError, ValueError):
-                return _error(400, "drop-dispositions needs {'count': <int >= 0>}")
-            if count < 0:
-                return _error(400, "count must be >= 0")
-            server.faults.dropped_dispositions = count
         elif fault in ("fragment-down", "fragment-up"):
             entity, index = data.get("entity"), data.get("index")
             if not isinstance(entity, str) or not isinstance(index, int):

@@ -28,14 +28,14 @@ import uuid
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from http import HTTPStatus
-from types import TracebackType
-from typing import Any, Self
+from typing import Any
 from urllib.parse import quote
 
 import websockets
 from websockets.asyncio.client import ClientConnection
 from websockets.exceptions import ConnectionClosed
 
+from georep._lifecycle import AsyncResource
 from georep.exceptions import ConfigurationError
 from georep.ports import ErrorKind, RelayRequest, RelayResponse
 
@@ -90,7 +90,7 @@ def _response_head(request_id: str, response: RelayResponse, body: bool) -> str:
     )
 
 
-class HybridConnectionListener:
+class HybridConnectionListener(AsyncResource):
     """Serves ``handler`` on every hybrid connection given, until closed.
 
     Use it as an async context manager (``async with HybridConnectionListener(...)``), or
@@ -379,24 +379,18 @@ class HybridConnectionListener:
         except (ValueError, KeyError, TypeError):
             _LOG.info("relay listener: malformed frame on a relayed websocket; closing it")
 
-    # -- lifecycle ---------------------------------------------------------------------
+    # -- lifecycle (AsyncResource: ``async with`` starts, aclose() is idempotent, shielded) --
+    async def _open(self) -> None:
+        await self.start()
+
     async def aclose(self) -> None:
         """Stop listening and close every channel (idempotent)."""
+        await super().aclose()
+
+    async def _close(self) -> None:
         self._closing = True
         tasks = [*self._tasks, *self._children]
         self._tasks.clear()
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
-
-    async def __aenter__(self) -> Self:
-        await self.start()
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.aclose()

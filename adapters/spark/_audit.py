@@ -49,26 +49,26 @@ __all__ = ["audit", "check_audit_inputs", "spark_aggregates"]
 
 _log = logging.getLogger("georep.audit")
 
-_SEND_SCHEMA = T.StructType(
-    [
-        T.StructField("schema_version", T.ShortType()),
-        T.StructField("message_id", T.StringType()),
-        T.StructField("mode", T.StringType()),
-        T.StructField("outcome", T.StringType()),
-        T.StructField("accepted_region", T.StringType()),
-        T.StructField("failover", T.BooleanType()),
-        T.StructField("started_at", T.TimestampType()),
-        T.StructField("finished_at", T.TimestampType()),
-    ]
+_SPARK_TYPES = {
+    "short": T.ShortType(),
+    "string": T.StringType(),
+    "boolean": T.BooleanType(),
+    "timestamp": T.TimestampType(),
+}
+
+
+def _struct(columns: str) -> T.StructType:
+    """``"name type, name type, ..."`` (types: short, string, boolean, timestamp) as a schema."""
+    pairs = (column.split() for column in columns.split(","))
+    return T.StructType([T.StructField(name, _SPARK_TYPES[kind]) for name, kind in pairs])
+
+
+_SEND_SCHEMA = _struct(
+    "schema_version short, message_id string, mode string, outcome string,"
+    " accepted_region string, failover boolean, started_at timestamp, finished_at timestamp"
 )
-_RECEIVE_SCHEMA = T.StructType(
-    [
-        T.StructField("schema_version", T.ShortType()),
-        T.StructField("message_id", T.StringType()),
-        T.StructField("region", T.StringType()),
-        T.StructField("outcome", T.StringType()),
-        T.StructField("received_at", T.TimestampType()),
-    ]
+_RECEIVE_SCHEMA = _struct(
+    "schema_version short, message_id string, region string, outcome string, received_at timestamp"
 )
 
 

@@ -73,54 +73,70 @@ def emulator(
     )
 
 
+def _env_option(envvar: str, help: str) -> Any:
+    """An option read from ``envvar`` whose value (a secret or a URL) is never shown as default."""
+    return typer.Option(envvar=envvar, help=help, show_default=False)
+
+
+def _print_error(message: str) -> None:
+    """Print ``message`` verbatim in red (no markup: it may quote user input)."""
+    console.print(message, style="red", soft_wrap=True, markup=False, highlight=False)
+
+
+_FAULT_ACTIONS = (
+    "outage, restore, blackhole, latency, reject-sends, drop-dispositions, "
+    "disaster, relay-no-listener"
+)
+_FaultCondition = Annotated[
+    str | None,
+    typer.Option(help="For reject-sends: server-busy | timeout | internal-error | quota-exceeded."),
+]
+_ControlUrl = Annotated[
+    str, typer.Option(envvar="GEOREP_EMULATOR_CONTROL_URL", help="The emulator's control URL.")
+]
+_ControlToken = Annotated[
+    str | None,
+    _env_option("GEOREP_EMULATOR_CONTROL_TOKEN", "The control token `georep emulator` printed."),
+]
+
+
 @app.command()
 def fault(
     namespace: Annotated[str, typer.Argument(help="Namespace to act on, e.g. primary.")],
-    action: Annotated[
-        str,
-        typer.Argument(
-            help="outage, restore, blackhole, latency, reject-sends, drop-dispositions, "
-            "disaster, relay-no-listener"
-        ),
-    ],
+    action: Annotated[str, typer.Argument(help=_FAULT_ACTIONS)],
     seconds: Annotated[float, typer.Option(help="For latency: seconds added per response.")] = 0.0,
-    condition: Annotated[
-        str | None,
-        typer.Option(
-            help="For reject-sends: server-busy | timeout | internal-error | quota-exceeded."
-        ),
-    ] = None,
+    condition: _FaultCondition = None,
     count: Annotated[int, typer.Option(help="For drop-dispositions: how many sends.")] = 1,
     path: Annotated[
         str | None, typer.Option(help="For relay-no-listener: the hybrid connection.")
     ] = None,
     off: Annotated[bool, typer.Option(help="For relay-no-listener: lift the fault.")] = False,
-    control_url: Annotated[
-        str, typer.Option(envvar="GEOREP_EMULATOR_CONTROL_URL", help="The emulator's control URL.")
-    ] = "http://127.0.0.1:5710",
-    control_token: Annotated[
-        str | None,
-        typer.Option(
-            envvar="GEOREP_EMULATOR_CONTROL_TOKEN",
-            help="The control token `georep emulator` printed.",
-            show_default=False,
-        ),
-    ] = None,
+    control_url: _ControlUrl = "http://127.0.0.1:5710",
+    control_token: _ControlToken = None,
 ) -> None:
     """Inject a fault into a running emulator (`georep emulator`) through its control endpoint."""
-    import json
-    import urllib.error
-    import urllib.request
-
     bodies: dict[str, dict[str, object]] = {
         "latency": {"seconds": seconds},
         "reject-sends": {"condition": condition},
         "drop-dispositions": {"count": count},
         "relay-no-listener": {"path": path, "on": not off},
     }
+    url = f"{control_url.rstrip('/')}/namespaces/{namespace}/faults/{action}"
+    state = _post_fault(url, bodies.get(action, {}), control_url, control_token)
+    console.print(f"{namespace}: {action} -> {state}")
+
+
+def _post_fault(
+    url: str, body: dict[str, object], control_url: str, control_token: str | None
+) -> object:
+    """POST ``body`` to the emulator's fault ``url``; exit 2 on a refusal, 1 if none answers."""
+    import json
+    import urllib.error
+    import urllib.request
+
     request = urllib.request.Request(
-        f"{control_url.rstrip('/')}/namespaces/{namespace}/faults/{action}",
-        data=json.dumps(bodies.get(action, {})).encode(),
+        url,
+        data=json.dumps(body).encode(),
         method="POST",
         headers={
             "Content-Type": "application/json",
@@ -129,7 +145,7 @@ def fault(
     )
     try:
         with urllib.request.urlopen(request, timeout=10) as response:
-            state = json.loads(response.read())
+            return json.loads(response.read())
     except urllib.error.HTTPError as exc:
         try:
             message = json.loads(exc.read()).get("error", exc)
@@ -143,7 +159,19 @@ def fault(
             "start one with `georep emulator`."
         )
         raise typer.Exit(1) from None
-    console.print(f"{namespace}: {action} -> {state}")
+
+
+_DemoOutageAt = Annotated[
+    float, typer.Option(min=0, help="Seconds into the run when the primary goes down.")
+]
+_DemoPrimary = Annotated[
+    str | None, _env_option("GEOREP_PRIMARY", "Real primary namespace (connection string).")
+]
+_DemoSecondary = Annotated[str | None, _env_option("GEOREP_SECONDARY", "Real secondary namespace.")]
+_DemoQueue = Annotated[str, typer.Option(help="Queue name (must exist in real namespaces).")]
+_DemoWorkDir = Annotated[
+    Path | None, typer.Option(help="Where the ledger, outbox and report go (default: temp).")
+]
 
 
 @app.command()
@@ -151,35 +179,14 @@ def demo(
     mode: Annotated[str, typer.Option(help="passive | active | paired.")] = "passive",
     messages: Annotated[int, typer.Option(min=1, help="Logical messages to send.")] = 3000,
     rate: Annotated[float, typer.Option(min=0, help="Messages per second (0: flat out).")] = 150.0,
-    outage_at: Annotated[
-        float, typer.Option(min=0, help="Seconds into the run when the primary goes down.")
-    ] = 6.0,
+    outage_at: _DemoOutageAt = 6.0,
     outage_for: Annotated[float, typer.Option(min=0.1, help="Seconds the outage lasts.")] = 6.0,
     receivers: Annotated[int, typer.Option(min=1, help="Receivers sharing the seen-set.")] = 2,
-    primary: Annotated[
-        str | None,
-        typer.Option(
-            envvar="GEOREP_PRIMARY",
-            help="Real primary namespace (connection string).",
-            show_default=False,
-        ),
-    ] = None,
-    secondary: Annotated[
-        str | None,
-        typer.Option(
-            envvar="GEOREP_SECONDARY", help="Real secondary namespace.", show_default=False
-        ),
-    ] = None,
-    queue: Annotated[str, typer.Option(help="Queue name (must exist in real namespaces).")] = (
-        "orders"
-    ),
-    redis_url: Annotated[
-        str | None,
-        typer.Option(envvar="REDIS_URL", help="Redis for the seen-set.", show_default=False),
-    ] = None,
-    work_dir: Annotated[
-        Path | None, typer.Option(help="Where the ledger, outbox and report go (default: temp).")
-    ] = None,
+    primary: _DemoPrimary = None,
+    secondary: _DemoSecondary = None,
+    queue: _DemoQueue = "orders",
+    redis_url: Annotated[str | None, _env_option("REDIS_URL", "Redis for the seen-set.")] = None,
+    work_dir: _DemoWorkDir = None,
 ) -> None:
     """Replication end to end: two regions, an outage, dedup receivers, and a Spark audit.
 
@@ -210,41 +217,44 @@ def demo(
     raise typer.Exit(run_demo(config, console))
 
 
+_SyphonPrimary = Annotated[
+    str,
+    _env_option("GEOREP_PRIMARY", "Primary namespace connection string (or $GEOREP_PRIMARY)."),
+]
+_SyphonSecondary = Annotated[
+    str,
+    _env_option(
+        "GEOREP_SECONDARY",
+        "Secondary namespace connection string, where the backlog queues are "
+        "(or $GEOREP_SECONDARY).",
+    ),
+]
+_SyphonNamespace = Annotated[
+    str,
+    typer.Option(
+        envvar="GEOREP_PRIMARY_NAMESPACE",
+        help="Name the backlog queue paths are built from (as given to ensure_backlog_queues).",
+    ),
+]
+_SyphonQueues = Annotated[
+    int, typer.Option(envvar="GEOREP_BACKLOG_QUEUES", min=1, help="Backlog queue count.")
+]
+_SyphonLongPoll = Annotated[
+    float, typer.Option(envvar="GEOREP_SYPHON_LONG_POLL", help="Long poll, seconds.")
+]
+_SyphonRetry = Annotated[
+    float, typer.Option(envvar="GEOREP_SYPHON_RETRY", help="Retry interval, 1-120 s.")
+]
+
+
 @app.command()
 def syphon(
-    primary: Annotated[
-        str,
-        typer.Option(
-            envvar="GEOREP_PRIMARY",
-            help="Primary namespace connection string (or $GEOREP_PRIMARY).",
-            show_default=False,
-        ),
-    ],
-    secondary: Annotated[
-        str,
-        typer.Option(
-            envvar="GEOREP_SECONDARY",
-            help="Secondary namespace connection string, where the backlog queues are "
-            "(or $GEOREP_SECONDARY).",
-            show_default=False,
-        ),
-    ],
-    primary_namespace: Annotated[
-        str,
-        typer.Option(
-            envvar="GEOREP_PRIMARY_NAMESPACE",
-            help="Name the backlog queue paths are built from (as given to ensure_backlog_queues).",
-        ),
-    ],
-    backlog_queues: Annotated[
-        int, typer.Option(envvar="GEOREP_BACKLOG_QUEUES", min=1, help="Backlog queue count.")
-    ] = 10,
-    long_poll: Annotated[
-        float, typer.Option(envvar="GEOREP_SYPHON_LONG_POLL", help="Long poll, seconds.")
-    ] = 900.0,
-    retry_interval: Annotated[
-        float, typer.Option(envvar="GEOREP_SYPHON_RETRY", help="Retry interval, 1-120 s.")
-    ] = 1.0,
+    primary: _SyphonPrimary,
+    secondary: _SyphonSecondary,
+    primary_namespace: _SyphonNamespace,
+    backlog_queues: _SyphonQueues = 10,
+    long_poll: _SyphonLongPoll = 900.0,
+    retry_interval: _SyphonRetry = 1.0,
     report_every: Annotated[float, typer.Option(help="Seconds between progress lines.")] = 10.0,
 ) -> None:
     """Move backlog-queue messages back into the primary namespace until stopped.
@@ -252,8 +262,6 @@ def syphon(
     Stops gracefully on SIGINT/SIGTERM: messages in hand are moved or handed back.
     Connection strings are never printed.
     """
-    import signal
-
     from georep import ConfigurationError, PairedNamespaceOptions, Syphon
 
     try:
@@ -270,57 +278,73 @@ def syphon(
         worker = Syphon.from_connection_strings(
             primary, secondary, primary_namespace=primary_namespace, options=options
         )
-        loop = asyncio.get_running_loop()
-        stop = asyncio.Event()
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            loop.add_signal_handler(sig, stop.set)
-        task = asyncio.create_task(worker.run())
         console.print(
             f"syphon: {backlog_queues} backlog queues of {primary_namespace}, "
             f"long poll {long_poll:g} s"
         )
-        while not stop.is_set() and not task.done():
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stop.wait(), report_every)
-            stats = worker.stats
-            console.print(
-                f"moved {stats.moved}  dead-lettered {stats.dead_lettered}  "
-                f"retries {stats.retries}  receive calls {stats.receive_calls}  "
-                f"billed operations {stats.billed_operations + stats.receive_calls}"
-            )
-        await worker.aclose()
-        with contextlib.suppress(asyncio.CancelledError):
-            await asyncio.wait_for(task, long_poll + 30)
-        console.print("syphon stopped")
+        await _run_syphon(worker, report_every=report_every, long_poll=long_poll)
 
     asyncio.run(run())
+
+
+async def _run_syphon(worker: Any, *, report_every: float, long_poll: float) -> None:
+    """Run ``worker`` until SIGINT/SIGTERM, printing its stats every ``report_every`` s."""
+    import signal
+
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    task = asyncio.create_task(worker.run())
+    while not stop.is_set() and not task.done():
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(stop.wait(), report_every)
+        stats = worker.stats
+        console.print(
+            f"moved {stats.moved}  dead-lettered {stats.dead_lettered}  "
+            f"retries {stats.retries}  receive calls {stats.receive_calls}  "
+            f"billed operations {stats.billed_operations + stats.receive_calls}"
+        )
+    await worker.aclose()
+    with contextlib.suppress(asyncio.CancelledError):
+        await asyncio.wait_for(task, long_poll + 30)
+    console.print("syphon stopped")
+
+
+_CostModes = Annotated[
+    list[str] | None,
+    typer.Option(help="unreplicated | passive | active | paired (repeat; default all)."),
+]
+_CostOutage = Annotated[
+    float, typer.Option(min=0, help="Expected primary outage, minutes per month.")
+]
+_CostPrice = Annotated[float, typer.Option(min=0, help="Your price per million operations.")]
+_CostJson = Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")]
+_COST_ROWS = {  # table row -> CostEstimate attribute, in the order printed
+    "message operations": "message_operations",
+    "backlog operations (4 per message)": "backlog_operations",
+    "pings": "ping_operations",
+    "syphon receive calls": "syphon_receive_calls",
+    "total operations": "total_operations",
+}
 
 
 @app.command()
 def cost(
     rate: Annotated[float, typer.Option(min=0, help="Messages per second, all entities.")],
     size: Annotated[int, typer.Option(min=1, help="Message size in bytes.")] = 1024,
-    mode: Annotated[
-        list[str] | None,
-        typer.Option(help="unreplicated | passive | active | paired (repeat; default all)."),
-    ] = None,
+    mode: _CostModes = None,
     entities: Annotated[int, typer.Option(min=1, help="Queues and topics sent to.")] = 1,
     senders: Annotated[int, typer.Option(min=1, help="Sender clients (each pings).")] = 1,
     backlog_queues: Annotated[int, typer.Option(min=1, help="Paired: backlog queues.")] = 10,
     syphon_hosts: Annotated[int, typer.Option(min=0, help="Paired: syphon processes.")] = 1,
-    outage_minutes: Annotated[
-        float, typer.Option(min=0, help="Expected primary outage, minutes per month.")
-    ] = 0.0,
+    outage_minutes: _CostOutage = 0.0,
     ping_interval: Annotated[float, typer.Option(help="Paired: seconds between pings.")] = 60.0,
     days: Annotated[float, typer.Option(help="Billing period in days.")] = 30.0,
-    price_per_million: Annotated[
-        float, typer.Option(min=0, help="Your price per million operations.")
-    ] = 0.80,
-    as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")] = False,
+    price_per_million: _CostPrice = 0.80,
+    as_json: _CostJson = False,
 ) -> None:
     """Billed operations per month and their price, per replication mode, side by side."""
-    import json
-
     from georep.cli._cost import MODES, Workload, estimate_costs
     from georep.exceptions import ConfigurationError
 
@@ -341,70 +365,60 @@ def cost(
     except ConfigurationError as exc:
         console.print(f"[red]error[/]: {exc}")
         raise typer.Exit(2) from None
-    amounts = [e.amount(price_per_million) for e in estimates]
     if as_json:
-        report = {
-            e.mode: {
-                "message_operations": e.message_operations,
-                "backlog_operations": e.backlog_operations,
-                "ping_operations": e.ping_operations,
-                "syphon_receive_calls": e.syphon_receive_calls,
-                "total_operations": e.total_operations,
-                "amount": amount,
-            }
-            for e, amount in zip(estimates, amounts, strict=True)
-        }
-        typer.echo(json.dumps(report, indent=2))
-        return
-    rows = {
-        "message operations": [e.message_operations for e in estimates],
-        "backlog operations (4 per message)": [e.backlog_operations for e in estimates],
-        "pings": [e.ping_operations for e in estimates],
-        "syphon receive calls": [e.syphon_receive_calls for e in estimates],
-        "total operations": [e.total_operations for e in estimates],
-    }
-    table = Table(
-        title=f"{rate:g} msg/s of {size:,} B for {days:g} days, "
-        f"{outage_minutes:g} outage minutes, {price_per_million:g} per million operations"
-    )
+        _echo_costs_json(estimates, price_per_million)
+    else:
+        title = (
+            f"{rate:g} msg/s of {size:,} B for {days:g} days, "
+            f"{outage_minutes:g} outage minutes, {price_per_million:g} per million operations"
+        )
+        _print_costs_table(estimates, price_per_million, title)
+
+
+def _echo_costs_json(estimates: list[Any], price_per_million: float) -> None:
+    import json
+
+    report = {
+        e.mode: {**{attr: getattr(e, attr) for attr in _COST_ROWS.values()},
+                 "amount": e.amount(price_per_million)}
+        for e in estimates
+    }  # fmt: skip
+    typer.echo(json.dumps(report, indent=2))
+
+
+def _print_costs_table(estimates: list[Any], price_per_million: float, title: str) -> None:
+    table = Table(title=title)
     table.add_column("")
     for estimate in estimates:
         table.add_column(estimate.mode, justify="right")
-    for name, values in rows.items():
-        table.add_row(name, *(f"{value:,.0f}" for value in values))
-    table.add_row("amount", *(f"{amount:,.2f}" for amount in amounts))
+    for name, attr in _COST_ROWS.items():
+        table.add_row(name, *(f"{getattr(e, attr):,.0f}" for e in estimates))
+    table.add_row("amount", *(f"{e.amount(price_per_million):,.2f}" for e in estimates))
     console.print(table)
+
+
+_DoctorPrimary = Annotated[str, _env_option("GEOREP_PRIMARY", "Primary connection string.")]
+_DoctorSecondary = Annotated[str, _env_option("GEOREP_SECONDARY", "Secondary connection string.")]
+_DoctorEntities = Annotated[
+    list[str] | None,
+    typer.Option(help="Queue or topic to check (repeat; default every one found)."),
+]
+_DoctorCaFile = Annotated[
+    str | None,
+    typer.Option(
+        envvar="GEOREP_CA_FILE",
+        help="CA bundle for the management endpoint (the emulator's ca_file).",
+    ),
+]
 
 
 @app.command()
 def doctor(
-    primary: Annotated[
-        str,
-        typer.Option(
-            envvar="GEOREP_PRIMARY", help="Primary connection string.", show_default=False
-        ),
-    ],
-    secondary: Annotated[
-        str,
-        typer.Option(
-            envvar="GEOREP_SECONDARY", help="Secondary connection string.", show_default=False
-        ),
-    ],
-    entity: Annotated[
-        list[str] | None,
-        typer.Option(help="Queue or topic to check (repeat; default every one found)."),
-    ] = None,
-    redis_url: Annotated[
-        str | None,
-        typer.Option(envvar="REDIS_URL", help="The seen-set's Redis.", show_default=False),
-    ] = None,
-    ca_file: Annotated[
-        str | None,
-        typer.Option(
-            envvar="GEOREP_CA_FILE",
-            help="CA bundle for the management endpoint (the emulator's ca_file).",
-        ),
-    ] = None,
+    primary: _DoctorPrimary,
+    secondary: _DoctorSecondary,
+    entity: _DoctorEntities = None,
+    redis_url: Annotated[str | None, _env_option("REDIS_URL", "The seen-set's Redis.")] = None,
+    ca_file: _DoctorCaFile = None,
     timeout: Annotated[float, typer.Option(min=0.1, help="Seconds per network step.")] = 10.0,
 ) -> None:
     """Check a namespace pair (and Redis): reachable, keys accepted, entities alike in both.
@@ -427,6 +441,17 @@ def doctor(
         return findings
 
     findings = asyncio.run(run())
+    _print_findings(findings)
+    if not redis_url:
+        console.print("[dim]redis: not checked (give --redis-url or set REDIS_URL)[/]")
+    problems = sum(f.severity is Severity.PROBLEM for f in findings)
+    console.print(f"{problems} problem(s)" if problems else "[green]no problems found[/]")
+    raise typer.Exit(1 if problems else 0)
+
+
+def _print_findings(findings: list[Finding]) -> None:
+    from georep._doctor import Severity
+
     marks = {Severity.OK: "[green]ok[/]", Severity.WARNING: "[yellow]warning[/]",
              Severity.PROBLEM: "[red]problem[/]"}  # fmt: skip
     for finding in findings:
@@ -434,11 +459,6 @@ def doctor(
                       highlight=False, soft_wrap=True)  # fmt: skip
         if finding.fix:
             console.print(f"         fix: {finding.fix}", highlight=False, soft_wrap=True)
-    if not redis_url:
-        console.print("[dim]redis: not checked (give --redis-url or set REDIS_URL)[/]")
-    problems = sum(f.severity is Severity.PROBLEM for f in findings)
-    console.print(f"{problems} problem(s)" if problems else "[green]no problems found[/]")
-    raise typer.Exit(1 if problems else 0)
 
 
 @app.command()
@@ -511,32 +531,20 @@ def audit(
         from georep.adapters.spark import audit as run_audit
         from georep.adapters.spark import report_table
     except ImportError as exc:
-        console.print(str(exc), style="red", soft_wrap=True, markup=False, highlight=False)
+        _print_error(str(exc))
         raise typer.Exit(2) from None
-    windows = []
-    for text in outage or []:
-        start, separator, end = text.partition(",")
-        if not separator:
-            console.print(f"[red]--outage {text!r} must be START,END in ISO 8601 UTC[/red]")
-            raise typer.Exit(2)
-        windows.append((start.strip(), end.strip()))
+    windows = _outage_windows(outage or [])
     try:
         with console.status(f"auditing {ledger_dir} with Spark ({master}) ..."):
             report = run_audit(
                 ledger_dir, out_dir=out, master=master, outage_windows=windows, plots=plots
             )
     except ConfigurationError as exc:
-        console.print(str(exc), style="red", soft_wrap=True, markup=False, highlight=False)
+        _print_error(str(exc))
         raise typer.Exit(2) from None
     except Exception as exc:  # exit 1 means "messages lost": a crash must not read as that
         first = (str(exc).strip().splitlines() or [""])[0]
-        console.print(
-            f"the audit could not run: {type(exc).__name__}: {first}",
-            style="red",
-            soft_wrap=True,
-            markup=False,
-            highlight=False,
-        )
+        _print_error(f"the audit could not run: {type(exc).__name__}: {first}")
         raise typer.Exit(2) from None
     console.print(report_table(report))
     for warning in report["warnings"]:
@@ -547,6 +555,18 @@ def audit(
     for path in report.get("plots", {}).values():
         console.print(f"plot: {path}", soft_wrap=True, highlight=False)
     raise typer.Exit(1 if report["lost"] or report["processed_more_than_once"] else 0)
+
+
+def _outage_windows(texts: list[str]) -> list[tuple[str, str]]:
+    """``START,END`` texts as (start, end) pairs; exit 2 on one without a comma."""
+    windows = []
+    for text in texts:
+        start, separator, end = text.partition(",")
+        if not separator:
+            console.print(f"[red]--outage {text!r} must be START,END in ISO 8601 UTC[/red]")
+            raise typer.Exit(2)
+        windows.append((start.strip(), end.strip()))
+    return windows
 
 
 # ---------------------------------------------------------------------------- outbox

@@ -33,13 +33,30 @@ class BenchScenario:
     configure: Callable[[Path, int, float], ScenarioConfig]
 
 
+def _scenario(
+    name: str, purpose: str, *, mode: str, rate: float, receivers: int, outage: bool = False
+) -> BenchScenario:
+    """A scenario at ``rate`` msg/s (0: flat out); with ``outage``, the primary goes down a
+    third of the way through for the run's outage seconds."""
+
+    def configure(work: Path, messages: int, outage_for: float) -> ScenarioConfig:
+        if not outage:
+            return ScenarioConfig(work_dir=work, mode=mode, messages=messages, rate=rate,
+                                  outage_at=None, receivers=receivers)  # fmt: skip
+        return ScenarioConfig(work_dir=work, mode=mode, messages=messages, rate=rate,
+                              outage_at=messages / rate / 3, outage_for=outage_for,
+                              receivers=receivers)  # fmt: skip
+
+    return BenchScenario(name=name, purpose=purpose, configure=configure)
+
+
 def _throughput(mode: str) -> BenchScenario:
-    return BenchScenario(
-        name=f"throughput-{mode}",
-        purpose=f"{mode} sends as fast as one sender can, one receiver, no fault",
-        configure=lambda work, messages, _outage: ScenarioConfig(
-            work_dir=work, mode=mode, messages=messages, rate=0, outage_at=None, receivers=1
-        ),
+    return _scenario(
+        f"throughput-{mode}",
+        f"{mode} sends as fast as one sender can, one receiver, no fault",
+        mode=mode,
+        rate=0,
+        receivers=1,
     )
 
 
@@ -49,30 +66,20 @@ SCENARIOS: dict[str, BenchScenario] = {
         _throughput("raw"),
         _throughput("passive"),
         _throughput("active"),
-        BenchScenario(
-            name="failover",
-            purpose="passive at 200 msg/s, the primary down mid-run, two receivers",
-            configure=lambda work, messages, outage: ScenarioConfig(
-                work_dir=work,
-                mode="passive",
-                messages=messages,
-                rate=200,
-                outage_at=messages / 200 / 3,
-                outage_for=outage,
-                receivers=2,
-            ),
+        _scenario(
+            "failover",
+            "passive at 200 msg/s, the primary down mid-run, two receivers",
+            mode="passive",
+            rate=200,
+            receivers=2,
+            outage=True,
         ),
-        BenchScenario(
-            name="dedup",
-            purpose="active at full speed, four receivers sharing one seen-set",
-            configure=lambda work, messages, _outage: ScenarioConfig(
-                work_dir=work,
-                mode="active",
-                messages=messages,
-                rate=0,
-                outage_at=None,
-                receivers=4,
-            ),
+        _scenario(
+            "dedup",
+            "active at full speed, four receivers sharing one seen-set",
+            mode="active",
+            rate=0,
+            receivers=4,
         ),
     )
 }

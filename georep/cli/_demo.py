@@ -108,7 +108,43 @@ def _audit(result: ScenarioResult, out_dir: Path, console: Console) -> dict[str,
 
 def run_demo(config: ScenarioConfig, console: Console) -> int:
     """Run the demo; return the exit status (1 if anything was lost or processed twice)."""
+    console.print(_headline(config))
+    log_to(console)
+    result = asyncio.run(_run_live(config, console))
+    out_dir = config.work_dir / "report"
+    report = _audit(result, out_dir, console)
+    lost = report["lost"] if report is not None else result.lost
+    twice = (
+        report["processed_more_than_once"]
+        if report is not None
+        else (result.processed_more_than_once)
+    )
+    summary = Table(title="georep demo: verdict", title_justify="left")
+    summary.add_column("")
+    summary.add_column("value", justify="right")
+    for row in _verdict_rows(result, report, lost, twice):
+        summary.add_row(*row)
+    console.print(summary)
+    if report is not None:
+        for name in ("timeline.png", "latency_cdf.png"):
+            path = out_dir / name
+            if path.exists():
+                console.print(f"plot: {path}")
+        console.print(f"report: {out_dir / 'report.json'}")
+    healthy = lost == 0 and twice == 0
     console.print(
+        Group(
+            Text("OK: nothing lost, nothing processed twice.", style="green")
+            if healthy
+            else Text(f"FAILED: {lost} lost, {twice} processed twice.", style="red")
+        )
+    )
+    return 0 if healthy else 1
+
+
+def _headline(config: ScenarioConfig) -> str:
+    """The demo's first line: where it runs, how many receivers and messages, the outage."""
+    return (
         "[bold]georep demo[/]: "
         + (
             "two emulated Service Bus regions on loopback"
@@ -123,19 +159,12 @@ def run_demo(config: ScenarioConfig, console: Console) -> int:
             else ""
         )
     )
-    log_to(console)
-    result = asyncio.run(_run_live(config, console))
-    out_dir = config.work_dir / "report"
-    report = _audit(result, out_dir, console)
-    lost = report["lost"] if report is not None else result.lost
-    twice = (
-        report["processed_more_than_once"]
-        if report is not None
-        else (result.processed_more_than_once)
-    )
-    summary = Table(title="georep demo: verdict", title_justify="left")
-    summary.add_column("")
-    summary.add_column("value", justify="right")
+
+
+def _verdict_rows(
+    result: ScenarioResult, report: dict[str, Any] | None, lost: int, twice: int
+) -> list[tuple[str, str]]:
+    """The verdict table's rows (latency only when the Spark audit ran)."""
     rows = [
         ("sent (acknowledged)", f"{len(result.acknowledged):,}"),
         ("processed", f"{len(result.processed):,}"),
@@ -156,24 +185,7 @@ def run_demo(config: ScenarioConfig, console: Console) -> int:
         latency = report.get("latency_ms", {}).get("overall", {})
         if latency:
             rows.append(("latency p50 / p99", f"{latency['p50']:,.0f} / {latency['p99']:,.0f} ms"))
-    for row in rows:
-        summary.add_row(*row)
-    console.print(summary)
-    if report is not None:
-        for name in ("timeline.png", "latency_cdf.png"):
-            path = out_dir / name
-            if path.exists():
-                console.print(f"plot: {path}")
-        console.print(f"report: {out_dir / 'report.json'}")
-    healthy = lost == 0 and twice == 0
-    console.print(
-        Group(
-            Text("OK: nothing lost, nothing processed twice.", style="green")
-            if healthy
-            else Text(f"FAILED: {lost} lost, {twice} processed twice.", style="red")
-        )
-    )
-    return 0 if healthy else 1
+    return rows
 
 
 def default_work_dir() -> Path:

@@ -104,17 +104,17 @@ class ScenarioProgress:
     @property
     def received(self) -> Counter[str]:
         """Copies received, by region, over all receivers."""
-        total: Counter[str] = Counter()
-        for receiver in self.receivers:
-            total.update(receiver.stats.received)
-        return total
+        return self._over_receivers("received")
 
     @property
     def suppressed(self) -> Counter[str]:
         """Duplicate copies settled without the handler, by region."""
+        return self._over_receivers("suppressed")
+
+    def _over_receivers(self, counter: str) -> Counter[str]:
         total: Counter[str] = Counter()
         for receiver in self.receivers:
-            total.update(receiver.stats.suppressed)
+            total.update(getattr(receiver.stats, counter))
         return total
 
 
@@ -363,31 +363,64 @@ async def run_scenario(
     Raises:
         ConfigurationError: The configuration cannot run (e.g. a malformed connection string).
     """
-    from azure.servicebus import ServiceBusMessage
-
-    from georep import GeoReceiver, ParquetLedger
-    from georep.adapters.redis import RedisSeenSet, embedded_redis_url
+    from georep import ParquetLedger
 
     config.work_dir.mkdir(parents=True, exist_ok=True)
     ledger_dir = config.work_dir / "ledger"
-    run_id = uuid.uuid4().hex[:12]
-    progress = progress if progress is not None else ScenarioProgress()
     topology = _Topology(config)
     await topology.start()
-    ledger = ParquetLedger(ledger_dir)
-    receivers: list[Any] = []
-    receiver_tasks: list[asyncio.Task[None]] = []
-    sender = _Sender(config, topology, ledger)
-    acknowledged: set[str] = set()
-    processed = progress.processed_ids
-    windows: list[tuple[datetime, datetime]] = []
-    failover_seconds: float | None = None
+    progress = progress if progress is not None else ScenarioProgress()
+    run = _Run(config, progress, topology, ParquetLedger(ledger_dir))
     try:
+        await run.start_receivers()
+        await run.sender.open()
+        send_seconds = await run.send_all()
+        await run.settle()
+    finally:
+        await run.close()
+    return ScenarioResult(
+        config=config,
+        ledger_dir=ledger_dir,
+        acknowledged=run.acknowledged,
+        processed=run.progress.processed_ids,
+        outage_windows=run.windows,
+        failover_seconds=run.failover_seconds,
+        send_seconds=send_seconds,
+        progress=run.progress,
+    )
+
+
+@dataclass
+class _Run:
+    """One scenario run's parts and measurements, in the order :func:`run_scenario` uses them."""
+
+    config: ScenarioConfig
+    progress: ScenarioProgress
+    topology: _Topology
+    ledger: Any
+    run_id: str = field(default_factory=lambda: uuid.uuid4().hex[:12])
+    receivers: list[Any] = field(default_factory=list)
+    receiver_tasks: list[asyncio.Task[None]] = field(default_factory=list)
+    acknowledged: set[str] = field(default_factory=set)
+    windows: list[tuple[datetime, datetime]] = field(default_factory=list)
+    failover_seconds: float | None = None
+    outage_started: float | None = None
+
+    def __post_init__(self) -> None:
+        self.sender = _Sender(self.config, self.topology, self.ledger)
+
+    async def start_receivers(self) -> None:
+        """Start ``config.receivers`` GeoReceivers sharing one Redis seen-set."""
+        from georep import GeoReceiver
+        from georep.adapters.redis import RedisSeenSet, embedded_redis_url
+
+        config, topology = self.config, self.topology
         redis_url: str = (
             config.redis_url
             if config.redis_url is not None
             else await asyncio.to_thread(embedded_redis_url)
         )
+        processed = self.progress.processed_ids
 
         async def handle(message: Any) -> None:
             processed[str(message.message_id)] += 1
@@ -397,36 +430,37 @@ async def run_scenario(
                 topology.primary,
                 topology.secondary,
                 queue_name=config.queue,
-                seen=RedisSeenSet(redis_url, group=f"demo-{run_id}"),
+                seen=RedisSeenSet(redis_url, group=f"demo-{self.run_id}"),
                 concurrency=16,
                 max_wait=0.5,
-                ledger=ledger,
+                ledger=self.ledger,
             )
-            receivers.append(receiver)
-            progress.receivers.append(receiver)
-            receiver_tasks.append(asyncio.create_task(receiver.run(handle)))
-        await sender.open()
+            self.receivers.append(receiver)
+            self.progress.receivers.append(receiver)
+            self.receiver_tasks.append(asyncio.create_task(receiver.run(handle)))
 
+    async def _outage(self) -> None:
+        """Take the primary down at ``outage_at`` for ``outage_for`` seconds."""
+        config, progress = self.config, self.progress
+        assert config.outage_at is not None
+        await asyncio.sleep(config.outage_at)
+        began = datetime.now(UTC)
+        await self.topology.outage()
+        self.outage_started = time.monotonic()
+        progress.phase = "OUTAGE (primary)"
+        await asyncio.sleep(config.outage_for)
+        await self.topology.restore()
+        self.windows.append((began, datetime.now(UTC)))
+        progress.phase = "recovered"
+
+    async def send_all(self) -> float:
+        """Send every message at the configured rate (the outage meanwhile); return seconds."""
+        config, progress = self.config, self.progress
         progress.phase = "sending"
         progress.started = time.monotonic()
-        outage_started: float | None = None
         outage_task: asyncio.Task[None] | None = None
-
-        async def outage() -> None:
-            nonlocal outage_started
-            assert config.outage_at is not None
-            await asyncio.sleep(config.outage_at)
-            began = datetime.now(UTC)
-            await topology.outage()
-            outage_started = time.monotonic()
-            progress.phase = "OUTAGE (primary)"
-            await asyncio.sleep(config.outage_for)
-            await topology.restore()
-            windows.append((began, datetime.now(UTC)))
-            progress.phase = "recovered"
-
-        if config.outage_at is not None and topology.can_inject_faults:
-            outage_task = asyncio.create_task(outage())
+        if config.outage_at is not None and self.topology.can_inject_faults:
+            outage_task = asyncio.create_task(self._outage())
         elif config.outage_at is not None:
             progress.phase = "sending (no outage: real namespaces)"
         for index in range(config.messages):
@@ -435,66 +469,74 @@ async def run_scenario(
                 delay = due - time.monotonic()
                 if delay > 0:
                     await asyncio.sleep(delay)
-            message_id = f"{run_id}-{index:07d}"
-            for attempt in range(50):
-                message = ServiceBusMessage(f"order {index}", message_id=message_id)
-                try:
-                    region, failed_over, queued = await sender.send(message)
-                except GeoReplicationError as exc:
-                    # Not acknowledged: the application retries the same message (same
-                    # MessageId, so a copy that did land is suppressed downstream).
-                    progress.send_errors += 1
-                    _log.info("send %s failed (attempt %d): %s", message_id, attempt + 1, exc)
-                    await asyncio.sleep(0.2)
-                    continue
-                break
-            else:
-                continue
-            acknowledged.add(message_id)
-            progress.sent += 1
-            if queued:
-                progress.queued += 1
-            elif region is not None:
-                progress.accepted[region] += 1
-            if failed_over:
-                progress.failovers += 1
-            if (
-                failover_seconds is None
-                and outage_started is not None
-                and region not in (None, "primary")
-            ):
-                failover_seconds = time.monotonic() - outage_started
+            await self._send_one(index)
         send_seconds = time.monotonic() - progress.started
         if outage_task is not None:
             progress.phase = "waiting for the primary to recover"
             await outage_task
+        return send_seconds
+
+    async def _send_one(self, index: int) -> None:
+        """Send message ``index`` until acknowledged (50 tries at most), and count it."""
+        from azure.servicebus import ServiceBusMessage
+
+        progress = self.progress
+        message_id = f"{self.run_id}-{index:07d}"
+        for attempt in range(50):
+            message = ServiceBusMessage(f"order {index}", message_id=message_id)
+            try:
+                region, failed_over, queued = await self.sender.send(message)
+            except GeoReplicationError as exc:
+                # Not acknowledged: the application retries the same message (same
+                # MessageId, so a copy that did land is suppressed downstream).
+                progress.send_errors += 1
+                _log.info("send %s failed (attempt %d): %s", message_id, attempt + 1, exc)
+                await asyncio.sleep(0.2)
+                continue
+            break
+        else:
+            return
+        self.acknowledged.add(message_id)
+        progress.sent += 1
+        if queued:
+            progress.queued += 1
+        elif region is not None:
+            progress.accepted[region] += 1
+        if failed_over:
+            progress.failovers += 1
+        if (
+            self.failover_seconds is None
+            and self.outage_started is not None
+            and region not in (None, "primary")
+        ):
+            self.failover_seconds = time.monotonic() - self.outage_started
+
+    async def settle(self) -> None:
+        """Wait (up to ``settle_timeout``) until every acknowledged message was processed."""
+        config, progress = self.config, self.progress
         progress.phase = "settling"
         deadline = time.monotonic() + config.settle_timeout
         # Settled means: every twin suppressed and the syphon's backlog moved home.
-        queues = {"primary": [config.queue], "secondary": [config.queue, *sender.backlog_paths()]}
-        await sender.flush(deadline)
+        queues = {
+            "primary": [config.queue],
+            "secondary": [config.queue, *self.sender.backlog_paths()],
+        }
+        await self.sender.flush(deadline)
         while time.monotonic() < deadline:
-            if acknowledged <= set(processed) and await topology.empty(queues):
+            if self.acknowledged <= set(progress.processed_ids) and await self.topology.empty(
+                queues
+            ):
                 break
             await asyncio.sleep(0.2)
         progress.phase = "done"
-    finally:
-        await sender.close()
-        for receiver in receivers:
+
+    async def close(self) -> None:
+        """Close the sender, the receivers, the ledger and the topology, in that order."""
+        await self.sender.close()
+        for receiver in self.receivers:
             await receiver.aclose()
-        for task in receiver_tasks:
+        for task in self.receiver_tasks:
             with contextlib.suppress(asyncio.CancelledError, GeoReplicationError):
                 await asyncio.wait_for(task, 15)
-        if ledger is not None:
-            await ledger.aclose()
-        await topology.stop()
-    return ScenarioResult(
-        config=config,
-        ledger_dir=ledger_dir,
-        acknowledged=acknowledged,
-        processed=processed,
-        outage_windows=windows,
-        failover_seconds=failover_seconds,
-        send_seconds=send_seconds,
-        progress=progress,
-    )
+        await self.ledger.aclose()
+        await self.topology.stop()

@@ -7,11 +7,15 @@ fixtures (``emu``, ``private_queue``, ``seen``...) are in ``conftest.py``.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
+import subprocess
+import sys
 import time
 import uuid
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
 from typing import Any
 
 from azure.servicebus import ServiceBusMessage, ServiceBusReceiveMode
@@ -22,6 +26,44 @@ from georep.adapters.emulator import Emulator
 from georep.adapters.servicebus import ensure_backlog_queues
 
 REDIS_URL = os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0")
+REPO = Path(__file__).resolve().parents[2]
+
+
+def run_python(*args: str, timeout: float, **options: Any) -> subprocess.CompletedProcess[str]:
+    """``python *args`` in a new process from the checkout's root, its output captured as
+    text; the exit status is the caller's to check."""
+    return subprocess.run(
+        [sys.executable, *args],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+        **options,
+    )
+
+
+@contextlib.asynccontextmanager
+async def sdk_sender(
+    connection_string: str, queue: str, **client_options: Any
+) -> AsyncIterator[Any]:
+    """The plain SDK's sender on ``queue`` (and its client) for the block; both closed after."""
+    async with (
+        ServiceBusClient.from_connection_string(connection_string, **client_options) as client,
+        client.get_queue_sender(queue) as sender,
+    ):
+        yield sender
+
+
+def on_emulator(cls: Any, emu: Emulator, queue: str, **options: Any) -> Any:
+    """``cls.from_connection_strings(...)`` (a GeoSender, a GeoReceiver, their sync
+    versions) on the emulator's two namespaces, for ``queue``."""
+    return cls.from_connection_strings(
+        emu.connection_string("primary"),
+        emu.connection_string("secondary"),
+        queue_name=queue,
+        **options,
+    )
 
 
 async def drain(

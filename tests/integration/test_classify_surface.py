@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from _helpers import backlog_queues, drain, fault
+from _helpers import backlog_queues, drain, fault, on_emulator, sdk_sender
 from azure.servicebus import ServiceBusMessage, ServiceBusMessageState, ServiceBusSubQueue
 from azure.servicebus.aio import ServiceBusClient
 
@@ -55,13 +55,7 @@ async def test_an_unclassified_service_error_raises_without_failover_or_queueing
     await fault(emu, "primary", "reject_sends", "internal-error")
     async with (
         SqliteOutbox(tmp_path / "outbox.db") as outbox,
-        GeoSender.from_connection_strings(
-            emu.connection_string("primary"),
-            emu.connection_string("secondary"),
-            queue_name=queue,
-            mode=mode,
-            outbox=outbox,
-        ) as sender,
+        on_emulator(GeoSender, emu, queue, mode=mode, outbox=outbox) as sender,
     ):
         if mode == "passive":
             with pytest.raises(RegionError) as raised:
@@ -80,9 +74,7 @@ async def test_an_unclassified_service_error_raises_without_failover_or_queueing
 
 async def test_server_busy_fails_over_by_default(emu: Emulator, queue: str) -> None:
     await fault(emu, "primary", "reject_sends", "server-busy")
-    async with GeoSender.from_connection_strings(
-        emu.connection_string("primary"), emu.connection_string("secondary"), queue_name=queue
-    ) as sender:
+    async with on_emulator(GeoSender, emu, queue) as sender:
         result = await sender.send_messages(ServiceBusMessage("busy"))
     assert result.failed_over and result.accepted == ("secondary",)
 
@@ -92,12 +84,7 @@ async def test_bad_messages_are_refused_before_any_network_call(
 ) -> None:
     async with (
         SqliteOutbox(tmp_path / "outbox.db") as outbox,
-        GeoSender.from_connection_strings(
-            emu.connection_string("primary"),
-            emu.connection_string("secondary"),
-            queue_name=queue,
-            outbox=outbox,
-        ) as sender,
+        on_emulator(GeoSender, emu, queue, outbox=outbox) as sender,
     ):
         await fault(emu, "primary", "outage")  # the case that used to queue them forever
         bad: list[Any] = [
@@ -121,13 +108,7 @@ async def test_primary_down_and_a_message_the_backup_refuses_is_raised_not_queue
 ) -> None:
     """Issue 20: the size limit is not known yet (no warm-up), so the backup refuses it."""
     outbox = SqliteOutbox(tmp_path / "outbox.db")
-    sender = GeoSender.from_connection_strings(
-        emu.connection_string("primary"),
-        emu.connection_string("secondary"),
-        queue_name=queue,
-        mode=mode,
-        outbox=outbox,
-    )
+    sender = on_emulator(GeoSender, emu, queue, mode=mode, outbox=outbox)
     try:
         await fault(emu, "primary", "outage")
         with pytest.raises(MessageTooLargeError):
@@ -204,12 +185,8 @@ async def test_paired_lists_batches_and_schedules_through_an_engaged_failover(
 ) -> None:
     options, primary_name = await paired_setup(emu, queue)
     when = datetime.datetime.now(UTC) + datetime.timedelta(seconds=4)
-    async with PairedSender.from_connection_strings(
-        emu.connection_string("primary"),
-        emu.connection_string("secondary"),
-        queue_name=queue,
-        primary_namespace=primary_name,
-        options=options,
+    async with on_emulator(
+        PairedSender, emu, queue, primary_namespace=primary_name, options=options
     ) as sender:
         # Healthy: a list, a batch and a schedule go to the primary.
         assert await sender.send_messages([ServiceBusMessage("p1"), ServiceBusMessage("p2")]) == (
@@ -263,12 +240,8 @@ async def test_the_syphon_never_delivers_a_message_after_its_time_to_live(
     emu: Emulator, queue: str
 ) -> None:
     options, primary_name = await paired_setup(emu, queue, count=1)
-    async with PairedSender.from_connection_strings(
-        emu.connection_string("primary"),
-        emu.connection_string("secondary"),
-        queue_name=queue,
-        primary_namespace=primary_name,
-        options=options,
+    async with on_emulator(
+        PairedSender, emu, queue, primary_namespace=primary_name, options=options
     ) as sender:
         await fault(emu, "primary", "outage")
         await sender.send_messages(ServiceBusMessage("engage", message_id="engage"))
@@ -320,26 +293,15 @@ async def schedule_then_cancel(sender: Any) -> None:
 @pytest.mark.parametrize("which", ["sdk", "passive", "active"])
 async def test_schedule_and_cancel_are_drop_in(emu: Emulator, queue: str, which: str) -> None:
     # Offset the secondary's sequence numbers so that the regions' numbers differ.
-    async with (
-        ServiceBusClient.from_connection_string(emu.connection_string("secondary")) as sb,
-        sb.get_queue_sender(queue) as offset,
-    ):
+    async with sdk_sender(emu.connection_string("secondary"), queue) as offset:
         await offset.send_messages([ServiceBusMessage("offset") for _ in range(5)])
     await drain(emu, "secondary", queue, wait=0.5)
 
     if which == "sdk":
-        async with (
-            ServiceBusClient.from_connection_string(emu.connection_string("primary")) as sb,
-            sb.get_queue_sender(queue) as sdk_sender,
-        ):
-            await schedule_then_cancel(sdk_sender)
+        async with sdk_sender(emu.connection_string("primary"), queue) as raw_sender:
+            await schedule_then_cancel(raw_sender)
     else:
-        async with GeoSender.from_connection_strings(
-            emu.connection_string("primary"),
-            emu.connection_string("secondary"),
-            queue_name=queue,
-            mode=which,
-        ) as sender:
+        async with on_emulator(GeoSender, emu, queue, mode=which) as sender:
             await schedule_then_cancel(sender)
     for namespace in emu.namespaces:
         assert emu.namespace(namespace).message_count(queue) == 0, f"{namespace} kept one"

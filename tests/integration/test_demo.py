@@ -5,29 +5,21 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from _helpers import run_python
 
 pytestmark = pytest.mark.integration
-
-REPO = Path(__file__).resolve().parents[2]
 
 
 def test_passive_demo_through_an_outage_loses_nothing_and_the_timeline_shows_the_switch(
     tmp_path: Path,
 ) -> None:
-    completed = subprocess.run(
-        [sys.executable, "-m", "georep.cli", "demo", "--messages", "900", "--rate", "150",
-         "--outage-at", "2", "--outage-for", "2", "--work-dir", str(tmp_path)],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env={**os.environ, "COLUMNS": "120"},
-        check=False,
+    completed = run_python(
+        "-m", "georep.cli", "demo", "--messages", "900", "--rate", "150",
+        "--outage-at", "2", "--outage-for", "2", "--work-dir", str(tmp_path),
+        timeout=300, env={**os.environ, "COLUMNS": "120"},
     )  # fmt: skip
     output = completed.stdout + completed.stderr
     assert completed.returncode == 0, output[-5000:]
@@ -50,9 +42,8 @@ def test_passive_demo_through_an_outage_loses_nothing_and_the_timeline_shows_the
 
 
 def test_a_bad_option_is_exit_status_2(tmp_path: Path) -> None:
-    completed = subprocess.run(
-        [sys.executable, "-m", "georep.cli", "demo", "--mode", "geo", "--work-dir", str(tmp_path)],
-        cwd=REPO, capture_output=True, text=True, timeout=60, check=False,
-    )  # fmt: skip
+    completed = run_python(
+        "-m", "georep.cli", "demo", "--mode", "geo", "--work-dir", str(tmp_path), timeout=60
+    )
     assert completed.returncode == 2
     assert "mode must be one of" in completed.stdout

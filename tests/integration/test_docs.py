@@ -2,15 +2,14 @@
 
 from __future__ import annotations
 
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from _helpers import REPO, run_python
 
 pytestmark = pytest.mark.integration
 
-REPO = Path(__file__).resolve().parents[2]
 DOCS = sorted([*REPO.glob("docs/*.md"), REPO / "README.md"])
 sys.path.insert(0, str(REPO / "tests" / "docs"))
 from run_doc import blocks  # noqa: E402
@@ -22,14 +21,7 @@ def _has_python(path: Path) -> bool:
 
 @pytest.mark.parametrize("path", [p for p in DOCS if _has_python(p)], ids=lambda p: p.name)
 def test_the_python_in_each_doc_runs(path: Path) -> None:
-    completed = subprocess.run(
-        [sys.executable, str(REPO / "tests" / "docs" / "run_doc.py"), str(path)],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=240,
-        check=False,
-    )
+    completed = run_python(str(REPO / "tests" / "docs" / "run_doc.py"), str(path), timeout=240)
     output = f"stdout:\n{completed.stdout[-3000:]}\nstderr:\n{completed.stderr[-5000:]}"
     assert completed.returncode == 0, output
     assert "SharedAccessKey=" not in completed.stdout + completed.stderr, "a secret was printed"

@@ -18,6 +18,7 @@ from typing import Any
 from urllib.parse import quote_plus, urlencode
 
 import pytest
+from _helpers import sdk_sender
 from azure.core.credentials import AzureSasCredential
 from azure.servicebus import ServiceBusMessage
 from azure.servicebus.aio import ServiceBusClient
@@ -57,10 +58,7 @@ def _sas(audience: str, key_name: str, key: str, expiry: int) -> str:
 
 
 async def _send(connection_string: str, queue: str, **send_kwargs: object) -> None:
-    async with (
-        ServiceBusClient.from_connection_string(connection_string, retry_total=0) as client,
-        client.get_queue_sender(queue) as sender,
-    ):
+    async with sdk_sender(connection_string, queue, retry_total=0) as sender:
         await sender.send_messages(ServiceBusMessage("m"), **send_kwargs)  # type: ignore[arg-type]
 
 
@@ -141,10 +139,7 @@ async def test_outage_refuses_connections_keeps_data_and_restore_recovers(
     emu = georep_emulator_factory(queues=("q",))
     control = emu.namespace("primary")
     conn = emu.connection_string("primary")
-    async with (
-        ServiceBusClient.from_connection_string(conn, retry_total=0) as client,
-        client.get_queue_sender("q") as sender,
-    ):
+    async with sdk_sender(conn, "q", retry_total=0) as sender:
         await sender.send_messages(ServiceBusMessage("stored"))
         control.outage()
         with pytest.raises(ServiceBusConnectionError):
@@ -164,10 +159,7 @@ async def test_blackhole_times_out_existing_and_new_connections(
     emu = georep_emulator_factory(queues=("q",))
     control = emu.namespace("primary")
     conn = emu.connection_string("primary")
-    async with (
-        ServiceBusClient.from_connection_string(conn, retry_total=0) as client,
-        client.get_queue_sender("q") as sender,
-    ):
+    async with sdk_sender(conn, "q", retry_total=0) as sender:
         await sender.send_messages(ServiceBusMessage("ok"))
         control.blackhole()
         with pytest.raises(OperationTimeoutError):
@@ -187,10 +179,7 @@ async def test_blackhole_times_out_existing_and_new_connections(
 
 async def test_latency_delays_every_response(georep_emulator_factory: EmulatorFactory) -> None:
     emu = georep_emulator_factory(queues=("q",))
-    async with (
-        ServiceBusClient.from_connection_string(emu.connection_string("primary")) as client,
-        client.get_queue_sender("q") as sender,
-    ):
+    async with sdk_sender(emu.connection_string("primary"), "q") as sender:
         await sender.send_messages(ServiceBusMessage("warm"))
         started = time.perf_counter()
         await sender.send_messages(ServiceBusMessage("fast"))

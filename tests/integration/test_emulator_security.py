@@ -19,6 +19,7 @@ from urllib.parse import quote_plus, urlencode, urlsplit
 
 import pytest
 import websockets
+from _helpers import sdk_sender
 from azure.core.credentials import AzureSasCredential
 from azure.core.exceptions import ClientAuthenticationError, HttpResponseError
 from azure.servicebus import ServiceBusMessage
@@ -213,10 +214,7 @@ async def test_a_message_id_over_128_characters_is_refused_as_the_service_does(
 ) -> None:
     control = emu.namespace("primary")
     before = control.message_count("other")
-    async with (
-        ServiceBusClient.from_connection_string(control.connection_string, retry_total=0) as c,
-        c.get_queue_sender("other") as sender,
-    ):
+    async with sdk_sender(control.connection_string, "other", retry_total=0) as sender:
         # ServiceBusMessage refuses such an id itself; an AmqpAnnotatedMessage (or a
         # message decoded from elsewhere) reaches the service with it.
         too_long = AmqpAnnotatedMessage(data_body=b"m", properties={"message_id": "x" * 200})
@@ -335,10 +333,7 @@ async def test_session_id_and_partition_key_over_128_characters_are_refused(
 ) -> None:
     control = emu.namespace("primary")
     before = control.message_count("other")
-    async with (
-        ServiceBusClient.from_connection_string(control.connection_string, retry_total=0) as c,
-        c.get_queue_sender("other") as sender,
-    ):
+    async with sdk_sender(control.connection_string, "other", retry_total=0) as sender:
         with pytest.raises(ServiceBusError, match=f"{field} of 129 characters"):
             await sender.send_messages(AmqpAnnotatedMessage(data_body=b"m", **message))  # type: ignore[arg-type]
     assert control.message_count("other") == before

@@ -2,15 +2,11 @@
 
 from __future__ import annotations
 
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
+from _helpers import REPO, run_python
 
 pytestmark = pytest.mark.integration
 
-REPO = Path(__file__).resolve().parents[2]
 EXAMPLES = REPO / "examples"
 
 # One phrase per example that is printed only when its scenario did what the docs say.
@@ -29,14 +25,7 @@ def test_every_example_has_an_expectation() -> None:
 @pytest.mark.parametrize("name", sorted(EXPECTED))
 def test_example_runs(name: str) -> None:
     # Each example starts its own emulator, so they run as the docs say: a plain process.
-    completed = subprocess.run(
-        [sys.executable, str(EXAMPLES / name)],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
+    completed = run_python(str(EXAMPLES / name), timeout=60)
     output = f"stdout:\n{completed.stdout}\nstderr:\n{completed.stderr[-3000:]}"
     assert completed.returncode == 0, output
     assert EXPECTED[name] in completed.stdout, output

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from _helpers import REDIS_URL, eventually, run_until, send_active, stored
+from _helpers import REDIS_URL, eventually, on_emulator, run_until, send_active, stored
 from azure.servicebus import ServiceBusMessage
 
 from georep import FailoverPolicy, GeoReceiver, GeoSender
@@ -33,13 +33,7 @@ def queue(private_queue: Callable[..., str]) -> str:
 
 
 def geo_receiver(emu: Emulator, queue: str, seen: RedisSeenSet, **options: Any) -> GeoReceiver:
-    return GeoReceiver.from_connection_strings(
-        emu.connection_string("primary"),
-        emu.connection_string("secondary"),
-        queue_name=queue,
-        seen=seen,
-        **options,
-    )
+    return on_emulator(GeoReceiver, emu, queue, seen=seen, **options)
 
 
 async def test_active_twins_are_processed_once(
@@ -83,11 +77,8 @@ async def test_a_handler_that_fails_once_is_processed_once_after_redelivery(
 async def test_duplicate_reception_after_a_lost_response_is_processed_once(
     emu: Emulator, queue: str, seen: RedisSeenSet
 ) -> None:
-    async with GeoSender.from_connection_strings(
-        emu.connection_string("primary"),
-        emu.connection_string("secondary"),
-        queue_name=queue,
-        policy=FailoverPolicy(attempt_timeout=1.0),
+    async with on_emulator(
+        GeoSender, emu, queue, policy=FailoverPolicy(attempt_timeout=1.0)
     ) as sender:
         await sender.send_messages(ServiceBusMessage("warm-up"))
         await asyncio.to_thread(emu.namespace("primary").drop_dispositions, 5)

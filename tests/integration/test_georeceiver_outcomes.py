@@ -9,7 +9,7 @@ from collections import Counter
 from typing import Any
 
 import pytest
-from _helpers import eventually, run_until, send_active, stored
+from _helpers import eventually, run_until, sdk_sender, send_active, stored
 from azure.servicebus import ServiceBusMessage, ServiceBusSubQueue
 from azure.servicebus.aio import ServiceBusClient
 
@@ -42,10 +42,7 @@ def topic(emu: Emulator) -> str:
 
 async def send_to(emu: Emulator, region: str, queue: str, messages: list[Any]) -> None:
     """A plain SDK send to one region (the twin arriving there on its own)."""
-    async with (
-        ServiceBusClient.from_connection_string(emu.connection_string(region)) as client,
-        client.get_queue_sender(queue) as sender,
-    ):
+    async with sdk_sender(emu.connection_string(region), queue) as sender:
         await sender.send_messages(messages)
 
 

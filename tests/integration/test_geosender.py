@@ -15,7 +15,7 @@ from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
 import pytest
-from _helpers import drain_all_ids, drain_ids, eventually, fault
+from _helpers import drain_all_ids, drain_ids, eventually, fault, on_emulator
 from azure.servicebus import ServiceBusMessage
 
 from georep import (
@@ -55,11 +55,8 @@ async def outbox_emptied(outbox: SqliteOutbox, within: float = 30.0) -> bool:
 
 @pytest.fixture
 async def passive(emu: Emulator, queue: str) -> AsyncIterator[GeoSender]:
-    async with GeoSender.from_connection_strings(
-        emu.connection_string("primary"),
-        emu.connection_string("secondary"),
-        queue_name=queue,
-        policy=FailoverPolicy(attempt_timeout=2.0),
+    async with on_emulator(
+        GeoSender, emu, queue, policy=FailoverPolicy(attempt_timeout=2.0)
     ) as sender:
         yield sender
 
@@ -106,12 +103,7 @@ async def test_passive_blackhole_fails_over_within_the_attempt_deadline(
 
 async def test_switch_back_waits_for_the_old_active_to_answer(emu: Emulator, queue: str) -> None:
     policy = FailoverPolicy(attempt_timeout=2.0, switch_back=True, switch_back_probe_interval=0.3)
-    async with GeoSender.from_connection_strings(
-        emu.connection_string("primary"),
-        emu.connection_string("secondary"),
-        queue_name=queue,
-        policy=policy,
-    ) as sender:
+    async with on_emulator(GeoSender, emu, queue, policy=policy) as sender:
         await fault(emu, "primary", "outage")
         assert (await sender.send_messages(ServiceBusMessage("m"))).failed_over
         await asyncio.sleep(1.5)  # several probes meet the outage: roles stay swapped
@@ -140,10 +132,10 @@ async def test_lost_response_leads_to_the_same_message_id_in_both_regions(
 
 
 async def test_active_keeps_twins_and_survives_one_region(emu: Emulator, queue: str) -> None:
-    async with GeoSender.from_connection_strings(
-        emu.connection_string("primary"),
-        emu.connection_string("secondary"),
-        queue_name=queue,
+    async with on_emulator(
+        GeoSender,
+        emu,
+        queue,
         mode=ReplicationMode.ACTIVE,
         policy=FailoverPolicy(attempt_timeout=2.0),
     ) as sender:
@@ -173,10 +165,10 @@ async def test_active_outbox_queues_while_both_are_down_then_delivers(
 ) -> None:
     async with (
         SqliteOutbox(tmp_path / "outbox.db") as outbox,
-        GeoSender.from_connection_strings(
-            emu.connection_string("primary"),
-            emu.connection_string("secondary"),
-            queue_name=queue,
+        on_emulator(
+            GeoSender,
+            emu,
+            queue,
             mode="active",
             outbox=outbox,
             policy=FailoverPolicy(attempt_timeout=2.0),
@@ -305,12 +297,8 @@ async def test_queued_messages_survive_a_sigkilled_process(
     await fault(emu, "secondary", "restore")
     async with (
         SqliteOutbox(outbox_path) as outbox,
-        GeoSender.from_connection_strings(
-            emu.connection_string("primary"),
-            emu.connection_string("secondary"),
-            queue_name=queue,
-            outbox=outbox,
-            drain=DrainPolicy(max_backoff=1.0),
+        on_emulator(
+            GeoSender, emu, queue, outbox=outbox, drain=DrainPolicy(max_backoff=1.0)
         ) as sender,
     ):
         assert await outbox_emptied(outbox), "the drainer did not empty the outbox in 30 s"

@@ -15,6 +15,7 @@ import weakref
 from pathlib import Path
 
 import pytest
+from _helpers import on_emulator
 from azure.servicebus import ServiceBusMessage
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
@@ -40,13 +41,7 @@ def _sockets_and_files(caller_owned: Path) -> set[str]:
 
 
 async def _cycle(emu: Emulator, outbox: SqliteOutbox, provider: MeterProvider) -> GeoSender:
-    sender = GeoSender.from_connection_strings(
-        emu.connection_string("primary"),
-        emu.connection_string("secondary"),
-        queue_name="orders",
-        outbox=outbox,
-        meter_provider=provider,
-    )
+    sender = on_emulator(GeoSender, emu, "orders", outbox=outbox, meter_provider=provider)
     await sender.send_messages(ServiceBusMessage("x"))
     await sender.aclose()
     return sender

@@ -7,7 +7,7 @@ import zlib
 from collections.abc import Callable
 
 import pytest
-from _helpers import drain_all_ids
+from _helpers import drain_all_ids, on_emulator
 from azure.servicebus import ServiceBusMessage
 
 from georep import FailoverPolicy, GeoReceiver, GeoSender, InvalidMessageError
@@ -37,12 +37,8 @@ async def test_unkeyed_sends_need_no_failover_and_keyed_ones_fail_over(
     emu: Emulator, queue: str
 ) -> None:
     await asyncio.to_thread(emu.namespace("primary").fragment_down, queue, DOWN)
-    async with GeoSender.from_connection_strings(
-        emu.connection_string("primary"),
-        emu.connection_string("secondary"),
-        queue_name=queue,
-        partitioned=True,
-        policy=FailoverPolicy(attempt_timeout=20),
+    async with on_emulator(
+        GeoSender, emu, queue, partitioned=True, policy=FailoverPolicy(attempt_timeout=20)
     ) as sender:
         unkeyed = [await sender.send_messages(ServiceBusMessage(f"u{i}")) for i in range(40)]
         assert all(r.accepted == ("primary",) and not r.failed_over for r in unkeyed)
@@ -65,12 +61,7 @@ async def test_unkeyed_sends_need_no_failover_and_keyed_ones_fail_over(
     sent = [r.message_ids[0] for r in [*unkeyed, keyed_up, keyed_down]]
 
     # Peeking loops past the one-fragment-at-a-time answers of a partitioned entity.
-    async with GeoReceiver.from_connection_strings(
-        emu.connection_string("primary"),
-        emu.connection_string("secondary"),
-        queue_name=queue,
-        seen=InMemorySeenSet(),
-    ) as receiver:
+    async with on_emulator(GeoReceiver, emu, queue, seen=InMemorySeenSet()) as receiver:
         peeked = await receiver.peek_all(100)
     in_primary = emu.namespace("primary").message_count(queue)
     assert len(peeked["primary"]) == in_primary == 41

@@ -162,19 +162,24 @@ class Pacer:
         return self.start + SEND_SECONDS * index / MESSAGES - time.monotonic()
 
 
+def paired_sender(cls: Any, cell: Cell, emu: Emulator, ledger: Any) -> Any:
+    """The cell's PairedSender (``cls``: the async or the sync one) on the emulator."""
+    return cls.from_connection_strings(
+        emu.connection_string("primary"),
+        emu.connection_string("secondary"),
+        primary_namespace=primary_name(emu),
+        options=PAIRED,
+        ledger=ledger,
+        **entity_kwargs(cell),
+    )
+
+
 async def send_async(cell: Cell, emu: Emulator, pacer: Pacer) -> None:
     primary, secondary = emu.connection_string("primary"), emu.connection_string("secondary")
     ledger = ParquetLedger(cell.ledger_dir("send"))
     sender: Any
     if cell.mode == "paired":
-        sender = PairedSender.from_connection_strings(
-            primary,
-            secondary,
-            primary_namespace=primary_name(emu),
-            options=PAIRED,
-            ledger=ledger,
-            **entity_kwargs(cell),
-        )
+        sender = paired_sender(PairedSender, cell, emu, ledger)
     else:
         sender = GeoSender.from_connection_strings(
             primary,
@@ -210,14 +215,7 @@ def send_sync(cell: Cell, emu: Emulator, pacer: Pacer) -> None:
     with contextlib.ExitStack() as stack:
         sender: Any
         if cell.mode == "paired":
-            sender = georep.sync.PairedSender.from_connection_strings(
-                primary,
-                secondary,
-                primary_namespace=primary_name(emu),
-                options=PAIRED,
-                ledger=ledger,
-                **entity_kwargs(cell),
-            )
+            sender = paired_sender(georep.sync.PairedSender, cell, emu, ledger)
         else:
             clients = [
                 # Short SDK retries, as georep's own clients have: each retry delays failover.

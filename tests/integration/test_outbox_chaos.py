@@ -19,7 +19,7 @@ from datetime import timedelta
 from pathlib import Path
 
 import pytest
-from _helpers import drain, drain_all_ids, fault
+from _helpers import drain, drain_all_ids, fault, on_emulator
 from azure.servicebus import ServiceBusMessage
 
 from georep import (
@@ -47,10 +47,10 @@ def queue(private_queue: Callable[..., str]) -> str:
 
 def geo(emu: Emulator, queue: str, **kwargs: object) -> GeoSender:
     kwargs.setdefault("policy", FailoverPolicy(attempt_timeout=2.0))
-    return GeoSender.from_connection_strings(
-        emu.connection_string("primary"),
-        emu.connection_string("secondary"),
-        queue_name=queue,
+    return on_emulator(
+        GeoSender,
+        emu,
+        queue,
         **kwargs,  # type: ignore[arg-type]
     )
 

@@ -10,9 +10,8 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
-from _helpers import backlog_queues, create_queue, drain
+from _helpers import backlog_queues, create_queue, drain, on_emulator, sdk_sender
 from azure.servicebus import ServiceBusMessage
-from azure.servicebus.aio import ServiceBusClient
 
 from georep import (
     GeoReceiver,
@@ -46,12 +45,7 @@ async def test_outage_sends_go_to_backlog_queues_until_a_ping_succeeds(emu: Emul
     primary_name, paths = await backlog_queues(emu, options)
     assert paths == [backlog_queue_path(primary_name, i) for i in range(2)]
 
-    async with PairedSender.from_connection_strings(
-        emu.connection_string("primary"),
-        emu.connection_string("secondary"),
-        queue_name=queue,
-        options=options,
-    ) as sender:
+    async with on_emulator(PairedSender, emu, queue, options=options) as sender:
         assert await sender.send_messages(ServiceBusMessage("before")) == "primary"
         await asyncio.to_thread(emu.namespace("primary").outage)
         with pytest.raises(RegionError):
@@ -90,12 +84,7 @@ async def test_the_syphon_brings_backlog_messages_home_and_each_is_received_once
     )
     primary_name, _ = await backlog_queues(emu, options)
 
-    async with PairedSender.from_connection_strings(
-        emu.connection_string("primary"),
-        emu.connection_string("secondary"),
-        queue_name=queue,
-        options=options,
-    ) as sender:
+    async with on_emulator(PairedSender, emu, queue, options=options) as sender:
         await asyncio.to_thread(emu.namespace("primary").outage)
         when = datetime.now(UTC) + timedelta(seconds=2)
         sent = [
@@ -138,12 +127,7 @@ async def test_the_syphon_brings_backlog_messages_home_and_each_is_received_once
         assert timedelta(minutes=9) < ttl <= timedelta(minutes=10), "TTL restored"
         handled[str(message.message_id)] += 1
 
-    async with GeoReceiver.from_connection_strings(
-        emu.connection_string("primary"),
-        emu.connection_string("secondary"),
-        queue_name=queue,
-        seen=InMemorySeenSet(),
-    ) as receiver:
+    async with on_emulator(GeoReceiver, emu, queue, seen=InMemorySeenSet()) as receiver:
         task = asyncio.create_task(receiver.run(handle))
         started = time.monotonic()
         while emu.namespace("primary").message_count(queue):
@@ -165,10 +149,7 @@ async def test_the_syphon_cli_moves_messages_and_stops_gracefully(emu: Emulator)
     queue = create_queue(emu, "cli")
     options = PairedNamespaceOptions(backlog_queue_count=2)
     name, paths = await backlog_queues(emu, options, f"cli{uuid.uuid4().hex[:6]}")
-    async with (
-        ServiceBusClient.from_connection_string(emu.connection_string("secondary")) as client,
-        client.get_queue_sender(paths[1]) as sender,
-    ):
+    async with sdk_sender(emu.connection_string("secondary"), paths[1]) as sender:
         await sender.send_messages(to_backlog(ServiceBusMessage("home", message_id="h1"), queue))
 
     env = {

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from _helpers import on_emulator
 from pyspark.sql import SparkSession
 from typer.testing import CliRunner
 
@@ -213,10 +214,7 @@ def _stored(emu: Emulator, queue: str) -> int:
 
 def _sink(emu: Emulator, queue: str, batch_size: int = 100) -> Callable[[Any, int], None]:
     return foreach_batch_sink(
-        lambda: GeoSender.from_connection_strings(
-            emu.connection_string("primary"), emu.connection_string("secondary"),
-            queue_name=queue,
-        ),
+        lambda: on_emulator(GeoSender, emu, queue),
         body_col="body", key_col="key", scope=f"test-{uuid.uuid4().hex[:8]}",
         batch_size=batch_size,
     )  # fmt: skip
@@ -237,10 +235,7 @@ async def _receive_all(emu: Emulator, queue: str) -> tuple[Counter[str], set[str
 
     seen = RedisSeenSet(REDIS_URL, group=f"spark-sink-{uuid.uuid4().hex[:8]}", window=600)
     try:
-        async with GeoReceiver.from_connection_strings(
-            emu.connection_string("primary"), emu.connection_string("secondary"),
-            queue_name=queue, seen=seen,
-        ) as receiver:  # fmt: skip
+        async with on_emulator(GeoReceiver, emu, queue, seen=seen) as receiver:
             task = asyncio.create_task(receiver.run(handle))
             deadline = time.monotonic() + 60
             # Polls the broker's message count, which no event signals.

@@ -17,6 +17,7 @@ from contextlib import ExitStack
 from typing import Any
 
 import pytest
+from _helpers import on_emulator
 from azure.servicebus import (
     ServiceBusClient,
     ServiceBusMessage,
@@ -101,12 +102,7 @@ def stored_ids(emu: Emulator, region: str, queue: str) -> Counter[str]:
 
 
 def send_active(emu: Emulator, queue: str, count: int) -> list[str]:
-    with georep.sync.GeoSender.from_connection_strings(
-        emu.connection_string("primary"),
-        emu.connection_string("secondary"),
-        queue_name=queue,
-        mode=ReplicationMode.ACTIVE,
-    ) as sender:
+    with on_emulator(georep.sync.GeoSender, emu, queue, mode=ReplicationMode.ACTIVE) as sender:
         return [
             message_id
             for start in range(0, count, 50)
@@ -244,11 +240,8 @@ def test_sync_geosender_passive_loses_nothing_through_a_primary_outage(
 
 def test_sync_geosender_errors_are_georeps(emu: Emulator, queue: str) -> None:
     with (
-        georep.sync.GeoSender.from_connection_strings(
-            emu.connection_string("primary"),
-            emu.connection_string("secondary"),
-            queue_name=f"{queue}-missing",
-            policy=FailoverPolicy(attempt_timeout=2),
+        on_emulator(
+            georep.sync.GeoSender, emu, f"{queue}-missing", policy=FailoverPolicy(attempt_timeout=2)
         ) as sender,
         pytest.raises(georep.EntityNotFoundError),
     ):
@@ -273,12 +266,7 @@ def test_sync_paired_sender_sends_to_the_backlog_queues_during_an_outage(
             return await ensure_backlog_queues(admin, primary_name, options)
 
     paths = asyncio.run(create_backlog_queues())
-    with georep.sync.PairedSender.from_connection_strings(
-        emu.connection_string("primary"),
-        emu.connection_string("secondary"),
-        queue_name=queue,
-        options=options,
-    ) as sender:
+    with on_emulator(georep.sync.PairedSender, emu, queue, options=options) as sender:
         assert sender.send_messages(ServiceBusMessage("before")) == "primary"
         emu.namespace("primary").outage()
         places = [sender.send_messages(ServiceBusMessage(f"during-{i}")) for i in range(3)]
@@ -358,13 +346,7 @@ def test_the_sync_decorator_runs_until_closed_from_another_thread(
 
 def test_ctrl_c_stops_run_gracefully(emu: Emulator, queue: str) -> None:
     send_active(emu, queue, 5)
-    receiver = georep.sync.GeoReceiver.from_connection_strings(
-        emu.connection_string("primary"),
-        emu.connection_string("secondary"),
-        queue_name=queue,
-        seen=new_seen(),
-        max_wait=0.5,
-    )
+    receiver = on_emulator(georep.sync.GeoReceiver, emu, queue, seen=new_seen(), max_wait=0.5)
     main = threading.main_thread().ident
     assert main == threading.get_ident(), "the test interrupts the main thread"
 
@@ -397,12 +379,8 @@ def test_a_sync_handler_dead_letters_a_message_and_its_twin_is_not_processed(
     processed: Counter[str] = Counter()
     poison_calls: list[str] = []
 
-    with georep.sync.GeoReceiver.from_connection_strings(
-        emu.connection_string("primary"),
-        emu.connection_string("secondary"),
-        queue_name=queue,
-        seen=new_seen(),
-        max_wait=0.5,
+    with on_emulator(
+        georep.sync.GeoReceiver, emu, queue, seen=new_seen(), max_wait=0.5
     ) as receiver:
 
         def handle(message: Any) -> None:

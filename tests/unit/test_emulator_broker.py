@@ -8,6 +8,7 @@ from datetime import timedelta
 from typing import Any
 
 import pytest
+from _emulator_parts import Clock, batch
 
 from georep.adapters.emulator._broker import (
     BrokerError,
@@ -46,22 +47,6 @@ def message(
     if app:
         out += b"\x00\x53\x74" + encode_value(app)
     return out + b"\x00\x53\x75" + encode_value(body)
-
-
-def batch(*inner: bytes) -> bytes:
-    return (
-        b"\x00\x53\x73"
-        + encode_value(["batch"])
-        + b"".join(b"\x00\x53\x75" + encode_value(m) for m in inner)
-    )
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1_000_000.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 @dataclass(eq=False)

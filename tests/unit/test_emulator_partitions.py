@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
+from _emulator_parts import Clock, batch
 
 from georep.adapters.emulator._broker import (
     MAX_PARTITIONED_ENTITIES,
@@ -39,28 +40,12 @@ def message(
     return out + b"\x00\x53\x75" + encode_value(body)
 
 
-def batch(*inner: bytes) -> bytes:
-    return (
-        b"\x00\x53\x73"
-        + encode_value(["batch"])
-        + b"".join(b"\x00\x53\x75" + encode_value(m) for m in inner)
-    )
-
-
 def key_in(fragment: int, prefix: str = "k") -> str:
     """A key whose fragment is ``fragment``."""
     for i in range(10_000):
         if fragment_of(f"{prefix}{i}") == fragment:
             return f"{prefix}{i}"
     raise AssertionError("no key found")
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1_000_000.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 @dataclass(eq=False)

@@ -8,6 +8,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 import pytest
+from _receivers import ReceiverWorld
 
 from georep import (
     AllRegionsUnavailableError,
@@ -28,9 +29,7 @@ from georep.testing import (
     FakeMessage,
     InMemoryLedger,
     InMemoryOutbox,
-    InMemoryRegionReceiver,
     InMemoryRegionSender,
-    InMemorySeenSet,
 )
 
 
@@ -289,24 +288,14 @@ async def test_a_paired_send_records_the_primary_then_the_backlog_queue() -> Non
 # ----------------------------------------------------------------------------- receiver
 
 
-class World:
+class World(ReceiverWorld):
     def __init__(self) -> None:
-        self.clock = FakeClock()
-        self.primary = InMemoryRegionReceiver("primary", "east", clock=self.clock)
-        self.secondary = InMemoryRegionReceiver("secondary", "west", clock=self.clock)
-        self.seen = InMemorySeenSet(clock=self.clock)
+        super().__init__()
+        self.primary, self.secondary = self.regions()
         self.ledger = InMemoryLedger()
 
     def receiver(self) -> GeoReceiver:
-        return GeoReceiver(
-            self.primary,
-            self.secondary,
-            seen=self.seen,
-            clock=self.clock,
-            ledger=self.ledger,
-            max_wait=1.0,
-            lease=10.0,
-        )
+        return self.geo(self.primary, self.secondary, ledger=self.ledger)
 
     async def run_for(self, geo: GeoReceiver, seconds: float, handler: Any) -> None:
         task = asyncio.create_task(geo.run(handler))

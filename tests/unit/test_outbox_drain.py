@@ -10,6 +10,7 @@ from collections import Counter
 from typing import Any
 
 import pytest
+from _metrics import metric_sums
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 
@@ -85,6 +86,17 @@ async def queue_while_both_down(sender: GeoSender, primary: Any, secondary: Any,
     return results
 
 
+async def poison_queued(
+    clock: FakeClock, *bodies: bytes
+) -> tuple[GeoSender, InMemoryOutbox, Any, Any]:
+    """A sender over two PickyRegions whose outbox holds POISON then ``bodies`` (both down)."""
+    primary, secondary = pair(PickyRegion)
+    outbox = InMemoryOutbox()
+    sender = geo(primary, secondary, outbox=outbox, clock=clock)
+    await queue_while_both_down(sender, primary, secondary, POISON, *bodies)
+    return sender, outbox, primary, secondary
+
+
 # -------------------------------------------------------------- refused for good
 
 
@@ -93,10 +105,7 @@ async def test_a_poison_entry_is_dead_lettered_and_the_messages_behind_it_drain(
     # Before: the refusal came back as AllRegionsUnavailableError, backed off "any region",
     # and the poison (always oldest) held the 3 healthy messages back forever.
     clock = FakeClock()
-    primary, secondary = pair(PickyRegion)
-    outbox = InMemoryOutbox()
-    sender = geo(primary, secondary, outbox=outbox, clock=clock)
-    await queue_while_both_down(sender, primary, secondary, POISON, b"a", b"b", b"c")
+    sender, outbox, _, secondary = await poison_queued(clock, b"a", b"b", b"c")
     secondary.restore()
 
     for _ in range(20):
@@ -114,10 +123,7 @@ async def test_a_poison_entry_is_dead_lettered_and_the_messages_behind_it_drain(
 
 async def test_a_dead_lettered_entry_can_be_replayed_or_purged() -> None:
     clock = FakeClock()
-    primary, secondary = pair(PickyRegion)
-    outbox = InMemoryOutbox()
-    sender = geo(primary, secondary, outbox=outbox, clock=clock)
-    await queue_while_both_down(sender, primary, secondary, POISON, b"ok")
+    sender, outbox, primary, secondary = await poison_queued(clock, b"ok")
     primary.restore()
     secondary.restore()
     await sender.drain_outbox()
@@ -136,10 +142,7 @@ async def test_a_message_specific_refusal_never_backs_the_region_off() -> None:
     # Both regions back; poison refused by the primary (no failover). The healthy ones in
     # the same round go to the same region right after it.
     clock = FakeClock()
-    primary, secondary = pair(PickyRegion)
-    outbox = InMemoryOutbox()
-    sender = geo(primary, secondary, outbox=outbox, clock=clock)
-    await queue_while_both_down(sender, primary, secondary, POISON, b"a", b"b")
+    sender, outbox, primary, secondary = await poison_queued(clock, b"a", b"b")
     primary.restore()
     secondary.restore()
 
@@ -250,17 +253,8 @@ async def test_a_message_whose_ttl_ran_out_in_the_outbox_is_dropped_counted_and_
     await sender.aclose()
 
 
-def _counter(reader: InMemoryMetricReader, name: str) -> int:
-    data = reader.get_metrics_data()
-    assert data is not None
-    return sum(
-        point.value
-        for resource in data.resource_metrics
-        for scope in resource.scope_metrics
-        for metric in scope.metrics
-        if metric.name == name
-        for point in metric.data.data_points  # type: ignore[union-attr]
-    )
+def _counter(reader: InMemoryMetricReader, name: str) -> float:
+    return metric_sums(reader, [name]).get(name, 0)
 
 
 # ------------------------------------------------------------ the drainer never dies
@@ -489,11 +483,8 @@ async def test_a_failed_delete_after_acceptance_is_retried_so_nothing_is_sent_tw
 async def test_a_transient_refusal_of_one_entry_never_holds_up_the_others() -> None:
     # Quota exceeded is not an outage (no failover) but may pass later: retried on its own.
     clock = FakeClock()
-    primary, secondary = pair(PickyRegion)
+    sender, outbox, primary, secondary = await poison_queued(clock, b"a", b"b")
     primary.poison_kind = secondary.poison_kind = ErrorKind.QUOTA_EXCEEDED
-    outbox = InMemoryOutbox()
-    sender = geo(primary, secondary, outbox=outbox, clock=clock)
-    await queue_while_both_down(sender, primary, secondary, POISON, b"a", b"b")
     primary.restore()
     secondary.restore()
     await clock.advance(10)

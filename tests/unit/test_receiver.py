@@ -8,23 +8,21 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import pytest
+from _receivers import ReceiverWorld
 
 from georep import ClaimState, ConfigurationError, GeoReceiver, receiver
 from georep._receiver import RECEIVE_GRACE
-from georep.testing import FakeClock, FakeMessage, InMemoryRegionReceiver
-from georep.testing._seen import InMemorySeenSet
+from georep.testing import FakeMessage
 
 Handler = Callable[[Any], Awaitable[object]]
 
 
-class World:
+class World(ReceiverWorld):
     """Two regions, one seen-set, one clock; helpers to run a receiver for a while."""
 
     def __init__(self) -> None:
-        self.clock = FakeClock()
-        self.primary = InMemoryRegionReceiver("primary", "east", clock=self.clock)
-        self.secondary = InMemoryRegionReceiver("secondary", "west", clock=self.clock)
-        self.seen = InMemorySeenSet(clock=self.clock)
+        super().__init__()
+        self.primary, self.secondary = self.regions()
         self.processed: Counter[str] = Counter()
 
     def both(self, *ids: str) -> None:
@@ -33,11 +31,7 @@ class World:
             self.secondary.put(FakeMessage(b"x", message_id))
 
     def receiver(self, **options: Any) -> GeoReceiver:
-        options.setdefault("max_wait", 1.0)
-        options.setdefault("lease", 10.0)
-        return GeoReceiver(
-            self.primary, self.secondary, seen=self.seen, clock=self.clock, **options
-        )
+        return self.geo(self.primary, self.secondary, **options)
 
     async def handler(self, message: Any) -> None:
         self.processed[message.message_id] += 1

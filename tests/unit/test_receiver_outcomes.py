@@ -11,6 +11,8 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 import pytest
+from _metrics import metric_sums
+from _receivers import ReceiverWorld
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 
@@ -21,7 +23,6 @@ from georep.testing import (
     FakeMessage,
     InMemoryLedger,
     InMemoryRegionReceiver,
-    InMemorySeenSet,
 )
 
 Handler = Callable[[Any], Awaitable[object]]
@@ -42,18 +43,13 @@ class Pair:
             self.secondary.put(FakeMessage(b"x", message_id))
 
 
-class World:
+class World(ReceiverWorld):
     def __init__(self) -> None:
-        self.clock = FakeClock()
-        self.seen = InMemorySeenSet(clock=self.clock)
+        super().__init__()
         self.calls: Counter[str] = Counter()
 
     def receiver(self, pair: Pair, **options: Any) -> GeoReceiver:
-        options.setdefault("max_wait", 1.0)
-        options.setdefault("lease", 10.0)
-        return GeoReceiver(
-            pair.primary, pair.secondary, seen=self.seen, clock=self.clock, **options
-        )
+        return self.geo(pair.primary, pair.secondary, **options)
 
     async def count(self, message: Any) -> None:
         self.calls[message.message_id] += 1
@@ -416,15 +412,7 @@ async def test_dead_letters_and_defers_are_counted_in_metrics(world: World) -> N
             await geo.defer_message(message)
 
     await world.run([(geo, handle)], 5)
-    data = reader.get_metrics_data()
-    assert data is not None
-    sums = {
-        metric.name: sum(point.value for point in metric.data.data_points)  # type: ignore[union-attr]
-        for rm in data.resource_metrics
-        for sm in rm.scope_metrics
-        for metric in sm.metrics
-        if metric.name in {"georep.messages.dead_lettered", "georep.messages.deferred"}
-    }
+    sums = metric_sums(reader, {"georep.messages.dead_lettered", "georep.messages.deferred"})
     assert sums == {"georep.messages.dead_lettered": 2, "georep.messages.deferred": 2}
 
 

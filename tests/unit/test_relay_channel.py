@@ -6,6 +6,7 @@ import asyncio
 import random
 
 import pytest
+from _metrics import metric_sums
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 from opentelemetry.sdk.trace import TracerProvider
@@ -202,15 +203,7 @@ async def test_telemetry_records_spans_with_region_and_failover_metrics() -> Non
         "georep.to": backup.region,
         "error.type": "connection",
     }
-    data = reader.get_metrics_data()
-    assert data is not None
-    sums = {
-        metric.name: sum(point.value for point in metric.data.data_points)  # type: ignore[union-attr]
-        for rm in data.resource_metrics
-        for sm in rm.scope_metrics
-        for metric in sm.metrics
-        if metric.name in {"georep.relay.failovers", "georep.relay.role_swaps"}
-    }
+    sums = metric_sums(reader, {"georep.relay.failovers", "georep.relay.role_swaps"})
     assert sums == {"georep.relay.failovers": 1, "georep.relay.role_swaps": 1}
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import pytest
+from _metrics import metric_points
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 from opentelemetry.sdk.trace import TracerProvider
@@ -23,21 +24,6 @@ def spans() -> Iterator[tuple[TracerProvider, InMemorySpanExporter]]:
     provider.add_span_processor(SimpleSpanProcessor(exporter))
     yield provider, exporter
     provider.shutdown()
-
-
-def metric_points(reader: InMemoryMetricReader) -> dict[str, list[tuple[dict[str, object], float]]]:
-    data = reader.get_metrics_data()
-    points: dict[str, list[tuple[dict[str, object], float]]] = {}
-    assert data is not None
-    for resource in data.resource_metrics:
-        for scope in resource.scope_metrics:
-            for metric in scope.metrics:
-                for point in metric.data.data_points:
-                    value = getattr(point, "value", None)
-                    if value is None:
-                        value = point.count  # type: ignore[union-attr]
-                    points.setdefault(metric.name, []).append((dict(point.attributes or {}), value))
-    return points
 
 
 async def test_failover_is_traced_and_counted(

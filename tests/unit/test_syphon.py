@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from georep import ErrorKind, PairedNamespaceOptions, Syphon
@@ -18,8 +20,18 @@ def restore(message: Any) -> tuple[str, FakeMessage]:
     return path, FakeMessage(message.body, message.message_id, None, props)
 
 
+@contextlib.asynccontextmanager
+async def running(syphon: Syphon, clock: FakeClock) -> AsyncIterator[None]:
+    """Run ``syphon`` for the block, then close it and let its long polls end."""
+    task = asyncio.create_task(syphon.run())
+    yield
+    await syphon.aclose()
+    await clock.advance(900)
+    await task
+
+
 def build(
-    clock: FakeClock, count: int = 10
+    clock: FakeClock, count: int = 10, restore: Callable[[Any], tuple[str, FakeMessage]] = restore
 ) -> tuple[Syphon, list[InMemoryRegionReceiver], InMemoryRegionSender]:
     queues = [
         InMemoryRegionReceiver(f"b{i}", "west", f"east/x-servicebus-transfer/{i}", clock=clock)
@@ -39,12 +51,9 @@ def build(
 async def test_ten_idle_backlog_queues_cost_40_receive_calls_an_hour() -> None:
     clock = FakeClock()
     syphon, _, _ = build(clock)
-    task = asyncio.create_task(syphon.run())
-    await clock.advance(3600 - 1)  # 15-minute long polls: 4 per queue per hour
-    assert syphon.stats.receive_calls == 40
-    await syphon.aclose()
-    await clock.advance(900)
-    await task
+    async with running(syphon, clock):
+        await clock.advance(3600 - 1)  # 15-minute long polls: 4 per queue per hour
+        assert syphon.stats.receive_calls == 40
 
 
 async def test_messages_move_to_their_entity_and_leave_the_backlog() -> None:
@@ -53,16 +62,13 @@ async def test_messages_move_to_their_entity_and_leave_the_backlog() -> None:
     queues[0].put(FakeMessage(b"a", "m1", None, {"x-ms-path": "orders", "app": "v"}))
     queues[1].put(FakeMessage(b"b", "m2", None, {"x-ms-path": "orders"}))
     queues[1].put(FakeMessage(b"lost", "m3"))  # no x-ms-path: dead-lettered
-    task = asyncio.create_task(syphon.run())
-    await clock.advance(1)
-    assert sorted(m.message_id for m in primary.accepted) == ["m1", "m2"]
-    assert primary.accepted[0].application_properties == {"app": "v"}
-    assert [m.message_id for m in queues[1].dead_lettered] == ["m3"]
-    assert queues[0].pending == queues[1].pending == 0
-    assert syphon.stats.moved == 2 and syphon.stats.billed_operations == 8
-    await syphon.aclose()
-    await clock.advance(900)
-    await task
+    async with running(syphon, clock):
+        await clock.advance(1)
+        assert sorted(m.message_id for m in primary.accepted) == ["m1", "m2"]
+        assert primary.accepted[0].application_properties == {"app": "v"}
+        assert [m.message_id for m in queues[1].dead_lettered] == ["m3"]
+        assert queues[0].pending == queues[1].pending == 0
+        assert syphon.stats.moved == 2 and syphon.stats.billed_operations == 8
 
 
 async def test_while_the_primary_is_down_messages_wait_in_the_backlog() -> None:
@@ -70,15 +76,12 @@ async def test_while_the_primary_is_down_messages_wait_in_the_backlog() -> None:
     syphon, queues, primary = build(clock, count=1)
     primary.fail_with(ErrorKind.CONNECTION)
     queues[0].put(FakeMessage(b"a", "m1", None, {"x-ms-path": "orders"}))
-    task = asyncio.create_task(syphon.run())
-    await clock.advance(10)
-    assert primary.accepted == [] and queues[0].pending == 1 and syphon.stats.retries >= 5
-    primary.restore()
-    await clock.advance(2)
-    assert [m.message_id for m in primary.accepted] == ["m1"] and queues[0].pending == 0
-    await syphon.aclose()
-    await clock.advance(900)
-    await task
+    async with running(syphon, clock):
+        await clock.advance(10)
+        assert primary.accepted == [] and queues[0].pending == 1 and syphon.stats.retries >= 5
+        primary.restore()
+        await clock.advance(2)
+        assert [m.message_id for m in primary.accepted] == ["m1"] and queues[0].pending == 0
 
 
 async def test_a_message_the_primary_refuses_for_good_is_dead_lettered() -> None:
@@ -86,12 +89,9 @@ async def test_a_message_the_primary_refuses_for_good_is_dead_lettered() -> None
     syphon, queues, primary = build(clock, count=1)
     primary.fail_with(ErrorKind.ENTITY_NOT_FOUND)
     queues[0].put(FakeMessage(b"a", "m1", None, {"x-ms-path": "gone"}))
-    task = asyncio.create_task(syphon.run())
-    await clock.advance(1)
-    assert [m.message_id for m in queues[0].dead_lettered] == ["m1"]
-    await syphon.aclose()
-    await clock.advance(900)
-    await task
+    async with running(syphon, clock):
+        await clock.advance(1)
+        assert [m.message_id for m in queues[0].dead_lettered] == ["m1"]
 
 
 async def test_a_faulted_secondary_client_closes_the_primary_side_after_5_s() -> None:
@@ -132,31 +132,20 @@ async def test_a_faulted_primary_client_hands_messages_back_and_closes_the_backl
 
 async def test_an_expired_message_is_dead_lettered_and_counted_never_moved() -> None:
     clock = FakeClock()
-    queues = [InMemoryRegionReceiver("b0", "west", "east/x-servicebus-transfer/0", clock=clock)]
-    primary = InMemoryRegionSender("primary", "east", "orders")
 
     def restore_or_expire(message: Any) -> tuple[str, FakeMessage]:
         if message.application_properties.get("expired"):
             raise MessageExpiredError("outlived its time to live")
         return restore(message)
 
-    syphon = Syphon(
-        queues,
-        lambda entity: primary,
-        restore=restore_or_expire,
-        options=PairedNamespaceOptions(backlog_queue_count=1),
-        clock=clock,
-    )
+    syphon, queues, primary = build(clock, count=1, restore=restore_or_expire)
     queues[0].put(FakeMessage(b"a", "old", None, {"x-ms-path": "orders", "expired": True}))
     queues[0].put(FakeMessage(b"b", "fresh", None, {"x-ms-path": "orders"}))
-    task = asyncio.create_task(syphon.run())
-    await clock.advance(1)
-    assert [m.message_id for m in primary.accepted] == ["fresh"]
-    assert [m.message_id for m in queues[0].dead_lettered] == ["old"]
-    assert syphon.stats.expired == 1 and syphon.stats.moved == 1
-    await syphon.aclose()
-    await clock.advance(900)
-    await task
+    async with running(syphon, clock):
+        await clock.advance(1)
+        assert [m.message_id for m in primary.accepted] == ["fresh"]
+        assert [m.message_id for m in queues[0].dead_lettered] == ["old"]
+        assert syphon.stats.expired == 1 and syphon.stats.moved == 1
 
 
 async def test_a_service_error_from_the_primary_is_retried_not_dead_lettered() -> None:
@@ -164,9 +153,6 @@ async def test_a_service_error_from_the_primary_is_retried_not_dead_lettered() -
     syphon, queues, primary = build(clock, count=1)
     primary.fail_with(ErrorKind.SERVICE_ERROR, times=2)
     queues[0].put(FakeMessage(b"a", "m1", None, {"x-ms-path": "orders"}))
-    task = asyncio.create_task(syphon.run())
-    await clock.advance(5)
-    assert [m.message_id for m in primary.accepted] == ["m1"] and queues[0].dead_lettered == []
-    await syphon.aclose()
-    await clock.advance(900)
-    await task
+    async with running(syphon, clock):
+        await clock.advance(5)
+        assert [m.message_id for m in primary.accepted] == ["m1"] and queues[0].dead_lettered == []
