@@ -15,6 +15,7 @@ import http.client
 import json
 import time
 from collections.abc import Callable
+from datetime import UTC, datetime, timedelta
 from urllib.parse import quote_plus, urlencode, urlsplit
 
 import pytest
@@ -133,14 +134,24 @@ async def test_a_send_only_rule_sends_but_cannot_receive_or_peek(emu: Emulator) 
 async def test_a_listen_only_rule_receives_but_cannot_send_or_schedule(emu: Emulator) -> None:
     control = emu.namespace("primary")
     listen_only = control.connection_string_for("ListenOnly")
+    async with sdk_sender(emu.connection_string("primary"), "ord") as sender:
+        await sender.send_messages(ServiceBusMessage("for the listener"))
     before = control.message_count("ord")
     async with ServiceBusClient.from_connection_string(listen_only, retry_total=0) as client:
         with pytest.raises(ServiceBusAuthorizationError, match="Send"):
             async with client.get_queue_sender("ord") as sender:
                 await sender.send_messages(ServiceBusMessage("m"))
-        async with client.get_queue_receiver("ord", max_wait_time=1) as receiver:
-            assert await receiver.peek_messages() is not None
-    assert control.message_count("ord") == before
+        with pytest.raises(ServiceBusAuthorizationError, match="Send"):
+            async with client.get_queue_sender("ord") as sender:
+                await sender.schedule_messages(
+                    ServiceBusMessage("later"), datetime.now(UTC) + timedelta(seconds=60)
+                )
+        assert control.message_count("ord") == before, "nothing was sent or scheduled"
+        async with client.get_queue_receiver("ord", max_wait_time=5) as receiver:
+            received = await receiver.receive_messages(max_message_count=10, max_wait_time=5)
+            assert [str(m) for m in received] == ["for the listener"]
+            await receiver.complete_message(received[0])
+    assert control.message_count("ord") == before - 1
 
 
 def _admin(emu: Emulator, credential_part: str) -> ServiceBusAdministrationClient:

@@ -17,7 +17,6 @@ from georep import GeoReceiver
 from georep.adapters.emulator import Emulator
 from georep.adapters.redis import RedisSeenSet
 from georep.adapters.servicebus import ServiceBusRegionReceiver
-from georep.adapters.servicebus._backlog import make_ping
 
 pytestmark = pytest.mark.integration
 
@@ -211,26 +210,6 @@ async def test_a_message_failing_max_attempts_times_is_dead_lettered_in_both_reg
             if message.dead_letter_reason == "georep:max-attempts":
                 assert "RuntimeError" in description and "max_attempts=3" in description
     assert reasons == {i: {"georep:max-attempts", "georep:twin:georep:max-attempts"} for i in ids}
-
-
-async def test_pings_never_reach_the_handler(emu: Emulator, queue: str, seen: RedisSeenSet) -> None:
-    # The service (and the emulator) drop a ping at send time; the receiver completes any
-    # that reaches it unhandled (unit-tested with in-memory regions, since none can reach
-    # it here). End to end: the paired sender's ping never reaches a handler.
-    ping = make_ping()
-    ping.time_to_live = None
-    real = ServiceBusMessage("{}", message_id="real", content_type="application/json")
-    await send_to(emu, "primary", queue, [ping, real])
-    handled: list[Any] = []
-    receiver = geo(emu, seen, queue_name=queue)
-
-    async def handle(message: Any) -> None:
-        handled.append(message.content_type)
-
-    await run_until(receiver, handle, lambda: stored(emu, queue) == 0)
-
-    assert handled == ["application/json"]
-    assert receiver.stats.processed == 1
 
 
 async def test_the_sdk_adapter_reads_the_content_type_pings_are_recognised_by(

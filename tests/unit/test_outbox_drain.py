@@ -152,7 +152,7 @@ async def test_a_message_specific_refusal_never_backs_the_region_off() -> None:
     await sender.aclose()
 
 
-async def test_an_unavailable_region_backs_off_without_dead_lettering() -> None:
+async def test_an_unavailable_region_keeps_its_entries_until_it_answers_again() -> None:
     clock = FakeClock()
     primary, secondary = pair()
     outbox = InMemoryOutbox()
@@ -161,6 +161,12 @@ async def test_an_unavailable_region_backs_off_without_dead_lettering() -> None:
 
     assert await sender.drain_outbox() == 0
     assert await outbox.depth() == 2 and await outbox.dead_depth() == 0
+    primary.restore()
+    secondary.restore()
+    await clock.advance(60)  # past the drainer's back-off: its next round sends them
+    await sender.drain_outbox()
+    assert sorted(m.body for m in primary.accepted + secondary.accepted) == [b"a", b"b"]
+    assert await outbox.depth() == 0 and await outbox.dead_depth() == 0
     await sender.aclose()
 
 
@@ -448,6 +454,11 @@ async def test_transient_refusals_are_retried_never_dead_lettered(kind: ErrorKin
 
     assert await sender.drain_outbox() == 0
     assert await outbox.depth() == 1 and await outbox.dead_depth() == 0
+    primary.restore()
+    await clock.advance(60)  # past the drainer's back-off: its next round retries it
+    await sender.drain_outbox()
+    assert [m.body for m in primary.accepted] == [b"x"], "the same entry, retried"
+    assert await outbox.depth() == 0 and await outbox.dead_depth() == 0
     await sender.aclose()
 
 

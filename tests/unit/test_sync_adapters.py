@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 from typing import Any
 
 import pytest
@@ -137,8 +138,22 @@ def test_stop_finishes_queued_calls_before_the_thread_exits() -> None:
     futures = [worker.submit(gate.wait)] + [
         worker.submit(lambda i=i: done.append(i)) for i in range(3)
     ]
+    thread = worker.thread
+    assert thread is not None
+    # Stop while the first call still blocks the thread and three wait behind it; release
+    # the gate only once stop() has asked the thread to exit.
+    stopping = threading.Thread(target=lambda: stopped.append(worker.stop(timeout=5)))
+    stopped: list[bool] = []
+    stopping.start()
+    for _ in range(1_000_000):  # until stop() has queued its exit behind the 3 calls
+        if worker._jobs.qsize() == 4:
+            break
+        time.sleep(0)  # yield to the stopping thread; no wall-clock wait
+    assert worker._jobs.qsize() == 4
+    assert not futures[1].done(), "nothing ran past the blocked call yet"
     gate.set()
-    assert worker.stop(timeout=5)
+    stopping.join(timeout=10)
+    assert stopped == [True] and not thread.is_alive()
     assert [f.done() for f in futures] == [True] * 4 and done == [0, 1, 2]
 
 

@@ -69,24 +69,24 @@ def test_a_value_body_cannot_be_copied_by_a_failover() -> None:
 
 
 def test_good_messages_pass_and_keep_their_fields() -> None:
-    check(
-        [
-            ServiceBusMessage(
-                "text",
-                message_id="m" * 128,
-                application_properties={
-                    "s": "v",
-                    b"b": b"v",
-                    "i": -(2**63),
-                    "f": 1.5,
-                    "t": True,
-                    "u": uuid.uuid4(),
-                    "n": None,
-                },
-            ),
-            {"body": b"y", "subject": "s", "time_to_live": None},
-        ]
-    )
+    properties = {
+        "s": "v",
+        b"b": b"v",
+        "i": -(2**63),
+        "f": 1.5,
+        "t": True,
+        "u": uuid.uuid4(),
+        "n": None,
+    }
+    message = ServiceBusMessage("text", message_id="m" * 128, application_properties=properties)
+    as_dict = {"body": b"y", "subject": "s", "time_to_live": None}
+    messages = CODEC.split([message, as_dict])
+    CODEC.check(messages, one_partition=False)
+    assert messages[0] is message, "checked as given, not copied"
+    assert message.message_id == "m" * 128
+    assert message.application_properties == properties
+    assert str(message) == "text"
+    assert (messages[1].subject, b"".join(messages[1].body)) == ("s", b"y")
 
 
 def test_a_body_over_the_known_limit_is_refused_before_sending() -> None:
