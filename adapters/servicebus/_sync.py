@@ -44,6 +44,7 @@ from georep.ports import ErrorKind
 
 from . import _receiver
 from ._receiver import ServiceBusRegionReceiver
+from ._region import SdkRegion
 from ._sender import ServiceBusRegionSender
 
 __all__ = [
@@ -185,7 +186,38 @@ def _release_worker(worker: RegionWorker) -> None:
         worker.stop()
 
 
-class SyncServiceBusRegionSender(ServiceBusRegionSender):
+class _OnWorker(SdkRegion):
+    """What both sync adapters share: every SDK call on the SDK object's worker thread,
+    and closing releases the worker (never the caller's SDK object)."""
+
+    _worker: RegionWorker | None
+
+    @property
+    def worker(self) -> RegionWorker:
+        """The worker thread this adapter's calls run on."""
+        if self._worker is None:
+            raise ClosedError(f"the {self.region} adapter is closed; wrap the SDK object again")
+        return self._worker
+
+    async def _call(self, operation: Callable[[], Any]) -> Any:
+        # The base classes build a call to the SDK and hand it here: on the sync SDK it
+        # runs on the worker and returns a value.
+        try:
+            return await self.worker.run(operation)
+        except Exception as exc:
+            raise self._translate(exc) from exc
+
+    async def close(self) -> None:
+        """Stop this adapter's use of the worker thread (joined when no adapter uses it).
+
+        The caller's SDK object stays open.
+        """
+        worker, self._worker = self._worker, None
+        if worker is not None:
+            await asyncio.to_thread(_release_worker, worker)
+
+
+class SyncServiceBusRegionSender(_OnWorker, ServiceBusRegionSender):
     """One region's sync ``azure.servicebus.ServiceBusSender`` behind georep's port.
 
     Same behaviour as :class:`ServiceBusRegionSender` (errors through ``translate_error``,
@@ -209,32 +241,8 @@ class SyncServiceBusRegionSender(ServiceBusRegionSender):
             sender, region=region, idle_exit=idle_exit
         )
 
-    @property
-    def worker(self) -> RegionWorker:
-        """The worker thread this adapter's calls run on."""
-        if self._worker is None:
-            raise ClosedError(f"the {self.region} adapter is closed; wrap the SDK object again")
-        return self._worker
-
-    async def _call(self, operation: Callable[[], Any]) -> Any:
-        # The base class's schedule / cancel / max size / probe build a call to the SDK
-        # and hand it here: on the sync SDK it runs on the worker and returns a value.
-        try:
-            return await self.worker.run(operation)
-        except Exception as exc:
-            raise self._translate(exc) from exc
-
     async def send(self, messages: Any, *, timeout: float) -> None:
         await self._call(partial(self._sync_sender.send_messages, messages, timeout=timeout))
-
-    async def close(self) -> None:
-        """Stop this adapter's use of the worker thread (joined when no adapter uses it).
-
-        The caller's SDK sender stays open.
-        """
-        worker, self._worker = self._worker, None
-        if worker is not None:
-            await asyncio.to_thread(_release_worker, worker)
 
 
 class _PeekOnWorker:
@@ -248,7 +256,7 @@ class _PeekOnWorker:
         return list(await self._worker.run(partial(self._receiver.peek_messages, **kwargs)))
 
 
-class SyncServiceBusRegionReceiver(ServiceBusRegionReceiver):
+class SyncServiceBusRegionReceiver(_OnWorker, ServiceBusRegionReceiver):
     """One region's sync peek-lock ``azure.servicebus.ServiceBusReceiver`` behind the port.
 
     Same behaviour as :class:`ServiceBusRegionReceiver`, every SDK call on the receiver's
@@ -287,22 +295,9 @@ class SyncServiceBusRegionReceiver(ServiceBusRegionReceiver):
         self._stuck_since = 0.0
 
     @property
-    def worker(self) -> RegionWorker:
-        """The worker thread this adapter's calls run on."""
-        if self._worker is None:
-            raise ClosedError(f"the {self.region} adapter is closed; wrap the SDK object again")
-        return self._worker
-
-    @property
     def stuck(self) -> bool:
         """True while a receive the core gave up on is still inside the SDK."""
         return self._stuck is not None and not self._stuck.done()
-
-    async def _on_worker(self, function: Callable[[], _T]) -> _T:
-        try:
-            return await self.worker.run(function)
-        except Exception as exc:
-            raise self._translate(exc) from exc
 
     def _receive(self, max_messages: int, max_wait: float) -> list[Any]:
         self._receive_started = time.monotonic()
@@ -372,32 +367,8 @@ class SyncServiceBusRegionReceiver(ServiceBusRegionReceiver):
         except Exception as exc:
             raise self._translate(exc) from exc
 
-    async def complete(self, message: Any) -> None:
-        await self._on_worker(partial(self._sync_receiver.complete_message, message))
-
-    async def abandon(self, message: Any) -> None:
-        await self._on_worker(partial(self._sync_receiver.abandon_message, message))
-
-    async def defer(self, message: Any) -> None:
-        """Defer the copy (it stays in the entity, receivable by sequence number)."""
-        await self._on_worker(partial(self._sync_receiver.defer_message, message))
-
-    async def dead_letter(self, message: Any, reason: str, description: str) -> None:
-        await self._on_worker(
-            partial(
-                self._sync_receiver.dead_letter_message,
-                message,
-                reason=reason,
-                error_description=description,
-            )
-        )
+    # complete, abandon, defer and dead_letter are the base class's, through _call.
 
     async def renew_lock(self, message: Any) -> float | None:
-        expiry = await self._on_worker(partial(self._sync_receiver.renew_message_lock, message))
+        expiry = await self._call(partial(self._sync_receiver.renew_message_lock, message))
         return expiry.timestamp() if expiry is not None else None
-
-    async def close(self) -> None:
-        """Stop this adapter's use of the worker thread; the caller's receiver stays open."""
-        worker, self._worker = self._worker, None
-        if worker is not None:
-            await asyncio.to_thread(_release_worker, worker)
