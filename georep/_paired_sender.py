@@ -232,10 +232,10 @@ class PairedSender(AsyncResource):
         try:
             destination = await self._send(message, messages, timeout, attempts)
         except BaseException:
-            self._record(ledger, message, "failed", None, attempts, started_at)
+            self._record(ledger, messages, "failed", None, attempts, started_at)
             raise
         accepted = attempts[-1].region if attempts else None
-        self._record(ledger, message, "accepted", accepted, attempts, started_at)
+        self._record(ledger, messages, "accepted", accepted, attempts, started_at)
         return destination
 
     async def schedule_messages(
@@ -297,7 +297,7 @@ class PairedSender(AsyncResource):
     def _record(
         self,
         ledger: Ledger,
-        message: Any,
+        messages: list[Any],
         outcome: str,
         accepted: str | None,
         attempts: list[RegionAttempt],
@@ -306,7 +306,8 @@ class PairedSender(AsyncResource):
         codec = self._primary.codec
         ledger.record_send(
             SendRecord(
-                message_ids=tuple(codec.message_id(m) or "" for m in codec.split(message)),
+                # The messages as checked (and sent): already split, dicts already messages.
+                message_ids=tuple(codec.message_id(m) or "" for m in messages),
                 entity=self.entity,
                 mode="paired",
                 outcome=outcome,

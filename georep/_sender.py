@@ -17,8 +17,6 @@ from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
-from opentelemetry.trace import SpanKind
-
 from georep._channel import learn_max_sizes
 from georep._clock import SystemClock
 from georep._lifecycle import AsyncResource, close_all
@@ -49,8 +47,6 @@ if TYPE_CHECKING:
 __all__ = ["GeoSender", "SendResult", "SenderStats"]
 
 _log = logging.getLogger("georep.sender")
-
-_PRODUCER = SpanKind.PRODUCER
 
 
 def _observed_outbox_depth(sender: GeoSender) -> int | None:
@@ -449,7 +445,8 @@ class GeoSender(AsyncResource):
         self._check_open()
         missing = [r for r in self._parts.regions if r.max_size is None]
         errors = await learn_max_sizes(missing, self.policy.attempt_seconds) if missing else {}
-        sizes = [r.max_size for r in self._parts.regions if r.max_size is not None]
+        learned = self._parts.regions.size_limit()
+        sizes = [] if learned is None else [learned]
         if max_size_in_bytes is not None:
             if max_size_in_bytes <= 0:
                 raise ConfigurationError("max_size_in_bytes must be greater than 0")

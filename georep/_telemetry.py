@@ -194,7 +194,7 @@ class LiveGauge(Generic[_O]):
         """Observe ``read(owner)`` with ``attributes`` while ``owner`` lives.
 
         ``read`` must not close over ``owner`` (pass a function of it): the gauge holds the
-        owner weakly and ``read`` strongly. Returns a handle for :meth:`remove`.
+        owner weakly and ``read`` strongly. Returns its handle.
         """
         with self._owner_lock:
             # Collected owners are swept here and when read, not from a weakref callback:
@@ -206,10 +206,6 @@ class LiveGauge(Generic[_O]):
             self._next += 1
             self._owners[handle] = (weakref.ref(owner), read, attributes)
         return handle
-
-    def remove(self, handle: int) -> None:
-        """Stop observing the owner behind ``handle`` (idempotent)."""
-        self._drop(handle)
 
     def _drop(self, handle: int) -> None:
         with self._owner_lock:
@@ -302,7 +298,7 @@ class SenderTelemetry:
         self._duration = meter.histogram_of(SEND_DURATION)
         # Senders of one entity and mode share an outbox channel: the same queue.
         self._depth_gauge = meter.gauge_of(OUTBOX_DEPTH, combine=max)
-        self._depth_handle = self._depth_gauge.add(owner, outbox_depth, self._base)
+        self._depth_gauge.add(owner, outbox_depth, self._base)
         # Attribute dicts are built once: the send path must stay within a few microseconds.
         self._outcome_attributes: dict[tuple[str, str], dict[str, str]] = {}
 
@@ -327,10 +323,6 @@ class SenderTelemetry:
 
     def duration(self, seconds: float, outcome: str) -> None:
         self._duration.record(seconds, self._attributes("all", outcome))
-
-    def close(self) -> None:
-        """Drop this sender from the outbox-depth gauge (idempotent)."""
-        self._depth_gauge.remove(self._depth_handle)
 
 
 RECEIVER_COUNTERS: Final = {
@@ -400,7 +392,7 @@ class ReceiverMetrics:
         self._counters = meter.counters(RECEIVER_COUNTERS)
         self._claim_latency = meter.histogram_of(CLAIM_DURATION)
         self._parked_gauge = meter.gauge_of(PARKED)
-        self._parked_handle = self._parked_gauge.add(owner, parked, self._base)
+        self._parked_gauge.add(owner, parked, self._base)
 
     def _region(self, region: str) -> dict[str, str]:
         attributes = self._by_region.get(region)
@@ -418,7 +410,3 @@ class ReceiverMetrics:
 
     def claim_latency(self, seconds: float) -> None:
         self._claim_latency.record(seconds, self._base)
-
-    def close(self) -> None:
-        """Drop this receiver from the parked-copies gauge (idempotent)."""
-        self._parked_gauge.remove(self._parked_handle)

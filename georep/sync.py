@@ -378,11 +378,8 @@ class GeoReceiver(_Blocking):
         )
 
     def _outcome(self, name: str, *args: Any, **kwargs: Any) -> None:
-        method = getattr(self._core, name, None)
-        if method is None:
-            raise NotImplementedError(f"georep.GeoReceiver has no {name} in this version")
         # Not self._call: a handler still running while close() waits for it may decide.
-        RUNTIME.call(method(*args, **kwargs))
+        RUNTIME.call(getattr(self._core, name)(*args, **kwargs))
 
 
 class ReceiverHandler:

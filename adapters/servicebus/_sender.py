@@ -5,7 +5,7 @@ from __future__ import annotations
 import weakref
 from collections.abc import Sequence
 from datetime import datetime
-from typing import Any, TypeVar
+from typing import Any
 
 from azure.servicebus import ServiceBusMessageBatch
 from azure.servicebus.aio import ServiceBusClient, ServiceBusSender
@@ -19,7 +19,6 @@ from ._region import SdkRegion
 
 __all__ = ["ServiceBusRegionSender", "open_region_sender"]
 
-_T = TypeVar("_T")
 _SLOTS: weakref.WeakKeyDictionary[ServiceBusSender, RegionSlot] = weakref.WeakKeyDictionary()
 _NO_SUCH_SEQUENCE = 2**62
 

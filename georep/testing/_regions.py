@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from georep._classify import error_type as classified_error_type
+from georep._classify import region_error
 from georep._slot import RegionSlot
 from georep.exceptions import RegionError
 from georep.ports import Delivery, ErrorKind
@@ -85,17 +85,18 @@ class InMemoryRegionSender(FaultSwitch, _Labels):
 
     async def send(self, messages: Any, *, timeout: float) -> None:
         await self._check()
-        size = sum(len(m.body) for m in self._codec.split(messages))
+        split = self._codec.split(messages)
+        size = sum(len(m.body) for m in split)
         if size > self._max_message_size:
             # As the service refuses it (SDK: MessageSizeExceededError), nothing stored.
-            raise classified_error_type(ErrorKind.MESSAGE_TOO_LARGE)(
+            raise region_error(
                 f"{self._region}: {size} bytes is over the entity's limit of "
                 f"{self._max_message_size} bytes",
                 region=self._region,
                 kind=ErrorKind.MESSAGE_TOO_LARGE,
             )
         self.payloads.append(messages)
-        self.accepted.extend(self._codec.split(messages))
+        self.accepted.extend(split)
 
     async def schedule(
         self, messages: Sequence[Any], schedule_time_utc: datetime, *, timeout: float
