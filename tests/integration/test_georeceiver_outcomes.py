@@ -6,10 +6,11 @@ from __future__ import annotations
 import asyncio
 import uuid
 from collections import Counter
+from collections.abc import Callable
 from typing import Any
 
 import pytest
-from _helpers import eventually, run_until, sdk_sender, send_active, stored
+from _helpers import drain, eventually, run_until, sdk_sender, send_active, stored
 from azure.servicebus import ServiceBusMessage, ServiceBusSubQueue
 from azure.servicebus.aio import ServiceBusClient
 
@@ -24,11 +25,8 @@ REGIONS = ("primary", "secondary")
 
 
 @pytest.fixture
-def queue(emu: Emulator) -> str:
-    name = f"rx-{uuid.uuid4().hex[:8]}"
-    for namespace in emu.namespaces:
-        emu.namespace(namespace).create_queue(name, lock_duration=5, max_delivery_count=10)
-    return name
+def queue(private_queue: Callable[..., str]) -> str:
+    return private_queue("rx", lock_duration=5, max_delivery_count=10)
 
 
 @pytest.fixture
@@ -46,17 +44,8 @@ async def send_to(emu: Emulator, region: str, queue: str, messages: list[Any]) -
 
 
 async def dead_letters(emu: Emulator, region: str, queue: str) -> list[Any]:
-    """Every message in the queue's dead-letter queue in ``region`` (received and completed)."""
-    found: list[Any] = []
-    async with (
-        ServiceBusClient.from_connection_string(emu.connection_string(region)) as client,
-        client.get_queue_receiver(queue, sub_queue=ServiceBusSubQueue.DEAD_LETTER) as receiver,
-    ):
-        while batch := await receiver.receive_messages(max_message_count=50, max_wait_time=1):
-            for message in batch:
-                found.append(message)
-                await receiver.complete_message(message)
-    return found
+    """Every message in the queue's dead-letter queue in ``region`` (received and deleted)."""
+    return await drain(emu, region, queue, sub_queue=ServiceBusSubQueue.DEAD_LETTER)
 
 
 def geo(emu: Emulator, seen: RedisSeenSet, **options: Any) -> GeoReceiver:

@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from _helpers import REDIS_URL, backlog_queues
 from azure.servicebus import ServiceBusClient as SyncClient
 from azure.servicebus import ServiceBusMessage
 
@@ -49,7 +50,6 @@ from georep import (
 )
 from georep.adapters.emulator import Emulator
 from georep.adapters.redis import RedisSeenSet
-from georep.adapters.servicebus import ensure_backlog_queues
 from georep.adapters.spark import reference_audit
 
 pytestmark = [
@@ -58,7 +58,6 @@ pytestmark = [
     pytest.mark.filterwarnings("ignore:attempt_timeout=.*partitioned entity:UserWarning"),
 ]
 
-REDIS_URL = os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0")
 MESSAGES = int(os.environ.get("GEOREP_MATRIX_MESSAGES", "120"))
 SEND_SECONDS = 5.0
 OUTAGE_AT, OUTAGE_FOR = 1.5, 3.0
@@ -408,8 +407,7 @@ async def run_matrix(emu: Emulator, cells: list[Cell]) -> dict[str, float]:
     # Sync cells and barrier waits each hold a thread for the whole run: the default
     # executor (cores + 4 threads) would deadlock at the barrier.
     asyncio.get_running_loop().set_default_executor(ThreadPoolExecutor(max_workers=64))
-    async with emu.async_admin_client("secondary") as admin:
-        await ensure_backlog_queues(admin, primary_name(emu), PAIRED)
+    await backlog_queues(emu, PAIRED, primary_name(emu))
     syphon = Syphon.from_connection_strings(
         emu.connection_string("primary"),
         emu.connection_string("secondary"),

@@ -38,13 +38,6 @@ WAIT = 5.0
 
 
 @pytest.fixture(scope="module")
-def emu() -> Iterator[Emulator]:
-    """One emulator for the module's SDK cases."""
-    with Emulator() as emulator:
-        yield emulator
-
-
-@pytest.fixture(scope="module")
 def helper_client(emu: Emulator) -> Iterator[SyncClient]:
     """One sync client for the module's test set-up (sending, reading the DLQ)."""
     with SyncClient.from_connection_string(emu.connection_string("primary")) as client:

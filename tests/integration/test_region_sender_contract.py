@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -33,13 +33,6 @@ pytestmark = pytest.mark.integration
 IMPLEMENTATIONS = ["memory", "async-sdk", "sync-sdk"]
 TIMEOUT = 10.0
 UNAVAILABLE = {ErrorKind.CONNECTION, ErrorKind.TIMEOUT}
-
-
-@pytest.fixture(scope="module")
-def emu() -> Iterator[Emulator]:
-    """A private emulator for this module: these tests take the namespace down."""
-    with Emulator() as emulator:
-        yield emulator
 
 
 @dataclass

@@ -6,7 +6,6 @@ The real azure-servicebus sync SDK against the two-region emulator, a real Redis
 from __future__ import annotations
 
 import asyncio
-import os
 import signal
 import threading
 import time
@@ -17,7 +16,7 @@ from contextlib import ExitStack
 from typing import Any
 
 import pytest
-from _helpers import on_emulator
+from _helpers import REDIS_URL, backlog_queues, on_emulator
 from azure.servicebus import (
     ServiceBusClient,
     ServiceBusMessage,
@@ -33,7 +32,6 @@ from georep.adapters.redis import RedisSeenSet
 
 pytestmark = pytest.mark.integration
 
-REDIS_URL = os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0")
 GEOREP_THREADS = ("georep-sync-loop", "georep-sb-", "georep-handler")
 
 
@@ -254,18 +252,11 @@ def test_sync_paired_sender_sends_to_the_backlog_queues_during_an_outage(
     emu: Emulator, queue: str
 ) -> None:
     from georep import PairedNamespaceOptions
-    from georep.adapters.servicebus import ensure_backlog_queues
 
     options = PairedNamespaceOptions(
         backlog_queue_count=2, failover_interval=0, ping_primary_interval=1, ping_timeout=5
     )
-    primary_name = f"127.0.0.1:{emu.namespace('primary').port}"
-
-    async def create_backlog_queues() -> list[str]:
-        async with emu.async_admin_client("secondary") as admin:
-            return await ensure_backlog_queues(admin, primary_name, options)
-
-    paths = asyncio.run(create_backlog_queues())
+    _, paths = asyncio.run(backlog_queues(emu, options))
     with on_emulator(georep.sync.PairedSender, emu, queue, options=options) as sender:
         assert sender.send_messages(ServiceBusMessage("before")) == "primary"
         emu.namespace("primary").outage()
