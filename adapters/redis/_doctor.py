@@ -22,26 +22,6 @@ def _where(client: redis.asyncio.Redis) -> str:
     return f"{connection.get('host', 'localhost')}:{connection.get('port', 6379)}"
 
 
-async def _policy(client: redis.asyncio.Redis) -> str:
-    """The eviction policy; through INFO where CONFIG is disabled (managed Redis services)."""
-    try:
-        answer: dict[Any, Any] = await client.config_get("maxmemory-policy")
-        value = answer.get("maxmemory-policy") or answer.get(b"maxmemory-policy")
-        if value:
-            return value.decode() if isinstance(value, bytes) else str(value)
-    except ResponseError:
-        pass
-    info = await client.info("memory")
-    return str(info.get("maxmemory_policy", "unknown"))
-
-
-_MANAGED_FIX = (
-    "managed Redis: enable data persistence (Azure Cache for Redis: Premium tier or above, "
-    "Data persistence = AOF or RDB), or use a tier that has it"
-)
-_FIX = f"appendonly yes (appendfsync everysec) and/or a save schedule (save 60 1); {_MANAGED_FIX}"
-
-
 async def _config(client: redis.asyncio.Redis, name: str) -> str | None:
     """A CONFIG value, or None where CONFIG is disabled (managed Redis services)."""
     try:
@@ -52,6 +32,22 @@ async def _config(client: redis.asyncio.Redis, name: str) -> str | None:
     if value is None:
         return None
     return value.decode() if isinstance(value, bytes) else str(value)
+
+
+async def _policy(client: redis.asyncio.Redis) -> str:
+    """The eviction policy; through INFO where CONFIG is disabled (managed Redis services)."""
+    value = await _config(client, "maxmemory-policy")
+    if value:
+        return value
+    info = await client.info("memory")
+    return str(info.get("maxmemory_policy", "unknown"))
+
+
+_MANAGED_FIX = (
+    "managed Redis: enable data persistence (Azure Cache for Redis: Premium tier or above, "
+    "Data persistence = AOF or RDB), or use a tier that has it"
+)
+_FIX = f"appendonly yes (appendfsync everysec) and/or a save schedule (save 60 1); {_MANAGED_FIX}"
 
 
 async def _persistence(client: redis.asyncio.Redis) -> Finding:
