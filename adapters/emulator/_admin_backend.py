@@ -86,11 +86,10 @@ class NamespaceAdminBackend:
         path = urlsplit(url).path.strip("/")
         # Listing ($Resources/queues, ...) spans the namespace: only a namespace token may.
         target = "" if path.lower().startswith("$resources") else path
-        if not granted.covers(target):
-            raise AdminAuthError(
-                f"InvalidAudience: the token is scoped to '{granted.scope or '/'}', which does "
-                f"not cover '{target or '/'}'."
-            )
+        try:
+            granted.require(target)
+        except PermissionError as exc:
+            raise AdminAuthError(str(exc)) from None
         if MANAGE not in granted.rights:
             raise AdminAuthError(
                 f"Unauthorized: 'Manage' claim is required for the management API; rule "

@@ -476,12 +476,8 @@ class AmqpConnection(asyncio.Protocol):
         )
         try:
             granted = self.server.grant(token)
-            if not granted.covers(entity_path(audience)):
-                # The service checks the token's own resource, not the name it is put for.
-                raise PermissionError(
-                    f"InvalidAudience: the token is scoped to '{granted.scope or '/'}', which "
-                    f"does not cover '{entity_path(audience)}'."
-                )
+            # The service checks the token's own resource, not the name it is put for.
+            granted.require(entity_path(audience))
         except PermissionError as exc:
             status, description = 401, str(exc)
         else:

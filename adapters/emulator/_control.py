@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from aiohttp import web
 
 from ._broker import BrokerError
+from ._sas import loopback_hosts
 from ._server import (
     SEND_REJECT_CONDITIONS,
     NamespaceServer,
@@ -264,10 +265,7 @@ def _guard(emulator: EmulatorServer) -> Any:
     @web.middleware
     async def guard(request: web.Request, handler: _Handler) -> web.StreamResponse:
         port = emulator.control_port
-        if request.headers.get("Host", "").lower() not in {
-            f"127.0.0.1:{port}",
-            f"localhost:{port}",
-        }:
+        if request.headers.get("Host", "").lower() not in loopback_hosts(port):
             return _error(403, f"the Host must be 127.0.0.1:{port} or localhost:{port}")
         supplied = request.headers.get("Authorization", "").encode()
         expected = f"Bearer {emulator.control_token}".encode()

@@ -64,6 +64,18 @@ class SasGrant:
         """The token's scope includes ``path``."""
         return covers(self.scope, path)
 
+    def require(self, path: str) -> None:
+        """Raise unless the token's scope includes ``path`` (the service's InvalidAudience).
+
+        Raises:
+            PermissionError: The scope does not cover ``path``.
+        """
+        if not self.covers(path):
+            raise PermissionError(
+                f"InvalidAudience: the token is scoped to '{self.scope or '/'}', which does "
+                f"not cover '{path or '/'}'."
+            )
+
     def allows(self, path: str, right: str) -> bool:
         """The token covers ``path``, is not expired and its rule has ``right``."""
         return right in self.rights and self.expiry > time.time() and self.covers(path)
@@ -79,6 +91,11 @@ def resource_path(resource: str) -> str:
     """The entity path a token's ``sr`` names: ``sb://host:port/a/b`` -> ``a/b``."""
     text = resource if "://" in resource else f"sb://{resource}"
     return urlsplit(text).path.strip("/")
+
+
+def loopback_hosts(port: int) -> set[str]:
+    """The ``Host`` values that name this machine's ``port`` (the emulator binds loopback)."""
+    return {f"127.0.0.1:{port}", f"localhost:{port}"}
 
 
 def resource_host(resource: str) -> str:

@@ -30,7 +30,17 @@ from aiohttp import web
 from ._amqp import AmqpConnection
 from ._broker import EntityProperties, Namespace, SubscriptionProperties
 from ._relay import RelayServer
-from ._sas import LISTEN, MANAGE, SEND, SasGrant, SasRule, resource_path, verify
+from ._sas import (
+    LISTEN,
+    MANAGE,
+    SEND,
+    SasGrant,
+    SasRule,
+    loopback_hosts,
+    resource_host,
+    resource_path,
+    verify,
+)
 
 __all__ = [
     "CONTROL_TOKEN_ENV",
@@ -202,11 +212,8 @@ class NamespaceServer:
                 entity ``audience`` names.
         """
         granted = self.grant(token, port=port)
-        if audience is not None and not granted.covers(resource_path(audience)):
-            raise PermissionError(
-                f"InvalidAudience: the token is scoped to '{granted.scope or '/'}', which does "
-                f"not cover '{resource_path(audience)}'."
-            )
+        if audience is not None:
+            granted.require(resource_path(audience))
         return granted.expiry
 
     def connection_string_for(self, rule: str) -> str:
@@ -373,9 +380,7 @@ class NamespaceServer:
 
 def _same_host(resource: str, port: int) -> bool:
     # The audience names this namespace's endpoint: sb://127.0.0.1:PORT/..., https://...
-    without_scheme = resource.split("://", 1)[-1]
-    host = without_scheme.split("/", 1)[0].lower()
-    return host in {f"127.0.0.1:{port}", f"localhost:{port}"}
+    return resource_host(resource) in loopback_hosts(port)
 
 
 async def _peek(sock: socket.socket) -> bytes:
