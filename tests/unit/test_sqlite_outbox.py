@@ -9,7 +9,6 @@ import signal
 import sqlite3
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -169,50 +168,6 @@ def test_non_positive_bounds_are_refused_before_any_io(
 
 # Each worker opens outbox-0.db, outbox-1.db, ... at shared wall-clock instants, so several
 # processes create and switch the same new file to WAL at once.
-OPENING_WORKER = """
-import sys, time
-from pathlib import Path
-from georep._outbox import SqliteOutbox
-import asyncio
-
-async def open_once(path):
-    async with SqliteOutbox(path) as outbox:
-        await outbox.depth()
-
-directory, start = Path(sys.argv[1]), float(sys.argv[2])
-rounds, step = int(sys.argv[3]), float(sys.argv[4])
-failures = []
-for r in range(rounds):
-    delay = start + r * step - time.time()
-    if delay > 0:
-        time.sleep(delay)
-    try:
-        asyncio.run(open_once(directory / f"outbox-{r}.db"))
-    except Exception as exc:
-        failures.append(f"{r}: {type(exc).__name__}: {exc}")
-print(len(failures), failures[:3])
-"""
-
-
-def test_several_processes_opening_one_new_file_at_once_all_succeed(tmp_path: Path) -> None:
-    # Before: switching a new file to WAL raised a raw "database is locked" in about 7% of
-    # the opens (13 of 180 here); SQLite does not call the busy handler for it.
-    processes, rounds = 6, 30
-    start = time.time() + 3.0  # after every interpreter has started
-    workers = [
-        subprocess.Popen(
-            [sys.executable, "-c", OPENING_WORKER, str(tmp_path), str(start), str(rounds), "0.1"],
-            cwd=REPO_ROOT,
-            stdout=subprocess.PIPE,
-            text=True,
-        )
-        for _ in range(processes)
-    ]
-    outputs = [worker.communicate(timeout=120)[0].strip() for worker in workers]
-    assert all(worker.returncode == 0 for worker in workers)
-    assert [output.split(" ", 1)[0] for output in outputs] == ["0"] * processes, outputs
-
-
 async def test_a_version_1_file_is_migrated_and_keeps_its_entries(tmp_path: Path) -> None:
     path = tmp_path / "v1.db"
     with contextlib.closing(sqlite3.connect(path, isolation_level=None)) as connection:
