@@ -19,6 +19,7 @@ __all__ = ["spark_session"]
 _log = logging.getLogger("georep.audit")
 _lock = threading.Lock()
 _LOCAL = re.compile(r"^local(\[(\*|\d+)(,\s*\d+)?\])?$")
+_LOOPBACK_MASTER = re.compile(r"^spark://(127\.\d+\.\d+\.\d+|localhost|\[::1\])(:\d+)?$")
 
 
 def _under_spark_submit() -> bool:
@@ -54,13 +55,16 @@ def spark_session(
 
     A local master (``local``, ``local[N]``, ``local[*]``) binds the driver to 127.0.0.1
     (``SPARK_LOCAL_IP``, ``spark.driver.host``, ``spark.driver.bindAddress``) and uses four
-    shuffle partitions per core. Every session runs with the UI off, UTC session time and
+    shuffle partitions per core; so does a standalone master on loopback
+    (``spark://127.0.0.1:7077``, ``spark://localhost:7077``), whose executors must reach the
+    driver there. Every session runs with the UI off, UTC session time and
     error-only logs. A session that already exists in the process (yours, or one started by
     spark-submit) is reused as it is: Spark allows one per process.
 
     Args:
         master: Spark master URL; ``None`` leaves it to spark-submit (or Spark's default,
-            ``local[*]``). Other masters keep their own network settings.
+            ``local[*]``). Other masters (a remote ``spark://``, YARN, k8s) keep their own
+            network settings.
         app_name: The Spark application name.
         config: Extra Spark settings, applied last (e.g. ``{"spark.driver.memory": "4g"}``).
 
@@ -93,6 +97,8 @@ def spark_session(
         cores = _local_cores(master or "local[*]") if not _under_spark_submit() else None
         if master is not None:
             builder = builder.master(master)
+        if cores is None and not _under_spark_submit() and _LOOPBACK_MASTER.match(master or ""):
+            cores = os.cpu_count() or 1
         if cores is not None:
             # Environment first: the JVM reads SPARK_LOCAL_IP when it starts.
             os.environ["SPARK_LOCAL_IP"] = "127.0.0.1"

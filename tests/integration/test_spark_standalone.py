@@ -1,0 +1,106 @@
+"""The audit and the foreachBatch sink on a Spark standalone cluster (a master and two
+workers on loopback), each driver in a process of its own: Spark allows one session per
+process, and the rest of the suite runs local mode."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from _helpers import REPO, drain_ids
+from _spark_cluster import SparkCluster, cluster_env, spark_standalone
+
+from georep.adapters.emulator import Emulator
+from georep.adapters.spark import write_synthetic_ledger
+
+pytestmark = pytest.mark.integration
+
+# What differs between two runs of one audit: where they wrote, and which engine ran.
+_RUN_SPECIFIC = {"engine", "plots", "report_path"}
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SparkCluster]:
+    with spark_standalone(tmp_path_factory.mktemp("spark-cluster")) as running:
+        yield running
+
+
+def _driver(args: list[str], cluster: SparkCluster) -> subprocess.CompletedProcess[str]:
+    result = subprocess.run(
+        [sys.executable, *args],
+        capture_output=True, text=True, env=cluster_env(), cwd=REPO, timeout=300, check=False,
+    )  # fmt: skip
+    if result.returncode not in (0, 1):
+        raise AssertionError(f"{args} exited {result.returncode}:\n{result.stderr[-3000:]}")
+    return result
+
+
+def _audit(ledger: Path, master: str, out: Path, cluster: SparkCluster) -> dict[str, object]:
+    _driver(
+        ["-m", "georep.cli", "audit", str(ledger), "--master", master, "--out", str(out),
+         "--no-plots"],
+        cluster,
+    )  # fmt: skip
+    report = json.loads((out / "report.json").read_text())
+    return {key: value for key, value in report.items() if key not in _RUN_SPECIFIC}
+
+
+def test_the_audit_on_a_standalone_cluster_gives_the_local_report(
+    cluster: SparkCluster, tmp_path: Path
+) -> None:
+    ledger = write_synthetic_ledger(tmp_path / "ledger", messages=20_000, chunk_size=6_000)
+    on_cluster = _audit(ledger.path, cluster.master_url, tmp_path / "cluster", cluster)
+    local = _audit(ledger.path, "local[2]", tmp_path / "local", cluster)
+    assert on_cluster == local
+    assert (on_cluster["lost"], on_cluster["processed_more_than_once"]) == (
+        ledger.lost,
+        ledger.processed_more_than_once,
+    )
+    # The executors ran on the workers, not in the driver.
+    assert "Launching executor" in cluster.logs() or "Asked to launch executor" in cluster.logs()
+
+
+_SINK_JOB = """
+import sys
+from georep import GeoSender
+from georep.adapters.spark import foreach_batch_sink, spark_session
+
+master, primary, secondary, queue, source, checkpoint = sys.argv[1:]
+spark = spark_session(master)
+rows = [(f"k{i}", f"event {i}") for i in range(50)]
+spark.createDataFrame(rows, "key string, body string").repartition(4).write.parquet(source)
+sink = foreach_batch_sink(
+    lambda: GeoSender.from_connection_strings(primary, secondary, queue_name=queue),
+    scope="standalone-test",
+)
+query = (
+    spark.readStream.schema("key string, body string").parquet(source)
+    .writeStream.foreachBatch(sink).option("checkpointLocation", checkpoint)
+    .trigger(availableNow=True).start()
+)
+assert query.awaitTermination(120) and query.exception() is None
+print("executors:", spark.sparkContext.master)
+"""
+
+
+async def test_the_foreach_batch_sink_delivers_every_row_from_a_standalone_cluster(
+    cluster: SparkCluster, georep_emulator: Emulator, tmp_path: Path
+) -> None:
+    queue = f"spark-standalone-{uuid.uuid4().hex[:8]}"
+    for namespace in georep_emulator.namespaces:
+        georep_emulator.namespace(namespace).create_queue(queue)
+    result = _driver(
+        ["-c", _SINK_JOB, cluster.master_url, georep_emulator.connection_string("primary"),
+         georep_emulator.connection_string("secondary"), queue, str(tmp_path / "source"),
+         str(tmp_path / "checkpoint")],
+        cluster,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert f"executors: {cluster.master_url}" in result.stdout
+    ids = await drain_ids(georep_emulator, "primary", queue)
+    assert len(ids) == 50 and set(ids.values()) == {1}
