@@ -16,7 +16,7 @@ from georep._peek import peek_all
 from georep.exceptions import ConfigurationError, RegionError
 from georep.ports import Delivery, ErrorKind
 
-from ._region import SdkRegion
+from ._region import SdkRegion, close_without_keep_alive_wait
 from ._sender import open_client
 
 __all__ = ["STUCK_AFTER", "ServiceBusRegionReceiver", "open_region_receiver"]
@@ -145,7 +145,7 @@ class ServiceBusRegionReceiver(SdkRegion):
     def _replace_receiver(self, overran: float) -> None:
         """Discard the SDK receiver whose receive overran; the next receive opens anew."""
         assert self._reopen is not None
-        old, self._receiver = self._receiver, self._reopen()
+        old, self._receiver = self._receiver, close_without_keep_alive_wait(self._reopen())
         self._link_open = False
         closing = asyncio.ensure_future(self._close_discarded(old))
         self._closing.add(closing)
