@@ -36,6 +36,8 @@ from azure.servicebus.management import (
     QueueProperties,
     QueueRuntimeProperties,
     ServiceBusAdministrationClient,
+    SqlRuleAction,
+    SqlRuleFilter,
     SubscriptionProperties,
     SubscriptionRuntimeProperties,
     TopicProperties,
@@ -61,6 +63,7 @@ from georep.adapters.emulator._atom import (
     parse_description,
     parse_duration,
 )
+from georep.adapters.emulator._rules import RuleSet
 from georep.adapters.emulator._tls import make_self_signed_certificate, server_ssl_context
 
 KEY_NAME = "RootManageSharedAccessKey"
@@ -85,6 +88,7 @@ class MemoryBackend:
     def __init__(self) -> None:
         # (kind, lower-cased path) -> (path as created, properties); names are case-insensitive.
         self.entities: dict[tuple[EntityKind, str], tuple[str, dict[str, Any]]] = {}
+        self.subscription_rules: dict[str, RuleSet] = {}
         self.list_calls = 0
 
     def authorize(self, authorization: str | None, url: str) -> None:
@@ -107,6 +111,8 @@ class MemoryBackend:
         record = default_properties(kind) | _validated(properties) | dict.fromkeys(_COUNT_KEYS, 0)
         record |= {"created_at_utc": now, "updated_at_utc": now, "accessed_at_utc": now}
         self.entities[kind, path.lower()] = (path, record)
+        if kind is EntityKind.SUBSCRIPTION:
+            self.subscription_rules[path.lower()] = RuleSet.with_default(self.now())
         return self._view(kind, path, record)
 
     def update_entity(
@@ -145,6 +151,14 @@ class MemoryBackend:
             for _, sub_path in self._subscription_keys(path):
                 del self.entities[EntityKind.SUBSCRIPTION, sub_path]
         return True
+
+    def rules(self, subscription_path: str) -> RuleSet | None:
+        if (EntityKind.SUBSCRIPTION, subscription_path.lower()) not in self.entities:
+            return None
+        return self.subscription_rules[subscription_path.lower()]
+
+    def now(self) -> float:
+        return time.time()
 
     def set_runtime(self, kind: EntityKind, path: str, **values: int) -> None:
         """Stand in for the broker: set message counts as if messages had flowed."""
@@ -519,8 +533,19 @@ async def test_topics_and_subscriptions_with_the_async_client(
     assert (await async_admin.get_rule("events", "audit", "$Default")).name == "$Default"
     with pytest.raises(ResourceNotFoundError):
         await async_admin.get_rule("events", "audit", "other")
-    with pytest.raises(HttpResponseError, match="only the \\$Default"):
-        await async_admin.create_rule("events", "audit", "other")
+    created = await async_admin.create_rule(
+        "events",
+        "audit",
+        "eu",
+        filter=SqlRuleFilter("region = @region", parameters={"@region": "eu"}),
+        action=SqlRuleAction("SET seen = 1"),
+    )
+    assert (created.name, created.filter.parameters) == ("eu", {"@region": "eu"})
+    with pytest.raises(HttpResponseError, match="could not be parsed") as refused:
+        await async_admin.create_rule("events", "audit", "bad", filter=SqlRuleFilter("a ="))
+    assert refused.value.status_code == 400
+    await async_admin.delete_rule("events", "audit", "$Default")
+    assert [r.name async for r in async_admin.list_rules("events", "audit")] == ["eu"]
 
     await async_admin.delete_subscription("events", "billing")
     with pytest.raises(ResourceNotFoundError):
