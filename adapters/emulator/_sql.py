@@ -31,7 +31,6 @@ from lark.exceptions import LarkError, UnexpectedCharacters, UnexpectedInput, Vi
 
 __all__ = [
     "MAX_EXPRESSION_LENGTH",
-    "values_equal",
     "SYSTEM_PROPERTIES",
     "MessageContext",
     "SqlAction",
@@ -39,6 +38,7 @@ __all__ = [
     "SqlFilter",
     "parse_action",
     "parse_filter",
+    "values_equal",
 ]
 
 #: The service refuses filter and action expressions longer than this (characters).
@@ -531,13 +531,13 @@ def _compile(kind: str, expression: str, parameters: Mapping[str, Any] | None) -
             ) from None
         raise
     except UnexpectedInput as exc:
-        found = (
-            f"character {expression[exc.pos_in_stream]!r}"
-            if isinstance(exc, UnexpectedCharacters)
-            else f"'{getattr(exc, 'token', '')}'"
-            if str(getattr(exc, "token", "")) not in ("", "$END")
-            else "end of expression"
-        )
+        token = str(getattr(exc, "token", ""))
+        if isinstance(exc, UnexpectedCharacters):
+            found = f"character {exc.char!r}"
+        elif token not in ("", "$END"):
+            found = f"'{token}'"
+        else:
+            found = "end of expression"
         raise SqlError(
             f"The {what} expression '{expression}' could not be parsed: unexpected {found} at "
             f"line {exc.line}, column {exc.column}. {_SYNTAX_HELP}"
