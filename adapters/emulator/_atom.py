@@ -611,10 +611,16 @@ _PARSE_VALUE: Final[dict[str, Callable[[str], Any]]] = {
     "float": float,
     "decimal": float,
     "boolean": _parse_bool,
-    "dateTime": lambda text: datetime.fromisoformat(text.strip().replace("Z", "+00:00")),
+    "dateTime": lambda text: _parse_datetime(text),
     "duration": parse_duration,
 }
 _INT32_MAX: Final = 2**31 - 1
+
+
+def _parse_datetime(text: str) -> datetime:
+    # A value without an offset is taken as UTC, as the backend compares aware datetimes.
+    value = datetime.fromisoformat(text.strip().replace("Z", "+00:00"))
+    return value if value.tzinfo is not None else value.replace(tzinfo=UTC)
 
 
 def _local_type(element: ET.Element) -> str:

@@ -278,17 +278,14 @@ class RuleSet:
             context: Builds the message's view; called at most once, and only when a rule
                 needs to look at the message (not for a lone ``$Default``).
         """
-        rules = list(self._rules.values())
-        if (
-            len(rules) == 1
-            and rules[0].filter.kind == "TrueFilter"
-            and not rules[0].action.compiled
-        ):
-            return [_UNCHANGED]  # the common case: no need to decode anything
+        if len(self._rules) == 1:
+            [only] = self._rules.values()
+            if only.filter.kind == "TrueFilter" and only.action.compiled is None:
+                return [_UNCHANGED]  # the common case: nothing to decode
         message = context()
         plain = False
         copies: list[Copy] = []
-        for rule in rules:
+        for rule in self._rules.values():
             if not rule.filter.matches(message):
                 continue
             action = rule.action.compiled

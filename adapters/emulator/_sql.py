@@ -75,7 +75,7 @@ _SYNTAX_HELP: Final = (
 _GRAMMAR: Final = r"""
 filter: expr
 
-action: statement (";" statement)* ";"?
+action: (statement ";"?)+
 ?statement: "SET"i property EQ expr     -> set_
           | "REMOVE"i property          -> remove
 

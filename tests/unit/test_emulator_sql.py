@@ -189,6 +189,11 @@ def test_action_sets_and_removes_in_order() -> None:
     assert changes == {"total": 30, "label": "order-7", "doubled": 60, "color2": None}
     assert removed == {"color"}
     assert ORDER.user_properties["color"] == "blue"  # the message itself is not modified
+    # Semicolons between statements are optional, as the service's grammar says.
+    assert parse_action("SET a = 1 SET b = a + 1 REMOVE c").apply(ORDER) == (
+        {"a": 1, "b": 2},
+        {"c"},
+    )
 
 
 @pytest.mark.parametrize(
