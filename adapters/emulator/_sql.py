@@ -19,6 +19,7 @@ creation, as on the service.
 from __future__ import annotations
 
 import functools
+import operator
 import re
 import uuid
 from collections.abc import Callable, Mapping
@@ -183,24 +184,25 @@ def _family(value: Any) -> type:
     return type(value)
 
 
+_COMPARISONS: Final[dict[str, Callable[[Any, Any], Any]]] = {
+    "=": operator.eq,
+    "<>": operator.ne,
+    "!=": operator.ne,
+    "<": operator.lt,
+    "<=": operator.le,
+    ">": operator.gt,
+    ">=": operator.ge,
+}
+
+
 def _compare(op: str, left: Any, right: Any) -> bool | None:
     if left is None or right is None or _family(left) is not _family(right):
         return None  # unknown: a missing property, NULL, or values of unrelated types
-    if op == "=":
-        return bool(left == right)
-    if op in ("<>", "!="):
-        return bool(left != right)
-    if isinstance(left, bool | uuid.UUID | bytes):
-        return None  # equality only
+    if op not in ("=", "<>", "!=") and isinstance(left, bool | uuid.UUID | bytes):
+        return None  # these only compare for equality
     try:
-        if op == "<":
-            return bool(left < right)
-        if op == "<=":
-            return bool(left <= right)
-        if op == ">":
-            return bool(left > right)
-        return bool(left >= right)
-    except TypeError:  # e.g. naive and aware datetimes
+        return bool(_COMPARISONS[op](left, right))
+    except TypeError:  # e.g. a naive and an aware datetime
         return None
 
 

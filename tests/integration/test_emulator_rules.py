@@ -5,6 +5,7 @@ applied. Sync and async, written as the SDK's samples write them."""
 from __future__ import annotations
 
 import uuid
+from datetime import timedelta
 from typing import Any
 
 import pytest
@@ -255,3 +256,43 @@ async def test_async_filters_apply_on_partitioned_topics(georep_emulator: Emulat
                     )
         received = await _async_drain(client, topic, "red")
     assert sorted(str(m) for m in received) == ["red-k1", "red-k2", "red-k3"]
+
+
+def test_sync_filters_read_the_system_properties_the_sdk_sets(georep_emulator: Emulator) -> None:
+    topic = _name("rules-sys")
+    with georep_emulator.admin_client("primary") as admin:
+        admin.create_topic(topic)
+        admin.create_subscription(topic, "replies")
+        admin.delete_rule(topic, "replies", "$Default")
+        admin.create_rule(
+            topic,
+            "replies",
+            "json-replies",
+            filter=SqlRuleFilter(
+                "sys.CorrelationId = 'c-1' AND sys.ContentType = 'application/json' "
+                "AND sys.To = 'billing' AND sys.ReplyTo = 'inbox' AND sys.MessageId LIKE 'r-%' "
+                "AND sys.TimeToLive < @limit AND sys.SequenceNumber > 0",
+                parameters={"@limit": timedelta(minutes=5)},
+            ),
+        )
+
+    def reply(message_id: str, **overrides: Any) -> ServiceBusMessage:
+        fields: dict[str, Any] = {
+            "correlation_id": "c-1",
+            "content_type": "application/json",
+            "to": "billing",
+            "reply_to": "inbox",
+            "time_to_live": timedelta(minutes=1),
+        }
+        return ServiceBusMessage(message_id, message_id=message_id, **(fields | overrides))
+
+    with ServiceBusClient.from_connection_string(
+        georep_emulator.connection_string("primary")
+    ) as client:
+        with client.get_topic_sender(topic) as sender:
+            sender.send_messages(reply("r-match"))
+            sender.send_messages(reply("r-other-correlation", correlation_id="c-2"))
+            sender.send_messages(reply("r-long-ttl", time_to_live=timedelta(hours=1)))
+            sender.send_messages(reply("x-wrong-id"))
+        received = _drain(client, topic, "replies")
+    assert [m.message_id for m in received] == ["r-match"]
