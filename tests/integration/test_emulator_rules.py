@@ -296,3 +296,31 @@ def test_sync_filters_read_the_system_properties_the_sdk_sets(georep_emulator: E
             sender.send_messages(reply("x-wrong-id"))
         received = _drain(client, topic, "replies")
     assert [m.message_id for m in received] == ["r-match"]
+
+
+async def test_async_an_updated_rule_routes_the_next_messages(georep_emulator: Emulator) -> None:
+    topic = _name("rules-update")
+    async with georep_emulator.async_admin_client("primary") as admin:
+        await admin.create_topic(topic)
+        await admin.create_subscription(topic, "us")
+        await admin.delete_rule(topic, "us", "$Default")
+        await admin.create_rule(topic, "us", "gate", filter=FalseRuleFilter())
+        async with AsyncServiceBusClient.from_connection_string(
+            georep_emulator.connection_string("primary")
+        ) as client:
+            async with client.get_topic_sender(topic) as sender:
+                await sender.send_messages(_orders())
+                assert await _async_drain(client, topic, "us") == []
+
+                rule = await admin.get_rule(topic, "us", "gate")
+                assert isinstance(rule.filter, FalseRuleFilter)
+                rule.filter = SqlRuleFilter("region = 'us'")
+                await admin.update_rule(topic, "us", rule)
+                assert (await admin.get_rule(topic, "us", "gate")).filter.sql_expression == (
+                    "region = 'us'"
+                )
+                await sender.send_messages(_orders())
+            received = await _async_drain(client, topic, "us")
+        assert [str(m) for m in received] == ["m2"]
+        await admin.delete_rule(topic, "us", "gate")
+        assert [rule async for rule in admin.list_rules(topic, "us")] == []
