@@ -62,8 +62,9 @@ from georep.adapters.emulator._atom import (
     format_duration,
     parse_description,
     parse_duration,
+    parse_rule,
 )
-from georep.adapters.emulator._rules import RuleSet
+from georep.adapters.emulator._rules import InvalidRuleError, RuleSet
 from georep.adapters.emulator._tls import make_self_signed_certificate, server_ssl_context
 
 KEY_NAME = "RootManageSharedAccessKey"
@@ -300,6 +301,47 @@ def test_parse_description_rejects_bodies_it_cannot_trust() -> None:
     )
     with pytest.raises(AtomError, match="MaxDeliveryCount"):
         parse_description(bad_value)
+
+
+def _rule_body(inner: str) -> bytes:
+    return (
+        '<entry xmlns="http://www.w3.org/2005/Atom"><content type="application/xml">'
+        '<RuleDescription xmlns="http://schemas.microsoft.com/netservices/2010/10/servicebus/'
+        'connect" xmlns:xsi="http://www.w3.org/2001/XMLSchema-instance">'
+        f"{inner}</RuleDescription></content></entry>"
+    ).encode()
+
+
+def test_parse_rule_reads_typed_parameters_and_refuses_what_it_cannot_model() -> None:
+    rule_filter, action = parse_rule(
+        _rule_body(
+            '<Filter xsi:type="SqlFilter"><SqlExpression>n &gt; @n AND t &lt; @t</SqlExpression>'
+            "<Parameters><KeyValueOfstringanyType><Key>@n</Key>"
+            '<Value xmlns:d6p1="http://www.w3.org/2001/XMLSchema" xsi:type="d6p1:long">5</Value>'
+            "</KeyValueOfstringanyType><KeyValueOfstringanyType><Key>@t</Key>"
+            '<Value xmlns:d6p1="http://www.w3.org/2001/XMLSchema" xsi:type="d6p1:duration">PT1M'
+            "</Value></KeyValueOfstringanyType></Parameters></Filter>"
+        )
+    )
+    assert (rule_filter.kind, action.kind) == ("SqlFilter", "EmptyRuleAction")
+    assert rule_filter.parameters == {"@n": 5, "@t": timedelta(minutes=1)}
+    assert parse_rule(_rule_body(""))[0].kind == "TrueFilter"  # no Filter: accept everything
+    with pytest.raises(AtomError, match="unsupported type 'base64Binary'"):
+        parse_rule(
+            _rule_body(
+                '<Filter xsi:type="CorrelationFilter"><Properties><KeyValueOfstringanyType>'
+                '<Key>k</Key><Value xsi:type="d6p1:base64Binary">AA==</Value>'
+                "</KeyValueOfstringanyType></Properties></Filter>"
+            )
+        )
+    with pytest.raises(AtomError, match="Unsupported filter type 'XPathFilter'"):
+        parse_rule(_rule_body('<Filter xsi:type="XPathFilter"/>'))
+    with pytest.raises(InvalidRuleError, match="could not be parsed"):
+        parse_rule(
+            _rule_body('<Filter xsi:type="SqlFilter"><SqlExpression>a =</SqlExpression></Filter>')
+        )
+    with pytest.raises(AtomError, match="Expected a RuleDescription"):
+        parse_rule(_rule_body("").replace(b"RuleDescription", b"QueueDescription"))
 
 
 @pytest.mark.parametrize(
