@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from georep._extras import require_extra
 
-require_extra("georep.adapters.emulator", "emulator", "proton")
+require_extra("georep.adapters.emulator", "emulator", "proton", "lark")
 
 from ._emulator import Emulator, NamespaceControl, SendRejection
 

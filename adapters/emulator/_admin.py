@@ -13,8 +13,9 @@ follow the real service, because the SDK's error mapping depends on them:
 * ``401`` becomes ``ClientAuthenticationError``; ``400`` becomes ``HttpResponseError`` whose
   message is the ``Detail`` of the error body.
 
-Rules are not modelled: every subscription has exactly the ``$Default`` ``TrueFilter`` rule, which
-can be read and listed; creating, updating or deleting rules answers ``400``.
+Rules (``{topic}/Subscriptions/{sub}/Rules/{rule}``) follow the same pattern: create ``201`` or
+``409``, update ``200`` or ``404``, delete ``200`` or ``404``, a missing rule is an empty feed, and
+a filter or action that does not parse is ``400``.
 """
 
 from __future__ import annotations
@@ -36,14 +37,16 @@ from ._atom import (
     AtomContext,
     AtomError,
     parse_description,
-    render_default_rule_entry,
-    render_default_rule_feed,
+    parse_rule,
     render_empty_feed,
     render_entity_feed,
     render_entry,
     render_error,
     render_namespace_entry,
+    render_rule_entry,
+    render_rule_feed,
 )
+from ._rules import Rule, RuleError, RuleSet
 
 __all__ = [
     "AdminAuthError",
@@ -187,6 +190,17 @@ class AdminBackend(Protocol):
     def delete_entity(self, kind: EntityKind, path: str) -> bool:
         """Delete an entity (a topic together with its subscriptions); False if it was missing."""
 
+    def rules(self, subscription_path: str) -> RuleSet | None:
+        """The rules of a subscription, or ``None`` if there is no such subscription.
+
+        The admin app creates, updates, lists and deletes rules through the returned
+        :class:`~georep.adapters.emulator._rules.RuleSet`, which raises the
+        :class:`~georep.adapters.emulator._rules.RuleError` the service would answer.
+        """
+
+    def now(self) -> float:
+        """The backend's clock (seconds since the epoch), for the creation time of rules."""
+
 
 class _Route:
     """What a request path addresses, decoded segment by segment.
@@ -270,8 +284,8 @@ def build_admin_app(
             return handler(_Call(backend, request, route, context, body, created_at))
         except AdminError as exc:
             return _error(exc.status, str(exc) or type(exc).__name__)
-        except AtomError as exc:
-            return _error(400, str(exc))
+        except (AtomError, RuleError) as exc:
+            return _error(getattr(exc, "status", 400), str(exc))
         except Exception:
             # No exception text in the response: it may quote backend internals.
             _log.exception("admin %s %s failed", request.method, route.target)
@@ -407,39 +421,53 @@ def _list_subscriptions(call: _Call) -> web.Response:
     return _list(call, EntityKind.SUBSCRIPTION, topic, f"{topic}/subscriptions")
 
 
-def _subscription_created_at(call: _Call) -> datetime | None:
-    props = call.backend.get_entity(EntityKind.SUBSCRIPTION, call.route.subscription_path)
-    if props is None:
-        return None
-    created: datetime | None = props.get("created_at_utc")
-    return created or call.created_at
+def _rules(call: _Call) -> RuleSet:
+    rules = call.backend.rules(call.route.subscription_path)
+    if rules is None:
+        raise EntityNotFoundError(f"Entity '{call.route.subscription_path}' was not found.")
+    return rules
+
+
+def _rule_entry(call: _Call, rule: Rule, status: int = 200) -> web.Response:
+    body = render_rule_entry(call.context, call.route.subscription_path, rule)
+    return _response(status, body, _ENTRY_TYPE)
 
 
 def _list_rules(call: _Call) -> web.Response:
-    created_at = _subscription_created_at(call)
-    rules: list[_Item] = [] if created_at is None else [("$Default", {})]
-    page, self_url, _ = call.page(rules, f"{call.route.subscription_path}/rules")
-    if created_at is None or not page:  # no such subscription, or paged past $Default
+    rules = call.backend.rules(call.route.subscription_path)
+    if rules is None:
         return _not_found_feed()
-    body = render_default_rule_feed(
-        call.context, call.route.subscription_path, created_at, self_url=self_url
+    items: list[_Item] = [(rule.name, {"rule": rule}) for rule in rules]
+    page, self_url, next_url = call.page(items, f"{call.route.subscription_path}/rules")
+    body = render_rule_feed(
+        call.context,
+        call.route.subscription_path,
+        [props["rule"] for _, props in page],
+        self_url=self_url,
+        next_url=next_url,
     )
     return _response(200, body, _FEED_TYPE)
 
 
 def _get_rule(call: _Call) -> web.Response:
-    created_at = _subscription_created_at(call)
-    if created_at is None or call.route.rule.lower() != "$default":
-        return _not_found_feed()
-    body = render_default_rule_entry(call.context, call.route.subscription_path, created_at)
-    return _response(200, body, _ENTRY_TYPE)
+    rules = call.backend.rules(call.route.subscription_path)
+    rule = None if rules is None else rules.get(call.route.rule)
+    return _not_found_feed() if rule is None else _rule_entry(call, rule)
 
 
-def _modify_rule(call: _Call) -> web.Response:
-    raise InvalidEntityError(
-        "The emulator supports only the $Default TrueFilter rule; rules cannot be created, "
-        "updated or deleted."
-    )
+def _put_rule(call: _Call) -> web.Response:
+    rules = _rules(call)
+    rule_filter, action = parse_rule(call.body)
+    rule = Rule(call.route.rule, rule_filter, action, created_at=call.backend.now())
+    if "If-Match" in call.request.headers:
+        return _rule_entry(call, rules.replace(rule))
+    rules.add(rule)
+    return _rule_entry(call, rule, status=201)
+
+
+def _delete_rule(call: _Call) -> web.Response:
+    _rules(call).remove(call.route.rule)
+    return web.Response(status=200)
 
 
 def _get_namespace(call: _Call) -> web.Response:
@@ -460,6 +488,6 @@ _HANDLERS: Final[dict[tuple[str, str], Callable[[_Call], web.Response]]] = {
     ("PUT", "subscription"): _put_subscription,
     ("DELETE", "subscription"): _delete_subscription,
     ("GET", "rule"): _get_rule,
-    ("PUT", "rule"): _modify_rule,
-    ("DELETE", "rule"): _modify_rule,
+    ("PUT", "rule"): _put_rule,
+    ("DELETE", "rule"): _delete_rule,
 }

@@ -25,6 +25,7 @@ from ._broker import (
     Topic,
     check_partitioned_size,
 )
+from ._rules import RuleSet
 from ._sas import MANAGE
 
 if TYPE_CHECKING:
@@ -103,6 +104,10 @@ class NamespaceAdminBackend:
             runtime: dict[str, Any] = {
                 "size_in_bytes": sum(s.size_in_bytes for s in target.subscriptions.values()),
                 "subscription_count": len(target.subscriptions),
+                "sql_filter_count": sum(r.count("SqlFilter") for r in target.rules.values()),
+                "correlation_filter_count": sum(
+                    r.count("CorrelationFilter") for r in target.rules.values()
+                ),
                 "scheduled_message_count": sum(
                     len(s.scheduled) for s in target.subscriptions.values()
                 ),
@@ -216,9 +221,22 @@ class NamespaceAdminBackend:
             if topic is None or subscription not in topic.subscriptions:
                 return False
             topic.subscriptions.pop(subscription).purge()
+            topic.rules.pop(subscription, None)
             return True
         if kind is EntityKind.QUEUE and path not in ns.queues:
             return False
         if kind is EntityKind.TOPIC and path not in ns.topics:
             return False
         return bool(ns.delete(path))
+
+    def rules(self, subscription_path: str) -> RuleSet | None:
+        topic_name, _, subscription = subscription_path.rpartition("/subscriptions/")
+        topic = self._namespace.topics.get(topic_name)
+        if topic is None or subscription not in topic.subscriptions:
+            return None
+        rules: RuleSet | None = topic.rules.get(subscription)
+        return rules
+
+    def now(self) -> float:
+        now: float = self._namespace.clock()
+        return now

@@ -29,6 +29,8 @@ from urllib.parse import quote
 
 from georep.exceptions import GeoReplicationError
 
+from ._rules import CORRELATION_FIELDS, Rule, RuleAction, RuleFilter
+
 __all__ = [
     "TIMESPAN_MAX",
     "TIMESPAN_MAX_TEXT",
@@ -38,13 +40,14 @@ __all__ = [
     "format_duration",
     "parse_description",
     "parse_duration",
-    "render_default_rule_entry",
-    "render_default_rule_feed",
+    "parse_rule",
     "render_empty_feed",
     "render_entity_feed",
     "render_entry",
     "render_error",
     "render_namespace_entry",
+    "render_rule_entry",
+    "render_rule_feed",
 ]
 
 _ATOM_NS: Final = "http://www.w3.org/2005/Atom"
@@ -404,6 +407,15 @@ def parse_description(body: bytes) -> tuple[str, dict[str, Any]]:
     Raises:
         AtomError: The body is not well-formed, is not such an entry, or a value is invalid.
     """
+    description = _single_description(body)
+    for kind, (tag, fields) in _DESCRIPTIONS.items():
+        if description.tag == _sb(tag):
+            return kind, _parse_fields(description, fields)
+    raise AtomError(f"Unsupported resource description {description.tag!r}.")
+
+
+def _single_description(body: bytes) -> ET.Element:
+    """The one description element inside the Atom entry of a PUT body."""
     # Entity expansion is the one XML feature ElementTree would honour that nobody needs here.
     if b"<!DOCTYPE" in body or b"<!ENTITY" in body:
         raise AtomError("Document type declarations are not allowed in a resource description.")
@@ -414,11 +426,7 @@ def parse_description(body: bytes) -> tuple[str, dict[str, Any]]:
     content = root.find(_atom("content")) if root.tag == _atom("entry") else None
     if content is None or len(content) != 1:
         raise AtomError("The request body must be an Atom entry with one description in content.")
-    description = content[0]
-    for kind, (tag, fields) in _DESCRIPTIONS.items():
-        if description.tag == _sb(tag):
-            return kind, _parse_fields(description, fields)
-    raise AtomError(f"Unsupported resource description {description.tag!r}.")
+    return content[0]
 
 
 def _parse_fields(description: ET.Element, fields: Sequence[_Field]) -> dict[str, Any]:
@@ -580,53 +588,208 @@ def render_empty_feed() -> bytes:
     return _serialize(feed)
 
 
-def _default_rule_entry(
-    context: AtomContext, subscription_path: str, created_at: datetime
-) -> ET.Element:
-    rule = ET.Element(_sb("RuleDescription"))
-    rule_filter = ET.SubElement(rule, _sb("Filter"), {_XSI_TYPE: "TrueFilter"})
-    _text(rule_filter, _sb("SqlExpression"), "1=1")
-    _text(rule_filter, _sb("CompatibilityLevel"), "20")
+# -- rules ------------------------------------------------------------------------------------
+_XSD_NS: Final = "http://www.w3.org/2001/XMLSchema"
+_CORRELATION_TAGS: Final = {
+    "correlation_id": "CorrelationId",
+    "message_id": "MessageId",
+    "to": "To",
+    "reply_to": "ReplyTo",
+    "label": "Label",
+    "session_id": "SessionId",
+    "reply_to_session_id": "ReplyToSessionId",
+    "content_type": "ContentType",
+}
+assert set(_CORRELATION_TAGS) == set(CORRELATION_FIELDS)
+# KeyValueOfstringanyType values: the XML Schema type names the SDK writes and reads.
+_PARSE_VALUE: Final[dict[str, Callable[[str], Any]]] = {
+    "string": str,
+    "int": int,
+    "long": int,
+    "short": int,
+    "double": float,
+    "float": float,
+    "decimal": float,
+    "boolean": _parse_bool,
+    "dateTime": lambda text: _parse_datetime(text),
+    "duration": parse_duration,
+}
+_INT32_MAX: Final = 2**31 - 1
+
+
+def _parse_datetime(text: str) -> datetime:
+    # A value without an offset is taken as UTC, as the backend compares aware datetimes.
+    value = datetime.fromisoformat(text.strip().replace("Z", "+00:00"))
+    return value if value.tzinfo is not None else value.replace(tzinfo=UTC)
+
+
+def _local_type(element: ET.Element) -> str:
+    # xsi:type values carry a prefix of the writer's choosing ("d6p1:string"); only the local
+    # name matters here.
+    return element.get(_XSI_TYPE, "").rpartition(":")[2]
+
+
+def _parse_key_values(parent: ET.Element | None) -> dict[str, Any]:
+    values: dict[str, Any] = {}
+    if parent is None:
+        return values
+    for pair in parent.findall(_sb("KeyValueOfstringanyType")):
+        key, value = pair.find(_sb("Key")), pair.find(_sb("Value"))
+        if key is None or not key.text or value is None:
+            raise AtomError("Every KeyValueOfstringanyType needs a Key and a Value.")
+        kind = _local_type(value)
+        parse = _PARSE_VALUE.get(kind)
+        if parse is None:
+            raise AtomError(
+                f"The value of '{key.text}' has the unsupported type {kind!r}; use string, int, "
+                "long, double, boolean, dateTime or duration."
+            )
+        try:
+            values[key.text] = parse(value.text or "")
+        except ValueError:
+            raise AtomError(f"Invalid {kind} value for '{key.text}': {value.text!r}.") from None
+    return values
+
+
+def _child_text(parent: ET.Element, tag: str) -> str | None:
+    element = parent.find(_sb(tag))
+    return None if element is None else element.text or ""
+
+
+def parse_rule(body: bytes) -> tuple[RuleFilter, RuleAction]:
+    """Parse the Atom entry the SDK PUTs to create or update a rule.
+
+    Args:
+        body: The raw request body, holding a ``RuleDescription``.
+
+    Returns:
+        The rule's filter and action, validated (a SQL expression is parsed here).
+
+    Raises:
+        AtomError: The body is not such an entry, or a value is malformed.
+        InvalidRuleError: The filter or action is not valid (e.g. bad SQL).
+    """
+    description = _single_description(body)
+    if description.tag != _sb("RuleDescription"):
+        raise AtomError(f"Expected a RuleDescription, got {description.tag!r}.")
+    element = description.find(_sb("Filter"))
+    kind = "TrueFilter" if element is None else _local_type(element)
+    if element is None or kind == "TrueFilter":
+        rule_filter = RuleFilter.true()
+    elif kind == "FalseFilter":
+        rule_filter = RuleFilter.false()
+    elif kind == "SqlFilter":
+        parameters = _parse_key_values(element.find(_sb("Parameters")))
+        rule_filter = RuleFilter.sql(_child_text(element, "SqlExpression") or "", parameters)
+    elif kind == "CorrelationFilter":
+        fields = {key: _child_text(element, tag) for key, tag in _CORRELATION_TAGS.items()}
+        properties = _parse_key_values(element.find(_sb("Properties")))
+        rule_filter = RuleFilter.correlation_filter(fields, properties)
+    else:
+        raise AtomError(
+            f"Unsupported filter type {kind!r}: use SqlFilter, CorrelationFilter, TrueFilter "
+            "or FalseFilter."
+        )
+    element = description.find(_sb("Action"))
+    kind = "EmptyRuleAction" if element is None else _local_type(element)
+    if element is None or kind == "EmptyRuleAction":
+        return rule_filter, RuleAction()
+    if kind != "SqlRuleAction":
+        raise AtomError(f"Unsupported action type {kind!r}: use SqlRuleAction or EmptyRuleAction.")
+    parameters = _parse_key_values(element.find(_sb("Parameters")))
+    return rule_filter, RuleAction.sql(_child_text(element, "SqlExpression") or "", parameters)
+
+
+def _format_value(value: Any) -> tuple[str, str]:
+    if isinstance(value, bool):
+        return "boolean", "true" if value else "false"
+    if isinstance(value, int):
+        return ("int" if -_INT32_MAX - 1 <= value <= _INT32_MAX else "long"), str(value)
+    if isinstance(value, float):
+        return "double", repr(value)
+    if isinstance(value, datetime):
+        return "dateTime", _format_datetime(value)
+    if isinstance(value, timedelta):
+        return "duration", format_duration(value)
+    return "string", str(value)
+
+
+def _key_values(parent: ET.Element, tag: str, values: Mapping[str, Any]) -> None:
+    if not values:
+        return
+    container = ET.SubElement(parent, _sb(tag))
+    for key, value in values.items():
+        pair = ET.SubElement(container, _sb("KeyValueOfstringanyType"))
+        _text(pair, _sb("Key"), key)
+        kind, text = _format_value(value)
+        # The prefix must be declared where it is used: the SDK splits xsi:type on ":".
+        _text(pair, _sb("Value"), text, **{_XSI_TYPE: f"d6p1:{kind}", "xmlns:d6p1": _XSD_NS})
+
+
+def _sql_parts(parent: ET.Element, expression: str | None, parameters: Mapping[str, Any]) -> None:
+    _text(parent, _sb("SqlExpression"), expression or "")
+    _text(parent, _sb("CompatibilityLevel"), "20")
+    _key_values(parent, "Parameters", parameters)
+
+
+def _rule_entry(context: AtomContext, subscription_path: str, rule: Rule) -> ET.Element:
+    description = ET.Element(_sb("RuleDescription"))
+    rule_filter = rule.filter
+    element = ET.SubElement(description, _sb("Filter"), {_XSI_TYPE: rule_filter.kind})
+    if rule_filter.kind == "CorrelationFilter":
+        for key, tag in _CORRELATION_TAGS.items():
+            if (value := rule_filter.correlation.get(key)) is not None:
+                _text(element, _sb(tag), value)
+        _key_values(element, "Properties", rule_filter.properties)
+    else:
+        _sql_parts(element, rule_filter.sql_expression, rule_filter.parameters)
     # The SDK walks Filter and Action unconditionally when it reads rule parameters.
-    ET.SubElement(rule, _sb("Action"), {_XSI_TYPE: "EmptyRuleAction"})
-    _text(rule, _sb("CreatedAt"), _format_datetime(created_at))
-    _text(rule, _sb("Name"), "$Default")
-    path = f"{subscription_path}/rules/$Default"
-    return _entry(context, path, "$Default", rule, {"created_at_utc": created_at})
+    action = ET.SubElement(description, _sb("Action"), {_XSI_TYPE: rule.action.kind})
+    if rule.action.compiled is not None:
+        _sql_parts(action, rule.action.sql_expression, rule.action.parameters)
+    created_at = datetime.fromtimestamp(rule.created_at, UTC)
+    _text(description, _sb("CreatedAt"), _format_datetime(created_at))
+    _text(description, _sb("Name"), rule.name)
+    path = f"{subscription_path}/rules/{rule.name}"
+    return _entry(context, path, rule.name, description, {"created_at_utc": created_at})
 
 
-def render_default_rule_entry(
-    context: AtomContext, subscription_path: str, created_at: datetime
-) -> bytes:
-    """Render the ``$Default`` rule (``TrueFilter``, no action) of a subscription.
+def render_rule_entry(context: AtomContext, subscription_path: str, rule: Rule) -> bytes:
+    """Render one rule as the service returns it from GET or PUT.
 
     Args:
         context: Link and author values for this request.
         subscription_path: ``"{topic}/subscriptions/{name}"``.
-        created_at: Creation time of the subscription, which the rule shares.
+        rule: The rule.
 
     Returns:
         The UTF-8 XML document.
     """
-    return _serialize(_default_rule_entry(context, subscription_path, created_at))
+    return _serialize(_rule_entry(context, subscription_path, rule))
 
 
-def render_default_rule_feed(
-    context: AtomContext, subscription_path: str, created_at: datetime, *, self_url: str
+def render_rule_feed(
+    context: AtomContext,
+    subscription_path: str,
+    rules: Sequence[Rule],
+    *,
+    self_url: str,
+    next_url: str | None,
 ) -> bytes:
-    """Render a rule listing holding only the ``$Default`` rule of a subscription.
+    """Render one page of a subscription's rule listing.
 
     Args:
         context: Link and author values for this request.
         subscription_path: ``"{topic}/subscriptions/{name}"``.
-        created_at: Creation time of the subscription.
+        rules: The rules on this page.
         self_url: URL of this page.
+        next_url: URL of the next page, or ``None`` on the last page.
 
     Returns:
         The UTF-8 XML document.
     """
-    entry = _default_rule_entry(context, subscription_path, created_at)
-    return _feed(context, "Rules", self_url, None, [entry])
+    entries = [_rule_entry(context, subscription_path, rule) for rule in rules]
+    return _feed(context, "Rules", self_url, next_url, entries)
 
 
 def render_namespace_entry(context: AtomContext, *, created_at: datetime) -> bytes:

@@ -18,7 +18,7 @@ import time
 import uuid
 import zlib
 from collections import OrderedDict, deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from datetime import timedelta
 from enum import StrEnum
@@ -40,6 +40,7 @@ from ._codec import (
     skip_value,
     split_sections,
 )
+from ._rules import RuleSet, StoredMessageContext
 
 __all__ = [
     "MAX_MESSAGE_SIZE",
@@ -608,9 +609,11 @@ class Entity:
             self.dead_letter.purge()
 
 
-def _with_application_properties(bare: bytes, extra: dict[str, Any]) -> bytes:
-    """Return ``bare`` with ``extra`` merged into its application-properties section."""
-    if not extra:
+def _with_application_properties(
+    bare: bytes, extra: Mapping[str, Any], drop: frozenset[str] = frozenset()
+) -> bytes:
+    """Return ``bare`` with ``extra`` merged into its application properties, ``drop`` removed."""
+    if not extra and not drop:
         return bare
     entries = b""
     count = 0
@@ -623,12 +626,14 @@ def _with_application_properties(bare: bytes, extra: dict[str, Any]) -> bytes:
         if code > SECTION_APPLICATION_PROPERTIES:
             before, after = bare[:start], bare[start:]
             break
-    merged, merged_count = _merge_entries(entries, count, extra)
+    merged, merged_count = _merge_entries(entries, count, extra, drop)
     return before + encode_map_section(SECTION_APPLICATION_PROPERTIES, merged, merged_count) + after
 
 
-def _merge_entries(entries: bytes, count: int, extra: dict[str, Any]) -> tuple[bytes, int]:
-    """Map entries with ``extra`` replacing any earlier values of the same keys."""
+def _merge_entries(
+    entries: bytes, count: int, extra: Mapping[str, Any], drop: frozenset[str]
+) -> tuple[bytes, int]:
+    """Map entries with ``extra`` replacing any earlier values of the same keys, less ``drop``."""
     out = bytearray()
     kept = 0
     pos = 0
@@ -636,7 +641,7 @@ def _merge_entries(entries: bytes, count: int, extra: dict[str, Any]) -> tuple[b
         key_start = pos
         key, pos = decode_value(entries, pos)
         pos = skip_value(entries, pos)
-        if key not in extra:
+        if key not in extra and key not in drop:
             out += entries[key_start:pos]
             kept += 2
     out += encode_map_entries({k: v for k, v in extra.items()})
@@ -655,6 +660,8 @@ class Topic:
     size_in_bytes: int = 0
     fragments_down: set[int] = field(default_factory=set)
     """Fragments that are down (partitioned topics), shared with every subscription."""
+    rules: dict[str, RuleSet] = field(default_factory=dict)
+    """Each subscription's rules, by subscription name (see ``_rules``)."""
 
     @property
     def partitioned(self) -> bool:
@@ -748,6 +755,7 @@ class Namespace:
             partitioned=topic.partitioned,
         )
         topic.subscriptions[name] = entity
+        topic.rules[name] = RuleSet.with_default(self.clock())
         return entity
 
     def _check_free(self, path: str) -> None:
@@ -1012,11 +1020,37 @@ class Namespace:
             # Service Bus never delivers a ping: accepted, billed, dropped (SPEC §3).
             return sequence
         if isinstance(target, Topic):
-            for subscription in target.subscriptions.values():
-                subscription.enqueue(replace(base))
+            self._fan_out(target, base)
         else:
             target.enqueue(base)
         return sequence
+
+    def _fan_out(self, topic: Topic, base: StoredMessage) -> None:
+        """Copy ``base`` to each subscription whose rules match it (``RuleSet.route``).
+
+        The first copy in a subscription keeps the message's sequence number; each further
+        copy (one per matching rule with an action) takes a new one, as it is another message.
+        """
+        context: StoredMessageContext | None = None
+
+        def view() -> StoredMessageContext:
+            nonlocal context
+            if context is None:
+                context = StoredMessageContext(base)
+            return context
+
+        for name, subscription in topic.subscriptions.items():
+            rules = topic.rules.get(name)
+            copies = rules.route(view) if rules is not None else [None]
+            for index, copy in enumerate(copies):
+                message = replace(base)
+                if index:
+                    message.sequence_number = next(self._sequence)
+                if copy is not None and (copy.changes or copy.removed):
+                    message.bare = _with_application_properties(
+                        base.bare, copy.changes, copy.removed
+                    )
+                subscription.enqueue(message)
 
     def cancel_scheduled(self, target: Entity | Topic, sequence_numbers: list[int]) -> None:
         if isinstance(target, Topic):

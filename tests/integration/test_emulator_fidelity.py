@@ -32,6 +32,13 @@ from azure.servicebus.exceptions import (
     MessagingEntityNotFoundError,
     ServiceBusAuthenticationError,
 )
+from azure.servicebus.management import (
+    CorrelationRuleFilter,
+    FalseRuleFilter,
+    SqlRuleAction,
+    SqlRuleFilter,
+    TrueRuleFilter,
+)
 
 from georep.adapters.emulator import Emulator
 
@@ -399,6 +406,84 @@ def _admin_topic(emu: Emulator) -> None:
         admin.delete_subscription(topic, "s1")
         admin.delete_topic(topic)
         assert topic not in [t.name for t in admin.list_topics()]
+
+
+# -- rules and filters ---------------------------------------------------------------------
+@check("Admin: rule create, get, list, update, delete (`$Default` too)")
+def _admin_rules(emu: Emulator) -> None:
+    topic = _name("rt")
+    emu.namespace("primary").create_topic(topic, ["s"])
+    with emu.admin_client("primary") as admin:
+        assert [r.name for r in admin.list_rules(topic, "s")] == ["$Default"]
+        admin.create_rule(topic, "s", "red", filter=SqlRuleFilter("color = 'red'"))
+        rule = admin.get_rule(topic, "s", "red")
+        assert isinstance(rule.filter, SqlRuleFilter)
+        rule.filter = SqlRuleFilter("color = 'blue'")
+        admin.update_rule(topic, "s", rule)
+        assert admin.get_rule(topic, "s", "red").filter.sql_expression == "color = 'blue'"
+        admin.delete_rule(topic, "s", "$Default")
+        assert [r.name for r in admin.list_rules(topic, "s")] == ["red"]
+        admin.delete_rule(topic, "s", "red")
+        assert list(admin.list_rules(topic, "s")) == []
+
+
+@check("Subscription filters: SQL, correlation, true and false")
+def _filters(emu: Emulator) -> None:
+    topic = _name("ft")
+    emu.namespace("primary").create_topic(topic, ["sql", "corr", "none"])
+    with emu.admin_client("primary") as admin:
+        rules = {
+            "sql": SqlRuleFilter("size > @min AND sys.Label LIKE 'ord%'", parameters={"@min": 5}),
+            "corr": CorrelationRuleFilter(correlation_id="c-1", properties={"tier": "gold"}),
+            "none": FalseRuleFilter(),
+        }
+        for subscription, rule_filter in rules.items():
+            admin.delete_rule(topic, subscription, "$Default")
+            admin.create_rule(topic, subscription, "only", filter=rule_filter)
+    with _client(emu) as client:
+        with client.get_topic_sender(topic) as sender:
+            sender.send_messages(
+                [
+                    ServiceBusMessage(b"big", subject="ord", application_properties={"size": 9}),
+                    ServiceBusMessage(b"small", subject="ord", application_properties={"size": 1}),
+                    ServiceBusMessage(
+                        b"gold", correlation_id="c-1", application_properties={"tier": "gold"}
+                    ),
+                ]
+            )
+        expected = {"sql": [b"big"], "corr": [b"gold"], "none": []}
+        for subscription, bodies in expected.items():
+            with client.get_subscription_receiver(topic, subscription) as receiver:
+                got = _receive_all(receiver, len(bodies), within=3)
+                assert _bodies(got) == bodies, subscription
+                assert receiver.receive_messages(max_wait_time=0.5) == []
+
+
+@check("`SqlRuleAction` (`SET`, `REMOVE`) on the subscription's copy")
+def _rule_action(emu: Emulator) -> None:
+    topic = _name("at")
+    emu.namespace("primary").create_topic(topic, ["tagged", "plain"])
+    with emu.admin_client("primary") as admin:
+        admin.delete_rule(topic, "tagged", "$Default")
+        admin.create_rule(
+            topic,
+            "tagged",
+            "tag",
+            filter=TrueRuleFilter(),
+            action=SqlRuleAction("SET routed = 'yes'; REMOVE secret"),
+        )
+    message = ServiceBusMessage(b"m", application_properties={"secret": "s", "keep": 1})
+    with _client(emu) as client:
+        with client.get_topic_sender(topic) as sender:
+            sender.send_messages(message)
+        with client.get_subscription_receiver(topic, "tagged") as receiver:
+            [tagged] = _receive_all(receiver, 1)
+            props = tagged.application_properties
+            assert props[b"routed"] == b"yes" and b"secret" not in props and props[b"keep"] == 1
+        with client.get_subscription_receiver(topic, "plain") as receiver:
+            [plain] = _receive_all(receiver, 1)
+            assert b"routed" not in plain.application_properties
+            assert plain.application_properties[b"secret"] == b"s"
 
 
 # -- the tests ------------------------------------------------------------------------------

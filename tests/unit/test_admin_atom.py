@@ -36,6 +36,8 @@ from azure.servicebus.management import (
     QueueProperties,
     QueueRuntimeProperties,
     ServiceBusAdministrationClient,
+    SqlRuleAction,
+    SqlRuleFilter,
     SubscriptionProperties,
     SubscriptionRuntimeProperties,
     TopicProperties,
@@ -60,7 +62,9 @@ from georep.adapters.emulator._atom import (
     format_duration,
     parse_description,
     parse_duration,
+    parse_rule,
 )
+from georep.adapters.emulator._rules import InvalidRuleError, RuleSet
 from georep.adapters.emulator._tls import make_self_signed_certificate, server_ssl_context
 
 KEY_NAME = "RootManageSharedAccessKey"
@@ -85,6 +89,7 @@ class MemoryBackend:
     def __init__(self) -> None:
         # (kind, lower-cased path) -> (path as created, properties); names are case-insensitive.
         self.entities: dict[tuple[EntityKind, str], tuple[str, dict[str, Any]]] = {}
+        self.subscription_rules: dict[str, RuleSet] = {}
         self.list_calls = 0
 
     def authorize(self, authorization: str | None, url: str) -> None:
@@ -107,6 +112,8 @@ class MemoryBackend:
         record = default_properties(kind) | _validated(properties) | dict.fromkeys(_COUNT_KEYS, 0)
         record |= {"created_at_utc": now, "updated_at_utc": now, "accessed_at_utc": now}
         self.entities[kind, path.lower()] = (path, record)
+        if kind is EntityKind.SUBSCRIPTION:
+            self.subscription_rules[path.lower()] = RuleSet.with_default(self.now())
         return self._view(kind, path, record)
 
     def update_entity(
@@ -145,6 +152,14 @@ class MemoryBackend:
             for _, sub_path in self._subscription_keys(path):
                 del self.entities[EntityKind.SUBSCRIPTION, sub_path]
         return True
+
+    def rules(self, subscription_path: str) -> RuleSet | None:
+        if (EntityKind.SUBSCRIPTION, subscription_path.lower()) not in self.entities:
+            return None
+        return self.subscription_rules[subscription_path.lower()]
+
+    def now(self) -> float:
+        return time.time()
 
     def set_runtime(self, kind: EntityKind, path: str, **values: int) -> None:
         """Stand in for the broker: set message counts as if messages had flowed."""
@@ -286,6 +301,47 @@ def test_parse_description_rejects_bodies_it_cannot_trust() -> None:
     )
     with pytest.raises(AtomError, match="MaxDeliveryCount"):
         parse_description(bad_value)
+
+
+def _rule_body(inner: str) -> bytes:
+    return (
+        '<entry xmlns="http://www.w3.org/2005/Atom"><content type="application/xml">'
+        '<RuleDescription xmlns="http://schemas.microsoft.com/netservices/2010/10/servicebus/'
+        'connect" xmlns:xsi="http://www.w3.org/2001/XMLSchema-instance">'
+        f"{inner}</RuleDescription></content></entry>"
+    ).encode()
+
+
+def test_parse_rule_reads_typed_parameters_and_refuses_what_it_cannot_model() -> None:
+    rule_filter, action = parse_rule(
+        _rule_body(
+            '<Filter xsi:type="SqlFilter"><SqlExpression>n &gt; @n AND t &lt; @t</SqlExpression>'
+            "<Parameters><KeyValueOfstringanyType><Key>@n</Key>"
+            '<Value xmlns:d6p1="http://www.w3.org/2001/XMLSchema" xsi:type="d6p1:long">5</Value>'
+            "</KeyValueOfstringanyType><KeyValueOfstringanyType><Key>@t</Key>"
+            '<Value xmlns:d6p1="http://www.w3.org/2001/XMLSchema" xsi:type="d6p1:duration">PT1M'
+            "</Value></KeyValueOfstringanyType></Parameters></Filter>"
+        )
+    )
+    assert (rule_filter.kind, action.kind) == ("SqlFilter", "EmptyRuleAction")
+    assert rule_filter.parameters == {"@n": 5, "@t": timedelta(minutes=1)}
+    assert parse_rule(_rule_body(""))[0].kind == "TrueFilter"  # no Filter: accept everything
+    with pytest.raises(AtomError, match="unsupported type 'base64Binary'"):
+        parse_rule(
+            _rule_body(
+                '<Filter xsi:type="CorrelationFilter"><Properties><KeyValueOfstringanyType>'
+                '<Key>k</Key><Value xsi:type="d6p1:base64Binary">AA==</Value>'
+                "</KeyValueOfstringanyType></Properties></Filter>"
+            )
+        )
+    with pytest.raises(AtomError, match="Unsupported filter type 'XPathFilter'"):
+        parse_rule(_rule_body('<Filter xsi:type="XPathFilter"/>'))
+    with pytest.raises(InvalidRuleError, match="could not be parsed"):
+        parse_rule(
+            _rule_body('<Filter xsi:type="SqlFilter"><SqlExpression>a =</SqlExpression></Filter>')
+        )
+    with pytest.raises(AtomError, match="Expected a RuleDescription"):
+        parse_rule(_rule_body("").replace(b"RuleDescription", b"QueueDescription"))
 
 
 @pytest.mark.parametrize(
@@ -519,8 +575,19 @@ async def test_topics_and_subscriptions_with_the_async_client(
     assert (await async_admin.get_rule("events", "audit", "$Default")).name == "$Default"
     with pytest.raises(ResourceNotFoundError):
         await async_admin.get_rule("events", "audit", "other")
-    with pytest.raises(HttpResponseError, match="only the \\$Default"):
-        await async_admin.create_rule("events", "audit", "other")
+    created = await async_admin.create_rule(
+        "events",
+        "audit",
+        "eu",
+        filter=SqlRuleFilter("region = @region", parameters={"@region": "eu"}),
+        action=SqlRuleAction("SET seen = 1"),
+    )
+    assert (created.name, created.filter.parameters) == ("eu", {"@region": "eu"})
+    with pytest.raises(HttpResponseError, match="could not be parsed") as refused:
+        await async_admin.create_rule("events", "audit", "bad", filter=SqlRuleFilter("a ="))
+    assert refused.value.status_code == 400
+    await async_admin.delete_rule("events", "audit", "$Default")
+    assert [r.name async for r in async_admin.list_rules("events", "audit")] == ["eu"]
 
     await async_admin.delete_subscription("events", "billing")
     with pytest.raises(ResourceNotFoundError):
