@@ -874,6 +874,23 @@ class Namespace:
         for entity in self._readers_of(target):
             entity.fragment_restored(index)
 
+    def expire_session_locks(self, path: str) -> int:
+        """Every session lock held on the queue or subscription ``path`` is lost now (a
+        fault): its receivers are detached with ``com.microsoft:session-lock-lost``; how
+        many locks were held.
+
+        Raises:
+            BrokerError: no such entity, or it is not session-enabled.
+        """
+        entity = self.resolve_source(path)
+        if entity.sessions is None:
+            raise BrokerError(
+                "com.microsoft:invalid-operation",
+                f"'{path}' is not session-enabled (requires_session=False): it has no session "
+                "locks.",
+            )
+        return entity.sessions.expire_locks()
+
     def fragments_down(self) -> dict[str, list[int]]:
         """Every partitioned queue or topic with fragments down, and which."""
         result: dict[str, list[int]] = {}
