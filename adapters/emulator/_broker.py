@@ -453,7 +453,8 @@ class Entity:
     # -- settlement -------------------------------------------------------------------
     def _locked_message(self, token: uuid.UUID) -> StoredMessage:
         message = self.locked.get(token)
-        if self.sessions is not None and message is not None:
+        if self.sessions is not None:
+            # A session's locks end with it: an unknown token is a lost session lock.
             self.sessions.check_lock(message)
         if message is None or message.locked_until <= self.namespace.clock():
             raise BrokerError(

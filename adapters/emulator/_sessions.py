@@ -246,15 +246,22 @@ class Sessions:
             if session is not None:
                 session.locked.discard(message)
 
-    def check_lock(self, message: StoredMessage) -> None:
-        """Settling ``message`` needs its session's lock to be held and unexpired.
+    def check_lock(self, message: StoredMessage | None) -> None:
+        """Settling ``message`` (None: its lock token is unknown) needs its session's lock
+        to be held and unexpired.
 
         Raises:
             BrokerError: ``com.microsoft:session-lock-lost`` (SDK: ``SessionLockLostError``).
         """
-        session = self.by_id.get(message.session_id or "")
-        if session is None or message not in session.locked or not self._valid(session):
-            raise _lock_lost(message.session_id)
+        session_id = message.session_id if message is not None else None
+        session = self.by_id.get(session_id or "")
+        if (
+            message is None
+            or session is None
+            or message not in session.locked
+            or not self._valid(session)
+        ):
+            raise _lock_lost(session_id)
 
     def _valid(self, session: Session) -> bool:
         return session.holder is not None and session.locked_until > self.entity.namespace.clock()
@@ -378,8 +385,9 @@ class Sessions:
 
 
 def _lock_lost(session_id: str | None) -> BrokerError:
+    which = f"on '{session_id}' " if session_id is not None else ""
     return BrokerError(
         SESSION_LOCK_LOST,
-        f"The session lock on '{session_id}' was lost: it expired or the session was "
-        "released (its receiver closed). Accept the session again with a new receiver.",
+        f"The session lock {which}was lost: it expired or the session was released (its "
+        "receiver closed). Accept the session again with a new receiver.",
     )
