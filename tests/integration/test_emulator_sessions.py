@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import asyncio
 import datetime as dt
+import subprocess
+import sys
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
 
@@ -413,6 +415,27 @@ async def test_an_outage_while_a_session_is_held_releases_it_for_the_next_receiv
         (again,) = await _receive(receiver, 1)
         assert str(again) == "m"
         await receiver.complete_message(again)
+
+
+def test_georep_fault_session_lock_lost_takes_the_lock_away(
+    sync_client: SyncClient, emu: Emulator, session_queue: str
+) -> None:
+    def georep_fault(*args: str) -> subprocess.CompletedProcess[str]:
+        control = ["--control-url", emu.control_url, "--control-token", emu.control_token]
+        return subprocess.run(
+            [sys.executable, "-m", "georep.cli", "fault", "primary", "session-lock-lost", *args,
+             *control],
+            capture_output=True, text=True, timeout=60, check=False,
+        )  # fmt: skip
+
+    with sync_client.get_queue_receiver(session_queue, session_id="s") as receiver:
+        lost = georep_fault("--entity", session_queue)
+        assert lost.returncode == 0, lost.stdout + lost.stderr
+        assert "'session_locks_lost': 1" in lost.stdout
+        with pytest.raises(SessionLockLostError):
+            receiver.session.renew_lock()
+    refused = georep_fault("--entity", "plain")
+    assert refused.returncode == 2 and "not session-enabled" in refused.stdout
 
 
 # -- the sync SDK ---------------------------------------------------------------------------
