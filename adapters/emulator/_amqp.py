@@ -567,6 +567,10 @@ class AmqpConnection(asyncio.Protocol):
             return
         consumer = self._consumers.get(delivery.link)
         remote_state = delivery.remote_state
+        if consumer is None and delivery.link.state & Endpoint.LOCAL_CLOSED:
+            # We detached the link (a lost session lock): the service answers nothing more
+            # on it. (pyamqp would match a stray disposition to its own delivery id.)
+            return
         if consumer is None or consumer.receive_and_delete or remote_state is None:
             delivery.settle()
             return
