@@ -322,12 +322,13 @@ class Sessions:
         self._drop_if_empty(session)
 
     def _drop_if_empty(self, session: Session) -> None:
+        # Nothing to keep: a later message recreates it, and a deferred one is received
+        # only by a receiver that accepted (so recreated) its session.
         if (
             session.holder is None
             and session.state is None
             and not session.locked
             and session.head() is None
-            and not any(self._stored(session.session_id))
         ):
             self.by_id.pop(session.session_id, None)
 
@@ -358,7 +359,7 @@ class Sessions:
         With it: sessions whose state was set after that time (seconds since the epoch).
         """
         if updated_since is None:
-            active = {m.session_id for m in self._stored(None) if m.session_id is not None}
+            active = {m.session_id for m in self._active() if m.session_id is not None}
             ids = active | {s.session_id for s in self.by_id.values() if s.state is not None}
         else:
             ids = {
@@ -368,12 +369,10 @@ class Sessions:
             }
         return sorted(ids)[skip : skip + top]
 
-    def _stored(self, session_id: str | None) -> Iterator[StoredMessage]:
-        """Active (not scheduled) messages of ``session_id``, or of every session."""
+    def _active(self) -> Iterator[StoredMessage]:
+        """Active messages (any state but scheduled), as the listing counts them."""
         for message in self.entity.by_sequence.values():
-            if message.state is not MessageState.SCHEDULED and (
-                session_id is None or message.session_id == session_id
-            ):
+            if message.state is not MessageState.SCHEDULED:
                 yield message
 
     def clear(self) -> None:
