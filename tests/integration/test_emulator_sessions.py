@@ -335,11 +335,11 @@ async def test_auto_lock_renewer_keeps_the_session_locked_past_its_lock_duration
 async def test_an_expired_session_lock_is_lost_and_its_messages_come_back(
     client: ServiceBusClient, private_queue: Callable[..., str]
 ) -> None:
-    queue = private_queue("sq", requires_session=True, lock_duration=1)
+    queue = private_queue("sq", requires_session=True, lock_duration=2)
     await _send(client, queue, ServiceBusMessage("m", session_id="s"))
     async with client.get_queue_receiver(queue, session_id="s") as receiver:
         message = (await _receive(receiver, 1))[0]
-        await asyncio.sleep(1.5)
+        await asyncio.sleep(2.5)
         with pytest.raises(SessionLockLostError):
             await receiver.complete_message(message)
     async with client.get_queue_receiver(queue, session_id="s") as receiver:
