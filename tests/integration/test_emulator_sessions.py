@@ -417,6 +417,23 @@ async def test_an_outage_while_a_session_is_held_releases_it_for_the_next_receiv
         await receiver.complete_message(again)
 
 
+async def test_a_blackhole_while_a_session_is_held_times_out_and_restore_frees_it(
+    client: ServiceBusClient, emu: Emulator, session_queue: str
+) -> None:
+    control = emu.namespace("primary")
+    await _send(client, session_queue, ServiceBusMessage("m", session_id="s"))
+    async with client.get_queue_receiver(session_queue, session_id="s") as receiver:
+        await _receive(receiver, 1)
+        control.blackhole()
+        with pytest.raises(OperationTimeoutError):
+            await receiver.session.renew_lock(timeout=2)
+        control.restore()  # drops the blackholed connection: the session is released
+    async with client.get_queue_receiver(session_queue, session_id="s") as receiver:
+        (again,) = await _receive(receiver, 1)
+        assert (str(again), again.delivery_count) == ("m", 1)
+        await receiver.complete_message(again)
+
+
 def test_georep_fault_session_lock_lost_takes_the_lock_away(
     sync_client: SyncClient, emu: Emulator, session_queue: str
 ) -> None:
