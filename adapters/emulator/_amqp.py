@@ -37,6 +37,7 @@ from ._codec import (
     SECTION_AMQP_VALUE,
     AmqpDecodeError,
     Raw,
+    Timestamp,
     decode_value,
     encode_value,
     long_array,
@@ -45,6 +46,13 @@ from ._codec import (
     timestamp_array,
 )
 from ._sas import LISTEN, SEND, SasGrant
+from ._sessions import (
+    DEFAULT_ACCEPT_TIMEOUT,
+    SESSION_CANNOT_BE_LOCKED,
+    SESSION_LOCK_LOST,
+    Session,
+    Sessions,
+)
 
 if TYPE_CHECKING:
     from ._server import NamespaceServer
@@ -54,6 +62,11 @@ __all__ = ["AmqpConnection"]
 _LOG = logging.getLogger("georep.emulator.amqp")
 
 _TRACKING_ID = symbol("com.microsoft:tracking-id")
+_SESSION_FILTER = symbol("com.microsoft:session-filter")
+_LOCKED_UNTIL_UTC = symbol("com.microsoft:locked-until-utc")
+_OPERATION_TIMEOUT = "com.microsoft:timeout"
+# .NET ticks (100 ns) at the Unix epoch: the SDK reads locked-until-utc as DateTimeOffset ticks.
+_EPOCH_TICKS = 621355968000000000
 _RECEIVE_CREDIT_WINDOW = 1000
 _MAX_MESSAGE_SIZE = 256 * 1024
 # AMQP's "null or unknown" for an unset message-id etc.
@@ -82,15 +95,26 @@ def entity_path(address: str | None) -> str:
 class _ConsumerLink:
     """A server-side sender link that delivers an entity's messages to a client receiver."""
 
-    __slots__ = ("connection", "entity", "link", "receive_and_delete")
+    __slots__ = ("connection", "entity", "link", "receive_and_delete", "session")
 
     def __init__(
-        self, connection: AmqpConnection, link: Link, entity: Entity, receive_and_delete: bool
+        self,
+        connection: AmqpConnection,
+        link: Link,
+        entity: Entity,
+        receive_and_delete: bool,
+        session: Session | None = None,
     ) -> None:
         self.connection = connection
         self.link = link
         self.entity = entity
         self.receive_and_delete = receive_and_delete
+        self.session = session
+        """The session this link holds (session-enabled entities), else None."""
+
+    def session_lost(self, error: BrokerError) -> None:
+        """The session lock expired or was taken away: detach, as the service does."""
+        self.connection.drop_consumer(self.link, (error.condition, error.description))
 
     @property
     def credit(self) -> int:
@@ -113,6 +137,73 @@ class _ConsumerLink:
         self.connection.schedule_flush()
 
 
+class _SessionAttach:
+    """A session receiver's attach, answered once its session is locked (or refused)."""
+
+    __slots__ = ("connection", "entity", "holder", "link")
+
+    def __init__(self, connection: AmqpConnection, link: Link, entity: Entity) -> None:
+        self.connection = connection
+        self.link = link
+        self.entity = entity
+        self.holder = _ConsumerLink(connection, link, entity, _receive_and_delete(link))
+
+    def accepted(self, session: Session) -> None:
+        self.holder.session = session
+        self.connection.session_wait_ended(self.link)
+        self.connection.add_consumer(self.holder)
+        self.connection.open_session_link(self.link, session)
+
+    def timed_out(self) -> None:
+        # What the service answers when no session frees up within the wait.
+        self.connection.refuse_later(
+            self.link,
+            _OPERATION_TIMEOUT,
+            f"No session of '{self.entity.path}' with messages became available within "
+            "the receiver's max_wait_time. Send messages with a session_id, or wait longer.",
+        )
+
+
+def _receive_and_delete(link: Link) -> bool:
+    return bool(link.remote_snd_settle_mode == Link.SND_SETTLED)
+
+
+def _session_filter(filters: Any) -> tuple[bool, str | None]:
+    """Whether the source asks for a session, and which (None: the next available)."""
+    if filters is None:
+        return False, None
+    filters.rewind()
+    if filters.next() is None:
+        return False, None
+    value = filters.get_object()
+    if not isinstance(value, dict):
+        return False, None
+    for key, session_id in value.items():
+        if str(key) == str(_SESSION_FILTER):
+            return True, None if session_id is None else str(session_id)
+    return False, None
+
+
+def _check_session_receiver(entity: Entity, path: str, wants_session: bool) -> None:
+    """A session receiver needs a session-enabled entity, and such an entity refuses any
+    other receiver (the service's ``amqp:not-allowed``; the SDK raises ``ServiceBusError``).
+    """
+    if wants_session and entity.sessions is None:
+        raise BrokerError(
+            "amqp:not-allowed",
+            "A sessionful message receiver cannot be created on an entity that does not "
+            f"require sessions ('{path}'). Ensure RequiresSession is set to true when creating "
+            "a Queue or Subscription to enable sessionful behavior.",
+        )
+    if not wants_session and entity.sessions is not None:
+        raise BrokerError(
+            "amqp:not-allowed",
+            "It is not possible for an entity that requires sessions to create a "
+            f"non-sessionful message receiver ('{path}' requires sessions: pass session_id, "
+            "or NEXT_AVAILABLE_SESSION, to get_queue_receiver/get_subscription_receiver).",
+        )
+
+
 class AmqpConnection(asyncio.Protocol):
     """One client connection to a namespace."""
 
@@ -131,6 +222,7 @@ class AmqpConnection(asyncio.Protocol):
         self._flush_scheduled = False
         self._tick_handle: asyncio.TimerHandle | None = None
         self._consumers: dict[Link, _ConsumerLink] = {}
+        self._session_waits: dict[Link, _SessionAttach] = {}
         self._tokens: dict[str, SasGrant] = {}  # audience -> what its token allows
         self._tag_counter = 0
         self._closed = False
@@ -158,9 +250,11 @@ class AmqpConnection(asyncio.Protocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self._closed = True
         self.server.connections.discard(self)
-        for consumer in self._consumers.values():
-            consumer.entity.remove_consumer(consumer)
-        self._consumers.clear()
+        # Azure releases a session when its link goes: the next receiver may lock it.
+        for link in list(self._consumers):
+            self._forget_consumer(link)
+        for link in list(self._session_waits):
+            self._forget_consumer(link)
         if self._tick_handle is not None:
             self._tick_handle.cancel()
 
@@ -267,9 +361,7 @@ class AmqpConnection(asyncio.Protocol):
         elif kind == Event.LINK_REMOTE_OPEN:
             self._on_attach(event.link)
         elif kind == Event.LINK_REMOTE_CLOSE:
-            consumer = self._consumers.pop(event.link, None)
-            if consumer is not None:
-                consumer.entity.remove_consumer(consumer)
+            self._forget_consumer(event.link)
             if not event.link.state & Endpoint.LOCAL_CLOSED:
                 event.link.close()
         elif kind == Event.SESSION_REMOTE_CLOSE:
@@ -283,6 +375,35 @@ class AmqpConnection(asyncio.Protocol):
             self.transport.close()
 
     # -- links --------------------------------------------------------------------------
+    def _forget_consumer(self, link: Link) -> None:
+        """The link is gone: stop delivering to it and free the session it holds or awaits."""
+        consumer = self._consumers.pop(link, None)
+        if consumer is not None:
+            consumer.entity.remove_consumer(consumer)
+            if consumer.session is not None and consumer.entity.sessions is not None:
+                consumer.entity.sessions.release(consumer)
+        waiting = self._session_waits.pop(link, None)
+        if waiting is not None and waiting.entity.sessions is not None:
+            waiting.entity.sessions.withdraw(waiting)
+
+    def add_consumer(self, consumer: _ConsumerLink) -> None:
+        self._consumers[consumer.link] = consumer
+
+    def _holder(self, link_name: str | None) -> _ConsumerLink | None:
+        """The receiver link a management request names as its associated link."""
+        for consumer in self._consumers.values():
+            if consumer.link.name == link_name:
+                return consumer
+        return None
+
+    def drop_consumer(self, link: Link, condition: tuple[str, str]) -> None:
+        """Detach a receiver's link with an error (its session lock was lost)."""
+        self._forget_consumer(link)
+        if not link.state & Endpoint.LOCAL_CLOSED:
+            link.condition = _condition(*condition)
+            link.close()
+        self.schedule_flush()
+
     def _refuse(self, link: Link, name: str, description: str) -> None:
         # Attach with a null terminus, then detach with the error: echoing the client's
         # terminus first would make the SDK believe the link opened.
@@ -309,18 +430,11 @@ class AmqpConnection(asyncio.Protocol):
             self._authorize(path, LISTEN if link.is_sender else SEND)
             if link.is_sender:
                 entity = self.namespace.resolve_source(path)
-                if self._has_session_filter(link.remote_source.filter):
-                    raise BrokerError(
-                        "amqp:not-implemented",
-                        "Session receivers are not supported by the georep emulator yet; "
-                        "use a queue without sessions.",
-                    )
-                if entity.properties.requires_session:
-                    raise BrokerError(
-                        "amqp:not-implemented",
-                        f"'{path}' requires sessions, which the georep emulator does not "
-                        "support yet.",
-                    )
+                wants_session, session_id = _session_filter(link.remote_source.filter)
+                _check_session_receiver(entity, path, wants_session)
+                if wants_session:
+                    self._attach_session_receiver(link, entity, session_id)
+                    return
             else:
                 self.namespace.resolve_target(path)
         except BrokerError as exc:
@@ -328,31 +442,59 @@ class AmqpConnection(asyncio.Protocol):
             return
         self._open_echo(link)
         if link.is_sender:
-            receive_and_delete = link.remote_snd_settle_mode == Link.SND_SETTLED
-            consumer = _ConsumerLink(self, link, entity, receive_and_delete)
+            consumer = _ConsumerLink(self, link, entity, _receive_and_delete(link))
             self._consumers[link] = consumer
             entity.add_consumer(consumer)
         else:
             link.flow(_RECEIVE_CREDIT_WINDOW)
 
-    @staticmethod
-    def _has_session_filter(filters: Any) -> bool:
-        if filters is None:
-            return False
-        filters.rewind()
-        if filters.next() is None:
-            return False
-        value = filters.get_object()
-        if not isinstance(value, dict):
-            return False
-        return any("session-filter" in str(key) for key in value)
+    def _attach_session_receiver(self, link: Link, entity: Entity, session_id: str | None) -> None:
+        """Lock the named session, or the next available one (waiting up to the link's
+        ``com.microsoft:timeout``), then open the link naming it.
 
-    def _open_echo(self, link: Link) -> None:
+        Raises:
+            BrokerError: the named session is locked by another receiver.
+        """
+        sessions = entity.sessions
+        assert sessions is not None
+        attach = _SessionAttach(self, link, entity)
+        if session_id is not None:
+            sessions.accept(attach, session_id)
+            return
+        properties = link.remote_properties or {}
+        timeout_ms = properties.get(symbol(_OPERATION_TIMEOUT))
+        timeout = int(timeout_ms) / 1000 if timeout_ms else DEFAULT_ACCEPT_TIMEOUT
+        self._session_waits[link] = attach
+        if sessions.accept_next(attach, timeout):
+            self._session_waits.pop(link, None)
+
+    def open_session_link(self, link: Link, session: Session) -> None:
+        """Open a session receiver's link: its source names the session it holds."""
+        self._open_echo(link, opened=False)
+        link.source.filter.clear()
+        link.source.filter.put_object({_SESSION_FILTER: session.session_id})
+        ticks = _EPOCH_TICKS + int(session.locked_until * 10_000_000)
+        link.properties = {_LOCKED_UNTIL_UTC: ticks}
+        link.open()
+        self.schedule_flush()
+
+    def session_wait_ended(self, link: Link) -> None:
+        self._session_waits.pop(link, None)
+
+    def refuse_later(self, link: Link, name: str, description: str) -> None:
+        """Refuse a link whose attach was left waiting (flushing, as no frame will)."""
+        self._session_waits.pop(link, None)
+        if not link.state & Endpoint.LOCAL_CLOSED:
+            self._refuse(link, name, description)
+        self.schedule_flush()
+
+    def _open_echo(self, link: Link, *, opened: bool = True) -> None:
         link.source.copy(link.remote_source)
         link.target.copy(link.remote_target)
         link.snd_settle_mode = link.remote_snd_settle_mode
         link.rcv_settle_mode = link.remote_rcv_settle_mode
-        link.open()
+        if opened:
+            link.open()
 
     def _authorize(self, path: str, right: str) -> None:
         """Some token put on $cbs covers ``path`` (by its ``sr``) and carries ``right``.
@@ -425,6 +567,10 @@ class AmqpConnection(asyncio.Protocol):
             return
         consumer = self._consumers.get(delivery.link)
         remote_state = delivery.remote_state
+        if consumer is None and delivery.link.state & Endpoint.LOCAL_CLOSED:
+            # We detached the link (a lost session lock): the service answers nothing more
+            # on it. (pyamqp would match a stray disposition to its own delivery id.)
+            return
         if consumer is None or consumer.receive_and_delete or remote_state is None:
             delivery.settle()
             return
@@ -523,13 +669,16 @@ class AmqpConnection(asyncio.Protocol):
         request = Message()
         request.decode(payload)
         operation = str((request.properties or {}).get("operation", ""))
+        associated = (request.properties or {}).get("associated-link-name")
         entity_address = path[: -len("$management")].rstrip("/")
         status, description, body = 200, "OK", None
         error_condition: str | None = None
         try:
             self._authorize(entity_address, _MANAGEMENT_RIGHTS.get(operation, LISTEN))
             request_body = _decode_body(payload)
-            body = self._management(operation, entity_address, request_body)
+            body = self._management(
+                operation, entity_address, request_body, self._holder(associated)
+            )
             if body is None:
                 status, description = 204, "No Content"
         except BrokerError as exc:
@@ -538,6 +687,8 @@ class AmqpConnection(asyncio.Protocol):
                 "com.microsoft:message-not-found": 404,
                 _UNAUTHORIZED: 401,
                 "com.microsoft:message-lock-lost": 410,
+                SESSION_LOCK_LOST: 410,
+                SESSION_CANNOT_BE_LOCKED: 409,
             }.get(exc.condition, 400)
             description, error_condition = exc.description, exc.condition
         except (AmqpDecodeError, KeyError, TypeError, ValueError) as exc:
@@ -556,8 +707,19 @@ class AmqpConnection(asyncio.Protocol):
             encoded += b"\x00\x53\x77" + encode_value(body)
         self._reply(link, request, encoded)
 
-    def _management(self, operation: str, path: str, body: dict[str, Any]) -> dict[str, Any] | None:
+    def _management(
+        self,
+        operation: str,
+        path: str,
+        body: dict[str, Any],
+        holder: _ConsumerLink | None = None,
+    ) -> dict[str, Any] | None:
         ns = self.namespace
+        session_id = _text(body.get("session-id"))
+        if operation in _SESSION_OPERATIONS:
+            return _session_management(
+                operation, _sessions_of(ns.resolve_source(path), path), body, holder
+            )
         if operation == "com.microsoft:schedule-message":
             target = ns.resolve_target(path)
             numbers = []
@@ -578,15 +740,17 @@ class AmqpConnection(asyncio.Protocol):
             entity = ns.resolve_source(path)
             start = int(body.get("from-sequence-number", 0))
             count = int(body.get("message-count", 1))
-            found = entity.peek(start, count)
+            found = entity.peek(start, count, session_id)
             if not found:
                 return None
             return {"messages": [{"message": m.encode()} for m in found]}
         if operation == "com.microsoft:receive-by-sequence-number":
             entity = ns.resolve_source(path)
             receive_and_delete = int(body.get("receiver-settle-mode", 1)) == 0
+            if entity.sessions is not None:
+                entity.sessions.held(session_id or "", holder)
             received = entity.receive_deferred(
-                [int(n) for n in body["sequence-numbers"]], receive_and_delete
+                [int(n) for n in body["sequence-numbers"]], receive_and_delete, session_id
             )
             messages: list[dict[str, Any]] = []
             for message, token in received:
@@ -618,6 +782,56 @@ class AmqpConnection(asyncio.Protocol):
             "amqp:not-implemented",
             f"Management operation '{operation}' is not supported by the emulator.",
         )
+
+
+_SESSION_OPERATIONS = frozenset(
+    {
+        "com.microsoft:renew-session-lock",
+        "com.microsoft:get-session-state",
+        "com.microsoft:set-session-state",
+        "com.microsoft:get-message-sessions",
+    }
+)
+# The SDK's "no filter" last-updated-time: DateTime.MaxValue as .NET encodes it, in ms.
+_LIST_ALL_SESSIONS_MS = 253402300800000
+
+
+def _text(value: Any) -> str | None:
+    if isinstance(value, bytes):
+        return value.decode("utf-8")
+    return None if value is None else str(value)
+
+
+def _sessions_of(entity: Entity, path: str) -> Sessions:
+    if entity.sessions is None:
+        raise BrokerError(
+            "amqp:not-allowed",
+            f"'{path}' is not session-enabled: session operations need an entity created "
+            "with requires_session=True.",
+        )
+    return entity.sessions
+
+
+def _session_management(
+    operation: str, sessions: Sessions, body: dict[str, Any], holder: _ConsumerLink | None
+) -> dict[str, Any] | None:
+    """The session operations of ``$management`` (renew, state, listing)."""
+    if operation == "com.microsoft:get-message-sessions":
+        updated = body.get("last-updated-time")
+        since = None if updated is None or int(updated) >= _LIST_ALL_SESSIONS_MS else updated / 1000
+        skip = int(body.get("skip", 0))
+        found = sessions.list(since, skip, int(body.get("top", 100)))
+        if not found:
+            return None  # 204, as the service answers an empty page
+        return {"skip": skip + len(found), "sessions-ids": found}
+    session_id = _text(body.get("session-id")) or ""
+    if operation == "com.microsoft:renew-session-lock":
+        return {"expiration": Timestamp(int(sessions.renew(session_id, holder) * 1000))}
+    if operation == "com.microsoft:get-session-state":
+        return {"session-state": sessions.get_state(session_id, holder)}
+    state = body.get("session-state")
+    sessions.set_state(session_id, holder, None if state is None else bytes(state))
+    return {}
 
 
 def _decode_body(payload: bytes) -> dict[str, Any]:

@@ -22,7 +22,7 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from datetime import timedelta
 from enum import StrEnum
-from typing import Any, Final, Protocol
+from typing import TYPE_CHECKING, Any, Final, Protocol
 
 from ._codec import (
     SECTION_APPLICATION_PROPERTIES,
@@ -41,6 +41,9 @@ from ._codec import (
     split_sections,
 )
 from ._rules import RuleSet, StoredMessageContext
+
+if TYPE_CHECKING:
+    from ._sessions import Sessions
 
 __all__ = [
     "MAX_MESSAGE_SIZE",
@@ -228,8 +231,9 @@ class Consumer(Protocol):
         """Transfer ``message`` (already locked or removed by the broker)."""
 
 
-# Timer kinds on the namespace heap.
+# Timer kinds on the namespace heap; _sessions.py's kinds start at _SESSION_TIMERS.
 _LOCK, _TTL, _SCHEDULE = 0, 1, 2
+_SESSION_TIMERS = 10
 
 
 class Entity:
@@ -282,6 +286,13 @@ class Entity:
         self.created_at = namespace.clock()
         self.updated_at = self.created_at
         self.accessed_at = self.created_at
+        # Session-enabled: available messages live per session (_sessions.py). Never the
+        # dead-letter queue, which the service does not make session-enabled.
+        self.sessions: Sessions | None = None
+        if properties.requires_session and not is_dead_letter:
+            from ._sessions import Sessions
+
+            self.sessions = Sessions(self)
 
     # -- counts -------------------------------------------------------------------
     @property
@@ -324,13 +335,35 @@ class Entity:
             self.scheduled[message.sequence_number] = message
             self.namespace.add_timer(message.scheduled_at, _SCHEDULE, self, message)
             return
+        if self.sessions is not None and message.session_id is None:
+            # Reached through a topic (a queue refuses the send): the service dead-letters it.
+            # GONE: it never became available, so _remove has no queue to take it from.
+            message.state = MessageState.GONE
+            self.dead_letter_message(
+                message,
+                "Session id is null.",
+                "Session enabled entity doesn't allow a message whose session identifier is null.",
+            )
+            return
+        self._make_available(message)
+
+    def _make_available(self, message: StoredMessage, *, front: bool = False) -> None:
+        """``message`` may be delivered: queue it (at the head when it returns) and dispatch."""
         message.state = MessageState.AVAILABLE
-        self.available.append(message)
+        if self.sessions is not None:
+            self.sessions.add(message, front=front)
+            return
+        if front:
+            self.available.appendleft(message)
+        else:
+            self.available.append(message)
         self.dispatch()
 
     def _remove(self, message: StoredMessage) -> None:
         if self.by_sequence.pop(message.sequence_number, None) is not None:
             self.size_in_bytes -= message.size
+        if self.sessions is not None:
+            self.sessions.forget(message)
         if message.state is MessageState.LOCKED and message.lock_token is not None:
             self.locked.pop(message.lock_token, None)
         elif message.state is MessageState.DEFERRED:
@@ -356,6 +389,9 @@ class Entity:
 
     def dispatch(self) -> None:
         """Hand available messages to consumers with credit, round-robin."""
+        if self.sessions is not None:
+            self.sessions.dispatch()
+            return
         consumers = self.consumers
         available = self.available
         if not consumers or not available:
@@ -381,19 +417,22 @@ class Entity:
                 self.expire(message)
                 continue
             idle = 0
-            self.accessed_at = now
-            if consumer.receive_and_delete:
-                self._remove(message)
-                consumer.deliver(message, None)
-            else:
-                token = self._lock(message, now)
-                consumer.deliver(message, token)
+            self.hand_over(consumer, message, now)
             consumers.rotate(-1)
+
+    def hand_over(self, consumer: Consumer, message: StoredMessage, now: float) -> None:
+        """Deliver ``message``: removed (receive-and-delete) or locked (peek-lock)."""
+        self.accessed_at = now
+        if consumer.receive_and_delete:
+            self._remove(message)
+            consumer.deliver(message, None)
+        else:
+            consumer.deliver(message, self._lock(message, now))
 
     def fragment_restored(self, index: int) -> None:
         """The fragment ``index`` is up again: its held messages go first, then dispatch."""
         held = self._held.pop(index, None)
-        if held:
+        if held and self.sessions is None:
             self.available.extendleft(
                 reversed([m for m in held if m.state is MessageState.AVAILABLE])
             )
@@ -403,14 +442,21 @@ class Entity:
         token = uuid.uuid4()
         message.state = MessageState.LOCKED
         message.lock_token = token
-        message.locked_until = now + self.properties.lock_duration.total_seconds()
         self.locked[token] = message
+        if self.sessions is not None:
+            # Locked for as long as its session is; the session's timer ends both.
+            message.locked_until = self.sessions.lock_message(message)
+            return token
+        message.locked_until = now + self.properties.lock_duration.total_seconds()
         self.namespace.add_timer(message.locked_until, _LOCK, self, message)
         return token
 
     # -- settlement -------------------------------------------------------------------
     def _locked_message(self, token: uuid.UUID) -> StoredMessage:
         message = self.locked.get(token)
+        if self.sessions is not None:
+            # A session's locks end with it: an unknown token is a lost session lock.
+            self.sessions.check_lock(message)
         if message is None or message.locked_until <= self.namespace.clock():
             raise BrokerError(
                 "com.microsoft:message-lock-lost",
@@ -426,8 +472,14 @@ class Entity:
         message = self._locked_message(token)
         self._release(message)
 
+    def release(self, message: StoredMessage) -> None:
+        """Return a locked message whose session lock ended (see _sessions.py)."""
+        self._release(message)
+
     def _release(self, message: StoredMessage) -> None:
         """Return a locked message after a failed attempt (abandon or lock expiry)."""
+        if self.sessions is not None:
+            self.sessions.forget(message)
         self.locked.pop(message.lock_token, None)  # type: ignore[arg-type]
         message.lock_token = None
         message.delivery_count += 1
@@ -443,13 +495,13 @@ class Entity:
                 "delivery attempts.",
             )
             return
-        message.state = MessageState.AVAILABLE
         # Back to the head: the next receiver sees it first, as it was the oldest.
-        self.available.appendleft(message)
-        self.dispatch()
+        self._make_available(message, front=True)
 
     def defer(self, token: uuid.UUID) -> None:
         message = self._locked_message(token)
+        if self.sessions is not None:
+            self.sessions.forget(message)
         self.locked.pop(token, None)
         message.lock_token = None
         message.state = MessageState.DEFERRED
@@ -503,15 +555,22 @@ class Entity:
         return message.locked_until
 
     # -- management -----------------------------------------------------------------
-    def peek(self, from_sequence: int, count: int) -> list[StoredMessage]:
-        """Messages with sequence number >= ``from_sequence``, any state, oldest first.
+    def peek(
+        self, from_sequence: int, count: int, session_id: str | None = None
+    ) -> list[StoredMessage]:
+        """Messages with sequence number >= ``from_sequence``, any state, oldest first
+        (only those of ``session_id`` when given: a session receiver peeks its session).
 
         A partitioned entity answers from one fragment at a time, like the service: the
         answer stops at the end of the first message's fragment run (the next message in
         sequence order lives in another fragment) or once it holds 256 KB, so a caller
         wanting ``count`` messages must peek again from the last sequence number + 1.
         """
-        result = [m for seq, m in sorted(self.by_sequence.items()) if seq >= from_sequence]
+        result = [
+            m
+            for seq, m in sorted(self.by_sequence.items())
+            if seq >= from_sequence and (session_id is None or m.session_id == session_id)
+        ]
         if not self.partitioned or not result:
             return result[:count]
         fragment = result[0].fragment
@@ -533,13 +592,16 @@ class Entity:
                 self._remove(message)
 
     def receive_deferred(
-        self, sequence_numbers: list[int], receive_and_delete: bool
+        self, sequence_numbers: list[int], receive_and_delete: bool, session_id: str | None = None
     ) -> list[tuple[StoredMessage, uuid.UUID | None]]:
-        """Lock (or remove) deferred messages by sequence number."""
+        """Lock (or remove) deferred messages by sequence number (of ``session_id`` only,
+        locked for as long as that session, when the entity is session-enabled)."""
         now = self.namespace.clock()
         result: list[tuple[StoredMessage, uuid.UUID | None]] = []
         for seq in sequence_numbers:
             message = self.deferred.get(seq)
+            if self.sessions is not None and message and message.session_id != session_id:
+                message = None  # another session's: not visible to this receiver
             if message is None:
                 raise BrokerError(
                     "com.microsoft:message-not-found",
@@ -553,13 +615,20 @@ class Entity:
             if message.lock_token is not None:
                 self.locked.pop(message.lock_token, None)
             message.lock_token = token
-            message.locked_until = now + self.properties.lock_duration.total_seconds()
             self.locked[token] = message
-            self.namespace.add_timer(message.locked_until, _LOCK, self, message)
+            if self.sessions is not None:
+                message.locked_until = self.sessions.lock_message(message)
+            else:
+                message.locked_until = now + self.properties.lock_duration.total_seconds()
+                self.namespace.add_timer(message.locked_until, _LOCK, self, message)
             result.append((message, token))
         return result
 
-    def on_timer(self, kind: int, message: StoredMessage, now: float) -> None:
+    def on_timer(self, kind: int, message: Any, now: float) -> None:
+        if kind >= _SESSION_TIMERS:
+            assert self.sessions is not None
+            self.sessions.on_timer(kind, message, now)
+            return
         if message.state is MessageState.GONE:
             return
         if kind == _LOCK:
@@ -579,10 +648,8 @@ class Entity:
                 self._compact()
         elif kind == _SCHEDULE and message.state is MessageState.SCHEDULED:
             self.scheduled.pop(message.sequence_number, None)
-            message.state = MessageState.AVAILABLE
             message.enqueued_at = now
-            self.available.append(message)
-            self.dispatch()
+            self._make_available(message)
 
     def _compact(self) -> None:
         """Drop dead entries from the available deque once they dominate it.
@@ -605,6 +672,8 @@ class Entity:
         self.scheduled.clear()
         self.by_sequence.clear()
         self.size_in_bytes = 0
+        if self.sessions is not None:
+            self.sessions.clear()
         if self.dead_letter is not None:
             self.dead_letter.purge()
 
@@ -714,7 +783,7 @@ class Namespace:
         self._dedup: dict[Any, DuplicateDetector] = {}
         self._round_robin: dict[str, int] = {}
         self._sequence = itertools.count(1)
-        self._timers: list[tuple[float, int, int, Entity, StoredMessage]] = []
+        self._timers: list[tuple[float, int, int, Entity, Any]] = []
         self._timer_ids = itertools.count()
         self._on_timer_change = on_timer_change
 
@@ -813,6 +882,23 @@ class Namespace:
         target.fragments_down.discard(index)
         for entity in self._readers_of(target):
             entity.fragment_restored(index)
+
+    def expire_session_locks(self, path: str) -> int:
+        """Every session lock held on the queue or subscription ``path`` is lost now (a
+        fault): its receivers are detached with ``com.microsoft:session-lock-lost``; how
+        many locks were held.
+
+        Raises:
+            BrokerError: no such entity, or it is not session-enabled.
+        """
+        entity = self.resolve_source(path)
+        if entity.sessions is None:
+            raise BrokerError(
+                "com.microsoft:invalid-operation",
+                f"'{path}' is not session-enabled (requires_session=False): it has no session "
+                "locks.",
+            )
+        return entity.sessions.expire_locks()
 
     def fragments_down(self) -> dict[str, list[int]]:
         """Every partitioned queue or topic with fragments down, and which."""
@@ -953,6 +1039,7 @@ class Namespace:
         fragments = []
         for message in inner:
             _check_session_partition_key(message)
+            _check_session_required(target, message)
             fragments.append(self._choose_fragment(target, message, dedup))
         for message, fragment in zip(inner, fragments, strict=True):
             if dedup:
@@ -970,6 +1057,7 @@ class Namespace:
         """Enqueue one message for later; return its sequence number."""
         parsed = parse_message(payload)
         _check_session_partition_key(parsed)
+        _check_session_required(target, parsed)
         properties = target.properties
         assert isinstance(properties, EntityProperties)
         fragment = self._choose_fragment(target, parsed, properties.requires_duplicate_detection)
@@ -1060,7 +1148,9 @@ class Namespace:
             target.cancel_scheduled(sequence_numbers)
 
     # -- timers -------------------------------------------------------------------------
-    def add_timer(self, deadline: float, kind: int, entity: Entity, message: StoredMessage) -> None:
+    def add_timer(self, deadline: float, kind: int, entity: Entity, message: Any) -> None:
+        """Call ``entity.on_timer(kind, message, now)`` at ``deadline`` (``message`` is a
+        StoredMessage, or a session object for the session kinds)."""
         earliest = self._timers[0][0] if self._timers else None
         heapq.heappush(self._timers, (deadline, next(self._timer_ids), kind, entity, message))
         if self._on_timer_change is not None and (earliest is None or deadline < earliest):
@@ -1127,6 +1217,19 @@ def _check_session_partition_key(parsed: Any) -> None:
             "com.microsoft:invalid-operation",
             f"The SessionId '{session_id}' and the PartitionKey '{partition_key}' of a message "
             "must be the same when both are set; set only one, or set them equal.",
+        )
+
+
+def _check_session_required(target: Entity | Topic, parsed: Any) -> None:
+    """A session-enabled queue takes only messages with a SessionId (the service refuses
+    the transfer with ``amqp:not-allowed``; the SDK raises ``ServiceBusError``)."""
+    if parsed.session_id is None and isinstance(target, Entity) and target.sessions is not None:
+        raise BrokerError(
+            "amqp:not-allowed",
+            "The SessionId was not set on a message, and it cannot be sent to the entity. "
+            "Entities that have session support enabled can only receive messages that have "
+            f"the SessionId set to a valid value ('{target.path}' requires sessions: set "
+            "session_id on the message).",
         )
 
 

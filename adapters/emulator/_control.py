@@ -17,7 +17,9 @@ Routes (JSON in, JSON out):
 - ``POST /namespaces/{ns}/faults/{fault}``     ``outage``, ``restore``, ``blackhole``,
   ``latency`` (``{"seconds": 0.2}``), ``reject-sends`` (``{"condition": "server-busy"}``),
   ``drop-dispositions`` (``{"count": 3}``), ``disaster``, ``fragment-down`` and
-  ``fragment-up`` (``{"entity": "orders", "index": 3}``, partitioned entities)
+  ``fragment-up`` (``{"entity": "orders", "index": 3}``, partitioned entities),
+  ``session-lock-lost`` (``{"entity": "orders"}``: every session lock on it is lost now;
+  the answer adds ``session_locks_lost``, how many were held)
 - ``GET  /namespaces/{ns}/faults``             the namespace's current faults
 - ``GET  /namespaces/{ns}/fragments``          partitioned entities with fragments down
 - ``POST /namespaces/{ns}/hybrid-connections`` a relay hybrid connection: ``{"name": ...}``
@@ -57,6 +59,7 @@ FAULTS = (
     "disaster",
     "fragment-down",
     "fragment-up",
+    "session-lock-lost",
     "relay-no-listener",
 )
 
@@ -237,6 +240,15 @@ def build_control_app(emulator: EmulatorServer) -> web.Application:
                     server.fragment_up(entity, index)
             except BrokerError as exc:
                 return _error(_BROKER_STATUS.get(exc.condition, 400), exc.description)
+        elif fault == "session-lock-lost":
+            entity = data.get("entity")
+            if not isinstance(entity, str):
+                return _error(400, "session-lock-lost needs {'entity': <queue or subscription>}")
+            try:
+                lost = server.namespace.expire_session_locks(entity)
+            except BrokerError as exc:
+                return _error(_BROKER_STATUS.get(exc.condition, 400), exc.description)
+            return web.json_response({**server.faults.as_dict(), "session_locks_lost": lost})
         elif fault == "relay-no-listener":
             path = data.get("path")
             if not isinstance(path, str) or server.relay is None:

@@ -185,6 +185,18 @@ class NamespaceControl:
         """Bring fragment ``index`` of ``entity`` back up."""
         self._fault("fragment-up", {"entity": entity, "index": index})
 
+    def expire_session_locks(self, entity: str) -> int:
+        """Every session lock held on the session-enabled queue or subscription ``entity``
+        (``topic/Subscriptions/sub``) is lost now; how many were held.
+
+        Each holder's link is detached with ``com.microsoft:session-lock-lost``: its next
+        receive, settlement or ``session.renew_lock()`` raises ``SessionLockLostError``.
+        The sessions are free again (their unsettled messages return, in order) and a new
+        receiver can lock them. A one-shot fault: :meth:`restore` has nothing to undo.
+        """
+        result = self._fault("session-lock-lost", {"entity": entity})
+        return int(result["session_locks_lost"])
+
     def disaster(self) -> None:
         """An outage in which every message of this namespace is lost (entities stay)."""
         self._fault("disaster")
@@ -244,6 +256,8 @@ class Emulator:
     Args:
         namespaces: namespace (region) names; each gets its own loopback port and keys.
         queues: queues created in every namespace.
+        session_queues: session-enabled queues (``requires_session=True``) created in
+            every namespace.
         topics: topics created in every namespace, mapped to their subscription names.
         hybrid_connections: relay hybrid connections created in every namespace.
         ports: one port per namespace; default: any free port.
@@ -257,6 +271,7 @@ class Emulator:
         queues: Sequence[str] = (),
         topics: Mapping[str, Sequence[str]] | None = None,
         *,
+        session_queues: Sequence[str] = (),
         hybrid_connections: Sequence[str] = (),
         ports: Sequence[int] | None = None,
         control_port: int = 0,
@@ -266,12 +281,14 @@ class Emulator:
             isinstance(namespaces, str)
             or isinstance(queues, str)
             or isinstance(hybrid_connections, str)
+            or isinstance(session_queues, str)
         ):
             raise TypeError("namespaces and queues are sequences of names, not a single string")
         if ports is not None and len(ports) != len(namespaces):
             raise ValueError("give one port per namespace")
         self._namespace_names = tuple(namespaces)
         self._queues = tuple(queues)
+        self._session_queues = tuple(session_queues)
         self._topics = {k: tuple(v) for k, v in (topics or {}).items()}
         self._hybrid_connections = tuple(hybrid_connections)
         self._ports = tuple(ports) if ports is not None else (0,) * len(self._namespace_names)
@@ -303,6 +320,8 @@ class Emulator:
             command += ["--namespace", name, "--port", str(port)]
         for queue in self._queues:
             command += ["--queue", queue]
+        for queue in self._session_queues:
+            command += ["--session-queue", queue]
         for topic, subscriptions in self._topics.items():
             command += ["--topic", f"{topic}:{','.join(subscriptions)}"]
         for path in self._hybrid_connections:

@@ -41,6 +41,7 @@ def build_specs(
     queues: Sequence[str],
     topics: Sequence[str],
     hybrid_connections: Sequence[str] = (),
+    session_queues: Sequence[str] = (),
 ) -> list[NamespaceSpec]:
     """One spec per namespace; every namespace gets the same entities (a geo pair)."""
     if ports and len(ports) != len(namespaces):
@@ -53,6 +54,7 @@ def build_specs(
             name=name,
             port=ports[i] if ports else 0,
             queues=tuple(queues),
+            session_queues=tuple(session_queues),
             topics=parsed_topics,
             hybrid_connections=tuple(hybrid_connections),
         )
@@ -124,6 +126,13 @@ def _argument_parser() -> argparse.ArgumentParser:
         help="queue to create in every namespace (repeat)",
     )
     parser.add_argument(
+        "--session-queue",
+        action="append",
+        dest="session_queues",
+        default=[],
+        help="session-enabled queue (requires_session) to create in every namespace (repeat)",
+    )
+    parser.add_argument(
         "--topic",
         action="append",
         dest="topics",
@@ -167,6 +176,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         namespaces=args.namespaces,
         ports=args.ports,
         queues=args.queues,
+        session_queues=args.session_queues,
         topics=args.topics,
         hybrid_connections=args.hybrid_connections,
         control_port=args.control_port,
@@ -182,6 +192,7 @@ def run(
     namespaces: Sequence[str] | None = None,
     ports: Sequence[int] | None = None,
     queues: Sequence[str] = (),
+    session_queues: Sequence[str] = (),
     topics: Sequence[str] = (),
     hybrid_connections: Sequence[str] = (),
     control_port: int = DEFAULT_CONTROL_PORT,
@@ -200,6 +211,7 @@ def run(
         ports: One port per namespace, in order (0 = any free; default: the usual ports
             for the default pair, any free otherwise).
         queues: Queues created in every namespace.
+        session_queues: Session-enabled queues created in every namespace.
         topics: Topics ``NAME[:SUB1,SUB2]`` created in every namespace.
         hybrid_connections: Relay hybrid connections created in every namespace.
         control_port: The HTTP control endpoint's port (0 = any free).
@@ -216,7 +228,7 @@ def run(
     namespaces = list(namespaces or ["primary", "secondary"])
     ports = list(ports or ([*DEFAULT_PORTS] if namespaces == ["primary", "secondary"] else []))
     try:
-        specs = build_specs(namespaces, ports, queues, topics, hybrid_connections)
+        specs = build_specs(namespaces, ports, queues, topics, hybrid_connections, session_queues)
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

@@ -121,6 +121,8 @@ class NamespaceSpec:
     key_name: str = DEFAULT_KEY_NAME
     key: str = ""
     queues: tuple[str, ...] = ()
+    session_queues: tuple[str, ...] = ()
+    """Queues created with ``requires_session=True``."""
     topics: dict[str, tuple[str, ...]] = field(default_factory=dict)
     hybrid_connections: tuple[str, ...] = ()
     relay_port: int = 0
@@ -166,6 +168,8 @@ class NamespaceServer:
         self.namespace = Namespace(spec.name, on_timer_change=self._arm_timer)
         for queue in spec.queues:
             self.namespace.create_queue(queue)
+        for queue in spec.session_queues:
+            self.namespace.create_queue(queue, EntityProperties(requires_session=True))
         for topic, subscriptions in spec.topics.items():
             self.namespace.create_topic(topic)
             for subscription in subscriptions:

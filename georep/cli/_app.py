@@ -43,6 +43,10 @@ def emulator(
     queue: Annotated[
         list[str] | None, typer.Option(help="Queue created in every namespace (repeat).")
     ] = None,
+    session_queue: Annotated[
+        list[str] | None,
+        typer.Option(help="Session-enabled queue created in every namespace (repeat)."),
+    ] = None,
     topic: Annotated[
         list[str] | None, typer.Option(help="Topic NAME[:SUB1,SUB2] created in every namespace.")
     ] = None,
@@ -64,7 +68,8 @@ def emulator(
         run(
             namespaces=namespace,
             ports=port,
-            queues=queue or ["orders"],
+            queues=queue or ([] if session_queue else ["orders"]),
+            session_queues=session_queue or [],
             topics=topic or [],
             hybrid_connections=hybrid_connection or [],
             control_port=control_port,
@@ -85,7 +90,7 @@ def _print_error(message: str) -> None:
 
 _FAULT_ACTIONS = (
     "outage, restore, blackhole, latency, reject-sends, drop-dispositions, "
-    "disaster, relay-no-listener"
+    "disaster, relay-no-listener, session-lock-lost"
 )
 _FaultCondition = Annotated[
     str | None,
@@ -111,6 +116,10 @@ def fault(
         str | None, typer.Option(help="For relay-no-listener: the hybrid connection.")
     ] = None,
     off: Annotated[bool, typer.Option(help="For relay-no-listener: lift the fault.")] = False,
+    entity: Annotated[
+        str | None,
+        typer.Option(help="For session-lock-lost: the queue or topic/Subscriptions/sub."),
+    ] = None,
     control_url: _ControlUrl = "http://127.0.0.1:5710",
     control_token: _ControlToken = None,
 ) -> None:
@@ -120,6 +129,7 @@ def fault(
         "reject-sends": {"condition": condition},
         "drop-dispositions": {"count": count},
         "relay-no-listener": {"path": path, "on": not off},
+        "session-lock-lost": {"entity": entity},
     }
     url = f"{control_url.rstrip('/')}/namespaces/{namespace}/faults/{action}"
     state = _post_fault(url, bodies.get(action, {}), control_url, control_token)

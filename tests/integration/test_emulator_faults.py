@@ -117,19 +117,6 @@ async def test_unknown_entity_raises_not_found(georep_emulator: Emulator) -> Non
         await _send(georep_emulator.connection_string("primary"), "no-such-queue")
 
 
-async def test_session_receiver_fails_fast_with_a_clear_error(
-    georep_emulator: Emulator, queue: str
-) -> None:
-    async with ServiceBusClient.from_connection_string(
-        georep_emulator.connection_string("primary"), retry_total=0
-    ) as client:
-        started = time.monotonic()
-        with pytest.raises(ServiceBusError, match=r"[Ss]ession"):
-            async with client.get_queue_receiver(queue, session_id="s1") as receiver:
-                await receiver.receive_messages(max_wait_time=5)
-        assert time.monotonic() - started < 5
-
-
 # -- faults ----------------------------------------------------------------------------------
 
 
