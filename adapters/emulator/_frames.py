@@ -13,8 +13,9 @@ otherwise. Azure accepts them.
 renumbers every new delivery (the first frame of a transfer; continuation frames of a
 multi-frame transfer follow it) to the id Proton expects. Outgoing, for the deliveries it
 renumbered and that are unsettled, it puts the client's own ids back into Proton's
-dispositions, so the SDK matches each outcome to its transfer. A connection whose ids were
-never renumbered pays one frame-header read per frame and nothing else.
+dispositions, so the SDK matches each outcome to its transfer. The cost on a connection
+whose ids are in order: a frame-header read per frame, a read of each incoming transfer's
+first fields, and no copy of the bytes.
 
 Only the client's dispositions as *sender* would also name renumbered ids; the SDK never
 sends them (the emulator settles every transfer it answers), so they pass unchanged.
