@@ -75,7 +75,7 @@ def websocket_server(server: NamespaceServer) -> web.Server:
         if not ws.can_prepare(request).ok:
             raise web.HTTPBadRequest(text="Expected a WebSocket upgrade (subprotocol AMQPWSB10).")
         await ws.prepare(request)
-        transport = _WebSocketTransport(ws, request.transport and request.remote)
+        transport = _WebSocketTransport(ws, request.remote)
         connection = AmqpConnection(server)
         connection.connection_made(transport)
         pump = asyncio.create_task(transport.pump())
