@@ -45,6 +45,7 @@ from ._codec import (
     split_sections,
     timestamp_array,
 )
+from ._frames import DeliveryIdSequencer
 from ._sas import LISTEN, SEND, SasGrant
 from ._sessions import (
     DEFAULT_ACCEPT_TIMEOUT,
@@ -219,6 +220,9 @@ class AmqpConnection(asyncio.Protocol):
         self._collector = Collector()
         self._connection.collect(self._collector)
         self._engine.bind(self._connection)
+        # The SDK can number concurrent transfers out of order; Proton would close the
+        # connection (see _frames).
+        self._sequencer = DeliveryIdSequencer()
         self._flush_scheduled = False
         self._tick_handle: asyncio.TimerHandle | None = None
         self._consumers: dict[Link, _ConsumerLink] = {}
@@ -263,7 +267,7 @@ class AmqpConnection(asyncio.Protocol):
         if self._closed or self.paused:
             return
         engine = self._engine
-        view = memoryview(data)
+        view = memoryview(self._sequencer.incoming(data))
         while view:
             capacity = engine.capacity()
             if capacity <= 0:
@@ -312,7 +316,7 @@ class AmqpConnection(asyncio.Protocol):
                 return
             if pending == 0:
                 break
-            self.transport.write(engine.peek(pending))
+            self.transport.write(self._sequencer.outgoing(engine.peek(pending)))
             engine.pop(pending)
         self._arm_tick()
 
@@ -586,19 +590,24 @@ class AmqpConnection(asyncio.Protocol):
                 entity.complete(token)
                 delivery.update(Delivery.ACCEPTED)
             elif remote_state == Delivery.MODIFIED:
+                # The SDK: abandon = modified(delivery-failed), defer = modified(
+                # delivery-failed, undeliverable-here). Without delivery-failed the
+                # attempt does not count (AMQP 3.4.5).
                 if delivery.remote.undeliverable:
                     entity.defer(token)
                     delivery.local.undeliverable = True
-                else:
+                elif delivery.remote.failed:
                     entity.abandon(token)
-                delivery.local.failed = True
+                else:
+                    entity.release(token)
+                delivery.local.failed = delivery.remote.failed
                 delivery.update(Delivery.MODIFIED)
             elif remote_state == Delivery.REJECTED:
                 reason, description = _dead_letter_details(delivery.remote.condition)
                 entity.dead_letter_by_token(token, reason, description)
                 delivery.update(Delivery.REJECTED)
             elif remote_state == Delivery.RELEASED:
-                entity.abandon(token)
+                entity.release(token)
                 delivery.update(Delivery.RELEASED)
             else:
                 return  # a non-terminal state (received): wait for the outcome

@@ -469,24 +469,36 @@ class Entity:
         self._remove(self._locked_message(token))
 
     def abandon(self, token: uuid.UUID) -> None:
-        message = self._locked_message(token)
+        """The application gave the message up: a failed delivery, counted."""
+        self._release(self._locked_message(token))
+
+    def release(self, token: uuid.UUID) -> None:
+        """The client hands the message back unseen (AMQP ``released``, or ``modified``
+        without delivery-failed): the SDK does this to messages that reach its buffer
+        outside a receive call. Not a delivery attempt, so not counted, as on Azure."""
+        self._release(self._locked_message(token), failed=False)
+
+    def session_ended(self, message: StoredMessage) -> None:
+        """Return a locked message whose session lock ended (see _sessions.py): counted, as
+        a lock expiry is."""
         self._release(message)
 
-    def release(self, message: StoredMessage) -> None:
-        """Return a locked message whose session lock ended (see _sessions.py)."""
-        self._release(message)
-
-    def _release(self, message: StoredMessage) -> None:
-        """Return a locked message after a failed attempt (abandon or lock expiry)."""
+    def _release(self, message: StoredMessage, *, failed: bool = True) -> None:
+        """Return a locked message; ``failed`` (abandon, lock expiry) counts a delivery."""
         if self.sessions is not None:
             self.sessions.forget(message)
         self.locked.pop(message.lock_token, None)  # type: ignore[arg-type]
         message.lock_token = None
-        message.delivery_count += 1
+        if failed:
+            message.delivery_count += 1
         if message.sequence_number in self.deferred:
             message.state = MessageState.DEFERRED
             return
-        if message.delivery_count >= self.properties.max_delivery_count and not self.is_dead_letter:
+        if (
+            failed
+            and message.delivery_count >= self.properties.max_delivery_count
+            and not self.is_dead_letter
+        ):
             message.state = MessageState.LOCKED  # so _remove drops it from the right place
             self.dead_letter_message(
                 message,

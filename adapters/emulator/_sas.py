@@ -21,7 +21,7 @@ import hashlib
 import hmac
 import time
 from dataclasses import dataclass
-from urllib.parse import parse_qs, quote_plus, urlsplit
+from urllib.parse import unquote, unquote_plus, urlsplit
 
 __all__ = ["LISTEN", "MANAGE", "SEND", "SasGrant", "SasRule", "covers", "resource_path"]
 
@@ -107,6 +107,12 @@ def resource_host(resource: str) -> str:
 def verify(token: str, rules: dict[str, SasRule], namespace: str) -> tuple[SasRule, str, float]:
     """Check a token's form, rule, signature and expiry; return (rule, resource, expiry).
 
+    The signer signs ``<sr>\n<se>`` where ``<sr>`` is the resource text exactly as it puts
+    it in the token: the SDK and .NET URL-encode the URI first (``quote_plus``, or .NET's
+    lowercase ``%2f`` escapes), the ``AzureSasCredential`` samples do not encode it at all.
+    So the signature is checked over the ``sr`` text as it appears in the token, and only
+    the returned resource (for the scope check) is URL-decoded.
+
     Raises:
         PermissionError: Malformed, unknown rule, bad signature, or expired. The message
             never contains the token or a key.
@@ -114,13 +120,17 @@ def verify(token: str, rules: dict[str, SasRule], namespace: str) -> tuple[SasRu
     prefix = "SharedAccessSignature "
     if not token.startswith(prefix):
         raise PermissionError("The token is not a SharedAccessSignature.")
-    fields = {k: v[0] for k, v in parse_qs(token[len(prefix) :], keep_blank_values=True).items()}
+    fields: dict[str, str] = {}
+    for part in token[len(prefix) :].split("&"):
+        name, _, value = part.partition("=")
+        fields.setdefault(unquote_plus(name), value)
     try:
-        resource, signature, expiry_text, key_name = (
+        resource_text, signature, expiry_text, key_name = (
             fields["sr"],
-            fields["sig"],
-            fields["se"],
-            fields["skn"],
+            # unquote, not unquote_plus: a signature left unencoded keeps its '+'.
+            unquote(fields["sig"]),
+            unquote_plus(fields["se"]),
+            unquote_plus(fields["skn"]),
         )
         expiry = float(expiry_text)
     except (KeyError, ValueError):
@@ -128,13 +138,14 @@ def verify(token: str, rules: dict[str, SasRule], namespace: str) -> tuple[SasRu
     rule = rules.get(key_name)
     if rule is None:
         raise PermissionError(f"Unknown SAS key name '{key_name}' for namespace '{namespace}'.")
-    to_sign = f"{quote_plus(resource)}\n{expiry_text}".encode()
+    to_sign = f"{resource_text}\n{expiry_text}".encode()
     expected = base64.b64encode(hmac.new(rule.key.encode(), to_sign, hashlib.sha256).digest())
-    if not hmac.compare_digest(expected.decode(), signature):
+    if not hmac.compare_digest(expected, signature.encode()):
         raise PermissionError(
             f"The SAS signature does not match namespace '{namespace}': "
-            "check the key in the connection string."
+            "check the key in the connection string, and sign the sr value exactly as "
+            "the token carries it."
         )
     if expiry <= time.time():
         raise PermissionError("The SAS token has expired: mint a new one.")
-    return rule, resource, expiry
+    return rule, unquote_plus(resource_text), expiry

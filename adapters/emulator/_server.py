@@ -19,7 +19,7 @@ import secrets
 import socket
 import tempfile
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
@@ -41,6 +41,7 @@ from ._sas import (
     resource_path,
     verify,
 )
+from ._websocket import WEBSOCKET_PATH, websocket_server
 
 __all__ = [
     "CONTROL_TOKEN_ENV",
@@ -64,6 +65,8 @@ DEFAULT_PORTS = (5700, 5701)
 DEFAULT_CONTROL_PORT = 5710
 #: The environment variable ``georep emulator`` and ``georep fault`` take the token from.
 CONTROL_TOKEN_ENV = "GEOREP_EMULATOR_CONTROL_TOKEN"
+
+_LOOPBACK_NAMES = frozenset({"127.0.0.1", "localhost"})
 
 SEND_REJECT_CONDITIONS = {
     "server-busy": (
@@ -156,6 +159,7 @@ class NamespaceServer:
         self._idle_sockets: set[socket.socket] = set()
         self._ssl_context = ssl_context
         self._admin_handler = admin_handler
+        self._websocket_handler: Any | None = None  # made on the first WebSocket upgrade
         self._listener: socket.socket | None = None
         self._accept_task: asyncio.Task[None] | None = None
         # Strong references to in-flight _route tasks: the loop only keeps weak ones.
@@ -295,19 +299,36 @@ class NamespaceServer:
             self._idle_sockets.add(client)
             return
         try:
-            if (
-                first[0] == 0x16
-                and self._ssl_context is not None
-                and self._admin_handler is not None
-            ):
+            if first[0] == 0x16 and self._ssl_context is not None:
                 await loop.connect_accepted_socket(
-                    self._admin_handler, client, ssl=self._ssl_context
+                    lambda: _TlsRouter(self._after_tls), client, ssl=self._ssl_context
                 )
             else:
                 await loop.connect_accepted_socket(lambda: AmqpConnection(self), client)
         except (OSError, ConnectionError) as exc:
             _LOG.debug("emulator %s: connection setup failed: %s", self.name, exc)
             client.close()
+
+    def _after_tls(self, first: bytes) -> asyncio.Protocol | None:
+        """The protocol for a TLS connection whose first decrypted bytes are ``first``;
+        None to wait for more. AMQP (``AMQP`` + version, plain or SASL) as on Azure's
+        port 5671; the WebSocket upgrade to AMQP as on 443; any other HTTP is the admin API.
+        """
+        if first.startswith(b"AMQP"):
+            return AmqpConnection(self)
+        if len(first) < 4 and b"AMQP".startswith(first):
+            return None
+        request_line, newline, _ = first.partition(b"\r\n")
+        if not newline and len(first) < 8192:
+            return None
+        path = request_line.split(b" ")[1:2]
+        if path and path[0].split(b"?")[0].decode("latin-1") == WEBSOCKET_PATH:
+            if self._websocket_handler is None:
+                self._websocket_handler = websocket_server(self)
+            return self._websocket_handler()
+        if self._admin_handler is None:
+            return None if newline else _Refuse()
+        return self._admin_handler()  # type: ignore[no-any-return]
 
     # -- faults ---------------------------------------------------------------------------
     async def outage(self) -> None:
@@ -382,9 +403,47 @@ class NamespaceServer:
         return result
 
 
+class _TlsRouter(asyncio.Protocol):
+    """Reads the first decrypted bytes of a TLS connection, then hands the connection to
+    the protocol they call for (see :meth:`NamespaceServer._after_tls`)."""
+
+    def __init__(self, route: Callable[[bytes], asyncio.Protocol | None]) -> None:
+        self._route = route
+        self._transport: asyncio.Transport | None = None
+        self._buffer = b""
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        self._transport = transport
+
+    def data_received(self, data: bytes) -> None:
+        assert self._transport is not None
+        self._buffer += data
+        protocol = self._route(self._buffer)
+        if protocol is None:
+            return
+        self._transport.set_protocol(protocol)
+        protocol.connection_made(self._transport)
+        protocol.data_received(self._buffer)
+
+    def eof_received(self) -> bool | None:
+        return None  # closed before saying what it speaks
+
+
+class _Refuse(asyncio.Protocol):
+    """Closes a connection nothing on this port can serve."""
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        transport.close()
+
+
 def _same_host(resource: str, port: int) -> bool:
     # The audience names this namespace's endpoint: sb://127.0.0.1:PORT/..., https://...
-    return resource_host(resource) in loopback_hosts(port)
+    # Without a port too: over TLS the SDK connects to custom_endpoint_address and builds
+    # audiences from the namespace's host alone (sb://127.0.0.1/q). Each namespace has its
+    # own keys, so the signature still tells namespaces apart.
+    host = resource_host(resource)
+    return host in loopback_hosts(port) or host in _LOOPBACK_NAMES
 
 
 async def _peek(sock: socket.socket) -> bytes:

@@ -313,7 +313,7 @@ class Sessions:
         self._returning = True
         try:
             for message in sorted(session.locked, key=lambda m: m.sequence_number, reverse=True):
-                self.entity.release(message)
+                self.entity.session_ended(message)
         finally:
             self._returning = False
         session.locked.clear()

@@ -197,6 +197,26 @@ def test_abandon_puts_the_message_first_and_max_delivery_dead_letters(ns: Namesp
     assert [m.message_id for m in q.available if m.state is MessageState.AVAILABLE] == ["second"]
 
 
+def test_release_returns_the_message_first_without_counting_a_delivery(ns: Namespace) -> None:
+    q = ns.create_queue("q", EntityProperties(max_delivery_count=2))
+    ns.send(q, message(message_id="first"))
+    ns.send(q, message(message_id="second"))
+    consumer = FakeConsumer(credit=1)
+    q.add_consumer(consumer)
+    for _ in range(5):  # released unseen, again and again: never dead-lettered
+        token = consumer.got[-1][1]
+        assert token is not None
+        consumer.credit = 1
+        q.release(token)
+        assert consumer.got[-1][0].message_id == "first"
+    assert consumer.got[-1][0].delivery_count == 0
+    token = consumer.got[-1][1]
+    assert token is not None
+    q.abandon(token)  # a failed attempt counts
+    assert consumer.got[-1][0].delivery_count == 1
+    assert q.dead_letter is not None and not q.dead_letter.by_sequence
+
+
 def test_dead_letter_merges_reason_into_existing_application_properties(ns: Namespace) -> None:
     q = ns.create_queue("q")
     ns.send(q, message(app={"keep": "me", "DeadLetterReason": "old"}))
