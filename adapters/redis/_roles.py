@@ -16,7 +16,9 @@ from typing import Any, Final
 import redis.asyncio
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
+from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from georep._lifecycle import AsyncResource
 from georep._policy import positive_seconds
@@ -155,6 +157,11 @@ class RedisRoleStore(AsyncResource):
             operation_timeout=operation_timeout,
         )
 
+    @property
+    def client(self) -> redis.asyncio.Redis:
+        """The Redis client (``georep status`` counts seen-set keys with it)."""
+        return self._redis
+
     def key(self, entity: str) -> str:
         """The hash that holds ``entity``'s record."""
         return f"{self._index}:{entity}"
@@ -232,7 +239,10 @@ class RedisRoleStore(AsyncResource):
         password = connection.get("password")
         if password:
             description = description.replace(str(password), "***")
-        return StoreUnavailableError(
-            f"role store: redis at {where} did not answer within "
-            f"{self.operation_timeout:g} s or refused ({type(exc).__name__}: {description})"
-        )
+        if isinstance(exc, TimeoutError | RedisTimeoutError):
+            detail = f"did not answer within {self.operation_timeout:g} s"
+        elif isinstance(exc, OSError | RedisConnectionError):
+            detail = f"cannot be reached ({type(exc).__name__}: {description})"
+        else:
+            detail = f"refused the call ({type(exc).__name__}: {description})"
+        return StoreUnavailableError(f"role store: redis at {where} {detail}")
