@@ -53,22 +53,27 @@ def move_times(
     return times
 
 
+def start_workers(arguments: list[str]) -> list[subprocess.Popen[str]]:
+    """The sender processes, ``_fleet_worker.py ARGUMENTS INDEX`` each."""
+    return [
+        subprocess.Popen(
+            [sys.executable, str(WORKER), *arguments, str(index)],
+            cwd=REPO,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for index in range(PROCESSES)
+    ]
+
+
 async def test_a_fleet_follows_the_failover_command_and_an_outage_seen_by_one_process(
     emu: Emulator, private_queue: Callable[..., str], tmp_path: Path
 ) -> None:
     queue = private_queue("fleet")
     app = f"fleet-{uuid.uuid4().hex[:8]}"
     arguments = [emu.connection_string("primary"), emu.connection_string("secondary"), queue]
-    workers = [
-        subprocess.Popen(
-            [sys.executable, str(WORKER), *arguments, REDIS_URL, app, str(tmp_path), str(i)],
-            cwd=REPO,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        for i in range(PROCESSES)
-    ]
+    workers = start_workers([*arguments, REDIS_URL, app, str(tmp_path)])
     try:
         for worker in workers:
             line = await asyncio.to_thread(worker.stdout.readline)  # type: ignore[union-attr]
