@@ -8,10 +8,24 @@ import logging
 
 import pytest
 
-from georep import ConfigurationError, ErrorKind, FailoverPolicy, GeoSender, RoleState
+from georep import (
+    ConfigurationError,
+    ErrorKind,
+    FailoverChannel,
+    FailoverPolicy,
+    GeoSender,
+    RoleState,
+)
 from georep._role_commands import RoleCommands
 from georep._role_store import SharedRoles
-from georep.testing import FakeClock, FakeMessage, InMemoryRegionSender, InMemoryRoleStore, settle
+from georep.testing import (
+    FakeClock,
+    FakeMessage,
+    InMemoryRegionSender,
+    InMemoryRelayEndpoint,
+    InMemoryRoleStore,
+    settle,
+)
 
 ENTITY = "orders"
 NAMES = {"primary": "east.example", "secondary": "west.example"}
@@ -220,3 +234,52 @@ async def test_a_store_that_never_answers_is_bounded_by_its_operation_timeout() 
 
     assert result.accepted == ("secondary",)
     assert process.sender.roles.shared is False and process.active == "secondary"
+
+
+# ------------------------------------------------------------------------------- relay
+
+
+async def test_relay_channels_in_two_processes_share_one_swap() -> None:
+    store, clock = InMemoryRoleStore(), FakeClock()
+    labels = {"primary": "primary", "secondary": "secondary"}
+    channels = []
+    for _ in range(2):
+        link = SharedRoles(store, "orders-api", RoleState("primary"), names=labels, clock=clock)
+        await link.refresh()
+        link.hold()
+        endpoints = (InMemoryRelayEndpoint("primary"), InMemoryRelayEndpoint("secondary"))
+        channel = FailoverChannel(endpoints, role_state=link.state, clock=clock)
+        channels.append((channel, endpoints, link))
+    (first, (first_primary, _), _), (second, (second_primary, _), _) = channels
+    first_primary.fail_with(ErrorKind.CONNECTION)
+
+    response = await first.request("GET", "/health")
+    await clock.advance(0.25)
+
+    assert response.region == "secondary"
+    assert store.records["orders-api"].generation == 1
+    assert first.active == second.active == "secondary"
+    await second.request("GET", "/health")
+    assert second_primary.attempts == 0
+    for channel, _, link in channels:
+        await link.release()
+        await channel.aclose()
+
+
+async def test_a_relay_channel_with_a_role_store_follows_the_operator() -> None:
+    store, clock = InMemoryRoleStore(), FakeClock()
+    endpoints = (InMemoryRelayEndpoint("primary"), InMemoryRelayEndpoint("secondary"))
+    with pytest.raises(ConfigurationError, match="role_entity"):
+        FailoverChannel(endpoints, role_store=store)
+    async with FailoverChannel(
+        endpoints, role_store=store, role_entity="orders-api", clock=clock
+    ) as channel:
+        first = channel.active
+        other = "secondary" if first == "primary" else "primary"
+        assert store.records["orders-api"].active == first
+
+        await RoleCommands(store, app="test").failover(other)
+        await clock.advance(0.25)
+
+        assert channel.active == other
+        assert (await channel.request("GET", "/x")).region == other
