@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import weakref
 
 import pytest
 
@@ -14,8 +15,11 @@ from georep import (
     FailoverChannel,
     FailoverPolicy,
     GeoSender,
+    PairedNamespaceOptions,
+    PairedSender,
     RoleState,
 )
+from georep import _role_store as role_store_module
 from georep._role_commands import RoleCommands
 from georep._role_store import SharedRoles
 from georep.testing import (
@@ -283,3 +287,75 @@ async def test_a_relay_channel_with_a_role_store_follows_the_operator() -> None:
 
         assert channel.active == other
         assert (await channel.request("GET", "/x")).region == other
+
+
+# ------------------------------------------------------------------------------ paired
+
+
+def paired_process(
+    store: InMemoryRoleStore, clock: FakeClock, name: str, monkeypatch: pytest.MonkeyPatch
+) -> tuple[PairedSender, InMemoryRegionSender]:
+    """A PairedSender as another process would have it: its own shared-roles link."""
+    monkeypatch.setattr(role_store_module, "_links", weakref.WeakValueDictionary())
+    primary = InMemoryRegionSender("primary", f"east-{name}", ENTITY)
+    backlog = [InMemoryRegionSender("backlog-0", "west", "east/x-servicebus-transfer/0")]
+    sender = PairedSender(
+        primary,
+        backlog,
+        rewrite=lambda message, destination, **_: message,
+        make_ping=lambda: FakeMessage(b""),
+        options=PairedNamespaceOptions(
+            backlog_queue_count=1, failover_interval=0, ping_primary_interval=5
+        ),
+        clock=clock,
+        role_store=store,
+    )
+    return sender, primary
+
+
+async def test_paired_senders_engage_and_disengage_together_once(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    store, clock = InMemoryRoleStore(), FakeClock()
+    first, first_primary = paired_process(store, clock, "a", monkeypatch)
+    second, second_primary = paired_process(store, clock, "b", monkeypatch)
+    await first.__aenter__()
+    await second.__aenter__()
+    first_primary.fail_with(ErrorKind.CONNECTION)
+    second_primary.fail_with(ErrorKind.CONNECTION)
+
+    assert (await first.send_messages(FakeMessage(b"1"))).startswith("east/")
+    await clock.advance(0.25)
+
+    assert store.records[ENTITY].generation == 1 and second.state.engaged
+    assert (await second.send_messages(FakeMessage(b"2"))).startswith("east/")
+    assert second_primary.attempts == 0
+
+    first_primary.restore()
+    second_primary.restore()
+    await clock.advance(5)  # both ping and succeed: one disengages the roles for both
+    await clock.advance(0.25)
+
+    assert store.records[ENTITY].generation == 2
+    assert not first.state.engaged and not second.state.engaged
+    assert await second.send_messages(FakeMessage(b"3")) == "primary"
+    await first.aclose()
+    await second.aclose()
+
+
+async def test_paired_senders_follow_an_operator_and_do_not_ping_it_away(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    store, clock = InMemoryRoleStore(), FakeClock()
+    sender, _ = paired_process(store, clock, "a", monkeypatch)
+    async with sender:
+        await RoleCommands(store, app="test").failover("secondary")
+        await clock.advance(0.25)
+        assert sender.state.engaged
+        await clock.advance(20)  # the primary is fine, but an operator engaged failover
+        assert sender.state.engaged and sender.pings == 0
+
+        await RoleCommands(store, app="test").failback()
+        await clock.advance(0.25)
+        assert not sender.state.engaged
+        assert await sender.send_messages(FakeMessage(b"x")) == "primary"
