@@ -25,6 +25,7 @@ __all__ = ["failback", "failover", "pin", "status", "unpin"]
 _T = TypeVar("_T")
 
 console = Console()
+errors = Console(stderr=True)
 
 _Redis = Annotated[
     str,
@@ -54,7 +55,7 @@ _Json = Annotated[bool, typer.Option("--json", help="Print JSON instead of text.
 
 
 def _fail(message: str) -> typer.Exit:
-    console.print(f"error: {message}", style="red", soft_wrap=True, highlight=False, markup=False)
+    errors.print(f"error: {message}", style="red", soft_wrap=True, highlight=False, markup=False)
     return typer.Exit(2)
 
 

@@ -5,9 +5,14 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
+import re
 import weakref
 
 import pytest
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from georep import (
     ConfigurationError,
@@ -22,6 +27,7 @@ from georep import (
 from georep import _role_store as role_store_module
 from georep._role_commands import RoleCommands
 from georep._role_store import SharedRoles
+from georep.ports import RoleRecord
 from georep.testing import (
     FakeClock,
     FakeMessage,
@@ -359,3 +365,26 @@ async def test_paired_senders_follow_an_operator_and_do_not_ping_it_away(
         await clock.advance(0.25)
         assert not sender.state.engaged
         assert await sender.send_messages(FakeMessage(b"x")) == "primary"
+
+
+async def test_each_operator_change_is_logged_with_who_and_when_and_traced(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    store = InMemoryRoleStore()
+    await store.create(ENTITY, RoleRecord(active="primary"))
+    caplog.set_level(logging.WARNING, "georep.roles")
+
+    await RoleCommands(store, app="shop", tracer_provider=provider).failover("secondary")
+
+    [span] = exporter.get_finished_spans()
+    assert span.name == "georep failover"
+    attributes = dict(span.attributes or {})
+    assert attributes["georep.app"] == "shop" and attributes["georep.entity"] == ENTITY
+    assert attributes["georep.region"] == "secondary" and attributes["georep.generation"] == 1
+    assert f"pid {os.getpid()} (georep failover)" in str(attributes["enduser.id"])
+    [line] = [r.getMessage() for r in caplog.records]
+    assert line.startswith("failover orders: secondary active, generation 1, by ")
+    assert re.search(r"@.+ pid \d+ \(georep failover\) at \d{4}-\d\d-\d\dT", line)
