@@ -335,8 +335,9 @@ class GeoSender(AsyncResource):
                     clock=self._clock,
                     meter_provider=self._meter_provider,
                 )
-                link.hold()
-                self._role_link = link
+                if not self.closed:  # a closed sender starts no background refresh
+                    link.hold()
+                    self._role_link = link
                 state = link.state
             self._role_state = state
             self._parts.passive.watch(state)
