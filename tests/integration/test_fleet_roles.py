@@ -108,6 +108,12 @@ async def test_a_fleet_follows_the_failover_command_and_an_outage_seen_by_one_pr
         await asyncio.sleep(1.0)
         (tmp_path / "pause").unlink()
         await asyncio.sleep(1.0)
+
+        # The primary turns every send away while all eight send: they race, one swaps.
+        await fault(emu, "secondary", "restore")
+        await fault(emu, "primary", "reject_sends", "server-busy")
+        await wait_for_record(app, queue, lambda r: r.generation > 2, within=10)
+        await asyncio.sleep(1.0)
         (tmp_path / "stop").touch()
         outputs = [await asyncio.to_thread(w.communicate, timeout=60) for w in workers]
     finally:
@@ -115,6 +121,7 @@ async def test_a_fleet_follows_the_failover_command_and_an_outage_seen_by_one_pr
             if worker.poll() is None:
                 worker.kill()
         await fault(emu, "secondary", "restore")
+        await fault(emu, "primary", "restore")
     assert all(w.returncode == 0 for w in workers), [err[-2000:] for _, err in outputs]
     reports = [json.loads(out.strip().splitlines()[-1]) for out, _ in outputs]
 
@@ -126,13 +133,18 @@ async def test_a_fleet_follows_the_failover_command_and_an_outage_seen_by_one_pr
     # The outage: one generation step, made by worker 0, followed by all within a second.
     assert (outage.active, outage.generation) == ("primary", 2)
     assert outage.automatic and "automatic failover" in outage.changed_by
-    assert [r["swaps"] for r in reports] == [1] + [0] * (PROCESSES - 1)
+    assert reports[0]["swaps"] >= 1
     outage_moves = move_times(reports[1:], "primary", 2, outage.since)
     print(f"outage seen by one: the other processes followed in {max(outage_moves):.3f} s at most")
     assert max(outage_moves) <= 1.0, outage_moves
-    assert {(r["active"], r["generation"], r["shared"]) for r in reports} == {("primary", 2, True)}
+
+    # The race: one more generation step, whoever won; two automatic swaps in all.
     final = await record_of(app, queue)
-    assert final is not None and final.generation == 2
+    assert final is not None and (final.active, final.generation) == ("secondary", 3)
+    assert sum(r["swaps"] for r in reports) == 2
+    assert {(r["active"], r["generation"], r["shared"]) for r in reports} == {
+        ("secondary", 3, True)
+    }
 
     # Nothing lost, nothing stored twice.
     assert [r["failed"] for r in reports] == [[]] * PROCESSES
