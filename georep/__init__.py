@@ -23,6 +23,7 @@ from georep._relay import (
     RelayChannelStats,
     RelayPolicy,
 )
+from georep._role_store import InMemoryRoleStore
 from georep._roles import RoleState
 from georep._sender import GeoSender, SenderStats, SendResult
 from georep._syphon import Syphon, SyphonStats
@@ -44,7 +45,14 @@ from georep.exceptions import (
     SettlementError,
     StoreUnavailableError,
 )
-from georep.ports import ClaimState, ErrorKind, RelayRequest, RelayResponse
+from georep.ports import (
+    ClaimState,
+    ErrorKind,
+    RelayRequest,
+    RelayResponse,
+    RoleRecord,
+    RoleStore,
+)
 
 __all__ = [
     "DEFAULT_FAILOVER_KINDS",
@@ -64,6 +72,7 @@ __all__ = [
     "GeoReceiver",
     "GeoReplicationError",
     "GeoSender",
+    "InMemoryRoleStore",
     "InvalidMessageError",
     "MessageExpiredError",
     "MessageTooLargeError",
@@ -81,7 +90,9 @@ __all__ = [
     "RelayRequest",
     "RelayResponse",
     "ReplicationMode",
+    "RoleRecord",
     "RoleState",
+    "RoleStore",
     "SendResult",
     "SenderStats",
     "SettlementError",

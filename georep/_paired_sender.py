@@ -19,6 +19,8 @@ from georep._classify import MESSAGE_FAULT_KINDS, PAIRED_FAILOVER_KINDS
 from georep._clock import SystemClock
 from georep._lifecycle import AsyncResource, close_all
 from georep._paired import PairedNamespaceOptions
+from georep._role_store import SharedRoles, shared_role_state
+from georep._roles import RoleSnapshot, RoleState
 from georep._send_records import flush_ledger
 from georep._telemetry import Instruments, InstrumentSpec
 from georep.exceptions import (
@@ -26,7 +28,7 @@ from georep.exceptions import (
     ConfigurationError,
     RegionError,
 )
-from georep.ports import Clock, Ledger, RegionAttempt, RegionSender, SendRecord
+from georep.ports import Clock, Ledger, RegionAttempt, RegionSender, RoleStore, SendRecord
 
 __all__ = ["PairedSender", "PairedState"]
 
@@ -43,12 +45,14 @@ class PairedState:
         excluded: Backlog queues pulled from the rotation after a failed send, each with
             the monotonic time it rejoins (``ping_primary_interval`` later): one slow send
             must not take a backlog queue away for the rest of an outage.
+        roles: With a role store: the shared roles, ``secondary`` active while engaged.
     """
 
     failing_since: float | None = None
     engaged: bool = False
     excluded: dict[int, float] = field(default_factory=dict)
     pinger: asyncio.Task[None] | None = None
+    roles: RoleState | None = None
 
 
 _states: weakref.WeakValueDictionary[
@@ -98,6 +102,10 @@ class PairedSender(AsyncResource):
             accepts counts as a failover). Flushed, not closed, by :meth:`aclose`.
         clock: Time source.
         meter_provider: OpenTelemetry meter provider (pings are billed; they are counted).
+        role_store: Share engaged/disengaged with every process of the application
+            (``secondary`` active in the store while engaged): one process engaging
+            engages them all, the first successful ping disengages them all, once, and
+            ``georep failover``/``failback``/``pin`` steer them. The caller owns it.
     """
 
     def __init__(
@@ -113,6 +121,7 @@ class PairedSender(AsyncResource):
         ledger: Ledger | None = None,
         clock: Clock | None = None,
         meter_provider: metrics.MeterProvider | None = None,
+        role_store: RoleStore | None = None,
     ) -> None:
         self.options = options or PairedNamespaceOptions()
         if len(backlog) != self.options.backlog_queue_count:
@@ -136,6 +145,9 @@ class PairedSender(AsyncResource):
         if state is None:
             state = _states[key] = PairedState()
         self.state = state
+        self._role_store = role_store
+        self._role_link: SharedRoles | None = None
+        self._meter_provider = meter_provider
         self._owned: list[RegionSender] = []
         # Shared per provider: instruments created per instance would pile up.
         self._counters = Instruments.of(meter_provider).counters(PAIRED_COUNTERS)
@@ -145,7 +157,55 @@ class PairedSender(AsyncResource):
         """Stop pinging (if this sender pings) and close what it created. Idempotent."""
         await super().aclose()
 
+    # -- shared roles ------------------------------------------------------------------
+    async def _open(self) -> None:
+        self._shared_roles()
+        if self._role_link is not None and self._role_link.state.shared is None:
+            await self._role_link.refresh()
+
+    def _shared_roles(self) -> RoleState | None:
+        """The shared roles (joined on first use), None without a role store."""
+        if self._role_store is None:
+            return None
+        if self._role_link is None:
+            link = shared_role_state(
+                self._role_store,
+                self.entity,
+                names={"primary": "primary", "secondary": "secondary"},
+                initial="primary",
+                clock=self._clock,
+                meter_provider=self._meter_provider,
+            )
+            link.hold()
+            self._role_link = link
+            state = self.state
+            if state.roles is not link.state:
+                state.roles = link.state
+                link.state.on_change(self._roles_changed)
+                if link.state.current.active == "secondary":
+                    self._roles_changed(link.state.current)
+        return self._role_link.state
+
+    def _roles_changed(self, snapshot: RoleSnapshot) -> None:
+        """Engaged exactly while the shared roles have the secondary active."""
+        state = self.state
+        if snapshot.active == "secondary":
+            if not state.engaged:
+                state.engaged = True
+                state.excluded.clear()
+                _log.warning(
+                    "%s: failover engaged (shared roles): sending to backlog queues", self.entity
+                )
+            if state.pinger is None or state.pinger.done():
+                state.pinger = asyncio.create_task(self._ping_until_back(), name="georep-ping")
+        elif state.engaged:
+            state.engaged = False
+            state.failing_since = None
+            _log.warning("%s: failover disengaged (shared roles): sending to it", self.entity)
+
     async def _close(self) -> None:
+        if self._role_link is not None:
+            await self._role_link.release()
         pinger = self.state.pinger
         if pinger is not None and not pinger.done():
             pinger.cancel()
@@ -289,6 +349,7 @@ class PairedSender(AsyncResource):
     def _validate(self, message: Any) -> list[Any]:
         """The messages in ``message``, checked before any network call."""
         self._check_open()
+        self._shared_roles()
         codec = self._primary.codec
         messages = codec.split(message)
         codec.check(messages, one_partition=False)
@@ -351,7 +412,7 @@ class PairedSender(AsyncResource):
         try:
             result = await self._main.call(deadline, operation, payload, *args)
         except RegionError as exc:
-            self._failed(exc)
+            await self._failed(exc)
             if attempts is not None:
                 attempts.append(RegionAttempt(self._primary.region, "failed", _ledger_error(exc)))
             if not self.state.engaged:
@@ -363,7 +424,7 @@ class PairedSender(AsyncResource):
             return True, result
         return False, None
 
-    def _failed(self, error: RegionError) -> None:
+    async def _failed(self, error: RegionError) -> None:
         """Run the failover timer; engage when it has run ``failover_interval``."""
         # Not auth, not server-busy, not the message's own fault (SPEC §3; the table).
         if error.kind not in PAIRED_FAILOVER_KINDS:
@@ -373,7 +434,11 @@ class PairedSender(AsyncResource):
         if state.failing_since is None:
             state.failing_since = now
         if now - state.failing_since >= self.options.seconds("failover_interval"):
-            self._engage()
+            roles = self._shared_roles()
+            if roles is None:
+                self._engage()
+            else:  # one compare-and-set for every process; the listener engages
+                await roles.swap(expected=roles.current, new_active="secondary")
 
     def _engage(self) -> None:
         state = self.state
@@ -443,6 +508,9 @@ class PairedSender(AsyncResource):
         state = self.state
         while state.engaged:
             await self._clock.sleep(interval)
+            roles = self._shared_roles()
+            if roles is not None and (roles.pinned or not roles.automatic):
+                continue  # an operator engaged it: only an operator disengages it
             self.pings += 1
             self._counters["pings"].add(1, {"messaging.destination.name": self.entity})
             try:
@@ -450,6 +518,9 @@ class PairedSender(AsyncResource):
             except RegionError as exc:
                 _log.info("ping of %s failed: %s", self.entity, exc)
                 continue
+            if roles is not None:
+                await roles.swap(expected=roles.current, new_active="primary")
+                continue  # the listener disengages (also when another process did first)
             state.engaged = False
             state.failing_since = None
             _log.warning("%s answers pings again: sending to it", self.entity)

@@ -134,6 +134,10 @@ class FailoverPolicy:
             Off by default: like the seed, roles stay swapped until the next failure.
         switch_back_probe_interval: Seconds between health probes of the old active
             region when ``switch_back`` is on. Default 30 s.
+        failback_after: Seconds the old active region must have answered every probe
+            before the roles move back to it (``switch_back`` on): one good probe is not
+            enough. With a shared role store the move is one compare-and-set, made once
+            for every process. Default 60 s.
         region_cooldown: Active mode: after a region fails with an unavailability error,
             sends skip it for this many seconds (its copy counts as failed, and is queued
             for repair when ``repair=True``), then try it again. Without it every send
@@ -150,10 +154,16 @@ class FailoverPolicy:
     attempt_timeout: Seconds = 10.0
     switch_back: bool = False
     switch_back_probe_interval: Seconds = 30.0
+    failback_after: Seconds = 60.0
     region_cooldown: Seconds = 5.0
 
     def __post_init__(self) -> None:
-        for name in ("attempt_timeout", "switch_back_probe_interval", "region_cooldown"):
+        for name in (
+            "attempt_timeout",
+            "switch_back_probe_interval",
+            "failback_after",
+            "region_cooldown",
+        ):
             check = seconds if name == "region_cooldown" else positive_seconds
             object.__setattr__(self, name, check(getattr(self, name), f"FailoverPolicy.{name}"))
         flag(self.switch_back, "FailoverPolicy.switch_back")
@@ -164,6 +174,11 @@ class FailoverPolicy:
     def attempt_seconds(self) -> float:
         """``attempt_timeout`` in seconds."""
         return as_seconds(self.attempt_timeout)
+
+    @property
+    def failback_seconds(self) -> float:
+        """``failback_after`` in seconds."""
+        return as_seconds(self.failback_after)
 
     @property
     def region_cooldown_seconds(self) -> float:

@@ -23,6 +23,7 @@ from georep._classify import RELAY_FAILOVER_KINDS, error_kinds
 from georep._clock import SystemClock
 from georep._lifecycle import AsyncResource, close_all
 from georep._policy import Seconds, as_seconds, positive_seconds
+from georep._role_store import SharedRoles, shared_role_state
 from georep._roles import RoleSnapshot, RoleState
 from georep._telemetry import Instruments, InstrumentSpec, TracingGate
 from georep.exceptions import (
@@ -31,7 +32,7 @@ from georep.exceptions import (
     RegionError,
     RegionUnavailableError,
 )
-from georep.ports import Clock, ErrorKind, RelayEndpoint, RelayResponse
+from georep.ports import Clock, ErrorKind, RelayEndpoint, RelayResponse, RoleStore
 
 __all__ = ["DEFAULT_RELAY_FAILOVER_KINDS", "FailoverChannel", "RelayChannelStats", "RelayPolicy"]
 
@@ -181,13 +182,20 @@ class FailoverChannel(AsyncResource):
             own endpoints): pass one :class:`georep.RoleState` whose ``active`` is one of
             the labels, e.g. ``RoleState(random.choice(["primary", "secondary"]))``.
             Default: the channel's own, picked at random on first use.
+        role_store: Share the roles with every process of the application (e.g.
+            ``georep.adapters.redis.RedisRoleStore``), under ``role_entity``: a failover
+            seen by one process moves them all, and ``georep failover``/``pin`` steer them
+            (label the endpoints ``primary`` and ``secondary`` for that). The caller owns
+            the store.
+        role_entity: The service's name in the role store (``georep status`` shows it).
         clock: Time source (``georep.testing.FakeClock`` in tests).
         tracer_provider: OpenTelemetry tracer provider; default the global one.
         meter_provider: OpenTelemetry meter provider; default the global one.
 
     Raises:
         ConfigurationError: Not exactly two endpoints, both with the same label or
-            address, or a ``role_state`` naming neither.
+            address, a ``role_state`` naming neither, both ``role_state`` and
+            ``role_store``, or a ``role_store`` without ``role_entity``.
     """
 
     def __init__(
@@ -197,10 +205,17 @@ class FailoverChannel(AsyncResource):
         policy: RelayPolicy | None = None,
         rng: random.Random | None = None,
         role_state: RoleState | None = None,
+        role_store: RoleStore | None = None,
+        role_entity: str | None = None,
         clock: Clock | None = None,
         tracer_provider: trace.TracerProvider | None = None,
         meter_provider: metrics.MeterProvider | None = None,
     ) -> None:
+        if role_store is not None and (role_state is not None or not role_entity):
+            raise ConfigurationError(
+                "role_store= needs role_entity= (the service's name in the store) and "
+                "excludes role_state="
+            )
         if len(endpoints) != 2:
             raise ConfigurationError(
                 f"FailoverChannel needs exactly two endpoints (active and backup), "
@@ -237,6 +252,10 @@ class FailoverChannel(AsyncResource):
                 f"endpoint ({', '.join(sorted(self._endpoints))}): label the endpoints alike"
             )
         self._roles: RoleState | None = role_state
+        self._role_store = role_store
+        self._role_entity = role_entity or ""
+        self._role_link: SharedRoles | None = None
+        self._meter_provider = meter_provider
         self._telemetry = _ChannelTelemetry(tracer_provider, meter_provider, time.monotonic)
         self.stats = RelayChannelStats()
 
@@ -244,9 +263,29 @@ class FailoverChannel(AsyncResource):
     def _role_state(self) -> RoleState:
         if self._roles is None:
             # The initial pick is random on purpose (SPEC §2.5): clients spread over both
-            # endpoints instead of all piling onto the first one listed.
-            self._roles = RoleState(self._rng.choice(sorted(self._endpoints)))
+            # endpoints instead of all piling onto the first one listed. With a role
+            # store, the first process's pick becomes everyone's.
+            pick = self._rng.choice(sorted(self._endpoints))
+            if self._role_store is None:
+                self._roles = RoleState(pick)
+            else:
+                link = shared_role_state(
+                    self._role_store,
+                    self._role_entity,
+                    names={label: label for label in self._endpoints},
+                    initial=pick,
+                    clock=self._clock,
+                    meter_provider=self._meter_provider,
+                )
+                link.hold()
+                self._role_link = link
+                self._roles = link.state
         return self._roles
+
+    async def _open(self) -> None:
+        roles = self._role_state()  # joins the shared roles, if any
+        if self._role_link is not None and roles.shared is None:
+            await self._role_link.refresh()
 
     @property
     def active(self) -> str:
@@ -412,6 +451,8 @@ class FailoverChannel(AsyncResource):
         await super().aclose()
 
     async def _close(self) -> None:
+        if self._role_link is not None:
+            await self._role_link.release()
         if self._close_endpoints:
             await close_all(
                 self._endpoints.values(),

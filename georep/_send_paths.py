@@ -67,6 +67,7 @@ class PassivePath(_Path):
         self._roles = roles
         self._probe: asyncio.Task[None] | None = None
         self._stopped = False
+        self._unwatch: Callable[[], None] | None = None
 
     async def send(self, send: PendingSend, *, may_queue: bool = True) -> SendResult:
         """Send to the active region; on an unavailability, to the backup."""
@@ -162,28 +163,57 @@ class PassivePath(_Path):
             if span is not None:
                 span.add_event("georep.role_swap", {"georep.region": backup.region})
             _log.warning("%s is now the active region for %s", backup.region, self._context.entity)
-            if self._policy.switch_back and self._probe is None and not self._stopped:
-                self._probe = asyncio.create_task(self._probe_for_switch_back())
+            self._start_probe()
+
+    def watch(self, roles: RoleState) -> None:
+        """Probe for switch-back whenever ``roles`` move away from the primary, whoever
+        moved them (this sender, another one, or another process through a role store)."""
+        primary = self._regions.primary.client.namespace
+        self._unwatch = roles.on_change(
+            lambda snapshot: None if snapshot.active == primary else self._start_probe()
+        )
+
+    def _start_probe(self) -> None:
+        if self._policy.switch_back and self._probe is None and not self._stopped:
+            self._probe = asyncio.create_task(self._probe_for_switch_back())
 
     async def _probe_for_switch_back(self) -> None:
-        """After a swap, move back to the original primary once it answers again."""
+        """Move back to the original primary once it has answered for ``failback_after``.
+
+        Only a swap georep made itself is undone, and never while the roles are pinned:
+        an operator's choice stays until an operator changes it.
+        """
         interval = as_seconds(self._policy.switch_back_probe_interval)
         primary = self._regions.primary
+        clock = self._context.clock
+        healthy_since: float | None = None
         try:
             while not self._stopped:
-                await self._context.clock.sleep(interval)
-                snapshot = await self._roles().read()
+                await clock.sleep(interval)
+                roles = self._roles()
+                snapshot = await roles.read()
                 if snapshot.active == primary.client.namespace:
+                    return
+                if roles.pinned or not roles.automatic:
                     return
                 try:
                     await primary.call(self._policy.attempt_seconds, primary.client.probe)
                 except RegionError:
+                    healthy_since = None
                     continue
-                roles = self._roles()
+                now = clock.monotonic()
+                if healthy_since is None:
+                    healthy_since = now
+                if now - healthy_since < self._policy.failback_seconds:
+                    continue
                 if await roles.swap(expected=snapshot, new_active=primary.client.namespace):
                     self._context.stats.role_swaps += 1
                     self._context.telemetry.role_swap(primary.region)
-                    _log.warning("%s answers again; switched back to it", primary.region)
+                    _log.warning(
+                        "%s answered for %g s; switched back to it",
+                        primary.region,
+                        now - healthy_since,
+                    )
                 return
         finally:
             self._probe = None
@@ -191,6 +221,8 @@ class PassivePath(_Path):
     async def stop(self) -> None:
         """Stop the switch-back probe (for good)."""
         self._stopped = True
+        if self._unwatch is not None:
+            self._unwatch()
         probe = self._probe
         if probe is not None:
             probe.cancel()

@@ -28,6 +28,7 @@ from georep._policy import (
     positive_seconds,
 )
 from georep._region_wrap import open_pair, wrap_pair
+from georep._role_store import SharedRoles, shared_role_state
 from georep._roles import RoleState, role_state_for
 from georep._send_records import flush_ledger
 from georep._send_wiring import SenderParts, SenderSettings, wire
@@ -38,7 +39,7 @@ from georep.exceptions import (
     ClosedError,
     ConfigurationError,
 )
-from georep.ports import Clock, Ledger, Outbox, RegionSender
+from georep.ports import Clock, Ledger, Outbox, RegionSender, RoleStore
 
 if TYPE_CHECKING:
     from opentelemetry.metrics import MeterProvider
@@ -115,13 +116,20 @@ class GeoSender(AsyncResource):
             The caller owns it: :meth:`aclose` flushes it but does not close it.
         role_state: Share roles explicitly; by default every GeoSender on the same
             namespace pair in this event loop shares one.
+        role_store: Share the entity's roles with every process of the application
+            (e.g. ``georep.adapters.redis.RedisRoleStore``): a failover seen by one
+            process moves them all, and ``georep failover``/``pin`` steer them. Sends
+            read a local copy, refreshed in the background every
+            ``store.refresh_interval``; ``async with`` reads it once before the first
+            send. The caller owns the store.
         clock: Time source (tests inject :class:`georep.testing.FakeClock`).
         tracer_provider: OpenTelemetry tracer provider (default: the global one).
         meter_provider: OpenTelemetry meter provider (default: the global one).
 
     Raises:
         ConfigurationError: Both senders point at the same namespace, or ``repair`` is
-            set without an outbox or outside active mode.
+            set without an outbox or outside active mode, or both ``role_state`` and
+            ``role_store`` are given.
     """
 
     def __init__(
@@ -137,6 +145,7 @@ class GeoSender(AsyncResource):
         drain: DrainPolicy | None = None,
         ledger: Ledger | None = None,
         role_state: RoleState | None = None,
+        role_store: RoleStore | None = None,
         partitioned: bool = False,
         clock: Clock | None = None,
         tracer_provider: TracerProvider | None = None,
@@ -159,7 +168,12 @@ class GeoSender(AsyncResource):
         _check_pair(self._primary, self._secondary)
         _check_options(self.policy, self.mode, partitioned, repair, outbox)
         self._codec = self._primary.codec
+        if role_state is not None and role_store is not None:
+            raise ConfigurationError("give role_state= or role_store=, not both")
         self._role_state = role_state
+        self._role_store = role_store
+        self._role_link: SharedRoles | None = None
+        self._meter_provider = meter_provider
         self.entity = self._primary.entity
         # The outbox channel names the pair in a fixed order, so a sender created with the
         # regions the other way round still drains what an earlier one left.
@@ -169,6 +183,8 @@ class GeoSender(AsyncResource):
         self.stats = SenderStats()
         self._parts = self._build(tracer_provider, meter_provider)
         self._drainer = self._parts.drainer
+        if role_state is not None:
+            self._parts.passive.watch(role_state)
 
     def _build(
         self, tracer_provider: TracerProvider | None, meter_provider: MeterProvider | None
@@ -251,6 +267,9 @@ class GeoSender(AsyncResource):
     # ------------------------------------------------------------------- lifecycle
 
     async def _open(self) -> None:
+        roles = self.roles  # joins the shared roles, if any
+        if self._role_link is not None and roles.shared is None:
+            await self._role_link.refresh()
         await self.warm_up()
         if self._drainer is not None:
             self._drainer.start()
@@ -289,6 +308,8 @@ class GeoSender(AsyncResource):
             _log.exception("stopping the outbox drainer failed")
         finally:
             await self._parts.passive.stop()
+            if self._role_link is not None:
+                await self._role_link.release()
             await close_all(self._owned, timeout=timeout, clock=self._clock, what="region sender")
             await flush_ledger(self.ledger, timeout=timeout, clock=self._clock)
 
@@ -298,9 +319,28 @@ class GeoSender(AsyncResource):
 
     @property
     def roles(self) -> RoleState:
-        """The role state this sender shares with every sender on its namespace pair."""
+        """The role state this sender shares with every sender on its namespace pair
+        (and, with a ``role_store``, with every process of the application)."""
         if self._role_state is None:
-            self._role_state = role_state_for(self._primary.namespace, self._secondary.namespace)
+            primary, secondary = self._primary, self._secondary
+            if self._role_store is None:
+                state = role_state_for(primary.namespace, secondary.namespace)
+            else:
+                names = {primary.region: primary.namespace, secondary.region: secondary.namespace}
+                link = shared_role_state(
+                    self._role_store,
+                    self.entity,
+                    names=names,
+                    initial=primary.namespace,
+                    clock=self._clock,
+                    meter_provider=self._meter_provider,
+                )
+                if not self.closed:  # a closed sender starts no background refresh
+                    link.hold()
+                    self._role_link = link
+                state = link.state
+            self._role_state = state
+            self._parts.passive.watch(state)
         return self._role_state
 
     @property

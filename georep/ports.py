@@ -36,6 +36,8 @@ __all__ = [
     "RelayEndpoint",
     "RelayRequest",
     "RelayResponse",
+    "RoleRecord",
+    "RoleStore",
     "SeenStore",
     "SendRecord",
 ]
@@ -636,4 +638,78 @@ class RelayEndpoint(Protocol):
 
     async def close(self) -> None:
         """Close the connections this endpoint opened (idempotent)."""
+        ...
+
+
+@dataclass(frozen=True, slots=True)
+class RoleRecord:
+    """The shared roles of one entity: which region is active, and who said so.
+
+    Attributes:
+        active: The active region's label (``"primary"`` or ``"secondary"``).
+        generation: Bumped by every change of ``active`` (never by a pin or unpin).
+        since: Wall-clock seconds (Unix epoch) when ``active`` last changed, or when the
+            record was created.
+        pinned: No automatic swap while set: only an operator moves the roles.
+        automatic: The last change of ``active`` was georep's own (a failover or a
+            failback), not an operator's. Automatic failback undoes only those.
+        changed_by: Who made the last change: ``user@host pid N (what)``.
+    """
+
+    active: str
+    generation: int = 0
+    since: float = 0.0
+    pinned: bool = False
+    automatic: bool = True
+    changed_by: str = ""
+
+
+@runtime_checkable
+class RoleStore(Protocol):
+    """Roles shared by every process of one application, one record per entity.
+
+    A change is a compare-and-set on the generation: however many processes race to swap
+    from the same generation, one wins and the others get the winner's record. Every
+    method raises :class:`georep.exceptions.StoreUnavailableError` when the store cannot
+    be reached or does not answer within its operation timeout, and nothing else for that.
+    """
+
+    async def read(self, entity: str) -> RoleRecord | None:
+        """The entity's record, or None when no process created one yet."""
+        ...
+
+    async def create(self, entity: str, record: RoleRecord) -> RoleRecord:
+        """Store ``record`` unless the entity has one; return the stored record."""
+        ...
+
+    async def change(
+        self,
+        entity: str,
+        *,
+        expected_generation: int,
+        active: str,
+        changed_by: str,
+        now: float,
+        automatic: bool = True,
+        pinned: bool | None = None,
+    ) -> tuple[bool, RoleRecord]:
+        """Make ``active`` active if the generation is still ``expected_generation``.
+
+        The generation is bumped (and ``since`` set to ``now``) only when ``active``
+        differs from the stored one; ``pinned`` (None: unchanged) is set either way. An
+        ``automatic`` change of a pinned record is refused.
+
+        Returns:
+            (True, the new record), or (False, the stored record) when the generation
+            had moved on, the record is pinned against an automatic change, or the
+            entity has no record.
+        """
+        ...
+
+    async def entities(self) -> list[str]:
+        """The entities that have a record, sorted."""
+        ...
+
+    async def aclose(self) -> None:
+        """Release what the store opened (idempotent)."""
         ...

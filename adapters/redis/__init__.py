@@ -1,4 +1,4 @@
-"""Where georep meets Redis: the shared seen-set of the dedup receiver (SPEC §2.4).
+"""Where georep meets Redis: the receivers' seen-set (SPEC §2.4) and the shared roles.
 
 Install with ``pip install 'georep[redis]'``.
 """
@@ -10,6 +10,7 @@ from georep._extras import require_extra
 require_extra("georep.adapters.redis", "redis", "redis")
 
 from ._embedded import embedded_redis_url, private_redis_server
+from ._roles import RedisRoleStore
 from ._seen import RedisSeenSet
 
-__all__ = ["RedisSeenSet", "embedded_redis_url", "private_redis_server"]
+__all__ = ["RedisRoleStore", "RedisSeenSet", "embedded_redis_url", "private_redis_server"]

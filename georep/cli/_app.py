@@ -704,5 +704,16 @@ def _utc(seconds: float) -> str:
     return datetime.fromtimestamp(seconds, UTC).strftime("%Y-%m-%d %H:%M:%S")
 
 
+# ----------------------------------------------------------------------------- roles
+
+from georep.cli import _roles  # noqa: E402 (the commands register after the app exists)
+
+app.command()(_roles.status)
+app.command()(_roles.failover)
+app.command()(_roles.failback)
+app.command()(_roles.pin)
+app.command()(_roles.unpin)
+
+
 def main() -> None:
     app()

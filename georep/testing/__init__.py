@@ -10,10 +10,12 @@ Nothing here does I/O or sleeps for real:
 - :class:`InMemoryRegionReceiver` and :class:`InMemorySeenSet`: a peek-lock queue and the
   seen-set, on the same fake clock.
 - :class:`InMemoryRelayEndpoint`: a relay endpoint served in-process, failing on demand.
+- :class:`InMemoryRoleStore`: shared roles in memory (``unavailable = True`` fails them).
 """
 
 from __future__ import annotations
 
+from georep._role_store import InMemoryRoleStore
 from georep.testing._clock import FakeClock
 from georep.testing._clock import settle as settle  # tests wait for ready tasks with it
 from georep.testing._ledger import InMemoryLedger
@@ -38,5 +40,6 @@ __all__ = [
     "InMemoryRegionReceiver",
     "InMemoryRegionSender",
     "InMemoryRelayEndpoint",
+    "InMemoryRoleStore",
     "InMemorySeenSet",
 ]

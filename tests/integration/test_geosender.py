@@ -102,7 +102,9 @@ async def test_passive_blackhole_fails_over_within_the_attempt_deadline(
 
 
 async def test_switch_back_waits_for_the_old_active_to_answer(emu: Emulator, queue: str) -> None:
-    policy = FailoverPolicy(attempt_timeout=2.0, switch_back=True, switch_back_probe_interval=0.3)
+    policy = FailoverPolicy(
+        attempt_timeout=2.0, switch_back=True, switch_back_probe_interval=0.3, failback_after=0.6
+    )
     async with on_emulator(GeoSender, emu, queue, policy=policy) as sender:
         await fault(emu, "primary", "outage")
         assert (await sender.send_messages(ServiceBusMessage("m"))).failed_over

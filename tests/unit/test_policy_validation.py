@@ -27,7 +27,12 @@ from georep.testing._seen import InMemorySeenSet
 NAN = float("nan")
 INF = float("inf")
 
-FAILOVER_DURATIONS = ["attempt_timeout", "switch_back_probe_interval", "region_cooldown"]
+FAILOVER_DURATIONS = [
+    "attempt_timeout",
+    "switch_back_probe_interval",
+    "failback_after",
+    "region_cooldown",
+]
 DRAIN_DURATIONS = ["initial_backoff", "max_backoff", "lease", "idle_interval"]
 RELAY_DURATIONS = ["attempt_timeout", "request_timeout"]
 PAIRED_DURATIONS = [
@@ -62,6 +67,7 @@ def test_bad_durations_are_refused_naming_the_field(cls: Any, field: str, bad: o
 ZERO_REFUSED = [
     (FailoverPolicy, "attempt_timeout"),
     (FailoverPolicy, "switch_back_probe_interval"),
+    (FailoverPolicy, "failback_after"),
     *((DrainPolicy, field) for field in DRAIN_DURATIONS),
     *((RelayPolicy, field) for field in RELAY_DURATIONS),
     (PairedNamespaceOptions, "ping_timeout"),

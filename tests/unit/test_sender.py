@@ -233,10 +233,10 @@ async def test_waiting_for_a_busy_region_is_not_an_outage() -> None:
     assert secondary.attempts == 0 and sender.roles.swaps == 0
 
 
-async def test_switch_back_after_the_old_active_answers_again() -> None:
+async def test_switch_back_once_the_old_active_answered_for_failback_after() -> None:
     clock = FakeClock()
     primary, secondary = regions()
-    policy = FailoverPolicy(switch_back=True, switch_back_probe_interval=30)
+    policy = FailoverPolicy(switch_back=True, switch_back_probe_interval=30, failback_after=60)
     sender = geo(primary, secondary, clock=clock, policy=policy)
     primary.fail_with(ErrorKind.CONNECTION)
     await sender.send_messages(FakeMessage(b"x"))
@@ -245,8 +245,30 @@ async def test_switch_back_after_the_old_active_answers_again() -> None:
     await clock.advance(30)  # probe fails: primary still down
     assert sender.active_region == "secondary"
     primary.restore()
-    await clock.advance(30)
+    await clock.advance(30)  # first good probe: healthy for 0 s
+    await clock.advance(30)  # healthy for 30 s
+    assert sender.active_region == "secondary"
+    await clock.advance(30)  # healthy for 60 s
     assert sender.active_region == "primary" and sender.stats.role_swaps == 2
+    await sender.aclose()
+
+
+async def test_a_failed_probe_restarts_the_healthy_time() -> None:
+    clock = FakeClock()
+    primary, secondary = regions()
+    policy = FailoverPolicy(switch_back=True, switch_back_probe_interval=10, failback_after=20)
+    sender = geo(primary, secondary, clock=clock, policy=policy)
+    primary.fail_with(ErrorKind.CONNECTION)
+    await sender.send_messages(FakeMessage(b"x"))
+    primary.restore()
+    await clock.advance(20)  # good probes at 10 and 20 s
+    primary.fail_with(ErrorKind.CONNECTION)
+    await clock.advance(10)  # a bad one at 30 s
+    primary.restore()
+    await clock.advance(20)  # good at 40 and 50: healthy for 10 s
+    assert sender.active_region == "secondary"
+    await clock.advance(10)  # good at 60: healthy for 20 s
+    assert sender.active_region == "primary"
     await sender.aclose()
 
 

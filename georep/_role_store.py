@@ -1,0 +1,372 @@
+"""Roles shared by every process of one application, through a :class:`RoleStore`.
+
+A :class:`SharedRoles` keeps one process's :class:`georep.RoleState` in step with the
+entity's record in the store: it reads the record in the background (every
+``refresh_interval``, so sends never wait for the store), and a swap becomes one
+compare-and-set on the generation in the store. When the store cannot be reached the
+process goes on with its own roles, says so once, and follows the store again as soon as
+it answers. :class:`InMemoryRoleStore` is the store for one process and for tests;
+``georep.adapters.redis.RedisRoleStore`` shares the roles between processes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import getpass
+import logging
+import os
+import socket
+import weakref
+from collections.abc import Mapping
+from typing import Final
+
+from opentelemetry import metrics
+
+from georep._clock import SystemClock
+from georep._policy import positive_seconds
+from georep._roles import RoleSnapshot, RoleState
+from georep._telemetry import Instruments, InstrumentSpec
+from georep.exceptions import StoreUnavailableError
+from georep.ports import Clock, RoleRecord, RoleStore
+
+__all__ = [
+    "DEFAULT_REFRESH_INTERVAL",
+    "ROLE_COUNTERS",
+    "InMemoryRoleStore",
+    "SharedRoles",
+    "shared_role_state",
+    "who_am_i",
+]
+
+_log = logging.getLogger("georep.roles")
+
+#: Seconds between two reads of the shared record: every process obeys a change within
+#: this time plus one round trip.
+DEFAULT_REFRESH_INTERVAL: Final = 0.25
+
+ROLE_COUNTERS: Final = {
+    "fallbacks": InstrumentSpec(
+        "georep.roles.store_fallbacks",
+        "{fallback}",
+        "Times a process lost the shared role store and went on with its own roles.",
+    ),
+    "rejoins": InstrumentSpec(
+        "georep.roles.store_rejoins",
+        "{rejoin}",
+        "Times a process reached the shared role store again and followed its roles.",
+    ),
+}
+"""The shared roles' counters."""
+
+ROLES_SHARED: Final = InstrumentSpec(
+    "georep.roles.shared",
+    "{process}",
+    "1 while this process follows the shared role store for the entity, 0 while it uses "
+    "its own roles (the store is unreachable).",
+)
+
+
+def who_am_i(what: str) -> str:
+    """``user@host pid N (what)``: who a role change is recorded as made by."""
+    try:
+        user = getpass.getuser()
+    except (KeyError, OSError):  # no login name in some containers
+        user = "unknown"
+    return f"{user}@{socket.gethostname()} pid {os.getpid()} ({what})"
+
+
+class InMemoryRoleStore:
+    """A :class:`georep.ports.RoleStore` in this process's memory.
+
+    For one process (every sender of the process shares it) and for tests; processes
+    that should share roles use ``georep.adapters.redis.RedisRoleStore``.
+
+    Args:
+        refresh_interval: Seconds between two background reads of a record. Default 0.25.
+        operation_timeout: Most seconds one store call may take. Default 1.
+
+    Attributes:
+        records: Entity → its record.
+        calls: Calls made so far.
+        unavailable: Set it (tests) to make every call raise ``StoreUnavailableError``,
+            as an unreachable Redis does.
+    """
+
+    def __init__(
+        self,
+        *,
+        refresh_interval: float = DEFAULT_REFRESH_INTERVAL,
+        operation_timeout: float = 1.0,
+    ) -> None:
+        self.refresh_interval = positive_seconds(refresh_interval, "refresh_interval")
+        self.operation_timeout = positive_seconds(operation_timeout, "operation_timeout")
+        self.records: dict[str, RoleRecord] = {}
+        self.calls = 0
+        self.unavailable = False
+
+    def _check(self) -> None:
+        self.calls += 1
+        if self.unavailable:
+            raise StoreUnavailableError("role store: unavailable (InMemoryRoleStore.unavailable)")
+
+    async def read(self, entity: str) -> RoleRecord | None:
+        self._check()
+        return self.records.get(entity)
+
+    async def create(self, entity: str, record: RoleRecord) -> RoleRecord:
+        self._check()
+        return self.records.setdefault(entity, record)
+
+    async def change(
+        self,
+        entity: str,
+        *,
+        expected_generation: int,
+        active: str,
+        changed_by: str,
+        now: float,
+        automatic: bool = True,
+        pinned: bool | None = None,
+    ) -> tuple[bool, RoleRecord]:
+        self._check()
+        stored = self.records.get(entity)
+        if stored is None:
+            return False, RoleRecord(active="", generation=-1)
+        if stored.generation != expected_generation or (automatic and stored.pinned):
+            return False, stored
+        moved = stored.active != active
+        record = RoleRecord(
+            active=active,
+            generation=stored.generation + moved,
+            since=now if moved else stored.since,
+            pinned=stored.pinned if pinned is None else pinned,
+            automatic=automatic if moved else stored.automatic,
+            changed_by=changed_by,
+        )
+        self.records[entity] = record
+        return True, record
+
+    async def entities(self) -> list[str]:
+        self._check()
+        return sorted(self.records)
+
+    async def aclose(self) -> None:
+        return None
+
+
+class SharedRoles:
+    """Keeps one :class:`RoleState` in step with its entity's record in a role store.
+
+    Args:
+        store: The shared role store.
+        entity: The record's name (the queue, topic or service).
+        state: The process's role state, whose ``active`` values are local names (a
+            namespace for a GeoSender, an endpoint label for a FailoverChannel).
+        names: Region label in the store → the local name it stands for.
+        clock: Time source.
+        meter_provider: OpenTelemetry meter provider (None: the global one).
+    """
+
+    def __init__(
+        self,
+        store: RoleStore,
+        entity: str,
+        state: RoleState,
+        *,
+        names: Mapping[str, str],
+        clock: Clock,
+        meter_provider: metrics.MeterProvider | None = None,
+    ) -> None:
+        self.store = store
+        self.entity = entity
+        self.state = state
+        self._local = dict(names)
+        self._label = {local: label for label, local in names.items()}
+        self._clock = clock
+        self._who = who_am_i("automatic failover")
+        self.record: RoleRecord | None = None
+        self.fallbacks = 0
+        self.rejoins = 0
+        self._holders = 0
+        self._poller: asyncio.Task[None] | None = None
+        self._unknown_warned: set[str] = set()
+        instruments = Instruments.of(meter_provider)
+        self._counters = instruments.counters(ROLE_COUNTERS)
+        self._attributes = {"georep.entity": entity}
+        instruments.gauge_of(ROLES_SHARED, combine=min).add(self, _shared_value, self._attributes)
+        state.link(self)
+
+    @property
+    def _timeout(self) -> float:
+        return float(getattr(self.store, "operation_timeout", 1.0))
+
+    @property
+    def _interval(self) -> float:
+        return float(getattr(self.store, "refresh_interval", DEFAULT_REFRESH_INTERVAL))
+
+    # -- lifecycle ---------------------------------------------------------------------
+    def hold(self) -> None:
+        """One more user: start the background refresh with the first."""
+        self._holders += 1
+        if self._poller is None or self._poller.done():
+            self._poller = asyncio.create_task(self._poll(), name=f"georep-roles-{self.entity}")
+
+    async def release(self) -> None:
+        """One user fewer: stop the background refresh with the last."""
+        self._holders = max(0, self._holders - 1)
+        poller = self._poller
+        if self._holders == 0 and poller is not None:
+            self._poller = None
+            poller.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await poller
+
+    async def _poll(self) -> None:
+        while True:
+            await self.refresh()
+            await self._clock.sleep(self._interval)
+
+    # -- store calls -------------------------------------------------------------------
+    async def refresh(self) -> None:
+        """Read the record (creating it from the local roles if absent) and follow it."""
+        current = self.state.current
+        try:
+            with self._clock.deadline(self._timeout):
+                record = await self.store.read(self.entity)
+                if record is None:
+                    record = await self.store.create(self.entity, self._initial(current))
+        except (StoreUnavailableError, TimeoutError, OSError) as exc:
+            self._lost(exc)
+            return
+        self._follow(record)
+
+    async def propose(self, expected: RoleSnapshot, new_active: str) -> bool | None:
+        """The compare-and-set in the store; None when it could not be made (swap locally)."""
+        if self.state.shared is not True or self.record is None:
+            return None
+        try:
+            with self._clock.deadline(self._timeout):
+                swapped, record = await self.store.change(
+                    self.entity,
+                    expected_generation=expected.generation,
+                    active=self._label[new_active],
+                    changed_by=self._who,
+                    now=self._clock.time(),
+                )
+        except (StoreUnavailableError, TimeoutError, OSError) as exc:
+            self._lost(exc)
+            return None
+        if record.generation < 0:  # the record vanished (store flushed): recreate it
+            await self.refresh()
+            return None
+        self._follow(record)
+        return swapped
+
+    def _initial(self, current: RoleSnapshot) -> RoleRecord:
+        return RoleRecord(
+            active=self._label[current.active],
+            generation=current.generation,
+            since=self._clock.time(),
+            changed_by=who_am_i("first process"),
+        )
+
+    # -- following ---------------------------------------------------------------------
+    def _follow(self, record: RoleRecord) -> None:
+        state = self.state
+        if state.shared is False:
+            self.rejoins += 1
+            self._counters["rejoins"].add(1, self._attributes)
+            _log.warning(
+                "role store answers again: %s follows the shared roles (%s active, generation %d)",
+                self.entity,
+                record.active,
+                record.generation,
+            )
+        rejoined = state.shared is not True
+        state.shared = True
+        known = self.record
+        if not rejoined and known is not None and record.generation < known.generation:
+            return  # an answer older than one already followed
+        local = self._local.get(record.active)
+        if local is None:
+            if record.active not in self._unknown_warned:
+                self._unknown_warned.add(record.active)
+                _log.warning(
+                    "role store names %r active for %s, which is none of %s: ignored",
+                    record.active,
+                    self.entity,
+                    ", ".join(sorted(self._local)),
+                )
+            return
+        self.record = record
+        state.pinned = record.pinned
+        state.automatic = record.automatic
+        snapshot = state.current
+        if snapshot.active != local or snapshot.generation != record.generation:
+            if snapshot.active != local:
+                _log.warning(
+                    "%s: %s is now active (generation %d, changed by %s)",
+                    self.entity,
+                    record.active,
+                    record.generation,
+                    record.changed_by or "unknown",
+                )
+            state.adopt(RoleSnapshot(local, record.generation))
+
+    def _lost(self, error: BaseException) -> None:
+        if self.state.shared is False:
+            return
+        self.state.shared = False
+        self.fallbacks += 1
+        self._counters["fallbacks"].add(1, self._attributes)
+        _log.warning(
+            "role store unreachable (%s): %s uses this process's own roles until it answers",
+            error or type(error).__name__,
+            self.entity,
+        )
+
+
+def _shared_value(link: SharedRoles) -> int | None:
+    shared = link.state.shared
+    return None if shared is None else int(shared)
+
+
+_links: weakref.WeakValueDictionary[
+    tuple[asyncio.AbstractEventLoop, int, str, frozenset[tuple[str, str]]], SharedRoles
+] = weakref.WeakValueDictionary()
+
+
+def shared_role_state(
+    store: RoleStore,
+    entity: str,
+    *,
+    names: Mapping[str, str],
+    initial: str,
+    clock: Clock | None = None,
+    meter_provider: metrics.MeterProvider | None = None,
+) -> SharedRoles:
+    """The link of ``entity``'s roles to ``store``, one per store and entity in this loop.
+
+    Args:
+        store: The shared role store.
+        entity: The record's name.
+        names: Region label → the local name of that region.
+        initial: The local name active until the store answers.
+        clock: Time source (default: the system's).
+        meter_provider: OpenTelemetry meter provider.
+    """
+    key = (asyncio.get_running_loop(), id(store), entity, frozenset(names.items()))
+    link = _links.get(key)
+    if link is None or link.store is not store:
+        state = RoleState(initial)
+        link = SharedRoles(
+            store,
+            entity,
+            state,
+            names=names,
+            clock=clock or SystemClock(),
+            meter_provider=meter_provider,
+        )
+        _links[key] = link
+    return link

@@ -1,0 +1,78 @@
+"""One sender process of the fleet test (test_fleet_roles.py): sends passively until told
+to stop, sharing its roles through Redis, and prints what it saw as one JSON line.
+
+    python _fleet_worker.py PRIMARY SECONDARY QUEUE REDIS_URL APP CONTROL_DIR INDEX
+
+Control files in CONTROL_DIR: ``pause`` (stop sending until it is gone, except the worker
+whose ``send-INDEX`` file exists: it sends one message per file it finds, then deletes
+it), ``stop`` (finish and report).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+import time
+from pathlib import Path
+
+from azure.servicebus import ServiceBusMessage
+
+from georep import FailoverPolicy, GeoSender
+from georep.adapters.redis import RedisRoleStore
+
+
+async def main() -> None:
+    primary, secondary, queue, redis_url, app, control, index = sys.argv[1:8]
+    control_dir = Path(control)
+    pause, stop, send_one = (control_dir / name for name in ("pause", "stop", f"send-{index}"))
+    accepted: dict[str, str] = {}
+    failed: list[str] = []
+    changes: list[tuple[float, str, int]] = []
+    async with (
+        RedisRoleStore.from_url(redis_url, app=app) as store,
+        GeoSender.from_connection_strings(
+            primary,
+            secondary,
+            queue_name=queue,
+            role_store=store,
+            policy=FailoverPolicy(attempt_timeout=3.0),
+        ) as sender,
+    ):
+        roles = sender.roles
+        roles.on_change(
+            lambda snapshot: changes.append(
+                (time.time(), sender.active_region, snapshot.generation)
+            )
+        )
+        print("ready", flush=True)
+        count = 0
+        while not stop.exists():
+            if pause.exists():
+                if not send_one.exists():
+                    await asyncio.sleep(0.02)
+                    continue
+                send_one.unlink()
+            message_id = f"w{index}-{count}"
+            count += 1
+            try:
+                result = await sender.send_messages(ServiceBusMessage("x", message_id=message_id))
+            except Exception as exc:  # reported, counted by the test
+                failed.append(f"{message_id}: {type(exc).__name__}: {exc}")
+            else:
+                accepted[message_id] = result.accepted[0]
+            await asyncio.sleep(0.03)
+        report = {
+            "accepted": accepted,
+            "failed": failed,
+            "changes": changes,
+            "swaps": roles.swaps,
+            "shared": roles.shared,
+            "active": sender.active_region,
+            "generation": roles.current.generation,
+        }
+    print(json.dumps(report), flush=True)
+
+
+if __name__ == "__main__":
+    asyncio.run(main())
