@@ -4,6 +4,7 @@ functions are in ``_helpers.py``."""
 
 from __future__ import annotations
 
+import shutil
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
 from functools import partial
@@ -14,7 +15,7 @@ from _helpers import REDIS_URL, create_queue
 from azure.servicebus.aio import ServiceBusClient
 
 from georep.adapters.emulator import Emulator
-from georep.adapters.redis import RedisSeenSet
+from georep.adapters.redis import PrivateRedisCluster, RedisSeenSet, private_redis_cluster
 
 pytestmark = pytest.mark.integration
 
@@ -70,3 +71,18 @@ async def seen() -> AsyncIterator[RedisSeenSet]:
     group = f"test-{uuid.uuid4().hex[:8]}"
     async with RedisSeenSet.from_url(REDIS_URL, group=group, window=600) as store:
         yield store
+
+
+@pytest.fixture(scope="session")
+def redis_cluster() -> Iterator[PrivateRedisCluster]:
+    """A Redis Cluster of our own (3 masters, 3 replicas, on free loopback ports), shared by
+    the session's tests that only read and write it; torn down at the end. Skips the test
+    when ``redis-server`` and ``redis-cli`` are not installed."""
+    yield from fresh_redis_cluster()
+
+
+def fresh_redis_cluster() -> Iterator[PrivateRedisCluster]:
+    if not (shutil.which("redis-server") and shutil.which("redis-cli")):
+        pytest.skip("a Redis Cluster test needs redis-server and redis-cli on PATH")
+    with private_redis_cluster(3, replicas=1) as cluster:
+        yield cluster

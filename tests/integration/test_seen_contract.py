@@ -1,8 +1,9 @@
 """The SeenStore contract, run against every implementation of :class:`georep.ports.SeenStore`.
 
 The ``redis`` parameter talks to a real Redis (``$REDIS_URL``, default the local one) and is
-skipped, with the reason, when none answers; select it with ``-k redis`` or leave it out
-with ``-k "not redis"``. Time moves through the harness's ``advance``: a FakeClock for the
+skipped, with the reason, when none answers; ``redis-cluster`` to a Redis Cluster the session
+starts (3 masters, 3 replicas); select them with ``-k redis`` or leave them out with
+``-k "not redis"``. Time moves through the harness's ``advance``: a FakeClock for the
 in-memory store (no real waiting), ``asyncio.sleep`` past short leases for Redis.
 """
 
@@ -94,7 +95,9 @@ def prefix() -> str:
     return f"test:{uuid.uuid4().hex}:"
 
 
-@pytest.fixture(params=["in-memory", "redis"])
+@pytest.fixture(
+    params=["in-memory", "redis", pytest.param("redis-cluster", marks=pytest.mark.redis_cluster)]
+)
 async def harness(request: pytest.FixtureRequest, prefix: str) -> AsyncIterator[Harness]:
     created: list[SeenSet] = []
 
@@ -116,16 +119,24 @@ async def harness(request: pytest.FixtureRequest, prefix: str) -> AsyncIterator[
 
         yield Harness(make_memory, make_memory_unavailable, clock.advance)
     else:
-        skip_unless_redis_answers()
-        client = redis.asyncio.Redis.from_url(REDIS_URL)
+        cluster = request.param == "redis-cluster"
+        if cluster:
+            url = request.getfixturevalue("redis_cluster").url
+        else:
+            skip_unless_redis_answers()
+            url = REDIS_URL
 
         def make_redis(**options: Any) -> SeenSet:
-            return keep(RedisSeenSet(REDIS_URL, prefix=prefix, **options))
+            return keep(RedisSeenSet(url, prefix=prefix, cluster=cluster, **options))
 
         def make_redis_unavailable() -> SeenSet:
-            return keep(RedisSeenSet(UNREACHABLE_URL, prefix=prefix, operation_timeout=0.2))
+            return keep(
+                RedisSeenSet(UNREACHABLE_URL, prefix=prefix, cluster=cluster, operation_timeout=0.2)
+            )
 
         yield Harness(make_redis, make_redis_unavailable, asyncio.sleep)
+        if not cluster:
+            client = redis.asyncio.Redis.from_url(REDIS_URL)
     for store in created:
         await store.aclose()
     if client is not None:
