@@ -13,6 +13,7 @@ import asyncio
 import functools
 import hashlib
 import os
+import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
@@ -528,21 +529,63 @@ async def test_async_with_closes_the_store(harness: Harness) -> None:
 # --------------------------------------------------------------------- Redis specifics
 
 
-async def test_redis_keys_are_prefix_group_and_digest_and_hold_a_ttl(
+def layout_keys(prefix: str, group: str, key: str, window_ms: int) -> tuple[bytes, bytes, bytes]:
+    """Where RedisSeenSet (default expected_ids: 16,384 hash tags) keeps ``key``: its claims
+    hash, its current time bucket, and its field."""
+    digest = hashlib.blake2b(key.encode(), digest_size=16).digest()
+    tag = int.from_bytes(digest[:4], "big") % 16_384
+    base = f"{prefix}{group}:{{{tag}}}:".encode()
+    bucket = int(time.time() * 1000) // window_ms
+    return base + b"c", base + str(bucket).encode(), digest[4:]
+
+
+async def test_redis_keeps_claims_and_done_ids_as_digest_fields_of_expiring_hashes(
     redis_client: redis.asyncio.Redis, prefix: str
 ) -> None:
-    async with RedisSeenSet(redis_client, group="orders", prefix=prefix, window=60) as store:
+    async with RedisSeenSet(redis_client, group="orders", prefix=prefix, window=600) as store:
         await store.claim(["claimed"], owner=ALICE, lease=LONG_LEASE)
         await store.commit(["done"], owner=ALICE)
-    claimed = f"{prefix}orders:".encode() + hashlib.blake2b(b"claimed", digest_size=16).digest()
-    done = f"{prefix}orders:".encode() + hashlib.blake2b(b"done", digest_size=16).digest()
+    claims, _, claimed_field = layout_keys(prefix, "orders", "claimed", 600_000)
+    _, bucket, done_field = layout_keys(prefix, "orders", "done", 600_000)
     try:
-        assert await redis_client.get(claimed) == b"c" + ALICE.encode()
-        assert await redis_client.get(done) == b"1"
-        assert 0 < await redis_client.pttl(claimed) <= LONG_LEASE * 1000
-        assert 59_000 < await redis_client.pttl(done) <= 60_000
+        deadline, _, holder = (await redis_client.hget(claims, claimed_field)).partition(b"|")
+        assert holder == ALICE.encode()
+        assert 0 < int(deadline) - time.time() * 1000 <= LONG_LEASE * 1000
+        assert 0 < await redis_client.pttl(claims) <= LONG_LEASE * 1000
+        # Done: the window's end in 1/2048ths of it (about 293 ms), counted from the bucket.
+        assert 0 <= int(await redis_client.hget(bucket, done_field)) <= 2048
+        assert 600_000 <= await redis_client.pttl(bucket) <= 1_200_000
+        assert await redis_client.object("encoding", bucket) == b"listpack"
     finally:
         await delete_prefix(redis_client, prefix)
+
+
+async def test_redis_reads_the_previous_layouts_keys_until_they_expire(
+    redis_client: redis.asyncio.Redis, prefix: str
+) -> None:
+    def legacy(key: str) -> bytes:  # one string key per id, as georep wrote them before
+        return f"{prefix}default:".encode() + hashlib.blake2b(key.encode(), digest_size=16).digest()
+
+    for key, value in [("done", "1"), ("deferred", "F"), ("dead", "Dbad order"), ("held", "cbob")]:
+        await redis_client.set(legacy(key), value, px=60_000)
+    keys = ["done", "deferred", "dead", "held", "new"]
+    try:
+        async with RedisSeenSet(redis_client, prefix=prefix) as store:
+            claims = await store.claim(keys, owner=ALICE, lease=LONG_LEASE)
+        async with RedisSeenSet(redis_client, prefix=prefix, read_legacy_keys=False) as store:
+            upgraded = await store.claim(keys[:3], owner=ALICE, lease=LONG_LEASE)
+    finally:
+        await delete_prefix(redis_client, prefix)
+
+    assert claims == [
+        ClaimState.DONE,
+        ClaimState.DEFERRED,
+        ClaimState.DEAD_LETTERED,
+        ClaimState.IN_FLIGHT,
+        ClaimState.CLAIMED,
+    ]
+    assert isinstance(claims, Claims) and claims.reasons == {2: "bad order"}
+    assert upgraded == [ClaimState.CLAIMED] * 3
 
 
 async def test_redis_groups_do_not_see_each_other(
