@@ -199,7 +199,9 @@ def private_redis_cluster(
             for port in ports:
                 node_dir = os.path.join(data_dir, str(port))
                 os.mkdir(node_dir)
-                options = ("--cluster-enabled", "yes", "--cluster-node-timeout", node_ms, *config)
+                # A replica's first sync starts at once (diskless sync waits 5 s by default).
+                options = ("--cluster-enabled", "yes", "--cluster-node-timeout", node_ms,
+                           "--repl-diskless-sync-delay", "0", *config)  # fmt: skip
                 cluster.processes[port] = _start_server(port, node_dir, options)
             deadline = time.monotonic() + start_timeout
             for port in ports:
