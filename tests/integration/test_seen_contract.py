@@ -588,6 +588,56 @@ async def test_redis_reads_the_previous_layouts_keys_until_they_expire(
     assert upgraded == [ClaimState.CLAIMED] * 3
 
 
+@pytest.mark.parametrize("skew", [-1.0, 1.0], ids=["behind", "ahead"])
+async def test_redis_finds_entries_of_a_receiver_whose_clock_is_off(
+    redis_client: redis.asyncio.Redis, prefix: str, skew: float
+) -> None:
+    async with (
+        RedisSeenSet(redis_client, prefix=prefix, window=60) as ours,
+        RedisSeenSet(redis_client, prefix=prefix, window=60) as skewed,
+    ):
+        # A whole window off (60 s): the other receiver always picks the bucket next to
+        # ours (the store reads the buckets either side of its own).
+        skewed._wall_clock_ms = lambda: int((time.time() + skew * 60) * 1000)
+        await skewed.claim(["held"], owner=BOB, lease=LONG_LEASE)
+        await skewed.commit(["done"], owner=BOB, outcome=ClaimState.DEFERRED)
+        await ours.commit(["mine"], owner=ALICE)
+
+        assert await ours.claim(["held", "done"], owner=ALICE, lease=LONG_LEASE) == [
+            ClaimState.IN_FLIGHT,
+            ClaimState.DEFERRED,
+        ]
+        assert await skewed.claim(["mine"], owner=BOB, lease=LONG_LEASE) == [ClaimState.DONE]
+    await delete_prefix(redis_client, prefix)
+
+
+async def test_redis_drops_a_claim_nobody_came_back_for(
+    redis_client: redis.asyncio.Redis, prefix: str
+) -> None:
+    claims = f"{prefix}default:{{0}}:c".encode()  # expected_ids=1: every id has tag 0
+    async with RedisSeenSet(redis_client, prefix=prefix, expected_ids=1) as store:
+        await store.claim(["live"], owner=ALICE, lease=LONG_LEASE)  # keeps the hash
+        await store.claim(["abandoned"], owner=BOB, lease=SHORT_LEASE)
+        await asyncio.sleep(PAST_SHORT_LEASE)
+        assert await redis_client.hlen(claims) == 2
+
+        # Each call looks at one claim at random: one in two finds the abandoned one.
+        for _ in range(60):
+            await store.claim(["live"], owner=ALICE, lease=LONG_LEASE)
+            if await redis_client.hlen(claims) == 1:
+                break
+
+        assert await redis_client.hkeys(claims) == [
+            hashlib.blake2b(b"live", digest_size=16).digest()[4:]
+        ]
+    await delete_prefix(redis_client, prefix)
+
+
+async def test_redis_refuses_a_useless_expected_ids(redis_client: redis.asyncio.Redis) -> None:
+    with pytest.raises(ConfigurationError, match="expected_ids"):
+        RedisSeenSet(redis_client, expected_ids=0)
+
+
 async def test_redis_groups_do_not_see_each_other(
     redis_client: redis.asyncio.Redis, prefix: str
 ) -> None:
