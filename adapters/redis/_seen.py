@@ -44,7 +44,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 from georep._lifecycle import AsyncResource
 from georep._outcomes import check_commit
 from georep._policy import count, positive_seconds
-from georep.exceptions import StoreUnavailableError
+from georep.exceptions import ConfigurationError, StoreUnavailableError
 from georep.ports import Claims, ClaimState
 
 __all__ = ["RedisSeenSet"]
@@ -268,7 +268,8 @@ class RedisSeenSet(AsyncResource):
 
     Raises:
         ConfigurationError: ``window``, ``operation_timeout`` or ``expected_ids`` is not
-            positive.
+            positive. Raised by the first call instead: the group's ids are already spread
+            for another ``expected_ids`` (the key ``prefix + group + ":layout"`` records it).
     """
 
     def __init__(
@@ -313,6 +314,9 @@ class RedisSeenSet(AsyncResource):
                 )
         else:
             self._redis = url_or_client
+        # A permanent key per group: how many hashes its ids are spread over.
+        self._layout = (self._key_prefix + b"layout", b"hashes=%d" % (self._hash_mask + 1))
+        self._layout_checked = False
         self._cluster = isinstance(self._redis, RedisCluster)
         self._read_legacy = read_legacy_keys and not self._cluster
         self._sha: bytes = hashlib.sha1(_SCRIPT.encode()).hexdigest().encode()
@@ -530,10 +534,17 @@ class RedisSeenSet(AsyncResource):
         # nodes at once.
         for attempt in range(2):
             pipe = self._redis.pipeline(transaction=False)
+            check_layout = not self._layout_checked
+            if check_layout:  # SET NX then GET: SET's NX and GET options go together on 7.0+
+                pipe.setnx(*self._layout)
+                pipe.get(self._layout[0])
             for index in pending:
                 pipe.execute_command("EVALSHA", *calls[index])
             self.round_trips += 1
             answers = await pipe.execute(raise_on_error=False)
+            if check_layout:
+                answers.pop(0)
+                self._check_layout(answers.pop(0))
             missing: list[int] = []
             for index, answer in zip(pending, answers, strict=True):
                 if isinstance(answer, NoScriptError) and attempt == 0:
@@ -548,6 +559,23 @@ class RedisSeenSet(AsyncResource):
             await self._redis.script_load(_SCRIPT)  # on a cluster: on every master
             pending = missing
         return results
+
+    def _check_layout(self, recorded: Any) -> None:
+        """The first call of a store records (SETNX) how many hashes its group's ids are
+        spread over; a store of the same group sized otherwise would look for them in other
+        keys, and must not run."""
+        if isinstance(recorded, Exception):
+            raise recorded
+        theirs = recorded.decode() if isinstance(recorded, bytes) else recorded
+        ours = self._layout[1].decode()
+        if theirs is not None and theirs != ours:
+            key = self._layout[0].decode("utf-8", "replace")
+            raise ConfigurationError(
+                f"seen set: the group's ids are spread over {theirs} (key {key!r}), this "
+                f"store's over {ours}: give every receiver of the group the same "
+                "expected_ids (to change it, stop them all and delete that key)"
+            )
+        self._layout_checked = True
 
     def _unavailable(
         self, exc: BaseException, *, deadline_passed: bool = False

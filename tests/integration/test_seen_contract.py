@@ -633,6 +633,20 @@ async def test_redis_drops_a_claim_nobody_came_back_for(
     await delete_prefix(redis_client, prefix)
 
 
+async def test_redis_refuses_a_store_sized_otherwise_than_its_group(
+    redis_client: redis.asyncio.Redis, prefix: str
+) -> None:
+    async with RedisSeenSet(redis_client, prefix=prefix, expected_ids=1_000_000) as first:
+        await first.commit(["m1"], owner=ALICE)
+    async with RedisSeenSet(redis_client, prefix=prefix, expected_ids=10_000_000) as other:
+        with pytest.raises(ConfigurationError, match="same expected_ids"):
+            await other.claim(["m1"], owner=BOB, lease=LONG_LEASE)
+    async with RedisSeenSet(redis_client, prefix=prefix, expected_ids=1_000_001) as same:
+        # 1,000,001 ids also need 16,384 hashes (a power of two): the same layout.
+        assert await same.claim(["m1"], owner=BOB, lease=LONG_LEASE) == [ClaimState.DONE]
+    await delete_prefix(redis_client, prefix)
+
+
 async def test_redis_refuses_a_useless_expected_ids(redis_client: redis.asyncio.Redis) -> None:
     with pytest.raises(ConfigurationError, match="expected_ids"):
         RedisSeenSet(redis_client, expected_ids=0)
