@@ -1,21 +1,23 @@
-"""The seen-set on Redis: digests in time-bucketed hashes, one Lua script call per hash.
+"""The seen-set on Redis: digests in time-bucketed hashes, one Lua script call per slot group.
 
-An id's 128-bit BLAKE2b digest picks one of ``hashes`` hash tags (its first 32 bits) and is
-stored as a 12-byte field (the other 96 bits). Per tag the store keeps:
+An id's 128-bit BLAKE2b digest picks, by its first 32 bits, one of ``expected_ids / 64``
+hashes; the other 96 bits (12 bytes) are its field. The hashes are dealt over
+``slot_groups`` cluster hash tags, each tag in its own share of the 16,384 slots. With
+``P = prefix + group + ":"``, per hash the store keeps:
 
-- ``{tag}:<bucket>``, one hash per time bucket as long as the window: field -> the id's
-  outcome and, in units of window/2048, when it stops counting (an integer for done,
+- ``P{tag}:<hash>:<bucket>``, one hash per time bucket as long as the window: field -> the
+  id's outcome and, in units of window/2048, when it stops counting (an integer for done,
   ``'F'`` + units deferred, ``'D'`` + units dead-lettered). A bucket expires as a whole once
   its last entry's window has run out, so no entry carries a TTL of its own.
-- ``{tag}:c``, the claims: field -> ``deadline_ms|owner`` (a lease is a deadline in the
-  value, checked against the server's clock; the hash expires after the latest lease).
-- ``{tag}:r``, dead-letter reasons: field -> reason (rare, and longer than the compact
-  encoding allows, so kept out of the buckets).
+- ``P{tag}:<hash>:c``, the claims: field -> ``deadline_ms|owner`` (a lease is a deadline in
+  the value, checked against the server's clock; the hash expires after the latest lease).
+- ``P{tag}:<hash>:r``, dead-letter reasons: field -> reason (rare, and longer than the
+  compact encoding allows, so kept out of the buckets).
 
 Small hashes are stored by Redis as listpacks (up to ``hash-max-listpack-entries``, 128 by
 default): a done id then costs its 12 bytes plus about 5, instead of a key of its own.
-Every key a call touches carries the same hash tag, so each script call stays in one slot
-of a Redis Cluster while the tags spread the load over every shard. A method sends one
+Every key a script call touches carries the same hash tag, so each call stays in one slot
+of a Redis Cluster while the tags spread the load over the shards. A method sends one
 script call per tag in its batch, all in one pipeline: one round trip on a single Redis,
 one per node, concurrently, on a cluster.
 
@@ -27,6 +29,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import itertools
 import math
 import time
 from collections.abc import Callable, Sequence
@@ -37,6 +40,7 @@ import redis.asyncio
 from redis.asyncio.cluster import RedisCluster
 from redis.asyncio.retry import Retry
 from redis.backoff import ExponentialBackoff, NoBackoff
+from redis.crc import key_slot
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import NoScriptError, RedisClusterException, RedisError
 from redis.exceptions import TimeoutError as RedisTimeoutError
@@ -56,6 +60,11 @@ DEFAULT_EXPECTED_IDS: Final = 1_000_000
 IDS_PER_HASH: Final = 64
 """Ids per hash at ``expected_ids``: half of Redis' default hash-max-listpack-entries, so a
 window twice as busy as expected still stays compact."""
+DEFAULT_SLOT_GROUPS: Final = 16
+"""Hash tags the hashes are spread over by default, each in its own 1/16 of the 16,384
+cluster slots: a batch is at most 16 script calls (each call costs Redis more than the ids
+in it), and a cluster whose masters hold even slot ranges (as ``redis-cli --cluster
+create`` deals them) gets an even share, within 1/16, on each of up to 16 masters."""
 UNITS_PER_WINDOW: Final = 2048
 """An entry's end is kept in units of window/2048: a 13-bit integer (2 bytes in a listpack)
 that rounds the window up by at most 1/2048 of it."""
@@ -63,35 +72,55 @@ FIELD_BYTES: Final = 12
 """Bytes of the digest stored per id (the first 4 pick the hash): 96 bits; a new id is
 taken for one of N remembered ids in the same hash with probability about N / 2**96."""
 
-# KEYS: claims, reasons, bucket before, current bucket, bucket after, then (claims on a
-# single Redis only) one previous-layout key per field.
-# ARGV: operation, owner, milliseconds (the lease for claim/extend), window ms, the current
-# bucket's start (ms, the client's clock), the unit (ms), the fields, and for commit one
-# outcome per field ('1', 'F', or 'D' .. reason).
-# Returns one answer per field. Claim: 0 claimed, 1 in flight, 2 done, 4 deferred, or
-# 'D' .. reason for dead-lettered; the others 1 where they changed the field.
+# KEYS[1]: the call's slot group, P{group}. The script names each id's keys after it,
+# P{group}:<hash>:c, :r and :<bucket> (same hash tag, so same slot): declaring them would
+# cost the client more than the rest of the call.
+# ARGV: 'operation ms window start unit hashes' (ms: the lease for claim/extend; start: the
+# current bucket's start by the client's clock, all in milliseconds), the owner, the
+# previous layout's key prefix ('' = do not read it; claims on a single Redis only), the
+# 16-byte digests, and for commit one outcome per digest ('1', 'F', or 'D' .. reason).
+# Returns one answer per digest. Claim: 0 claimed, 1 in flight, 2 done, 4 deferred, or
+# 'D' .. reason for dead-lettered; the others 1 where they changed the entry.
 # The server's clock decides leases and windows; the client's only picks the bucket keys,
 # and the buckets either side of the current one are read too, so clients whose clocks
 # disagree by less than a window still find each other's entries.
 _SCRIPT: Final = """
-local op, owner = ARGV[1], ARGV[2]
-local ms, window = tonumber(ARGV[3]), tonumber(ARGV[4])
-local start, unit = tonumber(ARGV[5]), tonumber(ARGV[6])
+local op, ms, window, start, unit, hashes =
+  string.match(ARGV[1], '^(%a) (%d+) (%d+) (%d+) (%d+) (%d+)$')
+ms, window, start, unit = tonumber(ms), tonumber(window), tonumber(start), tonumber(unit)
+hashes = tonumber(hashes)
+local owner, legacy = ARGV[2], ARGV[3]
 local clock = redis.call('TIME')
 local now = tonumber(clock[1]) * 1000 + math.floor(tonumber(clock[2]) / 1000)
-local claims, reasons, bucket = KEYS[1], KEYS[2], KEYS[4]
-local count = #ARGV - 6
+local current = start / window
+local count = #ARGV - 3
 if op == 'm' then count = count / 2 end
 local answers = {}
+local keys_of = {}
+local ends_of = {}
 
-local function keep_until(key, ends)
-  local left = ends - now
-  if left > 0 and redis.call('PTTL', key) < left then
-    redis.call('PEXPIRE', key, left)
+-- The keys of a digest's hash: claims, reasons, and the buckets before, now, after.
+local function keys(digest)
+  local a, b, c, d = string.byte(digest, 1, 4)
+  local hash = (((a * 256 + b) * 256 + c) * 256 + d) % hashes
+  local found = keys_of[hash]
+  if not found then
+    local base = KEYS[1] .. ':' .. hash .. ':'
+    found = {base .. 'c', base .. 'r', base .. (current - 1), base .. current,
+             base .. (current + 1)}
+    keys_of[hash] = found
   end
+  return found
 end
 
-local function holder(field)
+-- Keep ``key`` at least until ``ends``; applied once per key when the call is done. Callers
+-- ask for more than they need (a claims hash: twice the lease; a bucket: until its last
+-- possible entry ends), so that most calls find the TTL long enough and change nothing.
+local function keep_until(key, ends)
+  if (ends_of[key] or 0) < ends then ends_of[key] = ends end
+end
+
+local function holder(claims, field)
   local held = redis.call('HGET', claims, field)
   if not held then return nil end
   local bar = string.find(held, '|', 1, true)
@@ -99,15 +128,15 @@ local function holder(field)
 end
 
 -- The outcome still counting for a field: 'done', 'F' or 'D'; the current bucket first.
-local function outcome(field)
-  for _, k in ipairs({4, 3, 5}) do
-    local value = redis.call('HGET', KEYS[k], field)
+local function outcome(k, field)
+  for _, b in ipairs({4, 3, 5}) do
+    local value = redis.call('HGET', k[b], field)
     if value then
       local kind, units = 'done', tonumber(value)
       if not units then
         kind, units = string.sub(value, 1, 1), tonumber(string.sub(value, 2))
       end
-      if start + (k - 4) * window + window + units * unit > now then
+      if start + (b - 3) * window + units * unit > now then
         return kind
       end
     end
@@ -116,29 +145,34 @@ local function outcome(field)
 end
 
 if op == 'c' then
-  local deadline, claimed = now + ms, false
-  -- A claim nobody committed or released (its holder vanished and its message never came
-  -- back) would stay as long as new claims keep the hash alive: each call drops one
-  -- random claim if its lease ran out.
-  local sample = redis.call('HRANDFIELD', claims, 1, 'WITHVALUES')
-  if sample[2] then
-    local bar = string.find(sample[2], '|', 1, true)
-    if tonumber(string.sub(sample[2], 1, bar - 1)) <= now then
-      redis.call('HDEL', claims, sample[1])
-    end
-  end
-  local legacy = #KEYS > 5
+  local deadline = now + ms
+  local sampled = {}
   for i = 1, count do
-    local field = ARGV[6 + i]
-    local kind, answer = outcome(field), nil
+    local digest = ARGV[3 + i]
+    local field, k = string.sub(digest, 5), keys(digest)
+    local claims = k[1]
+    if not sampled[claims] then
+      -- A claim nobody committed or released (its holder vanished and its message never
+      -- came back) would stay as long as new claims keep the hash alive: each call drops
+      -- one random claim of each claims hash it uses, if its lease ran out.
+      sampled[claims] = true
+      local sample = redis.call('HRANDFIELD', claims, 1, 'WITHVALUES')
+      if sample[2] then
+        local bar = string.find(sample[2], '|', 1, true)
+        if tonumber(string.sub(sample[2], 1, bar - 1)) <= now then
+          redis.call('HDEL', claims, sample[1])
+        end
+      end
+    end
+    local kind, answer = outcome(k, field), nil
     if kind == 'done' then
       answer = 2
     elseif kind == 'F' then
       answer = 4
     elseif kind == 'D' then
-      answer = 'D' .. (redis.call('HGET', reasons, field) or '')
-    elseif legacy then
-      local old = redis.call('GET', KEYS[5 + i])
+      answer = 'D' .. (redis.call('HGET', k[2], field) or '')
+    elseif legacy ~= '' then
+      local old = redis.call('GET', legacy .. digest)
       if old == '1' then
         answer = 2
       elseif old == 'F' then
@@ -150,49 +184,44 @@ if op == 'c' then
       end
     end
     if not answer then
-      local other, ends = holder(field)
+      local other, ends = holder(claims, field)
       if other and other ~= owner and ends > now then
         answer = 1
       else
         redis.call('HSET', claims, field, deadline .. '|' .. owner)
-        claimed, answer = true, 0
+        keep_until(claims, deadline + ms)
+        answer = 0
       end
     end
     answers[i] = answer
   end
-  if claimed then keep_until(claims, deadline) end
-  return answers
-end
-
-if op == 'm' then
+elseif op == 'm' then
   local units = math.ceil((now - start) / unit)
-  local dead = false
+  local ends = start + window + units * unit
+  local last = math.max(ends, start + 2 * window + unit)
   for i = 1, count do
-    local field, recorded = ARGV[6 + i], ARGV[6 + count + i]
+    local digest, recorded = ARGV[3 + i], ARGV[3 + count + i]
+    local field, k = string.sub(digest, 5), keys(digest)
     local kind = string.sub(recorded, 1, 1)
     if kind == '1' then
-      redis.call('HSET', bucket, field, units)
+      redis.call('HSET', k[4], field, units)
     else
-      redis.call('HSET', bucket, field, kind .. units)
+      redis.call('HSET', k[4], field, kind .. units)
       if kind == 'D' then
-        redis.call('HSET', reasons, field, string.sub(recorded, 2))
-        dead = true
+        redis.call('HSET', k[2], field, string.sub(recorded, 2))
+        keep_until(k[2], last)
       end
     end
-    redis.call('HDEL', claims, field)
+    keep_until(k[4], last)
+    redis.call('HDEL', k[1], field)
     answers[i] = 1
   end
-  local ends = start + window + units * unit
-  keep_until(bucket, ends)
-  if dead then keep_until(reasons, ends) end
-  return answers
-end
-
-if op == 'r' or op == 'e' then
-  local deadline, extended = now + ms, false
+elseif op == 'r' or op == 'e' then
+  local deadline = now + ms
   for i = 1, count do
-    local field = ARGV[6 + i]
-    local other, ends = holder(field)
+    local digest = ARGV[3 + i]
+    local field, claims = string.sub(digest, 5), keys(digest)[1]
+    local other, ends = holder(claims, field)
     answers[i] = 0
     if other == owner then
       if op == 'r' then
@@ -200,14 +229,21 @@ if op == 'r' or op == 'e' then
         answers[i] = 1
       elseif ends > now then
         redis.call('HSET', claims, field, deadline .. '|' .. owner)
-        extended, answers[i] = true, 1
+        keep_until(claims, deadline + ms)
+        answers[i] = 1
       end
     end
   end
-  if extended then keep_until(claims, deadline) end
-  return answers
+else
+  return redis.error_reply('georep seen-set: unknown operation ' .. tostring(op))
 end
-return redis.error_reply('georep seen-set: unknown operation ' .. tostring(op))
+for key, ends in pairs(ends_of) do
+  local left = ends - now
+  if left > 0 and redis.call('PTTL', key) < left then
+    redis.call('PEXPIRE', key, left)
+  end
+end
+return answers
 """
 
 _CLAIM, _COMMIT, _RELEASE, _EXTEND = "c", "m", "r", "e"
@@ -226,6 +262,16 @@ _CLAIM_STATES: Final = {
 }
 _STORED: Final = {ClaimState.DONE: b"1", ClaimState.DEFERRED: b"F", ClaimState.DEAD_LETTERED: b"D"}
 _STORE_ERRORS: Final = (RedisError, RedisClusterException, OSError)  # OSError: TimeoutError
+
+
+def _slot_tag(group: int, groups: int) -> bytes:
+    """A hash tag whose cluster slot lies in ``group``'s share of the 16,384 slots."""
+    low, high = group * 16_384 // groups, (group + 1) * 16_384 // groups
+    for attempt in itertools.count():
+        tag = b"%d.%d" % (group, attempt)
+        if low <= key_slot(tag) < high:
+            return tag
+    raise AssertionError("unreachable")  # pragma: no cover - count() never ends
 
 
 def _milliseconds(value: float) -> int:
@@ -257,7 +303,11 @@ class RedisSeenSet(AsyncResource):
         expected_ids: Ids committed per window the key layout is sized for: the store
             spreads them over ``expected_ids / 64`` hashes (a power of two) per time
             bucket, small enough for Redis' compact hash encoding up to about twice this
-            figure. Every receiver of a group must use the same value. Default 1,000,000.
+            figure. Default 1,000,000.
+        slot_groups: Cluster hash tags the hashes are spread over, each in its own share
+            of the slots: a batch costs at most this many script calls, and a cluster
+            spreads the load over up to this many masters. Raise it above 16 (the
+            default) only for a cluster of more masters.
         read_legacy_keys: Claims on a single Redis also read the one-key-per-id entries an
             earlier georep wrote (about one extra ``GET`` per id); turn off one window after
             upgrading. Never on a cluster (those keys live in other slots). Default True.
@@ -267,9 +317,11 @@ class RedisSeenSet(AsyncResource):
             for reloading the script after a server restart, failover or ``SCRIPT FLUSH``).
 
     Raises:
-        ConfigurationError: ``window``, ``operation_timeout`` or ``expected_ids`` is not
-            positive. Raised by the first call instead: the group's ids are already spread
-            for another ``expected_ids`` (the key ``prefix + group + ":layout"`` records it).
+        ConfigurationError: ``window``, ``operation_timeout``, ``expected_ids`` or
+            ``slot_groups`` is not positive. Raised by the first call instead: the group's
+            ids are already spread for another ``expected_ids`` or ``slot_groups`` (the key
+            ``prefix + group + ":layout"`` records them; every receiver of a group must use
+            the same).
     """
 
     def __init__(
@@ -282,6 +334,7 @@ class RedisSeenSet(AsyncResource):
         operation_timeout: float = DEFAULT_OPERATION_TIMEOUT,
         cluster: bool = False,
         expected_ids: int = DEFAULT_EXPECTED_IDS,
+        slot_groups: int = DEFAULT_SLOT_GROUPS,
         read_legacy_keys: bool = True,
     ) -> None:
         self._window_ms = _milliseconds(positive_seconds(window, "window"))
@@ -290,6 +343,11 @@ class RedisSeenSet(AsyncResource):
         wanted = count(expected_ids, "expected_ids")
         self._hash_mask = (1 << max(0, math.ceil(math.log2(wanted / IDS_PER_HASH)))) - 1
         self._key_prefix = f"{prefix}{group}:".encode()
+        self._groups = min(self._hash_mask + 1, count(slot_groups, "slot_groups", 1, 16_384))
+        self._group_keys = [
+            b"%s{%s}" % (self._key_prefix, _slot_tag(group, self._groups))
+            for group in range(self._groups)
+        ]
         self._owns_client = isinstance(url_or_client, str)
         self._redis: redis.asyncio.Redis | RedisCluster
         if isinstance(url_or_client, str):
@@ -315,7 +373,10 @@ class RedisSeenSet(AsyncResource):
         else:
             self._redis = url_or_client
         # A permanent key per group: how many hashes its ids are spread over.
-        self._layout = (self._key_prefix + b"layout", b"hashes=%d" % (self._hash_mask + 1))
+        self._layout = (
+            self._key_prefix + b"layout",
+            b"hashes=%d groups=%d" % (self._hash_mask + 1, self._groups),
+        )
         self._layout_checked = False
         self._cluster = isinstance(self._redis, RedisCluster)
         self._read_legacy = read_legacy_keys and not self._cluster
@@ -336,6 +397,7 @@ class RedisSeenSet(AsyncResource):
         operation_timeout: float = DEFAULT_OPERATION_TIMEOUT,
         cluster: bool = False,
         expected_ids: int = DEFAULT_EXPECTED_IDS,
+        slot_groups: int = DEFAULT_SLOT_GROUPS,
         read_legacy_keys: bool = True,
     ) -> RedisSeenSet:
         """A store on its own client for ``url``, closed by :meth:`aclose`.
@@ -356,11 +418,11 @@ class RedisSeenSet(AsyncResource):
             operation_timeout: As the constructor.
             cluster: As the constructor.
             expected_ids: As the constructor.
+            slot_groups: As the constructor.
             read_legacy_keys: As the constructor.
 
         Raises:
-            ConfigurationError: ``window``, ``operation_timeout`` or ``expected_ids`` is not
-                positive.
+            ConfigurationError: As the constructor.
         """
         return cls(
             url,
@@ -370,6 +432,7 @@ class RedisSeenSet(AsyncResource):
             operation_timeout=operation_timeout,
             cluster=cluster,
             expected_ids=expected_ids,
+            slot_groups=slot_groups,
             read_legacy_keys=read_legacy_keys,
         )
 
@@ -456,7 +519,7 @@ class RedisSeenSet(AsyncResource):
         ms: int,
         outcomes: Sequence[bytes] = _NO_VALUES,
     ) -> list[Any]:
-        """Run the script once per hash tag the keys fall in, all in one pipeline; the
+        """Run the script once per slot group the keys fall in, all in one pipeline; the
         script's answers in key order.
 
         ``outcomes`` (commit only) holds one recorded outcome per key.
@@ -487,39 +550,33 @@ class RedisSeenSet(AsyncResource):
         ms: int,
         outcomes: Sequence[bytes],
     ) -> list[tuple[list[int], list[bytes]]]:
-        """The script calls for a batch: per hash tag, the keys' positions and the EVALSHA
+        """The script calls for a batch: per slot group, the keys' positions and the EVALSHA
         arguments. Arguments go pre-encoded: redis-py would otherwise encode each one."""
-        by_tag: dict[int, list[int]] = {}
+        by_group: dict[int, list[int]] = {}
         digests = [_digest(key.encode()) for key in keys]
         for position, digest in enumerate(digests):
-            tag = int.from_bytes(digest[:4], "big") & self._hash_mask
-            by_tag.setdefault(tag, []).append(position)
+            group = (int.from_bytes(digest[:4], "big") & self._hash_mask) % self._groups
+            by_group.setdefault(group, []).append(position)
         bucket = self._wall_clock_ms() // self._window_ms
-        header = [
+        header = b"%s %d %d %d %d %d" % (
             operation.encode(),
-            owner.encode(),
-            str(ms).encode(),
-            str(self._window_ms).encode(),
-            str(bucket * self._window_ms).encode(),
-            str(self._unit_ms).encode(),
-        ]
-        buckets = [str(bucket + offset).encode() for offset in (-1, 0, 1)]
-        legacy = self._read_legacy and operation == _CLAIM
+            ms,
+            self._window_ms,
+            bucket * self._window_ms,
+            self._unit_ms,
+            self._hash_mask + 1,
+        )
+        legacy = self._key_prefix if self._read_legacy and operation == _CLAIM else b""
+        common = [header, owner.encode(), legacy]
         calls = []
-        for tag, positions in by_tag.items():
-            base = b"%s{%d}:" % (self._key_prefix, tag)
-            keys_of_call = [base + b"c", base + b"r", *(base + name for name in buckets)]
-            if legacy:
-                keys_of_call += [self._key_prefix + digests[p] for p in positions]
-            fields = [digests[p][4 : 4 + FIELD_BYTES] for p in positions]
-            recorded = [outcomes[p] for p in positions] if outcomes else []
+        for group, positions in by_group.items():
             arguments = [
                 self._sha,
-                str(len(keys_of_call)).encode(),
-                *keys_of_call,
-                *header,
-                *fields,
-                *recorded,
+                b"1",
+                self._group_keys[group],
+                *common,
+                *(digests[p] for p in positions),
+                *(outcomes[p] for p in positions if outcomes),
             ]
             calls.append((positions, arguments))
         return calls
@@ -573,7 +630,8 @@ class RedisSeenSet(AsyncResource):
             raise ConfigurationError(
                 f"seen set: the group's ids are spread over {theirs} (key {key!r}), this "
                 f"store's over {ours}: give every receiver of the group the same "
-                "expected_ids (to change it, stop them all and delete that key)"
+                "expected_ids and slot_groups (to change them, stop them all and delete "
+                "that key)"
             )
         self._layout_checked = True
 

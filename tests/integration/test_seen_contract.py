@@ -13,6 +13,7 @@ import asyncio
 import functools
 import hashlib
 import os
+import re
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -529,32 +530,48 @@ async def test_async_with_closes_the_store(harness: Harness) -> None:
 # --------------------------------------------------------------------- Redis specifics
 
 
-def layout_keys(prefix: str, group: str, key: str, window_ms: int) -> tuple[bytes, bytes, bytes]:
-    """Where RedisSeenSet (default expected_ids: 16,384 hash tags) keeps ``key``: its claims
-    hash, its current time bucket, and its field."""
+async def layout_keys(
+    client: redis.asyncio.Redis, prefix: str, key: str, hashes: int = 16_384
+) -> dict[str, bytes]:
+    """The keys under ``prefix`` (written for ``key`` alone), by kind, checked to be named
+    ``prefix + group + ":{tag}:<hash>:..."``: the id's hash is its digest's first 32 bits
+    modulo the hash count (16,384 for the default expected_ids)."""
     digest = hashlib.blake2b(key.encode(), digest_size=16).digest()
-    tag = int.from_bytes(digest[:4], "big") % 16_384
-    base = f"{prefix}{group}:{{{tag}}}:".encode()
-    bucket = int(time.time() * 1000) // window_ms
-    return base + b"c", base + str(bucket).encode(), digest[4:]
+    hash_number = int.from_bytes(digest[:4], "big") % hashes
+    pattern = re.compile(
+        re.escape(f"{prefix}default:".encode()) + rb"\{[0-9.]+\}:%d:(c|r|\d+)$" % hash_number
+    )
+    found: dict[str, bytes] = {}
+    async for name in client.scan_iter(match=f"{prefix}*", count=1000):
+        if name != f"{prefix}default:layout".encode():
+            match = pattern.match(name)
+            assert match, name
+            found["bucket" if match.group(1).isdigit() else match.group(1).decode()] = name
+    return found
 
 
 async def test_redis_keeps_claims_and_done_ids_as_digest_fields_of_expiring_hashes(
     redis_client: redis.asyncio.Redis, prefix: str
 ) -> None:
-    async with RedisSeenSet(redis_client, group="orders", prefix=prefix, window=600) as store:
-        await store.claim(["claimed"], owner=ALICE, lease=LONG_LEASE)
-        await store.commit(["done"], owner=ALICE)
-    claims, _, claimed_field = layout_keys(prefix, "orders", "claimed", 600_000)
-    _, bucket, done_field = layout_keys(prefix, "orders", "done", 600_000)
+    field = hashlib.blake2b(b"m1", digest_size=16).digest()[4:]
     try:
-        deadline, _, holder = (await redis_client.hget(claims, claimed_field)).partition(b"|")
-        assert holder == ALICE.encode()
-        assert 0 < int(deadline) - time.time() * 1000 <= LONG_LEASE * 1000
-        assert 0 < await redis_client.pttl(claims) <= LONG_LEASE * 1000
+        async with RedisSeenSet(redis_client, prefix=prefix, window=600) as store:
+            await store.claim(["m1"], owner=ALICE, lease=LONG_LEASE)
+            claims = (await layout_keys(redis_client, prefix, "m1"))["c"]
+            deadline, _, holder = (await redis_client.hget(claims, field)).partition(b"|")
+            assert holder == ALICE.encode()
+            assert 0 < int(deadline) - time.time() * 1000 <= LONG_LEASE * 1000
+            assert 0 < await redis_client.pttl(claims) <= 2 * LONG_LEASE * 1000
+
+            await store.commit(["m1"], owner=ALICE)
+
+        keys = await layout_keys(redis_client, prefix, "m1")
+        assert set(keys) == {"bucket"}, "the claim went with the commit"
+        bucket = keys["bucket"]
+        assert int(bucket.rsplit(b":", 1)[1]) == int(time.time() * 1000) // 600_000
         # Done: the window's end in 1/2048ths of it (about 293 ms), counted from the bucket.
-        assert 0 <= int(await redis_client.hget(bucket, done_field)) <= 2048
-        assert 600_000 <= await redis_client.pttl(bucket) <= 1_200_000
+        assert 0 <= int(await redis_client.hget(bucket, field)) <= 2048
+        assert 600_000 <= await redis_client.pttl(bucket) <= 1_200_300
         assert await redis_client.object("encoding", bucket) == b"listpack"
     finally:
         await delete_prefix(redis_client, prefix)
@@ -614,10 +631,11 @@ async def test_redis_finds_entries_of_a_receiver_whose_clock_is_off(
 async def test_redis_drops_a_claim_nobody_came_back_for(
     redis_client: redis.asyncio.Redis, prefix: str
 ) -> None:
-    claims = f"{prefix}default:{{0}}:c".encode()  # expected_ids=1: every id has tag 0
     async with RedisSeenSet(redis_client, prefix=prefix, expected_ids=1) as store:
         await store.claim(["live"], owner=ALICE, lease=LONG_LEASE)  # keeps the hash
         await store.claim(["abandoned"], owner=BOB, lease=SHORT_LEASE)
+        # expected_ids=1: a single hash, so a single claims hash holds both.
+        claims = (await layout_keys(redis_client, prefix, "live", hashes=1))["c"]
         await asyncio.sleep(PAST_SHORT_LEASE)
         assert await redis_client.hlen(claims) == 2
 
