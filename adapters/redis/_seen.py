@@ -146,24 +146,21 @@ end
 
 if op == 'c' then
   local deadline = now + ms
-  local sampled = {}
+  -- A claim nobody committed or released (its holder vanished and its message never came
+  -- back) would stay as long as new claims keep its hash alive: each call drops one random
+  -- claim of the first claims hash it uses, if its lease ran out.
+  local first = keys(ARGV[4])[1]
+  local sample = redis.call('HRANDFIELD', first, 1, 'WITHVALUES')
+  if sample[2] then
+    local bar = string.find(sample[2], '|', 1, true)
+    if tonumber(string.sub(sample[2], 1, bar - 1)) <= now then
+      redis.call('HDEL', first, sample[1])
+    end
+  end
   for i = 1, count do
     local digest = ARGV[3 + i]
     local field, k = string.sub(digest, 5), keys(digest)
     local claims = k[1]
-    if not sampled[claims] then
-      -- A claim nobody committed or released (its holder vanished and its message never
-      -- came back) would stay as long as new claims keep the hash alive: each call drops
-      -- one random claim of each claims hash it uses, if its lease ran out.
-      sampled[claims] = true
-      local sample = redis.call('HRANDFIELD', claims, 1, 'WITHVALUES')
-      if sample[2] then
-        local bar = string.find(sample[2], '|', 1, true)
-        if tonumber(string.sub(sample[2], 1, bar - 1)) <= now then
-          redis.call('HDEL', claims, sample[1])
-        end
-      end
-    end
     local kind, answer = outcome(k, field), nil
     if kind == 'done' then
       answer = 2
