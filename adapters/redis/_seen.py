@@ -317,8 +317,8 @@ class RedisSeenSet(AsyncResource):
         ConfigurationError: ``window``, ``operation_timeout``, ``expected_ids`` or
             ``slot_groups`` is not positive. Raised by the first call instead: the group's
             ids are already spread for another ``expected_ids`` or ``slot_groups`` (the key
-            ``prefix + group + ":layout"`` records them; every receiver of a group must use
-            the same).
+            ``prefix + group + ":layout"`` records them for three windows after the last
+            call; every receiver of a group must use the same).
     """
 
     def __init__(
@@ -369,12 +369,13 @@ class RedisSeenSet(AsyncResource):
                 )
         else:
             self._redis = url_or_client
-        # A permanent key per group: how many hashes its ids are spread over.
+        # A key per group: how its ids are spread. Every store of the group checks it, and
+        # keeps it for three windows (its data's lifetime and more), once per bucket.
         self._layout = (
             self._key_prefix + b"layout",
             b"hashes=%d groups=%d" % (self._hash_mask + 1, self._groups),
         )
-        self._layout_checked = False
+        self._layout_bucket: int | None = None
         self._cluster = isinstance(self._redis, RedisCluster)
         self._read_legacy = read_legacy_keys and not self._cluster
         self._sha: bytes = hashlib.sha1(_SCRIPT.encode()).hexdigest().encode()
@@ -588,17 +589,20 @@ class RedisSeenSet(AsyncResource):
         # nodes at once.
         for attempt in range(2):
             pipe = self._redis.pipeline(transaction=False)
-            check_layout = not self._layout_checked
-            if check_layout:  # SET NX then GET: SET's NX and GET options go together on 7.0+
-                pipe.setnx(*self._layout)
+            bucket = self._wall_clock_ms() // self._window_ms
+            check_layout = attempt == 0 and bucket != self._layout_bucket
+            if check_layout:  # SET NX, then GET: SET's NX and GET go together on 7.0+ only
+                pipe.set(*self._layout, nx=True, px=3 * self._window_ms)
                 pipe.get(self._layout[0])
+                pipe.pexpire(self._layout[0], 3 * self._window_ms)
             for index in pending:
                 pipe.execute_command("EVALSHA", *calls[index])
             self.round_trips += 1
             answers = await pipe.execute(raise_on_error=False)
             if check_layout:
-                answers.pop(0)
-                self._check_layout(answers.pop(0))
+                self._check_layout(answers[1])
+                self._layout_bucket = bucket
+                answers = answers[3:]
             missing: list[int] = []
             for index, answer in zip(pending, answers, strict=True):
                 if isinstance(answer, NoScriptError) and attempt == 0:
@@ -615,9 +619,9 @@ class RedisSeenSet(AsyncResource):
         return results
 
     def _check_layout(self, recorded: Any) -> None:
-        """The first call of a store records (SETNX) how many hashes its group's ids are
-        spread over; a store of the same group sized otherwise would look for them in other
-        keys, and must not run."""
+        """The group's recorded layout (how many hashes and slot groups its ids are spread
+        over) must be this store's: a store sized otherwise would look for the group's ids
+        in other keys, and must not run."""
         if isinstance(recorded, Exception):
             raise recorded
         theirs = recorded.decode() if isinstance(recorded, bytes) else recorded
@@ -630,7 +634,6 @@ class RedisSeenSet(AsyncResource):
                 "expected_ids and slot_groups (to change them, stop them all and delete "
                 "that key)"
             )
-        self._layout_checked = True
 
     def _unavailable(
         self, exc: BaseException, *, deadline_passed: bool = False

@@ -656,6 +656,9 @@ async def test_redis_refuses_a_store_sized_otherwise_than_its_group(
 ) -> None:
     async with RedisSeenSet(redis_client, prefix=prefix, expected_ids=1_000_000) as first:
         await first.commit(["m1"], owner=ALICE)
+    layout = f"{prefix}default:layout"
+    assert await redis_client.get(layout) == b"hashes=16384 groups=16"
+    assert 3 * 86_400_000 - 60_000 < await redis_client.pttl(layout) <= 3 * 86_400_000
     async with RedisSeenSet(redis_client, prefix=prefix, expected_ids=10_000_000) as other:
         with pytest.raises(ConfigurationError, match="same expected_ids"):
             await other.claim(["m1"], owner=BOB, lease=LONG_LEASE)
