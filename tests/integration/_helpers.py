@@ -9,21 +9,24 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import shutil
 import signal
 import subprocess
 import sys
 import time
 import uuid
 from collections import Counter
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import pytest
 from azure.servicebus import ServiceBusMessage, ServiceBusReceiveMode
 from azure.servicebus.aio import ServiceBusClient
 
 from georep import GeoReceiver, GeoSender, PairedNamespaceOptions, ReplicationMode
 from georep.adapters.emulator import Emulator
+from georep.adapters.redis import PrivateRedisCluster, private_redis_cluster
 from georep.adapters.servicebus import ensure_backlog_queues
 
 REDIS_URL = os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0")
@@ -287,3 +290,12 @@ def assert_each_processed_once_by_all(outputs: list[list[str]], ids: list[str]) 
     assert all(sum(1 for line in out if line != "READY") > 0 for out in outputs), (
         "work was spread over the four processes"
     )
+
+
+def fresh_redis_cluster() -> Iterator[PrivateRedisCluster]:
+    """A Redis Cluster of 3 masters and 3 replicas (``private_redis_cluster``) for as long
+    as the generator runs; skips the test when redis-server or redis-cli is missing."""
+    if not (shutil.which("redis-server") and shutil.which("redis-cli")):
+        pytest.skip("a Redis Cluster test needs redis-server and redis-cli on PATH")
+    with private_redis_cluster(3, replicas=1) as cluster:
+        yield cluster

@@ -4,18 +4,17 @@ functions are in ``_helpers.py``."""
 
 from __future__ import annotations
 
-import shutil
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
 from functools import partial
 from typing import Any
 
 import pytest
-from _helpers import REDIS_URL, create_queue
+from _helpers import REDIS_URL, create_queue, fresh_redis_cluster
 from azure.servicebus.aio import ServiceBusClient
 
 from georep.adapters.emulator import Emulator
-from georep.adapters.redis import PrivateRedisCluster, RedisSeenSet, private_redis_cluster
+from georep.adapters.redis import PrivateRedisCluster, RedisSeenSet
 
 pytestmark = pytest.mark.integration
 
@@ -79,10 +78,3 @@ def redis_cluster() -> Iterator[PrivateRedisCluster]:
     the session's tests that only read and write it; torn down at the end. Skips the test
     when ``redis-server`` and ``redis-cli`` are not installed."""
     yield from fresh_redis_cluster()
-
-
-def fresh_redis_cluster() -> Iterator[PrivateRedisCluster]:
-    if not (shutil.which("redis-server") and shutil.which("redis-cli")):
-        pytest.skip("a Redis Cluster test needs redis-server and redis-cli on PATH")
-    with private_redis_cluster(3, replicas=1) as cluster:
-        yield cluster

@@ -16,12 +16,12 @@ import redis
 from _helpers import (
     assert_each_processed_once_by_all,
     eventually,
+    fresh_redis_cluster,
     on_emulator,
     run_four_receivers,
     send_active,
     stored,
 )
-from conftest import fresh_redis_cluster
 
 from georep import GeoReceiver
 from georep.adapters.emulator import Emulator
