@@ -22,6 +22,7 @@ from _helpers import (
     send_active,
     stored,
 )
+from redis.crc import key_slot
 
 from georep import GeoReceiver
 from georep.adapters.emulator import Emulator
@@ -79,6 +80,54 @@ async def test_a_batch_spreads_over_every_shard_in_one_round_trip_per_call(
     assert len(per_master) == 3
     # Each id's hash tag picks its slot: about a third of the hashes on each master.
     assert all(count > 200 for count in per_master), per_master
+
+
+def slot_owners(cluster: PrivateRedisCluster) -> dict[int, tuple[str, int]]:
+    """Each slot's master (node id, port), as the first live node sees it."""
+    port = next(iter(cluster.processes))
+    with redis.Redis(port=port, decode_responses=True) as node:
+        shards = node.execute_command("CLUSTER", "SLOTS")
+    owners: dict[int, tuple[str, int]] = {}
+    for first, last, master, *_ in shards:
+        for slot in range(first, last + 1):
+            owners[slot] = (master[2], master[1])
+    return owners
+
+
+def moved_answers(cluster: PrivateRedisCluster) -> int:
+    total = 0
+    for port in cluster.processes:
+        with redis.Redis(port=port) as node:
+            total += node.info("errorstats").get("errorstat_MOVED", {}).get("count", 0)
+    return total
+
+
+async def test_slots_moved_under_the_client_are_followed(
+    own_redis_cluster: PrivateRedisCluster,
+) -> None:
+    cluster = own_redis_cluster
+    keys = [f"id-{n}" for n in range(500)]
+    async with RedisSeenSet.from_url(cluster.url, cluster=True, prefix="moved:") as store:
+        await store.claim(["warm-up"], owner="alice", lease=30)  # caches the slot map
+        await store.release(["warm-up"], owner="alice")
+        # Every slot the store uses moves to the next master (they are empty: no keys to
+        # migrate), behind the client's back: each of its calls first meets MOVED.
+        owners = slot_owners(cluster)
+        masters_by_id = sorted({owner for owner in owners.values()})
+        for slot in sorted({key_slot(name) for name in store._group_keys}):
+            source = owners[slot]
+            target = masters_by_id[(masters_by_id.index(source) + 1) % len(masters_by_id)]
+            for _, port in [target, *(m for m in masters_by_id if m != target)]:
+                with redis.Redis(port=port) as node:
+                    node.execute_command("CLUSTER", "SETSLOT", slot, "NODE", target[0])
+
+        claims = await store.claim(keys, owner="alice", lease=30)
+        await store.commit(keys, owner="alice")
+        again = await store.claim(keys, owner="bob", lease=30)
+
+    assert moved_answers(cluster) > 0, "the client met MOVED"
+    assert claims == [ClaimState.CLAIMED] * 500
+    assert again == [ClaimState.DONE] * 500
 
 
 async def test_four_receiver_processes_on_a_cluster_process_every_id_exactly_once(
