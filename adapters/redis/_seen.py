@@ -1,7 +1,8 @@
 """The seen-set on Redis: digests in time-bucketed hashes, one Lua script call per slot group.
 
 An id's 128-bit BLAKE2b digest picks, by its first 32 bits, one of ``expected_ids / 64``
-hashes; the other 96 bits (12 bytes) are its field. The hashes are dealt over
+hashes; the other 96 bits (12 bytes) are its field, so a new id is taken for one of N
+remembered ids with probability about N / 2**96. The hashes are dealt over
 ``slot_groups`` cluster hash tags, each tag in its own share of the 16,384 slots. With
 ``P = prefix + group + ":"``, per hash the store keeps:
 
@@ -68,9 +69,6 @@ create`` deals them) gets an even share, within 1/16, on each of up to 16 master
 UNITS_PER_WINDOW: Final = 2048
 """An entry's end is kept in units of window/2048: a 13-bit integer (2 bytes in a listpack)
 that rounds the window up by at most 1/2048 of it."""
-FIELD_BYTES: Final = 12
-"""Bytes of the digest stored per id (the first 4 pick the hash): 96 bits; a new id is
-taken for one of N remembered ids in the same hash with probability about N / 2**96."""
 
 # KEYS[1]: the call's slot group, P{group}. The script names each id's keys after it,
 # P{group}:<hash>:c, :r and :<bucket> (same hash tag, so same slot): declaring them would
