@@ -82,9 +82,12 @@ async def test_a_batch_spreads_over_every_shard_in_one_round_trip_per_call(
     assert all(count > 200 for count in per_master), per_master
 
 
-def slot_owners(cluster: PrivateRedisCluster) -> dict[int, tuple[str, int]]:
-    """Each slot's master (node id, port), as the first live node sees it."""
-    port = next(iter(cluster.processes))
+def slot_owners(
+    cluster: PrivateRedisCluster, port: int | None = None
+) -> dict[int, tuple[str, int]]:
+    """Each slot's master (node id, port), as the node on ``port`` (default: the first
+    live one) sees it."""
+    port = port or next(iter(cluster.processes))
     with redis.Redis(port=port, decode_responses=True) as node:
         shards = node.execute_command("CLUSTER", "SLOTS")
     owners: dict[int, tuple[str, int]] = {}
@@ -110,16 +113,28 @@ async def test_slots_moved_under_the_client_are_followed(
     async with RedisSeenSet.from_url(cluster.url, cluster=True, prefix="moved:") as store:
         await store.claim(["warm-up"], owner="alice", lease=30)  # caches the slot map
         await store.release(["warm-up"], owner="alice")
-        # Every slot the store uses moves to the next master (they are empty: no keys to
-        # migrate), behind the client's back: each of its calls first meets MOVED.
+        # Every slot the store uses moves to one master (they are empty: no keys to
+        # migrate), behind the client's back: its calls to the others first meet MOVED.
         owners = slot_owners(cluster)
-        masters_by_id = sorted({owner for owner in owners.values()})
-        for slot in sorted({key_slot(name) for name in store._group_keys}):
-            source = owners[slot]
-            target = masters_by_id[(masters_by_id.index(source) + 1) % len(masters_by_id)]
-            for _, port in [target, *(m for m in masters_by_id if m != target)]:
+        slots = sorted({key_slot(name) for name in store._group_keys})
+        target = owners[slots[0]]
+        moved = [slot for slot in slots if owners[slot] != target]
+        masters_now = [target, *{owner for owner in owners.values() if owner != target}]
+        # The new owner's epoch first becomes the highest, so that an old owner's gossip
+        # cannot take a slot back before it hears of the move itself.
+        with redis.Redis(port=target[1]) as node:
+            node.execute_command("CLUSTER", "BUMPEPOCH")
+        for slot in moved:
+            for _, port in masters_now:  # the new owner first
                 with redis.Redis(port=port) as node:
                     node.execute_command("CLUSTER", "SETSLOT", slot, "NODE", target[0])
+        assert await eventually(
+            lambda: all(
+                all(view[slot] == target for slot in moved)
+                for view in (slot_owners(cluster, port) for port in cluster.processes)
+            ),
+            within=10,
+        ), "every node agrees on the new owner"
 
         claims = await store.claim(keys, owner="alice", lease=30)
         await store.commit(keys, owner="alice")
