@@ -1,15 +1,21 @@
-"""Redis memory per processed message id in the seen-set (target: <= 150 bytes per id).
+"""Redis memory per remembered message id in the seen-set, old and new layouts side by side.
 
-Commits ``--ids`` UUID4 ids through :class:`georep.adapters.redis.RedisSeenSet` (claim, then
-commit, in batches of ``--batch``) under a prefix of its own, and reports:
+For each layout it writes ``--ids`` UUID4 ids as done, under a prefix of its own, and reads
+``used_memory`` (``INFO memory``) before and after, per id: everything the ids cost, keys,
+values, TTLs and hash tables included (target: <= 64 bytes per id). On a Redis other
+clients write to at the same time this figure carries their noise; ``--private`` measures
+on a throw-away server.
 
-- ``used_memory`` (``INFO memory``) after minus before, per id: everything the ids cost,
-  main and expires hash tables included. On a Redis other clients write to at the same
-  time this figure carries their noise; ``--private`` measures on a throw-away server.
-- ``MEMORY USAGE`` of sample keys: key, value and main-dict entry only (Redis leaves out
-  the key's entry in the expires dict and the hash-table buckets).
+- ``one key per id``: the layout before georep 0.x, written as it left a done id (a string
+  key ``prefix + group + ":" + digest``, value ``'1'``, ``PX`` = the window).
+- ``hashes``: :class:`georep.adapters.redis.RedisSeenSet` today (claim, then commit, in
+  batches of ``--batch``), once sized for the ids measured (``expected_ids=--ids``) and
+  once with the default sizing (1,000,000 ids per window), which is too big for 100,000
+  ids: there the per-hash overhead is shared by fewer ids.
 
-Every key it wrote is deleted before it exits.
+The hashes hold an id for one to two windows (its time bucket expires as a whole), 1.5 on
+average at a steady rate; the figure printed is per id held. Every key it wrote is deleted
+before it exits.
 
     .venv/bin/python benchmarks/redis_memory.py [--ids 100000] [--batch 1000]
         [--url redis://127.0.0.1:6379/0 | --private]
@@ -21,18 +27,20 @@ import argparse
 import asyncio
 import hashlib
 import os
-import statistics
 import time
 import uuid
+from collections.abc import Awaitable, Callable
 
 import redis.asyncio
 
 from georep.adapters.redis import RedisSeenSet, private_redis_server
+from georep.adapters.redis._seen import DEFAULT_EXPECTED_IDS
 from georep.ports import ClaimState
 
-TARGET_BYTES_PER_ID = 150
+TARGET_BYTES_PER_ID = 64
 OWNER = "benchmark"
 LEASE = 30.0
+WINDOW_MS = 24 * 3600 * 1000
 
 
 async def used_memory(client: redis.asyncio.Redis) -> int:
@@ -66,60 +74,76 @@ async def delete_prefix(client: redis.asyncio.Redis, prefix: str) -> int:
     return deleted
 
 
-async def measure(url: str, ids: int, batch: int) -> float:
-    prefix = f"bench:{uuid.uuid4().hex[:8]}:"
-    group = "default"
+Writer = Callable[[list[str]], Awaitable[None]]
+
+
+def one_key_per_id(admin: redis.asyncio.Redis, prefix: str) -> Writer:
+    async def write(chunk: list[str]) -> None:
+        pipe = admin.pipeline(transaction=False)
+        for key in chunk:
+            digest = hashlib.blake2b(key.encode(), digest_size=16).digest()
+            pipe.set(f"{prefix}default:".encode() + digest, b"1", px=WINDOW_MS)
+        await pipe.execute()
+
+    return write
+
+
+def hashes(store: RedisSeenSet) -> Writer:
+    async def write(chunk: list[str]) -> None:
+        states = await store.claim(chunk, owner=OWNER, lease=LEASE)
+        assert states == [ClaimState.CLAIMED] * len(chunk), "fresh ids must be claimable"
+        await store.commit(chunk, owner=OWNER)
+
+    return write
+
+
+async def measure(admin: redis.asyncio.Redis, write: Writer, ids: int, batch: int) -> float:
+    keys = [str(uuid.uuid4()) for _ in range(ids)]
+    before = await settled_used_memory(admin)
+    started = time.perf_counter()
+    for start in range(0, ids, batch):
+        await write(keys[start : start + batch])
+    elapsed = time.perf_counter() - started
+    after = await settled_used_memory(admin)
+    print(f"    {ids:,} ids in {elapsed:.2f} s; used_memory {before:,} -> {after:,} bytes")
+    return (after - before) / ids
+
+
+async def compare(url: str, ids: int, batch: int) -> None:
     admin = redis.asyncio.Redis.from_url(url)
-    store = RedisSeenSet(url, prefix=prefix, group=group, operation_timeout=30.0)
     server = await admin.info("server")
     memory_info = await admin.info("memory")
     print(
         f"redis {server['redis_version']} ({memory_info.get('mem_allocator', '?')}) at {url}, "
         f"{await admin.dbsize()} keys before"
     )
+    results: list[tuple[str, float]] = []
+    layouts: list[tuple[str, int | None]] = [
+        ("one key per id (before)", None),
+        (f"hashes, expected_ids={ids:,}", ids),
+        (f"hashes, expected_ids={DEFAULT_EXPECTED_IDS:,} (default)", DEFAULT_EXPECTED_IDS),
+    ]
     try:
-        await store.claim(["warm-up"], owner=OWNER, lease=LEASE)  # loads the script
-        await store.release(["warm-up"], owner=OWNER)
-        keys = [str(uuid.uuid4()) for _ in range(ids)]
-        before = await settled_used_memory(admin)
-        started = time.perf_counter()
-        for start in range(0, ids, batch):
-            chunk = keys[start : start + batch]
-            states = await store.claim(chunk, owner=OWNER, lease=LEASE)
-            assert states == [ClaimState.CLAIMED] * len(chunk), "fresh ids must be claimable"
-            await store.commit(chunk, owner=OWNER)
-        elapsed = time.perf_counter() - started
-        after = await settled_used_memory(admin)
-        per_id = (after - before) / ids
-
-        sample = keys[:: max(1, ids // 1000)]
-
-        def stored_key(key: str) -> bytes:  # as RedisSeenSet names it: prefix + digest
-            return (
-                f"{prefix}{group}:".encode()
-                + hashlib.blake2b(key.encode(), digest_size=16).digest()
-            )
-
-        usages = [await admin.memory_usage(stored_key(key), samples=0) or 0 for key in sample]
-        key_chars = len(stored_key(keys[0]))
-        print(
-            f"{ids:,} ids committed in {elapsed:.2f} s "
-            f"({2 * ids / batch:,.0f} calls of {batch}, {ids / elapsed:,.0f} ids/s)"
-        )
-        print(f"used_memory: {before:,} -> {after:,} bytes = {per_id:.1f} bytes per id")
-        print(
-            f"MEMORY USAGE of a key ({key_chars}-byte key, value '1', PX TTL): "
-            f"median {statistics.median(usages):.0f} bytes over {len(sample)} keys "
-            "(without its expires-dict entry and hash-table buckets)"
-        )
-        verdict = "within" if per_id <= TARGET_BYTES_PER_ID else "ABOVE"
-        print(f"target <= {TARGET_BYTES_PER_ID} bytes per id: {verdict}")
-        return per_id
+        for name, expected in layouts:
+            prefix = f"bench:{uuid.uuid4().hex[:8]}:"
+            print(f"  {name}")
+            if expected is None:
+                per_id = await measure(admin, one_key_per_id(admin, prefix), ids, batch)
+            else:
+                async with RedisSeenSet(
+                    url, prefix=prefix, expected_ids=expected, operation_timeout=30.0
+                ) as store:
+                    await store.claim(["warm-up"], owner=OWNER, lease=LEASE)  # loads the script
+                    await store.release(["warm-up"], owner=OWNER)
+                    per_id = await measure(admin, hashes(store), ids, batch)
+            print(f"    cleaned up {await delete_prefix(admin, prefix):,} keys under {prefix}")
+            results.append((name, per_id))
     finally:
-        deleted = await delete_prefix(admin, prefix)
-        print(f"cleaned up {deleted:,} keys under {prefix}")
-        await store.aclose()
         await admin.aclose()
+    print(f"\n{'layout':<48} {'bytes per id':>12}  target <= {TARGET_BYTES_PER_ID}")
+    for name, per_id in results:
+        verdict = "within" if per_id <= TARGET_BYTES_PER_ID else "ABOVE"
+        print(f"{name:<48} {per_id:>12.1f}  {verdict}")
 
 
 def main() -> None:
@@ -138,9 +162,9 @@ def main() -> None:
     args = parser.parse_args()
     if args.private:
         with private_redis_server() as url:
-            asyncio.run(measure(url, args.ids, args.batch))
+            asyncio.run(compare(url, args.ids, args.batch))
     else:
-        asyncio.run(measure(args.url, args.ids, args.batch))
+        asyncio.run(compare(args.url, args.ids, args.batch))
 
 
 if __name__ == "__main__":

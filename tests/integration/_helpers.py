@@ -9,20 +9,24 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import shutil
+import signal
 import subprocess
 import sys
 import time
 import uuid
 from collections import Counter
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import pytest
 from azure.servicebus import ServiceBusMessage, ServiceBusReceiveMode
 from azure.servicebus.aio import ServiceBusClient
 
 from georep import GeoReceiver, GeoSender, PairedNamespaceOptions, ReplicationMode
 from georep.adapters.emulator import Emulator
+from georep.adapters.redis import PrivateRedisCluster, private_redis_cluster
 from georep.adapters.servicebus import ensure_backlog_queues
 
 REDIS_URL = os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0")
@@ -188,3 +192,110 @@ async def backlog_queues(
     name = primary_name or f"127.0.0.1:{emu.namespace('primary').port}"
     async with emu.async_admin_client("secondary") as admin:
         return name, await ensure_backlog_queues(admin, name, options)
+
+
+_RECEIVER_PROCESS = """
+import asyncio, os, signal, sys
+from georep import GeoReceiver
+from georep.adapters.redis import RedisSeenSet
+
+async def main():
+    seen = RedisSeenSet(
+        os.environ["REDIS_URL"], group=os.environ["GROUP"], window=600,
+        cluster=bool(os.environ.get("REDIS_CLUSTER")),
+    )
+    receiver = GeoReceiver.from_connection_strings(
+        os.environ["PRIMARY"], os.environ["SECONDARY"], queue_name=os.environ["QUEUE"],
+        seen=seen, lease=float(os.environ.get("LEASE", "30")),
+    )
+    slow = os.environ.get("SLOW_ID")
+
+    async def handle(message):
+        message_id = str(message.message_id)
+        if message_id == slow:
+            print("SLOW " + message_id, flush=True)
+            await asyncio.sleep(3600)
+        print(message_id, flush=True)
+
+    loop = asyncio.get_running_loop()
+    loop.add_signal_handler(signal.SIGTERM, lambda: asyncio.ensure_future(receiver.aclose()))
+    print("READY", flush=True)
+    await receiver.run(handle)
+    await seen.aclose()
+
+asyncio.run(main())
+"""
+
+
+async def start_receiver(emu: Emulator, queue: str, group: str, **env: str) -> Any:
+    return await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-c",
+        _RECEIVER_PROCESS,
+        cwd=REPO,
+        env={
+            **os.environ,
+            "REDIS_URL": REDIS_URL,
+            "GROUP": group,
+            "PRIMARY": emu.connection_string("primary"),
+            "SECONDARY": emu.connection_string("secondary"),
+            "QUEUE": queue,
+            **env,
+        },
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+
+
+async def collect(process: Any, lines: list[str]) -> None:
+    assert process.stdout is not None
+    async for raw in process.stdout:
+        lines.append(raw.decode().strip())
+
+
+async def run_four_receivers(
+    emu: Emulator, queue: str, group: str, *, within: float = 240, **env: str
+) -> list[list[str]]:
+    """Four receiver processes (:func:`start_receiver`) on ``queue`` until it is empty
+    (asserted within ``within`` s), then SIGTERM; each one's printed lines."""
+    processes = [await start_receiver(emu, queue, group, **env) for _ in range(4)]
+    outputs: list[list[str]] = [[] for _ in processes]
+    readers = [
+        asyncio.create_task(collect(p, out)) for p, out in zip(processes, outputs, strict=True)
+    ]
+    try:
+        assert await eventually(lambda: stored(emu, queue) == 0, within=within), (
+            f"{stored(emu, queue)} copies left"
+        )
+    finally:
+        for process in processes:
+            if process.returncode is None:
+                process.send_signal(signal.SIGTERM)
+        for process in processes:
+            try:
+                await asyncio.wait_for(process.wait(), 30)
+            except TimeoutError:
+                process.kill()
+                await process.wait()
+        await asyncio.gather(*readers)
+    return outputs
+
+
+def assert_each_processed_once_by_all(outputs: list[list[str]], ids: list[str]) -> None:
+    """Every id printed exactly once over all ``outputs``, and every process did some."""
+    processed = Counter(line for out in outputs for line in out if line != "READY")
+    assert set(processed) == set(ids), "every logical message was processed"
+    assert max(processed.values()) == 1, "no message was processed twice"
+    assert all("READY" in out for out in outputs)
+    assert all(sum(1 for line in out if line != "READY") > 0 for out in outputs), (
+        "work was spread over the four processes"
+    )
+
+
+def fresh_redis_cluster() -> Iterator[PrivateRedisCluster]:
+    """A Redis Cluster of 3 masters and 3 replicas (``private_redis_cluster``) for as long
+    as the generator runs; skips the test when redis-server or redis-cli is missing."""
+    if not (shutil.which("redis-server") and shutil.which("redis-cli")):
+        pytest.skip("a Redis Cluster test needs redis-server and redis-cli on PATH")
+    with private_redis_cluster(3, replicas=1) as cluster:
+        yield cluster

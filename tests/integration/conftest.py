@@ -10,11 +10,11 @@ from functools import partial
 from typing import Any
 
 import pytest
-from _helpers import REDIS_URL, create_queue
+from _helpers import REDIS_URL, create_queue, fresh_redis_cluster
 from azure.servicebus.aio import ServiceBusClient
 
 from georep.adapters.emulator import Emulator
-from georep.adapters.redis import RedisSeenSet
+from georep.adapters.redis import PrivateRedisCluster, RedisSeenSet
 
 pytestmark = pytest.mark.integration
 
@@ -70,3 +70,11 @@ async def seen() -> AsyncIterator[RedisSeenSet]:
     group = f"test-{uuid.uuid4().hex[:8]}"
     async with RedisSeenSet.from_url(REDIS_URL, group=group, window=600) as store:
         yield store
+
+
+@pytest.fixture(scope="session")
+def redis_cluster() -> Iterator[PrivateRedisCluster]:
+    """A Redis Cluster of our own (3 masters, 3 replicas, on free loopback ports), shared by
+    the session's tests that only read and write it; torn down at the end. Skips the test
+    when ``redis-server`` and ``redis-cli`` are not installed."""
+    yield from fresh_redis_cluster()

@@ -3,10 +3,8 @@
 from __future__ import annotations
 
 import asyncio
-import os
 import signal
 import subprocess
-import sys
 import time
 import uuid
 from collections import Counter
@@ -15,7 +13,17 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from _helpers import REDIS_URL, eventually, on_emulator, run_until, send_active, stored
+from _helpers import (
+    assert_each_processed_once_by_all,
+    collect,
+    eventually,
+    on_emulator,
+    run_four_receivers,
+    run_until,
+    send_active,
+    start_receiver,
+    stored,
+)
 from azure.servicebus import ServiceBusMessage
 
 from georep import FailoverPolicy, GeoReceiver, GeoSender
@@ -23,8 +31,6 @@ from georep.adapters.emulator import Emulator
 from georep.adapters.redis import RedisSeenSet
 
 pytestmark = pytest.mark.integration
-
-REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture
@@ -97,95 +103,14 @@ async def test_duplicate_reception_after_a_lost_response_is_processed_once(
     assert {r.message_ids[0] for r in results} <= set(processed)
 
 
-_RECEIVER_PROCESS = """
-import asyncio, os, signal, sys
-from georep import GeoReceiver
-from georep.adapters.redis import RedisSeenSet
-
-async def main():
-    seen = RedisSeenSet(os.environ["REDIS_URL"], group=os.environ["GROUP"], window=600)
-    receiver = GeoReceiver.from_connection_strings(
-        os.environ["PRIMARY"], os.environ["SECONDARY"], queue_name=os.environ["QUEUE"],
-        seen=seen, lease=float(os.environ.get("LEASE", "30")),
-    )
-    slow = os.environ.get("SLOW_ID")
-
-    async def handle(message):
-        message_id = str(message.message_id)
-        if message_id == slow:
-            print("SLOW " + message_id, flush=True)
-            await asyncio.sleep(3600)
-        print(message_id, flush=True)
-
-    loop = asyncio.get_running_loop()
-    loop.add_signal_handler(signal.SIGTERM, lambda: asyncio.ensure_future(receiver.aclose()))
-    print("READY", flush=True)
-    await receiver.run(handle)
-    await seen.aclose()
-
-asyncio.run(main())
-"""
-
-
-async def start_receiver(emu: Emulator, queue: str, group: str, **env: str) -> Any:
-    return await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-c",
-        _RECEIVER_PROCESS,
-        cwd=REPO,
-        env={
-            **os.environ,
-            "REDIS_URL": REDIS_URL,
-            "GROUP": group,
-            "PRIMARY": emu.connection_string("primary"),
-            "SECONDARY": emu.connection_string("secondary"),
-            "QUEUE": queue,
-            **env,
-        },
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-    )
-
-
-async def collect(process: Any, lines: list[str]) -> None:
-    assert process.stdout is not None
-    async for raw in process.stdout:
-        lines.append(raw.decode().strip())
-
-
 async def test_four_receiver_processes_process_every_id_exactly_once(
     emu: Emulator, queue: str
 ) -> None:
-    total = 10_000
-    ids = await send_active(emu, total, queue_name=queue)
-    group = f"four-{uuid.uuid4().hex[:8]}"
-    processes = [await start_receiver(emu, queue, group) for _ in range(4)]
-    outputs: list[list[str]] = [[] for _ in processes]
-    readers = [
-        asyncio.create_task(collect(p, out)) for p, out in zip(processes, outputs, strict=True)
-    ]
-    try:
-        assert await eventually(lambda: stored(emu, queue) == 0, within=240), (
-            f"{stored(emu, queue)} copies left"
-        )
-    finally:
-        for process in processes:
-            if process.returncode is None:
-                process.send_signal(signal.SIGTERM)
-        for process in processes:
-            try:
-                await asyncio.wait_for(process.wait(), 30)
-            except TimeoutError:
-                process.kill()
-                await process.wait()
-        await asyncio.gather(*readers)
-    processed = Counter(line for out in outputs for line in out if line != "READY")
-    assert set(processed) == set(ids), "every logical message was processed"
-    assert max(processed.values()) == 1, "no message was processed twice"
-    assert all("READY" in out for out in outputs)
-    assert all(sum(1 for line in out if line != "READY") > 0 for out in outputs), (
-        "work was spread over the four processes"
-    )
+    ids = await send_active(emu, 10_000, queue_name=queue)
+
+    outputs = await run_four_receivers(emu, queue, f"four-{uuid.uuid4().hex[:8]}")
+
+    assert_each_processed_once_by_all(outputs, ids)
 
 
 async def test_a_receiver_killed_mid_handler_loses_nothing(emu: Emulator, queue: str) -> None:

@@ -1,8 +1,9 @@
 """The SeenStore contract, run against every implementation of :class:`georep.ports.SeenStore`.
 
 The ``redis`` parameter talks to a real Redis (``$REDIS_URL``, default the local one) and is
-skipped, with the reason, when none answers; select it with ``-k redis`` or leave it out
-with ``-k "not redis"``. Time moves through the harness's ``advance``: a FakeClock for the
+skipped, with the reason, when none answers; ``redis-cluster`` to a Redis Cluster the session
+starts (3 masters, 3 replicas); select them with ``-k redis`` or leave them out with
+``-k "not redis"``. Time moves through the harness's ``advance``: a FakeClock for the
 in-memory store (no real waiting), ``asyncio.sleep`` past short leases for Redis.
 """
 
@@ -12,6 +13,8 @@ import asyncio
 import functools
 import hashlib
 import os
+import re
+import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
@@ -94,7 +97,9 @@ def prefix() -> str:
     return f"test:{uuid.uuid4().hex}:"
 
 
-@pytest.fixture(params=["in-memory", "redis"])
+@pytest.fixture(
+    params=["in-memory", "redis", pytest.param("redis-cluster", marks=pytest.mark.redis_cluster)]
+)
 async def harness(request: pytest.FixtureRequest, prefix: str) -> AsyncIterator[Harness]:
     created: list[SeenSet] = []
 
@@ -116,16 +121,24 @@ async def harness(request: pytest.FixtureRequest, prefix: str) -> AsyncIterator[
 
         yield Harness(make_memory, make_memory_unavailable, clock.advance)
     else:
-        skip_unless_redis_answers()
-        client = redis.asyncio.Redis.from_url(REDIS_URL)
+        cluster = request.param == "redis-cluster"
+        if cluster:
+            url = request.getfixturevalue("redis_cluster").url
+        else:
+            skip_unless_redis_answers()
+            url = REDIS_URL
 
         def make_redis(**options: Any) -> SeenSet:
-            return keep(RedisSeenSet(REDIS_URL, prefix=prefix, **options))
+            return keep(RedisSeenSet(url, prefix=prefix, cluster=cluster, **options))
 
         def make_redis_unavailable() -> SeenSet:
-            return keep(RedisSeenSet(UNREACHABLE_URL, prefix=prefix, operation_timeout=0.2))
+            return keep(
+                RedisSeenSet(UNREACHABLE_URL, prefix=prefix, cluster=cluster, operation_timeout=0.2)
+            )
 
         yield Harness(make_redis, make_redis_unavailable, asyncio.sleep)
+        if not cluster:
+            client = redis.asyncio.Redis.from_url(REDIS_URL)
     for store in created:
         await store.aclose()
     if client is not None:
@@ -517,21 +530,147 @@ async def test_async_with_closes_the_store(harness: Harness) -> None:
 # --------------------------------------------------------------------- Redis specifics
 
 
-async def test_redis_keys_are_prefix_group_and_digest_and_hold_a_ttl(
+async def layout_keys(
+    client: redis.asyncio.Redis, prefix: str, key: str, hashes: int = 16_384
+) -> dict[str, bytes]:
+    """The keys under ``prefix`` (written for ``key`` alone), by kind, checked to be named
+    ``prefix + group + ":{tag}:<hash>:..."``: the id's hash is its digest's first 32 bits
+    modulo the hash count (16,384 for the default expected_ids)."""
+    digest = hashlib.blake2b(key.encode(), digest_size=16).digest()
+    hash_number = int.from_bytes(digest[:4], "big") % hashes
+    pattern = re.compile(
+        re.escape(f"{prefix}default:".encode()) + rb"\{[0-9.]+\}:%d:(c|r|\d+)$" % hash_number
+    )
+    found: dict[str, bytes] = {}
+    async for name in client.scan_iter(match=f"{prefix}*", count=1000):
+        if name != f"{prefix}default:layout".encode():
+            match = pattern.match(name)
+            assert match, name
+            found["bucket" if match.group(1).isdigit() else match.group(1).decode()] = name
+    return found
+
+
+async def test_redis_keeps_claims_and_done_ids_as_digest_fields_of_expiring_hashes(
     redis_client: redis.asyncio.Redis, prefix: str
 ) -> None:
-    async with RedisSeenSet(redis_client, group="orders", prefix=prefix, window=60) as store:
-        await store.claim(["claimed"], owner=ALICE, lease=LONG_LEASE)
-        await store.commit(["done"], owner=ALICE)
-    claimed = f"{prefix}orders:".encode() + hashlib.blake2b(b"claimed", digest_size=16).digest()
-    done = f"{prefix}orders:".encode() + hashlib.blake2b(b"done", digest_size=16).digest()
+    field = hashlib.blake2b(b"m1", digest_size=16).digest()[4:]
     try:
-        assert await redis_client.get(claimed) == b"c" + ALICE.encode()
-        assert await redis_client.get(done) == b"1"
-        assert 0 < await redis_client.pttl(claimed) <= LONG_LEASE * 1000
-        assert 59_000 < await redis_client.pttl(done) <= 60_000
+        async with RedisSeenSet(redis_client, prefix=prefix, window=600) as store:
+            await store.claim(["m1"], owner=ALICE, lease=LONG_LEASE)
+            claims = (await layout_keys(redis_client, prefix, "m1"))["c"]
+            deadline, _, holder = (await redis_client.hget(claims, field)).partition(b"|")
+            assert holder == ALICE.encode()
+            assert 0 < int(deadline) - time.time() * 1000 <= LONG_LEASE * 1000
+            assert 0 < await redis_client.pttl(claims) <= 2 * LONG_LEASE * 1000
+
+            await store.commit(["m1"], owner=ALICE)
+
+        keys = await layout_keys(redis_client, prefix, "m1")
+        assert set(keys) == {"bucket"}, "the claim went with the commit"
+        bucket = keys["bucket"]
+        assert int(bucket.rsplit(b":", 1)[1]) == int(time.time() * 1000) // 600_000
+        # Done: the window's end in 1/2048ths of it (about 293 ms), counted from the bucket.
+        assert 0 <= int(await redis_client.hget(bucket, field)) <= 2048
+        assert 600_000 <= await redis_client.pttl(bucket) <= 1_200_300
+        assert await redis_client.object("encoding", bucket) == b"listpack"
     finally:
         await delete_prefix(redis_client, prefix)
+
+
+async def test_redis_reads_the_previous_layouts_keys_until_they_expire(
+    redis_client: redis.asyncio.Redis, prefix: str
+) -> None:
+    def legacy(key: str) -> bytes:  # one string key per id, as georep wrote them before
+        return f"{prefix}default:".encode() + hashlib.blake2b(key.encode(), digest_size=16).digest()
+
+    for key, value in [("done", "1"), ("deferred", "F"), ("dead", "Dbad order"), ("held", "cbob")]:
+        await redis_client.set(legacy(key), value, px=60_000)
+    keys = ["done", "deferred", "dead", "held", "new"]
+    try:
+        async with RedisSeenSet(redis_client, prefix=prefix) as store:
+            claims = await store.claim(keys, owner=ALICE, lease=LONG_LEASE)
+        async with RedisSeenSet(redis_client, prefix=prefix, read_legacy_keys=False) as store:
+            upgraded = await store.claim(keys[:3], owner=ALICE, lease=LONG_LEASE)
+    finally:
+        await delete_prefix(redis_client, prefix)
+
+    assert claims == [
+        ClaimState.DONE,
+        ClaimState.DEFERRED,
+        ClaimState.DEAD_LETTERED,
+        ClaimState.IN_FLIGHT,
+        ClaimState.CLAIMED,
+    ]
+    assert isinstance(claims, Claims) and claims.reasons == {2: "bad order"}
+    assert upgraded == [ClaimState.CLAIMED] * 3
+
+
+@pytest.mark.parametrize("skew", [-1.0, 1.0], ids=["behind", "ahead"])
+async def test_redis_finds_entries_of_a_receiver_whose_clock_is_off(
+    redis_client: redis.asyncio.Redis, prefix: str, skew: float
+) -> None:
+    async with (
+        RedisSeenSet(redis_client, prefix=prefix, window=60) as ours,
+        RedisSeenSet(redis_client, prefix=prefix, window=60) as skewed,
+    ):
+        # A whole window off (60 s): the other receiver always picks the bucket next to
+        # ours (the store reads the buckets either side of its own).
+        skewed._wall_clock_ms = lambda: int((time.time() + skew * 60) * 1000)
+        await skewed.claim(["held"], owner=BOB, lease=LONG_LEASE)
+        await skewed.commit(["done"], owner=BOB, outcome=ClaimState.DEFERRED)
+        await ours.commit(["mine"], owner=ALICE)
+
+        assert await ours.claim(["held", "done"], owner=ALICE, lease=LONG_LEASE) == [
+            ClaimState.IN_FLIGHT,
+            ClaimState.DEFERRED,
+        ]
+        assert await skewed.claim(["mine"], owner=BOB, lease=LONG_LEASE) == [ClaimState.DONE]
+    await delete_prefix(redis_client, prefix)
+
+
+async def test_redis_drops_a_claim_nobody_came_back_for(
+    redis_client: redis.asyncio.Redis, prefix: str
+) -> None:
+    async with RedisSeenSet(redis_client, prefix=prefix, expected_ids=1) as store:
+        await store.claim(["live"], owner=ALICE, lease=LONG_LEASE)  # keeps the hash
+        await store.claim(["abandoned"], owner=BOB, lease=SHORT_LEASE)
+        # expected_ids=1: a single hash, so a single claims hash holds both.
+        claims = (await layout_keys(redis_client, prefix, "live", hashes=1))["c"]
+        await asyncio.sleep(PAST_SHORT_LEASE)
+        assert await redis_client.hlen(claims) == 2
+
+        # Each call looks at one claim at random: one in two finds the abandoned one.
+        for _ in range(60):
+            await store.claim(["live"], owner=ALICE, lease=LONG_LEASE)
+            if await redis_client.hlen(claims) == 1:
+                break
+
+        assert await redis_client.hkeys(claims) == [
+            hashlib.blake2b(b"live", digest_size=16).digest()[4:]
+        ]
+    await delete_prefix(redis_client, prefix)
+
+
+async def test_redis_refuses_a_store_sized_otherwise_than_its_group(
+    redis_client: redis.asyncio.Redis, prefix: str
+) -> None:
+    async with RedisSeenSet(redis_client, prefix=prefix, expected_ids=1_000_000) as first:
+        await first.commit(["m1"], owner=ALICE)
+    layout = f"{prefix}default:layout"
+    assert await redis_client.get(layout) == b"hashes=16384 groups=16"
+    assert 3 * 86_400_000 - 60_000 < await redis_client.pttl(layout) <= 3 * 86_400_000
+    async with RedisSeenSet(redis_client, prefix=prefix, expected_ids=10_000_000) as other:
+        with pytest.raises(ConfigurationError, match="same expected_ids"):
+            await other.claim(["m1"], owner=BOB, lease=LONG_LEASE)
+    async with RedisSeenSet(redis_client, prefix=prefix, expected_ids=1_000_001) as same:
+        # 1,000,001 ids also need 16,384 hashes (a power of two): the same layout.
+        assert await same.claim(["m1"], owner=BOB, lease=LONG_LEASE) == [ClaimState.DONE]
+    await delete_prefix(redis_client, prefix)
+
+
+async def test_redis_refuses_a_useless_expected_ids(redis_client: redis.asyncio.Redis) -> None:
+    with pytest.raises(ConfigurationError, match="expected_ids"):
+        RedisSeenSet(redis_client, expected_ids=0)
 
 
 async def test_redis_groups_do_not_see_each_other(
