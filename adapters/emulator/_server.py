@@ -161,6 +161,9 @@ class NamespaceServer:
         self._admin_handler = admin_handler
         self._websocket_handler: Any | None = None  # made on the first WebSocket upgrade
         self._listener: socket.socket | None = None
+        # While down, the port stays bound (not listening, so connections are refused) and
+        # no other process's ephemeral bind can take it before restore() listens again.
+        self._reserved: socket.socket | None = None
         self._accept_task: asyncio.Task[None] | None = None
         # Strong references to in-flight _route tasks: the loop only keeps weak ones.
         self._route_tasks: set[asyncio.Task[None]] = set()
@@ -252,9 +255,7 @@ class NamespaceServer:
 
     # -- listening ----------------------------------------------------------------------
     async def start(self) -> None:
-        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind(("127.0.0.1", self.port))
+        sock, self._reserved = self._reserved or self._bind(), None
         sock.listen(256)
         sock.setblocking(False)
         self.port = sock.getsockname()[1]
@@ -262,6 +263,12 @@ class NamespaceServer:
         self._accept_task = asyncio.create_task(
             self._accept_loop(sock), name=f"emulator-accept-{self.name}"
         )
+
+    def _bind(self) -> socket.socket:
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(("127.0.0.1", self.port))
+        return sock
 
     async def stop_listening(self) -> None:
         if self._accept_task is not None:
@@ -335,6 +342,12 @@ class NamespaceServer:
         """Refuse new connections and drop existing ones; keep every message."""
         self.faults.down = True
         await self.stop_listening()
+        try:
+            self._reserved = self._bind()
+        except OSError as exc:  # restore() binds again, and says so if it cannot
+            _LOG.warning(
+                "emulator %s: could not hold port %d while down: %s", self.name, self.port, exc
+            )
         self._drop_connections()
         if self.relay is not None:
             await self.relay.stop()
@@ -389,6 +402,9 @@ class NamespaceServer:
 
     async def close(self) -> None:
         await self.stop_listening()
+        if self._reserved is not None:
+            self._reserved.close()
+            self._reserved = None
         self._drop_connections()
         if self.relay is not None:
             await self.relay.stop()

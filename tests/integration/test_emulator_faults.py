@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import errno
 import hashlib
 import hmac
 import json
 import os
 import re
+import socket
 import subprocess
 import sys
 import time
@@ -138,6 +140,24 @@ async def test_outage_refuses_connections_keeps_data_and_restore_recovers(
     assert control.message_count("q") == 1
     await _send(conn, "q")
     assert control.message_count("q") == 2
+
+
+def test_a_namespace_holds_its_port_while_down_so_restore_can_listen_on_it(
+    georep_emulator_factory: EmulatorFactory,
+) -> None:
+    # Another process binding a free port (every test's emulator does) must not get the port
+    # of a namespace in outage, or restore() could not listen on it again.
+    emu = georep_emulator_factory(queues=("q",))
+    control = emu.namespace("primary")
+    control.outage()
+    with socket.socket() as intruder:
+        with pytest.raises(OSError) as taken:
+            intruder.bind(("127.0.0.1", control.port))
+        assert taken.value.errno == errno.EADDRINUSE
+    with socket.socket() as client, pytest.raises(ConnectionRefusedError):
+        client.connect(("127.0.0.1", control.port))
+    control.restore()
+    socket.create_connection(("127.0.0.1", control.port), timeout=5).close()
 
 
 async def test_blackhole_times_out_existing_and_new_connections(
