@@ -7,7 +7,7 @@ import contextlib
 import logging
 import random
 import weakref
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Final
@@ -17,6 +17,7 @@ from opentelemetry import metrics
 from georep._channel import RegionChannel
 from georep._classify import MESSAGE_FAULT_KINDS, PAIRED_FAILOVER_KINDS
 from georep._clock import SystemClock
+from georep._endpoint import Target, endpoint_pair, with_client_options
 from georep._lifecycle import AsyncResource, close_all
 from georep._paired import PairedNamespaceOptions
 from georep._role_store import SharedRoles, shared_role_state
@@ -220,22 +221,68 @@ class PairedSender(AsyncResource):
         return self._primary.entity
 
     @classmethod
+    def from_namespaces(
+        cls,
+        primary: str | Mapping[str, Any],
+        secondary: str | Mapping[str, Any],
+        credential: Any = None,
+        *,
+        client_options: Mapping[str, Any] | None = None,
+        **kwargs: Any,
+    ) -> PairedSender:
+        """As :meth:`from_connection_strings`, reaching each namespace with ``credential``.
+
+        For namespaces that disable local (SAS) authentication.
+
+        Args:
+            primary: The primary's fully qualified namespace
+                (``contoso-east.servicebus.windows.net``), or a mapping of
+                ``ServiceBusClient`` keyword arguments for it that names it
+                (``fully_qualified_namespace``, plus e.g. ``custom_endpoint_address``).
+            secondary: The secondary's, likewise. Each mapping may carry its own
+                ``credential`` (SAS keys differ per namespace).
+            credential: ``AsyncTokenCredential`` or ``TokenCredential`` (Microsoft Entra
+                ID, managed identity: e.g. ``azure.identity.aio.DefaultAzureCredential``;
+                a sync one is called on a worker thread), ``AzureNamedKeyCredential`` or
+                ``AzureSasCredential``.
+            client_options: ``ServiceBusClient`` settings for both regions
+                (``transport_type``, ``http_proxy``, ``connection_verify``, retry
+                settings...).
+            **kwargs: As for :meth:`from_connection_strings`.
+
+        Raises:
+            ConfigurationError: No namespace or no credential, or as
+                :meth:`from_connection_strings`.
+        """
+        return cls.from_connection_strings(
+            *endpoint_pair(primary, secondary, credential, client_options), **kwargs
+        )
+
+    @classmethod
     def from_connection_strings(
         cls,
-        primary: str,
-        secondary: str,
+        primary: Target,
+        secondary: Target,
         *,
         queue_name: str | None = None,
         topic_name: str | None = None,
         primary_namespace: str | None = None,
         options: PairedNamespaceOptions | None = None,
+        client_options: Mapping[str, Any] | None = None,
         **kwargs: Any,
     ) -> PairedSender:
         """A PairedSender that creates, and closes, its senders.
 
         Backlog queues must exist (``georep.adapters.servicebus.ensure_backlog_queues``).
         ``primary_namespace`` names them (default: the primary's namespace host).
+
+        Args:
+            client_options: ``ServiceBusClient`` settings for both regions (e.g.
+                ``transport_type``, ``http_proxy``, ``connection_verify``, retry settings),
+                over georep's defaults.
         """
+        primary = with_client_options(primary, client_options)
+        secondary = with_client_options(secondary, client_options)
         from georep._paired import backlog_queue_path
         from georep._sdk import make_ping, open_region_sender, to_backlog
 

@@ -13,13 +13,14 @@ import logging
 import os
 import socket
 import uuid
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 from opentelemetry import trace
 
 from georep._clock import SystemClock
+from georep._endpoint import Target, endpoint_pair, with_client_options
 from georep._lifecycle import AsyncResource, close_all
 from georep._outcomes import ABANDON, COMPLETE, Decision, Decisions, Settle, dead_letter_decision
 from georep._policy import DedupKey, Seconds, count, positive_seconds, seconds
@@ -214,15 +215,54 @@ class GeoReceiver(AsyncResource):
         )
 
     @classmethod
+    def from_namespaces(
+        cls,
+        primary: str | Mapping[str, Any],
+        secondary: str | Mapping[str, Any],
+        credential: Any = None,
+        *,
+        client_options: Mapping[str, Any] | None = None,
+        **kwargs: Any,
+    ) -> GeoReceiver:
+        """As :meth:`from_connection_strings`, reaching each namespace with ``credential``.
+
+        For namespaces that disable local (SAS) authentication.
+
+        Args:
+            primary: The primary's fully qualified namespace
+                (``contoso-east.servicebus.windows.net``), or a mapping of
+                ``ServiceBusClient`` keyword arguments for it that names it
+                (``fully_qualified_namespace``, plus e.g. ``custom_endpoint_address``).
+            secondary: The secondary's, likewise. Each mapping may carry its own
+                ``credential`` (SAS keys differ per namespace).
+            credential: ``AsyncTokenCredential`` or ``TokenCredential`` (Microsoft Entra
+                ID, managed identity: e.g. ``azure.identity.aio.DefaultAzureCredential``;
+                a sync one is called on a worker thread), ``AzureNamedKeyCredential`` or
+                ``AzureSasCredential``.
+            client_options: ``ServiceBusClient`` settings for both regions
+                (``transport_type``, ``http_proxy``, ``connection_verify``, retry
+                settings...).
+            **kwargs: As for :meth:`from_connection_strings`.
+
+        Raises:
+            ConfigurationError: No namespace or no credential, or as
+                :meth:`from_connection_strings`.
+        """
+        return cls.from_connection_strings(
+            *endpoint_pair(primary, secondary, credential, client_options), **kwargs
+        )
+
+    @classmethod
     def from_connection_strings(
         cls,
-        primary: str,
-        secondary: str,
+        primary: Target,
+        secondary: Target,
         *,
         queue_name: str | None = None,
         topic_name: str | None = None,
         subscription_name: str | None = None,
         prefetch_count: int = 0,
+        client_options: Mapping[str, Any] | None = None,
         **kwargs: Any,
     ) -> GeoReceiver:
         """A GeoReceiver that creates, and closes, its own clients and receivers.
@@ -231,10 +271,17 @@ class GeoReceiver(AsyncResource):
         (default 0: georep asks for exactly what it can process, so nothing sits locked in
         a buffer when the receiver stops).
 
+        Args:
+            client_options: ``ServiceBusClient`` settings for both regions (e.g.
+                ``transport_type``, ``http_proxy``, ``connection_verify``, retry settings),
+                over georep's defaults.
+
         Raises:
             ConfigurationError: A connection string is malformed or the entity is not
                 named properly. The message never contains the key.
         """
+        primary = with_client_options(primary, client_options)
+        secondary = with_client_options(secondary, client_options)
         from georep._sdk import open_region_receiver
 
         if (queue_name is None) == (topic_name is None) or (

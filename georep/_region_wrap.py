@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, Literal, TypeVar
 
+from georep._endpoint import Target
 from georep.exceptions import ConfigurationError
 from georep.ports import RegionReceiver, RegionSender
 
@@ -38,7 +39,7 @@ def wrap_pair(
 
 
 def open_pair(
-    open_region: Callable[..., _Region], primary: str, secondary: str, **options: Any
+    open_region: Callable[..., _Region], primary: Target, secondary: Target, **options: Any
 ) -> tuple[_Region, _Region]:
     """Both regions opened from their connection strings, labelled primary and secondary.
 

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from georep._channel import learn_max_sizes
 from georep._clock import SystemClock
+from georep._endpoint import Target, endpoint_pair, with_client_options
 from georep._lifecycle import AsyncResource, close_all
 from georep._policy import (
     DedupKey,
@@ -223,14 +224,53 @@ class GeoSender(AsyncResource):
     # ----------------------------------------------------------------- construction
 
     @classmethod
+    def from_namespaces(
+        cls,
+        primary: str | Mapping[str, Any],
+        secondary: str | Mapping[str, Any],
+        credential: Any = None,
+        *,
+        client_options: Mapping[str, Any] | None = None,
+        **kwargs: Any,
+    ) -> GeoSender:
+        """As :meth:`from_connection_strings`, reaching each namespace with ``credential``.
+
+        For namespaces that disable local (SAS) authentication.
+
+        Args:
+            primary: The primary's fully qualified namespace
+                (``contoso-east.servicebus.windows.net``), or a mapping of
+                ``ServiceBusClient`` keyword arguments for it that names it
+                (``fully_qualified_namespace``, plus e.g. ``custom_endpoint_address``).
+            secondary: The secondary's, likewise. Each mapping may carry its own
+                ``credential`` (SAS keys differ per namespace).
+            credential: ``AsyncTokenCredential`` or ``TokenCredential`` (Microsoft Entra
+                ID, managed identity: e.g. ``azure.identity.aio.DefaultAzureCredential``;
+                a sync one is called on a worker thread), ``AzureNamedKeyCredential`` or
+                ``AzureSasCredential``.
+            client_options: ``ServiceBusClient`` settings for both regions
+                (``transport_type``, ``http_proxy``, ``connection_verify``, retry
+                settings...).
+            **kwargs: As for :meth:`from_connection_strings`.
+
+        Raises:
+            ConfigurationError: No namespace or no credential, or as
+                :meth:`from_connection_strings`.
+        """
+        return cls.from_connection_strings(
+            *endpoint_pair(primary, secondary, credential, client_options), **kwargs
+        )
+
+    @classmethod
     def from_connection_strings(
         cls,
-        primary: str,
-        secondary: str,
+        primary: Target,
+        secondary: Target,
         *,
         queue_name: str | None = None,
         topic_name: str | None = None,
         retry_total: int = 1,
+        client_options: Mapping[str, Any] | None = None,
         **kwargs: Any,
     ) -> GeoSender:
         """A GeoSender that creates, and closes, its own clients and senders.
@@ -242,12 +282,17 @@ class GeoSender(AsyncResource):
             topic_name: The topic to send to.
             retry_total: The SDK's own retries per attempt (default 1: one reconnect for
                 a stale connection). Each retry delays failover, so keep it small.
+            client_options: ``ServiceBusClient`` settings for both regions (e.g.
+                ``transport_type``, ``http_proxy``, ``connection_verify``, retry settings),
+                over georep's defaults.
             **kwargs: Passed on to :class:`GeoSender` (mode, policy, outbox, ...).
 
         Raises:
             ConfigurationError: A connection string is malformed or the entity is not
                 named exactly once. The message never contains the key.
         """
+        primary = with_client_options(primary, client_options)
+        secondary = with_client_options(secondary, client_options)
         from georep._sdk import open_region_sender
 
         if (queue_name is None) == (topic_name is None):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -14,6 +14,7 @@ from opentelemetry import metrics
 from georep._channel import RegionChannel
 from georep._classify import CLIENT_FAULT_KINDS, RETRYABLE_KINDS
 from georep._clock import SystemClock
+from georep._endpoint import Target, endpoint_pair, with_client_options
 from georep._lifecycle import AsyncResource, close_all
 from georep._paired import PairedNamespaceOptions
 from georep._telemetry import Instruments, InstrumentSpec
@@ -124,13 +125,52 @@ class Syphon(AsyncResource):
         self._counters = Instruments.of(meter_provider).counters(SYPHON_COUNTERS)
 
     @classmethod
+    def from_namespaces(
+        cls,
+        primary: str | Mapping[str, Any],
+        secondary: str | Mapping[str, Any],
+        credential: Any = None,
+        *,
+        client_options: Mapping[str, Any] | None = None,
+        **kwargs: Any,
+    ) -> Syphon:
+        """As :meth:`from_connection_strings`, reaching each namespace with ``credential``.
+
+        For namespaces that disable local (SAS) authentication.
+
+        Args:
+            primary: The primary's fully qualified namespace
+                (``contoso-east.servicebus.windows.net``), or a mapping of
+                ``ServiceBusClient`` keyword arguments for it that names it
+                (``fully_qualified_namespace``, plus e.g. ``custom_endpoint_address``).
+            secondary: The secondary's, likewise. Each mapping may carry its own
+                ``credential`` (SAS keys differ per namespace).
+            credential: ``AsyncTokenCredential`` or ``TokenCredential`` (Microsoft Entra
+                ID, managed identity: e.g. ``azure.identity.aio.DefaultAzureCredential``;
+                a sync one is called on a worker thread), ``AzureNamedKeyCredential`` or
+                ``AzureSasCredential``.
+            client_options: ``ServiceBusClient`` settings for both regions
+                (``transport_type``, ``http_proxy``, ``connection_verify``, retry
+                settings...).
+            **kwargs: As for :meth:`from_connection_strings`.
+
+        Raises:
+            ConfigurationError: No namespace or no credential, or as
+                :meth:`from_connection_strings`.
+        """
+        return cls.from_connection_strings(
+            *endpoint_pair(primary, secondary, credential, client_options), **kwargs
+        )
+
+    @classmethod
     def from_connection_strings(
         cls,
-        primary: str,
-        secondary: str,
+        primary: Target,
+        secondary: Target,
         *,
         primary_namespace: str,
         options: PairedNamespaceOptions | None = None,
+        client_options: Mapping[str, Any] | None = None,
         **kwargs: Any,
     ) -> Syphon:
         """A syphon that creates, and closes, its receivers and senders.
@@ -140,7 +180,14 @@ class Syphon(AsyncResource):
             secondary: The secondary namespace's (the backlog queues are there).
             primary_namespace: The name the backlog queue paths are built from (as given
                 to ``ensure_backlog_queues``).
+
+        Args:
+            client_options: ``ServiceBusClient`` settings for both regions (e.g.
+                ``transport_type``, ``http_proxy``, ``connection_verify``, retry settings),
+                over georep's defaults.
         """
+        primary = with_client_options(primary, client_options)
+        secondary = with_client_options(secondary, client_options)
         from georep._paired import backlog_queue_path
         from georep._sdk import (
             from_backlog,

@@ -188,6 +188,18 @@ class GeoSender(_Blocking):
             options=kwargs,
         )
 
+    @classmethod
+    def from_namespaces(
+        cls, primary: Any, secondary: Any, credential: Any = None, **kwargs: Any
+    ) -> GeoSender:
+        """A GeoSender reaching each namespace with ``credential`` (a sync
+        ``TokenCredential`` such as ``azure.identity.DefaultAzureCredential`` works), as
+        the async :meth:`georep.GeoSender.from_namespaces`."""
+        return cls._owning(
+            lambda: _sender.GeoSender.from_namespaces(primary, secondary, credential, **kwargs),
+            options=kwargs,
+        )
+
     @property
     def stats(self) -> SenderStats:
         """Live counters of the core sender."""
@@ -286,6 +298,19 @@ class GeoReceiver(_Blocking):
         return cls._owning(
             lambda: _receiver.GeoReceiver.from_connection_strings(
                 primary, secondary, seen=seen, **kwargs
+            ),
+            options={**kwargs, "seen": seen},
+        )
+
+    @classmethod
+    def from_namespaces(
+        cls, primary: Any, secondary: Any, credential: Any = None, *, seen: Any, **kwargs: Any
+    ) -> GeoReceiver:
+        """A GeoReceiver reaching each namespace with ``credential``, as the async
+        :meth:`georep.GeoReceiver.from_namespaces`."""
+        return cls._owning(
+            lambda: _receiver.GeoReceiver.from_namespaces(
+                primary, secondary, credential, seen=seen, **kwargs
             ),
             options={**kwargs, "seen": seen},
         )
@@ -505,6 +530,18 @@ class PairedSender(_Blocking):
         return cls._owning(
             lambda: _paired_sender.PairedSender.from_connection_strings(
                 primary, secondary, **kwargs
+            ),
+            options=kwargs,
+        )
+
+    @classmethod
+    def from_namespaces(
+        cls, primary: Any, secondary: Any, credential: Any = None, **kwargs: Any
+    ) -> PairedSender:
+        """A PairedSender reaching each namespace with ``credential`` (as the async one)."""
+        return cls._owning(
+            lambda: _paired_sender.PairedSender.from_namespaces(
+                primary, secondary, credential, **kwargs
             ),
             options=kwargs,
         )

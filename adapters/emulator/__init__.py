@@ -20,5 +20,12 @@ from georep._extras import require_extra
 require_extra("georep.adapters.emulator", "emulator", "proton", "lark")
 
 from ._emulator import Emulator, NamespaceControl, SendRejection
+from ._entra import AsyncEmulatorTokenCredential, EmulatorTokenCredential
 
-__all__ = ["Emulator", "NamespaceControl", "SendRejection"]
+__all__ = [
+    "AsyncEmulatorTokenCredential",
+    "Emulator",
+    "EmulatorTokenCredential",
+    "NamespaceControl",
+    "SendRejection",
+]

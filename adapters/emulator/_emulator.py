@@ -25,6 +25,8 @@ from typing import IO, TYPE_CHECKING, Any, Literal, Self
 
 from georep.exceptions import EmulatorError
 
+from ._entra import AUDIENCE, AsyncEmulatorTokenCredential, EmulatorTokenCredential
+
 if TYPE_CHECKING:
     from georep.adapters.relay import HybridConnection
 
@@ -445,6 +447,62 @@ class Emulator:
     def ssl_context(self) -> ssl.SSLContext:
         """A client TLS context that trusts the emulator's certificate (relay, admin)."""
         return ssl.create_default_context(cafile=str(self.ca_file))
+
+    @property
+    def entra_key_file(self) -> Path:
+        """The key the emulator's Entra ID test credentials sign with (mode 0600)."""
+        return Path(self._require()["entra_key_file"])
+
+    def token_credential(
+        self, role: str = "owner", *, lifetime: float = 3600.0, audience: str = AUDIENCE
+    ) -> EmulatorTokenCredential:
+        """A sync ``TokenCredential`` standing in for Microsoft Entra ID (see ``_entra``).
+
+        Args:
+            role: ``"owner"``, ``"sender"`` or ``"receiver"`` (the Azure Service Bus Data
+                roles), or a full role name.
+            lifetime: Seconds each token lives; negative makes expired tokens.
+            audience: The tokens' audience; another than Service Bus's is refused.
+        """
+        return EmulatorTokenCredential(
+            self.entra_key_file, role=role, lifetime=lifetime, audience=audience
+        )
+
+    def async_token_credential(
+        self, role: str = "owner", *, lifetime: float = 3600.0, audience: str = AUDIENCE
+    ) -> AsyncEmulatorTokenCredential:
+        """The ``AsyncTokenCredential`` form of :meth:`token_credential`."""
+        return AsyncEmulatorTokenCredential(
+            self.entra_key_file, role=role, lifetime=lifetime, audience=audience
+        )
+
+    def client_options(self, name: str, *, tls: bool = True) -> dict[str, Any]:
+        """Keyword arguments for ``ServiceBusClient(credential=..., **options)`` (or the admin
+        client's) that reach namespace ``name`` with a credential instead of a connection
+        string.
+
+        With ``tls`` (the default): AMQPS, as the standard constructor connects to Azure
+        (``fully_qualified_namespace`` ``NAME.localhost``, ``custom_endpoint_address`` for
+        the port,
+        ``connection_verify`` for the emulator's CA, ``transport_type``). Note that the SDK
+        reports an authentication failure on a custom endpoint as
+        ``ServiceBusConnectionError``. Without: plain AMQP on the namespace's port
+        (``use_tls=False``, what ``UseDevelopmentEmulator=true`` connection strings do),
+        where it raises ``ServiceBusAuthenticationError`` as against Azure.
+        """
+        port = self.namespace(name).port
+        if not tls:
+            return {"fully_qualified_namespace": f"127.0.0.1:{port}", "use_tls": False}
+        from azure.servicebus import TransportType
+
+        return {
+            # One host name per namespace, as on Azure (never resolved: the SDK connects to
+            # custom_endpoint_address); the emulator takes it in token audiences.
+            "fully_qualified_namespace": f"{name}.localhost",
+            "custom_endpoint_address": f"sb://127.0.0.1:{port}",
+            "connection_verify": str(self.ca_file),
+            "transport_type": TransportType.Amqp,
+        }
 
     @property
     def pid(self) -> int:

@@ -26,9 +26,11 @@ from pathlib import Path
 from typing import Any
 
 from aiohttp import web
+from cryptography.hazmat.primitives.asymmetric import ec
 
 from ._amqp import AmqpConnection
 from ._broker import EntityProperties, Namespace, SubscriptionProperties
+from ._entra import load_signing_key, looks_like_jwt, make_signing_key, verify_token
 from ._relay import RelayServer
 from ._sas import (
     LISTEN,
@@ -172,6 +174,8 @@ class NamespaceServer:
         self.port = spec.port
         # The Hybrid Connections relay, on its own TLS port (EmulatorServer.start makes it).
         self.relay: RelayServer | None = None
+        # Verifies Entra ID tokens the emulator's test credential signed (see _entra.py).
+        self.entra_public_key: ec.EllipticCurvePublicKey | None = None
         self.namespace = Namespace(spec.name, on_timer_change=self._arm_timer)
         for queue in spec.queues:
             self.namespace.create_queue(queue)
@@ -208,8 +212,12 @@ class NamespaceServer:
             PermissionError: the token is malformed, signed with an unknown rule or another
                 key, expired, or names another namespace.
         """
+        if looks_like_jwt(token) and self.entra_public_key is not None:
+            # An Entra ID token covers the namespace; its role gives the claims.
+            rights, expires, role = verify_token(token, self.entra_public_key)
+            return SasGrant("", rights, expires, f"Entra ID role '{role}'")
         rule, resource, expiry = verify(token, self.rules, self.name)
-        if not _same_host(resource, self.port if port is None else port):
+        if not _same_host(resource, self.port if port is None else port, self.name):
             raise PermissionError(f"The SAS token is for '{resource}', not this namespace.")
         return SasGrant(resource_path(resource), rule.rights, expiry, rule.name)
 
@@ -453,13 +461,19 @@ class _Refuse(asyncio.Protocol):
         transport.close()
 
 
-def _same_host(resource: str, port: int) -> bool:
+def _same_host(resource: str, port: int, name: str) -> bool:
     # The audience names this namespace's endpoint: sb://127.0.0.1:PORT/..., https://...
     # Without a port too: over TLS the SDK connects to custom_endpoint_address and builds
     # audiences from the namespace's host alone (sb://127.0.0.1/q). Each namespace has its
-    # own keys, so the signature still tells namespaces apart.
+    # own keys, so the signature still tells namespaces apart. Or by the namespace's own
+    # host name, NAME.localhost (what Emulator.client_options gives, one host per region as
+    # on Azure; the SDK connects to custom_endpoint_address, so it is never resolved).
     host = resource_host(resource)
-    return host in loopback_hosts(port) or host in _LOOPBACK_NAMES
+    return (
+        host in loopback_hosts(port)
+        or host in _LOOPBACK_NAMES
+        or host.split(":")[0] == f"{name.lower()}.localhost"
+    )
 
 
 async def _peek(sock: socket.socket) -> bytes:
@@ -503,6 +517,7 @@ class EmulatorServer:
         self._control_runner: web.AppRunner | None = None
         self._admin_runners: list[web.AppRunner] = []
         self.ca_file: Path | None = None
+        self.entra_key_file: Path | None = None
 
     @property
     def control_url(self) -> str:
@@ -515,9 +530,12 @@ class EmulatorServer:
 
         cert, key = make_self_signed_certificate(self.state_dir)
         self.ca_file = cert
+        self.entra_key_file = make_signing_key(self.state_dir)
+        entra_public_key = load_signing_key(self.entra_key_file).public_key()
         ssl_context = server_ssl_context(cert, key)
         for spec in self._specs:
             server = NamespaceServer(spec, ssl_context=ssl_context, admin_handler=None)
+            server.entra_public_key = entra_public_key
             runner = web.AppRunner(build_admin_app(NamespaceAdminBackend(server)), access_log=None)
             await runner.setup()
             self._admin_runners.append(runner)
@@ -550,6 +568,7 @@ class EmulatorServer:
             "control_url": self.control_url,
             "control_token": self.control_token,
             "ca_file": str(self.ca_file) if self.ca_file else None,
+            "entra_key_file": str(self.entra_key_file) if self.entra_key_file else None,
             "pid": os.getpid(),
             "namespaces": {
                 name: {

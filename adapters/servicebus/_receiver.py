@@ -12,6 +12,7 @@ from azure.servicebus import ServiceBusReceivedMessage, ServiceBusReceiveMode
 from azure.servicebus.aio import ServiceBusClient, ServiceBusReceiver
 from azure.servicebus.exceptions import MessageLockLostError
 
+from georep._endpoint import Target
 from georep._peek import peek_all
 from georep.exceptions import ConfigurationError, RegionError
 from georep.ports import Delivery, ErrorKind
@@ -220,7 +221,7 @@ class ServiceBusRegionReceiver(SdkRegion):
 
 
 def open_region_receiver(
-    connection_string: str,
+    connection_string: Target,
     *,
     region: str,
     queue_name: str | None = None,

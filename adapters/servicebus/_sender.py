@@ -11,6 +11,7 @@ from azure.servicebus import ServiceBusMessageBatch
 from azure.servicebus.aio import ServiceBusClient, ServiceBusSender
 from azure.servicebus.exceptions import MessageNotFoundError
 
+from georep._endpoint import NamespaceEndpoint, Target
 from georep.exceptions import ConfigurationError, RegionError
 from georep.ports import RegionSlot
 
@@ -157,7 +158,7 @@ def namespace_of(connection_string: str) -> str:
 
 
 def open_client(
-    connection_string: str,
+    target: Target,
     *,
     region: str,
     retry_total: int,
@@ -166,18 +167,25 @@ def open_client(
 ) -> ServiceBusClient:
     """A client with short SDK retries (each retry delays failover), for georep to own.
 
+    ``target`` is a connection string or a :class:`~georep._endpoint.NamespaceEndpoint`
+    (a namespace and a credential); its client options apply over georep's defaults.
+
     Raises:
         ConfigurationError: The connection string is malformed (the message never shows it).
     """
-    check_connection_string(connection_string, region)
+    endpoint = target if isinstance(target, NamespaceEndpoint) else NamespaceEndpoint(target)
+    options: dict[str, Any] = {
+        "retry_total": retry_total,
+        "retry_backoff_factor": retry_backoff_factor,
+        "retry_backoff_max": 2,
+        **client_kwargs,
+        **endpoint.client_options,
+    }
+    if endpoint.connection_string is None:
+        return ServiceBusClient(credential=endpoint.credential, **options)
+    check_connection_string(endpoint.connection_string, region)
     try:
-        return ServiceBusClient.from_connection_string(
-            connection_string,
-            retry_total=retry_total,
-            retry_backoff_factor=retry_backoff_factor,
-            retry_backoff_max=2,
-            **client_kwargs,
-        )
+        return ServiceBusClient.from_connection_string(endpoint.connection_string, **options)
     except ValueError as exc:
         raise ConfigurationError(
             f"the {region} connection string was refused by azure-servicebus "
@@ -186,7 +194,7 @@ def open_client(
 
 
 def open_region_sender(
-    connection_string: str,
+    connection_string: Target,
     *,
     region: str,
     queue_name: str | None = None,

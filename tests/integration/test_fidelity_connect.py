@@ -91,6 +91,24 @@ def _sas_credential(emu: Emulator) -> None:
         _tls_round_trip(emu, AzureSasCredential(token), TransportType.Amqp)
 
 
+@check("Microsoft Entra ID tokens (`TokenCredential`, `AsyncTokenCredential`)")
+def _entra_id(emu: Emulator) -> None:
+    _tls_round_trip(emu, emu.token_credential("owner"), TransportType.Amqp)
+    queue = make_queue(emu)
+    for credential in (
+        emu.token_credential(lifetime=-3600),
+        emu.token_credential(audience="https://storage.azure.com"),
+    ):
+        with (
+            ServiceBusClient(
+                credential=credential, retry_total=0, **emu.client_options("primary", tls=False)
+            ) as client,
+            pytest.raises(ServiceBusAuthenticationError),
+            client.get_queue_sender(queue) as sender,
+        ):
+            sender.send_messages(ServiceBusMessage(b"x"))
+
+
 # -- refusals -------------------------------------------------------------------------------
 @check("Oversize message refused (`MessageSizeExceededError`)")
 def _oversize(emu: Emulator) -> None:

@@ -1,0 +1,138 @@
+"""How a ``from_...`` constructor reaches a namespace: a connection string, or a namespace and
+a credential, each with the client settings to pass through to ``ServiceBusClient``."""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from georep.exceptions import ConfigurationError
+
+__all__ = ["NamespaceEndpoint", "Target", "namespace_endpoint", "with_client_options"]
+
+
+@dataclass(frozen=True, repr=False)
+class NamespaceEndpoint:
+    """One region's namespace as the SDK client is opened for it.
+
+    Exactly one of ``connection_string`` and ``credential`` is set; ``client_options`` are
+    ``ServiceBusClient`` keyword arguments (``fully_qualified_namespace`` with a credential,
+    ``transport_type``, ``http_proxy``, ``custom_endpoint_address``, ``connection_verify``,
+    retry settings...), applied over georep's defaults.
+    """
+
+    connection_string: str | None = None
+    credential: Any = None
+    client_options: Mapping[str, Any] = field(default_factory=dict)
+
+    @property
+    def namespace(self) -> str:
+        return str(self.client_options.get("fully_qualified_namespace", "?"))
+
+    def __repr__(self) -> str:  # never the connection string or the credential
+        return f"NamespaceEndpoint({self.namespace!r})"
+
+
+Target = str | NamespaceEndpoint
+
+
+def with_client_options(target: Target, client_options: Mapping[str, Any] | None) -> Target:
+    """``target`` with ``client_options`` added (unchanged when there are none)."""
+    if not client_options:
+        return target
+    if isinstance(target, str):
+        return NamespaceEndpoint(connection_string=target, client_options=dict(client_options))
+    return NamespaceEndpoint(
+        target.connection_string,
+        target.credential,
+        {**client_options, **target.client_options},
+    )
+
+
+def namespace_endpoint(
+    namespace: str | Mapping[str, Any],
+    credential: Any,
+    *,
+    region: str,
+    client_options: Mapping[str, Any] | None = None,
+) -> NamespaceEndpoint:
+    """A namespace reached with ``credential``.
+
+    Args:
+        namespace: The fully qualified namespace (``contoso.servicebus.windows.net``), or a
+            mapping of ``ServiceBusClient`` keyword arguments for this region that names it
+            (``fully_qualified_namespace`` plus, e.g., ``custom_endpoint_address``, and a
+            ``credential`` of its own, which wins over ``credential``).
+        credential: An ``AsyncTokenCredential`` or ``TokenCredential`` (Microsoft Entra ID,
+            e.g. ``DefaultAzureCredential``; a sync one is called on a worker thread),
+            ``AzureNamedKeyCredential`` or ``AzureSasCredential``.
+        region: The region's label, for errors.
+        client_options: Settings for both regions, under the per-region mapping's.
+
+    Raises:
+        ConfigurationError: No namespace, or no credential.
+    """
+    options = (
+        {"fully_qualified_namespace": namespace} if isinstance(namespace, str) else dict(namespace)
+    )
+    # A region may bring its own credential (SAS keys differ per namespace).
+    credential = options.pop("credential", credential)
+    if not str(options.get("fully_qualified_namespace") or "").strip():
+        raise ConfigurationError(
+            f"the {region} namespace is empty: give its fully qualified name, e.g. "
+            "'contoso.servicebus.windows.net'"
+        )
+    if credential is None:
+        raise ConfigurationError(
+            "from_namespaces needs a credential: an AsyncTokenCredential or TokenCredential "
+            "(e.g. azure.identity's DefaultAzureCredential), AzureNamedKeyCredential or "
+            "AzureSasCredential"
+        )
+    return NamespaceEndpoint(
+        credential=_awaitable(credential), client_options={**(client_options or {}), **options}
+    )
+
+
+def _awaitable(credential: Any) -> Any:
+    """georep's clients are async: a sync ``TokenCredential`` is called on a thread."""
+    get_token = getattr(credential, "get_token", None)
+    if get_token is None or inspect.iscoroutinefunction(get_token):
+        return credential
+    return _OnThread(credential)
+
+
+class _OnThread:
+    """An ``AsyncTokenCredential`` over a sync ``TokenCredential``."""
+
+    def __init__(self, credential: Any) -> None:
+        self._credential = credential
+
+    async def get_token(self, *scopes: str, **kwargs: Any) -> Any:
+        return await asyncio.to_thread(self._credential.get_token, *scopes, **kwargs)
+
+    async def close(self) -> None:
+        return None
+
+    async def __aenter__(self) -> _OnThread:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        return None
+
+
+def endpoint_pair(
+    primary: str | Mapping[str, Any],
+    secondary: str | Mapping[str, Any],
+    credential: Any,
+    client_options: Mapping[str, Any] | None,
+) -> tuple[NamespaceEndpoint, NamespaceEndpoint]:
+    """Both regions' endpoints for a ``from_namespaces`` constructor (one credential)."""
+    return (
+        namespace_endpoint(primary, credential, region="primary", client_options=client_options),
+        namespace_endpoint(
+            secondary, credential, region="secondary", client_options=client_options
+        ),
+    )
