@@ -7,11 +7,17 @@ import asyncio
 import inspect
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Self
 
 from georep.exceptions import ConfigurationError
 
-__all__ = ["NamespaceEndpoint", "Target", "namespace_endpoint", "with_client_options"]
+__all__ = [
+    "FromNamespaces",
+    "NamespaceEndpoint",
+    "Target",
+    "namespace_endpoint",
+    "with_client_options",
+]
 
 
 @dataclass(frozen=True, repr=False)
@@ -136,3 +142,46 @@ def endpoint_pair(
             secondary, credential, region="secondary", client_options=client_options
         ),
     )
+
+
+class FromNamespaces:
+    """``from_namespaces``, for every class with a ``from_connection_strings`` constructor."""
+
+    @classmethod
+    def from_namespaces(
+        cls,
+        primary: str | Mapping[str, Any],
+        secondary: str | Mapping[str, Any],
+        credential: Any = None,
+        *,
+        client_options: Mapping[str, Any] | None = None,
+        **kwargs: Any,
+    ) -> Self:
+        """As ``from_connection_strings``, reaching each namespace with ``credential``.
+
+        For namespaces that disable local (SAS) authentication.
+
+        Args:
+            primary: The primary's fully qualified namespace
+                (``contoso-east.servicebus.windows.net``), or a mapping of
+                ``ServiceBusClient`` keyword arguments for it that names it
+                (``fully_qualified_namespace``, plus e.g. ``custom_endpoint_address``).
+            secondary: The secondary's, likewise. Each mapping may carry its own
+                ``credential`` (SAS keys differ per namespace).
+            credential: ``AsyncTokenCredential`` or ``TokenCredential`` (Microsoft Entra
+                ID, managed identity: e.g. ``azure.identity.aio.DefaultAzureCredential``;
+                a sync one is called on a worker thread), ``AzureNamedKeyCredential`` or
+                ``AzureSasCredential``.
+            client_options: ``ServiceBusClient`` settings for both regions
+                (``transport_type``, ``http_proxy``, ``connection_verify``, retry
+                settings...).
+            **kwargs: As for ``from_connection_strings`` (the entity, options...).
+
+        Raises:
+            ConfigurationError: No namespace or no credential, or as
+                ``from_connection_strings``.
+        """
+        made: Self = cls.from_connection_strings(  # type: ignore[attr-defined]
+            *endpoint_pair(primary, secondary, credential, client_options), **kwargs
+        )
+        return made

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any, TypeVar, cast
 from opentelemetry import trace
 
 from georep._clock import SystemClock
-from georep._endpoint import Target, endpoint_pair, with_client_options
+from georep._endpoint import FromNamespaces, Target, with_client_options
 from georep._lifecycle import AsyncResource, close_all
 from georep._outcomes import ABANDON, COMPLETE, Decision, Decisions, Settle, dead_letter_decision
 from georep._policy import DedupKey, Seconds, count, positive_seconds, seconds
@@ -80,7 +80,7 @@ def _observed_parked(receiver: GeoReceiver) -> int | None:
     return None if receiver._closed else receiver.stats.parked
 
 
-class GeoReceiver(AsyncResource):
+class GeoReceiver(FromNamespaces, AsyncResource):
     """Receive from a queue (or subscription) in two regions; process each message once.
 
     Wraps two existing ``azure.servicebus.aio.ServiceBusReceiver`` objects in PEEK_LOCK
@@ -212,44 +212,6 @@ class GeoReceiver(AsyncResource):
             clock=self._clock,
             policy=policy,
             stopping=self._stopping,
-        )
-
-    @classmethod
-    def from_namespaces(
-        cls,
-        primary: str | Mapping[str, Any],
-        secondary: str | Mapping[str, Any],
-        credential: Any = None,
-        *,
-        client_options: Mapping[str, Any] | None = None,
-        **kwargs: Any,
-    ) -> GeoReceiver:
-        """As :meth:`from_connection_strings`, reaching each namespace with ``credential``.
-
-        For namespaces that disable local (SAS) authentication.
-
-        Args:
-            primary: The primary's fully qualified namespace
-                (``contoso-east.servicebus.windows.net``), or a mapping of
-                ``ServiceBusClient`` keyword arguments for it that names it
-                (``fully_qualified_namespace``, plus e.g. ``custom_endpoint_address``).
-            secondary: The secondary's, likewise. Each mapping may carry its own
-                ``credential`` (SAS keys differ per namespace).
-            credential: ``AsyncTokenCredential`` or ``TokenCredential`` (Microsoft Entra
-                ID, managed identity: e.g. ``azure.identity.aio.DefaultAzureCredential``;
-                a sync one is called on a worker thread), ``AzureNamedKeyCredential`` or
-                ``AzureSasCredential``.
-            client_options: ``ServiceBusClient`` settings for both regions
-                (``transport_type``, ``http_proxy``, ``connection_verify``, retry
-                settings...).
-            **kwargs: As for :meth:`from_connection_strings`.
-
-        Raises:
-            ConfigurationError: No namespace or no credential, or as
-                :meth:`from_connection_strings`.
-        """
-        return cls.from_connection_strings(
-            *endpoint_pair(primary, secondary, credential, client_options), **kwargs
         )
 
     @classmethod

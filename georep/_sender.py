@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from georep._channel import learn_max_sizes
 from georep._clock import SystemClock
-from georep._endpoint import Target, endpoint_pair, with_client_options
+from georep._endpoint import FromNamespaces, Target, with_client_options
 from georep._lifecycle import AsyncResource, close_all
 from georep._policy import (
     DedupKey,
@@ -86,7 +86,7 @@ def _check_options(
         )
 
 
-class GeoSender(AsyncResource):
+class GeoSender(FromNamespaces, AsyncResource):
     """Send to a queue or topic that exists in two regions, surviving the loss of one.
 
     Wraps two existing ``azure.servicebus.aio.ServiceBusSender`` objects (one per region;
@@ -222,44 +222,6 @@ class GeoSender(AsyncResource):
         )
 
     # ----------------------------------------------------------------- construction
-
-    @classmethod
-    def from_namespaces(
-        cls,
-        primary: str | Mapping[str, Any],
-        secondary: str | Mapping[str, Any],
-        credential: Any = None,
-        *,
-        client_options: Mapping[str, Any] | None = None,
-        **kwargs: Any,
-    ) -> GeoSender:
-        """As :meth:`from_connection_strings`, reaching each namespace with ``credential``.
-
-        For namespaces that disable local (SAS) authentication.
-
-        Args:
-            primary: The primary's fully qualified namespace
-                (``contoso-east.servicebus.windows.net``), or a mapping of
-                ``ServiceBusClient`` keyword arguments for it that names it
-                (``fully_qualified_namespace``, plus e.g. ``custom_endpoint_address``).
-            secondary: The secondary's, likewise. Each mapping may carry its own
-                ``credential`` (SAS keys differ per namespace).
-            credential: ``AsyncTokenCredential`` or ``TokenCredential`` (Microsoft Entra
-                ID, managed identity: e.g. ``azure.identity.aio.DefaultAzureCredential``;
-                a sync one is called on a worker thread), ``AzureNamedKeyCredential`` or
-                ``AzureSasCredential``.
-            client_options: ``ServiceBusClient`` settings for both regions
-                (``transport_type``, ``http_proxy``, ``connection_verify``, retry
-                settings...).
-            **kwargs: As for :meth:`from_connection_strings`.
-
-        Raises:
-            ConfigurationError: No namespace or no credential, or as
-                :meth:`from_connection_strings`.
-        """
-        return cls.from_connection_strings(
-            *endpoint_pair(primary, secondary, credential, client_options), **kwargs
-        )
 
     @classmethod
     def from_connection_strings(

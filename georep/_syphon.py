@@ -14,7 +14,7 @@ from opentelemetry import metrics
 from georep._channel import RegionChannel
 from georep._classify import CLIENT_FAULT_KINDS, RETRYABLE_KINDS
 from georep._clock import SystemClock
-from georep._endpoint import Target, endpoint_pair, with_client_options
+from georep._endpoint import FromNamespaces, Target, with_client_options
 from georep._lifecycle import AsyncResource, close_all
 from georep._paired import PairedNamespaceOptions
 from georep._telemetry import Instruments, InstrumentSpec
@@ -76,7 +76,7 @@ SYPHON_COUNTERS: Final = {
 """The syphon's counters."""
 
 
-class Syphon(AsyncResource):
+class Syphon(FromNamespaces, AsyncResource):
     """Long-polls every backlog queue and moves each message to its ``x-ms-path`` entity.
 
     A message's backlog copy is completed only after the primary accepted it (nothing is
@@ -123,44 +123,6 @@ class Syphon(AsyncResource):
         self._stopping = asyncio.Event()
         # Shared per provider: instruments created per instance would pile up.
         self._counters = Instruments.of(meter_provider).counters(SYPHON_COUNTERS)
-
-    @classmethod
-    def from_namespaces(
-        cls,
-        primary: str | Mapping[str, Any],
-        secondary: str | Mapping[str, Any],
-        credential: Any = None,
-        *,
-        client_options: Mapping[str, Any] | None = None,
-        **kwargs: Any,
-    ) -> Syphon:
-        """As :meth:`from_connection_strings`, reaching each namespace with ``credential``.
-
-        For namespaces that disable local (SAS) authentication.
-
-        Args:
-            primary: The primary's fully qualified namespace
-                (``contoso-east.servicebus.windows.net``), or a mapping of
-                ``ServiceBusClient`` keyword arguments for it that names it
-                (``fully_qualified_namespace``, plus e.g. ``custom_endpoint_address``).
-            secondary: The secondary's, likewise. Each mapping may carry its own
-                ``credential`` (SAS keys differ per namespace).
-            credential: ``AsyncTokenCredential`` or ``TokenCredential`` (Microsoft Entra
-                ID, managed identity: e.g. ``azure.identity.aio.DefaultAzureCredential``;
-                a sync one is called on a worker thread), ``AzureNamedKeyCredential`` or
-                ``AzureSasCredential``.
-            client_options: ``ServiceBusClient`` settings for both regions
-                (``transport_type``, ``http_proxy``, ``connection_verify``, retry
-                settings...).
-            **kwargs: As for :meth:`from_connection_strings`.
-
-        Raises:
-            ConfigurationError: No namespace or no credential, or as
-                :meth:`from_connection_strings`.
-        """
-        return cls.from_connection_strings(
-            *endpoint_pair(primary, secondary, credential, client_options), **kwargs
-        )
 
     @classmethod
     def from_connection_strings(
