@@ -67,6 +67,10 @@ class PairedNamespaceOptions:
         ping_primary_interval: Seconds between pings of an unavailable entity: 1 s-30 min.
             Default 60 s.
         ping_timeout: Deadline of one ping. Default 120 s.
+        failback_after: How long the primary must answer every ping before failover
+            disengages: 0-24 h. Default 0: the first successful ping disengages it (the
+            .NET client's behaviour, SPEC §3); with a fleet sharing roles, a longer time
+            keeps a flapping primary from pulling every process back and forth.
         enable_syphon: This process hosts the syphon. Default False.
         syphon_retry_interval: The syphon's wait before retrying a primary that refused:
             1 s-2 min. Default 1 s.
@@ -85,6 +89,7 @@ class PairedNamespaceOptions:
     failover_interval: Seconds = 60.0
     ping_primary_interval: Seconds = 60.0
     ping_timeout: Seconds = 120.0
+    failback_after: Seconds = 0.0
     enable_syphon: bool = False
     syphon_retry_interval: Seconds = 1.0
     syphon_long_poll: Seconds = 900.0
@@ -101,6 +106,7 @@ class PairedNamespaceOptions:
             ("ping_primary_interval", 1.0, 1800.0),
             ("syphon_retry_interval", 1.0, 120.0),
             ("ping_timeout", 0.001, float("inf")),
+            ("failback_after", 0.0, 86400.0),
             ("syphon_long_poll", 0.001, float("inf")),
             ("partner_close_timeout", 0.0, float("inf")),
         ):

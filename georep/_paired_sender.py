@@ -511,10 +511,13 @@ class PairedSender(FromNamespaces, AsyncResource):
             return queue.entity
 
     async def _ping_until_back(self) -> None:
-        """Ping the primary every ``ping_primary_interval``; a success ends failover."""
+        """Ping the primary every ``ping_primary_interval``; once it has answered every ping
+        for ``failback_after`` (the first success, by default), failover ends."""
         interval = self.options.seconds("ping_primary_interval")
         timeout = self.options.seconds("ping_timeout")
+        healthy_for = self.options.seconds("failback_after")
         state = self.state
+        healthy_since: float | None = None
         while state.engaged:
             await self._clock.sleep(interval)
             roles = self._shared_roles()
@@ -526,7 +529,12 @@ class PairedSender(FromNamespaces, AsyncResource):
                 await self._main.call(timeout, self._primary.send, self._make_ping())
             except RegionError as exc:
                 _log.info("ping of %s failed: %s", self.entity, exc)
+                healthy_since = None
                 continue
+            now = self._clock.monotonic()
+            healthy_since = now if healthy_since is None else healthy_since
+            if now - healthy_since < healthy_for:
+                continue  # answering, not yet for long enough
             if roles is not None:
                 await roles.swap(expected=roles.current, new_active="primary")
                 continue  # the listener disengages (also when another process did first)

@@ -193,3 +193,25 @@ async def test_a_service_error_does_not_start_the_failover_timer() -> None:
         await sender.send_messages(FakeMessage(b"a"))
     assert not sender.state.engaged and all(q.attempts == 0 for q in backlog)
     await sender.aclose()
+
+
+async def test_failback_waits_until_the_primary_answered_every_ping_for_failback_after() -> None:
+    clock = FakeClock()
+    sender, primary, _ = build(
+        clock, failover_interval=0, ping_primary_interval=10, failback_after=25
+    )
+    primary.fail_with(ErrorKind.CONNECTION)
+    assert await sender.send_messages(FakeMessage(b"a")) != "primary"
+    primary.restore()
+    await clock.advance(10)  # ping 1 answers: healthy since t=10
+    await clock.advance(10)  # ping 2 answers (10 s healthy)
+    assert sender.state.engaged
+    primary.fail_with(ErrorKind.CONNECTION)
+    await clock.advance(10)  # ping 3 fails: the healthy time starts over
+    primary.restore()
+    await clock.advance(20)  # pings 4, 5 answer (10 s healthy)
+    assert sender.state.engaged
+    await clock.advance(20)  # pings 6, 7: 30 s healthy >= 25
+    assert not sender.state.engaged and sender.pings == 7
+    assert await sender.send_messages(FakeMessage(b"b")) == "primary"
+    await sender.aclose()
