@@ -23,6 +23,7 @@ from rich.table import Table
 __all__ = ["failback", "failover", "pin", "status", "unpin"]
 
 _T = TypeVar("_T")
+_log = logging.getLogger("georep.cli")
 
 console = Console()
 errors = Console(stderr=True)
@@ -127,6 +128,24 @@ def status(
     seen_group: Annotated[
         str | None, typer.Option(help="A seen-set group: count its keys (SCAN, 1 s at most).")
     ] = None,
+    backlog: Annotated[
+        str | None,
+        typer.Option(
+            envvar="GEOREP_SECONDARY",
+            show_default=False,
+            help="Paired namespaces: the secondary's connection string (or GEOREP_SECONDARY); "
+            "shows each backlog queue's depth, i.e. what the syphon has still to move.",
+        ),
+    ] = None,
+    primary_namespace: Annotated[
+        str | None,
+        typer.Option(help="Paired namespaces: the name the backlog queues are built from."),
+    ] = None,
+    backlog_queues: Annotated[int, typer.Option(min=1, help="Backlog queue count.")] = 10,
+    ca_file: Annotated[
+        str | None,
+        typer.Option(envvar="GEOREP_CA_FILE", help="CA bundle for the management endpoint."),
+    ] = None,
     as_json: _Json = False,
 ) -> None:
     """The roles of every entity: active region, generation, since when, pinned, by whom."""
@@ -149,10 +168,49 @@ def status(
     report = _run(redis_url, app_name, read)
     if outbox is not None:
         report["outbox_depth"] = _outbox_depth(outbox)
+    if backlog is not None:
+        if not primary_namespace:
+            raise _fail("--backlog needs --primary-namespace (the name the backlog queues use)")
+        report["backlog"] = _backlog_depths(
+            backlog, str(primary_namespace), backlog_queues, ca_file
+        )
     if as_json:
         typer.echo(json.dumps(report, indent=2))
         return
     _print_status(report)
+
+
+def _backlog_depths(
+    connection_string: str, primary_namespace: str, count: int, ca_file: str | None
+) -> dict[str, Any]:
+    """Active messages per backlog queue, read through the management API."""
+    from azure.servicebus.management import ServiceBusAdministrationClient
+
+    from georep._paired import backlog_queue_path
+
+    depths: dict[str, int | None] = {}
+    try:
+        admin = ServiceBusAdministrationClient.from_connection_string(
+            connection_string, connection_verify=ca_file
+        )
+    except ValueError:
+        raise _fail(
+            "the --backlog connection string is malformed (check Endpoint and the key)"
+        ) from None
+    with admin:
+        for index in range(count):
+            path = backlog_queue_path(primary_namespace, index)
+            try:
+                runtime = admin.get_queue_runtime_properties(path)
+            except Exception as exc:  # one unreadable queue must not hide the others
+                _log.warning("backlog queue %s: %s", path, type(exc).__name__)
+                depths[path] = None
+                continue
+            depths[path] = (runtime.active_message_count or 0) + (
+                runtime.scheduled_message_count or 0
+            )
+    known = [d for d in depths.values() if d is not None]
+    return {"queues": depths, "waiting": sum(known), "unreadable": len(depths) - len(known)}
 
 
 def _outbox_depth(path: Path) -> int:
@@ -197,6 +255,14 @@ def _print_status(report: dict[str, Any]) -> None:
         console.print(table)
     if "outbox_depth" in report:
         console.print(f"outbox: {report['outbox_depth']} messages waiting", highlight=False)
+    if "backlog" in report:
+        backlog = report["backlog"]
+        unreadable = f", {backlog['unreadable']} queues unreadable" if backlog["unreadable"] else ""
+        state = "syphon idle: nothing to move" if not backlog["waiting"] else "syphon moving"
+        console.print(
+            f"backlog queues: {backlog['waiting']} messages waiting ({state}){unreadable}",
+            highlight=False,
+        )
     if "seen_keys" in report:
         seen = report["seen_keys"]
         at_least = "" if seen["complete"] else "at least "

@@ -2,11 +2,18 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import uuid
 
 import pytest
 from _helpers import REDIS_URL, run_python
+from azure.servicebus import ServiceBusClient, ServiceBusMessage
+
+from georep import PairedNamespaceOptions
+from georep._paired import backlog_queue_path
+from georep.adapters.emulator import Emulator
+from georep.adapters.servicebus import ensure_backlog_queues
 
 
 def georep(*args: str) -> tuple[int, str, str]:
@@ -71,3 +78,29 @@ def test_an_unreachable_redis_exits_2_naming_the_fix(app: str) -> None:
 def test_redis_and_app_are_required(app: str) -> None:
     code, _, err = georep("status", "--redis", "", "--app", app)
     assert code == 2 and "--redis" in err
+
+
+def test_status_shows_what_waits_in_the_backlog_queues(app: str) -> None:
+    async def create_backlog(emu: Emulator) -> None:
+        async with emu.async_admin_client("secondary") as admin:
+            await ensure_backlog_queues(
+                admin, "east", PairedNamespaceOptions(backlog_queue_count=3)
+            )
+
+    with Emulator(queues=()) as emu:
+        secondary = emu.connection_string("secondary")
+        asyncio.run(create_backlog(emu))
+        with (
+            ServiceBusClient.from_connection_string(secondary) as client,
+            client.get_queue_sender(backlog_queue_path("east", 1)) as sender,
+        ):
+            sender.send_messages([ServiceBusMessage("a"), ServiceBusMessage("b")])
+        code, out, err = georep(
+            "status", "--redis", REDIS_URL, "--app", app, "--json", "--backlog", secondary,
+            "--primary-namespace", "east", "--backlog-queues", "3", "--ca-file", str(emu.ca_file),
+        )  # fmt: skip
+    assert code == 0, err
+    backlog = json.loads(out)["backlog"]
+    assert backlog["waiting"] == 2 and backlog["unreadable"] == 0
+    assert backlog["queues"][backlog_queue_path("east", 1)] == 2
+    assert secondary not in out and "SharedAccessKey" not in out
