@@ -18,8 +18,8 @@ worker thread per SDK object (``georep.adapters.servicebus.SyncServiceBusRegionS
 those threads are joined on :meth:`GeoSender.close` too.
 
 Ownership as in the async API, with one difference: a sync caller cannot ``await
-aclose()``, so the async resources passed in (``seen=``, ``outbox=``, ``ledger=``) are
-closed when the last georep.sync object using them closes. SDK senders and receivers
+aclose()``, so the async resources passed in (``seen=``, ``outbox=``, ``ledger=``,
+``role_store=``) are closed when the last georep.sync object using them closes. SDK senders and receivers
 passed in stay open (their owner closes them).
 
 Every method blocks until the core answers (its deadlines bound that) and raises the
@@ -51,7 +51,7 @@ __all__ = ["GeoReceiver", "GeoSender", "PairedSender", "ReceiverHandler", "recei
 
 SyncHandler = Callable[[Any], object]
 
-_RESOURCES = ("seen", "outbox", "ledger")
+_RESOURCES = ("seen", "outbox", "ledger", "role_store")
 _handler_context = threading.local()
 """``receiver`` is set on a handler thread while it runs that receiver's handler."""
 
