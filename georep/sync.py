@@ -19,8 +19,8 @@ those threads are joined on :meth:`GeoSender.close` too.
 
 Ownership as in the async API, with one difference: a sync caller cannot ``await
 aclose()``, so the async resources passed in (``seen=``, ``outbox=``, ``ledger=``,
-``role_store=``) are closed when the last georep.sync object using them closes. SDK senders and receivers
-passed in stay open (their owner closes them).
+``role_store=``) are closed when the last georep.sync object using them closes. SDK senders
+and receivers passed in stay open (their owner closes them).
 
 Every method blocks until the core answers (its deadlines bound that) and raises the
 core's errors (:mod:`georep.exceptions`); a closed object raises
