@@ -20,8 +20,9 @@ from __future__ import annotations
 import uuid
 from collections import OrderedDict
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any, Final
+
+from georep.ports import OrderStamp
 
 __all__ = [
     "GENERATION_PROPERTY",
@@ -42,23 +43,6 @@ MAX_SESSIONS_TRACKED: Final = 100_000
 """Sessions one writer remembers (least recently written forgotten first). A session
 forgotten and written again starts a new chain: its next message does not wait for the
 earlier ones."""
-
-
-@dataclass(frozen=True, slots=True)
-class OrderStamp:
-    """One message's place in its session, as its sender stamped it.
-
-    Attributes:
-        writer: The GeoSender object that numbered it.
-        seq: Its number in the session, per writer (from 1).
-        prev: The dedup key of the writer's previous message of the session (None: first).
-        generation: The role generation when it was sent.
-    """
-
-    writer: str
-    seq: int
-    prev: str | None
-    generation: int
 
 
 def read_stamp(get: Callable[[str], Any]) -> OrderStamp | None:

@@ -26,10 +26,18 @@ from georep._policy import DedupKey, Seconds, count, positive_seconds, seconds
 from georep._region_loop import RECEIVE_GRACE as RECEIVE_GRACE
 from georep._region_loop import Handler, LoopPolicy, RegionLoop, StorePolicy
 from georep._region_wrap import open_pair, wrap_pair
-from georep._settle import Settlements
+from georep._session_loop import FinishedKeys, SessionPolicy, SessionRegionLoop
+from georep._settle import Copy, Settlements
 from georep._telemetry import ReceiverMetrics, TracingGate
 from georep.exceptions import ConfigurationError, SettlementError
-from georep.ports import Clock, Ledger, RegionReceiver, SeenStore
+from georep.ports import (
+    Clock,
+    Ledger,
+    RegionReceiver,
+    RegionSessions,
+    SeenStore,
+    SessionReceiver,
+)
 
 if TYPE_CHECKING:
     from opentelemetry.metrics import MeterProvider
@@ -59,6 +67,9 @@ class ReceiverStats:
         unchecked: Copies processed without a dedup check (``on_store_unavailable="process"``
             or a copy without a dedup key).
         received: Copies received, by region.
+        order_gaps: Session mode: messages handed on without their predecessor processed
+            (``order_wait`` ran out, or no region held it).
+        order_waited: Session mode: seconds messages spent waiting for their predecessors.
     """
 
     processed: int = 0
@@ -72,6 +83,8 @@ class ReceiverStats:
     store_errors: int = 0
     unchecked: int = 0
     received: dict[str, int] = field(default_factory=dict)
+    order_gaps: int = 0
+    order_waited: float = 0.0
 
 
 def _observed_parked(receiver: GeoReceiver) -> int | None:
@@ -145,6 +158,10 @@ class GeoReceiver(AsyncResource):
         max_attempts: int = 10,
         close_timeout: Seconds = 5.0,
         ledger: Ledger | None = None,
+        sessions: bool = False,
+        max_sessions: int = 8,
+        order_wait: Seconds = 30.0,
+        session_idle: Seconds | None = None,
         clock: Clock | None = None,
         tracer_provider: TracerProvider | None = None,
         meter_provider: MeterProvider | None = None,
@@ -162,9 +179,15 @@ class GeoReceiver(AsyncResource):
         self.ledger = ledger
         self.owner = owner or f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
         self._clock: Clock = clock or SystemClock()
-        # Adapters georep made around the caller's SDK receivers are georep's to close: that
-        # stops their worker threads (sync receivers) and never closes the caller's receiver.
-        regions, self._owned = wrap_pair(primary, secondary, "receiver")
+        self.sessions = bool(sessions)
+        regions: list[Any]
+        self._owned: list[Any]
+        if self.sessions:
+            regions, self._owned = _session_regions(primary, secondary), []
+        else:
+            # Adapters georep made around the caller's SDK receivers are georep's to close:
+            # that stops their worker threads (sync receivers), never the caller's receiver.
+            regions, self._owned = wrap_pair(primary, secondary, "receiver")
         self.entity = regions[0].entity
         self.dedup_scope = _dedup_scope(regions, dedup_scope)
         self._scope_prefix = self.dedup_scope + "\n"
@@ -172,14 +195,60 @@ class GeoReceiver(AsyncResource):
         self.stats = ReceiverStats()
         self._metrics = ReceiverMetrics(self.entity, meter_provider, self, _observed_parked)
         self._stopping = asyncio.Event()
-        self._loops = [self._loop_for(region, tracer_provider) for region in regions]
+        self._tracer_provider = tracer_provider
+        self._loops: list[RegionLoop] = []
+        self._session_loops: list[SessionRegionLoop] = []
+        if self.sessions:
+            self.max_sessions = count(max_sessions, "max_sessions")
+            self.order_wait = seconds(order_wait, "order_wait")
+            idle = max(2 * self.max_wait, 1.0) if session_idle is None else session_idle
+            self.session_idle = seconds(idle, "session_idle")
+            self._session_loops = self._session_loops_for(regions)
+        else:
+            self._loops = [self._loop_for(region, tracer_provider) for region in regions]
         self._running: asyncio.Task[None] | None = None
         self._stopped = asyncio.Event()
 
+    def _session_loops_for(self, regions: Sequence[RegionSessions]) -> list[SessionRegionLoop]:
+        """One session loop per region, each knowing the other (for the order gate)."""
+        policy = SessionPolicy(
+            max_sessions=self.max_sessions,
+            order_wait=self.order_wait,
+            session_idle=self.session_idle,
+            max_wait=self.max_wait,
+            batch=self.concurrency,
+            scope_prefix=self._scope_prefix,
+        )
+        finished = FinishedKeys()
+
+        def make_loop(session: SessionReceiver, on_final: Callable[[Copy], None]) -> RegionLoop:
+            return self._loop_for(session, self._tracer_provider, on_final)
+
+        loops = [
+            SessionRegionLoop(
+                region,
+                make_loop=make_loop,
+                seen=self.seen,
+                finished=finished,
+                stats=self.stats,
+                metrics=self._metrics,
+                clock=self._clock,
+                policy=policy,
+                stopping=self._stopping,
+            )
+            for region in regions
+        ]
+        loops[0].other, loops[1].other = loops[1], loops[0]
+        return loops
+
     def _loop_for(
-        self, region: RegionReceiver, tracer_provider: TracerProvider | None
+        self,
+        region: RegionReceiver,
+        tracer_provider: TracerProvider | None,
+        on_final: Callable[[Copy], None] | None = None,
     ) -> RegionLoop:
-        """The loop of ``region``, with its own settler and seen-set owner."""
+        """The loop of ``region`` (or of one held session), with its own settler and
+        seen-set owner."""
         settlements = Settlements(
             region,
             entity=self.entity,
@@ -190,6 +259,7 @@ class GeoReceiver(AsyncResource):
             tracer=trace.get_tracer("georep", None, tracer_provider),
             tracing=TracingGate(tracer_provider, self._clock.monotonic),
         )
+        settlements.on_final = on_final
         policy = LoopPolicy(
             concurrency=self.concurrency,
             lease=self.lease,
@@ -223,6 +293,7 @@ class GeoReceiver(AsyncResource):
         topic_name: str | None = None,
         subscription_name: str | None = None,
         prefetch_count: int = 0,
+        sessions: bool = False,
         **kwargs: Any,
     ) -> GeoReceiver:
         """A GeoReceiver that creates, and closes, its own clients and receivers.
@@ -235,7 +306,7 @@ class GeoReceiver(AsyncResource):
             ConfigurationError: A connection string is malformed or the entity is not
                 named properly. The message never contains the key.
         """
-        from georep._sdk import open_region_receiver
+        from georep._sdk import open_region_receiver, open_region_sessions
 
         if (queue_name is None) == (topic_name is None) or (
             topic_name is not None and subscription_name is None
@@ -244,16 +315,19 @@ class GeoReceiver(AsyncResource):
                 "name a queue (queue_name=) or a topic and subscription "
                 "(topic_name=, subscription_name=)"
             )
-        regions = open_pair(
-            open_region_receiver,
-            primary,
-            secondary,
-            queue_name=queue_name,
-            topic_name=topic_name,
-            subscription_name=subscription_name,
-            prefetch_count=prefetch_count,
-        )
-        receiver = cls(*regions, **kwargs)
+        names = {
+            "queue_name": queue_name,
+            "topic_name": topic_name,
+            "subscription_name": subscription_name,
+        }
+        regions: tuple[Any, Any]
+        if sessions:  # a session receiver is opened per accepted session, never prefetching
+            regions = open_pair(open_region_sessions, primary, secondary, **names)
+        else:
+            regions = open_pair(
+                open_region_receiver, primary, secondary, prefetch_count=prefetch_count, **names
+            )
+        receiver = cls(*regions, sessions=sessions, **kwargs)
         receiver._owned.extend(regions)
         return receiver
 
@@ -279,7 +353,8 @@ class GeoReceiver(AsyncResource):
         self._running = asyncio.current_task()
         self._stopped.clear()
         try:
-            await asyncio.gather(*(loop.run(handler) for loop in self._loops))
+            loops: Sequence[RegionLoop | SessionRegionLoop] = self._loops or self._session_loops
+            await asyncio.gather(*(loop.run(handler) for loop in loops))
         finally:
             self._running = None
             self._stopped.set()
@@ -329,7 +404,16 @@ class GeoReceiver(AsyncResource):
 
         Returns:
             The peeked messages per region label.
+
+        Raises:
+            ConfigurationError: The receiver is in session mode (peek a session with the
+                SDK's session receiver).
         """
+        if self.sessions:
+            raise ConfigurationError(
+                "peek_all is not available in session mode: peek a session with the SDK's "
+                "session receiver (get_queue_receiver(..., session_id=...).peek_messages)"
+            )
         return {loop.region.region: await loop.peek(count) for loop in self._loops}
 
     def seen_key(self, value: str) -> str:
@@ -411,6 +495,23 @@ def _dedup_scope(regions: Sequence[RegionReceiver], override: str | None) -> str
             "otherwise give the receivers of one entity"
         )
     return next(iter(paths.values()))
+
+
+def _session_regions(primary: Any, secondary: Any) -> list[Any]:
+    """The two regions of a session-mode GeoReceiver: each must be a RegionSessions.
+
+    Raises:
+        ConfigurationError: One is something else (an SDK receiver locks one session only).
+    """
+    for given, label in ((primary, "primary"), (secondary, "secondary")):
+        if not isinstance(given, RegionSessions):
+            raise ConfigurationError(
+                f"sessions=True needs each region's session entity, and the {label} is a "
+                f"{type(given).__name__}: use GeoReceiver.from_connection_strings(..., "
+                "sessions=True), or pass georep.adapters.servicebus.ServiceBusRegionSessions"
+                "(client, region=..., queue_name=...) for each region"
+            )
+    return [primary, secondary]
 
 
 def _store_policy(value: str) -> StorePolicy:

@@ -26,18 +26,21 @@ __all__ = [
     "ErrorKind",
     "Ledger",
     "MessageCodec",
+    "OrderStamp",
     "Outbox",
     "OutboxEntry",
     "ReceiveRecord",
     "RegionAttempt",
     "RegionReceiver",
     "RegionSender",
+    "RegionSessions",
     "RegionSlot",
     "RelayEndpoint",
     "RelayRequest",
     "RelayResponse",
     "SeenStore",
     "SendRecord",
+    "SessionReceiver",
 ]
 
 
@@ -406,6 +409,11 @@ class SeenStore(Protocol):
         """Drop ``owner``'s claims (the handler failed); others' claims are untouched."""
         ...
 
+    async def peek(self, keys: Sequence[str]) -> list[ClaimState | None]:
+        """The keys' states without claiming them: IN_FLIGHT (claimed by anyone), a final
+        state, or None (no entry). Session order reads its predecessors' states with it."""
+        ...
+
     async def extend(self, keys: Sequence[str], *, owner: str, lease: float) -> list[bool]:
         """Renew ``owner``'s claims for ``lease`` more seconds; False where it lost them."""
         ...
@@ -427,6 +435,8 @@ class Delivery:
         traceparent: The producer's W3C traceparent, if the copy carries one.
         content_type: The copy's content type, if set (the paired namespaces' ping is
             recognised by it).
+        session_id: The copy's session id, if it has one.
+        stamp: The session order its sender stamped (docs/sessions.md), if any.
     """
 
     key: str | None
@@ -435,6 +445,25 @@ class Delivery:
     locked_until: float | None
     traceparent: str | None
     content_type: str | None = None
+    session_id: str | None = None
+    stamp: OrderStamp | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class OrderStamp:
+    """One message's place in its session, as a GeoSender stamped it (docs/sessions.md).
+
+    Attributes:
+        writer: The GeoSender object that numbered it.
+        seq: Its number in the session, per writer (from 1).
+        prev: The dedup key of the writer's previous message of the session (None: first).
+        generation: The role generation when its send started.
+    """
+
+    writer: str
+    seq: int
+    prev: str | None
+    generation: int
 
 
 @runtime_checkable
@@ -489,6 +518,57 @@ class RegionReceiver(Protocol):
         ...
 
 
+@runtime_checkable
+class SessionReceiver(RegionReceiver, Protocol):
+    """One session locked in one region: a receiver of that session's messages only.
+
+    ``renew_lock(message)`` renews the session's lock (a session's messages are locked as
+    long as their session). :meth:`close` releases the session.
+    """
+
+    @property
+    def session_id(self) -> str: ...
+
+    async def get_state(self) -> bytes | None:
+        """The session's state in this region (None if none was set)."""
+        ...
+
+    async def set_state(self, state: bytes | None) -> None:
+        """Set (None: clear) the session's state in this region."""
+        ...
+
+
+@runtime_checkable
+class RegionSessions(Protocol):
+    """One region's session-enabled queue or subscription: where sessions are accepted.
+
+    Failed operations raise :class:`georep.exceptions.RegionError`.
+    """
+
+    @property
+    def region(self) -> str: ...
+
+    @property
+    def namespace(self) -> str: ...
+
+    @property
+    def entity(self) -> str:
+        """The queue, or ``topic/Subscriptions/subscription``."""
+        ...
+
+    async def accept(self, session_id: str | None, *, max_wait: float) -> SessionReceiver | None:
+        """Lock a session: ``session_id``, or (None) the next one with messages.
+
+        Returns None when no session became available within ``max_wait`` seconds, or
+        the named session is locked by another receiver.
+        """
+        ...
+
+    async def close(self) -> None:
+        """Close what this adapter created (never the caller's client)."""
+        ...
+
+
 # ----------------------------------------------------------------------------- ledger
 # Records are NamedTuples, not dataclasses: one is built per send or received copy, and a
 # tuple is the cheapest immutable object to build on that path.
@@ -540,6 +620,15 @@ class ReceiveRecord(NamedTuple):
     enqueued_at: float | None
     received_at: float
     settled_at: float | None
+    session_id: str | None = None
+    """The copy's session id, if any."""
+    order_seq: int | None = None
+    """Its ``georep.order.seq`` stamp (its number in the session, per writer), if any."""
+    order_gap: str | None = None
+    """Session mode: why it was handed on without its predecessor (``timeout``: order_wait
+    ran out; ``absent``: no region held it), or None."""
+    order_wait: float = 0.0
+    """Session mode: seconds it waited for its predecessor."""
 
 
 @runtime_checkable

@@ -41,7 +41,8 @@ DEFAULT_OPERATION_TIMEOUT: Final = 2.0
 # ARGV: operation, owner, milliseconds (the lease for claim/extend, the window for commit),
 # and for commit the value to store.
 # Returns for claim: 0 claimed, 1 in flight, 2 done, 4 deferred, or the stored 'D' .. reason
-# string for dead-lettered; for the others 1 if it changed the key.
+# string for dead-lettered; for peek the same numbers, 3 dead-lettered and 5 no entry; for
+# the others 1 if it changed the key.
 # The operation names are one letter: the script runs once per key, 1,000s of times a batch.
 _SCRIPT: Final = """
 local op = ARGV[1]
@@ -50,6 +51,21 @@ if op == 'm' then
   return 1
 end
 local value = redis.call('GET', KEYS[1])
+if op == 'p' then
+  if not value then
+    return 5
+  end
+  if value == '1' then
+    return 2
+  end
+  if value == 'F' then
+    return 4
+  end
+  if string.sub(value, 1, 1) == 'D' then
+    return 3
+  end
+  return 1
+end
 local mine = 'c' .. ARGV[2]
 if op == 'c' then
   if not value then
@@ -85,7 +101,7 @@ end
 return redis.error_reply('georep seen-set: unknown operation ' .. tostring(op))
 """
 
-_CLAIM, _COMMIT, _RELEASE, _EXTEND = "c", "m", "r", "e"
+_CLAIM, _COMMIT, _RELEASE, _EXTEND, _PEEK = "c", "m", "r", "e", "p"
 
 
 def _digest(data: bytes) -> Any:
@@ -98,6 +114,7 @@ _CLAIM_STATES: Final = {
     2: ClaimState.DONE,
     4: ClaimState.DEFERRED,
 }
+_PEEKED: Final = {**_CLAIM_STATES, 3: ClaimState.DEAD_LETTERED, 5: None}
 _STORED: Final = {ClaimState.DONE: b"1", ClaimState.DEFERRED: b"F", ClaimState.DEAD_LETTERED: b"D"}
 
 
@@ -248,6 +265,15 @@ class RedisSeenSet(AsyncResource):
             ClosedError: The store was closed.
         """
         await self._run(keys, _RELEASE, owner, 0)
+
+    async def peek(self, keys: Sequence[str]) -> list[ClaimState | None]:
+        """The keys' states without claiming them (None: no entry; IN_FLIGHT: claimed).
+
+        Raises:
+            StoreUnavailableError: Redis did not answer in time or refused the call.
+            ClosedError: The store was closed.
+        """
+        return [_PEEKED[result] for result in await self._run(keys, _PEEK, "", 0)]
 
     async def extend(self, keys: Sequence[str], *, owner: str, lease: float) -> list[bool]:
         """Renew ``owner``'s claims for ``lease`` seconds; False where it no longer holds one.

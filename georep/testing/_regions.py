@@ -140,6 +140,7 @@ class FakeReceivedMessage:
     content_type: str | None = None
     dead_letter_reason: str | None = None
     dead_letter_error_description: str | None = None
+    session_id: str | None = None
 
 
 class InMemoryRegionReceiver(_Labels):

@@ -116,6 +116,20 @@ class InMemorySeenSet(AsyncResource):
             if entry is not None and entry.owner == owner:
                 del self._entries[key]
 
+    async def peek(self, keys: Sequence[str]) -> list[ClaimState | None]:
+        """The keys' states without claiming them (None: no entry; IN_FLIGHT: claimed)."""
+        now = self._begin(keys)
+        if now is None:
+            return []
+        states: list[ClaimState | None] = []
+        for key in keys:
+            entry = self._live(key, now)
+            if entry is None:
+                states.append(None)
+            else:
+                states.append(ClaimState.IN_FLIGHT if entry.owner is not None else entry.outcome)
+        return states
+
     async def extend(self, keys: Sequence[str], *, owner: str, lease: float) -> list[bool]:
         """Renew ``owner``'s claims for ``lease`` seconds (> 0); False where it lost one."""
         lease = positive_seconds(lease, "lease")
