@@ -201,7 +201,7 @@ class GeoReceiver(AsyncResource):
         if self.sessions:
             self.max_sessions = count(max_sessions, "max_sessions")
             self.order_wait = seconds(order_wait, "order_wait")
-            idle = max(2 * self.max_wait, 1.0) if session_idle is None else session_idle
+            idle = self.max_wait if session_idle is None else session_idle
             self.session_idle = seconds(idle, "session_idle")
             self._session_loops = self._session_loops_for(regions)
         else:

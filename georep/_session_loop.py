@@ -102,8 +102,6 @@ class _Held:
     """One session a region loop holds."""
 
     session: SessionReceiver
-    counted: bool
-    """Accepted as next-available (counts against ``max_sessions``), not by name."""
     hand: list[Copy] = field(default_factory=list)
     """Received, not yet taken to an outcome, in delivery order."""
     idle: bool = False
@@ -168,8 +166,6 @@ class SessionRegionLoop:
         self._policy = policy
         self._stopping = stopping
         self._held: dict[str, _Held] = {}
-        self._counted = 0
-        self._slot_free = asyncio.Event()
         self._probing: set[str] = set()
         self._probe_after: dict[str, float] = {}
         self._tasks: set[asyncio.Task[None]] = set()
@@ -187,41 +183,46 @@ class SessionRegionLoop:
     # ------------------------------------------------------------------ the loop
 
     async def run(self, handler: Handler) -> None:
-        """Accept sessions and work on them until the GeoReceiver stops."""
+        """Accept sessions and work on them until the GeoReceiver stops.
+
+        ``max_sessions`` slots, each accepting the next available session and working on it
+        until it is released: accepting costs the SDK a link (and connection) of its own,
+        about half a second, so the slots accept concurrently.
+        """
         self._handler = handler
-        failures = 0
         try:
-            while not self._stopping.is_set():
-                if self._counted >= self._policy.max_sessions:
-                    self._slot_free.clear()
-                    await self._until(self._slot_free)
-                    continue
-                try:
-                    session = await self._accept(None)
-                except RegionError as exc:
-                    _log.warning("accepting a session in %s failed: %s", self.region, exc)
-                    await self._until(None, min(0.1 * 2**failures, 5.0))
-                    failures += 1
-                    continue
-                failures = 0
-                if session is not None:
-                    self._start(session, counted=True)
+            await asyncio.gather(*(self._slot() for _ in range(self._policy.max_sessions)))
         finally:
             while self._tasks:
                 await asyncio.gather(*list(self._tasks), return_exceptions=True)
 
-    async def _until(self, event: asyncio.Event | None, seconds: float | None = None) -> None:
-        """Wait for ``event`` (or ``seconds``), returning early when the receiver stops."""
-        waits: list[asyncio.Future[Any]] = [asyncio.ensure_future(self._stopping.wait())]
-        if event is not None:
-            waits.append(asyncio.ensure_future(event.wait()))
-        if seconds is not None:
-            waits.append(asyncio.ensure_future(self._clock.sleep(seconds)))
+    async def _slot(self) -> None:
+        failures = 0
+        while not self._stopping.is_set():
+            try:
+                session = await self._accept(None)
+            except RegionError as exc:
+                if failures == 0:
+                    _log.warning("accepting a session in %s failed: %s", self.region, exc)
+                await self._pause(min(0.1 * 2**failures, 5.0))
+                failures += 1
+                continue
+            failures = 0
+            if session is None:
+                continue
+            held = self._hold(session)
+            if held is not None:
+                await self._work(held)
+
+    async def _pause(self, seconds: float) -> None:
+        """Wait ``seconds``, returning early when the receiver stops."""
+        stopping = asyncio.ensure_future(self._stopping.wait())
+        sleeping = asyncio.ensure_future(self._clock.sleep(seconds))
         try:
-            await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+            await asyncio.wait((stopping, sleeping), return_when=asyncio.FIRST_COMPLETED)
         finally:
-            for wait in waits:
-                wait.cancel()
+            stopping.cancel()
+            sleeping.cancel()
 
     async def _accept(self, session_id: str | None) -> SessionReceiver | None:
         label, max_wait = self.region, self._policy.max_wait
@@ -234,16 +235,16 @@ class SessionRegionLoop:
         ):
             return await self.sessions.accept(session_id, max_wait=max_wait)
 
-    def _start(self, session: SessionReceiver, *, counted: bool) -> None:
+    def _hold(self, session: SessionReceiver) -> _Held | None:
+        """Record ``session`` as held here; None (and the session closed) when it already
+        is (a named accept raced a next-available one)."""
         session_id = session.session_id
-        if session_id in self._held:  # accepted twice (a probe raced the next-available)
+        if session_id in self._held:
             self._spawn(self._close_session(session))
-            return
-        held = _Held(session, counted)
+            return None
+        held = _Held(session)
         self._held[session_id] = held
-        if counted:
-            self._counted += 1
-        self._spawn(self._work(held))
+        return held
 
     def _spawn(self, coroutine: Coroutine[Any, Any, None]) -> None:
         task = asyncio.ensure_future(coroutine)
@@ -288,9 +289,6 @@ class SessionRegionLoop:
                     return
         finally:
             del self._held[session.session_id]
-            if held.counted:
-                self._counted -= 1
-                self._slot_free.set()
             await self._close_session(session)
 
     async def _receive(self, loop: RegionLoop, room: int) -> list[Copy] | None:
@@ -416,7 +414,9 @@ class SessionRegionLoop:
         if self._stopping.is_set():
             await self._close_session(session)
             return
-        self._start(session, counted=False)
+        held = self._hold(session)
+        if held is not None:
+            await self._work(held)
 
     def _gap(self, copy: Copy, reason: str, waited: float) -> None:
         copy.order_gap = reason
