@@ -119,3 +119,43 @@ async def test_fifty_sessions_keep_their_order_through_a_primary_failure(
     assert len(processed) == total
     assert {r.session_id for r in processed} == {f"s{s}" for s in range(SESSIONS)}
     assert all(r.order_gap is None for r in ledger.receives)
+
+
+async def test_the_old_region_never_returning_gives_order_up_after_order_wait(
+    emu: Emulator, private_queue: Callable[..., str], seen: RedisSeenSet
+) -> None:
+    queue = private_queue("stranded", requires_session=True)
+    sessions, half = 10, 5
+    async with GeoSender.from_connection_strings(
+        emu.connection_string("primary"), emu.connection_string("secondary"), queue_name=queue
+    ) as sender:
+        for number in range(2 * half):
+            if number == half:  # the primary fails for good: each session's head is there
+                await fault(emu, "primary", "outage")
+            await sender.send_messages(
+                [ServiceBusMessage(f"s{s}:{number}", session_id=f"s{s}") for s in range(sessions)]
+            )
+    stranded = emu.namespace("primary").message_count(queue)
+    assert stranded == sessions * half
+
+    handled = Handled()
+    ledger = InMemoryLedger()
+    receiver = session_receiver(emu, queue, seen, ledger=ledger, order_wait=3.0)
+    running = asyncio.create_task(receiver.run(handled))
+    try:
+        assert await eventually(lambda: handled.count >= sessions * half, within=25)
+        await asyncio.sleep(0.5)
+    finally:
+        await receiver.aclose()
+        await running
+
+    # Each session's tail, from the surviving region, once and in order; one visible gap each.
+    assert handled.count == sessions * half
+    assert all(n == list(range(half, 2 * half)) for n in handled.by_session.values())
+    assert receiver.stats.order_gaps == sessions
+    gaps = [r for r in ledger.receives if r.order_gap is not None]
+    assert len(gaps) == sessions and all(r.order_gap == "timeout" for r in gaps)
+    assert all(r.order_wait >= 3.0 for r in gaps)
+    # Nothing lost: the rest is still stored in the primary, for when it comes back.
+    assert emu.namespace("secondary").message_count(queue) == 0
+    assert emu.namespace("primary").message_count(queue) == stranded
