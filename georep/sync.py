@@ -261,7 +261,12 @@ class GeoReceiver(_Blocking):
     _run_future: concurrent.futures.Future[None] | None = None
 
     def __init__(self, primary: Any, secondary: Any, *, seen: Any, **options: Any) -> None:
-        regions, created = wrap_pair(primary, secondary, "receiver")
+        regions: list[Any]
+        created: list[Any]
+        if options.get("sessions"):  # RegionSessions, checked by the core
+            regions, created = [primary, secondary], []
+        else:
+            regions, created = wrap_pair(primary, secondary, "receiver")
         super().__init__(
             lambda: _receiver.GeoReceiver(regions[0], regions[1], seen=seen, **options),
             adapters=created,
@@ -314,8 +319,10 @@ class GeoReceiver(_Blocking):
             raise ClosedError("this georep.sync.GeoReceiver is closed; create a new one")
         core = self._core
         loop = RUNTIME.loop
+        # Per region: up to concurrency handlers, or one per held session in session mode.
+        per_region = max(core.concurrency, getattr(core, "max_sessions", 0) + 4)
         pool = concurrent.futures.ThreadPoolExecutor(
-            max_workers=2 * core.concurrency, thread_name_prefix="georep-handler"
+            max_workers=2 * per_region, thread_name_prefix="georep-handler"
         )
 
         def run_handler(message: Any) -> object:

@@ -4,14 +4,18 @@ per-session order kept across a regional outage (docs/sessions.md)."""
 from __future__ import annotations
 
 import asyncio
+import threading
+import time
+import uuid
 from collections import defaultdict
 from collections.abc import Callable
 from typing import Any
 
 import pytest
-from _helpers import eventually, fault
+from _helpers import REDIS_URL, eventually, fault
 from azure.servicebus import ServiceBusMessage
 
+import georep.sync
 from georep import GeoReceiver, GeoSender, ReplicationMode
 from georep.adapters.emulator import Emulator
 from georep.adapters.redis import RedisSeenSet
@@ -159,3 +163,54 @@ async def test_the_old_region_never_returning_gives_order_up_after_order_wait(
     # Nothing lost: the rest is still stored in the primary, for when it comes back.
     assert emu.namespace("secondary").message_count(queue) == 0
     assert emu.namespace("primary").message_count(queue) == stranded
+
+
+def test_the_sync_api_keeps_session_order_on_a_subscription_through_an_outage(
+    emu: Emulator,
+) -> None:
+    topic, subscription = f"ordered-{uuid.uuid4().hex[:8]}", "by-customer"
+    for namespace in emu.namespaces:
+        with emu.admin_client(namespace) as admin:
+            admin.create_topic(topic)
+            admin.create_subscription(topic, subscription, requires_session=True)
+    sessions, per_session = 5, 10
+    names = {"topic_name": topic}
+    connections = (emu.connection_string("primary"), emu.connection_string("secondary"))
+    try:
+        with georep.sync.GeoSender.from_connection_strings(*connections, **names) as sender:
+            for number in range(per_session):
+                if number == per_session // 2:
+                    emu.namespace("primary").outage()
+                sender.send_messages(
+                    [ServiceBusMessage(f"s{s}:{number}", session_id=f"s{s}") for s in range(5)]
+                )
+        handled = Handled()
+        seen = RedisSeenSet.from_url(REDIS_URL, group=f"sync-{uuid.uuid4().hex[:8]}", window=600)
+        receiver = georep.sync.GeoReceiver.from_connection_strings(
+            *connections,
+            subscription_name=subscription,
+            seen=seen,
+            sessions=True,
+            max_wait=0.5,
+            order_wait=60.0,
+            **names,
+        )
+
+        def handle(message: Any) -> None:  # a sync handler, on a worker thread
+            asyncio.run(handled(message))
+
+        runner = threading.Thread(target=receiver.run, args=(handle,))
+        runner.start()
+        time.sleep(2.0)  # the secondary's halves wait for the primary's
+        assert handled.count == 0
+        emu.namespace("primary").restore()
+        deadline = time.monotonic() + 25
+        while handled.count < sessions * per_session and time.monotonic() < deadline:
+            time.sleep(0.1)
+        receiver.close()
+        runner.join(10)
+    finally:
+        emu.namespace("primary").restore()
+    assert handled.count == sessions * per_session
+    assert all(n == list(range(per_session)) for n in handled.by_session.values())
+    assert receiver.stats.order_gaps == 0
