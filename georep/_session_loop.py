@@ -168,6 +168,8 @@ class SessionRegionLoop:
         self._held: dict[str, _Held] = {}
         self._probing: set[str] = set()
         self._probe_after: dict[str, float] = {}
+        self._empty_at: dict[str, float] = {}
+        """When a receive last found a session empty here (monotonic seconds)."""
         self._tasks: set[asyncio.Task[None]] = set()
         self._handler: Handler | None = None
 
@@ -273,6 +275,7 @@ class SessionRegionLoop:
                         return
                     if not copies:
                         held.idle = True
+                        self._found_empty(session.session_id)
                         if self._clock.monotonic() - idle_since >= self._policy.session_idle:
                             return
                         continue
@@ -343,7 +346,7 @@ class SessionRegionLoop:
                 self._finished.add(prev_key)
                 break
             waited = self._clock.monotonic() - started
-            if state is None and self._absent_elsewhere(held, stamp.prev, stamp):
+            if state is None and self._absent_elsewhere(held, stamp.prev, stamp, started):
                 self._gap(copy, "absent", waited)
                 break
             if waited >= self._policy.order_wait:
@@ -366,24 +369,40 @@ class SessionRegionLoop:
             self._metrics.store_error()
             return _UNKNOWN
 
-    def _absent_elsewhere(self, held: _Held, prev: str, stamp: OrderStamp) -> bool:
+    def _absent_elsewhere(self, held: _Held, prev: str, stamp: OrderStamp, since: float) -> bool:
         """True when the other region is known to hold none of the predecessor now."""
         other = self.other
         if other is None:
             return False
-        return other.holds_none_of(held.session.session_id, prev, stamp.writer, stamp.seq - 1)
+        return other.holds_none_of(
+            held.session.session_id, prev, stamp.writer, stamp.seq - 1, since=since
+        )
 
-    def holds_none_of(self, session_id: str, prev: str, writer: str, prev_seq: int) -> bool:
+    def holds_none_of(
+        self, session_id: str, prev: str, writer: str, prev_seq: int, *, since: float
+    ) -> bool:
         """Whether this region surely holds no copy of ``prev`` in ``session_id`` now.
 
-        If the session is not held here, ask for it by name (in the background, a few at a
-        time); until then the answer is False (unknown).
+        ``since`` is when the successor started waiting: it was stored before then, so its
+        predecessor was too, and a session found empty after it holds no predecessor (one
+        processed meanwhile is final in the seen-set; one locked by another consumer keeps
+        the session from being accepted). If the session is not held here and was not found
+        empty since, ask for it by name (in the background, a few at a time); until then
+        the answer is False (unknown).
         """
         held = self._held.get(session_id)
-        if held is not None:
-            return held.holds_none_of(prev, writer, prev_seq)
-        self._probe(session_id)
+        if held is not None and held.holds_none_of(prev, writer, prev_seq):
+            return True
+        if self._empty_at.get(session_id, -1.0) >= since:
+            return True
+        if held is None:
+            self._probe(session_id)
         return False
+
+    def _found_empty(self, session_id: str) -> None:
+        if len(self._empty_at) >= 10_000:  # only recent answers matter: keep the map small
+            self._empty_at.clear()
+        self._empty_at[session_id] = self._clock.monotonic()
 
     def _probe(self, session_id: str) -> None:
         if (

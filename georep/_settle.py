@@ -163,6 +163,7 @@ class Settlements:
                 received_at=copy.received_at,
                 settled_at=self._clock.time() if settled else None,
                 session_id=delivery.session_id,
+                order_writer=None if delivery.stamp is None else delivery.stamp.writer,
                 order_seq=None if delivery.stamp is None else delivery.stamp.seq,
                 order_gap=copy.order_gap,
                 order_wait=copy.order_waited,

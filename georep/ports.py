@@ -622,6 +622,8 @@ class ReceiveRecord(NamedTuple):
     settled_at: float | None
     session_id: str | None = None
     """The copy's session id, if any."""
+    order_writer: str | None = None
+    """Its ``georep.order.writer`` stamp, if any."""
     order_seq: int | None = None
     """Its ``georep.order.seq`` stamp (its number in the session, per writer), if any."""
     order_gap: str | None = None

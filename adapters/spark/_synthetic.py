@@ -78,6 +78,15 @@ class SyntheticLedger:
     receive_rows: int = 0
 
 
+def _no_session(rows: int) -> list[pa.Array]:
+    """The session columns of ``rows`` copies without a session (all null)."""
+    schema = receive_schema()
+    return [
+        pa.nulls(rows, schema.field(name).type)
+        for name in ("session_id", "order_writer", "order_seq", "order_gap", "order_wait")
+    ]
+
+
 def _message_ids(index: np.ndarray, seed: int) -> pa.StringArray:
     """UUID-shaped, unique ids (``index * _K2`` is a bijection on 64 bits), built as bytes."""
     idx = index.astype(np.uint64)
@@ -306,6 +315,7 @@ def write_synthetic_ledger(
                         _timestamps(received[rows] + 500),
                         pa.array(np.full(m, 4343, dtype=np.int32)),
                         pa.array(np.full(m, "synthetic", dtype=object), type=pa.string()),
+                        *_no_session(m),
                     ],
                     schema=receive_schema(),
                 )
