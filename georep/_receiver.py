@@ -37,6 +37,7 @@ from georep.ports import (
     RegionSessions,
     SeenStore,
     SessionReceiver,
+    SessionStateStore,
 )
 
 if TYPE_CHECKING:
@@ -415,6 +416,51 @@ class GeoReceiver(AsyncResource):
                 "session receiver (get_queue_receiver(..., session_id=...).peek_messages)"
             )
         return {loop.region.region: await loop.peek(count) for loop in self._loops}
+
+    async def get_session_state(self, message: Any) -> bytes | None:
+        """The state of ``message``'s session, the same from either region (session mode).
+
+        Kept beside the seen-set (docs/sessions.md §3), not in the broker's session, so a
+        failover keeps it; call it from the handler with the message it was given.
+
+        Raises:
+            ConfigurationError: Not in session mode, or the seen-set keeps no state.
+            SettlementError: ``message`` has no session id.
+            StoreUnavailableError: The store did not answer.
+        """
+        store, key = self._session_state(message)
+        return await store.get_session_state(key)
+
+    async def set_session_state(self, message: Any, state: bytes | str | None) -> None:
+        """Set (None: clear) the state of ``message``'s session, for both regions.
+
+        Written at once (before the handler returns): the session's next message, from
+        either region, reads it. A ``str`` is stored UTF-8 encoded.
+
+        Raises:
+            ConfigurationError: Not in session mode, or the seen-set keeps no state.
+            SettlementError: ``message`` has no session id.
+            StoreUnavailableError: The store did not answer.
+        """
+        store, key = self._session_state(message)
+        value = state.encode() if isinstance(state, str) else state
+        await store.set_session_state(key, value)
+
+    def _session_state(self, message: Any) -> tuple[SessionStateStore, str]:
+        if not self.sessions:
+            raise ConfigurationError(
+                "session state needs session mode: GeoReceiver(..., sessions=True)"
+            )
+        store = self.seen
+        if not isinstance(store, SessionStateStore):
+            raise ConfigurationError(
+                f"the seen-set ({type(store).__name__}) keeps no session state: use "
+                "georep.adapters.redis.RedisSeenSet"
+            )
+        session_id = getattr(message, "session_id", None)
+        if session_id is None:
+            raise SettlementError("session state: the message has no session id")
+        return store, self._scope_prefix + str(session_id)
 
     def seen_key(self, value: str) -> str:
         """The seen-set key this receiver uses for the dedup key ``value`` (its scope + it)."""

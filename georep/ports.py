@@ -41,6 +41,7 @@ __all__ = [
     "SeenStore",
     "SendRecord",
     "SessionReceiver",
+    "SessionStateStore",
 ]
 
 
@@ -421,6 +422,20 @@ class SeenStore(Protocol):
     async def aclose(self) -> None:
         """Release connections this store created; idempotent."""
         ...
+
+
+@runtime_checkable
+class SessionStateStore(Protocol):
+    """Where a GeoReceiver in session mode keeps session state (docs/sessions.md §3).
+
+    Both regions' receivers read and write one value per session, so the state survives a
+    failover. ``RedisSeenSet`` and ``InMemorySeenSet`` implement it beside the seen-set.
+    Failures raise :class:`georep.exceptions.StoreUnavailableError`.
+    """
+
+    async def get_session_state(self, key: str) -> bytes | None: ...
+
+    async def set_session_state(self, key: str, state: bytes | None) -> None: ...
 
 
 @dataclass(frozen=True, slots=True)

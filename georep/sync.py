@@ -384,6 +384,16 @@ class GeoReceiver(_Blocking):
             "dead_letter_message", message, reason=reason, error_description=error_description
         )
 
+    def get_session_state(self, message: Any) -> bytes | None:
+        """The state of ``message``'s session (session mode); see
+        :meth:`georep.GeoReceiver.get_session_state`."""
+        state: bytes | None = RUNTIME.call(self._core.get_session_state(message))
+        return state
+
+    def set_session_state(self, message: Any, state: bytes | str | None) -> None:
+        """Set the state of ``message``'s session for both regions (session mode)."""
+        RUNTIME.call(self._core.set_session_state(message, state))
+
     def _outcome(self, name: str, *args: Any, **kwargs: Any) -> None:
         # Not self._call: a handler still running while close() waits for it may decide.
         RUNTIME.call(getattr(self._core, name)(*args, **kwargs))

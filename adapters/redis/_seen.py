@@ -286,6 +286,45 @@ class RedisSeenSet(AsyncResource):
         lease_ms = _milliseconds(positive_seconds(lease, "lease"))
         return [result == 1 for result in await self._run(keys, _EXTEND, owner, lease_ms)]
 
+    async def get_session_state(self, key: str) -> bytes | None:
+        """The session state stored under ``key`` (a GeoReceiver's scope and session id).
+
+        Raises:
+            StoreUnavailableError: Redis did not answer in time or refused the call.
+            ClosedError: The store was closed.
+        """
+        value = await self._plain(self._redis.get, self._state_key(key))
+        if value is None:
+            return None
+        return value if isinstance(value, bytes) else str(value).encode()
+
+    async def set_session_state(self, key: str, state: bytes | None) -> None:
+        """Store (None: delete) the session state under ``key``; it does not expire.
+
+        Raises:
+            StoreUnavailableError: Redis did not answer in time or refused the call.
+            ClosedError: The store was closed.
+        """
+        if state is None:
+            await self._plain(self._redis.delete, self._state_key(key))
+        else:
+            await self._plain(self._redis.set, self._state_key(key), bytes(state))
+
+    def _state_key(self, key: str) -> bytes:
+        # Beside the seen-set's digests (16 bytes after the prefix), never one of them.
+        digest: bytes = _digest(key.encode()).digest()
+        return self._key_prefix + b"state:" + digest
+
+    async def _plain(self, command: Any, *args: Any) -> Any:
+        self._check_open()
+        self.round_trips += 1
+        deadline = asyncio.timeout(self._operation_timeout)
+        try:
+            async with deadline:
+                return await command(*args)
+        except (RedisError, OSError) as exc:
+            raise self._unavailable(exc, deadline_passed=deadline.expired()) from exc
+
     async def aclose(self) -> None:
         """Close the client if the store created it (from a URL); idempotent and shielded."""
         await super().aclose()

@@ -189,6 +189,37 @@ async def test_sessions_are_held_up_to_max_sessions_per_region() -> None:
     await task
 
 
+async def test_session_state_set_in_one_region_is_read_in_the_other_after_a_failover() -> None:
+    h = Harness()
+    stream = Stream()
+    h.primary.put(stream.message("S", "m1"))
+    h.secondary.put(stream.message("S", "m2"))  # after a failover
+    states: list[bytes | None] = []
+
+    async def handler(message: object) -> None:
+        states.append(await h.receiver.get_session_state(message))
+        await h.receiver.set_session_state(message, f"after {message.message_id}")  # type: ignore[attr-defined]
+        await h.handle(message)
+
+    task = asyncio.ensure_future(h.receiver.run(handler))
+    await h.run_until(lambda: len(h.handled) == 2)
+    assert h.handled == [("S", "m1"), ("S", "m2")]
+    assert states == [None, b"after m1"]  # m2, from the secondary, saw m1's state
+    await h.stop()
+    await task
+
+
+async def test_session_state_needs_session_mode() -> None:
+    clock = FakeClock()
+    plain = GeoReceiver(
+        InMemoryRegionReceiver("primary", clock=clock),
+        InMemoryRegionReceiver("secondary", clock=clock),
+        seen=InMemorySeenSet(clock=clock),
+    )
+    with pytest.raises(ConfigurationError, match="session mode"):
+        await plain.get_session_state(FakeMessage(b"x", session_id="S"))
+
+
 def test_session_mode_needs_session_entities() -> None:
     clock = FakeClock()
     with pytest.raises(ConfigurationError, match="sessions=True needs"):
