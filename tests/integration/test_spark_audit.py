@@ -128,9 +128,7 @@ def test_dead_lettered_deferred_and_expired_ids_are_not_lost_in_either_engine(
     assert [reference[k] for k in counts] == [report[k] for k in counts]
 
 
-def test_both_engines_report_the_session_order_figures(
-    spark: SparkSession, tmp_path: Path
-) -> None:
+def test_both_engines_report_the_session_order_figures(spark: SparkSession, tmp_path: Path) -> None:
     from georep.adapters.spark._report import _sessions
 
     ledger = tmp_path / "ledger"
