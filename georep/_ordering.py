@@ -82,8 +82,8 @@ class SessionSequencer:
     def __init__(self, generation: Callable[[], int], writer: str | None = None) -> None:
         self._generation = generation
         self.writer = writer or uuid.uuid4().hex
-        # session id -> (last seq, last dedup key), least recently written first.
-        self._last: OrderedDict[str, tuple[int, str]] = OrderedDict()
+        # session id -> (last seq, its dedup key, its prev), least recently written first.
+        self._last: OrderedDict[str, tuple[int, str, str | None]] = OrderedDict()
 
     def stamp(
         self,
@@ -101,12 +101,17 @@ class SessionSequencer:
         if existing is not None and existing.writer == self.writer:
             return
         last = self._last.pop(session_id, None)
-        seq = 1 if last is None else last[0] + 1
+        if last is not None and last[1] == key:
+            # The same message again (a retry with a new object but the same dedup key):
+            # the same place in the session, never a successor of itself.
+            seq, prev = last[0], last[2]
+        else:
+            seq, prev = (1, None) if last is None else (last[0] + 1, last[1])
         put(WRITER_PROPERTY, self.writer)
         put(SEQ_PROPERTY, str(seq))
-        if last is not None:
-            put(PREV_PROPERTY, last[1])
+        if prev is not None:
+            put(PREV_PROPERTY, prev)
         put(GENERATION_PROPERTY, str(self._generation()))
-        self._last[session_id] = (seq, key)
+        self._last[session_id] = (seq, key, prev)
         if len(self._last) > MAX_SESSIONS_TRACKED:
             self._last.popitem(last=False)

@@ -84,6 +84,14 @@ async def test_a_retried_message_keeps_its_stamp_and_a_new_writer_starts_a_new_c
         await sender.send_messages(message)  # the caller retries the same object
         await sender.send_messages(FakeMessage(b"2", message_id="m2", session_id="S"))
     assert [_stamp(m).seq for m in primary.accepted] == [1, 1, 2]
+    async with _sender(primary, secondary) as again:  # a retry with a new object, same id
+        await again.send_messages(FakeMessage(b"x", message_id="r1", session_id="R"))
+        await again.send_messages(FakeMessage(b"y", message_id="r2", session_id="R"))
+        await again.send_messages(FakeMessage(b"y", message_id="r2", session_id="R"))
+    assert [(_stamp(m).seq, _stamp(m).prev) for m in primary.accepted[-2:]] == [
+        (2, "r1"),
+        (2, "r1"),
+    ]
     async with _sender(primary, secondary) as other:
         await other.send_messages(FakeMessage(b"3", message_id="m3", session_id="S"))
     third = _stamp(primary.accepted[-1])
