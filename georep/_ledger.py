@@ -121,6 +121,7 @@ def receive_rows(record: ReceiveRecord, *, process_id: int, host: str) -> list[d
             "order_seq": record.order_seq,
             "order_gap": record.order_gap,
             "order_wait": record.order_wait if record.session_id is not None else None,
+            "finished_at": _utc(record.finished_at),
         }
     ]
 
@@ -204,6 +205,7 @@ def _receive_table(records: Sequence[ReceiveRecord], process_id: int, host: str)
         pa.array(
             [r.order_wait if r.session_id is not None else None for r in records], pa.float64()
         ),
+        pa.array([_micros(r.finished_at) for r in records], timestamp),
     ]
     return pa.Table.from_arrays(columns, schema=schema)
 

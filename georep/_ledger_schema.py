@@ -108,6 +108,11 @@ RECEIVE_COLUMNS: Final = (
         "(one of ORDER_GAPS)",
     ),
     ("order_wait", "double", "session mode: seconds it waited for its predecessor"),
+    (
+        "finished_at",
+        "timestamp[us, UTC]",
+        "the receiver was done with the copy (outcome recorded), settled or not",
+    ),
 )
 
 ORDER_GAPS: Final = ("timeout", "absent")

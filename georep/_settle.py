@@ -152,6 +152,7 @@ class Settlements:
         if ledger is None:
             return
         delivery = copy.delivery
+        now = self._clock.time()
         ledger.record_receive(
             ReceiveRecord(
                 message_id=delivery.key or "",
@@ -161,12 +162,13 @@ class Settlements:
                 delivery_count=delivery.delivery_count,
                 enqueued_at=delivery.enqueued_at,
                 received_at=copy.received_at,
-                settled_at=self._clock.time() if settled else None,
+                settled_at=now if settled else None,
                 session_id=delivery.session_id,
                 order_writer=None if delivery.stamp is None else delivery.stamp.writer,
                 order_seq=None if delivery.stamp is None else delivery.stamp.seq,
                 order_gap=copy.order_gap,
                 order_wait=copy.order_waited,
+                finished_at=now,
             )
         )
 

@@ -646,6 +646,8 @@ class ReceiveRecord(NamedTuple):
     ran out; ``absent``: no region held it), or None."""
     order_wait: float = 0.0
     """Session mode: seconds it waited for its predecessor."""
+    finished_at: float | None = None
+    """When the receiver was done with the copy (its outcome recorded), settled or not."""
 
 
 @runtime_checkable

@@ -73,7 +73,7 @@ _SEND_SCHEMA = _struct(
 _RECEIVE_SCHEMA = _struct(
     "schema_version short, message_id string, region string, outcome string,"
     " received_at timestamp, settled_at timestamp, session_id string, order_writer string,"
-    " order_seq long, order_gap string, order_wait double"
+    " order_seq long, order_gap string, order_wait double, finished_at timestamp"
 )
 
 
@@ -260,7 +260,10 @@ def _sessions_side(receives: DataFrame, result: Aggregates) -> None:
     result.order_gaps = {row["order_gap"]: row["count"] for row in _rows(gaps)}
     handled = (
         Window.partitionBy("session_id", F.coalesce(F.col("order_writer"), F.lit("")))
-        .orderBy(F.coalesce("settled_at", "received_at"), F.greatest("order_seq", F.lit(0)))
+        .orderBy(
+            F.coalesce("finished_at", "settled_at", "received_at"),
+            F.greatest("order_seq", F.lit(0)),
+        )
         .rowsBetween(Window.unboundedPreceding, -1)
     )
     seq = F.greatest(F.col("order_seq"), F.lit(0))

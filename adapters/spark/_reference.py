@@ -39,7 +39,7 @@ _SEND_COLUMNS = [
 ]  # fmt: skip
 _RECEIVE_COLUMNS = [
     "schema_version", "message_id", "region", "outcome", "received_at", "settled_at",
-    "session_id", "order_writer", "order_seq", "order_gap", "order_wait",
+    "session_id", "order_writer", "order_seq", "order_gap", "order_wait", "finished_at",
 ]  # fmt: skip
 
 
@@ -217,7 +217,7 @@ def _session_side(processed: pa.Table, result: Aggregates) -> None:
         stamped["session_id"], pc.fill_null(stamped["order_writer"], ""), "\n"
     ).dictionary_encode()
     codes = groups.combine_chunks().indices.to_numpy(zero_copy_only=False).astype(np.int64)
-    handled = pc.coalesce(stamped["settled_at"], stamped["received_at"])
+    handled = pc.coalesce(stamped["finished_at"], stamped["settled_at"], stamped["received_at"])
     times, _ = _micros(handled)
     seq = np.maximum(stamped["order_seq"].to_numpy(zero_copy_only=False).astype(np.int64), 0)
     order = np.lexsort((seq, times, codes))

@@ -84,7 +84,14 @@ def _no_session(rows: int) -> list[pa.Array]:
     schema = receive_schema()
     return [
         pa.nulls(rows, schema.field(name).type)
-        for name in ("session_id", "order_writer", "order_seq", "order_gap", "order_wait")
+        for name in (
+            "session_id",
+            "order_writer",
+            "order_seq",
+            "order_gap",
+            "order_wait",
+            "finished_at",
+        )
     ]
 
 
@@ -382,7 +389,7 @@ def write_session_ledger(root: str | Path) -> dict[str, Any]:
         copy("a1", "A", "w", 1, 10.0),
         copy("a3", "A", "w", 3, 11.0, gap="timeout", wait=2.5),
         copy("a2", "A", "w", 2, 12.0),  # after seq 3: 1 behind
-        copy("a4", "A", "w", 4, 13.0),
+        copy("a4", "A", "w", 4, 13.0)._replace(settled_at=None, finished_at=13.0),
         copy("a4", "A", "w", 4, 13.5, outcome="suppressed"),  # not handled: not counted
         copy("b1", "B", "w", 1, 10.0),
         copy("b5", "B", "w", 5, 11.0, gap="absent", wait=0.25),
