@@ -168,6 +168,10 @@ class SessionRegionLoop:
         self._held: dict[str, _Held] = {}
         self._probing: set[str] = set()
         self._probe_after: dict[str, float] = {}
+        self._quiet = False
+        """The last accept found no free session, or failed: one slot asks at a time."""
+        self._asking = 0
+        self._found = asyncio.Event()
         self._empty_at: dict[str, float] = {}
         """When a receive last found a session empty here (monotonic seconds)."""
         self._tasks: set[asyncio.Task[None]] = set()
@@ -201,30 +205,48 @@ class SessionRegionLoop:
     async def _slot(self) -> None:
         failures = 0
         while not self._stopping.is_set():
+            if self._quiet and self._asking:
+                # The region had no free session (or did not answer) a moment ago and
+                # another slot is asking already: wait for it to find one rather than open
+                # one more link (an accept costs the SDK a connection of its own).
+                await self._pause(2 * self._policy.max_wait, until=self._found)
+                continue
+            self._asking += 1
             try:
                 session = await self._accept(None)
             except RegionError as exc:
                 if failures == 0:
                     _log.warning("accepting a session in %s failed: %s", self.region, exc)
-                await self._pause(min(0.1 * 2**failures, 5.0))
+                self._quiet = True
+                await self._pause(min(0.1 * 2**failures, 1.0))
                 failures += 1
                 continue
+            finally:
+                self._asking -= 1
             failures = 0
             if session is None:
+                self._quiet = True
                 continue
+            self._quiet = False
+            self._found.set()  # wake the waiting slots: there may be more
+            self._found = asyncio.Event()
             held = self._hold(session)
             if held is not None:
                 await self._work(held)
 
-    async def _pause(self, seconds: float) -> None:
-        """Wait ``seconds``, returning early when the receiver stops."""
-        stopping = asyncio.ensure_future(self._stopping.wait())
-        sleeping = asyncio.ensure_future(self._clock.sleep(seconds))
+    async def _pause(self, seconds: float, *, until: asyncio.Event | None = None) -> None:
+        """Wait ``seconds`` (or for ``until``), returning early when the receiver stops."""
+        waits = [
+            asyncio.ensure_future(self._stopping.wait()),
+            asyncio.ensure_future(self._clock.sleep(seconds)),
+        ]
+        if until is not None:
+            waits.append(asyncio.ensure_future(until.wait()))
         try:
-            await asyncio.wait((stopping, sleeping), return_when=asyncio.FIRST_COMPLETED)
+            await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
         finally:
-            stopping.cancel()
-            sleeping.cancel()
+            for wait in waits:
+                wait.cancel()
 
     async def _accept(self, session_id: str | None) -> SessionReceiver | None:
         label, max_wait = self.region, self._policy.max_wait
