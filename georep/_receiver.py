@@ -617,6 +617,14 @@ class ReceiverHandler:
             message, reason=reason, error_description=error_description
         )
 
+    async def get_session_state(self, message: Any) -> bytes | None:
+        """As :meth:`GeoReceiver.get_session_state` (session mode)."""
+        return await self._running_receiver("get_session_state").get_session_state(message)
+
+    async def set_session_state(self, message: Any, state: bytes | str | None) -> None:
+        """As :meth:`GeoReceiver.set_session_state` (session mode)."""
+        await self._running_receiver("set_session_state").set_session_state(message, state)
+
     async def run(self) -> None:
         """Receive and process until :meth:`aclose` or cancellation."""
         if self._receiver is None:
