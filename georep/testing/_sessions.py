@@ -13,7 +13,7 @@ from georep.ports import Delivery, ErrorKind
 from georep.testing._clock import FakeClock
 from georep.testing._faults import FaultSwitch
 from georep.testing._messages import FakeMessage
-from georep.testing._regions import FakeReceivedMessage
+from georep.testing._regions import FakeReceivedMessage, dedup_value
 
 __all__ = ["InMemoryRegionSessions", "InMemorySessionReceiver"]
 
@@ -174,14 +174,8 @@ class InMemorySessionReceiver:
 
     def delivery(self, message: Any, dedup_source: str, dedup_name: str | None) -> Delivery:
         properties = message.application_properties
-        if dedup_source == "message_id":
-            key = message.message_id
-        elif dedup_source == "subject":
-            key = message.subject
-        else:
-            key = properties.get(dedup_name or "")
         return Delivery(
-            key=None if key is None else str(key),
+            key=dedup_value(message, dedup_source, dedup_name),
             delivery_count=message.delivery_count,
             enqueued_at=None,
             locked_until=self._session.locked_until,
