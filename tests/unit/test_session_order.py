@@ -146,6 +146,26 @@ async def test_active_mode_takes_a_copy_missing_in_one_region_from_the_other() -
     await h.stop()
 
 
+async def test_a_region_asked_for_a_session_by_name_serves_it_beyond_max_sessions() -> None:
+    # One slot per region, each holding a session whose next message waits for a copy
+    # only the other region has: without asking by name they would wait for order_wait.
+    h = Harness(max_sessions=1, order_wait=30.0)
+    stream = Stream()
+    a1, a2, a3 = (stream.message("A", f"A{i}") for i in (1, 2, 3))
+    b1, b2 = (stream.message("B", f"B{i}") for i in (1, 2))
+    for message in (a1, a3, b1):
+        h.primary.put(message)
+    for message in (b2, a2):
+        h.secondary.put(message)
+    h.start()
+    took = await h.run_until(lambda: len(h.handled) == 5)
+    assert took < 10.0
+    assert h.ids("A") == ["A1", "A2", "A3"] and h.ids("B") == ["B1", "B2"]
+    assert h.receiver.stats.order_gaps == 0
+    assert "A" in h.secondary.accepts  # asked for by name while its one slot held B
+    await h.stop()
+
+
 async def test_a_failed_handler_is_retried_before_the_next_message_of_its_session() -> None:
     h = Harness()
     stream = Stream()
