@@ -37,6 +37,7 @@ from typing import TYPE_CHECKING, Any
 
 from georep._clock import SystemClock
 from georep._ledger_schema import (
+    ORDER_GAPS,
     RECEIVE_COLUMNS,
     RECEIVE_OUTCOMES,
     RECEIVES_DIR,
@@ -115,6 +116,12 @@ def receive_rows(record: ReceiveRecord, *, process_id: int, host: str) -> list[d
             "settled_at": _utc(record.settled_at),
             "process_id": process_id,
             "host": host,
+            "session_id": record.session_id,
+            "order_writer": record.order_writer,
+            "order_seq": record.order_seq,
+            "order_gap": record.order_gap,
+            "order_wait": record.order_wait if record.session_id is not None else None,
+            "finished_at": _utc(record.finished_at),
         }
     ]
 
@@ -136,6 +143,7 @@ def schema_tables() -> str:
         ("SEND_OUTCOMES", "sends.outcome", SEND_OUTCOMES),
         ("REGION_OUTCOMES", "sends.regions[].outcome", REGION_OUTCOMES),
         ("RECEIVE_OUTCOMES", "receives.outcome", RECEIVE_OUTCOMES),
+        ("ORDER_GAPS", "receives.order_gap", ORDER_GAPS),
     ]
     lines = ["| value set | column | values |", "|---|---|---|"]
     lines += [
@@ -190,6 +198,14 @@ def _receive_table(records: Sequence[ReceiveRecord], process_id: int, host: str)
         pa.array([_micros(r.settled_at) for r in records], timestamp),
         pa.array([process_id] * count, pa.int32()),
         pa.array([host] * count, pa.string()),
+        pa.array([r.session_id for r in records], pa.string()),
+        pa.array([r.order_writer for r in records], pa.string()),
+        pa.array([r.order_seq for r in records], pa.int64()),
+        pa.array([r.order_gap for r in records], pa.string()),
+        pa.array(
+            [r.order_wait if r.session_id is not None else None for r in records], pa.float64()
+        ),
+        pa.array([_micros(r.finished_at) for r in records], timestamp),
     ]
     return pa.Table.from_arrays(columns, schema=schema)
 

@@ -27,6 +27,7 @@ if TYPE_CHECKING:
     import pyarrow as pa
 
 __all__ = [
+    "ORDER_GAPS",
     "RECEIVES_DIR",
     "RECEIVE_COLUMNS",
     "RECEIVE_OUTCOMES",
@@ -97,7 +98,26 @@ RECEIVE_COLUMNS: Final = (
     ("settled_at", "timestamp[us, UTC]", "completed/abandoned; null if never settled"),
     ("process_id", "int32", "the writer's PID"),
     ("host", "string", "the writer's host name"),
+    ("session_id", "string", "the copy's session id; null without one"),
+    ("order_writer", "string", "its georep.order.writer stamp (docs/sessions.md); null if none"),
+    ("order_seq", "int64", "its georep.order.seq stamp: its number in the session, per writer"),
+    (
+        "order_gap",
+        "string",
+        "session mode: null, or why it was handed on without its predecessor processed "
+        "(one of ORDER_GAPS)",
+    ),
+    ("order_wait", "double", "session mode: seconds it waited for its predecessor"),
+    (
+        "finished_at",
+        "timestamp[us, UTC]",
+        "the receiver was done with the copy (outcome recorded), settled or not",
+    ),
 )
+
+ORDER_GAPS: Final = ("timeout", "absent")
+"""``timeout``: ``order_wait`` ran out while its predecessor was in a region that did not
+answer (or held by another consumer). ``absent``: no region held its predecessor."""
 
 
 _NOT_NULL: Final = frozenset({"schema_version", "message_id"})
@@ -111,6 +131,8 @@ def _schema(columns: tuple[tuple[str, str, str], ...], files: str) -> pa.Schema:
     types = {
         "int16": pa.int16(),
         "int32": pa.int32(),
+        "int64": pa.int64(),
+        "double": pa.float64(),
         "bool": pa.bool_(),
         "string": pa.string(),
         "timestamp[us, UTC]": pa.timestamp("us", tz="UTC"),

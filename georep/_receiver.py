@@ -27,10 +27,19 @@ from georep._policy import DedupKey, Seconds, count, positive_seconds, seconds
 from georep._region_loop import RECEIVE_GRACE as RECEIVE_GRACE
 from georep._region_loop import Handler, LoopPolicy, RegionLoop, StorePolicy
 from georep._region_wrap import open_pair, wrap_pair
-from georep._settle import Settlements
+from georep._session_loop import FinishedKeys, SessionPolicy, SessionRegionLoop
+from georep._settle import Copy, Settlements
 from georep._telemetry import ReceiverMetrics, TracingGate
 from georep.exceptions import ConfigurationError, SettlementError
-from georep.ports import Clock, Ledger, RegionReceiver, SeenStore
+from georep.ports import (
+    Clock,
+    Ledger,
+    RegionReceiver,
+    RegionSessions,
+    SeenStore,
+    SessionReceiver,
+    SessionStateStore,
+)
 
 if TYPE_CHECKING:
     from opentelemetry.metrics import MeterProvider
@@ -60,6 +69,9 @@ class ReceiverStats:
         unchecked: Copies processed without a dedup check (``on_store_unavailable="process"``
             or a copy without a dedup key).
         received: Copies received, by region.
+        order_gaps: Session mode: messages handed on without their predecessor processed
+            (``order_wait`` ran out, or no region held it).
+        order_waited: Session mode: seconds messages spent waiting for their predecessors.
     """
 
     processed: int = 0
@@ -73,6 +85,8 @@ class ReceiverStats:
     store_errors: int = 0
     unchecked: int = 0
     received: dict[str, int] = field(default_factory=dict)
+    order_gaps: int = 0
+    order_waited: float = 0.0
 
 
 def _observed_parked(receiver: GeoReceiver) -> int | None:
@@ -146,6 +160,10 @@ class GeoReceiver(FromNamespaces, AsyncResource):
         max_attempts: int = 10,
         close_timeout: Seconds = 5.0,
         ledger: Ledger | None = None,
+        sessions: bool = False,
+        max_sessions: int = 8,
+        order_wait: Seconds = 30.0,
+        session_idle: Seconds | None = None,
         clock: Clock | None = None,
         tracer_provider: TracerProvider | None = None,
         meter_provider: MeterProvider | None = None,
@@ -163,9 +181,15 @@ class GeoReceiver(FromNamespaces, AsyncResource):
         self.ledger = ledger
         self.owner = owner or f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
         self._clock: Clock = clock or SystemClock()
-        # Adapters georep made around the caller's SDK receivers are georep's to close: that
-        # stops their worker threads (sync receivers) and never closes the caller's receiver.
-        regions, self._owned = wrap_pair(primary, secondary, "receiver")
+        self.sessions = bool(sessions)
+        regions: list[Any]
+        self._owned: list[Any]
+        if self.sessions:
+            regions, self._owned = _session_regions(primary, secondary), []
+        else:
+            # Adapters georep made around the caller's SDK receivers are georep's to close:
+            # that stops their worker threads (sync receivers), never the caller's receiver.
+            regions, self._owned = wrap_pair(primary, secondary, "receiver")
         self.entity = regions[0].entity
         self.dedup_scope = _dedup_scope(regions, dedup_scope)
         self._scope_prefix = self.dedup_scope + "\n"
@@ -173,14 +197,60 @@ class GeoReceiver(FromNamespaces, AsyncResource):
         self.stats = ReceiverStats()
         self._metrics = ReceiverMetrics(self.entity, meter_provider, self, _observed_parked)
         self._stopping = asyncio.Event()
-        self._loops = [self._loop_for(region, tracer_provider) for region in regions]
+        self._tracer_provider = tracer_provider
+        self._loops: list[RegionLoop] = []
+        self._session_loops: list[SessionRegionLoop] = []
+        if self.sessions:
+            self.max_sessions = count(max_sessions, "max_sessions")
+            self.order_wait = seconds(order_wait, "order_wait")
+            idle = self.max_wait if session_idle is None else session_idle
+            self.session_idle = seconds(idle, "session_idle")
+            self._session_loops = self._session_loops_for(regions)
+        else:
+            self._loops = [self._loop_for(region, tracer_provider) for region in regions]
         self._running: asyncio.Task[None] | None = None
         self._stopped = asyncio.Event()
 
+    def _session_loops_for(self, regions: Sequence[RegionSessions]) -> list[SessionRegionLoop]:
+        """One session loop per region, each knowing the other (for the order gate)."""
+        policy = SessionPolicy(
+            max_sessions=self.max_sessions,
+            order_wait=self.order_wait,
+            session_idle=self.session_idle,
+            max_wait=self.max_wait,
+            batch=self.concurrency,
+            scope_prefix=self._scope_prefix,
+        )
+        finished = FinishedKeys()
+
+        def make_loop(session: SessionReceiver, on_final: Callable[[Copy], None]) -> RegionLoop:
+            return self._loop_for(session, self._tracer_provider, on_final)
+
+        loops = [
+            SessionRegionLoop(
+                region,
+                make_loop=make_loop,
+                seen=self.seen,
+                finished=finished,
+                stats=self.stats,
+                metrics=self._metrics,
+                clock=self._clock,
+                policy=policy,
+                stopping=self._stopping,
+            )
+            for region in regions
+        ]
+        loops[0].other, loops[1].other = loops[1], loops[0]
+        return loops
+
     def _loop_for(
-        self, region: RegionReceiver, tracer_provider: TracerProvider | None
+        self,
+        region: RegionReceiver,
+        tracer_provider: TracerProvider | None,
+        on_final: Callable[[Copy], None] | None = None,
     ) -> RegionLoop:
-        """The loop of ``region``, with its own settler and seen-set owner."""
+        """The loop of ``region`` (or of one held session), with its own settler and
+        seen-set owner."""
         settlements = Settlements(
             region,
             entity=self.entity,
@@ -191,6 +261,7 @@ class GeoReceiver(FromNamespaces, AsyncResource):
             tracer=trace.get_tracer("georep", None, tracer_provider),
             tracing=TracingGate(tracer_provider, self._clock.monotonic),
         )
+        settlements.on_final = on_final
         policy = LoopPolicy(
             concurrency=self.concurrency,
             lease=self.lease,
@@ -225,6 +296,7 @@ class GeoReceiver(FromNamespaces, AsyncResource):
         subscription_name: str | None = None,
         prefetch_count: int = 0,
         client_options: Mapping[str, Any] | None = None,
+        sessions: bool = False,
         **kwargs: Any,
     ) -> GeoReceiver:
         """A GeoReceiver that creates, and closes, its own clients and receivers.
@@ -244,7 +316,7 @@ class GeoReceiver(FromNamespaces, AsyncResource):
         """
         primary = with_client_options(primary, client_options)
         secondary = with_client_options(secondary, client_options)
-        from georep._sdk import open_region_receiver
+        from georep._sdk import open_region_receiver, open_region_sessions
 
         if (queue_name is None) == (topic_name is None) or (
             topic_name is not None and subscription_name is None
@@ -253,16 +325,19 @@ class GeoReceiver(FromNamespaces, AsyncResource):
                 "name a queue (queue_name=) or a topic and subscription "
                 "(topic_name=, subscription_name=)"
             )
-        regions = open_pair(
-            open_region_receiver,
-            primary,
-            secondary,
-            queue_name=queue_name,
-            topic_name=topic_name,
-            subscription_name=subscription_name,
-            prefetch_count=prefetch_count,
-        )
-        receiver = cls(*regions, **kwargs)
+        names = {
+            "queue_name": queue_name,
+            "topic_name": topic_name,
+            "subscription_name": subscription_name,
+        }
+        regions: tuple[Any, Any]
+        if sessions:  # a session receiver is opened per accepted session, never prefetching
+            regions = open_pair(open_region_sessions, primary, secondary, **names)
+        else:
+            regions = open_pair(
+                open_region_receiver, primary, secondary, prefetch_count=prefetch_count, **names
+            )
+        receiver = cls(*regions, sessions=sessions, **kwargs)
         receiver._owned.extend(regions)
         return receiver
 
@@ -288,7 +363,8 @@ class GeoReceiver(FromNamespaces, AsyncResource):
         self._running = asyncio.current_task()
         self._stopped.clear()
         try:
-            await asyncio.gather(*(loop.run(handler) for loop in self._loops))
+            loops: Sequence[RegionLoop | SessionRegionLoop] = self._loops or self._session_loops
+            await asyncio.gather(*(loop.run(handler) for loop in loops))
         finally:
             self._running = None
             self._stopped.set()
@@ -338,8 +414,62 @@ class GeoReceiver(FromNamespaces, AsyncResource):
 
         Returns:
             The peeked messages per region label.
+
+        Raises:
+            ConfigurationError: The receiver is in session mode (peek a session with the
+                SDK's session receiver).
         """
+        if self.sessions:
+            raise ConfigurationError(
+                "peek_all is not available in session mode: peek a session with the SDK's "
+                "session receiver (get_queue_receiver(..., session_id=...).peek_messages)"
+            )
         return {loop.region.region: await loop.peek(count) for loop in self._loops}
+
+    async def get_session_state(self, message: Any) -> bytes | None:
+        """The state of ``message``'s session, the same from either region (session mode).
+
+        Kept beside the seen-set (docs/sessions.md §3), not in the broker's session, so a
+        failover keeps it; call it from the handler with the message it was given.
+
+        Raises:
+            ConfigurationError: Not in session mode, or the seen-set keeps no state.
+            SettlementError: ``message`` has no session id.
+            StoreUnavailableError: The store did not answer.
+        """
+        store, key = self._session_state(message)
+        return await store.get_session_state(key)
+
+    async def set_session_state(self, message: Any, state: bytes | str | None) -> None:
+        """Set (None: clear) the state of ``message``'s session, for both regions.
+
+        Written at once (before the handler returns): the session's next message, from
+        either region, reads it. A ``str`` is stored UTF-8 encoded.
+
+        Raises:
+            ConfigurationError: Not in session mode, or the seen-set keeps no state.
+            SettlementError: ``message`` has no session id.
+            StoreUnavailableError: The store did not answer.
+        """
+        store, key = self._session_state(message)
+        value = state.encode() if isinstance(state, str) else state
+        await store.set_session_state(key, value)
+
+    def _session_state(self, message: Any) -> tuple[SessionStateStore, str]:
+        if not self.sessions:
+            raise ConfigurationError(
+                "session state needs session mode: GeoReceiver(..., sessions=True)"
+            )
+        store = self.seen
+        if not isinstance(store, SessionStateStore):
+            raise ConfigurationError(
+                f"the seen-set ({type(store).__name__}) keeps no session state: use "
+                "georep.adapters.redis.RedisSeenSet"
+            )
+        session_id = getattr(message, "session_id", None)
+        if session_id is None:
+            raise SettlementError("session state: the message has no session id")
+        return store, self._scope_prefix + str(session_id)
 
     def seen_key(self, value: str) -> str:
         """The seen-set key this receiver uses for the dedup key ``value`` (its scope + it)."""
@@ -422,6 +552,23 @@ def _dedup_scope(regions: Sequence[RegionReceiver], override: str | None) -> str
     return next(iter(paths.values()))
 
 
+def _session_regions(primary: Any, secondary: Any) -> list[Any]:
+    """The two regions of a session-mode GeoReceiver: each must be a RegionSessions.
+
+    Raises:
+        ConfigurationError: One is something else (an SDK receiver locks one session only).
+    """
+    for given, label in ((primary, "primary"), (secondary, "secondary")):
+        if not isinstance(given, RegionSessions):
+            raise ConfigurationError(
+                f"sessions=True needs each region's session entity, and the {label} is a "
+                f"{type(given).__name__}: use GeoReceiver.from_connection_strings(..., "
+                "sessions=True), or pass georep.adapters.servicebus.ServiceBusRegionSessions"
+                "(client, region=..., queue_name=...) for each region"
+            )
+    return [primary, secondary]
+
+
 def _store_policy(value: str) -> StorePolicy:
     if value not in ("pause", "process"):
         raise ConfigurationError(
@@ -478,6 +625,14 @@ class ReceiverHandler:
         await self._running_receiver("dead_letter_message").dead_letter_message(
             message, reason=reason, error_description=error_description
         )
+
+    async def get_session_state(self, message: Any) -> bytes | None:
+        """As :meth:`GeoReceiver.get_session_state` (session mode)."""
+        return await self._running_receiver("get_session_state").get_session_state(message)
+
+    async def set_session_state(self, message: Any, state: bytes | str | None) -> None:
+        """As :meth:`GeoReceiver.set_session_state` (session mode)."""
+        await self._running_receiver("set_session_state").set_session_state(message, state)
 
     async def run(self) -> None:
         """Receive and process until :meth:`aclose` or cancellation."""

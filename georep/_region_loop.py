@@ -190,6 +190,37 @@ class RegionLoop:
                 return
             self._set_parked(len(parked))
 
+    async def receive_copies(self, room: int) -> list[Copy]:
+        """One bounded receive of up to ``room`` copies, pings completed (session workers).
+
+        Raises:
+            RegionError: The region failed or did not answer in time.
+        """
+        return await self._fresh(room)
+
+    async def process_copy(self, handler: Handler, copy: Copy) -> bool:
+        """Take one copy to its outcome: claim, handle (or settle as a twin), commit, settle;
+        waiting while another consumer holds its key (session workers, one copy at a time).
+
+        Returns:
+            False when the receiver closed first and the copy was handed back (abandoned).
+        """
+        parked = [copy]
+        try:
+            while parked:
+                if self._stopping.is_set():
+                    await self._abandon_all(parked)
+                    return False
+                parked = await self._turn(handler, parked)
+        except _Stopping:
+            await self._abandon_all(parked)
+            return False
+        return True
+
+    async def renew_locks(self, copies: Sequence[Copy]) -> None:
+        """Renew the locks of ``copies`` that expire within half a lease."""
+        await self._renew_locks(copies)
+
     async def peek(self, count: int) -> list[Any]:
         """Up to ``count`` messages of the region, without locking them."""
         async with self._settlements.lock:

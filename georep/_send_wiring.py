@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 from georep._channel import RegionPair, sender_channel
 from georep._drain import DrainTelemetry, OutboxDrainer
+from georep._ordering import SessionSequencer
 from georep._policy import DedupKey, DrainPolicy, FailoverPolicy, ReplicationMode
 from georep._roles import RoleState
 from georep._schedule import Scheduler
@@ -83,7 +84,11 @@ def wire(
         ),
         policy=policy,
         codec=codec,
-        prep=MessagePrep(codec, settings.dedup_key),
+        prep=MessagePrep(
+            codec,
+            settings.dedup_key,
+            SessionSequencer(lambda: roles().current.generation),
+        ),
         counts=SendCounts(stats, telemetry),
         stats=stats,
         telemetry=telemetry,

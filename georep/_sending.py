@@ -9,12 +9,14 @@ from __future__ import annotations
 import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from types import MappingProxyType
 from typing import Any
 
 from opentelemetry.trace import Span
 
 from georep._channel import RegionPair
+from georep._ordering import SessionSequencer
 from georep._policy import DedupKey, FailoverPolicy
 from georep._telemetry import SenderTelemetry
 from georep.exceptions import InvalidMessageError
@@ -117,34 +119,52 @@ class SendCounts:
 class MessagePrep:
     """Gives messages their MessageId and traceparent, checks the dedup key, copies them."""
 
-    __slots__ = ("_codec", "dedup_key")
+    __slots__ = ("_codec", "dedup_key", "sequencer")
 
-    def __init__(self, codec: MessageCodec, dedup_key: DedupKey) -> None:
+    def __init__(
+        self, codec: MessageCodec, dedup_key: DedupKey, sequencer: SessionSequencer | None = None
+    ) -> None:
         self._codec = codec
         self.dedup_key = dedup_key
+        self.sequencer = sequencer
+        """Stamps each message with a session id with its order (see docs/sessions.md)."""
 
     def prepare_all(self, messages: Sequence[Any], traceparent: str | None) -> tuple[str, ...]:
         return tuple(self.prepare(message, traceparent) for message in messages)
 
     def prepare(self, message: Any, traceparent: str | None = None) -> str:
-        """Give ``message`` a MessageId and a traceparent; check its dedup key."""
+        """Give ``message`` a MessageId and a traceparent; check its dedup key; stamp its
+        session order if it has a session id."""
         codec = self._codec
         message_id = codec.message_id(message)
         if not message_id:
             message_id = str(uuid.uuid4())
             codec.set_message_id(message, message_id)
+        key = message_id
         if self.dedup_key.source == "subject":
-            if not codec.subject(message):
+            key = codec.subject(message) or ""
+            if not key:
                 raise InvalidMessageError(
                     "dedup_key is the subject but a message has none: set message.subject "
                     "(receivers would not recognise its copies)"
                 )
         elif self.dedup_key.source == "application_property":
             name = self.dedup_key.name or ""
-            if codec.application_property(message, name) is None:
+            value = codec.application_property(message, name)
+            if value is None:
                 raise InvalidMessageError(
                     f"dedup_key is application property {name!r} but a message lacks it: "
                     "set it on every message"
+                )
+            key = value.decode() if isinstance(value, bytes) else str(value)
+        if self.sequencer is not None:
+            session_id = codec.session_id(message)
+            if session_id is not None:
+                self.sequencer.stamp(
+                    session_id,
+                    key,
+                    partial(codec.application_property, message),
+                    partial(codec.set_application_property, message),
                 )
         if traceparent is not None and codec.application_property(message, _TRACEPARENT) is None:
             codec.set_application_property(message, _TRACEPARENT, traceparent)

@@ -48,6 +48,10 @@ class Copy:
     """Wall-clock seconds when the receive call returned it (for the ledger)."""
     parked_turns: int = 0
     settled: bool = False
+    order_gap: str | None = None
+    """Session mode: why it was handed on without its predecessor (``timeout``, ``absent``)."""
+    order_waited: float = 0.0
+    """Session mode: seconds it waited for its predecessor."""
 
 
 class Settlements:
@@ -87,6 +91,8 @@ class Settlements:
         self._clock = clock
         self._tracer = tracer
         self._tracing = tracing
+        self.on_final: Callable[[Copy], None] | None = None
+        """Session mode: told of each copy settled with a final outcome (not abandoned)."""
 
     def start_span(self, operation: str, copy: Copy) -> trace.Span:
         if not self._tracing():
@@ -120,6 +126,8 @@ class Settlements:
         span.set_attribute("messaging.operation.name", decision.settle.value)
         copy.settled = True
         message = copy.message
+        if self.on_final is not None and decision.settle is not Settle.ABANDON:
+            self.on_final(copy)
         try:
             async with self.lock:
                 if decision.settle is Settle.COMPLETE:
@@ -144,6 +152,7 @@ class Settlements:
         if ledger is None:
             return
         delivery = copy.delivery
+        now = self._clock.time()
         ledger.record_receive(
             ReceiveRecord(
                 message_id=delivery.key or "",
@@ -153,7 +162,13 @@ class Settlements:
                 delivery_count=delivery.delivery_count,
                 enqueued_at=delivery.enqueued_at,
                 received_at=copy.received_at,
-                settled_at=self._clock.time() if settled else None,
+                settled_at=now if settled else None,
+                session_id=delivery.session_id,
+                order_writer=None if delivery.stamp is None else delivery.stamp.writer,
+                order_seq=None if delivery.stamp is None else delivery.stamp.seq,
+                order_gap=copy.order_gap,
+                order_wait=copy.order_waited,
+                finished_at=now,
             )
         )
 

@@ -355,8 +355,20 @@ RECEIVER_COUNTERS: Final = {
     "store_errors": InstrumentSpec(
         "georep.seen.errors", "{error}", "Seen-set calls that failed (store unreachable)."
     ),
+    "order_gaps": InstrumentSpec(
+        "georep.sessions.order_gaps",
+        "{message}",
+        "Session messages handed on without their predecessor processed (order_wait ran out, "
+        "or no region held the predecessor), by region and georep.reason.",
+    ),
 }
 """The receiver's counters; every key but ``store_errors`` counts copies by region."""
+
+ORDER_WAIT: Final = InstrumentSpec(
+    "georep.sessions.order_wait",
+    "s",
+    "Time a session message waited for its predecessor before being handled.",
+)
 
 CLAIM_DURATION: Final = InstrumentSpec(
     "georep.seen.claim.duration", "s", "Duration of one batched claim round trip to the seen-set."
@@ -391,6 +403,7 @@ class ReceiverMetrics:
         self._by_region: dict[str, dict[str, str]] = {}
         self._counters = meter.counters(RECEIVER_COUNTERS)
         self._claim_latency = meter.histogram_of(CLAIM_DURATION)
+        self._order_wait = meter.histogram_of(ORDER_WAIT)
         self._parked_gauge = meter.gauge_of(PARKED)
         self._parked_gauge.add(owner, parked, self._base)
 
@@ -410,3 +423,12 @@ class ReceiverMetrics:
 
     def claim_latency(self, seconds: float) -> None:
         self._claim_latency.record(seconds, self._base)
+
+    def order_gap(self, region: str, reason: str) -> None:
+        """Count one session message handed on without its predecessor (``reason``:
+        ``timeout`` or ``absent``)."""
+        self._counters["order_gaps"].add(1, {**self._region(region), "georep.reason": reason})
+
+    def order_wait(self, seconds: float, region: str) -> None:
+        """Record how long a session message waited for its predecessor."""
+        self._order_wait.record(seconds, self._region(region))

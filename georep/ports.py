@@ -26,12 +26,14 @@ __all__ = [
     "ErrorKind",
     "Ledger",
     "MessageCodec",
+    "OrderStamp",
     "Outbox",
     "OutboxEntry",
     "ReceiveRecord",
     "RegionAttempt",
     "RegionReceiver",
     "RegionSender",
+    "RegionSessions",
     "RegionSlot",
     "RelayEndpoint",
     "RelayRequest",
@@ -40,6 +42,8 @@ __all__ = [
     "RoleStore",
     "SeenStore",
     "SendRecord",
+    "SessionReceiver",
+    "SessionStateStore",
 ]
 
 
@@ -180,6 +184,10 @@ class MessageCodec(Protocol):
     def set_message_id(self, message: Any, message_id: str) -> None: ...
 
     def subject(self, message: Any) -> str | None: ...
+
+    def session_id(self, message: Any) -> str | None:
+        """The message's session id, if it has one (its order is then stamped)."""
+        ...
 
     def application_property(self, message: Any, name: str) -> Any: ...
 
@@ -404,6 +412,11 @@ class SeenStore(Protocol):
         """Drop ``owner``'s claims (the handler failed); others' claims are untouched."""
         ...
 
+    async def peek(self, keys: Sequence[str]) -> list[ClaimState | None]:
+        """The keys' states without claiming them: IN_FLIGHT (claimed by anyone), a final
+        state, or None (no entry). Session order reads its predecessors' states with it."""
+        ...
+
     async def extend(self, keys: Sequence[str], *, owner: str, lease: float) -> list[bool]:
         """Renew ``owner``'s claims for ``lease`` more seconds; False where it lost them."""
         ...
@@ -411,6 +424,20 @@ class SeenStore(Protocol):
     async def aclose(self) -> None:
         """Release connections this store created; idempotent."""
         ...
+
+
+@runtime_checkable
+class SessionStateStore(Protocol):
+    """Where a GeoReceiver in session mode keeps session state (docs/sessions.md §3).
+
+    Both regions' receivers read and write one value per session, so the state survives a
+    failover. ``RedisSeenSet`` and ``InMemorySeenSet`` implement it beside the seen-set.
+    Failures raise :class:`georep.exceptions.StoreUnavailableError`.
+    """
+
+    async def get_session_state(self, key: str) -> bytes | None: ...
+
+    async def set_session_state(self, key: str, state: bytes | None) -> None: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -425,6 +452,8 @@ class Delivery:
         traceparent: The producer's W3C traceparent, if the copy carries one.
         content_type: The copy's content type, if set (the paired namespaces' ping is
             recognised by it).
+        session_id: The copy's session id, if it has one.
+        stamp: The session order its sender stamped (docs/sessions.md), if any.
     """
 
     key: str | None
@@ -433,6 +462,25 @@ class Delivery:
     locked_until: float | None
     traceparent: str | None
     content_type: str | None = None
+    session_id: str | None = None
+    stamp: OrderStamp | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class OrderStamp:
+    """One message's place in its session, as a GeoSender stamped it (docs/sessions.md).
+
+    Attributes:
+        writer: The GeoSender object that numbered it.
+        seq: Its number in the session, per writer (from 1).
+        prev: The dedup key of the writer's previous message of the session (None: first).
+        generation: The role generation when its send started.
+    """
+
+    writer: str
+    seq: int
+    prev: str | None
+    generation: int
 
 
 @runtime_checkable
@@ -487,6 +535,57 @@ class RegionReceiver(Protocol):
         ...
 
 
+@runtime_checkable
+class SessionReceiver(RegionReceiver, Protocol):
+    """One session locked in one region: a receiver of that session's messages only.
+
+    ``renew_lock(message)`` renews the session's lock (a session's messages are locked as
+    long as their session). :meth:`close` releases the session.
+    """
+
+    @property
+    def session_id(self) -> str: ...
+
+    async def get_state(self) -> bytes | None:
+        """The session's state in this region (None if none was set)."""
+        ...
+
+    async def set_state(self, state: bytes | None) -> None:
+        """Set (None: clear) the session's state in this region."""
+        ...
+
+
+@runtime_checkable
+class RegionSessions(Protocol):
+    """One region's session-enabled queue or subscription: where sessions are accepted.
+
+    Failed operations raise :class:`georep.exceptions.RegionError`.
+    """
+
+    @property
+    def region(self) -> str: ...
+
+    @property
+    def namespace(self) -> str: ...
+
+    @property
+    def entity(self) -> str:
+        """The queue, or ``topic/Subscriptions/subscription``."""
+        ...
+
+    async def accept(self, session_id: str | None, *, max_wait: float) -> SessionReceiver | None:
+        """Lock a session: ``session_id``, or (None) the next one with messages.
+
+        Returns None when no session became available within ``max_wait`` seconds, or
+        the named session is locked by another receiver.
+        """
+        ...
+
+    async def close(self) -> None:
+        """Close what this adapter created (never the caller's client)."""
+        ...
+
+
 # ----------------------------------------------------------------------------- ledger
 # Records are NamedTuples, not dataclasses: one is built per send or received copy, and a
 # tuple is the cheapest immutable object to build on that path.
@@ -538,6 +637,19 @@ class ReceiveRecord(NamedTuple):
     enqueued_at: float | None
     received_at: float
     settled_at: float | None
+    session_id: str | None = None
+    """The copy's session id, if any."""
+    order_writer: str | None = None
+    """Its ``georep.order.writer`` stamp, if any."""
+    order_seq: int | None = None
+    """Its ``georep.order.seq`` stamp (its number in the session, per writer), if any."""
+    order_gap: str | None = None
+    """Session mode: why it was handed on without its predecessor (``timeout``: order_wait
+    ran out; ``absent``: no region held it), or None."""
+    order_wait: float = 0.0
+    """Session mode: seconds it waited for its predecessor."""
+    finished_at: float | None = None
+    """When the receiver was done with the copy (its outcome recorded), settled or not."""
 
 
 @runtime_checkable

@@ -273,7 +273,12 @@ class GeoReceiver(_Blocking):
     _run_future: concurrent.futures.Future[None] | None = None
 
     def __init__(self, primary: Any, secondary: Any, *, seen: Any, **options: Any) -> None:
-        regions, created = wrap_pair(primary, secondary, "receiver")
+        regions: list[Any]
+        created: list[Any]
+        if options.get("sessions"):  # RegionSessions, checked by the core
+            regions, created = [primary, secondary], []
+        else:
+            regions, created = wrap_pair(primary, secondary, "receiver")
         super().__init__(
             lambda: _receiver.GeoReceiver(regions[0], regions[1], seen=seen, **options),
             adapters=created,
@@ -339,8 +344,10 @@ class GeoReceiver(_Blocking):
             raise ClosedError("this georep.sync.GeoReceiver is closed; create a new one")
         core = self._core
         loop = RUNTIME.loop
+        # Per region: up to concurrency handlers, or one per held session in session mode.
+        per_region = max(core.concurrency, getattr(core, "max_sessions", 0) + 4)
         pool = concurrent.futures.ThreadPoolExecutor(
-            max_workers=2 * core.concurrency, thread_name_prefix="georep-handler"
+            max_workers=2 * per_region, thread_name_prefix="georep-handler"
         )
 
         def run_handler(message: Any) -> object:
@@ -401,6 +408,16 @@ class GeoReceiver(_Blocking):
         self._outcome(
             "dead_letter_message", message, reason=reason, error_description=error_description
         )
+
+    def get_session_state(self, message: Any) -> bytes | None:
+        """The state of ``message``'s session (session mode); see
+        :meth:`georep.GeoReceiver.get_session_state`."""
+        state: bytes | None = RUNTIME.call(self._core.get_session_state(message))
+        return state
+
+    def set_session_state(self, message: Any, state: bytes | str | None) -> None:
+        """Set the state of ``message``'s session for both regions (session mode)."""
+        RUNTIME.call(self._core.set_session_state(message, state))
 
     def _outcome(self, name: str, *args: Any, **kwargs: Any) -> None:
         # Not self._call: a handler still running while close() waits for it may decide.

@@ -110,6 +110,22 @@ class Session:
         return messages[0] if messages else None
 
 
+def _return_in_order(messages: deque[StoredMessage], message: StoredMessage) -> None:
+    """Put a returning message (abandoned, released) back before every later one.
+
+    A session is delivered in sequence-number order on Service Bus however many of its
+    messages return, and in whatever order they are abandoned (one by one in ascending
+    order, as a receiver that closes with several in hand does): always to the head would
+    reverse them.
+    """
+    number = message.sequence_number
+    for index, queued in enumerate(messages):
+        if queued.sequence_number > number:
+            messages.insert(index, message)
+            return
+    messages.append(message)
+
+
 class Sessions:
     """The sessions of one session-enabled entity."""
 
@@ -126,7 +142,7 @@ class Sessions:
         assert message.session_id is not None  # the broker refuses others
         session = self._session(message.session_id)
         if front:
-            session.messages.appendleft(message)
+            _return_in_order(session.messages, message)
         else:
             session.messages.append(message)
         if not self._returning:

@@ -78,7 +78,8 @@ that rounds the window up by at most 1/2048 of it."""
 # previous layout's key prefix ('' = do not read it; claims on a single Redis only), the
 # 16-byte digests, and for commit one outcome per digest ('1', 'F', or 'D' .. reason).
 # Returns one answer per digest. Claim: 0 claimed, 1 in flight, 2 done, 4 deferred, or
-# 'D' .. reason for dead-lettered; the others 1 where they changed the entry.
+# 'D' .. reason for dead-lettered; peek: the same numbers, 3 dead-lettered, 5 no entry;
+# the others 1 where they changed the entry.
 # The server's clock decides leases and windows; the client's only picks the bucket keys,
 # and the buckets either side of the current one are read too, so clients whose clocks
 # disagree by less than a window still find each other's entries.
@@ -211,6 +212,30 @@ elseif op == 'm' then
     redis.call('HDEL', k[1], field)
     answers[i] = 1
   end
+elseif op == 'p' then
+  local numbers = {done = 2, F = 4, D = 3}
+  for i = 1, count do
+    local digest = ARGV[3 + i]
+    local field, k = string.sub(digest, 5), keys(digest)
+    local answer = numbers[outcome(k, field) or ''] or 5
+    if answer == 5 and legacy ~= '' then
+      local old = redis.call('GET', legacy .. digest)
+      if old == '1' then
+        answer = 2
+      elseif old == 'F' then
+        answer = 4
+      elseif old and string.sub(old, 1, 1) == 'D' then
+        answer = 3
+      elseif old then
+        answer = 1
+      end
+    end
+    if answer == 5 then
+      local other, ends = holder(k[1], field)
+      if other and ends > now then answer = 1 end
+    end
+    answers[i] = answer
+  end
 elseif op == 'r' or op == 'e' then
   local deadline = now + ms
   for i = 1, count do
@@ -241,7 +266,7 @@ end
 return answers
 """
 
-_CLAIM, _COMMIT, _RELEASE, _EXTEND = "c", "m", "r", "e"
+_CLAIM, _COMMIT, _RELEASE, _EXTEND, _PEEK = "c", "m", "r", "e", "p"
 _NO_VALUES: Final[tuple[bytes, ...]] = ()
 
 
@@ -255,6 +280,7 @@ _CLAIM_STATES: Final = {
     2: ClaimState.DONE,
     4: ClaimState.DEFERRED,
 }
+_PEEKED: Final = {**_CLAIM_STATES, 3: ClaimState.DEAD_LETTERED, 5: None}
 _STORED: Final = {ClaimState.DONE: b"1", ClaimState.DEFERRED: b"F", ClaimState.DEAD_LETTERED: b"D"}
 _STORE_ERRORS: Final = (RedisError, RedisClusterException, OSError)  # OSError: TimeoutError
 
@@ -488,6 +514,15 @@ class RedisSeenSet(AsyncResource):
         """
         await self._run(keys, _RELEASE, owner, 0)
 
+    async def peek(self, keys: Sequence[str]) -> list[ClaimState | None]:
+        """The keys' states without claiming them (None: no entry; IN_FLIGHT: claimed).
+
+        Raises:
+            StoreUnavailableError: Redis did not answer in time or refused the call.
+            ClosedError: The store was closed.
+        """
+        return [_PEEKED[result] for result in await self._run(keys, _PEEK, "", 0)]
+
     async def extend(self, keys: Sequence[str], *, owner: str, lease: float) -> list[bool]:
         """Renew ``owner``'s claims for ``lease`` seconds; False where it no longer holds one.
 
@@ -498,6 +533,44 @@ class RedisSeenSet(AsyncResource):
         """
         lease_ms = _milliseconds(positive_seconds(lease, "lease"))
         return [result == 1 for result in await self._run(keys, _EXTEND, owner, lease_ms)]
+
+    async def get_session_state(self, key: str) -> bytes | None:
+        """The session state stored under ``key`` (a GeoReceiver's scope and session id).
+
+        Raises:
+            StoreUnavailableError: Redis did not answer in time or refused the call.
+            ClosedError: The store was closed.
+        """
+        value = await self._plain(self._redis.get, self._state_key(key))
+        if value is None:
+            return None
+        return value if isinstance(value, bytes) else str(value).encode()
+
+    async def set_session_state(self, key: str, state: bytes | None) -> None:
+        """Store (None: delete) the session state under ``key``; it does not expire.
+
+        Raises:
+            StoreUnavailableError: Redis did not answer in time or refused the call.
+            ClosedError: The store was closed.
+        """
+        if state is None:
+            await self._plain(self._redis.delete, self._state_key(key))
+        else:
+            await self._plain(self._redis.set, self._state_key(key), bytes(state))
+
+    def _state_key(self, key: str) -> bytes:
+        # One plain key per session (any slot on a cluster), beside the seen-set's hashes.
+        return self._key_prefix + b"state:" + _digest(key.encode())
+
+    async def _plain(self, command: Any, *args: Any) -> Any:
+        self._check_open()
+        self.round_trips += 1
+        deadline = asyncio.timeout(self._operation_timeout)
+        try:
+            async with deadline:
+                return await command(*args)
+        except _STORE_ERRORS as exc:
+            raise self._unavailable(exc, deadline_passed=deadline.expired()) from exc
 
     async def aclose(self) -> None:
         """Close the client if the store created it (from a URL); idempotent and shielded."""
@@ -562,7 +635,7 @@ class RedisSeenSet(AsyncResource):
             self._unit_ms,
             self._hash_mask + 1,
         )
-        legacy = self._key_prefix if self._read_legacy and operation == _CLAIM else b""
+        legacy = self._key_prefix if self._read_legacy and operation in (_CLAIM, _PEEK) else b""
         common = [header, owner.encode(), legacy]
         calls = []
         for group, positions in by_group.items():

@@ -15,6 +15,7 @@ from ._errors import translate_error
 from ._factory import region_receiver_for, region_sender_for
 from ._receiver import ServiceBusRegionReceiver, open_region_receiver
 from ._sender import ServiceBusRegionSender, open_region_sender
+from ._sessions import ServiceBusRegionSessions, ServiceBusSessionReceiver, open_region_sessions
 from ._sync import SyncServiceBusRegionReceiver, SyncServiceBusRegionSender
 
 __all__ = [
@@ -22,6 +23,8 @@ __all__ = [
     "ServiceBusCodec",
     "ServiceBusRegionReceiver",
     "ServiceBusRegionSender",
+    "ServiceBusRegionSessions",
+    "ServiceBusSessionReceiver",
     "SyncServiceBusRegionReceiver",
     "SyncServiceBusRegionSender",
     "ensure_backlog_queues",
@@ -29,6 +32,7 @@ __all__ = [
     "make_ping",
     "open_region_receiver",
     "open_region_sender",
+    "open_region_sessions",
     "region_receiver_for",
     "region_sender_for",
     "to_backlog",

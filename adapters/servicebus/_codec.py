@@ -301,6 +301,14 @@ class ServiceBusCodec:
         value = message.subject
         return None if value is None else str(value)
 
+    def session_id(self, message: Any) -> str | None:
+        # Through the AMQP properties too, as message_id (the SDK getter is slow).
+        properties = message.raw_amqp_message.properties
+        value = None if properties is None else properties.group_id
+        if value is None:
+            return None
+        return value.decode() if isinstance(value, bytes) else str(value)
+
     def application_property(self, message: Any, name: str) -> Any:
         properties = message.application_properties
         if not properties:

@@ -13,6 +13,7 @@ from azure.servicebus.aio import ServiceBusClient, ServiceBusReceiver
 from azure.servicebus.exceptions import MessageLockLostError
 
 from georep._endpoint import Target
+from georep._ordering import read_stamp
 from georep._peek import peek_all
 from georep.exceptions import ConfigurationError, RegionError
 from georep.ports import Delivery, ErrorKind
@@ -110,7 +111,7 @@ class ServiceBusRegionReceiver(SdkRegion):
             name = dedup_name or ""
             key = _text(properties.get(name.encode(), properties.get(name)))
         enqueued = message.enqueued_time_utc
-        locked = message.locked_until_utc
+        locked = self._locked_until(message)
         return Delivery(
             key=key,
             delivery_count=int(message.delivery_count or 0) + 1,
@@ -118,7 +119,12 @@ class ServiceBusRegionReceiver(SdkRegion):
             locked_until=locked.timestamp() if locked is not None else None,
             traceparent=_text(properties.get(b"traceparent", properties.get("traceparent"))),
             content_type=_text(message.content_type),
+            session_id=_text(message.session_id),
+            stamp=read_stamp(lambda name: properties.get(name.encode(), properties.get(name))),
         )
+
+    def _locked_until(self, message: Any) -> Any:
+        return message.locked_until_utc
 
     async def receive(self, max_messages: int, *, max_wait: float) -> list[Any]:
         started = time.monotonic()

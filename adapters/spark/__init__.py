@@ -15,7 +15,7 @@ from ._reference import reference_aggregates, reference_audit
 from ._report import Aggregates, build_report
 from ._session import spark_session
 from ._sink import foreach_batch_sink, sink_message_id
-from ._synthetic import SyntheticLedger, write_synthetic_ledger
+from ._synthetic import SyntheticLedger, write_session_ledger, write_synthetic_ledger
 from ._table import report_table
 
 __all__ = [
@@ -31,5 +31,6 @@ __all__ = [
     "spark_aggregates",
     "spark_session",
     "write_plots",
+    "write_session_ledger",
     "write_synthetic_ledger",
 ]

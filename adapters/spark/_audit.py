@@ -26,6 +26,7 @@ from pyspark.errors import AnalysisException
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
+from pyspark.sql.window import Window
 
 from georep._ledger_schema import RECEIVES_DIR, SENDS_DIR
 from georep.exceptions import ConfigurationError
@@ -54,11 +55,13 @@ _SPARK_TYPES = {
     "string": T.StringType(),
     "boolean": T.BooleanType(),
     "timestamp": T.TimestampType(),
+    "long": T.LongType(),
+    "double": T.DoubleType(),
 }
 
 
 def _struct(columns: str) -> T.StructType:
-    """``"name type, name type, ..."`` (types: short, string, boolean, timestamp) as a schema."""
+    """``"name type, name type, ..."`` (types: the keys of ``_SPARK_TYPES``) as a schema."""
     pairs = (column.split() for column in columns.split(","))
     return T.StructType([T.StructField(name, _SPARK_TYPES[kind]) for name, kind in pairs])
 
@@ -68,7 +71,9 @@ _SEND_SCHEMA = _struct(
     " accepted_region string, failover boolean, started_at timestamp, finished_at timestamp"
 )
 _RECEIVE_SCHEMA = _struct(
-    "schema_version short, message_id string, region string, outcome string, received_at timestamp"
+    "schema_version short, message_id string, region string, outcome string,"
+    " received_at timestamp, settled_at timestamp, session_id string, order_writer string,"
+    " order_seq long, order_gap string, order_wait double, finished_at timestamp"
 )
 
 
@@ -234,6 +239,42 @@ def _receives_side(receives: DataFrame, result: Aggregates) -> list[str]:
     result.suppressed_by_region = suppressed
     result.receive_failed_by_region = failed
     return sorted(regions)
+
+
+def _sessions_side(receives: DataFrame, result: Aggregates) -> None:
+    """Sessions, copies handed on out of their session's order (and by how far), gaps and
+    the time waited for order, over processed copies (as the reference computes them)."""
+    rows = receives.filter((F.col("outcome") == "processed") & F.col("session_id").isNotNull())
+    wait_us = F.floor(F.coalesce(F.col("order_wait"), F.lit(0.0)) * F.lit(1e6)).cast("long")
+    (totals,) = _rows(
+        rows.agg(
+            F.countDistinct("session_id").alias("sessions"),
+            F.count(F.lit(1)).alias("messages"),
+            F.coalesce(F.sum(wait_us), F.lit(0)).alias("wait"),
+            F.coalesce(F.max(wait_us), F.lit(0)).alias("wait_max"),
+        )
+    )
+    result.sessions, result.session_messages = totals["sessions"], totals["messages"]
+    result.order_wait_us, result.order_wait_max_us = int(totals["wait"]), int(totals["wait_max"])
+    gaps = rows.filter(F.col("order_gap").isNotNull()).groupBy("order_gap").count()
+    result.order_gaps = {row["order_gap"]: row["count"] for row in _rows(gaps)}
+    handled = (
+        Window.partitionBy("session_id", F.coalesce(F.col("order_writer"), F.lit("")))
+        .orderBy(
+            F.coalesce("finished_at", "settled_at", "received_at"),
+            F.greatest("order_seq", F.lit(0)),
+        )
+        .rowsBetween(Window.unboundedPreceding, -1)
+    )
+    seq = F.greatest(F.col("order_seq"), F.lit(0))
+    late = (
+        rows.filter(F.col("order_seq").isNotNull())
+        .select(seq.alias("seq"), F.max(seq).over(handled).alias("before"))
+        .filter(F.col("before") > F.col("seq"))
+        .groupBy((F.col("before") - F.col("seq")).alias("distance"))
+        .count()
+    )
+    result.out_of_session_order = {int(r["distance"]): r["count"] for r in _rows(late)}
 
 
 def _id_hash() -> list[Column]:
@@ -418,6 +459,7 @@ def spark_aggregates(spark: SparkSession, ledger_dir: str | Path) -> Aggregates:
     result = Aggregates()
     modes = _sends_side(sends, result)
     regions = _receives_side(receives, result)
+    _sessions_side(receives, result)
     with _without_partial_aggregation(spark):
         per_message = _rows(_per_message(sends, receives, modes, regions))
     for row in per_message:

@@ -37,7 +37,10 @@ _SEND_COLUMNS = [
     "schema_version", "message_id", "mode", "outcome", "accepted_region", "failover",
     "started_at", "finished_at",
 ]  # fmt: skip
-_RECEIVE_COLUMNS = ["schema_version", "message_id", "region", "outcome", "received_at"]
+_RECEIVE_COLUMNS = [
+    "schema_version", "message_id", "region", "outcome", "received_at", "settled_at",
+    "session_id", "order_writer", "order_seq", "order_gap", "order_wait", "finished_at",
+]  # fmt: skip
 
 
 def _read(files: Sequence[Path], schema: pa.Schema, columns: list[str]) -> pa.Table:
@@ -188,7 +191,49 @@ def reference_aggregates(ledger_dir: str | Path) -> Aggregates:
 
     _receive_side(receives, is_processed, processed, received, received_valid, result)
     _send_side(sends, started, started_valid, result)
+    _session_side(processed, result)
     return result
+
+
+def _session_side(processed: pa.Table, result: Aggregates) -> None:
+    """Sessions, messages handed on out of their session's order (and by how far), gaps
+    and the time waited for order, over processed copies (docs/audit.md)."""
+    rows = processed.filter(pc.is_valid(processed["session_id"]))
+    result.sessions = len(pc.unique(rows["session_id"]))
+    result.session_messages = rows.num_rows
+    gaps = pc.is_valid(rows["order_gap"])
+    result.order_gaps = _count_by(rows["order_gap"], gaps) if rows.num_rows else {}
+    waits = np.floor(
+        pc.fill_null(rows["order_wait"], 0.0).to_numpy(zero_copy_only=False) * 1e6
+    ).astype(np.int64)
+    result.order_wait_us = int(waits.sum())
+    result.order_wait_max_us = int(waits.max()) if len(waits) else 0
+
+    stamped = rows.filter(pc.is_valid(rows["order_seq"]))
+    if not stamped.num_rows:
+        return
+    # One group per (session, writer); within it, copies in the order they were handled.
+    groups = pc.binary_join_element_wise(
+        stamped["session_id"], pc.fill_null(stamped["order_writer"], ""), "\n"
+    ).dictionary_encode()
+    codes = groups.combine_chunks().indices.to_numpy(zero_copy_only=False).astype(np.int64)
+    handled = pc.coalesce(stamped["finished_at"], stamped["settled_at"], stamped["received_at"])
+    times, _ = _micros(handled)
+    seq = np.maximum(stamped["order_seq"].to_numpy(zero_copy_only=False).astype(np.int64), 0)
+    order = np.lexsort((seq, times, codes))
+    codes, seq = codes[order], seq[order]
+    # The highest seq handled before each copy of its group: a running maximum over the
+    # sorted rows, each group lifted above the previous ones.
+    base = codes * (int(seq.max()) + 1)
+    running = np.maximum.accumulate(base + seq)
+    same = np.zeros(len(seq), dtype=bool)
+    same[1:] = codes[1:] == codes[:-1]
+    before = np.full(len(seq), -1, dtype=np.int64)
+    before[1:] = running[:-1]
+    before = np.where(same, before - base, -1)
+    late = before > seq
+    distances, counts = np.unique(before[late] - seq[late], return_counts=True)
+    result.out_of_session_order = {int(d): int(c) for d, c in zip(distances, counts, strict=True)}
 
 
 def _ids_with(table: pa.Table, outcome: str, ids: pa.Array, id_count: int) -> np.ndarray:

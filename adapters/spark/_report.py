@@ -96,6 +96,14 @@ class Aggregates:
     failover_duration_max: float | None = None
     failover_seconds: tuple[int, int] | None = None
     max_schema_version: int = SCHEMA_VERSION
+    sessions: int = 0
+    session_messages: int = 0
+    out_of_session_order: Histogram = field(default_factory=dict)
+    """Processed copies handed on after a later message of their session and writer, by
+    how far (the highest seq handled before them minus theirs)."""
+    order_gaps: dict[str, int] = field(default_factory=dict)
+    order_wait_us: int = 0
+    order_wait_max_us: int = 0
 
 
 def ledger_files(ledger_dir: str | Path) -> tuple[list[Path], list[Path]]:
@@ -127,6 +135,23 @@ def ledger_files(ledger_dir: str | Path) -> tuple[list[Path], list[Path]]:
             f"and {root / RECEIVES_DIR}"
         )
     return found[0], found[1]
+
+
+def _sessions(aggregates: Aggregates) -> dict[str, Any]:
+    """The report's ``sessions`` figures (docs/audit.md)."""
+    late = aggregates.out_of_session_order
+    return {
+        "sessions": aggregates.sessions,
+        "messages": aggregates.session_messages,
+        "out_of_order": sum(late.values()),
+        "out_of_order_by_distance": {str(d): late[d] for d in sorted(late)},
+        "max_out_of_order_distance": max(late, default=0),
+        "order_gaps": dict(sorted(aggregates.order_gaps.items())),
+        "order_wait_s": {
+            "total": round(aggregates.order_wait_us / 1e6, 6),
+            "max": round(aggregates.order_wait_max_us / 1e6, 6),
+        },
+    }
 
 
 def read_meta(ledger_dir: str | Path) -> tuple[int, list[str]]:
@@ -323,6 +348,7 @@ def build_report(
         "expired": aggregates.expired,
         "suppressed_by_region": dict(sorted(aggregates.suppressed_by_region.items())),
         "receive_failed_by_region": dict(sorted(aggregates.receive_failed_by_region.items())),
+        "sessions": _sessions(aggregates),
         "latency_ms": latency,
         "latency_cdf_ms": cdf,
         "failover": failover,

@@ -18,6 +18,7 @@ dataset), so 10M messages take about a minute and a bounded amount of memory.
 
 from __future__ import annotations
 
+import asyncio
 import json
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -37,7 +38,7 @@ from georep._ledger_schema import (
 )
 from georep.exceptions import ConfigurationError
 
-__all__ = ["SyntheticLedger", "write_synthetic_ledger"]
+__all__ = ["SyntheticLedger", "write_session_ledger", "write_synthetic_ledger"]
 
 _PRIMARY, _SECONDARY = 0, 1
 _MODES = ("passive", "active", "paired")
@@ -76,6 +77,22 @@ class SyntheticLedger:
     failover_sends: int = 0
     outage_window: tuple[datetime, datetime]
     receive_rows: int = 0
+
+
+def _no_session(rows: int) -> list[pa.Array]:
+    """The session columns of ``rows`` copies without a session (all null)."""
+    schema = receive_schema()
+    return [
+        pa.nulls(rows, schema.field(name).type)
+        for name in (
+            "session_id",
+            "order_writer",
+            "order_seq",
+            "order_gap",
+            "order_wait",
+            "finished_at",
+        )
+    ]
 
 
 def _message_ids(index: np.ndarray, seed: int) -> pa.StringArray:
@@ -306,6 +323,7 @@ def write_synthetic_ledger(
                         _timestamps(received[rows] + 500),
                         pa.array(np.full(m, 4343, dtype=np.int32)),
                         pa.array(np.full(m, "synthetic", dtype=object), type=pa.string()),
+                        *_no_session(m),
                     ],
                     schema=receive_schema(),
                 )
@@ -347,3 +365,52 @@ def write_synthetic_ledger(
         ),
         receive_rows=counts["rows"],
     )
+
+
+def write_session_ledger(root: str | Path) -> dict[str, Any]:
+    """A small ledger of session copies whose audit figures are known; those figures.
+
+    Two sessions, each with copies handed on out of order by a known distance, a second
+    writer on one session (its own order), two gaps, a suppressed copy and a copy without a
+    session: the ``sessions`` key of the report both engines must produce.
+    """
+    from georep import ParquetLedger
+    from georep.ports import ReceiveRecord
+
+    def copy(message_id: str, session: str | None, writer: str, seq: int, at: float,
+             gap: str | None = None, wait: float = 0.0,
+             outcome: str = "processed") -> ReceiveRecord:  # fmt: skip
+        return ReceiveRecord(
+            message_id, "q", "primary", outcome, 1, at - 1, at - 0.5, at,
+            session, writer if session else None, seq if session else None, gap, wait,
+        )  # fmt: skip
+
+    records = [
+        copy("a1", "A", "w", 1, 10.0),
+        copy("a3", "A", "w", 3, 11.0, gap="timeout", wait=2.5),
+        copy("a2", "A", "w", 2, 12.0),  # after seq 3: 1 behind
+        copy("a4", "A", "w", 4, 13.0)._replace(settled_at=None, finished_at=13.0),
+        copy("a4", "A", "w", 4, 13.5, outcome="suppressed"),  # not handled: not counted
+        copy("b1", "B", "w", 1, 10.0),
+        copy("b5", "B", "w", 5, 11.0, gap="absent", wait=0.25),
+        copy("b2", "B", "w", 2, 12.0),  # 3 behind
+        copy("b3", "B", "w", 3, 13.0),  # 2 behind
+        copy("c1", "B", "v", 1, 14.0),  # another writer: its own order
+        copy("plain", None, "", 0, 10.0),
+    ]
+
+    async def write() -> None:
+        async with ParquetLedger(root) as ledger:
+            for record in records:
+                ledger.record_receive(record)
+
+    asyncio.run(write())
+    return {
+        "sessions": 2,
+        "messages": 9,
+        "out_of_order": 3,
+        "out_of_order_by_distance": {"1": 1, "2": 1, "3": 1},
+        "max_out_of_order_distance": 3,
+        "order_gaps": {"absent": 1, "timeout": 1},
+        "order_wait_s": {"total": 2.75, "max": 2.5},
+    }

@@ -197,6 +197,16 @@ def demo(
     queue: _DemoQueue = "orders",
     redis_url: Annotated[str | None, _env_option("REDIS_URL", "Redis for the seen-set.")] = None,
     work_dir: _DemoWorkDir = None,
+    sessions: Annotated[
+        bool,
+        typer.Option(
+            "--sessions",
+            help="Send over sessions of a session queue; receivers keep each session's order.",
+        ),
+    ] = False,
+    session_count: Annotated[
+        int, typer.Option(min=1, help="Sessions the messages go round-robin over (--sessions).")
+    ] = 50,
 ) -> None:
     """Replication end to end: two regions, an outage, dedup receivers, and a Spark audit.
 
@@ -220,6 +230,7 @@ def demo(
             primary=primary,
             secondary=secondary,
             redis_url=redis_url,
+            sessions=session_count if sessions else 0,
         )
     except ConfigurationError as exc:
         console.print(f"[red]error[/]: {exc}")

@@ -131,15 +131,29 @@ def run_demo(config: ScenarioConfig, console: Console) -> int:
             if path.exists():
                 console.print(f"plot: {path}")
         console.print(f"report: {out_dir / 'report.json'}")
-    healthy = lost == 0 and twice == 0
+    out_of_order = _out_of_order(result, report)
+    healthy = lost == 0 and twice == 0 and out_of_order == 0
+    ordered = ", 0 out of session order" if config.sessions else ""
     console.print(
         Group(
-            Text("OK: nothing lost, nothing processed twice.", style="green")
+            Text(f"OK: nothing lost, nothing processed twice{ordered}.", style="green")
             if healthy
-            else Text(f"FAILED: {lost} lost, {twice} processed twice.", style="red")
+            else Text(
+                f"FAILED: {lost} lost, {twice} processed twice"
+                + (f", {out_of_order} out of session order" if config.sessions else "")
+                + ".",
+                style="red",
+            )
         )
     )
     return 0 if healthy else 1
+
+
+def _out_of_order(result: ScenarioResult, report: dict[str, Any] | None) -> int:
+    """Messages handled out of session order: the audit's count, else the scenario's."""
+    if report is not None and "sessions" in report:
+        return int(report["sessions"]["out_of_order"])
+    return result.progress.out_of_session_order
 
 
 def _headline(config: ScenarioConfig) -> str:
@@ -153,6 +167,7 @@ def _headline(config: ScenarioConfig) -> str:
         )
         + f", {config.receivers} receivers with a Redis seen-set, "
         f"{config.messages:,} messages at {config.rate:g}/s"
+        + (f" over {config.sessions} sessions" if config.sessions else "")
         + (
             f", primary outage at {config.outage_at:g} s for {config.outage_for:g} s"
             if config.outage_at is not None
@@ -181,6 +196,13 @@ def _verdict_rows(
             else "n/a",
         ),
     ]
+    if result.config.sessions:
+        figures = report.get("sessions", {}) if report is not None else {}
+        rows.append(("sessions", f"{figures.get('sessions', result.config.sessions):,}"))
+        rows.append(("out of session order", str(_out_of_order(result, report))))
+        if figures:
+            rows.append(("order gaps", str(sum(figures["order_gaps"].values()))))
+            rows.append(("time waiting for order", f"{figures['order_wait_s']['total']:,.1f} s"))
     if report is not None:
         latency = report.get("latency_ms", {}).get("overall", {})
         if latency:

@@ -52,6 +52,9 @@ class ScenarioConfig:
         secondary: Secondary connection string.
         redis_url: The seen-set's Redis; None uses ``$REDIS_URL`` or an embedded server.
         settle_timeout: Seconds to wait, after the last send, for receivers to catch up.
+        sessions: 0 (default): plain messages. N: the messages go round-robin over N
+            sessions of a session-enabled queue, read by GeoReceivers in session mode
+            (docs/sessions.md); passive and active modes only.
     """
 
     work_dir: Path
@@ -66,8 +69,16 @@ class ScenarioConfig:
     secondary: str | None = None
     redis_url: str | None = None
     settle_timeout: float = 30.0
+    sessions: int = 0
 
     def __post_init__(self) -> None:
+        if self.sessions < 0:
+            raise ConfigurationError("sessions must be 0 (none) or more")
+        if self.sessions and self.mode not in ("passive", "active"):
+            raise ConfigurationError(
+                f"sessions need mode passive or active (session order is restored by "
+                f"GeoSender and GeoReceiver), not {self.mode!r}"
+            )
         if self.mode not in MODES:
             raise ConfigurationError(f"mode must be one of {', '.join(MODES)}, not {self.mode!r}")
         if self.messages < 1 or self.receivers < 1:
@@ -91,6 +102,10 @@ class ScenarioProgress:
     failovers: int = 0
     processed_ids: Counter[str] = field(default_factory=Counter)
     receivers: list[Any] = field(default_factory=list)
+    out_of_session_order: int = 0
+    """Session mode: messages handled after a later message of their session."""
+    highest_handled: dict[str, int] = field(default_factory=dict)
+    """Session mode: per session, the highest message index handled so far."""
 
     @property
     def elapsed(self) -> float:
@@ -171,6 +186,7 @@ class _Topology:
                 self.emulator.namespace(namespace).create_queue,
                 self.config.queue,
                 lock_duration=DEMO_LOCK_SECONDS,
+                requires_session=self.config.sessions > 0,
             )
         self.primary = self.emulator.connection_string("primary")
         self.secondary = self.emulator.connection_string("secondary")
@@ -422,9 +438,20 @@ class _Run:
         )
         processed = self.progress.processed_ids
 
+        progress = self.progress
+
         async def handle(message: Any) -> None:
             processed[str(message.message_id)] += 1
+            if message.session_id is not None:  # "order <index>", indexes grow per session
+                index = int(str(message).split()[-1])
+                highest = progress.highest_handled.get(message.session_id, -1)
+                if index < highest:
+                    progress.out_of_session_order += 1
+                progress.highest_handled[message.session_id] = max(highest, index)
 
+        session_options: dict[str, Any] = (
+            {"sessions": True, "max_sessions": 16, "order_wait": 60.0} if config.sessions else {}
+        )
         for _ in range(config.receivers):
             receiver = GeoReceiver.from_connection_strings(
                 topology.primary,
@@ -434,6 +461,7 @@ class _Run:
                 concurrency=16,
                 max_wait=0.5,
                 ledger=self.ledger,
+                **session_options,
             )
             self.receivers.append(receiver)
             self.progress.receivers.append(receiver)
@@ -483,7 +511,8 @@ class _Run:
         progress = self.progress
         message_id = f"{self.run_id}-{index:07d}"
         for attempt in range(50):
-            message = ServiceBusMessage(f"order {index}", message_id=message_id)
+            session = f"session-{index % self.config.sessions}" if self.config.sessions else None
+            message = ServiceBusMessage(f"order {index}", message_id=message_id, session_id=session)
             try:
                 region, failed_over, queued = await self.sender.send(message)
             except GeoReplicationError as exc:

@@ -8,7 +8,8 @@ Nothing here does I/O or sleeps for real:
 - :class:`InMemoryOutbox`: the outbox contract without a file.
 - :class:`InMemoryLedger`: the delivery ledger in lists.
 - :class:`InMemoryRegionReceiver` and :class:`InMemorySeenSet`: a peek-lock queue and the
-  seen-set, on the same fake clock.
+  seen-set, on the same fake clock; :class:`InMemoryRegionSessions`: a session-enabled
+  queue for a GeoReceiver in session mode.
 - :class:`InMemoryRelayEndpoint`: a relay endpoint served in-process, failing on demand.
 - :class:`InMemoryRoleStore`: shared roles in memory (``unavailable = True`` fails them).
 """
@@ -28,6 +29,7 @@ from georep.testing._regions import (
 )
 from georep.testing._relay import InMemoryRelayEndpoint
 from georep.testing._seen import InMemorySeenSet
+from georep.testing._sessions import InMemoryRegionSessions, InMemorySessionReceiver
 
 __all__ = [
     "FakeBatch",
@@ -39,7 +41,9 @@ __all__ = [
     "InMemoryOutbox",
     "InMemoryRegionReceiver",
     "InMemoryRegionSender",
+    "InMemoryRegionSessions",
     "InMemoryRelayEndpoint",
     "InMemoryRoleStore",
     "InMemorySeenSet",
+    "InMemorySessionReceiver",
 ]

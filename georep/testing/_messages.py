@@ -23,6 +23,7 @@ class FakeMessage:
     application_properties: dict[str, Any] = field(default_factory=dict)
     time_to_live: float | None = None
     """Seconds, or None for no time-to-live."""
+    session_id: str | None = None
 
 
 class FakeBatch:
@@ -74,6 +75,9 @@ class FakeCodec:
     def subject(self, message: Any) -> str | None:
         return message.subject  # type: ignore[no-any-return]
 
+    def session_id(self, message: Any) -> str | None:
+        return message.session_id  # type: ignore[no-any-return]
+
     def application_property(self, message: Any, name: str) -> Any:
         return message.application_properties.get(name)
 
@@ -93,6 +97,7 @@ class FakeCodec:
             message.subject,
             dict(message.application_properties),
             message.time_to_live,
+            message.session_id,
         )
 
     def encode(self, message: Any) -> bytes:
@@ -103,6 +108,7 @@ class FakeCodec:
                 "subject": message.subject,
                 "application_properties": message.application_properties,
                 "time_to_live": message.time_to_live,
+                "session_id": message.session_id,
             }
         ).encode()
 
@@ -114,6 +120,7 @@ class FakeCodec:
             document["subject"],
             document["application_properties"],
             document.get("time_to_live"),
+            document.get("session_id"),
         )
 
     def check(
@@ -121,7 +128,7 @@ class FakeCodec:
     ) -> None:
         if max_size is not None and sum(len(m.body) for m in messages) > max_size:
             raise InvalidMessageError(f"the bodies are over the entity's limit of {max_size} bytes")
-        # FakeMessage has no session id or partition key.
+        # FakeMessage has no partition key.
 
     def new_batch(self, max_size_in_bytes: int, prepare: Callable[[Any], object]) -> Any:
         return FakeBatch(max_size_in_bytes, prepare)

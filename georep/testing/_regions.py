@@ -20,6 +20,17 @@ from georep.testing._messages import FakeCodec, FakeMessage
 __all__ = ["FakeReceivedMessage", "InMemoryRegionReceiver", "InMemoryRegionSender"]
 
 
+def dedup_value(message: Any, dedup_source: str, dedup_name: str | None) -> str | None:
+    """A fake received copy's dedup key value (``dedup_source`` as in DedupKey)."""
+    if dedup_source == "message_id":
+        key = message.message_id
+    elif dedup_source == "subject":
+        key = message.subject
+    else:
+        key = message.application_properties.get(dedup_name or "")
+    return None if key is None else str(key)
+
+
 class _Labels:
     """The namespace and entity of a fake region (read-only, as the ports declare them)."""
 
@@ -140,6 +151,7 @@ class FakeReceivedMessage:
     content_type: str | None = None
     dead_letter_reason: str | None = None
     dead_letter_error_description: str | None = None
+    session_id: str | None = None
 
 
 class InMemoryRegionReceiver(_Labels):
@@ -217,14 +229,8 @@ class InMemoryRegionReceiver(_Labels):
             self._available.sort(key=lambda m: m.sequence_number)
 
     def delivery(self, message: Any, dedup_source: str, dedup_name: str | None) -> Delivery:
-        if dedup_source == "message_id":
-            key = message.message_id
-        elif dedup_source == "subject":
-            key = message.subject
-        else:
-            key = message.application_properties.get(dedup_name or "")
         return Delivery(
-            key=None if key is None else str(key),
+            key=dedup_value(message, dedup_source, dedup_name),
             delivery_count=message.delivery_count,
             enqueued_at=None,
             locked_until=message.locked_until,

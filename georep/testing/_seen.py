@@ -60,6 +60,7 @@ class InMemorySeenSet(AsyncResource):
         self._window = positive_seconds(window, "window")
         self._clock: Clock = clock if clock is not None else SystemClock()
         self._entries: dict[str, _Entry] = {}
+        self._states: dict[str, bytes] = {}
         self._sweep_at = 1024
         self.unavailable = False
         self.round_trips = 0
@@ -116,6 +117,20 @@ class InMemorySeenSet(AsyncResource):
             if entry is not None and entry.owner == owner:
                 del self._entries[key]
 
+    async def peek(self, keys: Sequence[str]) -> list[ClaimState | None]:
+        """The keys' states without claiming them (None: no entry; IN_FLIGHT: claimed)."""
+        now = self._begin(keys)
+        if now is None:
+            return []
+        states: list[ClaimState | None] = []
+        for key in keys:
+            entry = self._live(key, now)
+            if entry is None:
+                states.append(None)
+            else:
+                states.append(ClaimState.IN_FLIGHT if entry.owner is not None else entry.outcome)
+        return states
+
     async def extend(self, keys: Sequence[str], *, owner: str, lease: float) -> list[bool]:
         """Renew ``owner``'s claims for ``lease`` seconds (> 0); False where it lost one."""
         lease = positive_seconds(lease, "lease")
@@ -130,6 +145,19 @@ class InMemorySeenSet(AsyncResource):
                 self._entries[key] = _Entry(owner, now + lease)
             renewed.append(held)
         return renewed
+
+    async def get_session_state(self, key: str) -> bytes | None:
+        """The session state stored under ``key`` (never expires)."""
+        self._begin([key])
+        return self._states.get(key)
+
+    async def set_session_state(self, key: str, state: bytes | None) -> None:
+        """Store (None: delete) the session state under ``key``."""
+        self._begin([key])
+        if state is None:
+            self._states.pop(key, None)
+        else:
+            self._states[key] = bytes(state)
 
     async def _close(self) -> None:
         # The keys are dropped, as a store nobody reaches again.

@@ -41,6 +41,24 @@ def test_passive_demo_through_an_outage_loses_nothing_and_the_timeline_shows_the
         assert (tmp_path / "report" / plot).stat().st_size > 10_000
 
 
+def test_the_sessions_demo_keeps_fifty_sessions_in_order_through_an_outage(
+    tmp_path: Path,
+) -> None:
+    completed = run_python(
+        "-m", "georep.cli", "demo", "--sessions", "--messages", "1000", "--rate", "0",
+        "--outage-at", "1", "--outage-for", "3", "--work-dir", str(tmp_path),
+        timeout=300, env={**os.environ, "COLUMNS": "120"},
+    )  # fmt: skip
+    output = completed.stdout + completed.stderr
+    assert completed.returncode == 0, output[-5000:]
+    assert "OK: nothing lost, nothing processed twice, 0 out of session order." in output
+    report = json.loads((tmp_path / "report" / "report.json").read_text())
+    assert report["sent"] == report["processed"] == 1000 and report["lost"] == 0
+    assert report["sessions"]["sessions"] == 50
+    assert report["sessions"]["out_of_order"] == 0
+    assert report["failover"]["sends"] >= 1
+
+
 def test_a_bad_option_is_exit_status_2(tmp_path: Path) -> None:
     completed = run_python(
         "-m", "georep.cli", "demo", "--mode", "geo", "--work-dir", str(tmp_path), timeout=60

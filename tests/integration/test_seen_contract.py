@@ -270,6 +270,35 @@ async def test_recorded_outcomes_are_final_for_release_and_extend(store: SeenSet
     ]
 
 
+async def test_peek_reads_every_state_without_claiming(store: SeenSet) -> None:
+    await store.claim(["held", "done", "dl", "df"], owner=ALICE, lease=LONG_LEASE)
+    await store.commit(["done"], owner=ALICE)
+    await store.commit(["dl"], owner=ALICE, outcome=ClaimState.DEAD_LETTERED, reasons=["x"])
+    await store.commit(["df"], owner=ALICE, outcome=ClaimState.DEFERRED)
+
+    assert await store.peek(["new", "held", "done", "dl", "df"]) == [
+        None,
+        ClaimState.IN_FLIGHT,
+        ClaimState.DONE,
+        ClaimState.DEAD_LETTERED,
+        ClaimState.DEFERRED,
+    ]
+    # Peeking claimed nothing: another owner still claims the new key.
+    assert await store.claim(["new"], owner=BOB, lease=LONG_LEASE) == [ClaimState.CLAIMED]
+
+
+async def test_session_state_is_kept_apart_from_the_keys_and_can_be_cleared(
+    store: SeenSet,
+) -> None:
+    assert await store.get_session_state("orders\ns1") is None
+    await store.set_session_state("orders\ns1", b"step 3")
+    await store.claim(["orders\ns1"], owner=ALICE, lease=LONG_LEASE)  # a dedup key alike
+    assert await store.get_session_state("orders\ns1") == b"step 3"
+    assert await store.get_session_state("orders\ns2") is None
+    await store.set_session_state("orders\ns1", None)
+    assert await store.get_session_state("orders\ns1") is None
+
+
 async def test_recorded_outcomes_expire_after_the_window(harness: Harness) -> None:
     store = harness.make(window=SHORT_LEASE)
     await store.commit(["dl"], owner=ALICE, outcome=ClaimState.DEAD_LETTERED, reasons=["x"])

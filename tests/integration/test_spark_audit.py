@@ -32,7 +32,9 @@ from georep.adapters.spark import (
     audit_job,
     foreach_batch_sink,
     reference_audit,
+    spark_aggregates,
     spark_session,
+    write_session_ledger,
     write_synthetic_ledger,
 )
 from georep.cli import app
@@ -124,6 +126,15 @@ def test_dead_lettered_deferred_and_expired_ids_are_not_lost_in_either_engine(
     counts = ("sent", "processed", "lost", "dead_lettered", "deferred", "expired")
     assert [report[k] for k in counts] == [5, 1, 1, 1, 1, 1]
     assert [reference[k] for k in counts] == [report[k] for k in counts]
+
+
+def test_both_engines_report_the_session_order_figures(spark: SparkSession, tmp_path: Path) -> None:
+    from georep.adapters.spark._report import _sessions
+
+    ledger = tmp_path / "ledger"
+    expected = write_session_ledger(ledger)
+    assert _sessions(spark_aggregates(spark, ledger)) == expected
+    assert reference_audit(ledger)["sessions"] == expected
 
 
 def test_report_json_holds_the_returned_report_and_the_plots_are_pngs(

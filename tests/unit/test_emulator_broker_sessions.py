@@ -138,6 +138,19 @@ def test_abandon_puts_the_message_back_at_the_head_of_its_session(
     assert receiver.got[1][0].delivery_count == 1
 
 
+def test_messages_abandoned_one_by_one_return_in_their_session_order(
+    ns: Namespace, queue: Entity
+) -> None:
+    send(ns, queue, ("m0", "s"), ("m1", "s"), ("m2", "s"), ("m3", "s"))
+    receiver = Receiver(credit=3)
+    sessions_of(queue).accept(receiver, "s")
+    for token in receiver.tokens():  # oldest first, as a closing receiver releases them
+        queue.abandon(token)
+    receiver.credit = 4
+    queue.dispatch()
+    assert receiver.bodies()[3:] == ["m0", "m1", "m2", "m3"]
+
+
 def test_a_message_without_session_id_is_refused_by_a_session_queue(
     ns: Namespace, queue: Entity
 ) -> None:

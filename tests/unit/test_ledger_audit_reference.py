@@ -15,6 +15,7 @@ from georep._ledger_schema import receive_schema, send_schema
 from georep.adapters.spark import (
     reference_audit,
     sink_message_id,
+    write_session_ledger,
     write_synthetic_ledger,
 )
 
@@ -204,3 +205,24 @@ def test_messages_settled_otherwise_or_expired_are_counted_apart_not_lost(
     assert (report["dead_lettered"], report["deferred"], report["expired"]) == (1, 1, 1)
     assert report["lost"] == 1, "only 'gone' was acknowledged and never settled"
     assert report["send_failed"] == 0
+
+
+def test_the_reference_reports_sessions_out_of_order_copies_gaps_and_waits(
+    tmp_path: Path,
+) -> None:
+    ledger = tmp_path / "ledger"
+    expected = write_session_ledger(ledger)
+    assert reference_audit(ledger)["sessions"] == expected
+
+
+def test_a_ledger_without_sessions_reports_none(tmp_path: Path) -> None:
+    root = _ledger(tmp_path, [_send("m1")], [_receive("m1")])
+    assert reference_audit(root)["sessions"] == {
+        "sessions": 0,
+        "messages": 0,
+        "out_of_order": 0,
+        "out_of_order_by_distance": {},
+        "max_out_of_order_distance": 0,
+        "order_gaps": {},
+        "order_wait_s": {"total": 0.0, "max": 0.0},
+    }

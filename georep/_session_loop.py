@@ -1,0 +1,477 @@
+"""Session mode of a GeoReceiver: hold sessions in both regions, hand messages on in order.
+
+One :class:`SessionRegionLoop` per region accepts sessions (next available, up to
+``max_sessions`` at once, plus those the other region asks for by name) and runs one worker
+per held session. A worker takes its session's messages one at a time, in the order the
+broker delivers them, and before handing a message on waits at the **order gate**: the
+message's predecessor (the ``georep.order.prev`` key its sender stamped, see
+:mod:`georep._ordering`) must have its final outcome, in either region. The gate opens
+when:
+
+1. the predecessor's key is final: processed here, or found final in the seen-set (it was
+   processed from the other region, or by another consumer);
+2. or the other region is known to hold none of it: this process holds the session there
+   and it is idle, or what it holds of the session comes after the predecessor (gap
+   ``absent``);
+3. or ``order_wait`` ran out (gap ``timeout``).
+
+Cases 2 and 3 are visible: a warning, ``georep.sessions.order_gaps`` and the ledger's
+``order_gap`` column. Each message then goes through the region loop's usual
+claim → process → commit → settle (so the seen-set still suppresses the twin copy), one at
+a time: handlers of one session never run concurrently.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import OrderedDict
+from collections.abc import Callable, Coroutine
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Final
+
+from georep._channel import RegionDeadline
+from georep._region_loop import RECEIVE_GRACE, Handler, RegionLoop
+from georep._settle import Copy
+from georep.exceptions import RegionError, StoreUnavailableError
+from georep.ports import (
+    FINAL_STATES,
+    ClaimState,
+    Clock,
+    OrderStamp,
+    RegionSessions,
+    SeenStore,
+    SessionReceiver,
+)
+
+if TYPE_CHECKING:
+    from georep._receiver import ReceiverStats
+    from georep._telemetry import ReceiverMetrics
+
+__all__ = ["FinishedKeys", "SessionPolicy", "SessionRegionLoop"]
+
+_log = logging.getLogger("georep.receiver")
+
+_MAX_PROBES: Final = 4
+"""Named accepts of the other region's sessions running at once, per region."""
+_CLOSE_SECONDS: Final = 5.0
+_UNKNOWN: Final = "unknown"
+
+
+@dataclass(frozen=True, slots=True)
+class SessionPolicy:
+    """The session settings both regions' loops share (validated by the GeoReceiver).
+
+    Attributes:
+        max_sessions: Sessions accepted as next-available at once, per region.
+        order_wait: Seconds a message waits for its predecessor before order is given up.
+        session_idle: Seconds a session stays held without messages before it is released.
+        max_wait: Seconds one receive (or one accept) waits when there is nothing.
+        batch: Messages received from a session per call.
+        scope_prefix: Prepended to a dedup key to make its seen-set key.
+    """
+
+    max_sessions: int
+    order_wait: float
+    session_idle: float
+    max_wait: float
+    batch: int
+    scope_prefix: str
+
+
+class FinishedKeys:
+    """Seen-set keys whose final outcome this GeoReceiver saw (both regions), the most
+    recent ``limit`` kept: the order gate's answer without a round trip."""
+
+    def __init__(self, limit: int = 100_000) -> None:
+        self._keys: OrderedDict[str, None] = OrderedDict()
+        self._limit = limit
+
+    def add(self, key: str) -> None:
+        self._keys[key] = None
+        self._keys.move_to_end(key)
+        if len(self._keys) > self._limit:
+            self._keys.popitem(last=False)
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._keys
+
+
+@dataclass(slots=True)
+class _Held:
+    """One session a region loop holds."""
+
+    session: SessionReceiver
+    hand: list[Copy] = field(default_factory=list)
+    """Received, not yet taken to an outcome, in delivery order."""
+    idle: bool = False
+    """The last receive found nothing and nothing is in hand."""
+    last_final: Copy | None = None
+
+    def holds_none_of(self, prev_key: str, writer: str, prev_seq: int) -> bool:
+        """True when this session (in this region) surely does not hold ``prev_key``:
+        nothing in hand and the last receive was empty, or what is in hand of that writer
+        comes after it (the broker delivers a session in order, so anything not in hand
+        comes after the hand)."""
+        if not self.hand:
+            return self.idle
+        later = False
+        for copy in self.hand:
+            if copy.delivery.key == prev_key:
+                return False
+            stamp = copy.delivery.stamp
+            if stamp is not None and stamp.writer == writer and stamp.seq > prev_seq:
+                later = True
+        return later
+
+
+class SessionRegionLoop:
+    """The session receive loop of one region.
+
+    Args:
+        sessions: The region's session entity.
+        make_loop: Builds the region loop that processes one held session's copies (its
+            settler told of each final settlement through the callback given).
+        seen: The shared seen-set.
+        finished: The final keys both regions' loops saw.
+        stats: The GeoReceiver's counters.
+        metrics: The GeoReceiver's metrics.
+        clock: Time source.
+        policy: The session settings.
+        stopping: Set when the GeoReceiver closes.
+    """
+
+    def __init__(
+        self,
+        sessions: RegionSessions,
+        *,
+        make_loop: Callable[[SessionReceiver, Callable[[Copy], None]], RegionLoop],
+        seen: SeenStore,
+        finished: FinishedKeys,
+        stats: ReceiverStats,
+        metrics: ReceiverMetrics,
+        clock: Clock,
+        policy: SessionPolicy,
+        stopping: asyncio.Event,
+    ) -> None:
+        self.sessions = sessions
+        self.other: SessionRegionLoop | None = None
+        """The other region's loop (set by the GeoReceiver once both exist)."""
+        self._make_loop = make_loop
+        self._seen = seen
+        self._finished = finished
+        self._stats = stats
+        self._metrics = metrics
+        self._clock = clock
+        self._policy = policy
+        self._stopping = stopping
+        self._held: dict[str, _Held] = {}
+        self._probing: set[str] = set()
+        self._probe_after: dict[str, float] = {}
+        self._quiet = False
+        """The last accept found no free session, or failed: one slot asks at a time."""
+        self._asking = 0
+        self._found = asyncio.Event()
+        self._empty_at: dict[str, float] = {}
+        """When a receive last found a session empty here (monotonic seconds)."""
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._handler: Handler | None = None
+
+    @property
+    def region(self) -> str:
+        return self.sessions.region
+
+    @property
+    def held(self) -> frozenset[str]:
+        """The session ids this region holds now."""
+        return frozenset(self._held)
+
+    # ------------------------------------------------------------------ the loop
+
+    async def run(self, handler: Handler) -> None:
+        """Accept sessions and work on them until the GeoReceiver stops.
+
+        ``max_sessions`` slots, each accepting the next available session and working on it
+        until it is released: accepting costs the SDK a link (and connection) of its own,
+        about half a second, so the slots accept concurrently.
+        """
+        self._handler = handler
+        try:
+            await asyncio.gather(*(self._slot() for _ in range(self._policy.max_sessions)))
+        finally:
+            while self._tasks:
+                await asyncio.gather(*list(self._tasks), return_exceptions=True)
+
+    async def _slot(self) -> None:
+        failures = 0
+        while not self._stopping.is_set():
+            if self._quiet and self._asking:
+                # The region had no free session (or did not answer) a moment ago and
+                # another slot is asking already: wait for it to find one rather than open
+                # one more link (an accept costs the SDK a connection of its own).
+                await self._pause(2 * self._policy.max_wait, until=self._found)
+                continue
+            self._asking += 1
+            try:
+                session = await self._accept(None)
+            except RegionError as exc:
+                if failures == 0:
+                    _log.warning("accepting a session in %s failed: %s", self.region, exc)
+                self._quiet = True
+                await self._pause(min(0.1 * 2**failures, 1.0))
+                failures += 1
+                continue
+            finally:
+                self._asking -= 1
+            failures = 0
+            if session is None:
+                self._quiet = True
+                continue
+            self._quiet = False
+            self._found.set()  # wake the waiting slots: there may be more
+            self._found = asyncio.Event()
+            held = self._hold(session)
+            if held is not None:
+                await self._work(held)
+
+    async def _pause(self, seconds: float, *, until: asyncio.Event | None = None) -> None:
+        """Wait ``seconds`` (or for ``until``), returning early when the receiver stops."""
+        waits = [
+            asyncio.ensure_future(self._stopping.wait()),
+            asyncio.ensure_future(self._clock.sleep(seconds)),
+        ]
+        if until is not None:
+            waits.append(asyncio.ensure_future(until.wait()))
+        try:
+            await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for wait in waits:
+                wait.cancel()
+
+    async def _accept(self, session_id: str | None) -> SessionReceiver | None:
+        label, max_wait = self.region, self._policy.max_wait
+        with RegionDeadline(
+            self._clock,
+            max_wait + RECEIVE_GRACE,
+            label,
+            name=f"{label}:",
+            what="accepting a session did not return",
+        ):
+            return await self.sessions.accept(session_id, max_wait=max_wait)
+
+    def _hold(self, session: SessionReceiver) -> _Held | None:
+        """Record ``session`` as held here; None (and the session closed) when it already
+        is (a named accept raced a next-available one)."""
+        session_id = session.session_id
+        if session_id in self._held:
+            self._spawn(self._close_session(session))
+            return None
+        held = _Held(session)
+        self._held[session_id] = held
+        return held
+
+    def _spawn(self, coroutine: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.ensure_future(coroutine)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    # ------------------------------------------------------------ one session
+
+    async def _work(self, held: _Held) -> None:
+        """Work on one held session until it idles out, is lost, or the receiver stops."""
+        session, handler = held.session, self._handler
+        assert handler is not None
+
+        def on_final(copy: Copy) -> None:
+            held.last_final = copy
+            if copy.delivery.key is not None:
+                self._finished.add(self._policy.scope_prefix + copy.delivery.key)
+
+        loop = self._make_loop(session, on_final)
+        idle_since = self._clock.monotonic()
+        try:
+            while not self._stopping.is_set():
+                if not held.hand:
+                    copies = await self._receive(loop, self._policy.batch)
+                    if copies is None:
+                        return
+                    if not copies:
+                        held.idle = True
+                        self._found_empty(session.session_id)
+                        if self._clock.monotonic() - idle_since >= self._policy.session_idle:
+                            return
+                        continue
+                    held.idle = False
+                    held.hand.extend(copies)
+                copy = held.hand[0]
+                if not await self._gate(held, loop, copy):
+                    return
+                if not await loop.process_copy(handler, copy):
+                    return
+                held.hand.pop(0)
+                idle_since = self._clock.monotonic()
+                if held.last_final is not copy and not await self._fetch_back(held, loop, copy):
+                    return
+        finally:
+            del self._held[session.session_id]
+            await self._close_session(session)
+
+    async def _receive(self, loop: RegionLoop, room: int) -> list[Copy] | None:
+        try:
+            return await loop.receive_copies(room)
+        except RegionError as exc:
+            _log.warning("receiving from a session in %s failed: %s", self.region, exc)
+            return None
+
+    async def _fetch_back(self, held: _Held, loop: RegionLoop, copy: Copy) -> bool:
+        """After an abandon: the broker puts the copy back at the head of its session, before
+        the copies still in hand; receive it again before going on."""
+        for _ in range(3):
+            again = await self._receive(loop, 1)
+            if again is None:
+                return False
+            for fresh in again:
+                if fresh.delivery.key == copy.delivery.key:
+                    held.hand.insert(0, fresh)
+                    return True
+                held.hand.append(fresh)
+        return True
+
+    async def _close_session(self, session: SessionReceiver) -> None:
+        try:
+            with self._clock.deadline(_CLOSE_SECONDS):
+                await session.close()
+        except Exception as exc:  # TimeoutError included: given up on
+            _log.debug("closing a session in %s failed: %r", self.region, exc)
+
+    # --------------------------------------------------------------- the gate
+
+    async def _gate(self, held: _Held, loop: RegionLoop, copy: Copy) -> bool:
+        """Wait until ``copy`` may be handed on (see the module's docstring).
+
+        Returns:
+            False when the receiver is stopping (the copy is left to the session's close).
+        """
+        stamp = copy.delivery.stamp
+        if stamp is None or stamp.prev is None:
+            return True
+        prev_key = self._policy.scope_prefix + stamp.prev
+        if prev_key in self._finished:
+            return True
+        started = self._clock.monotonic()
+        delay = 0.05
+        while True:
+            if self._stopping.is_set():
+                return False
+            state = await self._state(prev_key)
+            if state in FINAL_STATES:
+                self._finished.add(prev_key)
+                break
+            waited = self._clock.monotonic() - started
+            if state is None and self._absent_elsewhere(held, stamp.prev, stamp, started):
+                self._gap(copy, "absent", waited)
+                break
+            if waited >= self._policy.order_wait:
+                self._gap(copy, "timeout", waited)
+                break
+            await self._clock.sleep(min(delay, max(self._policy.order_wait - waited, 0.0)))
+            delay = min(delay * 2, 0.5)
+            await loop.renew_locks([copy])
+        waited = self._clock.monotonic() - started
+        copy.order_waited = waited
+        self._stats.order_waited += waited
+        self._metrics.order_wait(waited, self.region)
+        return True
+
+    async def _state(self, key: str) -> ClaimState | str | None:
+        try:
+            return (await self._seen.peek([key]))[0]
+        except StoreUnavailableError:
+            self._stats.store_errors += 1
+            self._metrics.store_error()
+            return _UNKNOWN
+
+    def _absent_elsewhere(self, held: _Held, prev: str, stamp: OrderStamp, since: float) -> bool:
+        """True when the other region is known to hold none of the predecessor now."""
+        other = self.other
+        if other is None:
+            return False
+        return other.holds_none_of(
+            held.session.session_id, prev, stamp.writer, stamp.seq - 1, since=since
+        )
+
+    def holds_none_of(
+        self, session_id: str, prev: str, writer: str, prev_seq: int, *, since: float
+    ) -> bool:
+        """Whether this region surely holds no copy of ``prev`` in ``session_id`` now.
+
+        ``since`` is when the successor started waiting: it was stored before then, so its
+        predecessor was too, and a session found empty after it holds no predecessor (one
+        processed meanwhile is final in the seen-set; one locked by another consumer keeps
+        the session from being accepted). If the session is not held here and was not found
+        empty since, ask for it by name (in the background, a few at a time); until then
+        the answer is False (unknown).
+        """
+        held = self._held.get(session_id)
+        if held is not None and held.holds_none_of(prev, writer, prev_seq):
+            return True
+        if self._empty_at.get(session_id, -1.0) >= since:
+            return True
+        if held is None:
+            self._probe(session_id)
+        return False
+
+    def _found_empty(self, session_id: str) -> None:
+        if len(self._empty_at) >= 10_000:  # only recent answers matter: keep the map small
+            self._empty_at.clear()
+        self._empty_at[session_id] = self._clock.monotonic()
+
+    def _probe(self, session_id: str) -> None:
+        if (
+            session_id in self._probing
+            or len(self._probing) >= _MAX_PROBES
+            or self._stopping.is_set()
+            or self._handler is None
+            or self._clock.monotonic() < self._probe_after.get(session_id, 0.0)
+        ):
+            return
+        self._probing.add(session_id)
+        self._spawn(self._accept_named(session_id))
+
+    async def _accept_named(self, session_id: str) -> None:
+        session: SessionReceiver | None = None
+        try:
+            session = await self._accept(session_id)
+        except RegionError as exc:
+            _log.debug("accepting session %s in %s failed: %s", session_id, self.region, exc)
+        finally:
+            self._probing.discard(session_id)
+        if session is None:  # locked by another receiver, or the region is down
+            self._probe_after[session_id] = self._clock.monotonic() + max(
+                self._policy.max_wait, 1.0
+            )
+            return
+        self._probe_after.pop(session_id, None)
+        if self._stopping.is_set():
+            await self._close_session(session)
+            return
+        held = self._hold(session)
+        if held is not None:
+            await self._work(held)
+
+    def _gap(self, copy: Copy, reason: str, waited: float) -> None:
+        copy.order_gap = reason
+        self._stats.order_gaps += 1
+        self._metrics.order_gap(self.region, reason)
+        stamp = copy.delivery.stamp
+        _log.warning(
+            "session %s: handing on %s (seq %s) from %s without its predecessor %s after "
+            "%.1f s: %s",
+            copy.delivery.session_id,
+            copy.delivery.key,
+            None if stamp is None else stamp.seq,
+            self.region,
+            None if stamp is None else stamp.prev,
+            waited,
+            "order_wait ran out" if reason == "timeout" else "no region holds it",
+        )

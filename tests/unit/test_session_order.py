@@ -1,0 +1,251 @@
+"""Session mode of GeoReceiver: per-session order restored across regions (virtual time)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+
+import pytest
+
+from georep import ConfigurationError, ErrorKind, GeoReceiver
+from georep._ordering import SessionSequencer
+from georep.testing import (
+    FakeClock,
+    FakeMessage,
+    InMemoryLedger,
+    InMemoryRegionReceiver,
+    InMemoryRegionSessions,
+    InMemorySeenSet,
+)
+
+
+class Stream:
+    """Messages as one GeoSender would stamp them, per session."""
+
+    def __init__(self) -> None:
+        self.generation = 0
+        self._sequencer = SessionSequencer(lambda: self.generation)
+
+    def message(self, session_id: str, message_id: str) -> FakeMessage:
+        message = FakeMessage(message_id.encode(), message_id=message_id, session_id=session_id)
+        properties = message.application_properties
+        self._sequencer.stamp(session_id, message_id, properties.get, properties.__setitem__)
+        return message
+
+
+class Harness:
+    def __init__(self, **options: object) -> None:
+        self.clock = FakeClock()
+        self.primary = InMemoryRegionSessions("primary", clock=self.clock)
+        self.secondary = InMemoryRegionSessions("secondary", clock=self.clock)
+        self.seen = InMemorySeenSet(clock=self.clock)
+        self.ledger = InMemoryLedger()
+        self.handled: list[tuple[str, str]] = []
+        options.setdefault("order_wait", 20.0)
+        self.receiver = GeoReceiver(
+            self.primary,
+            self.secondary,
+            seen=self.seen,
+            sessions=True,
+            clock=self.clock,
+            ledger=self.ledger,
+            **options,  # type: ignore[arg-type]
+        )
+        self._task: asyncio.Task[None] | None = None
+
+    async def handle(self, message: object) -> None:
+        self.handled.append((message.session_id, message.message_id))  # type: ignore[attr-defined]
+
+    def start(self) -> None:
+        self._task = asyncio.ensure_future(self.receiver.run(self.handle))
+
+    async def run_until(self, done: Callable[[], bool], limit: float = 120.0) -> float:
+        """Advance virtual time in small steps until ``done()``; the time it took."""
+        started = self.clock.monotonic()
+        while not done():
+            assert self.clock.monotonic() - started < limit, f"not done: {self.handled}"
+            await self.clock.advance(0.25)
+        return self.clock.monotonic() - started
+
+    async def stop(self) -> None:
+        closing = asyncio.ensure_future(self.receiver.aclose())
+        while not closing.done():
+            await self.clock.advance(1.0)
+        await closing
+
+    def ids(self, session_id: str) -> list[str]:
+        return [m for s, m in self.handled if s == session_id]
+
+
+async def test_passive_failover_waits_for_the_old_regions_tail_then_keeps_order() -> None:
+    h = Harness()
+    stream = Stream()
+    for i in range(1, 4):
+        h.primary.put(stream.message("S", f"m{i}"))
+    h.primary.fail_with(ErrorKind.CONNECTION)  # the outage: the tail sits in the primary
+    stream.generation = 1
+    for i in range(4, 7):
+        h.secondary.put(stream.message("S", f"m{i}"))
+    h.start()
+    await h.clock.advance(10)
+    assert h.handled == []  # m4 waits for m3, which only the unreachable primary holds
+    h.primary.restore()
+    await h.run_until(lambda: len(h.handled) == 6)
+    assert h.ids("S") == [f"m{i}" for i in range(1, 7)]
+    assert h.receiver.stats.order_gaps == 0
+    assert h.receiver.stats.order_waited > 0
+    await h.stop()
+
+
+async def test_the_old_region_never_returning_gives_order_up_after_order_wait() -> None:
+    h = Harness(order_wait=15.0)
+    stream = Stream()
+    h.primary.put(stream.message("S", "m1"))
+    h.primary.fail_with(ErrorKind.CONNECTION)
+    for i in range(2, 5):
+        h.secondary.put(stream.message("S", f"m{i}"))
+    h.start()
+    took = await h.run_until(lambda: len(h.handled) == 3)
+    assert 15.0 <= took < 20.0
+    assert h.ids("S") == ["m2", "m3", "m4"]
+    assert h.receiver.stats.order_gaps == 1  # one gap (m1 -> m2); the rest in order
+    gaps = [r for r in h.ledger.receives if r.order_gap is not None]
+    assert [(r.message_id, r.order_gap) for r in gaps] == [("m2", "timeout")]
+    assert h.secondary.pending() == 0  # nothing lost from the surviving region
+    await h.stop()
+
+
+async def test_a_predecessor_no_region_holds_is_given_up_at_once_as_absent() -> None:
+    h = Harness(order_wait=60.0)
+    stream = Stream()
+    stream.message("S", "never-sent")  # stamped (its send failed), never stored
+    h.secondary.put(stream.message("S", "m2"))
+    h.start()
+    took = await h.run_until(lambda: len(h.handled) == 1)
+    assert took < 10.0  # the primary's session S was found empty: no need to wait 60 s
+    assert h.receiver.stats.order_gaps == 1
+    assert [r.order_gap for r in h.ledger.receives] == ["absent"]
+    await h.stop()
+
+
+async def test_active_mode_takes_a_copy_missing_in_one_region_from_the_other() -> None:
+    h = Harness()
+    stream = Stream()
+    messages = [stream.message(s, f"{s}{i}") for s in ("A", "B") for i in range(1, 6)]
+    for message in messages:
+        h.secondary.put(message)
+        if message.message_id not in ("A3", "B2"):  # the primary missed these copies
+            h.primary.put(message)
+    h.start()
+    await h.run_until(lambda: len(h.handled) == 10)
+    await h.clock.advance(5)
+    assert h.ids("A") == [f"A{i}" for i in range(1, 6)]
+    assert h.ids("B") == [f"B{i}" for i in range(1, 6)]
+    assert h.receiver.stats.order_gaps == 0
+    assert h.primary.pending() == 0 and h.secondary.pending() == 0  # twins settled
+    await h.stop()
+
+
+async def test_a_region_asked_for_a_session_by_name_serves_it_beyond_max_sessions() -> None:
+    # One slot per region, each holding a session whose next message waits for a copy
+    # only the other region has: without asking by name they would wait for order_wait.
+    h = Harness(max_sessions=1, order_wait=30.0)
+    stream = Stream()
+    a1, a2, a3 = (stream.message("A", f"A{i}") for i in (1, 2, 3))
+    b1, b2 = (stream.message("B", f"B{i}") for i in (1, 2))
+    for message in (a1, a3, b1):
+        h.primary.put(message)
+    for message in (b2, a2):
+        h.secondary.put(message)
+    h.start()
+    took = await h.run_until(lambda: len(h.handled) == 5)
+    assert took < 10.0
+    assert h.ids("A") == ["A1", "A2", "A3"] and h.ids("B") == ["B1", "B2"]
+    assert h.receiver.stats.order_gaps == 0
+    assert "A" in h.secondary.accepts  # asked for by name while its one slot held B
+    await h.stop()
+
+
+async def test_a_failed_handler_is_retried_before_the_next_message_of_its_session() -> None:
+    h = Harness()
+    stream = Stream()
+    for i in range(1, 4):
+        h.primary.put(stream.message("S", f"m{i}"))
+    failures = {"m2": 1}
+
+    async def flaky(message: object) -> None:
+        message_id = message.message_id  # type: ignore[attr-defined]
+        if failures.get(message_id):
+            failures[message_id] -= 1
+            raise RuntimeError("once")
+        await h.handle(message)
+
+    task = asyncio.ensure_future(h.receiver.run(flaky))
+    await h.run_until(lambda: len(h.handled) == 3)
+    assert h.ids("S") == ["m1", "m2", "m3"]
+    await h.stop()
+    await task
+
+
+async def test_sessions_are_held_up_to_max_sessions_per_region() -> None:
+    h = Harness(max_sessions=2)
+    stream = Stream()
+    for s in "ABCDE":
+        for i in range(3):
+            h.primary.put(stream.message(s, f"{s}{i}"))
+    concurrent: list[int] = []
+    loop = h.receiver._session_loops[0]
+
+    async def handler(message: object) -> None:
+        concurrent.append(len(loop.held))
+        await h.handle(message)
+
+    task = asyncio.ensure_future(h.receiver.run(handler))
+    await h.run_until(lambda: len(h.handled) == 15)
+    assert max(concurrent) <= 2
+    for s in "ABCDE":
+        assert h.ids(s) == [f"{s}{i}" for i in range(3)]
+    await h.stop()
+    await task
+
+
+async def test_session_state_set_in_one_region_is_read_in_the_other_after_a_failover() -> None:
+    h = Harness()
+    stream = Stream()
+    h.primary.put(stream.message("S", "m1"))
+    h.secondary.put(stream.message("S", "m2"))  # after a failover
+    states: list[bytes | None] = []
+
+    async def handler(message: object) -> None:
+        states.append(await h.receiver.get_session_state(message))
+        await h.receiver.set_session_state(message, f"after {message.message_id}")  # type: ignore[attr-defined]
+        await h.handle(message)
+
+    task = asyncio.ensure_future(h.receiver.run(handler))
+    await h.run_until(lambda: len(h.handled) == 2)
+    assert h.handled == [("S", "m1"), ("S", "m2")]
+    assert states == [None, b"after m1"]  # m2, from the secondary, saw m1's state
+    await h.stop()
+    await task
+
+
+async def test_session_state_needs_session_mode() -> None:
+    clock = FakeClock()
+    plain = GeoReceiver(
+        InMemoryRegionReceiver("primary", clock=clock),
+        InMemoryRegionReceiver("secondary", clock=clock),
+        seen=InMemorySeenSet(clock=clock),
+    )
+    with pytest.raises(ConfigurationError, match="session mode"):
+        await plain.get_session_state(FakeMessage(b"x", session_id="S"))
+
+
+def test_session_mode_needs_session_entities() -> None:
+    clock = FakeClock()
+    with pytest.raises(ConfigurationError, match="sessions=True needs"):
+        GeoReceiver(
+            InMemoryRegionReceiver("primary", clock=clock),
+            InMemoryRegionReceiver("secondary", clock=clock),
+            seen=InMemorySeenSet(clock=clock),
+            sessions=True,
+        )
