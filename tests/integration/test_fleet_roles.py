@@ -53,18 +53,23 @@ def move_times(
     return times
 
 
-def start_workers(arguments: list[str]) -> list[subprocess.Popen[str]]:
-    """The sender processes, ``_fleet_worker.py ARGUMENTS INDEX`` each."""
-    return [
-        subprocess.Popen(
-            [sys.executable, str(WORKER), *arguments, str(index)],
-            cwd=REPO,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        for index in range(PROCESSES)
-    ]
+def start_workers(arguments: list[str], logs: Path) -> list[subprocess.Popen[str]]:
+    """The sender processes, ``_fleet_worker.py ARGUMENTS INDEX`` each. Their logs go to
+    files: a worker that logs a warning per failed send would otherwise fill a pipe nobody
+    reads until the end, and block."""
+    workers = []
+    for index in range(PROCESSES):
+        with (logs / f"worker-{index}.log").open("w") as log:
+            workers.append(
+                subprocess.Popen(
+                    [sys.executable, str(WORKER), *arguments, str(index)],
+                    cwd=REPO,
+                    stdout=subprocess.PIPE,
+                    stderr=log,
+                    text=True,
+                )
+            )
+    return workers
 
 
 async def test_a_fleet_follows_the_failover_command_and_an_outage_seen_by_one_process(
@@ -73,11 +78,11 @@ async def test_a_fleet_follows_the_failover_command_and_an_outage_seen_by_one_pr
     queue = private_queue("fleet")
     app = f"fleet-{uuid.uuid4().hex[:8]}"
     arguments = [emu.connection_string("primary"), emu.connection_string("secondary"), queue]
-    workers = start_workers([*arguments, REDIS_URL, app, str(tmp_path)])
+    workers = start_workers([*arguments, REDIS_URL, app, str(tmp_path)], tmp_path)
     try:
         for worker in workers:
             line = await asyncio.to_thread(worker.stdout.readline)  # type: ignore[union-attr]
-            assert line == "ready\n", worker.stderr.read() if worker.stderr else line
+            assert line == "ready\n", (tmp_path / f"worker-{workers.index(worker)}.log").read_text()
         await asyncio.sleep(1.0)
 
         # An operator moves every process to the secondary.
@@ -115,14 +120,16 @@ async def test_a_fleet_follows_the_failover_command_and_an_outage_seen_by_one_pr
         await wait_for_record(app, queue, lambda r: r.generation > 2, within=10)
         await asyncio.sleep(1.0)
         (tmp_path / "stop").touch()
-        outputs = [await asyncio.to_thread(w.communicate, timeout=60) for w in workers]
+        outputs = [await asyncio.to_thread(w.communicate, timeout=120) for w in workers]
     finally:
         for worker in workers:
             if worker.poll() is None:
                 worker.kill()
         await fault(emu, "secondary", "restore")
         await fault(emu, "primary", "restore")
-    assert all(w.returncode == 0 for w in workers), [err[-2000:] for _, err in outputs]
+    assert all(w.returncode == 0 for w in workers), [
+        (tmp_path / f"worker-{i}.log").read_text()[-2000:] for i in range(PROCESSES)
+    ]
     reports = [json.loads(out.strip().splitlines()[-1]) for out, _ in outputs]
 
     # The command: every process followed within a second.
