@@ -296,6 +296,8 @@ class SessionRegionLoop:
                     if copies is None:
                         return
                     if not copies:
+                        if not await self._surely_empty(session):
+                            continue  # an empty answer from a slow broker, not an empty session
                         held.idle = True
                         self._found_empty(session.session_id)
                         if self._clock.monotonic() - idle_since >= self._policy.session_idle:
@@ -420,6 +422,15 @@ class SessionRegionLoop:
         if held is None:
             self._probe(session_id)
         return False
+
+    async def _surely_empty(self, session: SessionReceiver) -> bool:
+        """An empty receive says the session is empty only if browsing it agrees: under load
+        a receive can time out before the broker hands over what the session holds, and
+        taking that for "holds none" would hand a successor on without its predecessor."""
+        try:
+            return not await session.has_messages()
+        except RegionError:
+            return False  # unknown: not empty
 
     def _found_empty(self, session_id: str) -> None:
         if len(self._empty_at) >= 10_000:  # only recent answers matter: keep the map small

@@ -546,6 +546,11 @@ class SessionReceiver(RegionReceiver, Protocol):
     @property
     def session_id(self) -> str: ...
 
+    async def has_messages(self) -> bool:
+        """Whether the session holds a message a receive could take now, by browsing it
+        (a receive can come back empty while the broker is slow to deliver)."""
+        ...
+
     async def get_state(self) -> bytes | None:
         """The session's state in this region (None if none was set)."""
         ...

@@ -11,7 +11,7 @@ from __future__ import annotations
 import contextlib
 from typing import Any
 
-from azure.servicebus import NEXT_AVAILABLE_SESSION, ServiceBusReceiveMode
+from azure.servicebus import NEXT_AVAILABLE_SESSION, ServiceBusMessageState, ServiceBusReceiveMode
 from azure.servicebus.aio import ServiceBusClient, ServiceBusReceiver
 from azure.servicebus.exceptions import OperationTimeoutError, SessionCannotBeLockedError
 
@@ -23,6 +23,9 @@ from ._region import close_without_keep_alive_wait
 from ._sender import open_client
 
 __all__ = ["ServiceBusRegionSessions", "ServiceBusSessionReceiver", "open_region_sessions"]
+
+_PEEK_FOR_EMPTY = 32
+"""Messages browsed to tell an empty session from a slow receive."""
 
 
 class ServiceBusSessionReceiver(ServiceBusRegionReceiver):
@@ -52,6 +55,12 @@ class ServiceBusSessionReceiver(ServiceBusRegionReceiver):
         except Exception as exc:
             raise self._translate(exc) from exc
         return expiry.timestamp() if expiry is not None else None
+
+    async def has_messages(self) -> bool:
+        # Browsing sees what a receive may not have been handed yet; deferred and
+        # scheduled messages are there too but no receive takes them now.
+        peeked = await self.peek(_PEEK_FOR_EMPTY)
+        return any(m.state == ServiceBusMessageState.ACTIVE for m in peeked)
 
     async def get_state(self) -> bytes | None:
         state = await self._call(self._session.get_state)

@@ -39,6 +39,9 @@ class InMemoryRegionSessions(FaultSwitch):
     Attributes:
         completed: Copies completed, in order, across sessions.
         accepts: Sessions accepted (session id per accept), in order.
+        slow_receives: The next this many receives wait their ``max_wait`` and return
+            nothing although the session holds messages (a broker slow to deliver, as
+            under load); browsing still sees them.
     """
 
     def __init__(
@@ -60,6 +63,7 @@ class InMemoryRegionSessions(FaultSwitch):
         self._tokens = itertools.count(1)
         self.completed: list[FakeReceivedMessage] = []
         self.accepts: list[str] = []
+        self.slow_receives = 0
         self.closed = False
 
     @property
@@ -203,6 +207,10 @@ class InMemorySessionReceiver:
     async def receive(self, max_messages: int, *, max_wait: float) -> list[Any]:
         await self._check()
         session = self._session
+        if self._queue.slow_receives > 0:
+            self._queue.slow_receives -= 1
+            await self._queue._clock.sleep(max_wait)
+            return []
         if not session.available:
             await self._queue._clock.sleep(max_wait)
             await self._check()
@@ -225,6 +233,10 @@ class InMemorySessionReceiver:
                 f"{self.region}: unknown lock", region=self.region, kind=ErrorKind.LOCK_LOST
             )
         return held
+
+    async def has_messages(self) -> bool:
+        await self._check()
+        return bool(self._session.available or self._session.locked)
 
     async def peek(self, count: int) -> list[Any]:
         stored = sorted(

@@ -128,6 +128,23 @@ async def test_a_predecessor_no_region_holds_is_given_up_at_once_as_absent() -> 
     await h.stop()
 
 
+async def test_a_slow_empty_receive_is_not_taken_for_a_session_holding_none() -> None:
+    # Under load a receive can time out before the broker hands over what a session holds:
+    # browsing tells that from an empty session, so the successor keeps waiting.
+    h = Harness(order_wait=60.0)
+    stream = Stream()
+    h.primary.put(stream.message("S", "m1"))
+    h.secondary.put(stream.message("S", "m2"))
+    h.primary.slow_receives = 20
+    h.start()
+    await h.clock.advance(15)
+    assert h.handled == []  # m2 waits: the primary's session S holds m1, slow as it is
+    await h.run_until(lambda: len(h.handled) == 2)
+    assert h.ids("S") == ["m1", "m2"]
+    assert h.receiver.stats.order_gaps == 0
+    await h.stop()
+
+
 async def test_active_mode_takes_a_copy_missing_in_one_region_from_the_other() -> None:
     h = Harness()
     stream = Stream()
