@@ -91,6 +91,8 @@ class Cell:
     processed: dict[str, Counter[str]] = field(default_factory=dict)
     send_errors: list[str] = field(default_factory=list)
     receivers: list[str] = field(default_factory=list)
+    sends_done: int = 0
+    """send_messages calls that returned or raised (the outage waits for some of them)."""
 
     @property
     def id(self) -> str:
@@ -198,11 +200,13 @@ async def send_async(cell: Cell, emu: Emulator, pacer: Pacer) -> None:
                 try:
                     await sender.send_messages(message)
                 except GeoReplicationError as exc:
+                    cell.sends_done += 1
                     # Paired mode raises while failover engages (as the .NET original):
                     # the application retries with the same MessageId.
                     cell.send_errors.append(type(exc).__name__)
                     await asyncio.sleep(0.1 * (attempt + 1))
                     continue
+                cell.sends_done += 1
                 cell.acknowledged.add(str(message.message_id))
                 break
 
@@ -248,9 +252,11 @@ def send_sync(cell: Cell, emu: Emulator, pacer: Pacer) -> None:
                 try:
                     sender.send_messages(message)
                 except GeoReplicationError as exc:
+                    cell.sends_done += 1
                     cell.send_errors.append(type(exc).__name__)
                     time.sleep(0.1 * (attempt + 1))
                     continue
+                cell.sends_done += 1
                 cell.acknowledged.add(str(message.message_id))
                 break
 
@@ -426,7 +432,16 @@ async def run_matrix(emu: Emulator, cells: list[Cell]) -> dict[str, float]:
             await asyncio.to_thread(pacer.ready)
             await asyncio.sleep(max(pacer.start + OUTAGE_AT - time.monotonic(), 0))
             await asyncio.to_thread(emu.namespace("primary").outage)
+            before = [cell.sends_done for cell in cells]
             await asyncio.sleep(OUTAGE_FOR)
+            # On a loaded machine a cell can fall behind its schedule: the outage lasts
+            # until every cell has finished two sends inside it (20 s at most), so that it
+            # is mid-run for each.
+            until = time.monotonic() + 20
+            while time.monotonic() < until and any(  # noqa: ASYNC110 - counters of threads
+                cell.sends_done < count + 2 for cell, count in zip(cells, before, strict=True)
+            ):
+                await asyncio.sleep(0.1)
             await asyncio.to_thread(emu.namespace("primary").restore)
 
         sends = [
