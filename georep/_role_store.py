@@ -190,6 +190,7 @@ class SharedRoles:
         self.rejoins = 0
         self._holders = 0
         self._poller: asyncio.Task[None] | None = None
+        self._stopped = False
         self._unknown_warned: set[str] = set()
         instruments = Instruments.of(meter_provider)
         self._counters = instruments.counters(ROLE_COUNTERS)
@@ -210,6 +211,7 @@ class SharedRoles:
         """One more user: start the background refresh with the first."""
         self._holders += 1
         if self._poller is None or self._poller.done():
+            self._stopped = False
             self._poller = asyncio.create_task(self._poll(), name=f"georep-roles-{self.entity}")
 
     async def release(self) -> None:
@@ -218,13 +220,20 @@ class SharedRoles:
         poller = self._poller
         if self._holders == 0 and poller is not None:
             self._poller = None
+            self._stopped = True
             poller.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await poller
 
     async def _poll(self) -> None:
-        while True:
+        # The flag, not only the cancellation, ends the loop: a cancel that lands as the
+        # store call's deadline expires comes out of the deadline as TimeoutError, which
+        # refresh() takes for an unavailable store, and the loop would go on (the release
+        # awaiting it, forever).
+        while not self._stopped:
             await self.refresh()
+            if self._stopped:
+                return
             await self._clock.sleep(self._interval)
 
     # -- store calls -------------------------------------------------------------------

@@ -11,7 +11,9 @@ it), ``stop`` (finish and report).
 from __future__ import annotations
 
 import asyncio
+import faulthandler
 import json
+import signal
 import sys
 import time
 from pathlib import Path
@@ -22,7 +24,13 @@ from georep import FailoverPolicy, GeoSender
 from georep.adapters.redis import RedisRoleStore
 
 
+def _dump_tasks() -> None:
+    for task in asyncio.all_tasks():
+        task.print_stack(file=sys.stderr)
+
+
 async def main() -> None:
+    asyncio.get_running_loop().add_signal_handler(signal.SIGUSR2, _dump_tasks)
     primary, secondary, queue, redis_url, app, control, index = sys.argv[1:8]
     control_dir = Path(control)
     pause, stop, send_one = (control_dir / name for name in ("pause", "stop", f"send-{index}"))
@@ -75,4 +83,6 @@ async def main() -> None:
 
 
 if __name__ == "__main__":
+    # The test asks a worker that does not finish for its stacks (into its log).
+    faulthandler.register(signal.SIGUSR1, all_threads=True)
     asyncio.run(main())

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import signal
 import subprocess
 import sys
 import time
@@ -72,6 +73,18 @@ def start_workers(arguments: list[str], logs: Path) -> list[subprocess.Popen[str
     return workers
 
 
+def finish(worker: subprocess.Popen[str]) -> tuple[str, str]:
+    """The worker's output once it exits; one that does not within 45 s writes its stacks
+    to its log first (and the test fails, naming it)."""
+    try:
+        return worker.communicate(timeout=45)
+    except subprocess.TimeoutExpired:
+        worker.send_signal(signal.SIGUSR1)
+        worker.send_signal(signal.SIGUSR2)
+        time.sleep(1)
+        raise
+
+
 async def test_a_fleet_follows_the_failover_command_and_an_outage_seen_by_one_process(
     emu: Emulator, private_queue: Callable[..., str], tmp_path: Path
 ) -> None:
@@ -120,7 +133,7 @@ async def test_a_fleet_follows_the_failover_command_and_an_outage_seen_by_one_pr
         await wait_for_record(app, queue, lambda r: r.generation > 2, within=10)
         await asyncio.sleep(1.0)
         (tmp_path / "stop").touch()
-        outputs = [await asyncio.to_thread(w.communicate, timeout=120) for w in workers]
+        outputs = [await asyncio.to_thread(finish, w) for w in workers]
     finally:
         for worker in workers:
             if worker.poll() is None:
