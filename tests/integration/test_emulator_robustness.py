@@ -141,7 +141,8 @@ def test_threads_settling_on_one_sync_receiver(
 def test_sync_auto_lock_renewer_with_many_messages(
     sync_client: SyncClient, make_queue: Callable[..., str], georep_emulator: Emulator
 ) -> None:
-    queue = make_queue(lock_duration=5)
+    # A 10 s lock: on a loaded machine the renewer's threads can lag a few seconds.
+    queue = make_queue(lock_duration=10)
     _send_sync(sync_client, queue, COUNT)
     failures: list[BaseException | None] = []
     renewer = SyncAutoLockRenewer(
@@ -152,7 +153,7 @@ def test_sync_auto_lock_renewer_with_many_messages(
         messages = _receive_sync(receiver, COUNT)
         for message in messages:
             renewer.register(receiver, message)
-        time.sleep(8)
+        time.sleep(13)  # beyond the lock: only renewals keep it
         for message in messages:
             receiver.complete_message(message)
     assert failures == []
