@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from _helpers import run_python
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.heavy]
 
 
 def test_passive_demo_through_an_outage_loses_nothing_and_the_timeline_shows_the_switch(

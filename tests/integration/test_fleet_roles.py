@@ -16,11 +16,14 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import pytest
 from _helpers import REDIS_URL, REPO, drain_ids, fault, run_python
 
 from georep.adapters.emulator import Emulator
 from georep.adapters.redis import RedisRoleStore
 from georep.ports import RoleRecord
+
+pytestmark = [pytest.mark.integration, pytest.mark.heavy]
 
 WORKER = Path(__file__).with_name("_fleet_worker.py")
 PROCESSES = 8

@@ -54,6 +54,7 @@ from georep.adapters.spark import reference_audit
 
 pytestmark = [
     pytest.mark.integration,
+    pytest.mark.heavy,
     # Partitioned cells use a 3 s attempt deadline to keep the run short.
     pytest.mark.filterwarnings("ignore:attempt_timeout=.*partitioned entity:UserWarning"),
 ]

@@ -30,7 +30,7 @@ from georep.adapters.redis import PrivateRedisCluster, RedisSeenSet
 from georep.adapters.redis._embedded import _free_port
 from georep.ports import ClaimState
 
-pytestmark = [pytest.mark.integration, pytest.mark.redis_cluster]
+pytestmark = [pytest.mark.integration, pytest.mark.redis_cluster, pytest.mark.heavy]
 
 
 @pytest.fixture
