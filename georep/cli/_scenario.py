@@ -51,7 +51,8 @@ class ScenarioConfig:
         primary: Primary connection string; None starts the emulator.
         secondary: Secondary connection string.
         redis_url: The seen-set's Redis; None uses ``$REDIS_URL`` or an embedded server.
-        settle_timeout: Seconds to wait, after the last send, for receivers to catch up.
+        settle_timeout: Seconds to wait, after the last send, for receivers to catch up
+            (with sessions at least 90: order waits take up to 60 s).
         sessions: 0 (default): plain messages. N: the messages go round-robin over N
             sessions of a session-enabled queue, read by GeoReceivers in session mode
             (docs/sessions.md); passive and active modes only.
@@ -544,7 +545,10 @@ class _Run:
         """Wait (up to ``settle_timeout``) until every acknowledged message was processed."""
         config, progress = self.config, self.progress
         progress.phase = "settling"
-        deadline = time.monotonic() + config.settle_timeout
+        # With sessions a message may wait for order up to the receivers' order_wait (60 s)
+        # after the outage: settling waits at least that long plus a lock's expiry.
+        wait = max(config.settle_timeout, 90.0) if config.sessions else config.settle_timeout
+        deadline = time.monotonic() + wait
         # Settled means: every twin suppressed and the syphon's backlog moved home.
         queues = {
             "primary": [config.queue],

@@ -45,16 +45,10 @@ def own_redis_cluster() -> Iterator[PrivateRedisCluster]:
 
 
 def masters(cluster: PrivateRedisCluster) -> list[int]:
-    """The ports of the nodes that are masters now, as the first live node sees it."""
-    port = next(iter(cluster.processes))
-    with redis.Redis(port=port, decode_responses=True) as node:
-        nodes = node.execute_command("CLUSTER", "NODES")
-    text = nodes if isinstance(nodes, str) else "\n".join(nodes)
-    return [
-        int(fields[1].split("@")[0].rsplit(":", 1)[1])
-        for fields in (line.split() for line in text.splitlines() if line)
-        if "master" in fields[2] and "fail" not in fields[2]
-    ]
+    """The ports of the nodes that own slots now, as the first live node sees it (slot
+    ownership, not the node flags: under load a replica's flags can lag its CLUSTER
+    REPLICATE)."""
+    return sorted({port for _, port in slot_owners(cluster).values()})
 
 
 def keys_on(port: int, prefix: str) -> int:
