@@ -12,15 +12,18 @@ other and with the injected counts, and the peak resident memory of Spark's JVM 
 Python driver (the audit collects only aggregates, so neither grows with the ledger).
 Targets on a 2-core machine: 10M messages in <= 60 s and <= 3x the reference; 100M in
 <= 180 s. The reference holds a whole ledger in memory, so sizes above ``--reference-max``
-(default 20M) are checked against the injected counts only.
+(default 20M) are checked against the injected counts only. ``--keep`` keeps each ledger
+(and what was injected, in ``ledger-N.json`` beside it) and audits it again on the next run
+instead of writing it anew (100M messages take minutes to write).
 
     .venv/bin/python benchmarks/audit.py [--sizes 1000000 10000000] [--dir /tmp/ledgers]
-    .venv/bin/python benchmarks/audit.py --sizes 100000000 --dir /var/tmp/ledgers
+    .venv/bin/python benchmarks/audit.py --sizes 100000000 --dir /var/tmp/ledgers --keep
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import resource
 import shutil
@@ -57,6 +60,25 @@ def _driver_peak_mib() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
+def _ledger(path: Path, size: int, keep: bool) -> tuple[dict[str, int], float]:
+    """The injected counts of the ledger at ``path`` (written now unless kept) and the
+    seconds writing it took (0 when reused)."""
+    record = path.with_name(f"{path.name}.json")
+    if keep and record.exists() and path.is_dir():
+        return json.loads(record.read_text()), 0.0
+    shutil.rmtree(path, ignore_errors=True)
+    t = time.perf_counter()
+    ledger = write_synthetic_ledger(path, messages=size)
+    counts = {
+        "lost": ledger.lost,
+        "processed_more_than_once": ledger.processed_more_than_once,
+        "receive_rows": ledger.receive_rows,
+    }
+    if keep:
+        record.write_text(json.dumps(counts) + "\n")
+    return counts, time.perf_counter() - t
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", type=int, nargs="+", default=[1_000_000, 10_000_000])
@@ -66,6 +88,11 @@ def main() -> None:
         type=int,
         default=20_000_000,
         help="largest size also audited by the in-memory reference (default 20M)",
+    )
+    parser.add_argument(
+        "--keep",
+        action="store_true",
+        help="keep the ledgers in --dir and reuse them on the next run",
     )
     args = parser.parse_args()
     root = Path(args.dir) if args.dir else Path(tempfile.mkdtemp(prefix="georep-audit-"))
@@ -77,17 +104,14 @@ def main() -> None:
     try:
         for size in args.sizes:
             path = root / f"ledger-{size}"
-            shutil.rmtree(path, ignore_errors=True)
-            t = time.perf_counter()
-            ledger = write_synthetic_ledger(path, messages=size)
-            generated = time.perf_counter() - t
+            ledger, generated = _ledger(path, size, args.keep and bool(args.dir))
             files = sum(1 for _ in path.rglob("*.parquet"))
             t = time.perf_counter()
             spark = audit(path, master=MASTER, plots=False)
             spark_seconds = time.perf_counter() - t
             injected = (spark["lost"], spark["processed_more_than_once"]) == (
-                ledger.lost,
-                ledger.processed_more_than_once,
+                ledger["lost"],
+                ledger["processed_more_than_once"],
             )
             reference_seconds = float("nan")
             agree = injected
@@ -98,7 +122,7 @@ def main() -> None:
                 agree = injected and {k: v for k, v in spark.items() if k != "engine"} == {
                     k: v for k, v in reference.items() if k != "engine"
                 }
-            rows = size + ledger.receive_rows
+            rows = size + ledger["receive_rows"]
             print(
                 f"{size:>11,} {rows:>11,} {files:>6} {generated:>10.1f} {spark_seconds:>8.1f} "
                 f"{reference_seconds:>11.1f} {spark_seconds / reference_seconds:>9.2f} "
@@ -116,7 +140,8 @@ def main() -> None:
                     f"  target 10M <= 60 s: {verdict}; <= 3x reference: "
                     f"{'met' if ratio <= 3 else 'MISSED'} ({ratio:.2f}x)"
                 )
-            shutil.rmtree(path, ignore_errors=True)
+            if not (args.keep and args.dir):
+                shutil.rmtree(path, ignore_errors=True)
     finally:
         if not args.dir:
             shutil.rmtree(root, ignore_errors=True)

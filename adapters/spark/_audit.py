@@ -2,12 +2,16 @@
 
 Three jobs, each reading only the columns it needs:
 
-1. sends: per-second sends by accepted region, failover durations, the modes present;
-2. receives: suppressed and failed copies per region, per-second processing, the regions;
-3. per message id (as a 128-bit hash): one shuffle over the union of sends and processed
-   copies, without map-side partial aggregation, aggregating only longs (the earliest
-   acknowledged send and the earliest processed copy are packed as ``time * k + label
-   rank``), then a small group-by (mode, region, latency bucket).
+1. sends: one aggregation by (second, accepted region, mode, failover, duration bucket),
+   then grouping sets over those few groups: per-second sends by region, failover
+   durations, the modes present;
+2. receives: suppressed and failed copies per region, per-second processing, the regions,
+   and the processed copies in a session (the session figures' jobs run only if any);
+3. per message id (as a 128-bit hash): the union of sends and processed copies, four
+   longs a row (the id's hashes, a time packed as ``time * k + label rank``, the row's
+   flags), repartitioned by id (a partition per 2M rows, as counted by jobs 1 and 2)
+   and aggregated once after that shuffle, then a small group-by (mode, region, latency
+   bucket).
 
 Only small aggregates reach the driver; :func:`~._report.build_report` makes the report.
 """
@@ -17,8 +21,7 @@ from __future__ import annotations
 import json
 import logging
 import re
-from collections.abc import Iterable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -162,8 +165,8 @@ def _rows(frame: DataFrame) -> list[dict[str, Any]]:
     return [row.asDict() for row in frame.collect()]
 
 
-def _sends_side(sends: DataFrame, result: Aggregates) -> list[str]:
-    """Fill the send-side aggregates; return the modes present (sorted)."""
+def _sends_side(sends: DataFrame, result: Aggregates) -> tuple[list[str], int]:
+    """Fill the send-side aggregates; return the modes present (sorted) and the rows."""
     duration = (F.unix_micros("finished_at") - F.unix_micros("started_at")) / 1000.0
     failover = F.coalesce(F.col("failover"), F.lit(False))
     frame = sends.select(
@@ -175,20 +178,29 @@ def _sends_side(sends: DataFrame, result: Aggregates) -> list[str]:
         F.when(failover, duration).alias("duration"),
         F.when(failover, _second("started_at")).alias("failover_second"),
     ).withColumn("bucket", _bucket(F.col("duration")))
-    frame.createOrReplaceTempView("georep_sends")
+    # One hash aggregation over the rows (a few groups per second), then the grouping sets
+    # over those groups: expanding every row into three sets first costs twice as much.
+    groups = frame.groupBy("second", "region", "mode", "failover", "bucket").agg(
+        F.count(F.lit(1)).alias("rows"),
+        F.max("duration").alias("max_duration"),
+        F.min("failover_second").alias("first_second"),
+        F.max("failover_second").alias("last_second"),
+        F.max("version").alias("version"),
+    )
+    groups.createOrReplaceTempView("georep_sends")
     rows = _rows(
         frame.sparkSession.sql(
             """
             SELECT second, region, mode, failover, bucket,
-                   count(*) AS rows, max(duration) AS max_duration,
-                   min(failover_second) AS first_second, max(failover_second) AS last_second,
+                   sum(rows) AS rows, max(max_duration) AS max_duration,
+                   min(first_second) AS first_second, max(last_second) AS last_second,
                    max(version) AS version
             FROM georep_sends
             GROUP BY GROUPING SETS ((second, region), (mode), (failover, bucket))
             """
         )
     )
-    modes = set()
+    modes, send_rows = set(), 0
     for row in rows:
         result.max_schema_version = max(result.max_schema_version, row["version"] or 0)
         if row["second"] is not None and row["region"] is not None:
@@ -196,6 +208,7 @@ def _sends_side(sends: DataFrame, result: Aggregates) -> list[str]:
             result.sends_per_second[key] = row["rows"]
         elif row["mode"] is not None:
             modes.add(row["mode"])
+            send_rows += row["rows"]
         elif row["failover"]:
             result.failover_sends += row["rows"]
             if row["bucket"] is not None:
@@ -209,36 +222,57 @@ def _sends_side(sends: DataFrame, result: Aggregates) -> list[str]:
                     first = min(first, result.failover_seconds[0])
                     last = max(last, result.failover_seconds[1])
                 result.failover_seconds = (first, last)
-    return sorted(modes)
+    return sorted(modes), send_rows
 
 
-def _receives_side(receives: DataFrame, result: Aggregates) -> list[str]:
-    """Fill the receive-side aggregates; return the regions of processed copies (sorted)."""
-    processed = F.col("outcome") == "processed"
-    rows = _rows(
-        receives.groupBy(
-            F.col("outcome"),
-            F.coalesce("region", F.lit(UNKNOWN)).alias("region"),
-            F.when(processed, _second("received_at")).alias("second"),
-        ).agg(F.count(F.lit(1)).alias("rows"), F.max("schema_version").alias("version"))
+def _receives_side(receives: DataFrame, result: Aggregates) -> tuple[list[str], int]:
+    """Fill the receive-side aggregates and ``session_messages``; return the regions of
+    processed copies (sorted) and how many rows the id shuffle takes at most (processed
+    copies and those of other outcomes, dead-lettered and deferred among them)."""
+    # Outcomes as small ints, 0 processed, 1 suppressed, 2 failed, 3 any other: grouping
+    # by the string costs a third more.
+    outcome = F.col("outcome")
+    code = (
+        F.when(outcome == "processed", 0)
+        .when(outcome == "suppressed", 1)
+        .when(outcome == "failed", 2)
+        .otherwise(3)
     )
-    regions = set()
+    rows = _rows(
+        receives.select(
+            code.alias("outcome"),
+            F.coalesce("region", F.lit(UNKNOWN)).alias("region"),
+            F.when(code == 0, _second("received_at")).alias("second"),
+            "schema_version",
+            "session_id",
+        )
+        .groupBy("outcome", "region", "second")
+        .agg(
+            F.count(F.lit(1)).alias("rows"),
+            F.max("schema_version").alias("version"),
+            F.count("session_id").alias("in_session"),
+        )
+    )
+    regions, copy_rows = set(), 0
     suppressed: dict[str, int] = {}
     failed: dict[str, int] = {}
     for row in rows:
         result.max_schema_version = max(result.max_schema_version, row["version"] or 0)
         region, count = row["region"], row["rows"]
-        if row["outcome"] == "processed":
+        if row["outcome"] in (0, 3):
+            copy_rows += count
+        if row["outcome"] == 0:
             regions.add(region)
+            result.session_messages += row["in_session"]
             if row["second"] is not None:
                 result.processed_per_second[(int(row["second"]), region)] = count
-        elif row["outcome"] == "suppressed":
+        elif row["outcome"] == 1:
             suppressed[region] = suppressed.get(region, 0) + count
-        elif row["outcome"] == "failed":
+        elif row["outcome"] == 2:
             failed[region] = failed.get(region, 0) + count
     result.suppressed_by_region = suppressed
     result.receive_failed_by_region = failed
-    return sorted(regions)
+    return sorted(regions), copy_rows
 
 
 def _sessions_side(receives: DataFrame, result: Aggregates) -> None:
@@ -281,98 +315,110 @@ def _id_hash() -> list[Column]:
     """A message id as two independent 64-bit hashes.
 
     Grouping 128 bits of longs instead of 36-character strings halves the shuffle. Two ids
-    share both hashes with probability about n^2 / 2^129: below 1e-24 for 10^7 ids.
+    share both hashes with probability about n^2 / 2^129: below 1e-20 for 10^8 ids.
     """
     return [
         F.xxhash64("message_id").alias("id_high"),
-        F.xxhash64(F.lit("georep.audit"), "message_id").alias("id_low"),
+        # Another seed for the same function: the hash of 1 seeds the id's hash.
+        F.xxhash64(F.lit(1), "message_id").alias("id_low"),
     ]
 
 
-@contextmanager
-def _without_partial_aggregation(spark: SparkSession) -> Iterator[None]:
-    """Skip the map-side partial aggregation for one query (Spark >= 4.3 knows the setting).
+# The flags of one ledger row, or-ed together per message id.
+_SEND, _ACKED, _EXPIRED, _PROCESSED, _DEAD_LETTERED, _DEFERRED = 1, 2, 4, 8, 16, 32
 
-    Grouping by message id hardly reduces rows before the shuffle (a message's send and
-    copies sit in different files), so the partial step only costs time.
+
+def _bit(condition: Column, bit: int) -> Column:
+    """``bit`` where ``condition`` holds, else 0 (also when it is null)."""
+    return F.when(condition, F.lit(bit)).otherwise(F.lit(0))
+
+
+def _has(bit: int) -> Column:
+    """Whether ``flags`` has ``bit`` set."""
+    return F.col("flags").bitwiseAND(F.lit(bit)) != 0
+
+
+_ROWS_PER_PARTITION = 2_000_000
+"""Rows per partition of the id shuffle: their aggregation map (about 120 MB) fits beside
+another task's in the default 1 GiB local-mode heap."""
+
+
+def _partitions_for(rows: int, floor: int) -> int:
+    """Partitions for an id shuffle of ``rows`` rows: one per two million, at least
+    ``floor`` (one per core).
+
+    Too few partitions make the per-id aggregation spill and fall back to sorting, many
+    times slower (with the 8 of ``spark.sql.shuffle.partitions``, 100M messages made
+    aggregation maps of 1.7 GB); each one costs every map task a file, and above 200
+    (``spark.shuffle.sort.bypassMergeThreshold``) the map tasks sort their rows.
     """
-    key = "spark.sql.execution.bypassPartialAggregation"
-    previous = spark.conf.get(key, None)
-    spark.conf.set(key, "true")
-    try:
-        yield
-    finally:
-        if previous is None:
-            spark.conf.unset(key)
-        else:
-            spark.conf.set(key, previous)
+    return max(floor, -(-rows // _ROWS_PER_PARTITION))
 
 
 def _per_message(
-    sends: DataFrame, receives: DataFrame, modes: list[str], regions: list[str]
+    sends: DataFrame,
+    receives: DataFrame,
+    modes: list[str],
+    regions: list[str],
+    partitions: int,
 ) -> DataFrame:
     """One row per (mode, region, latency bucket) with the per-id counts summed."""
     mode_span, region_span = max(1, len(modes)), max(1, len(regions))
     acked = F.coalesce(F.col("outcome").isin(*ACKNOWLEDGED), F.lit(False))
-    none = F.lit(None).cast("long")
+    # Shuffled rows are four longs: the id's two hashes, a time (the acknowledged send
+    # packed as time * span + mode rank, ties to the smallest mode; the processed copy as
+    # time * span + region rank) and the row's flags.
     send_rows = sends.select(
         *_id_hash(),
-        # The earliest acknowledged send, ties to the smallest mode: time * span + rank.
         F.when(
             acked, F.unix_micros("started_at") * mode_span + _rank_of(F.col("mode"), modes)
-        ).alias("first_send"),
-        acked.cast("int").alias("acked"),
-        F.lit(1).alias("send_rows"),
-        F.lit(0).alias("copies"),
-        none.alias("first_copy"),
-        (F.col("outcome") == EXPIRED).cast("int").alias("expired"),
-        F.lit(0).alias("dead_lettered"),
-        F.lit(0).alias("deferred"),
+        ).alias("time"),
+        (F.lit(_SEND) + _bit(acked, _ACKED) + _bit(F.col("outcome") == EXPIRED, _EXPIRED)).alias(
+            "flags"
+        ),
     )
     processed = F.col("outcome") == "processed"
     copy_rows = receives.where(processed | F.col("outcome").isin(*SETTLED_UNPROCESSED)).select(
         *_id_hash(),
-        none.alias("first_send"),
-        F.lit(0).alias("acked"),
-        F.lit(0).alias("send_rows"),
-        processed.cast("int").alias("copies"),
         F.when(
             processed,
             F.unix_micros("received_at") * region_span + _rank_of(F.col("region"), regions),
-        ).alias("first_copy"),
-        F.lit(0).alias("expired"),
-        (F.col("outcome") == DEAD_LETTERED).cast("int").alias("dead_lettered"),
-        (F.col("outcome") == DEFERRED).cast("int").alias("deferred"),
+        ).alias("time"),
+        (
+            _bit(processed, _PROCESSED)
+            + _bit(F.col("outcome") == DEAD_LETTERED, _DEAD_LETTERED)
+            + _bit(F.col("outcome") == DEFERRED, _DEFERRED)
+        ).alias("flags"),
     )
+    # Partitioned by id before grouping: the rows are shuffled as they are and aggregated
+    # once after the shuffle (a message's send and copies sit in different files, so a
+    # map-side partial aggregation would reduce nothing), while the small group-by below
+    # keeps its partial aggregation.
     per_id = (
         send_rows.unionByName(copy_rows)
+        .repartition(partitions, "id_high", "id_low")
         .groupBy("id_high", "id_low")
         .agg(
-            F.min("first_send").alias("first_send"),
-            F.max("acked").alias("sent"),
-            F.max("send_rows").alias("has_send"),
-            F.sum("copies").alias("copies"),
-            F.min("first_copy").alias("first_copy"),
-            F.max("expired").alias("expired"),
-            F.max("dead_lettered").alias("dead_lettered"),
-            F.max("deferred").alias("deferred"),
+            F.min(F.when(_has(_SEND), F.col("time"))).alias("first_send"),
+            F.min(F.when(~_has(_SEND), F.col("time"))).alias("first_copy"),
+            F.count_if(_has(_PROCESSED)).alias("copies"),
+            F.bit_or("flags").alias("flags"),
         )
     )
     # Integer division: the packed keys exceed a double's 53-bit precision.
     latency_ms = (
         F.expr(f"first_copy div {region_span}") - F.expr(f"first_send div {mode_span}")
     ) / 1000.0
+    dead_lettered, deferred, expired = _has(_DEAD_LETTERED), _has(_DEFERRED), _has(_EXPIRED)
     measured = per_id.select(
-        (F.col("sent") == 1).alias("sent"),
-        (F.col("has_send") == 1).alias("has_send"),
+        _has(_ACKED).alias("sent"),
+        _has(_SEND).alias("has_send"),
         F.col("copies"),
         # Settled otherwise by the handler, or dropped as expired: not lost (one reason
         # each, in this order, as the reference audit counts them).
-        (F.col("dead_lettered") == 1).alias("dead_lettered"),
-        ((F.col("deferred") == 1) & (F.col("dead_lettered") == 0)).alias("deferred"),
-        ((F.col("expired") == 1) & (F.col("dead_lettered") == 0) & (F.col("deferred") == 0)).alias(
-            "expired"
-        ),
+        dead_lettered.alias("dead_lettered"),
+        (deferred & ~dead_lettered).alias("deferred"),
+        (expired & ~dead_lettered & ~deferred).alias("expired"),
         F.pmod("first_send", F.lit(mode_span)).alias("mode"),
         F.pmod("first_copy", F.lit(region_span)).alias("region"),
         latency_ms.alias("latency"),
@@ -457,11 +503,12 @@ def spark_aggregates(spark: SparkSession, ledger_dir: str | Path) -> Aggregates:
     """
     sends, receives = _read_ledger(spark, ledger_dir)
     result = Aggregates()
-    modes = _sends_side(sends, result)
-    regions = _receives_side(receives, result)
-    _sessions_side(receives, result)
-    with _without_partial_aggregation(spark):
-        per_message = _rows(_per_message(sends, receives, modes, regions))
+    modes, send_rows = _sends_side(sends, result)
+    regions, copy_rows = _receives_side(receives, result)
+    if result.session_messages:  # else no sessions: skip their three jobs
+        _sessions_side(receives, result)
+    partitions = _partitions_for(send_rows + copy_rows, spark.sparkContext.defaultParallelism)
+    per_message = _rows(_per_message(sends, receives, modes, regions, partitions))
     for row in per_message:
         result.sent += row["sent"]
         result.processed += row["processed"]

@@ -68,11 +68,8 @@ def test_spark_reports_exactly_the_injected_loss_and_double_processing(
     ledger: SyntheticLedger, report: dict[str, Any]
 ) -> None:
     assert (ledger.lost, ledger.processed_more_than_once) == (20, 10)  # 0.1 %, 0.05 %
-    assert report["lost"] == ledger.lost
-    assert report["processed_more_than_once"] == ledger.processed_more_than_once
-    assert report["sent"] == ledger.sent
-    assert report["processed"] == ledger.processed
-    assert report["suppressed_by_region"] == ledger.suppressed_by_region
+    for count in ("lost", "processed_more_than_once", "sent", "processed", "suppressed_by_region"):
+        assert report[count] == getattr(ledger, count), count
     assert report["failover"]["sends"] == ledger.failover_sends
 
 
@@ -115,6 +112,39 @@ def _settled_otherwise_ledger(root: Path) -> Path:
 
     asyncio.run(write())
     return root
+
+
+def test_the_id_shuffle_has_one_partition_per_two_million_rows() -> None:
+    from georep.adapters.spark._audit import _partitions_for
+
+    assert _partitions_for(10_000, floor=2) == 2  # at least one per core
+    assert _partitions_for(20_000_000, floor=2) == 10
+    assert _partitions_for(200_000_001, floor=2) == 101
+
+
+def test_the_id_shuffle_rows_are_counted_by_the_first_jobs_and_partitions_do_not_matter(
+    spark: SparkSession, ledger: SyntheticLedger
+) -> None:
+    from georep.adapters.spark._audit import (
+        _per_message,
+        _read_ledger,
+        _receives_side,
+        _sends_side,
+    )
+    from georep.adapters.spark._report import Aggregates
+
+    sends, receives = _read_ledger(spark, ledger.path)
+    modes, send_rows = _sends_side(sends, Aggregates())
+    regions, copy_rows = _receives_side(receives, Aggregates())
+    assert send_rows == ledger.messages
+    # Every processed copy (the doubles' second copies too); suppressed and failed: not.
+    assert copy_rows == ledger.processed + ledger.processed_more_than_once
+
+    def rows(partitions: int) -> list[str]:
+        frame = _per_message(sends, receives, modes, regions, partitions)
+        return sorted(repr(row) for row in frame.collect())
+
+    assert rows(1) == rows(7)
 
 
 def test_dead_lettered_deferred_and_expired_ids_are_not_lost_in_either_engine(
