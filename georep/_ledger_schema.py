@@ -111,7 +111,8 @@ RECEIVE_COLUMNS: Final = (
     (
         "finished_at",
         "timestamp[us, UTC]",
-        "the receiver was done with the copy (outcome recorded), settled or not",
+        "the handler returned (a copy settled without the handler: the receiver was done "
+        "with it, outcome recorded), settled or not",
     ),
 )
 

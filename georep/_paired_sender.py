@@ -2,76 +2,31 @@
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
-import logging
 import random
-import weakref
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Final
 
 from opentelemetry import metrics
 
 from georep._channel import RegionChannel
-from georep._classify import MESSAGE_FAULT_KINDS, PAIRED_FAILOVER_KINDS
 from georep._clock import SystemClock
-from georep._endpoint import FromNamespaces, Target, with_client_options
+from georep._endpoint import FromNamespaces, Target, one_entity, with_client_options_pair
 from georep._lifecycle import AsyncResource, close_all
+from georep._ordering import SessionSequencer
 from georep._paired import PairedNamespaceOptions
-from georep._role_store import SharedRoles, shared_role_state
-from georep._roles import RoleSnapshot, RoleState
+from georep._paired_backlog import BacklogQueues, ledger_error
+from georep._paired_failover import PairedFailover, PairedState, paired_state
+from georep._policy import DedupKey
+from georep._role_join import role_join
+from georep._roles import RoleState
 from georep._send_records import flush_ledger
+from georep._sending import MessagePrep
 from georep._telemetry import Instruments, InstrumentSpec
-from georep.exceptions import (
-    AllRegionsUnavailableError,
-    ConfigurationError,
-    RegionError,
-)
+from georep.exceptions import ConfigurationError, RegionError
 from georep.ports import Clock, Ledger, RegionAttempt, RegionSender, RoleStore, SendRecord
 
 __all__ = ["PairedSender", "PairedState"]
-
-_log = logging.getLogger("georep.paired")
-
-
-@dataclass
-class PairedState:
-    """Failover state of one entity, shared by every PairedSender on the pair.
-
-    Attributes:
-        failing_since: Monotonic time of the first failure of the current streak.
-        engaged: Sends go to the backlog queues.
-        excluded: Backlog queues pulled from the rotation after a failed send, each with
-            the monotonic time it rejoins (``ping_primary_interval`` later): one slow send
-            must not take a backlog queue away for the rest of an outage.
-        roles: With a role store: the shared roles, ``secondary`` active while engaged.
-    """
-
-    failing_since: float | None = None
-    engaged: bool = False
-    excluded: dict[int, float] = field(default_factory=dict)
-    pinger: asyncio.Task[None] | None = None
-    roles: RoleState | None = None
-
-
-_states: weakref.WeakValueDictionary[
-    tuple[asyncio.AbstractEventLoop | None, str, str, str], PairedState
-] = weakref.WeakValueDictionary()
-
-
-def _running_loop() -> asyncio.AbstractEventLoop | None:
-    try:
-        return asyncio.get_running_loop()
-    except RuntimeError:
-        return None
-
-
-def _ledger_error(error: RegionError) -> str:
-    """How the ledger names a failure: the class, ``TimeoutError`` for georep's deadline."""
-    cause = error.__cause__
-    return type(cause if isinstance(cause, TimeoutError) else error).__name__
 
 
 PAIRED_COUNTERS: Final = {
@@ -131,28 +86,53 @@ class PairedSender(FromNamespaces, AsyncResource):
                 f"{self.options.backlog_queue_count}: give one per backlog queue"
             )
         self._primary = primary
-        self._backlog = list(backlog)
         self._clock: Clock = clock or SystemClock()
         # The failover timer (PairedState) decides when to fail over: the channels count
         # nothing themselves.
         self._main = RegionChannel(primary, clock=self._clock)
-        self._queues = [RegionChannel(queue, clock=self._clock) for queue in self._backlog]
-        self._rewrite = rewrite
-        self._make_ping = make_ping
         self._rng = rng or random.Random()
         self.ledger = ledger
-        key = (_running_loop(), primary.namespace, secondary_namespace, primary.entity)
-        state = _states.get(key)
-        if state is None:
-            state = _states[key] = PairedState()
-        self.state = state
-        self._role_store = role_store
-        self._role_link: SharedRoles | None = None
-        self._meter_provider = meter_provider
-        self._owned: list[RegionSender] = []
+        self.state = state = paired_state(primary, secondary_namespace)
         # Shared per provider: instruments created per instance would pile up.
         self._counters = Instruments.of(meter_provider).counters(PAIRED_COUNTERS)
-        self.pings = 0
+        self._backlog_queues = BacklogQueues(
+            backlog,
+            state.excluded,
+            entity=primary.entity,
+            rewrite=rewrite,
+            rng=self._rng,
+            clock=self._clock,
+            options=self.options,
+            sends=self._counters["backlog_sends"],
+        )
+        names = {"primary": "primary", "secondary": "secondary"}
+        self._role_join = role_join(
+            role_store, primary.entity, names, clock=self._clock, meter_provider=meter_provider
+        )
+        self._failover = PairedFailover(
+            state,
+            self._main,
+            options=self.options,
+            clock=self._clock,
+            make_ping=make_ping,
+            pings=self._counters["pings"],
+            roles=self._shared_roles,
+        )
+        self._owned: list[RegionSender] = []
+        # Session order stamps (docs/sessions.md), keyed by MessageId: a message without
+        # one gets one, as from a GeoSender.
+        self._prep = MessagePrep(
+            primary.codec, DedupKey.MESSAGE_ID, SessionSequencer(self._generation)
+        )
+
+    def _generation(self) -> int:
+        roles = self._shared_roles()
+        return self.state.generation if roles is None else roles.current.generation
+
+    @property
+    def pings(self) -> int:
+        """Pings this sender sent to the unavailable primary."""
+        return self._failover.pings
 
     async def aclose(self) -> None:
         """Stop pinging (if this sender pings) and close what it created. Idempotent."""
@@ -160,64 +140,32 @@ class PairedSender(FromNamespaces, AsyncResource):
 
     # -- shared roles ------------------------------------------------------------------
     async def _open(self) -> None:
-        self._shared_roles()
-        if self._role_link is not None and self._role_link.state.shared is None:
-            await self._role_link.refresh()
+        roles = self._shared_roles()
+        if roles is not None and roles.shared is None and self._role_join is not None:
+            await self._role_join.refresh()
 
     def _shared_roles(self) -> RoleState | None:
         """The shared roles (joined on first use), None without a role store."""
-        if self._role_store is None:
+        join = self._role_join
+        if join is None:
             return None
-        if self._role_link is None:
-            link = shared_role_state(
-                self._role_store,
-                self.entity,
-                names={"primary": "primary", "secondary": "secondary"},
-                initial="primary",
-                clock=self._clock,
-                meter_provider=self._meter_provider,
-            )
-            link.hold()
-            self._role_link = link
-            state = self.state
-            if state.roles is not link.state:
-                state.roles = link.state
-                link.state.on_change(self._roles_changed)
-                if link.state.current.active == "secondary":
-                    self._roles_changed(link.state.current)
-        return self._role_link.state
-
-    def _roles_changed(self, snapshot: RoleSnapshot) -> None:
-        """Engaged exactly while the shared roles have the secondary active."""
-        state = self.state
-        if snapshot.active == "secondary":
-            if not state.engaged:
-                state.engaged = True
-                state.excluded.clear()
-                _log.warning(
-                    "%s: failover engaged (shared roles): sending to backlog queues", self.entity
-                )
-            if state.pinger is None or state.pinger.done():
-                state.pinger = asyncio.create_task(self._ping_until_back(), name="georep-ping")
-        elif state.engaged:
-            state.engaged = False
-            state.failing_since = None
-            _log.warning("%s: failover disengaged (shared roles): sending to it", self.entity)
+        first = join.link is None
+        roles = join.state("primary")
+        if first:
+            self._failover.follow(roles)
+        return roles
 
     async def _close(self) -> None:
-        if self._role_link is not None:
-            await self._role_link.release()
-        pinger = self.state.pinger
-        if pinger is not None and not pinger.done():
-            pinger.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await pinger
+        if self._role_join is not None:
+            await self._role_join.release()
+        await self._failover.stop()
         timeout = self.options.seconds("ping_timeout")
         await close_all(self._owned, timeout=timeout, clock=self._clock, what="region sender")
         await flush_ledger(self.ledger, timeout=timeout, clock=self._clock)
 
     @property
     def entity(self) -> str:
+        """The queue or topic this sender sends to."""
         return self._primary.entity
 
     @classmethod
@@ -238,18 +186,13 @@ class PairedSender(FromNamespaces, AsyncResource):
         Backlog queues must exist (``georep.adapters.servicebus.ensure_backlog_queues``).
         ``primary_namespace`` names them (default: the primary's namespace host).
 
-        Args:
-            client_options: ``ServiceBusClient`` settings for both regions (e.g.
-                ``transport_type``, ``http_proxy``, ``connection_verify``, retry settings),
-                over georep's defaults.
+        ``client_options`` are as :meth:`georep.GeoSender.from_connection_strings` takes them.
         """
-        primary = with_client_options(primary, client_options)
-        secondary = with_client_options(secondary, client_options)
         from georep._paired import backlog_queue_path
         from georep._sdk import make_ping, open_region_sender, to_backlog
 
-        if (queue_name is None) == (topic_name is None):
-            raise ConfigurationError("name exactly one of queue_name= or topic_name=")
+        one_entity(queue_name, topic_name)
+        primary, secondary = with_client_options_pair(primary, secondary, client_options)
         options = options or PairedNamespaceOptions()
         main = open_region_sender(
             primary, region="primary", queue_name=queue_name, topic_name=topic_name
@@ -292,14 +235,14 @@ class PairedSender(FromNamespaces, AsyncResource):
             AllRegionsUnavailableError: Failover is engaged and no backlog queue accepted.
             MessageTooLargeError: The message does not fit once rewritten for the backlog.
         """
-        messages = self._validate(message)
+        messages, payload = self._validate(message)
         ledger = self.ledger
         if ledger is None:
-            return await self._send(message, messages, timeout, None)
+            return await self._send(payload, messages, timeout, None)
         started_at = self._clock.time()
         attempts: list[RegionAttempt] = []
         try:
-            destination = await self._send(message, messages, timeout, attempts)
+            destination = await self._send(payload, messages, timeout, attempts)
         except BaseException:
             self._record(ledger, messages, "failed", None, attempts, started_at)
             raise
@@ -324,7 +267,7 @@ class PairedSender(FromNamespaces, AsyncResource):
         Raises:
             The same errors as :meth:`send_messages`.
         """
-        batch = self._validate(messages)
+        batch, _ = self._validate(messages)
         if not batch:
             return []
         deadline = self.options.seconds("ping_timeout") if timeout is None else timeout
@@ -334,7 +277,7 @@ class PairedSender(FromNamespaces, AsyncResource):
             )
             if accepted:
                 return list(numbers)
-        await self._to_backlog(batch, deadline, None, schedule_time_utc)
+        await self._backlog_queues.send(batch, deadline, None, schedule_time_utc)
         return []
 
     async def cancel_scheduled_messages(
@@ -355,14 +298,26 @@ class PairedSender(FromNamespaces, AsyncResource):
         deadline = self.options.seconds("ping_timeout") if timeout is None else timeout
         await self._main.call(deadline, self._primary.cancel_scheduled, list(numbers))
 
-    def _validate(self, message: Any) -> list[Any]:
-        """The messages in ``message``, checked before any network call."""
+    def _validate(self, message: Any) -> tuple[list[Any], Any]:
+        """The messages in ``message``, checked before any network call and given their
+        MessageIds and session order stamps; and what to send the primary.
+
+        What was checked is what is sent (dicts became messages); a single message or a
+        batch goes as is, unless the SDK encoded the batch before georep gave its messages
+        an id or a stamp: then the list of its (prepared) messages.
+        """
         self._check_open()
         self._shared_roles()
         codec = self._primary.codec
         messages = codec.split(message)
         codec.check(messages, one_partition=False)
-        return messages
+        whole = len(messages) == 1 and messages[0] is message
+        if codec.is_batch(message):
+            whole = all(
+                codec.message_id(m) is not None and codec.session_id(m) is None for m in messages
+            )
+        self._prep.prepare_all(messages, None)
+        return messages, message if whole else messages
 
     def _record(
         self,
@@ -391,7 +346,7 @@ class PairedSender(FromNamespaces, AsyncResource):
 
     async def _send(
         self,
-        message: Any,
+        payload: Any,
         messages: list[Any],
         timeout: float | None,
         attempts: list[RegionAttempt] | None,
@@ -399,14 +354,10 @@ class PairedSender(FromNamespaces, AsyncResource):
         """The send itself; each region tried is appended to ``attempts`` (ledger on)."""
         deadline = self.options.seconds("ping_timeout") if timeout is None else timeout
         if not self.state.engaged:
-            # What was checked is what is sent (dicts became messages); a batch goes as is.
-            codec = self._primary.codec
-            whole = codec.is_batch(message) or (len(messages) == 1 and messages[0] is message)
-            payload = message if whole else messages
             accepted, _ = await self._try_primary(self._primary.send, payload, deadline, attempts)
             if accepted:
                 return "primary"
-        return await self._to_backlog(messages, deadline, attempts)
+        return await self._backlog_queues.send(messages, deadline, attempts)
 
     async def _try_primary(
         self,
@@ -421,123 +372,14 @@ class PairedSender(FromNamespaces, AsyncResource):
         try:
             result = await self._main.call(deadline, operation, payload, *args)
         except RegionError as exc:
-            await self._failed(exc)
+            await self._failover.failed(exc)
             if attempts is not None:
-                attempts.append(RegionAttempt(self._primary.region, "failed", _ledger_error(exc)))
+                attempts.append(RegionAttempt(self._primary.region, "failed", ledger_error(exc)))
             if not self.state.engaged:
                 raise
         else:
-            self.state.failing_since = None
+            self._failover.succeeded()
             if attempts is not None:
                 attempts.append(RegionAttempt(self._primary.region, "accepted"))
             return True, result
         return False, None
-
-    async def _failed(self, error: RegionError) -> None:
-        """Run the failover timer; engage when it has run ``failover_interval``."""
-        # Not auth, not server-busy, not the message's own fault (SPEC §3; the table).
-        if error.kind not in PAIRED_FAILOVER_KINDS:
-            return
-        state = self.state
-        now = self._clock.monotonic()
-        if state.failing_since is None:
-            state.failing_since = now
-        if now - state.failing_since >= self.options.seconds("failover_interval"):
-            roles = self._shared_roles()
-            if roles is None:
-                self._engage()
-            else:  # one compare-and-set for every process; the listener engages
-                await roles.swap(expected=roles.current, new_active="secondary")
-
-    def _engage(self) -> None:
-        state = self.state
-        if state.engaged:
-            return
-        state.engaged = True
-        state.excluded.clear()
-        _log.warning(
-            "%s unavailable for %.0f s: sending to backlog queues",
-            self.entity,
-            self.options.seconds("failover_interval"),
-        )
-        if state.pinger is None or state.pinger.done():
-            state.pinger = asyncio.create_task(self._ping_until_back(), name="georep-ping")
-
-    async def _to_backlog(
-        self,
-        messages: list[Any],
-        deadline: float,
-        attempts: list[RegionAttempt] | None,
-        schedule_time_utc: datetime | None = None,
-    ) -> str:
-        extra = {} if schedule_time_utc is None else {"schedule_time_utc": schedule_time_utc}
-        # Each message rewritten (its aliases are per message); the copies go as one batch.
-        copies = [self._rewrite(message, self.entity, **extra) for message in messages]
-        backlog_copy = copies[0] if len(copies) == 1 else copies
-        state = self.state
-        causes: dict[str, BaseException] = {}
-        tried: set[int] = set()  # each backlog queue at most once per call
-        while True:
-            now = self._clock.monotonic()
-            candidates = [
-                i
-                for i in range(len(self._backlog))
-                if i not in tried and state.excluded.get(i, now) <= now
-            ]
-            if not candidates:
-                raise AllRegionsUnavailableError(
-                    f"{self.entity} is failed over and no backlog queue accepted the message",
-                    causes,
-                )
-            index = self._rng.choice(candidates)
-            channel = self._queues[index]
-            queue = channel.client
-            try:
-                await channel.call(deadline, queue.send, backlog_copy)
-            except RegionError as exc:
-                if exc.kind in MESSAGE_FAULT_KINDS:
-                    raise  # the message's fault: another backlog queue would refuse it too
-                tried.add(index)
-                rejoin = self._clock.monotonic() + self.options.seconds("ping_primary_interval")
-                state.excluded[index] = rejoin
-                causes[queue.entity] = exc
-                if attempts is not None:
-                    attempts.append(RegionAttempt(queue.region, "failed", _ledger_error(exc)))
-                _log.warning("backlog queue %s left the rotation: %s", queue.entity, exc)
-                continue
-            self._counters["backlog_sends"].add(1, {"georep.backlog_queue": str(index)})
-            if attempts is not None:
-                attempts.append(RegionAttempt(queue.region, "accepted"))
-            return queue.entity
-
-    async def _ping_until_back(self) -> None:
-        """Ping the primary every ``ping_primary_interval``; once it has answered every ping
-        for ``failback_after`` (the first success, by default), failover ends."""
-        interval = self.options.seconds("ping_primary_interval")
-        timeout = self.options.seconds("ping_timeout")
-        healthy_for = self.options.seconds("failback_after")
-        state = self.state
-        healthy_since: float | None = None
-        while state.engaged:
-            await self._clock.sleep(interval)
-            roles = self._shared_roles()
-            if roles is not None and (roles.pinned or not roles.automatic):
-                continue  # an operator engaged it: only an operator disengages it
-            self.pings += 1
-            self._counters["pings"].add(1, {"messaging.destination.name": self.entity})
-            try:
-                await self._main.call(timeout, self._primary.send, self._make_ping())
-            except RegionError as exc:
-                _log.info("ping of %s failed: %s", self.entity, exc)
-                healthy_since = None
-                continue
-            now = self._clock.monotonic()
-            healthy_since = now if healthy_since is None else healthy_since
-            if now - healthy_since < healthy_for:
-                continue  # answering, not yet for long enough
-            if roles is not None:
-                await roles.swap(expected=roles.current, new_active="primary")
-                continue  # the listener disengages (also when another process did first)
-            state.engaged = False
-            state.failing_since = None
-            _log.warning("%s answers pings again: sending to it", self.entity)

@@ -11,8 +11,10 @@ when:
 1. the predecessor's key is final: processed here, or found final in the seen-set (it was
    processed from the other region, or by another consumer);
 2. or the other region is known to hold none of it: this process holds the session there
-   and it is idle, or what it holds of the session comes after the predecessor (gap
-   ``absent``);
+   and found it empty after the message began waiting, or what it holds of the session
+   comes after the predecessor, and browsing the session in both regions does not find
+   it (gap ``absent``; found behind the message in its own region, the worker receives
+   further into the session until it has it, and hands it on first);
 3. or ``order_wait`` ran out (gap ``timeout``).
 
 Cases 2 and 3 are visible: a warning, ``georep.sessions.order_gaps`` and the ledger's
@@ -24,6 +26,7 @@ a time: handlers of one session never run concurrently.
 from __future__ import annotations
 
 import asyncio
+import enum
 import logging
 from collections import OrderedDict
 from collections.abc import Callable, Coroutine
@@ -31,22 +34,19 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Final
 
 from georep._channel import RegionDeadline
-from georep._region_loop import RECEIVE_GRACE, Handler, RegionLoop
+from georep._region_loop import RECEIVE_GRACE, Handler, LoopPolicy, RegionLoop
 from georep._settle import Copy
 from georep.exceptions import RegionError, StoreUnavailableError
 from georep.ports import (
     FINAL_STATES,
     ClaimState,
-    Clock,
     OrderStamp,
     RegionSessions,
-    SeenStore,
     SessionReceiver,
 )
 
 if TYPE_CHECKING:
-    from georep._receiver import ReceiverStats
-    from georep._telemetry import ReceiverMetrics
+    from georep._receiving import ReceiveContext
 
 __all__ = ["FinishedKeys", "SessionPolicy", "SessionRegionLoop"]
 
@@ -56,27 +56,52 @@ _MAX_PROBES: Final = 4
 """Named accepts of the other region's sessions running at once, per region."""
 _CLOSE_SECONDS: Final = 5.0
 _UNKNOWN: Final = "unknown"
+_READ_AHEAD: Final = 256
+"""Copies a session worker holds in hand at most while it receives ahead for a
+predecessor stored behind its successor (as many as browsing for one looks at)."""
+
+
+class _Verdict(enum.Enum):
+    """The order gate's answer for the copy at the head of a session's hand."""
+
+    GO = "go"
+    AGAIN = "again"
+    STOP = "stop"
+
+
+def _predecessors_first(hand: list[Copy]) -> None:
+    """Move copies of ``hand`` before their successors: while the head's predecessor
+    (its stamp's ``prev``) is further in hand, that predecessor becomes the head (a chain
+    the outbox stored late comes out whole, in order; a cyclic stamp cannot loop)."""
+    for _ in range(len(hand)):
+        stamp = hand[0].delivery.stamp
+        if stamp is None or stamp.prev is None:
+            return
+        index = next((i for i in range(1, len(hand)) if hand[i].delivery.key == stamp.prev), None)
+        if index is None:
+            return
+        hand.insert(0, hand.pop(index))
 
 
 @dataclass(frozen=True, slots=True)
-class SessionPolicy:
-    """The session settings both regions' loops share (validated by the GeoReceiver).
+class SessionPolicy(LoopPolicy):
+    """The settings both regions' session loops share (validated by the GeoReceiver): the
+    region loops' settings, and these.
 
     Attributes:
         max_sessions: Sessions accepted as next-available at once, per region.
         order_wait: Seconds a message waits for its predecessor before order is given up.
         session_idle: Seconds a session stays held without messages before it is released.
-        max_wait: Seconds one receive (or one accept) waits when there is nothing.
-        batch: Messages received from a session per call.
-        scope_prefix: Prepended to a dedup key to make its seen-set key.
     """
 
     max_sessions: int
     order_wait: float
     session_idle: float
-    max_wait: float
-    batch: int
-    scope_prefix: str
+
+    @property
+    def batch(self) -> int:
+        """Messages received from a session per call (``concurrency``)."""
+        return self.concurrency
 
 
 class FinishedKeys:
@@ -104,17 +129,21 @@ class _Held:
     session: SessionReceiver
     hand: list[Copy] = field(default_factory=list)
     """Received, not yet taken to an outcome, in delivery order."""
-    idle: bool = False
-    """The last receive found nothing and nothing is in hand."""
+    empty_at: float | None = None
+    """When the session was last found empty (nothing in hand, a receive and a browse
+    found nothing), monotonic seconds; None once something was received since."""
     last_final: Copy | None = None
+    loop: RegionLoop | None = None
+    """The region loop working on it (set once its worker starts)."""
 
-    def holds_none_of(self, prev_key: str, writer: str, prev_seq: int) -> bool:
+    def holds_none_of(self, prev_key: str, writer: str, prev_seq: int, since: float) -> bool:
         """True when this session (in this region) surely does not hold ``prev_key``:
-        nothing in hand and the last receive was empty, or what is in hand of that writer
-        comes after it (the broker delivers a session in order, so anything not in hand
-        comes after the hand)."""
+        nothing in hand and found empty at or after ``since`` (an emptiness seen before
+        then is stale: the predecessor may have arrived after it, its receive not yet
+        returned), or what is in hand of that writer comes after it (the broker delivers
+        a session in order, so anything not in hand comes after the hand)."""
         if not self.hand:
-            return self.idle
+            return self.empty_at is not None and self.empty_at >= since
         later = False
         for copy in self.hand:
             if copy.delivery.key == prev_key:
@@ -132,13 +161,10 @@ class SessionRegionLoop:
         sessions: The region's session entity.
         make_loop: Builds the region loop that processes one held session's copies (its
             settler told of each final settlement through the callback given).
-        seen: The shared seen-set.
         finished: The final keys both regions' loops saw.
-        stats: The GeoReceiver's counters.
-        metrics: The GeoReceiver's metrics.
-        clock: Time source.
+        context: The GeoReceiver's shared state (seen-set, stats, metrics, clock, and the
+            event set when it closes).
         policy: The session settings.
-        stopping: Set when the GeoReceiver closes.
     """
 
     def __init__(
@@ -146,25 +172,21 @@ class SessionRegionLoop:
         sessions: RegionSessions,
         *,
         make_loop: Callable[[SessionReceiver, Callable[[Copy], None]], RegionLoop],
-        seen: SeenStore,
         finished: FinishedKeys,
-        stats: ReceiverStats,
-        metrics: ReceiverMetrics,
-        clock: Clock,
+        context: ReceiveContext,
         policy: SessionPolicy,
-        stopping: asyncio.Event,
     ) -> None:
         self.sessions = sessions
         self.other: SessionRegionLoop | None = None
         """The other region's loop (set by the GeoReceiver once both exist)."""
         self._make_loop = make_loop
-        self._seen = seen
+        self._seen = context.seen
         self._finished = finished
-        self._stats = stats
-        self._metrics = metrics
-        self._clock = clock
+        self._stats = context.stats
+        self._metrics = context.metrics
+        self._clock = context.clock
         self._policy = policy
-        self._stopping = stopping
+        self._stopping = context.stopping
         self._held: dict[str, _Held] = {}
         self._probing: set[str] = set()
         self._probe_after: dict[str, float] = {}
@@ -287,7 +309,7 @@ class SessionRegionLoop:
             if copy.delivery.key is not None:
                 self._finished.add(self._policy.scope_prefix + copy.delivery.key)
 
-        loop = self._make_loop(session, on_final)
+        loop = held.loop = self._make_loop(session, on_final)
         idle_since = self._clock.monotonic()
         try:
             while not self._stopping.is_set():
@@ -298,16 +320,19 @@ class SessionRegionLoop:
                     if not copies:
                         if not await self._surely_empty(session):
                             continue  # an empty answer from a slow broker, not an empty session
-                        held.idle = True
-                        self._found_empty(session.session_id)
+                        held.empty_at = self._found_empty(session.session_id)
                         if self._clock.monotonic() - idle_since >= self._policy.session_idle:
                             return
                         continue
-                    held.idle = False
+                    held.empty_at = None
                     held.hand.extend(copies)
+                _predecessors_first(held.hand)
                 copy = held.hand[0]
-                if not await self._gate(held, loop, copy):
+                verdict = await self._gate(held, loop, copy)
+                if verdict is _Verdict.STOP:
                     return
+                if verdict is _Verdict.AGAIN:
+                    continue
                 if not await loop.process_copy(handler, copy):
                     return
                 held.hand.pop(0)
@@ -326,8 +351,16 @@ class SessionRegionLoop:
             return None
 
     async def _fetch_back(self, held: _Held, loop: RegionLoop, copy: Copy) -> bool:
-        """After an abandon: the broker puts the copy back at the head of its session, before
-        the copies still in hand; receive it again before going on."""
+        """After a copy did not reach a final settlement (abandoned, or its settlement
+        failed): the broker puts an abandoned copy back at the head of its session, before
+        the copies still in hand; receive it again before going on.
+
+        Returns:
+            False when it did not come back (its abandon failed and it stays locked, or the
+            broker is slow): the caller then releases the session, so that the broker hands
+            everything unsettled out again in order. Going on with the copies in hand would
+            hand the copy's successors on before it.
+        """
         for _ in range(3):
             again = await self._receive(loop, 1)
             if again is None:
@@ -337,7 +370,14 @@ class SessionRegionLoop:
                     held.hand.insert(0, fresh)
                     return True
                 held.hand.append(fresh)
-        return True
+        _log.info(
+            "session %s in %s: %s did not come back after it was handed back; releasing the "
+            "session to receive it again in order",
+            held.session.session_id,
+            self.region,
+            copy.delivery.key,
+        )
+        return False
 
     async def _close_session(self, session: SessionReceiver) -> None:
         try:
@@ -348,31 +388,43 @@ class SessionRegionLoop:
 
     # --------------------------------------------------------------- the gate
 
-    async def _gate(self, held: _Held, loop: RegionLoop, copy: Copy) -> bool:
+    async def _gate(self, held: _Held, loop: RegionLoop, copy: Copy) -> _Verdict:
         """Wait until ``copy`` may be handed on (see the module's docstring).
 
         Returns:
-            False when the receiver is stopping (the copy is left to the session's close).
+            GO to hand it on; AGAIN when its predecessor is now in hand, behind it (to be
+            handed on first); STOP when the receiver is stopping or the session failed
+            (the copy is left to the session's close).
         """
         stamp = copy.delivery.stamp
         if stamp is None or stamp.prev is None:
-            return True
+            return _Verdict.GO
         prev_key = self._policy.scope_prefix + stamp.prev
         if prev_key in self._finished:
-            return True
+            return _Verdict.GO
         started = self._clock.monotonic()
         delay = 0.05
         while True:
             if self._stopping.is_set():
-                return False
+                return _Verdict.STOP
             state = await self._state(prev_key)
             if state in FINAL_STATES:
                 self._finished.add(prev_key)
                 break
             waited = self._clock.monotonic() - started
             if state is None and self._absent_elsewhere(held, stamp.prev, stamp, started):
-                self._gap(copy, "absent", waited)
-                break
+                if await loop.may_hold(stamp.prev):
+                    # Behind it in this very region: stored after it (the durable outbox
+                    # sent it late), or still locked by a receiver that lost the session.
+                    # The broker hands a session out in sequence order, and releasing the
+                    # session would count a delivery of every copy in hand until the broker
+                    # dead-letters them: receive further instead, to hand it on first.
+                    found = await self._read_ahead(held, loop, copy)
+                    if found is not None:
+                        return _Verdict.AGAIN if found else _Verdict.STOP
+                elif not await self._other_may_hold(held, stamp.prev):
+                    self._gap(copy, "absent", waited)
+                    break
             if waited >= self._policy.order_wait:
                 self._gap(copy, "timeout", waited)
                 break
@@ -383,6 +435,35 @@ class SessionRegionLoop:
         copy.order_waited = waited
         self._stats.order_waited += waited
         self._metrics.order_wait(waited, self.region)
+        return _Verdict.GO
+
+    async def _read_ahead(self, held: _Held, loop: RegionLoop, copy: Copy) -> bool | None:
+        """Receive more of ``copy``'s session into the hand, behind it, while its
+        predecessor is found behind it in this region (at most :data:`_READ_AHEAD` copies
+        in hand: beyond, it waits as for a predecessor nowhere to be found).
+
+        Returns:
+            True when the predecessor is now in hand; False when the receive failed (the
+            session is to be released); None when it is not in hand yet (keep waiting:
+            locked by a receiver that lost the session, it returns when that lock ends).
+        """
+        if len(held.hand) >= _READ_AHEAD:
+            return None
+        copies = await self._receive(loop, min(self._policy.batch, _READ_AHEAD - len(held.hand)))
+        if copies is None:
+            return False
+        held.hand.extend(copies)
+        stamp = copy.delivery.stamp
+        prev = None if stamp is None else stamp.prev
+        if not any(c.delivery.key == prev for c in copies):
+            return None
+        _log.info(
+            "session %s in %s: %s waited for %s, received behind it; handing that on first",
+            held.session.session_id,
+            self.region,
+            copy.delivery.key,
+            prev,
+        )
         return True
 
     async def _state(self, key: str) -> ClaimState | str | None:
@@ -392,6 +473,14 @@ class SessionRegionLoop:
             self._stats.store_errors += 1
             self._metrics.store_error()
             return _UNKNOWN
+
+    async def _other_may_hold(self, held: _Held, prev: str) -> bool:
+        """Whether browsing the other region's session (when this process holds it there)
+        finds ``prev``: its hand and emptiness say nothing of a copy locked by a receiver
+        that lost the session."""
+        other = self.other
+        theirs = None if other is None else other._held.get(held.session.session_id)
+        return theirs is not None and theirs.loop is not None and await theirs.loop.may_hold(prev)
 
     def _absent_elsewhere(self, held: _Held, prev: str, stamp: OrderStamp, since: float) -> bool:
         """True when the other region is known to hold none of the predecessor now."""
@@ -415,12 +504,11 @@ class SessionRegionLoop:
         the answer is False (unknown).
         """
         held = self._held.get(session_id)
-        if held is not None and held.holds_none_of(prev, writer, prev_seq):
-            return True
+        if held is not None:
+            return held.holds_none_of(prev, writer, prev_seq, since)
         if self._empty_at.get(session_id, -1.0) >= since:
             return True
-        if held is None:
-            self._probe(session_id)
+        self._probe(session_id)
         return False
 
     async def _surely_empty(self, session: SessionReceiver) -> bool:
@@ -432,10 +520,12 @@ class SessionRegionLoop:
         except RegionError:
             return False  # unknown: not empty
 
-    def _found_empty(self, session_id: str) -> None:
+    def _found_empty(self, session_id: str) -> float:
+        """Record that ``session_id`` was found empty now; returns now."""
         if len(self._empty_at) >= 10_000:  # only recent answers matter: keep the map small
             self._empty_at.clear()
-        self._empty_at[session_id] = self._clock.monotonic()
+        now = self._empty_at[session_id] = self._clock.monotonic()
+        return now
 
     def _probe(self, session_id: str) -> None:
         if (

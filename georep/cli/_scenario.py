@@ -260,7 +260,11 @@ class _Sender:
             topology.secondary,
             queue_name=config.queue,
             mode=ReplicationMode(config.mode),
-            policy=FailoverPolicy(attempt_timeout=2.0),
+            # With sessions each region holds dozens of session links: when the primary
+            # drops them all, the secondary (the same emulator process) can take more
+            # than 2 s to answer on a loaded machine, and sends were queued instead of
+            # failing over.
+            policy=FailoverPolicy(attempt_timeout=5.0 if config.sessions else 2.0),
             outbox=self._outbox,
             ledger=self.ledger,
         )

@@ -8,12 +8,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from georep._ordering import read_stamp
+from georep._region_identity import RegionLabels
 from georep.exceptions import RegionError
 from georep.ports import Delivery, ErrorKind
 from georep.testing._clock import FakeClock
 from georep.testing._faults import FaultSwitch
 from georep.testing._messages import FakeMessage
-from georep.testing._regions import FakeReceivedMessage, dedup_value
+from georep.testing._regions import FakeLabels, FakeReceivedMessage, dedup_value
 
 __all__ = ["InMemoryRegionSessions", "InMemorySessionReceiver"]
 
@@ -25,9 +26,12 @@ class _Session:
     holder: InMemorySessionReceiver | None = None
     locked_until: float = 0.0
     state: bytes | None = None
+    stranded: list[FakeReceivedMessage] = field(default_factory=list)
+    """Locked by a holder that lost the session (see ``strand``), until ``stranded_until``."""
+    stranded_until: float = 0.0
 
 
-class InMemoryRegionSessions(FaultSwitch):
+class InMemoryRegionSessions(FaultSwitch, FakeLabels):
     """One fake region's session-enabled queue, as Service Bus behaves (docs/emulator.md).
 
     Messages of a session are delivered in order to the one receiver holding the session;
@@ -42,6 +46,9 @@ class InMemoryRegionSessions(FaultSwitch):
         slow_receives: The next this many receives wait their ``max_wait`` and return
             nothing although the session holds messages (a broker slow to deliver, as
             under load); browsing still sees them.
+        unanswered_abandons: The next this many abandons fail (the broker did not answer
+            in time) and leave their message locked in its session until the session is
+            released.
     """
 
     def __init__(
@@ -50,12 +57,11 @@ class InMemoryRegionSessions(FaultSwitch):
         namespace: str | None = None,
         entity: str = "orders",
         *,
-        clock: FakeClock,
         lock_duration: float = 30.0,
+        clock: FakeClock,
     ) -> None:
-        super().__init__(region)
-        self._namespace = namespace or f"{region}.servicebus.example"
-        self._entity = entity
+        FaultSwitch.__init__(self, region)
+        FakeLabels.__init__(self, region, namespace, entity)
         self._clock = clock
         self.lock_duration = lock_duration
         self._sessions: dict[str, _Session] = {}
@@ -64,15 +70,8 @@ class InMemoryRegionSessions(FaultSwitch):
         self.completed: list[FakeReceivedMessage] = []
         self.accepts: list[str] = []
         self.slow_receives = 0
+        self.unanswered_abandons = 0
         self.closed = False
-
-    @property
-    def namespace(self) -> str:
-        return self._namespace
-
-    @property
-    def entity(self) -> str:
-        return self._entity
 
     def put(self, message: FakeMessage) -> None:
         """Enqueue a copy of ``message`` in its session (``message.session_id`` required)."""
@@ -80,14 +79,7 @@ class InMemoryRegionSessions(FaultSwitch):
             raise ValueError("a session queue takes only messages with a session_id")
         session = self._sessions.setdefault(message.session_id, _Session())
         session.available.append(
-            FakeReceivedMessage(
-                message.body,
-                message.message_id,
-                message.subject,
-                dict(message.application_properties),
-                sequence_number=next(self._sequence),
-                session_id=message.session_id,
-            )
+            FakeReceivedMessage.stored(message, next(self._sequence), session_id=message.session_id)
         )
 
     def pending(self, session_id: str | None = None) -> int:
@@ -95,11 +87,29 @@ class InMemoryRegionSessions(FaultSwitch):
         chosen = self._sessions.values() if session_id is None else [self._sessions[session_id]]
         return sum(len(s.available) + len(s.locked) for s in chosen)
 
+    def strand(self, session_id: str) -> None:
+        """The holder of ``session_id`` loses it, but what it received stays locked until
+        its lock would have expired (a broker that has not yet noticed the holder's link
+        is gone): meanwhile the next holder receives only what comes after."""
+        session = self._sessions[session_id]
+        if session.holder is not None:
+            session.holder.lost = True
+        session.holder = None
+        session.stranded.extend(session.locked.values())
+        session.stranded_until = session.locked_until
+        session.locked.clear()
+
     def _expire(self) -> None:
         now = self._clock.time()
         for session in self._sessions.values():
             if session.holder is not None and session.locked_until <= now:
                 self._release(session)
+            if session.stranded and session.stranded_until <= now:
+                for message in session.stranded:
+                    message.delivery_count += 1
+                session.available.extend(session.stranded)
+                session.available.sort(key=lambda m: m.sequence_number)
+                session.stranded.clear()
 
     def _release(self, session: _Session) -> None:
         for message in session.locked.values():
@@ -147,7 +157,7 @@ class InMemoryRegionSessions(FaultSwitch):
         self.closed = True
 
 
-class InMemorySessionReceiver:
+class InMemorySessionReceiver(RegionLabels):
     """One session locked in an :class:`InMemoryRegionSessions`.
 
     Attributes:
@@ -155,22 +165,11 @@ class InMemorySessionReceiver:
     """
 
     def __init__(self, queue: InMemoryRegionSessions, session_id: str, session: _Session) -> None:
+        super().__init__(queue.region, queue.namespace, queue.entity)
         self._queue = queue
         self._session_id = session_id
         self._session = session
         self.lost = False
-
-    @property
-    def region(self) -> str:
-        return self._queue.region
-
-    @property
-    def namespace(self) -> str:
-        return self._queue.namespace
-
-    @property
-    def entity(self) -> str:
-        return self._queue.entity
 
     @property
     def session_id(self) -> str:
@@ -236,11 +235,11 @@ class InMemorySessionReceiver:
 
     async def has_messages(self) -> bool:
         await self._check()
-        return bool(self._session.available or self._session.locked)
+        return bool(self._session.available or self._session.locked or self._session.stranded)
 
     async def peek(self, count: int) -> list[Any]:
         stored = sorted(
-            [*self._session.available, *self._session.locked.values()],
+            [*self._session.available, *self._session.locked.values(), *self._session.stranded],
             key=lambda m: m.sequence_number,
         )
         return [dataclasses.replace(m) for m in stored[:count]]
@@ -249,6 +248,14 @@ class InMemorySessionReceiver:
         self._queue.completed.append(await self._held(message))
 
     async def abandon(self, message: Any) -> None:
+        if self._queue.unanswered_abandons > 0:
+            await self._check()
+            self._queue.unanswered_abandons -= 1
+            raise RegionError(
+                f"{self.region}: abandoning did not return",
+                region=self.region,
+                kind=ErrorKind.TIMEOUT,
+            )
         held = await self._held(message)
         held.delivery_count += 1
         self._session.available.insert(0, held)

@@ -6,27 +6,34 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
+from typing import Any
 
 import pytest
 from _helpers import run_python
 
-pytestmark = [pytest.mark.integration, pytest.mark.heavy]
+pytestmark = [pytest.mark.integration, pytest.mark.heavy, pytest.mark.timeout(300)]
+
+
+def run_demo(work_dir: Path, *options: str) -> tuple[str, dict[str, Any]]:
+    """``georep demo *options`` in ``work_dir``, which must succeed: its output, and the
+    audit's report (report/report.json)."""
+    completed = run_python(
+        "-m", "georep.cli", "demo", *options, "--work-dir", str(work_dir),
+        timeout=300, env={**os.environ, "COLUMNS": "120"},
+    )  # fmt: skip
+    output = completed.stdout + completed.stderr
+    assert completed.returncode == 0, output[-5000:]
+    return output, json.loads((work_dir / "report" / "report.json").read_text())
 
 
 def test_passive_demo_through_an_outage_loses_nothing_and_the_timeline_shows_the_switch(
     tmp_path: Path,
 ) -> None:
-    completed = run_python(
-        "-m", "georep.cli", "demo", "--messages", "900", "--rate", "150",
-        "--outage-at", "2", "--outage-for", "2", "--work-dir", str(tmp_path),
-        timeout=300, env={**os.environ, "COLUMNS": "120"},
-    )  # fmt: skip
-    output = completed.stdout + completed.stderr
-    assert completed.returncode == 0, output[-5000:]
+    output, report = run_demo(
+        tmp_path, "--messages", "900", "--rate", "150", "--outage-at", "2", "--outage-for", "2"
+    )
     assert "OK: nothing lost, nothing processed twice." in output
     assert "SharedAccessKey=" not in output, "a secret was printed"
-
-    report = json.loads((tmp_path / "report" / "report.json").read_text())
     assert report["sent"] == report["processed"] == 900
     assert report["lost"] == 0 and report["processed_more_than_once"] == 0
     assert report["failover"]["sends"] >= 1
@@ -44,15 +51,11 @@ def test_passive_demo_through_an_outage_loses_nothing_and_the_timeline_shows_the
 def test_the_sessions_demo_keeps_fifty_sessions_in_order_through_an_outage(
     tmp_path: Path,
 ) -> None:
-    completed = run_python(
-        "-m", "georep.cli", "demo", "--sessions", "--messages", "1000", "--rate", "0",
-        "--outage-at", "1", "--outage-for", "3", "--work-dir", str(tmp_path),
-        timeout=300, env={**os.environ, "COLUMNS": "120"},
+    output, report = run_demo(
+        tmp_path, "--sessions", "--messages", "1000", "--rate", "0", "--outage-at", "1",
+        "--outage-for", "3",
     )  # fmt: skip
-    output = completed.stdout + completed.stderr
-    assert completed.returncode == 0, output[-5000:]
     assert "OK: nothing lost, nothing processed twice, 0 out of session order." in output
-    report = json.loads((tmp_path / "report" / "report.json").read_text())
     assert report["sent"] == report["processed"] == 1000 and report["lost"] == 0
     assert report["sessions"]["sessions"] == 50
     assert report["sessions"]["out_of_order"] == 0

@@ -93,7 +93,6 @@ async def test_fifty_sessions_keep_their_order_through_a_primary_failure(
     tmp_path: Path,
     mode: ReplicationMode,
     failure: str,
-    caplog: pytest.LogCaptureFixture,
 ) -> None:
     # A session held by a link a blackhole cut stays locked until its lock expires (as on
     # Azure): keep that short.
@@ -110,7 +109,9 @@ async def test_fifty_sessions_keep_their_order_through_a_primary_failure(
                 queue_name=queue,
                 mode=mode,
                 ledger=ledger,
-                policy=FailoverPolicy(attempt_timeout=2),  # a blackholed send gives up sooner
+                # A blackholed send gives up sooner than by default; 5 s leaves the
+                # secondary time to open its connection on a loaded machine (2 s did not).
+                policy=FailoverPolicy(attempt_timeout=5),
             ) as sender:
                 await send_rounds(sender, range(PER_SESSION // 2))
                 await fault(emu, "primary", failure)
@@ -136,12 +137,9 @@ async def test_fifty_sessions_keep_their_order_through_a_primary_failure(
     figures = report["sessions"]
     assert (figures["sessions"], figures["messages"]) == (SESSIONS, total)
     assert figures["order_gaps"] == {}
-    # The audit orders a session's copies by when their outcome was recorded: a copy whose
-    # settlement failed (its session lock expired under load) is recorded when its
-    # redelivery settles, and may count out of order although the handler saw it in order
-    # (checked above). Known limit, docs/sessions.md; at most one per failed settlement.
-    settle_failures = sum("settling a copy" in r.getMessage() for r in caplog.records)
-    assert figures["out_of_order"] <= settle_failures, (figures, settle_failures)
+    # The audit orders a session's copies by when their handler returned (even a copy whose
+    # settlement failed afterwards and was settled from its redelivery): the same order.
+    assert figures["out_of_order"] == 0, figures
 
 
 async def test_the_old_region_never_returning_gives_order_up_after_order_wait(
@@ -238,7 +236,9 @@ def test_the_sync_api_keeps_session_order_on_a_subscription_through_an_outage(
 def test_two_processes_compete_for_sessions_and_one_is_killed(
     emu: Emulator, private_queue: Callable[..., str], tmp_path: Path
 ) -> None:
-    queue = private_queue("competing", requires_session=True)
+    # A session the victim held stays locked until the service notices its connection is
+    # gone or, at the latest, until its lock expires: keep that well inside the test's wait.
+    queue = private_queue("competing", requires_session=True, lock_duration=10)
     sessions, per_session = 16, 30
     connections = (emu.connection_string("primary"), emu.connection_string("secondary"))
     with georep.sync.GeoSender.from_connection_strings(
@@ -274,7 +274,12 @@ def test_two_processes_compete_for_sessions_and_one_is_killed(
         deadline = time.monotonic() + 25
         while len(_handled(out)) < total and time.monotonic() < deadline:
             time.sleep(0.1)
-        time.sleep(1.0)  # a duplicate would show up now
+        # The survivor settles the other region's copies as duplicates, a session at a
+        # time: once none is stored, no duplicate can show up any more.
+        deadline = time.monotonic() + 45
+        while stored(emu, queue) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        left = {n: emu.namespace(n).message_count(queue) for n in emu.namespaces}
     finally:
         for consumer in consumers:
             if consumer.poll() is None:
@@ -299,8 +304,8 @@ def test_two_processes_compete_for_sessions_and_one_is_killed(
         ]
         assert all(pid == str(victim.pid) for pid in repeats), (session, handled)
         assert len(repeats) <= 1
-    # Nothing left: every copy in both regions was settled.
-    assert stored(emu, queue) == 0
+    # Nothing left: every copy in both regions was settled while the survivor ran.
+    assert sum(left.values()) == 0, left
 
 
 def _handled(out: Path) -> set[str]:

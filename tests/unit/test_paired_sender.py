@@ -76,17 +76,21 @@ async def test_sends_fail_for_the_interval_then_go_to_backlog_queues() -> None:
     await sender.aclose()
 
 
+async def refused_without_failover(
+    sender: PairedSender, primary: InMemoryRegionSender, kind: ErrorKind
+) -> None:
+    """A send the primary refuses with ``kind`` is raised, and the sender does not fail over."""
+    primary.fail_with(kind)
+    with pytest.raises(RegionError):
+        await sender.send_messages(FakeMessage(b"x"))
+    assert not sender.state.engaged
+
+
 async def test_zero_interval_fails_over_on_the_first_failure_and_auth_never_does() -> None:
     clock = FakeClock()
     sender, primary, _ = build(clock, failover_interval=0)
-    primary.fail_with(ErrorKind.AUTHENTICATION)
-    with pytest.raises(RegionError):
-        await sender.send_messages(FakeMessage(b"a"))
-    assert not sender.state.engaged
-    primary.fail_with(ErrorKind.SERVER_BUSY)
-    with pytest.raises(RegionError):
-        await sender.send_messages(FakeMessage(b"b"))
-    assert not sender.state.engaged
+    await refused_without_failover(sender, primary, ErrorKind.AUTHENTICATION)
+    await refused_without_failover(sender, primary, ErrorKind.SERVER_BUSY)
     primary.fail_with(ErrorKind.CONNECTION)
     assert (await sender.send_messages(FakeMessage(b"c"))) != "primary"
     await sender.aclose()
@@ -188,10 +192,8 @@ async def test_a_message_every_backlog_queue_would_refuse_is_raised_not_rotated(
 async def test_a_service_error_does_not_start_the_failover_timer() -> None:
     clock = FakeClock()
     sender, primary, backlog = build(clock, failover_interval=0)
-    primary.fail_with(ErrorKind.SERVICE_ERROR)
-    with pytest.raises(RegionError):
-        await sender.send_messages(FakeMessage(b"a"))
-    assert not sender.state.engaged and all(q.attempts == 0 for q in backlog)
+    await refused_without_failover(sender, primary, ErrorKind.SERVICE_ERROR)
+    assert all(q.attempts == 0 for q in backlog)
     await sender.aclose()
 
 
@@ -215,3 +217,30 @@ async def test_failback_waits_until_the_primary_answered_every_ping_for_failback
     assert not sender.state.engaged and sender.pings == 7
     assert await sender.send_messages(FakeMessage(b"b")) == "primary"
     await sender.aclose()
+
+
+async def test_session_messages_are_stamped_in_order_through_the_backlog() -> None:
+    # The same stamps as a GeoSender's (docs/sessions.md): one writer numbers each session,
+    # through an engaged failover (the backlog copies keep them), with the generation of
+    # the failover state; a message without a MessageId gets one, as its stamp's key.
+    from georep._ordering import read_stamp
+
+    clock = FakeClock()
+    sender, primary, backlog = build(clock, count=1, failover_interval=0)
+    await sender.send_messages(FakeMessage(b"1", "m1", session_id="S"))
+    primary.fail_with(ErrorKind.CONNECTION)
+    await sender.send_messages(FakeMessage(b"2", None, session_id="S"))
+    await sender.send_messages([FakeMessage(b"3", "m3", session_id="S")])
+    await sender.send_messages(FakeMessage(b"plain", "p"))
+    await sender.aclose()
+
+    sent = [*primary.accepted, *backlog[0].accepted]
+    stamps = [read_stamp(m.application_properties.get) for m in sent]
+    assert sent[0].message_id == "m1" and sent[1].message_id  # the second was given an id
+    assert [s.seq for s in stamps[:3] if s] == [1, 2, 3]
+    assert [s.prev for s in stamps[:3] if s] == [None, "m1", sent[1].message_id]
+    assert len({s.writer for s in stamps[:3] if s}) == 1
+    # The generation when the send began: the second began before its failure engaged
+    # failover, the third after.
+    assert [s.generation for s in stamps[:3] if s] == [0, 0, 1]
+    assert stamps[3] is None  # no session: not stamped
