@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import time
-from collections.abc import Awaitable, Callable, Mapping
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from typing import Any, TypeVar
 
 from azure.servicebus import ServiceBusMessage
+from azure.servicebus.aio import ServiceBusClient
 
 from georep import GeoSender, ReplicationMode
 from georep.adapters.emulator import Emulator
@@ -17,14 +20,33 @@ BODY = b"x" * 200
 _V = TypeVar("_V")
 
 
+def on_emulator(cls: Any, emu: Emulator, queue: str, **options: Any) -> Any:
+    """``cls.from_connection_strings(...)`` (a GeoSender or a GeoReceiver) on the emulator's
+    primary and secondary, for ``queue``."""
+    primary, secondary = (emu.connection_string(name) for name in ("primary", "secondary"))
+    return cls.from_connection_strings(primary, secondary, queue_name=queue, **options)
+
+
+@contextlib.asynccontextmanager
+async def sdk_senders(emu: Emulator, prefix: str) -> AsyncIterator[tuple[Any, Any]]:
+    """A new queue (named ``prefix-...``) in every namespace, and the plain SDK's async
+    sender on it in the primary and in the secondary, each with its own client; all closed
+    after the block."""
+    queue = f"{prefix}-{uuid.uuid4().hex[:6]}"
+    for namespace in emu.namespaces:
+        emu.namespace(namespace).create_queue(queue)
+    async with (
+        ServiceBusClient.from_connection_string(emu.connection_string("primary")) as east,
+        ServiceBusClient.from_connection_string(emu.connection_string("secondary")) as west,
+        east.get_queue_sender(queue) as raw_east,
+        west.get_queue_sender(queue) as raw_west,
+    ):
+        yield raw_east, raw_west
+
+
 async def fill_active(emu: Emulator, queue: str, count: int, body: bytes = BODY) -> None:
     """Send ``count`` logical messages with active replication: a copy in each region."""
-    async with GeoSender.from_connection_strings(
-        emu.connection_string("primary"),
-        emu.connection_string("secondary"),
-        queue_name=queue,
-        mode=ReplicationMode.ACTIVE,
-    ) as sender:
+    async with on_emulator(GeoSender, emu, queue, mode=ReplicationMode.ACTIVE) as sender:
         for start in range(0, count, 100):
             batch = await sender.create_message_batch()
             for _ in range(min(100, count - start)):

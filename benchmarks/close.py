@@ -21,6 +21,7 @@ import uuid
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from _common import on_emulator
 from azure.servicebus import ServiceBusMessage
 from azure.servicebus.aio import ServiceBusClient
 
@@ -45,9 +46,7 @@ async def raw_sender(emu: Emulator, queue: str) -> float:
 
 
 async def geo_sender(emu: Emulator, queue: str) -> float:
-    sender = GeoSender.from_connection_strings(
-        emu.connection_string("primary"), emu.connection_string("secondary"), queue_name=queue
-    )
+    sender = on_emulator(GeoSender, emu, queue)
     async with sender:
         await sender.send_messages(ServiceBusMessage("x"))
         started = time.perf_counter()
@@ -63,13 +62,7 @@ async def raw_receiver(emu: Emulator, queue: str) -> float:
 
 
 async def geo_receiver(emu: Emulator, queue: str) -> float:
-    receiver = GeoReceiver.from_connection_strings(
-        emu.connection_string("primary"),
-        emu.connection_string("secondary"),
-        queue_name=queue,
-        seen=InMemorySeenSet(),
-        max_wait=0.2,
-    )
+    receiver = on_emulator(GeoReceiver, emu, queue, seen=InMemorySeenSet(), max_wait=0.2)
     running = asyncio.create_task(receiver.run(lambda message: asyncio.sleep(0)))
     await asyncio.sleep(1.0)  # both regions' links are open and receiving
     started = time.perf_counter()

@@ -44,9 +44,8 @@ from pathlib import Path
 from typing import Any
 
 import pyarrow.dataset as ds
-from _common import fill_active, interleaved, send_workload_arguments
+from _common import fill_active, interleaved, on_emulator, sdk_senders, send_workload_arguments
 from azure.servicebus import ServiceBusMessage
-from azure.servicebus.aio import ServiceBusClient
 
 from georep import GeoReceiver, GeoSender, ParquetLedger, ReplicationMode, RoleState
 from georep._ledger_schema import receive_schema, send_schema
@@ -77,15 +76,7 @@ async def batch_sends(sender: GeoSender, count: int) -> None:
 async def send_throughput(
     emu: Emulator, ledger: ParquetLedger, messages: int, batches: int, chunks: int
 ) -> None:
-    queue = f"ledger-bench-{uuid.uuid4().hex[:6]}"
-    for namespace in emu.namespaces:
-        emu.namespace(namespace).create_queue(queue)
-    async with (
-        ServiceBusClient.from_connection_string(emu.connection_string("primary")) as east,
-        ServiceBusClient.from_connection_string(emu.connection_string("secondary")) as west,
-        east.get_queue_sender(queue) as raw_east,
-        west.get_queue_sender(queue) as raw_west,
-    ):
+    async with sdk_senders(emu, "ledger-bench") as (raw_east, raw_west):
         roles = RoleState(raw_east.fully_qualified_namespace)
         variants: dict[str, GeoSender] = {}
         for mode in (ReplicationMode.PASSIVE, ReplicationMode.ACTIVE):
@@ -133,14 +124,7 @@ async def drain_once(emu: Emulator, queue: str, count: int, ledger: ParquetLedge
         if handled == count:
             done.set()
 
-    receiver = GeoReceiver.from_connection_strings(
-        emu.connection_string("primary"),
-        emu.connection_string("secondary"),
-        queue_name=queue,
-        seen=seen,
-        ledger=ledger,
-        max_wait=0.2,
-    )
+    receiver = on_emulator(GeoReceiver, emu, queue, seen=seen, ledger=ledger, max_wait=0.2)
     started = time.perf_counter()
     task = asyncio.create_task(receiver.run(handle))
     await asyncio.wait_for(done.wait(), timeout=300)
@@ -236,10 +220,8 @@ def report(ledger: ParquetLedger) -> None:
 
     sends, receives = rows("sends", send_schema()), rows("receives", receive_schema())
     files = sum(1 for _ in directory.glob("*/*.parquet"))
-    print(
-        f"\nLedger: {sends:,} send rows, {receives:,} receive rows in {files} files; "
-        f"dropped {ledger.dropped_sends} sends, {ledger.dropped_receives} receives"
-    )
+    dropped = f"dropped {ledger.dropped_sends} sends, {ledger.dropped_receives} receives"
+    print(f"\nLedger: {sends:,} send rows, {receives:,} receive rows in {files} files; {dropped}")
 
 
 async def main() -> None:

@@ -35,9 +35,8 @@ import uuid
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from _common import interleaved, send_workload_arguments
+from _common import interleaved, sdk_senders, send_workload_arguments
 from azure.servicebus import ServiceBusMessage
-from azure.servicebus.aio import ServiceBusClient
 
 from georep import FailoverPolicy, GeoSender, ReplicationMode, RoleState
 from georep.adapters.emulator import Emulator
@@ -72,15 +71,7 @@ async def batch_sends(send: Send, make_batch: MakeBatch, batches: int) -> None:
 
 
 async def throughput(emu: Emulator, messages: int, batches: int, chunks: int) -> None:
-    queue = f"bench-{uuid.uuid4().hex[:6]}"
-    for namespace in emu.namespaces:
-        emu.namespace(namespace).create_queue(queue)
-    async with (
-        ServiceBusClient.from_connection_string(emu.connection_string("primary")) as east,
-        ServiceBusClient.from_connection_string(emu.connection_string("secondary")) as west,
-        east.get_queue_sender(queue) as raw,
-        west.get_queue_sender(queue) as raw_west,
-    ):
+    async with sdk_senders(emu, "bench") as (raw, raw_west):
         # The GeoSenders wrap the application's own SDK senders, as the drop-in path does.
         passive = GeoSender(raw, raw_west, mode=ReplicationMode.PASSIVE)
         active = GeoSender(raw, raw_west, mode=ReplicationMode.ACTIVE)

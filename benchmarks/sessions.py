@@ -30,6 +30,7 @@ import time
 import uuid
 from typing import Any
 
+from _common import on_emulator
 from azure.servicebus import NEXT_AVAILABLE_SESSION, ServiceBusMessage
 from azure.servicebus.aio import ServiceBusClient
 from azure.servicebus.exceptions import OperationTimeoutError
@@ -61,9 +62,7 @@ async def _fill(
     if sender is not None:
         await send(sender)
         return
-    async with GeoSender.from_connection_strings(
-        emu.connection_string("primary"), emu.connection_string("secondary"), queue_name=queue
-    ) as geo:
+    async with on_emulator(GeoSender, emu, queue) as geo:
         await send(geo)
 
 
@@ -110,16 +109,8 @@ async def _geo(
     handled: list[tuple[float, str]] = []
     done = asyncio.Event()
     seen = RedisSeenSet(REDIS_URL, group=f"bench-{uuid.uuid4().hex[:8]}", window=600)
-    receiver = GeoReceiver.from_connection_strings(
-        emu.connection_string("primary"),
-        emu.connection_string("secondary"),
-        queue_name=queue,
-        seen=seen,
-        sessions=True,
-        max_sessions=max_sessions,
-        max_wait=0.5,
-        **options,
-    )
+    sessions = {"sessions": True, "max_sessions": max_sessions, "max_wait": 0.5}
+    receiver = on_emulator(GeoReceiver, emu, queue, seen=seen, **sessions, **options)
 
     async def handle(message: Any) -> None:
         handled.append((time.time(), str(message)))
@@ -160,9 +151,7 @@ async def restoration(emu: Emulator, sessions: int, per_session: int, outage: fl
     queue = _queue(emu)
     half = per_session // 2
     ledger = InMemoryLedger()
-    async with GeoSender.from_connection_strings(
-        emu.connection_string("primary"), emu.connection_string("secondary"), queue_name=queue
-    ) as sender:
+    async with on_emulator(GeoSender, emu, queue) as sender:
         await _fill(emu, queue, sessions, range(half), sender)
         await asyncio.to_thread(emu.namespace("primary").outage)
         await _fill(emu, queue, sessions, range(half, per_session), sender)

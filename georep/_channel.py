@@ -18,10 +18,22 @@ from collections.abc import Awaitable, Callable, Collection, Sequence
 from typing import Any, Generic, Protocol, TypeVar
 
 from georep._policy import FailoverPolicy
-from georep.exceptions import RegionError, RegionUnavailableError
+from georep.exceptions import (
+    AllRegionsUnavailableError,
+    ConfigurationError,
+    RegionError,
+    RegionUnavailableError,
+)
 from georep.ports import Clock, ErrorKind, RegionSender
 
-__all__ = ["RegionChannel", "RegionDeadline", "RegionPair", "learn_max_sizes", "sender_channel"]
+__all__ = [
+    "RegionChannel",
+    "RegionDeadline",
+    "RegionPair",
+    "batch_size",
+    "learn_max_sizes",
+    "sender_channel",
+]
 
 _log = logging.getLogger("georep.sender")
 
@@ -275,3 +287,28 @@ async def learn_max_sizes(
 
     await asyncio.gather(*(size_of(region) for region in regions))
     return errors
+
+
+async def batch_size(
+    regions: RegionPair[RegionSender], timeout: float, requested: int | None
+) -> int:
+    """The size of a new batch: the smallest of both regions' limits (asked now where not
+    known yet) and of ``requested``.
+
+    Raises:
+        ConfigurationError: ``requested`` is not greater than 0.
+        AllRegionsUnavailableError: No region could tell its limit and none was requested.
+    """
+    missing = [region for region in regions if region.max_size is None]
+    errors = await learn_max_sizes(missing, timeout) if missing else {}
+    learned = regions.size_limit()
+    sizes = [] if learned is None else [learned]
+    if requested is not None:
+        if requested <= 0:
+            raise ConfigurationError("max_size_in_bytes must be greater than 0")
+        sizes.append(requested)
+    if not sizes:
+        raise AllRegionsUnavailableError(
+            "no region could tell its message size limit; pass max_size_in_bytes", errors
+        )
+    return min(sizes)

@@ -29,10 +29,12 @@ from georep._classify import TRY_LATER_KINDS
 from georep._policy import DrainPolicy, as_seconds
 from georep._telemetry import Instruments, InstrumentSpec
 from georep.exceptions import AllRegionsUnavailableError, RegionError
-from georep.ports import Clock, ErrorKind, Ledger, MessageCodec, Outbox, OutboxEntry, SendRecord
+from georep.ports import Clock, ErrorKind, MessageCodec, Outbox, OutboxEntry
 
 if TYPE_CHECKING:
     from opentelemetry.metrics import MeterProvider
+
+    from georep._send_records import SendRecords
 
 __all__ = [
     "DrainTelemetry",
@@ -135,9 +137,8 @@ class OutboxDrainer:
             lease is renewed before each send so that it outlives this.
         telemetry: Counters.
         stats: The sender's counters (drained, dead-lettered, expired, depth).
-        ledger: Where expired messages are recorded (outcome ``expired``).
-        entity: The entity name the ledger records.
-        mode: The sender's mode the ledger records.
+        records: The sender's ledger rows, if it has a ledger (expired messages are
+            recorded there, outcome ``expired``).
     """
 
     def __init__(
@@ -153,23 +154,19 @@ class OutboxDrainer:
         send_budget: float,
         telemetry: DrainTelemetry,
         stats: DrainStats,
-        ledger: Ledger | None = None,
-        entity: str = "",
-        mode: str = "",
+        records: SendRecords | None = None,
     ) -> None:
         self._outbox = outbox
         self._channel = channel
         self._codec = codec
         self._policy = policy
         self._clock = clock
-        self._deliver = deliver
         self._unavailable_kinds = frozenset(unavailable_kinds)
+        self._deliver = deliver
         self._send_budget = send_budget
         self._telemetry = telemetry
         self._stats = stats
-        self._ledger = ledger
-        self._entity = entity
-        self._mode = mode
+        self._records = records
         # One owner per drainer: leases it lost to another drainer are never touched again.
         self.owner = f"georep-{uuid.uuid4().hex}"
         self.errors = 0
@@ -344,12 +341,8 @@ class OutboxDrainer:
             now - entry.enqueued_at,
             ttl,
         )
-        if self._ledger is not None:
-            self._ledger.record_send(
-                SendRecord(
-                    (message_id,), self._entity, self._mode, "expired", None, False, (), now, now
-                )
-            )
+        if self._records is not None:
+            self._records.expired(message_id, now)
         return True
 
     async def _retry_later(self, entry: OutboxEntry, attempts: int) -> None:

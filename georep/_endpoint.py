@@ -16,7 +16,9 @@ __all__ = [
     "NamespaceEndpoint",
     "Target",
     "namespace_endpoint",
+    "one_entity",
     "with_client_options",
+    "with_client_options_pair",
 ]
 
 
@@ -56,6 +58,27 @@ def with_client_options(target: Target, client_options: Mapping[str, Any] | None
         target.credential,
         {**client_options, **target.client_options},
     )
+
+
+def with_client_options_pair(
+    primary: Target, secondary: Target, client_options: Mapping[str, Any] | None
+) -> tuple[Target, Target]:
+    """Both regions' targets with ``client_options`` added: how every
+    ``from_connection_strings`` starts."""
+    return (
+        with_client_options(primary, client_options),
+        with_client_options(secondary, client_options),
+    )
+
+
+def one_entity(queue_name: str | None, topic_name: str | None) -> None:
+    """Check that a sender's ``from_connection_strings`` names exactly one entity.
+
+    Raises:
+        ConfigurationError: Neither or both are named.
+    """
+    if (queue_name is None) == (topic_name is None):
+        raise ConfigurationError("name exactly one of queue_name= or topic_name=")
 
 
 def namespace_endpoint(

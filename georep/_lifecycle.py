@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Iterable
-from types import TracebackType
 from typing import Any, Protocol, Self
 
 from georep.exceptions import ClosedError
@@ -40,12 +39,7 @@ class AsyncResource:
         await self._open()
         return self
 
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        traceback: TracebackType | None,
-    ) -> None:
+    async def __aexit__(self, *exc_info: object) -> None:
         await self.aclose()
 
     @property

@@ -50,6 +50,15 @@ class Settle(enum.StrEnum):
     DEAD_LETTER = "dead_letter"
 
 
+_STATES: Final = {
+    Settle.COMPLETE: ClaimState.DONE,
+    Settle.ABANDON: None,
+    Settle.DEFER: ClaimState.DEFERRED,
+    Settle.DEAD_LETTER: ClaimState.DEAD_LETTERED,
+}
+"""What the seen-set records for a copy settled each way (None: the claim is released)."""
+
+
 @dataclass(frozen=True, slots=True)
 class Decision:
     """One copy's outcome.
@@ -69,13 +78,6 @@ class Decision:
         """What the seen-set records for it (None: release the claim)."""
         return _STATES[self.settle]
 
-
-_STATES: Final = {
-    Settle.COMPLETE: ClaimState.DONE,
-    Settle.ABANDON: None,
-    Settle.DEFER: ClaimState.DEFERRED,
-    Settle.DEAD_LETTER: ClaimState.DEAD_LETTERED,
-}
 
 COMPLETE: Final = Decision(Settle.COMPLETE)
 ABANDON: Final = Decision(Settle.ABANDON)

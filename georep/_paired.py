@@ -97,6 +97,11 @@ class PairedNamespaceOptions:
     syphon_prefetch: int = 100
     partner_close_timeout: Seconds = 5.0
 
+    def seconds(self, name: str) -> float:
+        """One of the durations, in seconds."""
+        value: Seconds = getattr(self, name)
+        return as_seconds(value)
+
     def __post_init__(self) -> None:
         for name in ("backlog_queue_count", "syphon_batch_size", "syphon_prefetch"):
             count(getattr(self, name), f"PairedNamespaceOptions.{name}")
@@ -111,11 +116,6 @@ class PairedNamespaceOptions:
             ("partner_close_timeout", 0.0, float("inf")),
         ):
             object.__setattr__(self, name, _bounded(getattr(self, name), name, low, high))
-
-    def seconds(self, name: str) -> float:
-        """One of the durations, in seconds."""
-        value: Seconds = getattr(self, name)
-        return as_seconds(value)
 
 
 _NAME = re.compile(r"[^A-Za-z0-9-]")

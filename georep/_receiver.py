@@ -14,32 +14,24 @@ import os
 import socket
 import uuid
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, TypeVar, cast
+from typing import TYPE_CHECKING, Any, Final, TypeVar, cast
 
 from opentelemetry import trace
 
 from georep._clock import SystemClock
-from georep._endpoint import FromNamespaces, Target, with_client_options
+from georep._endpoint import FromNamespaces, Target, with_client_options_pair
 from georep._lifecycle import AsyncResource, close_all
 from georep._outcomes import ABANDON, COMPLETE, Decision, Decisions, Settle, dead_letter_decision
 from georep._policy import DedupKey, Seconds, count, positive_seconds, seconds
+from georep._receive_wiring import region_loop, session_loops
+from georep._receiving import ReceiveContext, ReceiverStats
 from georep._region_loop import RECEIVE_GRACE as RECEIVE_GRACE
 from georep._region_loop import Handler, LoopPolicy, RegionLoop, StorePolicy
 from georep._region_wrap import open_pair, wrap_pair
-from georep._session_loop import FinishedKeys, SessionPolicy, SessionRegionLoop
-from georep._settle import Copy, Settlements
+from georep._session_loop import SessionPolicy, SessionRegionLoop
 from georep._telemetry import ReceiverMetrics, TracingGate
 from georep.exceptions import ConfigurationError, SettlementError
-from georep.ports import (
-    Clock,
-    Ledger,
-    RegionReceiver,
-    RegionSessions,
-    SeenStore,
-    SessionReceiver,
-    SessionStateStore,
-)
+from georep.ports import Clock, Ledger, RegionReceiver, RegionSessions, SeenStore, SessionStateStore
 
 if TYPE_CHECKING:
     from opentelemetry.metrics import MeterProvider
@@ -50,43 +42,16 @@ __all__ = ["GeoReceiver", "ReceiverHandler", "ReceiverStats", "receiver"]
 _log = logging.getLogger("georep.receiver")
 
 
-@dataclass(slots=True)
-class ReceiverStats:
-    """Live counters of one GeoReceiver.
-
-    Attributes:
-        processed: Copies whose handler succeeded (each is one logical message).
-        suppressed: Duplicate copies settled without calling the handler, by region.
-        failed: Handler failures: it raised or abandoned the copy (abandoned for
-            redelivery, or dead-lettered once ``max_attempts`` is reached).
-        dead_lettered: Copies dead-lettered: by the handler, after ``max_attempts``, or
-            as the twin of a copy dead-lettered in the other region.
-        deferred: Copies deferred: by the handler, or as the twin of a deferred copy.
-        pings: The paired namespaces' ping messages completed without the handler.
-        parked: Copies now waiting for another consumer's outcome.
-        in_flight: Handlers running now.
-        store_errors: Seen-set calls that failed (Redis unreachable).
-        unchecked: Copies processed without a dedup check (``on_store_unavailable="process"``
-            or a copy without a dedup key).
-        received: Copies received, by region.
-        order_gaps: Session mode: messages handed on without their predecessor processed
-            (``order_wait`` ran out, or no region held it).
-        order_waited: Session mode: seconds messages spent waiting for their predecessors.
-    """
-
-    processed: int = 0
-    suppressed: dict[str, int] = field(default_factory=dict)
-    failed: int = 0
-    dead_lettered: int = 0
-    deferred: int = 0
-    pings: int = 0
-    parked: int = 0
-    in_flight: int = 0
-    store_errors: int = 0
-    unchecked: int = 0
-    received: dict[str, int] = field(default_factory=dict)
-    order_gaps: int = 0
-    order_waited: float = 0.0
+_LOOP: Final = (
+    "concurrency",
+    "lease",
+    "max_wait",
+    "max_attempts",
+    "on_store_unavailable",
+    "dedup_key",
+)
+"""The GeoReceiver's attributes its region loops read (:class:`LoopPolicy` fields; the
+other one, ``scope_prefix``, is derived from ``dedup_scope``)."""
 
 
 def _observed_parked(receiver: GeoReceiver) -> int | None:
@@ -182,6 +147,24 @@ class GeoReceiver(FromNamespaces, AsyncResource):
         self.owner = owner or f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
         self._clock: Clock = clock or SystemClock()
         self.sessions = bool(sessions)
+        regions = self._regions(primary, secondary, dedup_scope)
+        self.stats = ReceiverStats()
+        self._context = self._shared(tracer_provider, meter_provider)
+        self._loops: list[RegionLoop] = []
+        self._session_loops: list[SessionRegionLoop] = []
+        loop = {name: getattr(self, name) for name in _LOOP}
+        if self.sessions:
+            held = self._session_policy(loop, max_sessions, order_wait, session_idle)
+            self._session_loops = session_loops(regions, self._context, held, self.owner)
+        else:
+            policy = LoopPolicy(scope_prefix=self._scope_prefix, **loop)
+            self._loops = [region_loop(r, self._context, policy, self.owner) for r in regions]
+        self._running: asyncio.Task[None] | None = None
+        self._stopped = asyncio.Event()
+
+    def _regions(self, primary: Any, secondary: Any, dedup_scope: str | None) -> list[Any]:
+        """Both regions' receivers (or session entities); sets what georep owns of them and
+        the entity and scope they read."""
         regions: list[Any]
         self._owned: list[Any]
         if self.sessions:
@@ -190,99 +173,47 @@ class GeoReceiver(FromNamespaces, AsyncResource):
             # Adapters georep made around the caller's SDK receivers are georep's to close:
             # that stops their worker threads (sync receivers), never the caller's receiver.
             regions, self._owned = wrap_pair(primary, secondary, "receiver")
-        self.entity = regions[0].entity
+        self.entity: str = regions[0].entity
         self.dedup_scope = _dedup_scope(regions, dedup_scope)
         self._scope_prefix = self.dedup_scope + "\n"
-        self._decisions = Decisions()
-        self.stats = ReceiverStats()
-        self._metrics = ReceiverMetrics(self.entity, meter_provider, self, _observed_parked)
-        self._stopping = asyncio.Event()
-        self._tracer_provider = tracer_provider
-        self._loops: list[RegionLoop] = []
-        self._session_loops: list[SessionRegionLoop] = []
-        if self.sessions:
-            self.max_sessions = count(max_sessions, "max_sessions")
-            self.order_wait = seconds(order_wait, "order_wait")
-            idle = self.max_wait if session_idle is None else session_idle
-            self.session_idle = seconds(idle, "session_idle")
-            self._session_loops = self._session_loops_for(regions)
-        else:
-            self._loops = [self._loop_for(region, tracer_provider) for region in regions]
-        self._running: asyncio.Task[None] | None = None
-        self._stopped = asyncio.Event()
+        return regions
 
-    def _session_loops_for(self, regions: Sequence[RegionSessions]) -> list[SessionRegionLoop]:
-        """One session loop per region, each knowing the other (for the order gate)."""
-        policy = SessionPolicy(
-            max_sessions=self.max_sessions,
-            order_wait=self.order_wait,
-            session_idle=self.session_idle,
-            max_wait=self.max_wait,
-            batch=self.concurrency,
-            scope_prefix=self._scope_prefix,
-        )
-        finished = FinishedKeys()
-
-        def make_loop(session: SessionReceiver, on_final: Callable[[Copy], None]) -> RegionLoop:
-            return self._loop_for(session, self._tracer_provider, on_final)
-
-        loops = [
-            SessionRegionLoop(
-                region,
-                make_loop=make_loop,
-                seen=self.seen,
-                finished=finished,
-                stats=self.stats,
-                metrics=self._metrics,
-                clock=self._clock,
-                policy=policy,
-                stopping=self._stopping,
-            )
-            for region in regions
-        ]
-        loops[0].other, loops[1].other = loops[1], loops[0]
-        return loops
-
-    def _loop_for(
-        self,
-        region: RegionReceiver,
-        tracer_provider: TracerProvider | None,
-        on_final: Callable[[Copy], None] | None = None,
-    ) -> RegionLoop:
-        """The loop of ``region`` (or of one held session), with its own settler and
-        seen-set owner."""
-        settlements = Settlements(
-            region,
+    def _shared(
+        self, tracer_provider: TracerProvider | None, meter_provider: MeterProvider | None
+    ) -> ReceiveContext:
+        """What every loop and settler of this receiver shares."""
+        return ReceiveContext(
             entity=self.entity,
+            seen=self.seen,
+            decisions=Decisions(),
             stats=self.stats,
-            metrics=self._metrics,
+            metrics=ReceiverMetrics(self.entity, meter_provider, self, _observed_parked),
             ledger=self.ledger,
             clock=self._clock,
+            stopping=asyncio.Event(),
             tracer=trace.get_tracer("georep", None, tracer_provider),
             tracing=TracingGate(tracer_provider, self._clock.monotonic),
         )
-        settlements.on_final = on_final
-        policy = LoopPolicy(
-            concurrency=self.concurrency,
-            lease=self.lease,
-            max_wait=self.max_wait,
-            max_attempts=self.max_attempts,
-            on_store_unavailable=self.on_store_unavailable,
-            dedup_key=self.dedup_key,
+
+    def _session_policy(
+        self,
+        loop: dict[str, Any],
+        max_sessions: int,
+        order_wait: Seconds,
+        session_idle: Seconds | None,
+    ) -> SessionPolicy:
+        """Session mode's settings, checked (and kept as this receiver's attributes), with
+        the region loops' settings ``loop``."""
+        self.max_sessions = count(max_sessions, "max_sessions")
+        self.order_wait = seconds(order_wait, "order_wait")
+        idle = self.max_wait if session_idle is None else session_idle
+        self.session_idle = seconds(idle, "session_idle")
+        return SessionPolicy(
+            max_sessions=self.max_sessions,
+            order_wait=self.order_wait,
+            session_idle=self.session_idle,
             scope_prefix=self._scope_prefix,
-        )
-        return RegionLoop(
-            settlements,
-            # One owner per region loop: the twin in the other region must not find "our"
-            # claim and process the message a second time.
-            owner=f"{self.owner}/{region.region}",
-            seen=self.seen,
-            decisions=self._decisions,
-            stats=self.stats,
-            metrics=self._metrics,
-            clock=self._clock,
-            policy=policy,
-            stopping=self._stopping,
+            **loop,
         )
 
     @classmethod
@@ -291,31 +222,28 @@ class GeoReceiver(FromNamespaces, AsyncResource):
         primary: Target,
         secondary: Target,
         *,
+        sessions: bool = False,
         queue_name: str | None = None,
         topic_name: str | None = None,
         subscription_name: str | None = None,
         prefetch_count: int = 0,
         client_options: Mapping[str, Any] | None = None,
-        sessions: bool = False,
         **kwargs: Any,
     ) -> GeoReceiver:
         """A GeoReceiver that creates, and closes, its own clients and receivers.
 
-        Name a queue, or a topic and subscription. ``prefetch_count`` is passed to the SDK
+        ``sessions=True`` reads each region's session-enabled entity (session mode). Name a
+        queue, or a topic and subscription. ``prefetch_count`` is passed to the SDK
         (default 0: georep asks for exactly what it can process, so nothing sits locked in
         a buffer when the receiver stops).
 
-        Args:
-            client_options: ``ServiceBusClient`` settings for both regions (e.g.
-                ``transport_type``, ``http_proxy``, ``connection_verify``, retry settings),
-                over georep's defaults.
+        ``client_options`` are as :meth:`georep.GeoSender.from_connection_strings` takes them.
 
         Raises:
             ConfigurationError: A connection string is malformed or the entity is not
                 named properly. The message never contains the key.
         """
-        primary = with_client_options(primary, client_options)
-        secondary = with_client_options(secondary, client_options)
+        primary, secondary = with_client_options_pair(primary, secondary, client_options)
         from georep._sdk import open_region_receiver, open_region_sessions
 
         if (queue_name is None) == (topic_name is None) or (
@@ -379,7 +307,7 @@ class GeoReceiver(FromNamespaces, AsyncResource):
         await super().aclose()
 
     async def _close(self) -> None:
-        self._stopping.set()
+        self._context.stopping.set()
         running = self._running
         if running is not None:
             await self._wait_for_loop(running)
@@ -486,7 +414,7 @@ class GeoReceiver(FromNamespaces, AsyncResource):
         Raises:
             SettlementError: ``message`` is not being handled now, or was decided already.
         """
-        self._decisions.decide(message, COMPLETE)
+        self._context.decisions.decide(message, COMPLETE)
 
     async def abandon_message(self, message: Any) -> None:
         """Decide that ``message`` is not processed: redelivered, as if the handler raised.
@@ -496,7 +424,7 @@ class GeoReceiver(FromNamespaces, AsyncResource):
         Raises:
             SettlementError: ``message`` is not being handled now, or was decided already.
         """
-        self._decisions.decide(message, ABANDON)
+        self._context.decisions.decide(message, ABANDON)
 
     async def defer_message(self, message: Any) -> None:
         """Decide to defer ``message``; its twin in the other region is deferred too.
@@ -507,7 +435,7 @@ class GeoReceiver(FromNamespaces, AsyncResource):
         Raises:
             SettlementError: ``message`` is not being handled now, or was decided already.
         """
-        self._decisions.decide(message, Decision(Settle.DEFER))
+        self._context.decisions.decide(message, Decision(Settle.DEFER))
 
     async def dead_letter_message(
         self, message: Any, reason: str | None = None, error_description: str | None = None
@@ -524,7 +452,7 @@ class GeoReceiver(FromNamespaces, AsyncResource):
         Raises:
             SettlementError: ``message`` is not being handled now, or was decided already.
         """
-        self._decisions.decide(message, dead_letter_decision(reason, error_description))
+        self._context.decisions.decide(message, dead_letter_decision(reason, error_description))
 
 
 def _dedup_scope(regions: Sequence[RegionReceiver], override: str | None) -> str:

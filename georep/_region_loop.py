@@ -37,7 +37,6 @@ from georep._outcomes import (
     COMPLETE,
     LEDGER_OUTCOMES,
     Decision,
-    Decisions,
     Settle,
     max_attempts_decision,
 )
@@ -50,12 +49,10 @@ from georep.ports import (
     ClaimState,
     Clock,
     RegionReceiver,
-    SeenStore,
 )
 
 if TYPE_CHECKING:
-    from georep._receiver import ReceiverStats
-    from georep._telemetry import ReceiverMetrics
+    from georep._receiving import ReceiveContext
 
 __all__ = ["RECEIVE_GRACE", "Handler", "LoopPolicy", "RegionLoop", "StorePolicy"]
 
@@ -127,38 +124,24 @@ class RegionLoop:
             and its ``lock`` guards every call on it.
         owner: This loop's identity in the seen-set (one per region: the twin in the
             other region must not find "our" claim and process the message again).
-        seen: The shared seen-set.
-        decisions: The handlers' decisions (shared by the loops of one GeoReceiver).
-        stats: The GeoReceiver's counters (updated in place).
-        metrics: The GeoReceiver's metrics.
-        clock: Time source.
+        context: The GeoReceiver's shared state (seen-set, decisions, stats, metrics,
+            clock, and the event set when it closes).
         policy: The shared settings.
-        stopping: Set when the GeoReceiver closes.
     """
 
     def __init__(
-        self,
-        settlements: Settlements,
-        *,
-        owner: str,
-        seen: SeenStore,
-        decisions: Decisions,
-        stats: ReceiverStats,
-        metrics: ReceiverMetrics,
-        clock: Clock,
-        policy: LoopPolicy,
-        stopping: asyncio.Event,
+        self, settlements: Settlements, *, owner: str, context: ReceiveContext, policy: LoopPolicy
     ) -> None:
         self.region: RegionReceiver = settlements.region
         self.owner = owner
         self._settlements = settlements
-        self._seen = seen
-        self._decisions = decisions
-        self._stats = stats
-        self._metrics = metrics
-        self._clock = clock
+        self._seen = context.seen
+        self._decisions = context.decisions
+        self._stats = context.stats
+        self._metrics = context.metrics
+        self._clock = context.clock
         self._policy = policy
-        self._stopping = stopping
+        self._stopping = context.stopping
         self._parked = 0
 
     # ------------------------------------------------------------------ the loop
@@ -225,6 +208,16 @@ class RegionLoop:
         """Up to ``count`` messages of the region, without locking them."""
         async with self._settlements.lock:
             return list(await self.region.peek(count))
+
+    async def may_hold(self, key: str, count: int = 256) -> bool:
+        """Whether browsing the first ``count`` messages (any state, locked ones too) finds
+        dedup key ``key``; True when the region does not answer (it may hold it)."""
+        try:
+            messages = await self.peek(count)
+        except RegionError:
+            return True
+        source, name = self._policy.dedup_key.source, self._policy.dedup_key.name
+        return any(self.region.delivery(m, source, name).key == key for m in messages)
 
     async def _receive(self, room: int) -> list[Any]:
         """One receive call, bounded by georep's own deadline.
@@ -411,6 +404,7 @@ class RegionLoop:
                 exc,
             )
         finally:
+            copy.handled_at = self._clock.time()
             decided = self._decisions.end(message)
             span.end()
             self._stats.in_flight -= 1

@@ -15,7 +15,7 @@ from georep._endpoint import Target
 from georep.exceptions import ConfigurationError
 from georep.ports import RegionReceiver, RegionSender
 
-__all__ = ["open_pair", "wrap_pair"]
+__all__ = ["check_pair", "open_pair", "wrap_pair"]
 
 _Region = TypeVar("_Region")
 
@@ -50,6 +50,28 @@ def open_pair(
         open_region(primary, region="primary", **options),
         open_region(secondary, region="secondary", **options),
     )
+
+
+def check_pair(first: Any, second: Any, *, what: str, where: str, needs: str) -> None:
+    """Check that two regions have labels of their own and differ in ``where``.
+
+    Args:
+        first: One region (anything with a ``region`` label and a ``where`` attribute).
+        second: The other region.
+        what: What they are, for the message (``"senders"``, ``"endpoints"``).
+        where: The attribute naming where a region is (``namespace``, ``address``).
+        needs: Why they must differ, for the message.
+
+    Raises:
+        ConfigurationError: Both have one label, or are in one place.
+    """
+    if first.region == second.region:
+        raise ConfigurationError(
+            f"both {what} are labelled {first.region!r}: give each its own region label"
+        )
+    place = getattr(first, where)
+    if place == getattr(second, where):
+        raise ConfigurationError(f"both {what} are in the same {where} ({place}): {needs}")
 
 
 def _as_region(given: Any, region: str, kind: Literal["sender", "receiver"]) -> Any:

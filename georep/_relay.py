@@ -23,7 +23,8 @@ from georep._classify import RELAY_FAILOVER_KINDS, error_kinds
 from georep._clock import SystemClock
 from georep._lifecycle import AsyncResource, close_all
 from georep._policy import Seconds, as_seconds, positive_seconds
-from georep._role_store import SharedRoles, shared_role_state
+from georep._region_wrap import check_pair
+from georep._role_join import role_join
 from georep._roles import RoleSnapshot, RoleState
 from georep._telemetry import Instruments, InstrumentSpec, TracingGate
 from georep.exceptions import (
@@ -221,17 +222,13 @@ class FailoverChannel(AsyncResource):
                 f"FailoverChannel needs exactly two endpoints (active and backup), "
                 f"got {len(endpoints)}"
             )
-        first, second = endpoints
-        if first.region == second.region:
-            raise ConfigurationError(
-                f"both endpoints are labelled {first.region!r}: give each its own region label"
-            )
-        if first.address == second.address:
-            raise ConfigurationError(
-                f"both endpoints point at {first.address}: the backup must be another "
-                "endpoint, in another namespace"
-            )
-        self._endpoints = {first.region: first, second.region: second}
+        check_pair(
+            *endpoints,
+            what="endpoints",
+            where="address",
+            needs="the backup must be another endpoint, in another namespace",
+        )
+        self._endpoints = {endpoint.region: endpoint for endpoint in endpoints}
         self._policy = policy or RelayPolicy()
         self._rng = rng or random.SystemRandom()
         self._clock: Clock = clock or SystemClock()
@@ -252,10 +249,10 @@ class FailoverChannel(AsyncResource):
                 f"endpoint ({', '.join(sorted(self._endpoints))}): label the endpoints alike"
             )
         self._roles: RoleState | None = role_state
-        self._role_store = role_store
-        self._role_entity = role_entity or ""
-        self._role_link: SharedRoles | None = None
-        self._meter_provider = meter_provider
+        labels = {label: label for label in self._endpoints}
+        self._role_join = role_join(
+            role_store, role_entity or "", labels, clock=self._clock, meter_provider=meter_provider
+        )
         self._telemetry = _ChannelTelemetry(tracer_provider, meter_provider, time.monotonic)
         self.stats = RelayChannelStats()
 
@@ -266,26 +263,14 @@ class FailoverChannel(AsyncResource):
             # endpoints instead of all piling onto the first one listed. With a role
             # store, the first process's pick becomes everyone's.
             pick = self._rng.choice(sorted(self._endpoints))
-            if self._role_store is None:
-                self._roles = RoleState(pick)
-            else:
-                link = shared_role_state(
-                    self._role_store,
-                    self._role_entity,
-                    names={label: label for label in self._endpoints},
-                    initial=pick,
-                    clock=self._clock,
-                    meter_provider=self._meter_provider,
-                )
-                link.hold()
-                self._role_link = link
-                self._roles = link.state
+            join = self._role_join
+            self._roles = RoleState(pick) if join is None else join.state(pick)
         return self._roles
 
     async def _open(self) -> None:
         roles = self._role_state()  # joins the shared roles, if any
-        if self._role_link is not None and roles.shared is None:
-            await self._role_link.refresh()
+        if roles.shared is None and self._role_join is not None:
+            await self._role_join.refresh()
 
     @property
     def active(self) -> str:
@@ -451,8 +436,8 @@ class FailoverChannel(AsyncResource):
         await super().aclose()
 
     async def _close(self) -> None:
-        if self._role_link is not None:
-            await self._role_link.release()
+        if self._role_join is not None:
+            await self._role_join.release()
         if self._close_endpoints:
             await close_all(
                 self._endpoints.values(),

@@ -19,6 +19,7 @@ import os
 import socket
 import weakref
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Final
 
 from opentelemetry import metrics
@@ -32,8 +33,10 @@ from georep.ports import Clock, RoleRecord, RoleStore
 
 __all__ = [
     "DEFAULT_REFRESH_INTERVAL",
+    "NO_RECORD",
     "ROLE_COUNTERS",
     "InMemoryRoleStore",
+    "RoleChange",
     "SharedRoles",
     "shared_role_state",
     "who_am_i",
@@ -76,7 +79,63 @@ def who_am_i(what: str) -> str:
     return f"{user}@{socket.gethostname()} pid {os.getpid()} ({what})"
 
 
-class InMemoryRoleStore:
+#: What a change answers for an entity without a record.
+NO_RECORD: Final = RoleRecord(active="", generation=-1)
+
+
+@dataclass(frozen=True, slots=True)
+class RoleChange:
+    """The terms of one :meth:`georep.ports.RoleStore.change` (its arguments after the entity)."""
+
+    expected_generation: int
+    active: str
+    changed_by: str
+    now: float
+    automatic: bool
+    pinned: bool | None
+
+    def apply(self, stored: RoleRecord | None) -> tuple[bool, RoleRecord]:
+        """The port's rule on the stored record: (True, the record now stored) or (False,
+        the stored one, or :data:`NO_RECORD`). ``RedisRoleStore`` runs it in Lua."""
+        if stored is None:
+            return False, NO_RECORD
+        if stored.generation != self.expected_generation or (self.automatic and stored.pinned):
+            return False, stored
+        moved = stored.active != self.active
+        return True, RoleRecord(
+            active=self.active,
+            generation=stored.generation + moved,
+            since=self.now if moved else stored.since,
+            pinned=stored.pinned if self.pinned is None else self.pinned,
+            automatic=self.automatic if moved else stored.automatic,
+            changed_by=self.changed_by,
+        )
+
+
+class _RoleStoreBase:
+    """A role store's :meth:`change`, its terms handed to :meth:`_change` as one RoleChange."""
+
+    async def change(
+        self,
+        entity: str,
+        *,
+        expected_generation: int,
+        active: str,
+        changed_by: str,
+        now: float,
+        automatic: bool = True,
+        pinned: bool | None = None,
+    ) -> tuple[bool, RoleRecord]:
+        """As :meth:`georep.ports.RoleStore.change`."""
+        terms = RoleChange(expected_generation, active, changed_by, now, automatic, pinned)
+        return await self._change(entity, terms)
+
+    async def _change(self, entity: str, change: RoleChange) -> tuple[bool, RoleRecord]:
+        """Apply ``change`` to the entity's record atomically (:meth:`RoleChange.apply`)."""
+        raise NotImplementedError
+
+
+class InMemoryRoleStore(_RoleStoreBase):
     """A :class:`georep.ports.RoleStore` in this process's memory.
 
     For one process (every sender of the process shares it) and for tests; processes
@@ -118,34 +177,12 @@ class InMemoryRoleStore:
         self._check()
         return self.records.setdefault(entity, record)
 
-    async def change(
-        self,
-        entity: str,
-        *,
-        expected_generation: int,
-        active: str,
-        changed_by: str,
-        now: float,
-        automatic: bool = True,
-        pinned: bool | None = None,
-    ) -> tuple[bool, RoleRecord]:
+    async def _change(self, entity: str, change: RoleChange) -> tuple[bool, RoleRecord]:
         self._check()
-        stored = self.records.get(entity)
-        if stored is None:
-            return False, RoleRecord(active="", generation=-1)
-        if stored.generation != expected_generation or (automatic and stored.pinned):
-            return False, stored
-        moved = stored.active != active
-        record = RoleRecord(
-            active=active,
-            generation=stored.generation + moved,
-            since=now if moved else stored.since,
-            pinned=stored.pinned if pinned is None else pinned,
-            automatic=automatic if moved else stored.automatic,
-            changed_by=changed_by,
-        )
-        self.records[entity] = record
-        return True, record
+        changed, record = change.apply(self.records.get(entity))
+        if changed:
+            self.records[entity] = record
+        return changed, record
 
     async def entities(self) -> list[str]:
         self._check()

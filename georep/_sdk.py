@@ -16,24 +16,14 @@ without the extra the import raises ImportError with that hint.
 
 from __future__ import annotations
 
-from georep.adapters.servicebus import (
-    from_backlog,
-    make_ping,
-    open_region_receiver,
-    open_region_sender,
-    open_region_sessions,
-    region_receiver_for,
-    region_sender_for,
-    to_backlog,
-)
+from georep.adapters import servicebus as _servicebus
 
-__all__ = [
-    "from_backlog",
-    "make_ping",
-    "open_region_receiver",
-    "open_region_sender",
-    "open_region_sessions",
-    "region_receiver_for",
-    "region_sender_for",
-    "to_backlog",
-]
+# What the core takes from the adapter, name by name.
+from_backlog = _servicebus.from_backlog
+make_ping = _servicebus.make_ping
+open_region_receiver = _servicebus.open_region_receiver
+open_region_sender = _servicebus.open_region_sender
+open_region_sessions = _servicebus.open_region_sessions
+region_receiver_for = _servicebus.region_receiver_for
+region_sender_for = _servicebus.region_sender_for
+to_backlog = _servicebus.to_backlog

@@ -95,6 +95,13 @@ class SendRecords:
             )
         )
 
+    def expired(self, message_id: str, at: float) -> None:
+        """A message the outbox dropped at ``at``: its time-to-live ran out as it waited."""
+        row = SendRecord(
+            (message_id,), self._entity, self._mode, "expired", None, False, (), at, at
+        )
+        self.ledger.record_send(row)
+
     def _attempts(self, result: SendResult) -> tuple[list[RegionAttempt], bool]:
         """What each region did in a send that met a failure, and whether it failed over."""
         attempts: list[RegionAttempt] = []

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from georep._channel import RegionPair, sender_channel
 from georep._drain import DrainTelemetry, OutboxDrainer
@@ -37,9 +37,9 @@ if TYPE_CHECKING:
 __all__ = ["SenderParts", "SenderSettings", "wire"]
 
 
-@dataclass(frozen=True, slots=True)
-class SenderSettings:
-    """What a GeoSender was configured with (its constructor's arguments, checked)."""
+class SenderSettings(Protocol):
+    """What a GeoSender was configured with: its attributes, checked by its constructor
+    and read here once, as its collaborators are built."""
 
     mode: ReplicationMode
     policy: FailoverPolicy
@@ -51,7 +51,6 @@ class SenderSettings:
     partitioned: bool
     entity: str
     channel: str
-    clock: Clock
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,13 +70,14 @@ def wire(
     primary: RegionSender,
     secondary: RegionSender,
     *,
+    clock: Clock,
     stats: SenderStats,
     telemetry: SenderTelemetry,
     roles: Callable[[], RoleState],
     meter_provider: MeterProvider | None,
 ) -> SenderParts:
     """Build the collaborators of one GeoSender."""
-    policy, clock, codec = settings.policy, settings.clock, primary.codec
+    policy, codec = settings.policy, primary.codec
     context = SendContext(
         regions=RegionPair(
             *(sender_channel(region, clock=clock, policy=policy) for region in (primary, secondary))
@@ -105,17 +105,18 @@ def wire(
             assert link is not None
             await link.deliver_to(target, message)
 
+    records = _records(settings, primary, secondary, clock)
     drainer: OutboxDrainer | None = None
     link: OutboxLink | None = None
     if settings.outbox is not None:
-        drainer = _drainer(settings, deliver, stats, meter_provider, codec)
+        drainer = _drainer(settings, deliver, stats, meter_provider, codec, clock, records)
         link = OutboxLink(context, settings.outbox, channel=settings.channel, wake=drainer.wake)
     queue = None if link is None else link.queue
     passive = PassivePath(context, roles=roles, queue=queue)
     path: Callable[[PendingSend], Awaitable[SendResult]] = passive.send
     if settings.mode is ReplicationMode.ACTIVE:
         path = ActivePath(context, queue=queue, repair=settings.repair).send
-    flow = SendFlow(context, path, records=_records(settings, primary, secondary))
+    flow = SendFlow(context, path, records=records)
     active = settings.mode is ReplicationMode.ACTIVE
     scheduler = Scheduler(context, active=active, passive=passive, roles=roles)
     return SenderParts(context.regions, context.prep, drainer, passive, flow, scheduler)
@@ -127,6 +128,8 @@ def _drainer(
     stats: SenderStats,
     meter_provider: MeterProvider | None,
     codec: MessageCodec,
+    clock: Clock,
+    records: SendRecords | None,
 ) -> OutboxDrainer:
     assert settings.outbox is not None
     return OutboxDrainer(
@@ -134,21 +137,19 @@ def _drainer(
         channel=settings.channel,
         codec=codec,
         policy=settings.drain_policy,
-        clock=settings.clock,
+        clock=clock,
         deliver=deliver,
         unavailable_kinds=settings.policy.fail_over_on,
         # A passive delivery may try both regions, each within the attempt deadline.
         send_budget=2 * settings.policy.attempt_seconds + 1.0,
         telemetry=DrainTelemetry(entity=settings.entity, meter_provider=meter_provider),
         stats=stats,
-        ledger=settings.ledger,
-        entity=settings.entity,
-        mode=settings.mode.value,
+        records=records,
     )
 
 
 def _records(
-    settings: SenderSettings, primary: RegionSender, secondary: RegionSender
+    settings: SenderSettings, primary: RegionSender, secondary: RegionSender, clock: Clock
 ) -> SendRecords | None:
     if settings.ledger is None:
         return None
@@ -159,5 +160,5 @@ def _records(
         labels=(primary.region, secondary.region),
         fail_over_on=settings.policy.fail_over_on,
         codec=primary.codec,
-        clock=settings.clock,
+        clock=clock,
     )

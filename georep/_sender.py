@@ -17,29 +17,19 @@ from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
-from georep._channel import learn_max_sizes
+from georep._channel import batch_size, learn_max_sizes
 from georep._clock import SystemClock
-from georep._endpoint import FromNamespaces, Target, with_client_options
+from georep._endpoint import FromNamespaces, Target, one_entity, with_client_options_pair
 from georep._lifecycle import AsyncResource, close_all
-from georep._policy import (
-    DedupKey,
-    DrainPolicy,
-    FailoverPolicy,
-    ReplicationMode,
-    positive_seconds,
-)
-from georep._region_wrap import open_pair, wrap_pair
-from georep._role_store import SharedRoles, shared_role_state
+from georep._policy import DedupKey, DrainPolicy, FailoverPolicy, ReplicationMode, positive_seconds
+from georep._region_wrap import check_pair, open_pair, wrap_pair
+from georep._role_join import role_join
 from georep._roles import RoleState, role_state_for
 from georep._send_records import flush_ledger
-from georep._send_wiring import SenderParts, SenderSettings, wire
+from georep._send_wiring import SenderParts, wire
 from georep._sending import SenderStats, SendResult
 from georep._telemetry import SenderTelemetry
-from georep.exceptions import (
-    AllRegionsUnavailableError,
-    ClosedError,
-    ConfigurationError,
-)
+from georep.exceptions import ClosedError, ConfigurationError
 from georep.ports import Clock, Ledger, Outbox, RegionSender, RoleStore
 
 if TYPE_CHECKING:
@@ -56,21 +46,16 @@ def _observed_outbox_depth(sender: GeoSender) -> int | None:
     return None if sender.closed else sender.stats.outbox_depth
 
 
-def _check_pair(primary: RegionSender, secondary: RegionSender) -> None:
-    if primary.region == secondary.region:
-        raise ConfigurationError(
-            f"both senders are labelled {primary.region!r}: give each region its own label"
-        )
-    if primary.namespace == secondary.namespace:
-        raise ConfigurationError(
-            f"primary and secondary are the same namespace ({primary.namespace}): "
-            "geo-replication needs a namespace in each region"
-        )
-
-
 def _check_options(
-    policy: FailoverPolicy, mode: ReplicationMode, partitioned: bool, repair: bool, outbox: Any
+    regions: Sequence[RegionSender],
+    policy: FailoverPolicy,
+    mode: ReplicationMode,
+    partitioned: bool,
+    repair: bool,
+    outbox: Any,
 ) -> None:
+    needs = "geo-replication needs a namespace in each region"
+    check_pair(*regions, what="senders", where="namespace", needs=needs)
     if partitioned and policy.attempt_seconds < 15:
         message = (
             f"attempt_timeout={policy.attempt_seconds:g} s with a partitioned entity: "
@@ -166,16 +151,16 @@ class GeoSender(FromNamespaces, AsyncResource):
         regions, self._owned = wrap_pair(primary, secondary, "sender")
         self._primary: RegionSender = regions[0]
         self._secondary: RegionSender = regions[1]
-        _check_pair(self._primary, self._secondary)
-        _check_options(self.policy, self.mode, partitioned, repair, outbox)
+        _check_options(regions, self.policy, self.mode, partitioned, repair, outbox)
         self._codec = self._primary.codec
         if role_state is not None and role_store is not None:
             raise ConfigurationError("give role_state= or role_store=, not both")
         self._role_state = role_state
-        self._role_store = role_store
-        self._role_link: SharedRoles | None = None
-        self._meter_provider = meter_provider
         self.entity = self._primary.entity
+        names = {region.region: region.namespace for region in regions}
+        self._role_join = role_join(
+            role_store, self.entity, names, clock=self._clock, meter_provider=meter_provider
+        )
         # The outbox channel names the pair in a fixed order, so a sender created with the
         # regions the other way round still drains what an earlier one left.
         self.channel = "|".join(
@@ -198,23 +183,11 @@ class GeoSender(FromNamespaces, AsyncResource):
             owner=self,
             outbox_depth=_observed_outbox_depth,
         )
-        settings = SenderSettings(
-            mode=self.mode,
-            policy=self.policy,
-            drain_policy=self.drain_policy,
-            dedup_key=self.dedup_key,
-            outbox=self.outbox,
-            repair=self.repair,
-            ledger=self.ledger,
-            partitioned=self.partitioned,
-            entity=self.entity,
-            channel=self.channel,
-            clock=self._clock,
-        )
         return wire(
-            settings,
+            self,
             self._primary,
             self._secondary,
+            clock=self._clock,
             stats=self.stats,
             telemetry=self._telemetry,
             roles=lambda: self.roles,
@@ -253,12 +226,10 @@ class GeoSender(FromNamespaces, AsyncResource):
             ConfigurationError: A connection string is malformed or the entity is not
                 named exactly once. The message never contains the key.
         """
-        primary = with_client_options(primary, client_options)
-        secondary = with_client_options(secondary, client_options)
         from georep._sdk import open_region_sender
 
-        if (queue_name is None) == (topic_name is None):
-            raise ConfigurationError("name exactly one of queue_name= or topic_name=")
+        one_entity(queue_name, topic_name)
+        primary, secondary = with_client_options_pair(primary, secondary, client_options)
         regions = open_pair(
             open_region_sender,
             primary,
@@ -275,8 +246,8 @@ class GeoSender(FromNamespaces, AsyncResource):
 
     async def _open(self) -> None:
         roles = self.roles  # joins the shared roles, if any
-        if self._role_link is not None and roles.shared is None:
-            await self._role_link.refresh()
+        if roles.shared is None and self._role_join is not None:
+            await self._role_join.refresh()
         await self.warm_up()
         if self._drainer is not None:
             self._drainer.start()
@@ -315,8 +286,8 @@ class GeoSender(FromNamespaces, AsyncResource):
             _log.exception("stopping the outbox drainer failed")
         finally:
             await self._parts.passive.stop()
-            if self._role_link is not None:
-                await self._role_link.release()
+            if self._role_join is not None:
+                await self._role_join.release()
             await close_all(self._owned, timeout=timeout, clock=self._clock, what="region sender")
             await flush_ledger(self.ledger, timeout=timeout, clock=self._clock)
 
@@ -329,23 +300,11 @@ class GeoSender(FromNamespaces, AsyncResource):
         """The role state this sender shares with every sender on its namespace pair
         (and, with a ``role_store``, with every process of the application)."""
         if self._role_state is None:
-            primary, secondary = self._primary, self._secondary
-            if self._role_store is None:
-                state = role_state_for(primary.namespace, secondary.namespace)
-            else:
-                names = {primary.region: primary.namespace, secondary.region: secondary.namespace}
-                link = shared_role_state(
-                    self._role_store,
-                    self.entity,
-                    names=names,
-                    initial=primary.namespace,
-                    clock=self._clock,
-                    meter_provider=self._meter_provider,
-                )
-                if not self.closed:  # a closed sender starts no background refresh
-                    link.hold()
-                    self._role_link = link
-                state = link.state
+            primary = self._primary.namespace
+            if self._role_join is None:
+                state = role_state_for(primary, self._secondary.namespace)
+            else:  # a closed sender starts no background refresh
+                state = self._role_join.state(primary, hold=not self.closed)
             self._role_state = state
             self._parts.passive.watch(state)
         return self._role_state
@@ -490,19 +449,9 @@ class GeoSender(FromNamespaces, AsyncResource):
                 ``max_size_in_bytes`` was not given.
         """
         self._check_open()
-        missing = [r for r in self._parts.regions if r.max_size is None]
-        errors = await learn_max_sizes(missing, self.policy.attempt_seconds) if missing else {}
-        learned = self._parts.regions.size_limit()
-        sizes = [] if learned is None else [learned]
-        if max_size_in_bytes is not None:
-            if max_size_in_bytes <= 0:
-                raise ConfigurationError("max_size_in_bytes must be greater than 0")
-            sizes.append(max_size_in_bytes)
-        if not sizes:
-            raise AllRegionsUnavailableError(
-                "no region could tell its message size limit; pass max_size_in_bytes", errors
-            )
-        return self._codec.new_batch(min(sizes), self._parts.prep.prepare)
+        timeout = self.policy.attempt_seconds
+        size = await batch_size(self._parts.regions, timeout, max_size_in_bytes)
+        return self._codec.new_batch(size, self._parts.prep.prepare)
 
     # ----------------------------------------------------------------------- outbox
 

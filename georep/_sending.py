@@ -71,10 +71,10 @@ class SenderStats:
     failovers: int = 0
     role_swaps: int = 0
     queued: int = 0
+    outbox_depth: int | None = None
     drained: int = 0
     dead_lettered: int = 0
     expired: int = 0
-    outbox_depth: int | None = None
 
 
 @dataclass(slots=True)

@@ -25,12 +25,12 @@ from georep._outcomes import (
     twin_reason,
 )
 from georep.exceptions import RegionError
-from georep.ports import ClaimState, Clock, Delivery, Ledger, ReceiveRecord, RegionReceiver
+from georep.ports import ClaimState, Delivery, ReceiveRecord, RegionReceiver
 
 if TYPE_CHECKING:
     from collections.abc import Callable
 
-    from georep._telemetry import ReceiverMetrics
+    from georep._receiving import ReceiveContext
 
 __all__ = ["Copy", "Settlements"]
 
@@ -52,6 +52,8 @@ class Copy:
     """Session mode: why it was handed on without its predecessor (``timeout``, ``absent``)."""
     order_waited: float = 0.0
     """Session mode: seconds it waited for its predecessor."""
+    handled_at: float | None = None
+    """Wall-clock seconds when the handler returned (None: not handed to it)."""
 
 
 class Settlements:
@@ -59,38 +61,22 @@ class Settlements:
 
     Args:
         region: The region whose copies this settles.
-        entity: The receiver's entity path (spans, ledger rows).
-        stats: The receiver's :class:`georep.ReceiverStats` (updated in place).
-        metrics: The receiver's metrics.
-        ledger: Where a row per settled copy goes, if anywhere.
-        clock: Time source (the ledger's settled time).
-        tracer: The receiver's tracer.
-        tracing: Whether spans are recorded now.
+        context: The receiver's shared state (its entity, stats, metrics, ledger, clock
+            and tracing).
     """
 
-    def __init__(
-        self,
-        region: RegionReceiver,
-        *,
-        entity: str,
-        stats: Any,
-        metrics: ReceiverMetrics,
-        ledger: Ledger | None,
-        clock: Clock,
-        tracer: trace.Tracer,
-        tracing: Callable[[], bool],
-    ) -> None:
+    def __init__(self, region: RegionReceiver, context: ReceiveContext) -> None:
         self.region = region
         self.lock = asyncio.Lock()
         """Held for every call on the region's receiver: settlements and lock renewals may
         overlap within a turn, and the SDK's receiver takes one call at a time."""
-        self._entity = entity
-        self._stats = stats
-        self._metrics = metrics
-        self._ledger = ledger
-        self._clock = clock
-        self._tracer = tracer
-        self._tracing = tracing
+        self._entity = context.entity
+        self._stats = context.stats
+        self._metrics = context.metrics
+        self._ledger = context.ledger
+        self._clock = context.clock
+        self._tracer = context.tracer
+        self._tracing = context.tracing
         self.on_final: Callable[[Copy], None] | None = None
         """Session mode: told of each copy settled with a final outcome (not abandoned)."""
 
@@ -168,7 +154,10 @@ class Settlements:
                 order_seq=None if delivery.stamp is None else delivery.stamp.seq,
                 order_gap=copy.order_gap,
                 order_wait=copy.order_waited,
-                finished_at=now,
+                # When the handler was done, not when settling returned: a settlement that
+                # fails can take seconds, and the next copy of the session may be handled
+                # (from its redelivery's twin) meanwhile; the audit orders by this time.
+                finished_at=now if copy.handled_at is None else copy.handled_at,
             )
         )
 

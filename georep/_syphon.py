@@ -14,7 +14,7 @@ from opentelemetry import metrics
 from georep._channel import RegionChannel
 from georep._classify import CLIENT_FAULT_KINDS, RETRYABLE_KINDS
 from georep._clock import SystemClock
-from georep._endpoint import FromNamespaces, Target, with_client_options
+from georep._endpoint import FromNamespaces, Target, with_client_options_pair
 from georep._lifecycle import AsyncResource, close_all
 from georep._paired import PairedNamespaceOptions
 from georep._telemetry import Instruments, InstrumentSpec
@@ -142,14 +142,12 @@ class Syphon(FromNamespaces, AsyncResource):
             secondary: The secondary namespace's (the backlog queues are there).
             primary_namespace: The name the backlog queue paths are built from (as given
                 to ``ensure_backlog_queues``).
-
-        Args:
-            client_options: ``ServiceBusClient`` settings for both regions (e.g.
-                ``transport_type``, ``http_proxy``, ``connection_verify``, retry settings),
-                over georep's defaults.
+            options: The paired namespaces' settings (the syphon's among them).
+            client_options: ``ServiceBusClient`` settings for both namespaces, as
+                :meth:`georep.GeoSender.from_connection_strings` takes them.
+            **kwargs: Passed on to :class:`Syphon` (clock, meter_provider).
         """
-        primary = with_client_options(primary, client_options)
-        secondary = with_client_options(secondary, client_options)
+        primary, secondary = with_client_options_pair(primary, secondary, client_options)
         from georep._paired import backlog_queue_path
         from georep._sdk import (
             from_backlog,

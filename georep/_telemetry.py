@@ -230,6 +230,13 @@ class LiveGauge(Generic[_O]):
         return [Observation(self._combine(v), dict(k)) for k, v in values.items()]
 
 
+SEND_DURATION: Final = InstrumentSpec(
+    "georep.send.duration", "s", "Duration of send_messages calls, failover included."
+)
+OUTBOX_DEPTH: Final = InstrumentSpec(
+    "georep.outbox.depth", "{message}", "Messages waiting in the durable outbox."
+)
+
 SENDER_COUNTERS: Final = {
     "messages": InstrumentSpec(
         "georep.messages.sent",
@@ -246,13 +253,6 @@ SENDER_COUNTERS: Final = {
     ),
 }
 """The sender's counters."""
-
-SEND_DURATION: Final = InstrumentSpec(
-    "georep.send.duration", "s", "Duration of send_messages calls, failover included."
-)
-OUTBOX_DEPTH: Final = InstrumentSpec(
-    "georep.outbox.depth", "{message}", "Messages waiting in the durable outbox."
-)
 
 
 class SenderTelemetry:

@@ -31,6 +31,7 @@ __all__ = [
     "OutboxEntry",
     "ReceiveRecord",
     "RegionAttempt",
+    "RegionIdentity",
     "RegionReceiver",
     "RegionSender",
     "RegionSessions",
@@ -105,12 +106,16 @@ class Clock(Protocol):
 
 
 @runtime_checkable
-class RegionSender(Protocol):
-    """One region's sender for one entity (queue or topic).
+class RegionIdentity(Protocol):
+    """What every region object of the Service Bus ports answers to.
 
-    Every method raises :class:`georep.exceptions.RegionError` (with its
-    :class:`ErrorKind`) and nothing else for a failed operation.
+    Implementations inherit these from ``georep._region_identity.RegionLabels``.
     """
+
+    @property
+    def region(self) -> str:
+        """The region's label in georep's results, errors and telemetry (``"primary"``)."""
+        ...
 
     @property
     def namespace(self) -> str:
@@ -119,13 +124,18 @@ class RegionSender(Protocol):
 
     @property
     def entity(self) -> str:
-        """The queue or topic name."""
+        """The entity path: the queue or topic a sender sends to; the queue, or
+        ``topic/Subscriptions/subscription``, a receiver reads."""
         ...
 
-    @property
-    def region(self) -> str:
-        """The region's label in georep's results, errors and telemetry (``"primary"``)."""
-        ...
+
+@runtime_checkable
+class RegionSender(RegionIdentity, Protocol):
+    """One region's sender for one entity (queue or topic).
+
+    Every method raises :class:`georep.exceptions.RegionError` (with its
+    :class:`ErrorKind`) and nothing else for a failed operation.
+    """
 
     @property
     def codec(self) -> MessageCodec:
@@ -484,23 +494,12 @@ class OrderStamp:
 
 
 @runtime_checkable
-class RegionReceiver(Protocol):
+class RegionReceiver(RegionIdentity, Protocol):
     """One region's peek-lock receiver for one queue or subscription.
 
     georep calls it from one task at a time (the SDK's receivers are not safe for
     concurrent calls). Failed operations raise :class:`georep.exceptions.RegionError`.
     """
-
-    @property
-    def region(self) -> str: ...
-
-    @property
-    def namespace(self) -> str: ...
-
-    @property
-    def entity(self) -> str:
-        """The queue, or ``topic/Subscriptions/subscription``."""
-        ...
 
     def delivery(self, message: Any, dedup_source: str, dedup_name: str | None) -> Delivery:
         """Read a copy's key and delivery details (``dedup_source`` as in DedupKey)."""
@@ -561,22 +560,11 @@ class SessionReceiver(RegionReceiver, Protocol):
 
 
 @runtime_checkable
-class RegionSessions(Protocol):
+class RegionSessions(RegionIdentity, Protocol):
     """One region's session-enabled queue or subscription: where sessions are accepted.
 
     Failed operations raise :class:`georep.exceptions.RegionError`.
     """
-
-    @property
-    def region(self) -> str: ...
-
-    @property
-    def namespace(self) -> str: ...
-
-    @property
-    def entity(self) -> str:
-        """The queue, or ``topic/Subscriptions/subscription``."""
-        ...
 
     async def accept(self, session_id: str | None, *, max_wait: float) -> SessionReceiver | None:
         """Lock a session: ``session_id``, or (None) the next one with messages.
@@ -654,7 +642,8 @@ class ReceiveRecord(NamedTuple):
     order_wait: float = 0.0
     """Session mode: seconds it waited for its predecessor."""
     finished_at: float | None = None
-    """When the receiver was done with the copy (its outcome recorded), settled or not."""
+    """When the handler returned (a copy settled without the handler: when the receiver was
+    done with it, its outcome recorded), settled or not."""
 
 
 @runtime_checkable

@@ -499,10 +499,10 @@ def receiver(
     *,
     primary: Any,
     secondary: Any,
-    seen: Any,
     queue_name: str | None = None,
     topic_name: str | None = None,
     subscription_name: str | None = None,
+    seen: Any,
     **options: Any,
 ) -> Callable[[SyncHandler], ReceiverHandler]:
     """Decorate ``def handle(message)`` to receive each logical message once (blocking).

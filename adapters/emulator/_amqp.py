@@ -15,6 +15,7 @@ import asyncio
 import logging
 import time
 import uuid
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
@@ -93,25 +94,16 @@ def entity_path(address: str | None) -> str:
     return address.strip("/")
 
 
+@dataclass(slots=True, eq=False)
 class _ConsumerLink:
     """A server-side sender link that delivers an entity's messages to a client receiver."""
 
-    __slots__ = ("connection", "entity", "link", "receive_and_delete", "session")
-
-    def __init__(
-        self,
-        connection: AmqpConnection,
-        link: Link,
-        entity: Entity,
-        receive_and_delete: bool,
-        session: Session | None = None,
-    ) -> None:
-        self.connection = connection
-        self.link = link
-        self.entity = entity
-        self.receive_and_delete = receive_and_delete
-        self.session = session
-        """The session this link holds (session-enabled entities), else None."""
+    connection: AmqpConnection
+    link: Link
+    entity: Entity
+    receive_and_delete: bool
+    session: Session | None = None
+    """The session this link holds (session-enabled entities), else None."""
 
     def session_lost(self, error: BrokerError) -> None:
         """The session lock expired or was taken away: detach, as the service does."""

@@ -20,7 +20,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
-from typing import TYPE_CHECKING, Any, Final
+from typing import TYPE_CHECKING, Any, Final, TypeVar
 
 from georep.exceptions import GeoReplicationError
 
@@ -52,6 +52,8 @@ __all__ = [
     "RuleSet",
     "StoredMessageContext",
 ]
+
+_Parsed = TypeVar("_Parsed")
 
 DEFAULT_RULE_NAME: Final = "$Default"
 #: The service's limit on a rule name, in characters.
@@ -91,6 +93,20 @@ class RuleNotFoundError(RuleError):
     status = 404
 
 
+def _parsed(
+    parse: Callable[[str, Mapping[str, Any]], _Parsed],
+    expression: str,
+    parameters: Mapping[str, Any] | None,
+) -> tuple[dict[str, Any], _Parsed]:
+    """The parameters as given, and ``expression`` parsed now with them (an
+    :class:`InvalidRuleError` when it does not parse, as the service answers 400)."""
+    given = dict(parameters or {})
+    try:
+        return given, parse(expression, given)
+    except SqlError as exc:
+        raise InvalidRuleError(str(exc)) from None
+
+
 @dataclass(frozen=True)
 class RuleFilter:
     """A rule's filter: ``TrueFilter``, ``FalseFilter``, ``SqlFilter`` or ``CorrelationFilter``.
@@ -126,12 +142,8 @@ class RuleFilter:
     @classmethod
     def sql(cls, expression: str, parameters: Mapping[str, Any] | None = None) -> RuleFilter:
         """A SQL filter, parsed now. Raises :class:`InvalidRuleError` if it does not parse."""
-        parameters = dict(parameters or {})
-        try:
-            compiled = parse_filter(expression, parameters)
-        except SqlError as exc:
-            raise InvalidRuleError(str(exc)) from None
-        return cls("SqlFilter", expression, parameters, _matches=compiled.matches)
+        given, compiled = _parsed(parse_filter, expression, parameters)
+        return cls("SqlFilter", expression, given, _matches=compiled.matches)
 
     @classmethod
     def correlation_filter(
@@ -180,12 +192,7 @@ class RuleAction:
     @classmethod
     def sql(cls, expression: str, parameters: Mapping[str, Any] | None = None) -> RuleAction:
         """A SQL action, parsed now. Raises :class:`InvalidRuleError` if it does not parse."""
-        parameters = dict(parameters or {})
-        try:
-            compiled = parse_action(expression, parameters)
-        except SqlError as exc:
-            raise InvalidRuleError(str(exc)) from None
-        return cls(expression, parameters, compiled)
+        return cls(expression, *_parsed(parse_action, expression, parameters))
 
 
 @dataclass(frozen=True)

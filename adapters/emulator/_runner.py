@@ -99,6 +99,7 @@ async def _wait_for_stdin_eof(stop: asyncio.Event) -> None:
 
 
 def _argument_parser() -> argparse.ArgumentParser:
+    """The command line; each option's ``dest`` is the name of :func:`run`'s parameter."""
     parser = argparse.ArgumentParser(
         prog="python -m georep.adapters.emulator",
         description=(
@@ -160,6 +161,7 @@ def _argument_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--json",
         action="store_true",
+        dest="as_json",
         help="print one JSON line describing the emulator once it is ready",
     )
     parser.add_argument(
@@ -171,20 +173,7 @@ def _argument_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """``python -m georep.adapters.emulator``: parse ``argv``, then :func:`run`."""
-    args = _argument_parser().parse_args(argv)
-    return run(
-        namespaces=args.namespaces,
-        ports=args.ports,
-        queues=args.queues,
-        session_queues=args.session_queues,
-        topics=args.topics,
-        hybrid_connections=args.hybrid_connections,
-        control_port=args.control_port,
-        control_token=args.control_token,
-        as_json=args.json,
-        stop_on_stdin_eof=args.stop_on_stdin_eof,
-        log_level=args.log_level,
-    )
+    return run(**vars(_argument_parser().parse_args(argv)))
 
 
 def run(

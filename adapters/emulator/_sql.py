@@ -286,22 +286,6 @@ def _in(value: Any, candidates: list[Any]) -> bool | None:
     return None if unknown else False
 
 
-def _and(left: Any, right: Any) -> bool | None:
-    if left is False or right is False:
-        return False
-    if left is None or right is None:
-        return None
-    return True
-
-
-def _or(left: Any, right: Any) -> bool | None:
-    if left is True or right is True:
-        return True
-    if left is None or right is None:
-        return None
-    return False
-
-
 def _constant(value: Any) -> _Eval:
     return lambda _message: value
 
@@ -469,27 +453,27 @@ class _Compiler(Transformer[Token, Any]):
 
     @v_args(inline=True)
     def and_(self, left: Any, right: Any) -> _Eval:
-        read_left, read_right = self._value(left), self._value(right)
-
-        def both(message: MessageContext) -> bool | None:
-            first = _truth(read_left(message))
-            if first is False:  # short-circuit, as the result is known
-                return False
-            return _and(first, _truth(read_right(message)))
-
-        return both
+        return self._connective(False, left, right)
 
     @v_args(inline=True)
     def or_(self, left: Any, right: Any) -> _Eval:
+        return self._connective(True, left, right)
+
+    def _connective(self, dominant: bool, left: Any, right: Any) -> _Eval:
+        """Three-valued AND (``dominant`` False) or OR (True): either side ``dominant``
+        decides; otherwise an unknown side makes the result unknown."""
         read_left, read_right = self._value(left), self._value(right)
 
-        def either(message: MessageContext) -> bool | None:
+        def evaluate(message: MessageContext) -> bool | None:
             first = _truth(read_left(message))
-            if first is True:
-                return True
-            return _or(first, _truth(read_right(message)))
+            if first is dominant:  # short-circuit, as the result is known
+                return dominant
+            second = _truth(read_right(message))
+            if second is dominant:
+                return dominant
+            return None if first is None or second is None else not dominant
 
-        return either
+        return evaluate
 
     @v_args(inline=True)
     def filter(self, node: Any) -> _Eval:

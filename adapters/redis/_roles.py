@@ -22,7 +22,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from georep._lifecycle import AsyncResource
 from georep._policy import positive_seconds
-from georep._role_store import DEFAULT_REFRESH_INTERVAL
+from georep._role_store import DEFAULT_REFRESH_INTERVAL, NO_RECORD, RoleChange, _RoleStoreBase
 from georep.exceptions import ConfigurationError, StoreUnavailableError
 from georep.ports import RoleRecord
 
@@ -92,7 +92,7 @@ def _flag(value: bool) -> str:
     return "1" if value else "0"
 
 
-class RedisRoleStore(AsyncResource):
+class RedisRoleStore(AsyncResource, _RoleStoreBase):
     """A :class:`georep.ports.RoleStore` on Redis, shared by every process of ``app``.
 
     Build it with :meth:`from_url` (the store creates its client and closes it), or give
@@ -137,8 +137,8 @@ class RedisRoleStore(AsyncResource):
         else:
             self._redis = url_or_client
         self._index = f"georep:roles:{{{app}}}"
-        self._create = self._redis.register_script(_CREATE)
-        self._change = self._redis.register_script(_CHANGE)
+        self._create_script = self._redis.register_script(_CREATE)
+        self._change_script = self._redis.register_script(_CHANGE)
 
     @classmethod
     def from_url(
@@ -181,32 +181,22 @@ class RedisRoleStore(AsyncResource):
             entity,
         ]
         answer = await self._call(
-            lambda: self._create(keys=[self.key(entity), self._index], args=args)
+            lambda: self._create_script(keys=[self.key(entity), self._index], args=args)
         )
         return _record(answer[1:])
 
-    async def change(
-        self,
-        entity: str,
-        *,
-        expected_generation: int,
-        active: str,
-        changed_by: str,
-        now: float,
-        automatic: bool = True,
-        pinned: bool | None = None,
-    ) -> tuple[bool, RoleRecord]:
+    async def _change(self, entity: str, change: RoleChange) -> tuple[bool, RoleRecord]:
         args = [
-            str(expected_generation),
-            active,
-            changed_by,
-            repr(now),
-            _flag(automatic),
-            "" if pinned is None else _flag(pinned),
+            str(change.expected_generation),
+            change.active,
+            change.changed_by,
+            repr(change.now),
+            _flag(change.automatic),
+            "" if change.pinned is None else _flag(change.pinned),
         ]
-        answer = await self._call(lambda: self._change(keys=[self.key(entity)], args=args))
+        answer = await self._call(lambda: self._change_script(keys=[self.key(entity)], args=args))
         if len(answer) == 1:
-            return False, RoleRecord(active="", generation=-1)
+            return False, NO_RECORD
         return answer[0] == 1, _record(answer[1:])
 
     async def entities(self) -> list[str]:

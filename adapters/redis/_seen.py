@@ -35,7 +35,7 @@ import math
 import time
 from collections.abc import Callable, Sequence
 from datetime import timedelta
-from typing import Any, Final
+from typing import Any, Final, TypedDict, Unpack
 
 import redis.asyncio
 from redis.asyncio.cluster import RedisCluster
@@ -46,9 +46,8 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import NoScriptError, RedisClusterException, RedisError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from georep._lifecycle import AsyncResource
-from georep._outcomes import check_commit
 from georep._policy import count, positive_seconds
+from georep._seen_store import _SeenSetBase
 from georep.exceptions import ConfigurationError, StoreUnavailableError
 from georep.ports import Claims, ClaimState
 
@@ -143,6 +142,16 @@ local function outcome(k, field)
   return nil
 end
 
+-- The entry an earlier georep wrote for a digest (one string key per id), read as outcome()
+-- reads the buckets ('done', 'F' or 'D'; nil for a claim or no entry), and its value.
+local function legacy_outcome(digest)
+  local old = redis.call('GET', legacy .. digest)
+  if old == '1' then return 'done', old end
+  if old == 'F' then return 'F', old end
+  if old and string.sub(old, 1, 1) == 'D' then return 'D', old end
+  return nil, old
+end
+
 if op == 'c' then
   local deadline = now + ms
   -- A claim nobody committed or released (its holder vanished and its message never came
@@ -160,24 +169,16 @@ if op == 'c' then
     local digest = ARGV[3 + i]
     local field, k = string.sub(digest, 5), keys(digest)
     local claims = k[1]
-    local kind, answer = outcome(k, field), nil
+    local kind, old, answer = outcome(k, field), nil, nil
+    if not kind and legacy ~= '' then kind, old = legacy_outcome(digest) end
     if kind == 'done' then
       answer = 2
     elseif kind == 'F' then
       answer = 4
     elseif kind == 'D' then
-      answer = 'D' .. (redis.call('HGET', k[2], field) or '')
-    elseif legacy ~= '' then
-      local old = redis.call('GET', legacy .. digest)
-      if old == '1' then
-        answer = 2
-      elseif old == 'F' then
-        answer = 4
-      elseif old and string.sub(old, 1, 1) == 'D' then
-        answer = old
-      elseif old and old ~= 'c' .. owner then
-        answer = 1
-      end
+      answer = old or ('D' .. (redis.call('HGET', k[2], field) or ''))
+    elseif old and old ~= 'c' .. owner then
+      answer = 1
     end
     if not answer then
       local other, ends = holder(claims, field)
@@ -217,19 +218,9 @@ elseif op == 'p' then
   for i = 1, count do
     local digest = ARGV[3 + i]
     local field, k = string.sub(digest, 5), keys(digest)
-    local answer = numbers[outcome(k, field) or ''] or 5
-    if answer == 5 and legacy ~= '' then
-      local old = redis.call('GET', legacy .. digest)
-      if old == '1' then
-        answer = 2
-      elseif old == 'F' then
-        answer = 4
-      elseif old and string.sub(old, 1, 1) == 'D' then
-        answer = 3
-      elseif old then
-        answer = 1
-      end
-    end
+    local kind, old = outcome(k, field), nil
+    if not kind and legacy ~= '' then kind, old = legacy_outcome(digest) end
+    local answer = numbers[kind or ''] or (old and 1) or 5
     if answer == 5 then
       local other, ends = holder(k[1], field)
       if other and ends > now then answer = 1 end
@@ -300,7 +291,20 @@ def _milliseconds(value: float) -> int:
     return max(1, math.ceil(value * 1000))
 
 
-class RedisSeenSet(AsyncResource):
+class RedisSeenSetOptions(TypedDict, total=False):
+    """:class:`RedisSeenSet`'s keyword arguments, for :meth:`RedisSeenSet.from_url`."""
+
+    group: str
+    prefix: str
+    window: float | timedelta
+    operation_timeout: float
+    cluster: bool
+    expected_ids: int
+    slot_groups: int
+    read_legacy_keys: bool
+
+
+class RedisSeenSet(_SeenSetBase):
     """A :class:`georep.ports.SeenStore` on Redis or Redis Cluster, shared by every receiver.
 
     Build it with :meth:`from_url` (the store creates its client and closes it), or give
@@ -332,6 +336,11 @@ class RedisSeenSet(AsyncResource):
         read_legacy_keys: Claims on a single Redis also read the one-key-per-id entries an
             earlier georep wrote (about one extra ``GET`` per id); turn off one window after
             upgrading. Never on a cluster (those keys live in other slots). Default True.
+
+    Every method follows :class:`georep.ports.SeenStore` (and
+    :class:`~georep.ports.SessionStateStore`), and raises
+    :class:`~georep.exceptions.StoreUnavailableError` when Redis did not answer in time or
+    refused the call, :class:`~georep.exceptions.ClosedError` once the store is closed.
 
     Attributes:
         round_trips: Exchanges with Redis so far (one per non-empty call, plus one each
@@ -409,19 +418,7 @@ class RedisSeenSet(AsyncResource):
         self.round_trips = 0
 
     @classmethod
-    def from_url(
-        cls,
-        url: str,
-        *,
-        group: str = "default",
-        prefix: str = "georep:seen:",
-        window: float | timedelta = DEFAULT_WINDOW,
-        operation_timeout: float = DEFAULT_OPERATION_TIMEOUT,
-        cluster: bool = False,
-        expected_ids: int = DEFAULT_EXPECTED_IDS,
-        slot_groups: int = DEFAULT_SLOT_GROUPS,
-        read_legacy_keys: bool = True,
-    ) -> RedisSeenSet:
+    def from_url(cls, url: str, **options: Unpack[RedisSeenSetOptions]) -> RedisSeenSet:
         """A store on its own client for ``url``, closed by :meth:`aclose`.
 
         The client takes ``operation_timeout`` as socket and connect timeout. A single
@@ -434,29 +431,14 @@ class RedisSeenSet(AsyncResource):
             url: A ``redis://``, ``rediss://`` or ``unix://`` URL; with ``cluster=True``
                 the ``redis://`` or ``rediss://`` URL of any node of the cluster (the client
                 discovers the others), as ``redis.asyncio.RedisCluster.from_url`` takes it.
-            group: As the constructor.
-            prefix: As the constructor.
-            window: As the constructor.
-            operation_timeout: As the constructor.
-            cluster: As the constructor.
-            expected_ids: As the constructor.
-            slot_groups: As the constructor.
-            read_legacy_keys: As the constructor.
+            **options: The constructor's keyword arguments (``group``, ``prefix``,
+                ``window``, ``operation_timeout``, ``cluster``, ``expected_ids``,
+                ``slot_groups``, ``read_legacy_keys``), with its defaults.
 
         Raises:
             ConfigurationError: As the constructor.
         """
-        return cls(
-            url,
-            group=group,
-            prefix=prefix,
-            window=window,
-            operation_timeout=operation_timeout,
-            cluster=cluster,
-            expected_ids=expected_ids,
-            slot_groups=slot_groups,
-            read_legacy_keys=read_legacy_keys,
-        )
+        return cls(url, **options)
 
     @property
     def window(self) -> float:
@@ -468,8 +450,6 @@ class RedisSeenSet(AsyncResource):
 
         Raises:
             ConfigurationError: ``lease`` is not positive.
-            StoreUnavailableError: Redis did not answer in time or refused the call.
-            ClosedError: The store was closed.
         """
         lease_ms = _milliseconds(positive_seconds(lease, "lease"))
         claims = Claims()
@@ -482,45 +462,22 @@ class RedisSeenSet(AsyncResource):
                 claims.reasons[index] = text[1:]
         return claims
 
-    async def commit(
-        self,
-        keys: Sequence[str],
-        *,
-        owner: str,
-        outcome: ClaimState = ClaimState.DONE,
-        reasons: Sequence[str] | None = None,
+    async def _commit(
+        self, keys: Sequence[str], owner: str, outcome: ClaimState, reasons: list[str]
     ) -> None:
-        """Record the keys' final outcome for the window, whoever holds them.
-
-        Raises:
-            ConfigurationError: ``outcome`` is not final, or ``reasons`` is not one per key.
-            StoreUnavailableError: Redis did not answer in time or refused the call.
-            ClosedError: The store was closed.
-        """
-        texts = check_commit(keys, outcome, reasons)
         stored = _STORED[outcome]
         if outcome is ClaimState.DEAD_LETTERED:
-            values = [stored + text.encode("utf-8", "replace") for text in texts]
+            values = [stored + text.encode("utf-8", "replace") for text in reasons]
         else:
             values = [stored] * len(keys)
         await self._run(keys, _COMMIT, owner, 0, values)
 
     async def release(self, keys: Sequence[str], *, owner: str) -> None:
-        """Drop ``owner``'s claims on the keys; done keys and others' claims stay.
-
-        Raises:
-            StoreUnavailableError: Redis did not answer in time or refused the call.
-            ClosedError: The store was closed.
-        """
+        """Drop ``owner``'s claims on the keys; done keys and others' claims stay."""
         await self._run(keys, _RELEASE, owner, 0)
 
     async def peek(self, keys: Sequence[str]) -> list[ClaimState | None]:
-        """The keys' states without claiming them (None: no entry; IN_FLIGHT: claimed).
-
-        Raises:
-            StoreUnavailableError: Redis did not answer in time or refused the call.
-            ClosedError: The store was closed.
-        """
+        """The keys' states without claiming them (None: no entry; IN_FLIGHT: claimed)."""
         return [_PEEKED[result] for result in await self._run(keys, _PEEK, "", 0)]
 
     async def extend(self, keys: Sequence[str], *, owner: str, lease: float) -> list[bool]:
@@ -528,31 +485,19 @@ class RedisSeenSet(AsyncResource):
 
         Raises:
             ConfigurationError: ``lease`` is not positive.
-            StoreUnavailableError: Redis did not answer in time or refused the call.
-            ClosedError: The store was closed.
         """
         lease_ms = _milliseconds(positive_seconds(lease, "lease"))
         return [result == 1 for result in await self._run(keys, _EXTEND, owner, lease_ms)]
 
     async def get_session_state(self, key: str) -> bytes | None:
-        """The session state stored under ``key`` (a GeoReceiver's scope and session id).
-
-        Raises:
-            StoreUnavailableError: Redis did not answer in time or refused the call.
-            ClosedError: The store was closed.
-        """
+        """The session state stored under ``key`` (a GeoReceiver's scope and session id)."""
         value = await self._plain(self._redis.get, self._state_key(key))
         if value is None:
             return None
         return value if isinstance(value, bytes) else str(value).encode()
 
     async def set_session_state(self, key: str, state: bytes | None) -> None:
-        """Store (None: delete) the session state under ``key``; it does not expire.
-
-        Raises:
-            StoreUnavailableError: Redis did not answer in time or refused the call.
-            ClosedError: The store was closed.
-        """
+        """Store (None: delete) the session state under ``key``; it does not expire."""
         if state is None:
             await self._plain(self._redis.delete, self._state_key(key))
         else:

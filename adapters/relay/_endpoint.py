@@ -21,6 +21,7 @@ import websockets
 from websockets.asyncio.client import ClientConnection
 from websockets.exceptions import ConnectionClosed
 
+from georep._relay_endpoint import RelayEndpointBase
 from georep.exceptions import ClosedError, ConfigurationError, RegionError
 from georep.ports import ErrorKind, RelayResponse
 
@@ -103,7 +104,14 @@ class _HttpSession:
             self._session = None
 
 
-class HybridConnectionEndpoint:
+class _Endpoint(RelayEndpointBase):
+    """What both endpoints share: the one translation of a client failure."""
+
+    def _translate(self, exc: Exception) -> Exception:
+        return translate(self.region, exc)
+
+
+class HybridConnectionEndpoint(_Endpoint):
     """A sender to one Azure Relay hybrid connection.
 
     Args:
@@ -131,6 +139,7 @@ class HybridConnectionEndpoint:
             raise ConfigurationError(
                 f"mode {mode!r} is unknown: use 'http' or 'websocket'"
             ) from None
+        super().__init__(connection.region, f"{connection.namespace}/{connection.path}")
         self._connection = connection
         self._tokens = SasTokenProvider(connection.key_name, connection.key, ttl=token_ttl)
         self._ssl = ssl_context
@@ -145,32 +154,12 @@ class HybridConnectionEndpoint:
     def __repr__(self) -> str:
         return f"HybridConnectionEndpoint({self.address!r}, mode={self.mode.value!r})"
 
-    @property
-    def region(self) -> str:
-        return self._connection.region
-
-    @property
-    def address(self) -> str:
-        return f"{self._connection.namespace}/{self._connection.path}"
-
-    async def request(
-        self,
-        method: str,
-        target: str,
-        *,
-        body: bytes,
-        headers: dict[str, str],
-        timeout: float,
+    async def _exchange(
+        self, method: str, target: str, body: bytes, headers: dict[str, str]
     ) -> RelayResponse:
-        try:
-            async with asyncio.timeout(timeout):
-                if self.mode is RelayMode.HTTP:
-                    return await self._http_request(method, target, body, headers)
-                return await self._websocket_request(method, target, body, headers)
-        except ClosedError:
-            raise
-        except Exception as exc:
-            raise translate(self.region, exc) from None
+        if self.mode is RelayMode.HTTP:
+            return await self._http_request(method, target, body, headers)
+        return await self._websocket_request(method, target, body, headers)
 
     # -- HTTP mode -----------------------------------------------------------------------
     async def _http_request(
@@ -290,7 +279,7 @@ class HybridConnectionEndpoint:
                 await reader
 
 
-class PlainHttpEndpoint:
+class PlainHttpEndpoint(_Endpoint):
     """A service reached over plain HTTP(S), for services not on Azure Relay.
 
     Gateway answers (502/503/504), connection failures and timeouts mean unavailable;
@@ -313,52 +302,29 @@ class PlainHttpEndpoint:
     ) -> None:
         if not base_url.startswith(("http://", "https://")):
             raise ConfigurationError(f"base_url {base_url!r} must start with http:// or https://")
-        self._base = base_url.rstrip("/")
-        self._region = region
+        super().__init__(region, base_url.rstrip("/"))
         self._headers = dict(headers or {})
         self._http = _HttpSession(ssl_context)
 
     def __repr__(self) -> str:
-        return f"PlainHttpEndpoint({self._base!r}, region={self._region!r})"
+        return f"PlainHttpEndpoint({self.address!r}, region={self.region!r})"
 
-    @property
-    def region(self) -> str:
-        return self._region
-
-    @property
-    def address(self) -> str:
-        return self._base
-
-    async def request(
-        self,
-        method: str,
-        target: str,
-        *,
-        body: bytes,
-        headers: dict[str, str],
-        timeout: float,
+    async def _exchange(
+        self, method: str, target: str, body: bytes, headers: dict[str, str]
     ) -> RelayResponse:
-        try:
-            async with (
-                asyncio.timeout(timeout),
-                self._http.get().request(
-                    method,
-                    self._base + target,
-                    data=body or None,
-                    headers={**self._headers, **_clean(headers)},
-                    allow_redirects=False,
-                ) as response,
-            ):
-                payload = await response.read()
-        except ClosedError:
-            raise
-        except Exception as exc:
-            raise translate(self._region, exc) from None
+        async with self._http.get().request(
+            method,
+            self.address + target,
+            data=body or None,
+            headers={**self._headers, **_clean(headers)},
+            allow_redirects=False,
+        ) as response:
+            payload = await response.read()
         if response.status in GATEWAY_STATUSES:
             raise unavailable(
-                self._region, ErrorKind.SERVICE_ERROR, f"the service answered {response.status}"
+                self.region, ErrorKind.SERVICE_ERROR, f"the service answered {response.status}"
             )
-        return RelayResponse(response.status, _clean(response.headers), payload, self._region)
+        return RelayResponse(response.status, _clean(response.headers), payload, self.region)
 
     async def close(self) -> None:
         """Close the HTTP session (idempotent)."""

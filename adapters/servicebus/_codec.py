@@ -285,10 +285,7 @@ class ServiceBusCodec:
     # field (~5 us a call, on every send).
     def message_id(self, message: Any) -> str | None:
         properties = message.raw_amqp_message.properties
-        value = None if properties is None else properties.message_id
-        if value is None:
-            return None
-        return value.decode() if isinstance(value, bytes) else str(value)
+        return None if properties is None else _text(properties.message_id)
 
     def set_message_id(self, message: Any, message_id: str) -> None:
         properties = message.raw_amqp_message.properties
@@ -304,10 +301,7 @@ class ServiceBusCodec:
     def session_id(self, message: Any) -> str | None:
         # Through the AMQP properties too, as message_id (the SDK getter is slow).
         properties = message.raw_amqp_message.properties
-        value = None if properties is None else properties.group_id
-        if value is None:
-            return None
-        return value.decode() if isinstance(value, bytes) else str(value)
+        return None if properties is None else _text(properties.group_id)
 
     def application_property(self, message: Any, name: str) -> Any:
         properties = message.application_properties

@@ -6,6 +6,8 @@ import inspect
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
+from georep._region_identity import RegionLabels
+
 from ._errors import translate_error
 
 _T = TypeVar("_T")
@@ -53,7 +55,7 @@ def close_without_keep_alive_wait(sdk: Any) -> Any:
     return sdk
 
 
-class SdkRegion:
+class SdkRegion(RegionLabels):
     """One region's SDK object behind a georep port.
 
     Args:
@@ -68,23 +70,9 @@ class SdkRegion:
     def __init__(
         self, sdk: Any, *, region: str, namespace: str, entity: str, client: Any | None
     ) -> None:
+        super().__init__(region, namespace, entity)
         self._sdk = close_without_keep_alive_wait(sdk)
         self._client = client
-        self._region = region
-        self._namespace = namespace
-        self._entity = entity
-
-    @property
-    def region(self) -> str:
-        return self._region
-
-    @property
-    def namespace(self) -> str:
-        return self._namespace
-
-    @property
-    def entity(self) -> str:
-        return self._entity
 
     def _translate(self, exc: Exception) -> Exception:
         return translate_error(exc, region=self._region, namespace=self._namespace) or exc

@@ -59,15 +59,16 @@ class ServiceBusRegionSender(SdkRegion):
 
     @property
     def codec(self) -> ServiceBusCodec:
+        """How georep reads and copies the SDK messages this sender sends."""
         return self._codec
+
+    def slot(self) -> RegionSlot:
+        return self._slot
 
     @property
     def sdk_sender(self) -> ServiceBusSender:
         """The wrapped SDK sender."""
         return self._sender
-
-    def slot(self) -> RegionSlot:
-        return self._slot
 
     # Every call below runs with the caller holding slot(); georep's core always does.
 

@@ -15,6 +15,7 @@ from azure.servicebus import NEXT_AVAILABLE_SESSION, ServiceBusMessageState, Ser
 from azure.servicebus.aio import ServiceBusClient, ServiceBusReceiver
 from azure.servicebus.exceptions import OperationTimeoutError, SessionCannotBeLockedError
 
+from georep._region_identity import RegionLabels
 from georep.exceptions import ConfigurationError
 
 from ._errors import translate_error
@@ -73,7 +74,7 @@ class ServiceBusSessionReceiver(ServiceBusRegionReceiver):
         await self._receiver.close()
 
 
-class ServiceBusRegionSessions:
+class ServiceBusRegionSessions(RegionLabels):
     """One region's session-enabled queue or subscription, on an SDK client.
 
     Args:
@@ -102,30 +103,18 @@ class ServiceBusRegionSessions:
                 "name a queue (queue_name=) or a topic and subscription "
                 "(topic_name=, subscription_name=)"
             )
+        super().__init__(
+            region,
+            str(client.fully_qualified_namespace),
+            str(queue_name)
+            if queue_name is not None
+            else f"{topic_name}/Subscriptions/{subscription_name}",
+        )
         self._client = client
-        self._region = region
         self._queue = queue_name
         self._topic = topic_name
         self._subscription = subscription_name
         self._owns_client = owns_client
-        self._namespace = str(client.fully_qualified_namespace)
-        self._entity = (
-            str(queue_name)
-            if queue_name is not None
-            else f"{topic_name}/Subscriptions/{subscription_name}"
-        )
-
-    @property
-    def region(self) -> str:
-        return self._region
-
-    @property
-    def namespace(self) -> str:
-        return self._namespace
-
-    @property
-    def entity(self) -> str:
-        return self._entity
 
     def _session_receiver(self, session_id: str | None, max_wait: float) -> ServiceBusReceiver:
         options: dict[str, Any] = {

@@ -190,7 +190,12 @@ class _OnWorker(SdkRegion):
     """What both sync adapters share: every SDK call on the SDK object's worker thread,
     and closing releases the worker (never the caller's SDK object)."""
 
-    _worker: RegionWorker | None
+    def __init__(self, sdk: Any, *, region: str, idle_exit: float) -> None:
+        # The next base is the async adapter (ServiceBusRegionSender or -Receiver): it
+        # reads the same attributes on a sync SDK object and keys its slot by the object,
+        # whatever its flavour.
+        super().__init__(sdk, region=region)  # type: ignore[call-arg]
+        self._worker: RegionWorker | None = region_worker(sdk, region=region, idle_exit=idle_exit)
 
     @property
     def worker(self) -> RegionWorker:
@@ -233,13 +238,8 @@ class SyncServiceBusRegionSender(_OnWorker, ServiceBusRegionSender):
     def __init__(
         self, sender: ServiceBusSender, *, region: str, idle_exit: float = DEFAULT_IDLE_EXIT
     ) -> None:
-        # The base class reads the same attributes on a sync sender and keys its slot by
-        # the SDK object, whatever its flavour.
-        super().__init__(sender, region=region)  # type: ignore[arg-type]
+        super().__init__(sender, region=region, idle_exit=idle_exit)
         self._sync_sender = sender
-        self._worker: RegionWorker | None = region_worker(
-            sender, region=region, idle_exit=idle_exit
-        )
 
     async def send(self, messages: Any, *, timeout: float) -> None:
         await self._call(partial(self._sync_sender.send_messages, messages, timeout=timeout))
@@ -285,11 +285,8 @@ class SyncServiceBusRegionReceiver(_OnWorker, ServiceBusRegionReceiver):
     def __init__(
         self, receiver: ServiceBusReceiver, *, region: str, idle_exit: float = DEFAULT_IDLE_EXIT
     ) -> None:
-        super().__init__(receiver, region=region)  # type: ignore[arg-type]
+        super().__init__(receiver, region=region, idle_exit=idle_exit)
         self._sync_receiver = receiver
-        self._worker: RegionWorker | None = region_worker(
-            receiver, region=region, idle_exit=idle_exit
-        )
         self._receive_started = 0.0
         self._stuck: concurrent.futures.Future[list[Any]] | None = None
         self._stuck_since = 0.0

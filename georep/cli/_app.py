@@ -32,27 +32,30 @@ app = typer.Typer(
 console = Console()
 
 
+_Names = list[str] | None
+"""An option given once per name (``--queue a --queue b``)."""
+
+
+def _each(help: str) -> Any:
+    """The option of a :data:`_Names` parameter."""
+    return typer.Option(help=help)
+
+
 @app.command()
 def emulator(
     namespace: Annotated[
-        list[str] | None, typer.Option(help="Namespace name (repeat). Default: primary, secondary.")
+        _Names, _each("Namespace name (repeat). Default: primary, secondary.")
     ] = None,
     port: Annotated[
         list[int] | None, typer.Option(help="Port per namespace, in order (0 = any free).")
     ] = None,
-    queue: Annotated[
-        list[str] | None, typer.Option(help="Queue created in every namespace (repeat).")
-    ] = None,
+    queue: Annotated[_Names, _each("Queue created in every namespace (repeat).")] = None,
     session_queue: Annotated[
-        list[str] | None,
-        typer.Option(help="Session-enabled queue created in every namespace (repeat)."),
+        _Names, _each("Session-enabled queue created in every namespace (repeat).")
     ] = None,
-    topic: Annotated[
-        list[str] | None, typer.Option(help="Topic NAME[:SUB1,SUB2] created in every namespace.")
-    ] = None,
+    topic: Annotated[_Names, _each("Topic NAME[:SUB1,SUB2] created in every namespace.")] = None,
     hybrid_connection: Annotated[
-        list[str] | None,
-        typer.Option(help="Relay hybrid connection created in every namespace (repeat)."),
+        _Names, _each("Relay hybrid connection created in every namespace (repeat).")
     ] = None,
     control_port: Annotated[
         int, typer.Option(help="HTTP control endpoint port (0 = any free).")

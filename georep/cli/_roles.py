@@ -118,34 +118,42 @@ async def _seen_keys(store: Any, group: str, budget: float = 1.0) -> tuple[int, 
             return count, False
 
 
+_Outbox = Annotated[
+    Path | None, typer.Option(help="A SqliteOutbox file: show how many messages wait.")
+]
+_SeenGroup = Annotated[
+    str | None, typer.Option(help="A seen-set group: count its keys (SCAN, 1 s at most).")
+]
+_Backlog = Annotated[
+    str | None,
+    typer.Option(
+        envvar="GEOREP_SECONDARY",
+        show_default=False,
+        help="Paired namespaces: the secondary's connection string (or GEOREP_SECONDARY); "
+        "shows each backlog queue's depth, i.e. what the syphon has still to move.",
+    ),
+]
+_PrimaryNamespace = Annotated[
+    str | None,
+    typer.Option(help="Paired namespaces: the name the backlog queues are built from."),
+]
+_BacklogQueues = Annotated[int, typer.Option(min=1, help="Backlog queue count.")]
+_CaFile = Annotated[
+    str | None,
+    typer.Option(envvar="GEOREP_CA_FILE", help="CA bundle for the management endpoint."),
+]
+
+
 def status(
     redis_url: _Redis = "",
     app_name: _App = "",
     entity: _Entities = None,
-    outbox: Annotated[
-        Path | None, typer.Option(help="A SqliteOutbox file: show how many messages wait.")
-    ] = None,
-    seen_group: Annotated[
-        str | None, typer.Option(help="A seen-set group: count its keys (SCAN, 1 s at most).")
-    ] = None,
-    backlog: Annotated[
-        str | None,
-        typer.Option(
-            envvar="GEOREP_SECONDARY",
-            show_default=False,
-            help="Paired namespaces: the secondary's connection string (or GEOREP_SECONDARY); "
-            "shows each backlog queue's depth, i.e. what the syphon has still to move.",
-        ),
-    ] = None,
-    primary_namespace: Annotated[
-        str | None,
-        typer.Option(help="Paired namespaces: the name the backlog queues are built from."),
-    ] = None,
-    backlog_queues: Annotated[int, typer.Option(min=1, help="Backlog queue count.")] = 10,
-    ca_file: Annotated[
-        str | None,
-        typer.Option(envvar="GEOREP_CA_FILE", help="CA bundle for the management endpoint."),
-    ] = None,
+    outbox: _Outbox = None,
+    seen_group: _SeenGroup = None,
+    backlog: _Backlog = None,
+    primary_namespace: _PrimaryNamespace = None,
+    backlog_queues: _BacklogQueues = 10,
+    ca_file: _CaFile = None,
     as_json: _Json = False,
 ) -> None:
     """The roles of every entity: active region, generation, since when, pinned, by whom."""

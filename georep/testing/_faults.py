@@ -5,12 +5,13 @@ from __future__ import annotations
 import asyncio
 
 from georep._classify import region_error
+from georep._region_identity import RegionLabel
 from georep.ports import ErrorKind
 
 __all__ = ["FaultSwitch"]
 
 
-class FaultSwitch:
+class FaultSwitch(RegionLabel):
     """``fail_with``, ``hang`` and ``restore`` for a fake that stands for one region.
 
     The fake calls :meth:`_injected_fault` where the real one would reach the service.
@@ -19,14 +20,11 @@ class FaultSwitch:
     """
 
     def __init__(self, region: str) -> None:
-        self._region = region
+        # Not super(): a fake's next base may be RegionLabels, which takes more.
+        RegionLabel.__init__(self, region)
         self._failure: ErrorKind | None = None
         self._failures_left: int | None = None
         self._hanging = False
-
-    @property
-    def region(self) -> str:
-        return self._region
 
     def fail_with(self, kind: ErrorKind | str, *, times: int | None = None) -> None:
         """Fail every call (or the next ``times``) with an error of ``kind``."""

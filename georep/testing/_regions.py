@@ -7,9 +7,10 @@ import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any
+from typing import Any, Self
 
 from georep._classify import region_error
+from georep._region_identity import RegionLabels
 from georep._slot import RegionSlot
 from georep.exceptions import RegionError
 from georep.ports import Delivery, ErrorKind
@@ -31,23 +32,14 @@ def dedup_value(message: Any, dedup_source: str, dedup_name: str | None) -> str 
     return None if key is None else str(key)
 
 
-class _Labels:
-    """The namespace and entity of a fake region (read-only, as the ports declare them)."""
+class FakeLabels(RegionLabels):
+    """A fake region's labels; the namespace defaults to ``{region}.servicebus.example``."""
 
     def __init__(self, region: str, namespace: str | None, entity: str) -> None:
-        self._namespace = namespace or f"{region}.servicebus.example"
-        self._entity = entity
-
-    @property
-    def namespace(self) -> str:
-        return self._namespace
-
-    @property
-    def entity(self) -> str:
-        return self._entity
+        super().__init__(region, namespace or f"{region}.servicebus.example", entity)
 
 
-class InMemoryRegionSender(FaultSwitch, _Labels):
+class InMemoryRegionSender(FaultSwitch, FakeLabels):
     """One fake region: it stores what it accepts and fails on demand.
 
     Attributes:
@@ -62,11 +54,11 @@ class InMemoryRegionSender(FaultSwitch, _Labels):
         namespace: str | None = None,
         entity: str = "orders",
         *,
-        max_message_size: int = 262_144,
         clock: FakeClock | None = None,
+        max_message_size: int = 262_144,
     ) -> None:
         FaultSwitch.__init__(self, region)
-        _Labels.__init__(self, region, namespace, entity)
+        FakeLabels.__init__(self, region, namespace, entity)
         self._clock = clock
         self.latency = 0.0
         self._codec = FakeCodec()
@@ -153,8 +145,20 @@ class FakeReceivedMessage:
     dead_letter_error_description: str | None = None
     session_id: str | None = None
 
+    @classmethod
+    def stored(cls, message: FakeMessage, sequence_number: int, **fields: Any) -> Self:
+        """The copy a region stores of a sent ``message`` (its properties copied)."""
+        return cls(
+            message.body,
+            message.message_id,
+            message.subject,
+            dict(message.application_properties),
+            sequence_number=sequence_number,
+            **fields,
+        )
 
-class InMemoryRegionReceiver(_Labels):
+
+class InMemoryRegionReceiver(FakeLabels):
     """One fake region's queue with peek-lock semantics, on a :class:`FakeClock`.
 
     Attributes:
@@ -176,7 +180,6 @@ class InMemoryRegionReceiver(_Labels):
         max_delivery_count: int = 10,
     ) -> None:
         super().__init__(region, namespace, entity)
-        self._region = region
         self._clock = clock
         self.lock_duration = lock_duration
         self.max_delivery_count = max_delivery_count
@@ -190,21 +193,10 @@ class InMemoryRegionReceiver(_Labels):
         self.deferred: list[FakeReceivedMessage] = []
         self.closed = False
 
-    @property
-    def region(self) -> str:
-        return self._region
-
     def put(self, message: FakeMessage, *, content_type: str | None = None) -> None:
         """Enqueue a copy of ``message`` (as a sender's accepted message would be)."""
         self._available.append(
-            FakeReceivedMessage(
-                message.body,
-                message.message_id,
-                message.subject,
-                dict(message.application_properties),
-                sequence_number=next(self._sequence),
-                content_type=content_type,
-            )
+            FakeReceivedMessage.stored(message, next(self._sequence), content_type=content_type)
         )
 
     @property

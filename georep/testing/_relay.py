@@ -6,6 +6,7 @@ import asyncio
 from collections.abc import Awaitable, Callable
 
 from georep._classify import region_error
+from georep._relay_endpoint import RelayEndpointBase
 from georep.ports import ErrorKind, RelayRequest, RelayResponse
 from georep.testing._faults import FaultSwitch
 
@@ -18,7 +19,7 @@ async def _echo(request: RelayRequest) -> RelayResponse:
     return RelayResponse(200, {}, request.body)
 
 
-class InMemoryRelayEndpoint(FaultSwitch):
+class InMemoryRelayEndpoint(FaultSwitch, RelayEndpointBase):
     """A relay endpoint served by ``handler`` in-process; it can fail or hang on demand.
 
     Args:
@@ -30,41 +31,17 @@ class InMemoryRelayEndpoint(FaultSwitch):
     def __init__(
         self, region: str, handler: RelayHandler | None = None, *, address: str | None = None
     ) -> None:
-        super().__init__(region)
-        self._address = address or f"memory://{region}"
+        FaultSwitch.__init__(self, region)
+        RelayEndpointBase.__init__(self, region, address or f"memory://{region}")
         self._handler = handler or _echo
         self.requests: list[RelayRequest] = []
         self.attempts = 0
         self.closed = False
 
-    @property
-    def address(self) -> str:
-        return self._address
-
-    async def request(
-        self,
-        method: str,
-        target: str,
-        *,
-        body: bytes,
-        headers: dict[str, str],
-        timeout: float,
-    ) -> RelayResponse:
-        self.attempts += 1
-        # As the real endpoints: no answer within ``timeout`` is a TIMEOUT region error.
-        try:
-            async with asyncio.timeout(timeout):
-                return await self._answer(method, target, body, headers)
-        except TimeoutError:
-            raise region_error(
-                f"{self._region}: no answer within {timeout} s",
-                region=self._region,
-                kind=ErrorKind.TIMEOUT,
-            ) from None
-
-    async def _answer(
+    async def _exchange(
         self, method: str, target: str, body: bytes, headers: dict[str, str]
     ) -> RelayResponse:
+        self.attempts += 1
         # One scheduling point, so concurrent requests really interleave.
         await asyncio.sleep(0)
         await self._injected_fault()
@@ -72,6 +49,14 @@ class InMemoryRelayEndpoint(FaultSwitch):
         self.requests.append(request)
         response = await self._handler(request)
         return RelayResponse(response.status, response.headers, response.body, self._region)
+
+    def _translate(self, exc: Exception) -> Exception | None:
+        # As the real endpoints: no answer within the deadline is a TIMEOUT region error.
+        if isinstance(exc, TimeoutError):
+            return region_error(
+                f"{self._region}: no answer in time", region=self._region, kind=ErrorKind.TIMEOUT
+            )
+        return None
 
     async def close(self) -> None:
         self.closed = True

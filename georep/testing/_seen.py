@@ -7,9 +7,8 @@ from dataclasses import dataclass
 from datetime import timedelta
 
 from georep._clock import SystemClock
-from georep._lifecycle import AsyncResource
-from georep._outcomes import check_commit
 from georep._policy import positive_seconds
+from georep._seen_store import _SeenSetBase
 from georep.exceptions import StoreUnavailableError
 from georep.ports import Claims, ClaimState, Clock
 
@@ -28,7 +27,7 @@ class _Entry:
     """The dead-letter reason recorded with ``DEAD_LETTERED``."""
 
 
-class InMemorySeenSet(AsyncResource):
+class InMemorySeenSet(_SeenSetBase):
     """Behaves like :class:`georep.adapters.redis.RedisSeenSet` but lives in a dict.
 
     Leases and the window run on ``clock.monotonic()``, so a test moves them with
@@ -90,21 +89,14 @@ class InMemorySeenSet(AsyncResource):
                 states.append(ClaimState.IN_FLIGHT)
         return states
 
-    async def commit(
-        self,
-        keys: Sequence[str],
-        *,
-        owner: str,
-        outcome: ClaimState = ClaimState.DONE,
-        reasons: Sequence[str] | None = None,
+    async def _commit(
+        self, keys: Sequence[str], owner: str, outcome: ClaimState, reasons: list[str]
     ) -> None:
-        """Record the keys' final outcome for the window, whoever holds them."""
-        texts = check_commit(keys, outcome, reasons)
         now = self._begin(keys)
         if now is None:
             return
         expires_at = now + self._window
-        for key, reason in zip(keys, texts, strict=True):
+        for key, reason in zip(keys, reasons, strict=True):
             self._entries[key] = _Entry(None, expires_at, outcome, reason)
 
     async def release(self, keys: Sequence[str], *, owner: str) -> None:

@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 from _helpers import REPO
-from azure.servicebus import ServiceBusClient, ServiceBusMessage
+from azure.servicebus import ServiceBusClient, ServiceBusMessage, ServiceBusSubQueue
 
 from georep.adapters.emulator import Emulator
 
@@ -68,6 +68,18 @@ def checks_of(module: str) -> pytest.MarkDecorator:
     )
 
 
+def checks_test(module: str) -> Callable[[str, Emulator], None]:
+    """The test of a ``test_fidelity_*`` module, which ends with
+    ``test_supported_operation_works = checks_test(__name__)``: it runs each check that
+    ``module`` registered against the session's emulator, one test id a row."""
+
+    @checks_of(module)
+    def test_supported_operation_works(operation: str, georep_emulator: Emulator) -> None:
+        CHECKS[operation](georep_emulator)
+
+    return test_supported_operation_works
+
+
 # -- helpers for the checks -----------------------------------------------------------------
 def unique_name(prefix: str) -> str:
     return f"fid-{prefix}-{uuid.uuid4().hex[:8]}"
@@ -106,3 +118,25 @@ def receive_all(receiver: Any, expect: int, *, within: float = 10.0) -> list[Any
             max_message_count=expect - len(received), max_wait_time=1
         )
     return received
+
+
+@contextmanager
+def one_received(emu: Emulator, **properties: Any) -> Iterator[tuple[str, Any, Any]]:
+    """A new queue (``properties`` as :func:`make_queue`) holding one message ``b"x"``, a
+    receiver on it, and that message received (locked): ``(queue, receiver, message)``."""
+    queue = make_queue(emu, **properties)
+    send(emu, queue, ServiceBusMessage(b"x"))
+    with client_for(emu) as client, client.get_queue_receiver(queue) as receiver:
+        [message] = receive_all(receiver, 1)
+        yield queue, receiver, message
+
+
+def dead_lettered(emu: Emulator, queue: str, *, within: float = 10.0) -> Any:
+    """The one message in ``queue``'s dead-letter sub-queue, received and completed."""
+    with (
+        client_for(emu) as client,
+        client.get_queue_receiver(queue, sub_queue=ServiceBusSubQueue.DEAD_LETTER) as dlq,
+    ):
+        [dead] = receive_all(dlq, 1, within=within)
+        dlq.complete_message(dead)
+    return dead

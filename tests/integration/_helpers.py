@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import inspect
 import os
 import shutil
 import signal
@@ -16,7 +17,7 @@ import sys
 import time
 import uuid
 from collections import Counter
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +25,7 @@ import pytest
 from azure.servicebus import ServiceBusMessage, ServiceBusReceiveMode
 from azure.servicebus.aio import ServiceBusClient
 
-from georep import GeoReceiver, GeoSender, PairedNamespaceOptions, ReplicationMode
+from georep import GeoReceiver, GeoSender, PairedNamespaceOptions, ReplicationMode, Syphon
 from georep.adapters.emulator import Emulator
 from georep.adapters.redis import PrivateRedisCluster, private_redis_cluster
 from georep.adapters.servicebus import ensure_backlog_queues
@@ -118,14 +119,34 @@ async def fault(emu: Emulator, namespace: str, action: str, *args: object) -> No
     await asyncio.to_thread(getattr(emu.namespace(namespace), action), *args)
 
 
-async def eventually(condition: Callable[[], bool], within: float) -> bool:
-    """Wait until ``condition()`` holds (it is changed by tasks and processes we observe)."""
+async def fault_all(emu: Emulator, action: str) -> None:
+    """:func:`fault` in every namespace of ``emu`` (``"outage"``: both regions down)."""
+    for namespace in emu.namespaces:
+        await fault(emu, namespace, action)
+
+
+async def eventually(condition: Callable[[], bool | Awaitable[bool]], within: float) -> bool:
+    """Wait until ``condition()`` holds (it is changed by tasks and processes we observe);
+    ``condition`` may be a coroutine function."""
+
+    async def holds() -> bool:
+        result = condition()
+        return await result if inspect.isawaitable(result) else result
+
     deadline = time.monotonic() + within
-    while not condition():
+    while not await holds():
         if time.monotonic() > deadline:
             return False
         await asyncio.sleep(0.05)
     return True
+
+
+class CountingHandler(Counter[str]):
+    """A receiver's handler that only counts the messages it is given: a ``Counter`` of
+    their message ids."""
+
+    async def __call__(self, message: Any) -> None:
+        self[str(message.message_id)] += 1
 
 
 def stored(emu: Emulator, entity: str) -> int:
@@ -172,12 +193,60 @@ async def run_until(receiver: GeoReceiver, handler: Any, done: Callable[[], bool
         await task
 
 
+def queue_fixture(prefix: str, **properties: Any) -> Any:
+    """A fixture for a module on the module's private emulator (``emu``): a new queue for
+    each test, made by the ``private_queue`` fixture. A module names it by assigning it,
+    e.g. ``queue = queue_fixture("rx", lock_duration=5)``."""
+
+    @pytest.fixture
+    def fixture(private_queue: Callable[..., str]) -> str:
+        return private_queue(prefix, **properties)
+
+    return fixture
+
+
 def create_queue(emu: Emulator, prefix: str = "q", **properties: Any) -> str:
     """Create a uniquely named queue (``prefix-`` and 8 hex digits) in every namespace."""
     name = f"{prefix}-{uuid.uuid4().hex[:8]}"
     for namespace in emu.namespaces:
         emu.namespace(namespace).create_queue(name, **properties)
     return name
+
+
+def quick_paired_options(backlog_queue_count: int) -> PairedNamespaceOptions:
+    """Paired-namespace options for a test: fail over at the first failure, ping the primary
+    every second (5 s deadline), the syphon long-polling 1 s."""
+    return PairedNamespaceOptions(
+        backlog_queue_count=backlog_queue_count,
+        failover_interval=0,
+        ping_primary_interval=1,
+        ping_timeout=5,
+        syphon_long_poll=1,
+    )
+
+
+async def run_syphon(
+    emu: Emulator,
+    primary_name: str,
+    options: PairedNamespaceOptions,
+    done: Callable[[Syphon], bool],
+) -> Syphon:
+    """Run a syphon on the emulator's pair until ``done(syphon)`` (30 s at the most), then
+    close it; returns it (its ``stats``)."""
+    syphon = Syphon.from_connection_strings(
+        emu.connection_string("primary"),
+        emu.connection_string("secondary"),
+        primary_namespace=primary_name,
+        options=options,
+    )
+    running = asyncio.create_task(syphon.run())
+    started = time.monotonic()
+    while not done(syphon):
+        assert time.monotonic() - started < 30, f"syphon stuck: {syphon.stats}"
+        await asyncio.sleep(0.1)
+    await syphon.aclose()
+    await asyncio.wait_for(running, 10)
+    return syphon
 
 
 async def backlog_queues(
@@ -227,16 +296,19 @@ asyncio.run(main())
 """
 
 
-async def start_receiver(emu: Emulator, queue: str, group: str, **env: str) -> Any:
+async def start_child(
+    code: str, emu: Emulator, queue: str, **env: str
+) -> asyncio.subprocess.Process:
+    """``python -c code`` from the checkout's root, its output and errors piped; its
+    environment has the regions' connection strings (``PRIMARY``, ``SECONDARY``), ``QUEUE``
+    and ``env``."""
     return await asyncio.create_subprocess_exec(
         sys.executable,
         "-c",
-        _RECEIVER_PROCESS,
+        code,
         cwd=REPO,
         env={
             **os.environ,
-            "REDIS_URL": REDIS_URL,
-            "GROUP": group,
             "PRIMARY": emu.connection_string("primary"),
             "SECONDARY": emu.connection_string("secondary"),
             "QUEUE": queue,
@@ -245,6 +317,13 @@ async def start_receiver(emu: Emulator, queue: str, group: str, **env: str) -> A
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
     )
+
+
+async def start_receiver(emu: Emulator, queue: str, group: str, **env: str) -> Any:
+    """A receiver process (``_RECEIVER_PROCESS``) in seen-set group ``group``; ``env`` may
+    override its variables (``REDIS_URL``...)."""
+    variables = {"REDIS_URL": REDIS_URL, "GROUP": group, **env}
+    return await start_child(_RECEIVER_PROCESS, emu, queue, **variables)
 
 
 async def collect(process: Any, lines: list[str]) -> None:

@@ -64,6 +64,16 @@ def private_queue(emu: Emulator) -> Iterator[Callable[..., str]]:
 
 
 @pytest.fixture
+async def emu_client(emu: Emulator) -> AsyncIterator[ServiceBusClient]:
+    """The SDK's async client on the module's private emulator (primary), without retries:
+    a fault the test injects shows at once."""
+    async with ServiceBusClient.from_connection_string(
+        emu.connection_string("primary"), retry_total=0
+    ) as sb:
+        yield sb
+
+
+@pytest.fixture
 async def seen() -> AsyncIterator[RedisSeenSet]:
     """A Redis seen-set with default options but a group of its own (tests never see each
     other's keys), closed after the test."""

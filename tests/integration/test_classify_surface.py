@@ -10,14 +10,21 @@ from __future__ import annotations
 
 import asyncio
 import datetime
-import time
 import uuid
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
-from _helpers import backlog_queues, drain, fault, on_emulator, sdk_sender
+from _helpers import (
+    backlog_queues,
+    drain,
+    fault,
+    on_emulator,
+    queue_fixture,
+    quick_paired_options,
+    run_syphon,
+    sdk_sender,
+)
 from azure.servicebus import ServiceBusMessage, ServiceBusMessageState, ServiceBusSubQueue
 from azure.servicebus.aio import ServiceBusClient
 
@@ -30,7 +37,6 @@ from georep import (
     PairedSender,
     RegionError,
     SqliteOutbox,
-    Syphon,
     backlog_queue_path,
 )
 from georep.adapters.emulator import Emulator
@@ -40,9 +46,7 @@ pytestmark = pytest.mark.integration
 UTC = datetime.UTC
 
 
-@pytest.fixture
-def queue(private_queue: Callable[..., str]) -> str:
-    return private_queue("cls")
+queue = queue_fixture("cls")
 
 
 # ----------------------------------------------------------------- classification
@@ -150,34 +154,9 @@ async def test_the_sdks_client_side_unicode_error_is_not_an_outage(
 async def paired_setup(
     emu: Emulator, queue: str, count: int = 2
 ) -> tuple[PairedNamespaceOptions, str]:
-    options = PairedNamespaceOptions(
-        backlog_queue_count=count,
-        failover_interval=0,
-        ping_primary_interval=1,
-        ping_timeout=5,
-        syphon_long_poll=1,
-    )
+    options = quick_paired_options(count)
     primary_name, _ = await backlog_queues(emu, options, f"cls{uuid.uuid4().hex[:6]}")
     return options, primary_name
-
-
-async def run_syphon(
-    emu: Emulator, primary_name: str, options: PairedNamespaceOptions, done: Any
-) -> Syphon:
-    syphon = Syphon.from_connection_strings(
-        emu.connection_string("primary"),
-        emu.connection_string("secondary"),
-        primary_namespace=primary_name,
-        options=options,
-    )
-    running = asyncio.create_task(syphon.run())
-    started = time.monotonic()
-    while not done(syphon):
-        assert time.monotonic() - started < 30, f"syphon stuck: {syphon.stats}"
-        await asyncio.sleep(0.1)
-    await syphon.aclose()
-    await asyncio.wait_for(running, 10)
-    return syphon
 
 
 async def test_paired_lists_batches_and_schedules_through_an_engaged_failover(

@@ -5,22 +5,19 @@ client settings passed through to the SDK."""
 from __future__ import annotations
 
 import asyncio
-import base64
-import hashlib
-import hmac
 import time
 from collections.abc import Callable
 from typing import Any
-from urllib.parse import quote_plus
 
 import pytest
-from _helpers import drain_ids, run_until
+from _helpers import drain_ids, on_emulator, run_until
 from azure.core.credentials import AzureNamedKeyCredential, AzureSasCredential
 from azure.servicebus import ServiceBusMessage, TransportType
 
 from georep import ConfigurationError, GeoReceiver, GeoSender, sync
 from georep.adapters.emulator import Emulator
 from georep.adapters.redis import RedisSeenSet
+from georep.adapters.relay import mint_sas_token
 from georep.exceptions import RegionError
 
 pytestmark = pytest.mark.integration
@@ -33,6 +30,14 @@ def _named_keys(emu: Emulator, tls: bool = True) -> tuple[dict[str, Any], dict[s
         key = AzureNamedKeyCredential("RootManageSharedAccessKey", emu.namespace(name).key)
         regions.append({**emu.client_options(name, tls=tls), "credential": key})
     return regions[0], regions[1]
+
+
+def on_namespaces(cls: Any, emu: Emulator, credential: Any, queue: str, **options: Any) -> Any:
+    """``cls.from_namespaces`` (a GeoSender, its sync version...) on the emulator's two
+    namespaces with ``credential``, for ``queue`` (``tls``: as ``Emulator.client_options``)."""
+    tls = options.pop("tls", True)
+    primary, secondary = (emu.client_options(name, tls=tls) for name in ("primary", "secondary"))
+    return cls.from_namespaces(primary, secondary, credential, queue_name=queue, **options)
 
 
 async def test_an_entra_id_credential_sends_active_and_receives_once(
@@ -67,12 +72,7 @@ async def test_an_expired_or_wrong_audience_token_is_an_auth_error_not_a_failove
         emu.async_token_credential(lifetime=-3600),
         emu.async_token_credential(audience="https://storage.azure.com"),
     ):
-        async with GeoSender.from_namespaces(
-            emu.client_options("primary", tls=False),
-            emu.client_options("secondary", tls=False),
-            credential,
-            queue_name=queue,
-        ) as sender:
+        async with on_namespaces(GeoSender, emu, credential, queue, tls=False) as sender:
             with pytest.raises(RegionError) as refused:
                 await sender.send_messages(ServiceBusMessage(b"x"))
             assert refused.value.kind.value == "authentication", refused.value
@@ -83,13 +83,8 @@ async def test_an_expired_or_wrong_audience_token_is_an_auth_error_not_a_failove
 async def test_a_receiver_role_may_not_send(
     emu: Emulator, private_queue: Callable[..., str]
 ) -> None:
-    queue = private_queue("entra-role")
-    async with GeoSender.from_namespaces(
-        emu.client_options("primary"),
-        emu.client_options("secondary"),
-        emu.async_token_credential("receiver"),
-        queue_name=queue,
-    ) as sender:
+    credential = emu.async_token_credential("receiver")
+    async with on_namespaces(GeoSender, emu, credential, private_queue("entra-role")) as sender:
         with pytest.raises(RegionError, match="Send"):
             await sender.send_messages(ServiceBusMessage(b"x"))
 
@@ -116,42 +111,27 @@ async def test_client_options_reach_the_sdk_from_connection_strings_too(
     emu: Emulator, private_queue: Callable[..., str]
 ) -> None:
     queue = private_queue("options")
-    async with GeoSender.from_connection_strings(
-        emu.connection_string("primary"),
-        emu.connection_string("secondary"),
-        queue_name=queue,
-        client_options={"retry_total": 0, "retry_backoff_max": 0.5},
-    ) as sender:
+    options = {"retry_total": 0, "retry_backoff_max": 0.5}
+    async with on_emulator(GeoSender, emu, queue, client_options=options) as sender:
         config = sender._owned[1].sdk_sender._config
         assert (config.retry_total, config.retry_backoff_max) == (0, 0.5)
         await sender.send_messages(ServiceBusMessage(b"x"))
-
-
-def _sas_token(key: str, resource: str) -> str:
-    expiry = str(int(time.time()) + 600)
-    sr = quote_plus(resource)
-    digest = hmac.new(key.encode(), f"{sr}\n{expiry}".encode(), hashlib.sha256).digest()
-    signature = quote_plus(base64.b64encode(digest).decode())
-    return (
-        f"SharedAccessSignature sr={sr}&sig={signature}&se={expiry}&skn=RootManageSharedAccessKey"
-    )
 
 
 def test_the_sync_api_takes_a_sync_token_credential_and_sas_credentials(
     emu: Emulator, private_queue: Callable[..., str]
 ) -> None:
     queue = private_queue("sync-entra")
-    with sync.GeoSender.from_namespaces(
-        emu.client_options("primary"),
-        emu.client_options("secondary"),
-        emu.token_credential(),  # a sync TokenCredential, called on a worker thread
-        queue_name=queue,
-    ) as sender:
+    # A sync TokenCredential, called on a worker thread.
+    with on_namespaces(sync.GeoSender, emu, emu.token_credential(), queue) as sender:
         sender.send_messages(ServiceBusMessage(b"sync entra"))
     regions = []
     for name in ("primary", "secondary"):
         port = emu.namespace(name).port
-        token = _sas_token(emu.namespace(name).key, f"sb://127.0.0.1:{port}/")
+        key = emu.namespace(name).key
+        token = mint_sas_token(
+            f"sb://127.0.0.1:{port}/", "RootManageSharedAccessKey", key, time.time() + 600
+        )
         regions.append(
             {**emu.client_options(name, tls=False), "credential": AzureSasCredential(token)}
         )

@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import errno
-import hashlib
-import hmac
 import json
 import os
 import re
@@ -15,9 +14,8 @@ import subprocess
 import sys
 import time
 import urllib.request
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from typing import Any
-from urllib.parse import quote_plus, urlencode
 
 import pytest
 from _helpers import sdk_sender
@@ -36,6 +34,7 @@ from azure.servicebus.exceptions import (
 )
 
 from georep.adapters.emulator import Emulator
+from georep.adapters.relay import mint_sas_token
 from georep.exceptions import EmulatorError
 
 pytestmark = pytest.mark.integration
@@ -48,20 +47,25 @@ def _key(connection_string: str) -> tuple[str, str]:
     return parts["SharedAccessKeyName"], parts["SharedAccessKey"]
 
 
-def _sas(audience: str, key_name: str, key: str, expiry: int) -> str:
-    signed = base64.b64encode(
-        hmac.new(
-            key.encode(), f"{quote_plus(audience)}\n{expiry}".encode(), hashlib.sha256
-        ).digest()
-    ).decode()
-    return "SharedAccessSignature " + urlencode(
-        {"sr": audience, "sig": signed, "se": str(expiry), "skn": key_name}
-    )
-
-
 async def _send(connection_string: str, queue: str, **send_kwargs: object) -> None:
     async with sdk_sender(connection_string, queue, retry_total=0) as sender:
         await sender.send_messages(ServiceBusMessage("m"), **send_kwargs)  # type: ignore[arg-type]
+
+
+@pytest.fixture
+def emu(georep_emulator_factory: EmulatorFactory) -> Emulator:
+    """An emulator of the test's own (the test injects faults) with one queue, ``q``."""
+    return georep_emulator_factory(queues=("q",))
+
+
+@contextlib.asynccontextmanager
+async def _connected_then(emu: Emulator, fault: str) -> AsyncIterator[Any]:
+    """A sender on the primary's ``q`` whose connection is open (it has sent ``before``),
+    then ``fault`` (a method of the namespace control) injected."""
+    async with sdk_sender(emu.connection_string("primary"), "q", retry_total=0) as sender:
+        await sender.send_messages(ServiceBusMessage("before"))
+        getattr(emu.namespace("primary"), fault)()
+        yield sender
 
 
 # -- authentication and bad input --------------------------------------------------------
@@ -87,12 +91,12 @@ async def test_expired_token_is_refused_and_fresh_one_accepted(georep_emulator: 
     key_name, key = _key(control.connection_string)
     host = f"127.0.0.1:{control.port}"
     audience = f"sb://{host}/orders"
-    expired = AzureSasCredential(_sas(audience, key_name, key, int(time.time()) - 60))
+    expired = AzureSasCredential(mint_sas_token(audience, key_name, key, time.time() - 60))
     async with ServiceBusClient(host, expired, retry_total=0, use_tls=False) as client:
         with pytest.raises(ServiceBusAuthenticationError):
             async with client.get_queue_sender("orders") as sender:
                 await sender.send_messages(ServiceBusMessage("m"))
-    fresh = AzureSasCredential(_sas(audience, key_name, key, int(time.time()) + 3600))
+    fresh = AzureSasCredential(mint_sas_token(audience, key_name, key, time.time() + 3600))
     async with (
         ServiceBusClient(host, fresh, retry_total=0, use_tls=False) as client,
         client.get_queue_sender("orders") as sender,
@@ -122,17 +126,12 @@ async def test_unknown_entity_raises_not_found(georep_emulator: Emulator) -> Non
 # -- faults ----------------------------------------------------------------------------------
 
 
-async def test_outage_refuses_connections_keeps_data_and_restore_recovers(
-    georep_emulator_factory: EmulatorFactory,
-) -> None:
-    emu = georep_emulator_factory(queues=("q",))
+async def test_outage_refuses_connections_keeps_data_and_restore_recovers(emu: Emulator) -> None:
     control = emu.namespace("primary")
-    conn = emu.connection_string("primary")
-    async with sdk_sender(conn, "q", retry_total=0) as sender:
-        await sender.send_messages(ServiceBusMessage("stored"))
-        control.outage()
+    async with _connected_then(emu, "outage") as sender:
         with pytest.raises(ServiceBusConnectionError):
             await sender.send_messages(ServiceBusMessage("lost?"))
+    conn = emu.connection_string("primary")
     with pytest.raises(ServiceBusConnectionError):
         await _send(conn, "q")
     await _send(emu.connection_string("secondary"), "q")  # the other region is unaffected
@@ -142,12 +141,9 @@ async def test_outage_refuses_connections_keeps_data_and_restore_recovers(
     assert control.message_count("q") == 2
 
 
-def test_a_namespace_holds_its_port_while_down_so_restore_can_listen_on_it(
-    georep_emulator_factory: EmulatorFactory,
-) -> None:
+def test_a_namespace_holds_its_port_while_down_so_restore_can_listen_on_it(emu: Emulator) -> None:
     # Another process binding a free port (every test's emulator does) must not get the port
     # of a namespace in outage, or restore() could not listen on it again.
-    emu = georep_emulator_factory(queues=("q",))
     control = emu.namespace("primary")
     control.outage()
     with socket.socket() as intruder:
@@ -160,17 +156,11 @@ def test_a_namespace_holds_its_port_while_down_so_restore_can_listen_on_it(
     socket.create_connection(("127.0.0.1", control.port), timeout=5).close()
 
 
-async def test_blackhole_times_out_existing_and_new_connections(
-    georep_emulator_factory: EmulatorFactory,
-) -> None:
-    emu = georep_emulator_factory(queues=("q",))
-    control = emu.namespace("primary")
-    conn = emu.connection_string("primary")
-    async with sdk_sender(conn, "q", retry_total=0) as sender:
-        await sender.send_messages(ServiceBusMessage("ok"))
-        control.blackhole()
+async def test_blackhole_times_out_existing_and_new_connections(emu: Emulator) -> None:
+    async with _connected_then(emu, "blackhole") as sender:
         with pytest.raises(OperationTimeoutError):
             await sender.send_messages(ServiceBusMessage("unanswered"), timeout=1)
+    conn = emu.connection_string("primary")
     # A new connection: the SDK's own open has no deadline (``async with sender`` would hang
     # here), so the send's timeout must bound the open as well.
     async with ServiceBusClient.from_connection_string(conn, retry_total=0) as client:
@@ -180,12 +170,11 @@ async def test_blackhole_times_out_existing_and_new_connections(
                 sender.send_messages(ServiceBusMessage("m"), timeout=1), timeout=30
             )
         await sender.close()
-    control.restore()
+    emu.namespace("primary").restore()
     await _send(conn, "q")
 
 
-async def test_latency_delays_every_response(georep_emulator_factory: EmulatorFactory) -> None:
-    emu = georep_emulator_factory(queues=("q",))
+async def test_latency_delays_every_response(emu: Emulator) -> None:
     async with sdk_sender(emu.connection_string("primary"), "q") as sender:
         await sender.send_messages(ServiceBusMessage("warm"))
         started = time.perf_counter()
@@ -208,9 +197,8 @@ async def test_latency_delays_every_response(georep_emulator_factory: EmulatorFa
     ],
 )
 async def test_reject_sends_maps_to_sdk_errors(
-    georep_emulator_factory: EmulatorFactory, condition: str, error: type[Exception]
+    emu: Emulator, condition: str, error: type[Exception]
 ) -> None:
-    emu = georep_emulator_factory(queues=("q",))
     control = emu.namespace("primary")
     control.reject_sends(condition)  # type: ignore[arg-type]
     with pytest.raises(error):
@@ -221,10 +209,7 @@ async def test_reject_sends_maps_to_sdk_errors(
     assert control.message_count("q") == 1
 
 
-async def test_drop_dispositions_stores_but_never_answers(
-    georep_emulator_factory: EmulatorFactory,
-) -> None:
-    emu = georep_emulator_factory(queues=("q",))
+async def test_drop_dispositions_stores_but_never_answers(emu: Emulator) -> None:
     control = emu.namespace("primary")
     control.drop_dispositions(1)
     with pytest.raises(OperationTimeoutError):
@@ -234,10 +219,7 @@ async def test_drop_dispositions_stores_but_never_answers(
     assert control.message_count("q") == 2
 
 
-async def test_disaster_loses_the_data_of_that_namespace_only(
-    georep_emulator_factory: EmulatorFactory,
-) -> None:
-    emu = georep_emulator_factory(queues=("q",))
+async def test_disaster_loses_the_data_of_that_namespace_only(emu: Emulator) -> None:
     for namespace in emu.namespaces:
         await _send(emu.connection_string(namespace), "q")
     emu.namespace("primary").disaster()
@@ -251,8 +233,7 @@ async def test_disaster_loses_the_data_of_that_namespace_only(
 # -- control interfaces ------------------------------------------------------------------------
 
 
-def test_http_control_endpoint_injects_faults(georep_emulator_factory: EmulatorFactory) -> None:
-    emu = georep_emulator_factory(queues=("q",))
+def test_http_control_endpoint_injects_faults(emu: Emulator) -> None:
 
     def post(path: str, body: dict[str, object]) -> dict[str, object]:
         request = urllib.request.Request(
@@ -333,10 +314,7 @@ def fault_cli(emu: Any, *args: str) -> subprocess.CompletedProcess[str]:
     )
 
 
-def test_cli_injects_faults_into_a_running_emulator(
-    georep_emulator_factory: EmulatorFactory,
-) -> None:
-    emu = georep_emulator_factory(queues=("q",))
+def test_cli_injects_faults_into_a_running_emulator(emu: Emulator) -> None:
 
     def cli(*args: str) -> subprocess.CompletedProcess[str]:
         return fault_cli(emu, *args)

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import datetime as dt
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
+from typing import Any
 
 import pytest
 from azure.servicebus import (
@@ -14,6 +16,7 @@ from azure.servicebus import (
 from azure.servicebus import (
     ServiceBusMessage,
     ServiceBusMessageState,
+    ServiceBusReceivedMessage,
     ServiceBusReceiveMode,
     ServiceBusSubQueue,
 )
@@ -46,36 +49,40 @@ async def _drain(
     return received
 
 
-async def test_every_message_field_round_trips(client: ServiceBusClient, queue: str) -> None:
-    scheduled = _utc_in(-1).replace(microsecond=0)
-    sent = ServiceBusMessage(
-        b"body-bytes",
-        message_id="id-1",
-        partition_key="pk-1",
-        correlation_id="corr-1",
-        subject="subject-1",
-        content_type="application/json",
-        to="someone",
-        reply_to="reply-queue",
-        application_properties={"color": "blue", "size": 3},
-        time_to_live=dt.timedelta(minutes=5),
-        scheduled_enqueue_time_utc=scheduled,
-    )
+async def _send_one(client: ServiceBusClient, queue: str, message: ServiceBusMessage) -> None:
     async with client.get_queue_sender(queue) as sender:
-        await sender.send_messages(sent)
+        await sender.send_messages(message)
+
+
+@contextlib.asynccontextmanager
+async def _one_received(
+    client: ServiceBusClient, queue: str, body: str
+) -> AsyncIterator[tuple[Any, ServiceBusReceivedMessage]]:
+    """Send one message with ``body`` to ``queue``, then receive it (locked): yields the
+    receiver and the message."""
+    await _send_one(client, queue, ServiceBusMessage(body))
+    async with client.get_queue_receiver(queue) as receiver:
+        [message] = await receiver.receive_messages(max_wait_time=5)
+        yield receiver, message
+
+
+async def test_every_message_field_round_trips(client: ServiceBusClient, queue: str) -> None:
+    texts = ("message_id", "partition_key", "correlation_id", "subject", "to", "reply_to")
+    fields: dict[str, Any] = {name: f"{name}-1" for name in texts}
+    fields["content_type"] = "application/json"
+    fields["time_to_live"] = dt.timedelta(minutes=5)
+    fields["scheduled_enqueue_time_utc"] = _utc_in(-1).replace(microsecond=0)
+    properties = {"color": "blue", "size": 3}
+    await _send_one(
+        client,
+        queue,
+        ServiceBusMessage(b"body-bytes", application_properties=properties, **fields),
+    )
     async with client.get_queue_receiver(queue) as receiver:
         [got] = await receiver.receive_messages(max_wait_time=5)
         assert b"".join(got.body) == b"body-bytes"
-        assert got.message_id == "id-1"
-        assert got.partition_key == "pk-1"
-        assert got.correlation_id == "corr-1"
-        assert got.subject == "subject-1"
-        assert got.content_type == "application/json"
-        assert got.to == "someone"
-        assert got.reply_to == "reply-queue"
+        assert {name: getattr(got, name) for name in fields} == fields
         assert got.application_properties == {b"color": b"blue", b"size": 3}
-        assert got.time_to_live == dt.timedelta(minutes=5)
-        assert got.scheduled_enqueue_time_utc == scheduled
         # Broker annotations
         assert got.sequence_number is not None and got.sequence_number > 0
         assert got.enqueued_time_utc is not None
@@ -181,11 +188,7 @@ async def test_schedule_and_cancel(
 async def test_lock_expiry_redelivers_with_higher_delivery_count(
     client: ServiceBusClient, make_queue: Callable[..., str]
 ) -> None:
-    queue = make_queue(lock_duration=1)
-    async with client.get_queue_sender(queue) as sender:
-        await sender.send_messages(ServiceBusMessage("slow"))
-    async with client.get_queue_receiver(queue) as receiver:
-        [first] = await receiver.receive_messages(max_wait_time=5)
+    async with _one_received(client, make_queue(lock_duration=1), "slow") as (receiver, first):
         assert first.delivery_count == 0
         await asyncio.sleep(1.3)  # let the 1 s lock expire
         [second] = await receiver.receive_messages(max_wait_time=5)
@@ -197,10 +200,7 @@ async def test_lock_expiry_redelivers_with_higher_delivery_count(
 
 
 async def test_abandon_redelivers(client: ServiceBusClient, queue: str) -> None:
-    async with client.get_queue_sender(queue) as sender:
-        await sender.send_messages(ServiceBusMessage("retry me"))
-    async with client.get_queue_receiver(queue) as receiver:
-        [message] = await receiver.receive_messages(max_wait_time=5)
+    async with _one_received(client, queue, "retry me") as (receiver, message):
         await receiver.abandon_message(message)
         [again] = await receiver.receive_messages(max_wait_time=5)
         assert again.message_id == message.message_id
@@ -226,10 +226,7 @@ async def test_max_delivery_count_moves_to_dead_letter(
 async def test_defer_then_receive_deferred_and_complete(
     client: ServiceBusClient, queue: str
 ) -> None:
-    async with client.get_queue_sender(queue) as sender:
-        await sender.send_messages(ServiceBusMessage("later please"))
-    async with client.get_queue_receiver(queue) as receiver:
-        [message] = await receiver.receive_messages(max_wait_time=5)
+    async with _one_received(client, queue, "later please") as (receiver, message):
         sequence_number = message.sequence_number
         await receiver.defer_message(message)
         assert await receiver.receive_messages(max_wait_time=0.5) == []
@@ -245,10 +242,7 @@ async def test_renew_lock_extends_locked_until(
     client: ServiceBusClient, make_queue: Callable[..., str]
 ) -> None:
     queue = make_queue(lock_duration=2)
-    async with client.get_queue_sender(queue) as sender:
-        await sender.send_messages(ServiceBusMessage("long job"))
-    async with client.get_queue_receiver(queue) as receiver:
-        [message] = await receiver.receive_messages(max_wait_time=5)
+    async with _one_received(client, queue, "long job") as (receiver, message):
         before = message.locked_until_utc
         await asyncio.sleep(1.2)
         renewed = await receiver.renew_message_lock(message)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 
 import pytest
 from azure.core.exceptions import HttpResponseError
@@ -33,30 +33,27 @@ def emu() -> Iterator[Emulator]:
         yield emulator
 
 
-@pytest.fixture
-async def client(emu: Emulator) -> AsyncIterator[ServiceBusClient]:
-    async with ServiceBusClient.from_connection_string(
-        emu.connection_string("primary"), retry_total=0
-    ) as sb:
-        yield sb
-
-
 def partitioned_queue(emu: Emulator, **properties: object) -> str:
     name = new_name()
     emu.namespace("primary").create_queue(name, enable_partitioning=True, **properties)
     return name
 
 
+@pytest.fixture
+def queue(emu: Emulator) -> str:
+    """A new partitioned queue (16 fragments) on the module's emulator."""
+    return partitioned_queue(emu)
+
+
 async def test_fragment_down_fails_keyed_sends_and_skips_for_unkeyed(
-    emu: Emulator, client: ServiceBusClient
+    emu: Emulator, emu_client: ServiceBusClient, queue: str
 ) -> None:
-    name = partitioned_queue(emu)
     control = emu.namespace("primary")
-    async with client.get_queue_sender(name) as sender:
+    async with emu_client.get_queue_sender(queue) as sender:
         await sender.send_messages(ServiceBusMessage("held", partition_key=key_in(2)))
-        control.fragment_down(name, 2)
+        control.fragment_down(queue, 2)
         try:
-            assert control.fragments_down() == {name: [2]}
+            assert control.fragments_down() == {queue: [2]}
             with pytest.raises(OperationTimeoutError, match="partition 2"):
                 await sender.send_messages(
                     ServiceBusMessage("keyed", partition_key=key_in(2)), timeout=5
@@ -66,13 +63,13 @@ async def test_fragment_down_fails_keyed_sends_and_skips_for_unkeyed(
             # Unkeyed messages go to fragments that are up; the entity stays available.
             await sender.send_messages([ServiceBusMessage(f"u{i}") for i in range(20)])
             await sender.send_messages(ServiceBusMessage("other", partition_key=key_in(3)))
-            async with client.get_queue_receiver(name) as receiver:
+            async with emu_client.get_queue_receiver(queue) as receiver:
                 got = await receiver.receive_messages(max_message_count=50, max_wait_time=2)
                 for message in got:
                     await receiver.complete_message(message)
                 bodies = sorted(str(m) for m in got)
                 assert "held" not in bodies and len(bodies) == 21
-                control.fragment_up(name, 2)
+                control.fragment_up(queue, 2)
                 again = await receiver.receive_messages(max_message_count=5, max_wait_time=2)
                 assert [str(m) for m in again] == ["held"]
                 await receiver.complete_message(again[0])
@@ -83,13 +80,12 @@ async def test_fragment_down_fails_keyed_sends_and_skips_for_unkeyed(
 
 
 async def test_all_fragments_down_refuses_unkeyed_sends_until_restore(
-    emu: Emulator, client: ServiceBusClient
+    emu: Emulator, emu_client: ServiceBusClient, queue: str
 ) -> None:
-    name = partitioned_queue(emu)
     control = emu.namespace("primary")
-    async with client.get_queue_sender(name) as sender:
+    async with emu_client.get_queue_sender(queue) as sender:
         for index in range(16):
-            control.fragment_down(name, index)
+            control.fragment_down(queue, index)
         try:
             with pytest.raises(OperationTimeoutError):
                 await sender.send_messages(ServiceBusMessage("x"))
@@ -109,13 +105,13 @@ def test_fragment_faults_refuse_non_partitioned_entities(emu: Emulator) -> None:
 
 @pytest.mark.parametrize("partitioned", [True, False])
 async def test_session_id_and_different_partition_key_is_invalid_operation(
-    emu: Emulator, client: ServiceBusClient, partitioned: bool
+    emu: Emulator, emu_client: ServiceBusClient, partitioned: bool
 ) -> None:
     name = new_name()
     emu.namespace("primary").create_queue(name, enable_partitioning=partitioned)
     message = ServiceBusMessage("x", partition_key="a")
     message.session_id = "b"  # the SDK checks only when partition_key is set last
-    async with client.get_queue_sender(name) as sender:
+    async with emu_client.get_queue_sender(name) as sender:
         with pytest.raises(ServiceBusError, match="SessionId 'b' and the PartitionKey 'a'") as err:
             await sender.send_messages(message)
         assert type(err.value) is ServiceBusError  # com.microsoft:invalid-operation, no subclass
@@ -123,15 +119,14 @@ async def test_session_id_and_different_partition_key_is_invalid_operation(
 
 
 async def test_peek_returns_one_fragment_run_and_a_loop_gets_all(
-    emu: Emulator, client: ServiceBusClient
+    emu: Emulator, emu_client: ServiceBusClient, queue: str
 ) -> None:
-    name = partitioned_queue(emu)
     a, b = key_in(4, "a"), key_in(9, "b")
     keys = [a, a, a, b, b, a, b]
-    async with client.get_queue_sender(name) as sender:
+    async with emu_client.get_queue_sender(queue) as sender:
         for i, key in enumerate(keys):
             await sender.send_messages(ServiceBusMessage(f"m{i}", partition_key=key))
-    async with client.get_queue_receiver(name) as receiver:
+    async with emu_client.get_queue_receiver(queue) as receiver:
         first = await receiver.peek_messages(max_message_count=10, sequence_number=1)
         assert [str(m) for m in first] == ["m0", "m1", "m2"]  # fewer than asked, more exist
         peeked = list(first)
@@ -144,16 +139,18 @@ async def test_peek_returns_one_fragment_run_and_a_loop_gets_all(
     assert [str(m) for m in peeked] == [f"m{i}" for i in range(len(keys))]
 
 
-async def test_duplicate_detection_is_per_fragment(emu: Emulator, client: ServiceBusClient) -> None:
+async def test_duplicate_detection_is_per_fragment(
+    emu: Emulator, emu_client: ServiceBusClient
+) -> None:
     name = partitioned_queue(emu, requires_duplicate_detection=True)
-    async with client.get_queue_sender(name) as sender:
+    async with emu_client.get_queue_sender(name) as sender:
         await sender.send_messages(ServiceBusMessage("1", message_id="same"))
         await sender.send_messages(ServiceBusMessage("2", message_id="same"))  # dropped
         a, b = key_in(1, "a"), key_in(2, "b")
         await sender.send_messages(ServiceBusMessage("3", message_id="m", partition_key=a))
         await sender.send_messages(ServiceBusMessage("4", message_id="m", partition_key=b))
         await sender.send_messages(ServiceBusMessage("5", message_id="m", partition_key=a))
-    async with client.get_queue_receiver(name) as receiver:
+    async with emu_client.get_queue_receiver(name) as receiver:
         got = await receiver.receive_messages(max_message_count=10, max_wait_time=1)
         assert sorted(str(m) for m in got) == ["1", "3", "4"]
         for message in got:

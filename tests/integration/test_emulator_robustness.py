@@ -10,9 +10,11 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
+from typing import Any
 
 import pytest
 from azure.servicebus import AutoLockRenewer as SyncAutoLockRenewer
@@ -33,14 +35,18 @@ def sync_client(georep_emulator: Emulator) -> Iterator[SyncClient]:
         yield sb
 
 
-async def _send(client: ServiceBusClient, queue: str, count: int) -> None:
+async def _send(client: ServiceBusClient, queue: str, count: int) -> str:
+    """Send ``count`` messages to ``queue``; returns ``queue``."""
     async with client.get_queue_sender(queue) as sender:
         await sender.send_messages([ServiceBusMessage(f"m{i}") for i in range(count)])
+    return queue
 
 
-def _send_sync(client: SyncClient, queue: str, count: int) -> None:
+def _send_sync(client: SyncClient, queue: str, count: int) -> str:
+    """Send ``count`` messages to ``queue``; returns ``queue``."""
     with client.get_queue_sender(queue) as sender:
         sender.send_messages([ServiceBusMessage(f"m{i}") for i in range(count)])
+    return queue
 
 
 async def _receive(receiver: object, count: int) -> list[ServiceBusReceivedMessage]:
@@ -52,6 +58,15 @@ async def _receive(receiver: object, count: int) -> list[ServiceBusReceivedMessa
         )
     assert len(got) == count
     return got
+
+
+@contextlib.asynccontextmanager
+async def _holding_all(
+    client: ServiceBusClient, queue: str
+) -> AsyncIterator[tuple[Any, list[ServiceBusReceivedMessage]]]:
+    """A receiver on ``queue`` and the ``COUNT`` messages it received (locked)."""
+    async with client.get_queue_receiver(queue) as receiver:
+        yield receiver, await _receive(receiver, COUNT)
 
 
 def _receive_sync(receiver: object, count: int) -> list[ServiceBusReceivedMessage]:
@@ -69,10 +84,8 @@ def _receive_sync(receiver: object, count: int) -> list[ServiceBusReceivedMessag
 async def test_gathered_renew_and_complete_keep_the_connection(
     client: ServiceBusClient, make_queue: Callable[..., str], georep_emulator: Emulator
 ) -> None:
-    queue = make_queue(lock_duration=30)
-    await _send(client, queue, COUNT)
-    async with client.get_queue_receiver(queue) as receiver:
-        messages = await _receive(receiver, COUNT)
+    queue = await _send(client, make_queue(lock_duration=30), COUNT)
+    async with _holding_all(client, queue) as (receiver, messages):
         for _ in range(2):
             renewed = await asyncio.gather(*(receiver.renew_message_lock(m) for m in messages))
             assert len(renewed) == COUNT
@@ -83,10 +96,8 @@ async def test_gathered_renew_and_complete_keep_the_connection(
 async def test_gathered_settlements_of_every_kind(
     client: ServiceBusClient, make_queue: Callable[..., str], georep_emulator: Emulator
 ) -> None:
-    queue = make_queue(lock_duration=30)
-    await _send(client, queue, COUNT)
-    async with client.get_queue_receiver(queue) as receiver:
-        messages = await _receive(receiver, COUNT)
+    queue = await _send(client, make_queue(lock_duration=30), COUNT)
+    async with _holding_all(client, queue) as (receiver, messages):
         settle = (
             receiver.complete_message,
             receiver.abandon_message,
@@ -103,8 +114,7 @@ async def test_gathered_settlements_of_every_kind(
 async def test_auto_lock_renewer_with_many_messages(
     client: ServiceBusClient, make_queue: Callable[..., str], georep_emulator: Emulator
 ) -> None:
-    queue = make_queue(lock_duration=5)
-    await _send(client, queue, COUNT)
+    queue = await _send(client, make_queue(lock_duration=5), COUNT)
     failures: list[BaseException | None] = []
 
     async def on_failure(_renewable: object, error: BaseException | None) -> None:
@@ -126,8 +136,7 @@ async def test_auto_lock_renewer_with_many_messages(
 def test_threads_settling_on_one_sync_receiver(
     sync_client: SyncClient, make_queue: Callable[..., str], georep_emulator: Emulator
 ) -> None:
-    queue = make_queue(lock_duration=30)
-    _send_sync(sync_client, queue, COUNT)
+    queue = _send_sync(sync_client, make_queue(lock_duration=30), COUNT)
     with (
         sync_client.get_queue_receiver(queue) as receiver,
         ThreadPoolExecutor(max_workers=6) as pool,
@@ -142,8 +151,7 @@ def test_sync_auto_lock_renewer_with_many_messages(
     sync_client: SyncClient, make_queue: Callable[..., str], georep_emulator: Emulator
 ) -> None:
     # A 10 s lock: on a loaded machine the renewer's threads can lag a few seconds.
-    queue = make_queue(lock_duration=10)
-    _send_sync(sync_client, queue, COUNT)
+    queue = _send_sync(sync_client, make_queue(lock_duration=10), COUNT)
     failures: list[BaseException | None] = []
     renewer = SyncAutoLockRenewer(
         max_lock_renewal_duration=30,
@@ -164,8 +172,7 @@ def test_sync_auto_lock_renewer_with_many_messages(
 async def test_abandoned_message_returns_counted_once(
     client: ServiceBusClient, make_queue: Callable[..., str]
 ) -> None:
-    queue = make_queue(lock_duration=30)
-    await _send(client, queue, 5)
+    queue = await _send(client, make_queue(lock_duration=30), 5)
     async with client.get_queue_receiver(queue) as receiver:
         first = await receiver.receive_messages(max_message_count=20, max_wait_time=3)
         assert len(first) == 5
@@ -183,8 +190,7 @@ async def test_abandoned_message_returns_counted_once(
 def test_abandoned_message_returns_counted_once_sync(
     sync_client: SyncClient, make_queue: Callable[..., str]
 ) -> None:
-    queue = make_queue(lock_duration=30)
-    _send_sync(sync_client, queue, 5)
+    queue = _send_sync(sync_client, make_queue(lock_duration=30), 5)
     with sync_client.get_queue_receiver(queue) as receiver:
         first = receiver.receive_messages(max_message_count=20, max_wait_time=3)
         assert len(first) == 5
@@ -201,8 +207,7 @@ def test_abandoned_message_returns_counted_once_sync(
 async def test_abandon_up_to_max_delivery_count_minus_one_keeps_the_message(
     client: ServiceBusClient, make_queue: Callable[..., str], georep_emulator: Emulator
 ) -> None:
-    queue = make_queue(lock_duration=30, max_delivery_count=3)
-    await _send(client, queue, 5)
+    queue = await _send(client, make_queue(lock_duration=30, max_delivery_count=3), 5)
     async with client.get_queue_receiver(queue) as receiver:
         for attempt in range(3):
             # Credit for 20 left over each time: what the SDK does with it must not count.
@@ -225,8 +230,7 @@ async def test_abandon_up_to_max_delivery_count_minus_one_keeps_the_message(
 def test_abandon_up_to_max_delivery_count_minus_one_sync(
     sync_client: SyncClient, make_queue: Callable[..., str], georep_emulator: Emulator
 ) -> None:
-    queue = make_queue(lock_duration=30, max_delivery_count=3)
-    _send_sync(sync_client, queue, 5)
+    queue = _send_sync(sync_client, make_queue(lock_duration=30, max_delivery_count=3), 5)
     with sync_client.get_queue_receiver(queue) as receiver:
         for attempt in range(3):
             batch = receiver.receive_messages(max_message_count=20, max_wait_time=3)

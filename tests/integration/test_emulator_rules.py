@@ -92,15 +92,9 @@ async def test_async_topic_routes_by_true_false_correlation_and_sql_filters(
             "eu",
             filter=CorrelationRuleFilter(label="order", properties={"region": "eu"}),
         )
-        await admin.create_rule(
-            topic,
-            "big-orders",
-            "big",
-            filter=SqlRuleFilter(
-                "quantity > @min AND color IN ('red', 'blue')", parameters={"@min": 5}
-            ),
-            action=SqlRuleAction("SET priority = 'high'; SET total = quantity * 2; REMOVE temp"),
-        )
+        big = SqlRuleFilter("quantity > @min AND color IN ('red', 'blue')", parameters={"@min": 5})
+        rewrite = SqlRuleAction("SET priority = 'high'; SET total = quantity * 2; REMOVE temp")
+        await admin.create_rule(topic, "big-orders", "big", filter=big, action=rewrite)
         with pytest.raises(HttpResponseError) as refused:
             await admin.create_rule(topic, "all", "broken", filter=SqlRuleFilter("quantity >"))
         assert refused.value.status_code == 400
@@ -142,15 +136,11 @@ def test_sync_rule_crud_and_bad_sql_is_refused(georep_emulator: Emulator) -> Non
         default = admin.get_rule(topic, "audit", "$Default")
         assert isinstance(default.filter, TrueRuleFilter) and default.action is None
 
-        created = admin.create_rule(
-            topic,
-            "audit",
-            "priced",
-            filter=SqlRuleFilter(
-                "price >= @floor AND sys.Label LIKE 'inv!_%' ESCAPE '!'", parameters={"@floor": 9.5}
-            ),
-            action=SqlRuleAction("SET checked = TRUE"),
+        priced = SqlRuleFilter(
+            "price >= @floor AND sys.Label LIKE 'inv!_%' ESCAPE '!'", parameters={"@floor": 9.5}
         )
+        checked = SqlRuleAction("SET checked = TRUE")
+        created = admin.create_rule(topic, "audit", "priced", filter=priced, action=checked)
         assert created.name == "priced" and created.created_at_utc is not None
         fetched = admin.get_rule(topic, "audit", "priced")
         assert isinstance(fetched.filter, SqlRuleFilter)
@@ -195,20 +185,11 @@ def test_sync_each_matching_rule_with_an_action_makes_its_own_copy(
         admin.create_topic(topic)
         admin.create_subscription(topic, "audit")  # keeps $Default: TRUE, no action
         admin.create_rule(topic, "audit", "also-true", filter=SqlRuleFilter("1=1"))
-        admin.create_rule(
-            topic,
-            "audit",
-            "tag-a",
-            filter=SqlRuleFilter("EXISTS(a)"),
-            action=SqlRuleAction("SET tag = 'a'"),
-        )
-        admin.create_rule(
-            topic,
-            "audit",
-            "tag-b",
-            filter=SqlRuleFilter("b = 1"),
-            action=SqlRuleAction("SET tag = 'b'"),
-        )
+        for tag, condition in (("a", "EXISTS(a)"), ("b", "b = 1")):
+            tagging = SqlRuleAction(f"SET tag = '{tag}'")
+            admin.create_rule(
+                topic, "audit", f"tag-{tag}", filter=SqlRuleFilter(condition), action=tagging
+            )
 
     with ServiceBusClient.from_connection_string(
         georep_emulator.connection_string("primary")

@@ -8,15 +8,12 @@ below it by whole path segments; ``sb://ns/`` covers the namespace.
 from __future__ import annotations
 
 import asyncio
-import base64
-import hashlib
-import hmac
 import http.client
 import json
 import time
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
-from urllib.parse import quote_plus, urlencode, urlsplit
+from urllib.parse import urlsplit
 
 import pytest
 import websockets
@@ -53,24 +50,13 @@ def _fields(connection_string: str) -> dict[str, str]:
     return dict(p.split("=", 1) for p in connection_string.split(";") if p)
 
 
-def _sas(resource: str, key_name: str, key: str, ttl: float = 3600) -> str:
-    expiry = str(int(time.time() + ttl))
-    signed = base64.b64encode(
-        hmac.new(
-            key.encode(), f"{quote_plus(resource)}\n{expiry}".encode(), hashlib.sha256
-        ).digest()
-    ).decode()
-    return "SharedAccessSignature " + urlencode(
-        {"sr": resource, "sig": signed, "se": expiry, "skn": key_name}
-    )
-
-
 def _root_token(emu: Emulator, scope: str) -> tuple[str, str]:
     """(host, a root-key token for sb://host/scope)."""
     control = emu.namespace("primary")
     host = f"127.0.0.1:{control.port}"
     fields = _fields(control.connection_string)
-    token = _sas(f"sb://{host}/{scope}", fields["SharedAccessKeyName"], fields["SharedAccessKey"])
+    key_name, key = fields["SharedAccessKeyName"], fields["SharedAccessKey"]
+    token = mint_sas_token(f"sb://{host}/{scope}", key_name, key, time.time() + 3600)
     return host, token
 
 

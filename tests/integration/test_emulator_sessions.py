@@ -4,17 +4,21 @@ async), written the way the SDK's session samples use them."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import datetime as dt
 import subprocess
 import sys
 import time
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from typing import Any
 
 import pytest
+from _helpers import queue_fixture
 from azure.servicebus import (
     NEXT_AVAILABLE_SESSION,
     AutoLockRenewer,
     ServiceBusMessage,
+    ServiceBusReceivedMessage,
     ServiceBusReceiveMode,
     ServiceBusSubQueue,
 )
@@ -44,17 +48,7 @@ def emu() -> Iterator[Emulator]:
         yield emulator
 
 
-@pytest.fixture
-def session_queue(private_queue: Callable[..., str]) -> str:
-    return private_queue("sq", requires_session=True)
-
-
-@pytest.fixture
-async def client(emu: Emulator) -> AsyncIterator[ServiceBusClient]:
-    async with ServiceBusClient.from_connection_string(
-        emu.connection_string("primary"), retry_total=0
-    ) as sb:
-        yield sb
+session_queue = queue_fixture("sq", requires_session=True)
 
 
 @pytest.fixture
@@ -68,6 +62,15 @@ async def _send(client: ServiceBusClient, queue: str, *messages: ServiceBusMessa
         await sender.send_messages(list(messages))
 
 
+async def _send_interleaved(
+    client: ServiceBusClient, queue: str, sessions: str, count: int
+) -> None:
+    """``count`` messages to each session named by a letter of ``sessions``, interleaved
+    (``a-0``, ``b-0``, ``a-1``...): message ``i`` of session ``a`` has the body ``a-i``."""
+    messages = [ServiceBusMessage(f"{s}-{i}", session_id=s) for i in range(count) for s in sessions]
+    await _send(client, queue, *messages)
+
+
 async def _receive(receiver, count: int):  # type: ignore[no-untyped-def]
     received = []
     deadline = time.monotonic() + 10
@@ -78,18 +81,34 @@ async def _receive(receiver, count: int):  # type: ignore[no-untyped-def]
     return received
 
 
+@contextlib.asynccontextmanager
+async def _holding(
+    client: ServiceBusClient, queue: str, body: str = "m"
+) -> AsyncIterator[tuple[Any, ServiceBusReceivedMessage]]:
+    """Send ``body`` in session ``s``, lock the session and receive it: yields the receiver
+    and the message."""
+    await _send(client, queue, ServiceBusMessage(body, session_id="s"))
+    async with client.get_queue_receiver(queue, session_id="s") as receiver:
+        (message,) = await _receive(receiver, 1)
+        yield receiver, message
+
+
+async def _locked_again(client: ServiceBusClient, queue: str) -> ServiceBusReceivedMessage:
+    """Lock session ``s`` with a new receiver: its one message, received and completed."""
+    async with client.get_queue_receiver(queue, session_id="s") as receiver:
+        (again,) = await _receive(receiver, 1)
+        await receiver.complete_message(again)
+    return again
+
+
 # -- receiving ------------------------------------------------------------------------------
 
 
 async def test_a_named_session_gets_only_its_messages_in_order(
-    client: ServiceBusClient, session_queue: str
+    emu_client: ServiceBusClient, session_queue: str
 ) -> None:
-    await _send(
-        client,
-        session_queue,
-        *(ServiceBusMessage(f"{sid}-{i}", session_id=sid) for i in range(5) for sid in "ab"),
-    )
-    async with client.get_queue_receiver(session_queue, session_id="b") as receiver:
+    await _send_interleaved(emu_client, session_queue, "ab", 5)
+    async with emu_client.get_queue_receiver(session_queue, session_id="b") as receiver:
         assert receiver.session.session_id == "b"
         assert receiver.session.locked_until_utc > dt.datetime.now(dt.UTC)
         messages = await _receive(receiver, 5)
@@ -101,10 +120,10 @@ async def test_a_named_session_gets_only_its_messages_in_order(
 
 
 async def test_the_queue_made_by_emulator_session_queues_requires_sessions(
-    client: ServiceBusClient, emu: Emulator
+    emu_client: ServiceBusClient, emu: Emulator
 ) -> None:
-    await _send(client, SESSION_QUEUE, ServiceBusMessage("hello", session_id="c-1"))
-    async with client.get_queue_receiver(
+    await _send(emu_client, SESSION_QUEUE, ServiceBusMessage("hello", session_id="c-1"))
+    async with emu_client.get_queue_receiver(
         SESSION_QUEUE, session_id="c-1", receive_mode=ServiceBusReceiveMode.RECEIVE_AND_DELETE
     ) as receiver:
         assert [str(m) for m in await _receive(receiver, 1)] == ["hello"]
@@ -113,10 +132,10 @@ async def test_the_queue_made_by_emulator_session_queues_requires_sessions(
 
 
 async def test_next_available_session_locks_a_session_with_messages_and_names_it(
-    client: ServiceBusClient, session_queue: str
+    emu_client: ServiceBusClient, session_queue: str
 ) -> None:
-    await _send(client, session_queue, ServiceBusMessage("x", session_id="only"))
-    async with client.get_queue_receiver(
+    await _send(emu_client, session_queue, ServiceBusMessage("x", session_id="only"))
+    async with emu_client.get_queue_receiver(
         session_queue, session_id=NEXT_AVAILABLE_SESSION, max_wait_time=5
     ) as receiver:
         assert receiver.session.session_id == "only"
@@ -124,17 +143,17 @@ async def test_next_available_session_locks_a_session_with_messages_and_names_it
 
 
 async def test_next_available_session_skips_a_locked_session(
-    client: ServiceBusClient, session_queue: str
+    emu_client: ServiceBusClient, session_queue: str
 ) -> None:
     await _send(
-        client,
+        emu_client,
         session_queue,
         ServiceBusMessage("1", session_id="first"),
         ServiceBusMessage("2", session_id="second"),
     )
     async with (
-        client.get_queue_receiver(session_queue, session_id="first") as holder,
-        client.get_queue_receiver(
+        emu_client.get_queue_receiver(session_queue, session_id="first") as holder,
+        emu_client.get_queue_receiver(
             session_queue, session_id=NEXT_AVAILABLE_SESSION, max_wait_time=5
         ) as other,
     ):
@@ -143,14 +162,14 @@ async def test_next_available_session_skips_a_locked_session(
 
 
 async def test_next_available_session_waits_for_a_message(
-    client: ServiceBusClient, session_queue: str
+    emu_client: ServiceBusClient, session_queue: str
 ) -> None:
     async def send_later() -> None:
         await asyncio.sleep(1)
-        await _send(client, session_queue, ServiceBusMessage("late", session_id="late"))
+        await _send(emu_client, session_queue, ServiceBusMessage("late", session_id="late"))
 
     sending = asyncio.create_task(send_later())
-    async with client.get_queue_receiver(
+    async with emu_client.get_queue_receiver(
         session_queue, session_id=NEXT_AVAILABLE_SESSION, max_wait_time=10
     ) as receiver:
         assert receiver.session.session_id == "late"
@@ -158,11 +177,11 @@ async def test_next_available_session_waits_for_a_message(
 
 
 async def test_next_available_session_times_out_after_max_wait_time(
-    client: ServiceBusClient, session_queue: str
+    emu_client: ServiceBusClient, session_queue: str
 ) -> None:
     started = time.monotonic()
     with pytest.raises(OperationTimeoutError, match="max_wait_time"):
-        async with client.get_queue_receiver(
+        async with emu_client.get_queue_receiver(
             session_queue, session_id=NEXT_AVAILABLE_SESSION, max_wait_time=2
         ) as receiver:
             await receiver.receive_messages(max_wait_time=2)
@@ -173,40 +192,40 @@ async def test_next_available_session_times_out_after_max_wait_time(
 
 
 async def test_a_message_without_session_id_is_refused_by_a_session_queue(
-    client: ServiceBusClient, session_queue: str, emu: Emulator
+    emu_client: ServiceBusClient, session_queue: str, emu: Emulator
 ) -> None:
     with pytest.raises(ServiceBusError, match="SessionId was not set") as refused:
-        await _send(client, session_queue, ServiceBusMessage("no session"))
+        await _send(emu_client, session_queue, ServiceBusMessage("no session"))
     assert "not-allowed" in str(refused.value)
     assert emu.namespace("primary").message_count(session_queue) == 0
 
 
 async def test_a_plain_receiver_on_a_session_queue_is_refused(
-    client: ServiceBusClient, session_queue: str
+    emu_client: ServiceBusClient, session_queue: str
 ) -> None:
     with pytest.raises(ServiceBusError, match="requires sessions to create a non-sessionful"):
-        async with client.get_queue_receiver(session_queue) as receiver:
+        async with emu_client.get_queue_receiver(session_queue) as receiver:
             await receiver.receive_messages(max_wait_time=1)
 
 
 async def test_a_session_receiver_on_a_plain_queue_is_refused_at_once(
-    client: ServiceBusClient,
+    emu_client: ServiceBusClient,
 ) -> None:
     started = time.monotonic()
     with pytest.raises(ServiceBusError, match="does not require sessions"):
-        async with client.get_queue_receiver("plain", session_id="s") as receiver:
+        async with emu_client.get_queue_receiver("plain", session_id="s") as receiver:
             await receiver.receive_messages(max_wait_time=5)
     assert time.monotonic() - started < 5
 
 
 async def test_a_locked_session_cannot_be_locked_by_a_second_receiver_until_released(
-    client: ServiceBusClient, session_queue: str
+    emu_client: ServiceBusClient, session_queue: str
 ) -> None:
-    async with client.get_queue_receiver(session_queue, session_id="s"):
+    async with emu_client.get_queue_receiver(session_queue, session_id="s"):
         with pytest.raises(SessionCannotBeLockedError, match="'s'"):
-            async with client.get_queue_receiver(session_queue, session_id="s") as second:
+            async with emu_client.get_queue_receiver(session_queue, session_id="s") as second:
                 await second.receive_messages(max_wait_time=1)
-    async with client.get_queue_receiver(session_queue, session_id="s") as third:
+    async with emu_client.get_queue_receiver(session_queue, session_id="s") as third:
         assert third.session.session_id == "s"
 
 
@@ -214,21 +233,21 @@ async def test_a_locked_session_cannot_be_locked_by_a_second_receiver_until_rele
 
 
 async def test_session_state_is_kept_across_receivers_and_none_clears_it(
-    client: ServiceBusClient, session_queue: str
+    emu_client: ServiceBusClient, session_queue: str
 ) -> None:
-    async with client.get_queue_receiver(session_queue, session_id="s") as receiver:
+    async with emu_client.get_queue_receiver(session_queue, session_id="s") as receiver:
         assert await receiver.session.get_state() is None
         await receiver.session.set_state("step-2")
-    async with client.get_queue_receiver(session_queue, session_id="s") as receiver:
+    async with emu_client.get_queue_receiver(session_queue, session_id="s") as receiver:
         assert await receiver.session.get_state() == b"step-2"
         await receiver.session.set_state(None)
         assert await receiver.session.get_state() is None
 
 
 async def test_renew_lock_moves_locked_until_forward(
-    client: ServiceBusClient, session_queue: str
+    emu_client: ServiceBusClient, session_queue: str
 ) -> None:
-    async with client.get_queue_receiver(session_queue, session_id="s") as receiver:
+    async with emu_client.get_queue_receiver(session_queue, session_id="s") as receiver:
         first = receiver.session.locked_until_utc
         await asyncio.sleep(0.2)
         renewed = await receiver.session.renew_lock()
@@ -237,48 +256,44 @@ async def test_renew_lock_moves_locked_until_forward(
 
 
 async def test_list_queue_sessions_names_sessions_with_messages_or_state(
-    client: ServiceBusClient, session_queue: str
+    emu_client: ServiceBusClient, session_queue: str
 ) -> None:
     before = dt.datetime.now(dt.UTC) - dt.timedelta(seconds=1)
     await _send(
-        client,
+        emu_client,
         session_queue,
         ServiceBusMessage("1", session_id="with-messages"),
         ServiceBusMessage("2", session_id="with-messages"),
     )
-    async with client.get_queue_receiver(session_queue, session_id="with-state") as receiver:
+    async with emu_client.get_queue_receiver(session_queue, session_id="with-state") as receiver:
         await receiver.session.set_state(b"kept")
-    listed = [s async for s in client.list_queue_sessions(session_queue)]
+    listed = [s async for s in emu_client.list_queue_sessions(session_queue)]
     assert sorted(listed) == ["with-messages", "with-state"]
     updated = [
-        s async for s in client.list_queue_sessions(session_queue, state_updated_after=before)
+        s async for s in emu_client.list_queue_sessions(session_queue, state_updated_after=before)
     ]
     assert updated == ["with-state"]
 
 
 async def test_peek_on_a_session_receiver_shows_only_that_session(
-    client: ServiceBusClient, session_queue: str
+    emu_client: ServiceBusClient, session_queue: str
 ) -> None:
-    await _send(
-        client,
-        session_queue,
-        *(ServiceBusMessage(f"{sid}{i}", session_id=sid) for i in range(3) for sid in "xy"),
-    )
-    async with client.get_queue_receiver(session_queue, session_id="y") as receiver:
+    await _send_interleaved(emu_client, session_queue, "xy", 3)
+    async with emu_client.get_queue_receiver(session_queue, session_id="y") as receiver:
         peeked = await receiver.peek_messages(max_message_count=10)
-    assert [str(m) for m in peeked] == ["y0", "y1", "y2"]
+    assert [str(m) for m in peeked] == ["y-0", "y-1", "y-2"]
 
 
 # -- settlement -----------------------------------------------------------------------------
 
 
 async def test_abandon_returns_the_message_to_the_head_of_its_session(
-    client: ServiceBusClient, session_queue: str
+    emu_client: ServiceBusClient, session_queue: str
 ) -> None:
     await _send(
-        client, session_queue, *(ServiceBusMessage(str(i), session_id="s") for i in range(3))
+        emu_client, session_queue, *(ServiceBusMessage(str(i), session_id="s") for i in range(3))
     )
-    async with client.get_queue_receiver(session_queue, session_id="s") as receiver:
+    async with emu_client.get_queue_receiver(session_queue, session_id="s") as receiver:
         first = (await _receive(receiver, 1))[0]
         await receiver.abandon_message(first)
         again = await _receive(receiver, 3)
@@ -286,28 +301,24 @@ async def test_abandon_returns_the_message_to_the_head_of_its_session(
 
 
 async def test_defer_then_receive_deferred_messages_with_the_session(
-    client: ServiceBusClient, session_queue: str
+    emu_client: ServiceBusClient, session_queue: str
 ) -> None:
-    await _send(client, session_queue, ServiceBusMessage("later", session_id="s"))
-    async with client.get_queue_receiver(session_queue, session_id="s") as receiver:
-        message = (await _receive(receiver, 1))[0]
+    async with _holding(emu_client, session_queue, "later") as (receiver, message):
         await receiver.defer_message(message)
         assert await receiver.receive_messages(max_wait_time=0.5) == []
         (deferred,) = await receiver.receive_deferred_messages([message.sequence_number])
         assert str(deferred) == "later"
         await receiver.complete_message(deferred)
-    async with client.get_queue_receiver(session_queue, session_id="s") as receiver:
+    async with emu_client.get_queue_receiver(session_queue, session_id="s") as receiver:
         assert await receiver.peek_messages() == []
 
 
 async def test_dead_lettered_session_messages_go_to_a_dead_letter_queue_without_sessions(
-    client: ServiceBusClient, session_queue: str
+    emu_client: ServiceBusClient, session_queue: str
 ) -> None:
-    await _send(client, session_queue, ServiceBusMessage("bad", session_id="s"))
-    async with client.get_queue_receiver(session_queue, session_id="s") as receiver:
-        message = (await _receive(receiver, 1))[0]
+    async with _holding(emu_client, session_queue, "bad") as (receiver, message):
         await receiver.dead_letter_message(message, reason="invalid", error_description="nope")
-    async with client.get_queue_receiver(
+    async with emu_client.get_queue_receiver(
         session_queue, sub_queue=ServiceBusSubQueue.DEAD_LETTER
     ) as dead_letters:
         (dead,) = await _receive(dead_letters, 1)
@@ -316,14 +327,14 @@ async def test_dead_lettered_session_messages_go_to_a_dead_letter_queue_without_
 
 
 async def test_auto_lock_renewer_keeps_the_session_locked_past_its_lock_duration(
-    client: ServiceBusClient, private_queue: Callable[..., str]
+    emu_client: ServiceBusClient, private_queue: Callable[..., str]
 ) -> None:
     # 3 s: the SDK's renewer checks once a second and renews in the last half of a short lock.
     queue = private_queue("sq", requires_session=True, lock_duration=3)
-    await _send(client, queue, ServiceBusMessage("slow work", session_id="s"))
+    await _send(emu_client, queue, ServiceBusMessage("slow work", session_id="s"))
     async with (
         AsyncAutoLockRenewer(max_lock_renewal_duration=10) as renewer,
-        client.get_queue_receiver(queue, session_id="s") as receiver,
+        emu_client.get_queue_receiver(queue, session_id="s") as receiver,
     ):
         renewer.register(receiver, receiver.session)
         message = (await _receive(receiver, 1))[0]
@@ -333,16 +344,16 @@ async def test_auto_lock_renewer_keeps_the_session_locked_past_its_lock_duration
 
 
 async def test_an_expired_session_lock_is_lost_and_its_messages_come_back(
-    client: ServiceBusClient, private_queue: Callable[..., str]
+    emu_client: ServiceBusClient, private_queue: Callable[..., str]
 ) -> None:
     queue = private_queue("sq", requires_session=True, lock_duration=2)
-    await _send(client, queue, ServiceBusMessage("m", session_id="s"))
-    async with client.get_queue_receiver(queue, session_id="s") as receiver:
+    await _send(emu_client, queue, ServiceBusMessage("m", session_id="s"))
+    async with emu_client.get_queue_receiver(queue, session_id="s") as receiver:
         message = (await _receive(receiver, 1))[0]
         await asyncio.sleep(2.5)
         with pytest.raises(SessionLockLostError):
             await receiver.complete_message(message)
-    async with client.get_queue_receiver(queue, session_id="s") as receiver:
+    async with emu_client.get_queue_receiver(queue, session_id="s") as receiver:
         (again,) = await _receive(receiver, 1)
         assert (str(again), again.delivery_count) == ("m", 1)
 
@@ -351,7 +362,7 @@ async def test_an_expired_session_lock_is_lost_and_its_messages_come_back(
 
 
 async def test_admin_created_session_queue_and_subscription(
-    emu: Emulator, client: ServiceBusClient
+    emu: Emulator, emu_client: ServiceBusClient
 ) -> None:
     async with emu.async_admin_client("primary") as admin:
         queue = await admin.create_queue("admin-sessions", requires_session=True)
@@ -359,20 +370,20 @@ async def test_admin_created_session_queue_and_subscription(
         await admin.create_subscription("admin-topic", "by-session", requires_session=True)
         assert queue.requires_session is True
         assert (await admin.get_subscription("admin-topic", "by-session")).requires_session
-    await _send(client, "admin-sessions", ServiceBusMessage("q", session_id="s"))
-    async with client.get_queue_receiver("admin-sessions", session_id="s") as receiver:
+    await _send(emu_client, "admin-sessions", ServiceBusMessage("q", session_id="s"))
+    async with emu_client.get_queue_receiver("admin-sessions", session_id="s") as receiver:
         assert [str(m) for m in await _receive(receiver, 1)] == ["q"]
-    async with client.get_topic_sender("admin-topic") as sender:
+    async with emu_client.get_topic_sender("admin-topic") as sender:
         await sender.send_messages(
             [ServiceBusMessage("t", session_id="s"), ServiceBusMessage("no session")]
         )
-    async with client.get_subscription_receiver(
+    async with emu_client.get_subscription_receiver(
         "admin-topic", "by-session", session_id=NEXT_AVAILABLE_SESSION, max_wait_time=5
     ) as receiver:
         assert receiver.session.session_id == "s"
         assert [str(m) for m in await _receive(receiver, 1)] == ["t"]
     # A topic accepts it; the session subscription dead-letters it, as the service does.
-    async with client.get_subscription_receiver(
+    async with emu_client.get_subscription_receiver(
         "admin-topic", "by-session", sub_queue=ServiceBusSubQueue.DEAD_LETTER
     ) as dead_letters:
         (dead,) = await _receive(dead_letters, 1)
@@ -383,55 +394,54 @@ async def test_admin_created_session_queue_and_subscription(
 
 
 async def test_a_lost_session_lock_fails_settle_renew_and_receive_then_relocks(
-    client: ServiceBusClient, emu: Emulator, session_queue: str
+    emu_client: ServiceBusClient, emu: Emulator, session_queue: str
 ) -> None:
-    await _send(client, session_queue, ServiceBusMessage("m", session_id="s"))
-    async with client.get_queue_receiver(session_queue, session_id="s") as receiver:
-        message = (await _receive(receiver, 1))[0]
+    async with _holding(emu_client, session_queue) as (receiver, message):
         assert emu.namespace("primary").expire_session_locks(session_queue) == 1
         await asyncio.sleep(0.2)  # the detach reaches the client
         with pytest.raises(SessionLockLostError):
             await receiver.complete_message(message)
         with pytest.raises(SessionLockLostError):
             await receiver.session.renew_lock()
-    async with client.get_queue_receiver(session_queue, session_id="s") as receiver:
-        (again,) = await _receive(receiver, 1)
-        assert (str(again), again.delivery_count) == ("m", 1)
-        await receiver.complete_message(again)
+    again = await _locked_again(emu_client, session_queue)
+    assert (str(again), again.delivery_count) == ("m", 1)
+
+
+# A fault while a session is held: the error the holder's next call raises, and that call.
+_HOLDER_FAILS: dict[str, tuple[type[Exception], Callable[[Any], Awaitable[Any]]]] = {
+    "outage": (ServiceBusConnectionError, lambda r: r.receive_messages(max_wait_time=1)),
+    "blackhole": (OperationTimeoutError, lambda r: r.session.renew_lock(timeout=2)),
+}
+
+
+async def _fault_while_held(
+    client: ServiceBusClient, emu: Emulator, queue: str, fault: str
+) -> ServiceBusReceivedMessage:
+    """Hold session ``s``, inject ``fault`` (a method of the namespace control), check the
+    holder's next call fails (``_HOLDER_FAILS``), restore (which drops the faulted connection
+    and releases the session), and return the message as a new receiver gets it."""
+    control = emu.namespace("primary")
+    refused, call = _HOLDER_FAILS[fault]
+    async with _holding(client, queue) as (receiver, _):
+        getattr(control, fault)()
+        with pytest.raises(refused):
+            await call(receiver)
+        control.restore()
+    return await _locked_again(client, queue)
 
 
 async def test_an_outage_while_a_session_is_held_releases_it_for_the_next_receiver(
-    client: ServiceBusClient, emu: Emulator, session_queue: str
+    emu_client: ServiceBusClient, emu: Emulator, session_queue: str
 ) -> None:
-    control = emu.namespace("primary")
-    await _send(client, session_queue, ServiceBusMessage("m", session_id="s"))
-    async with client.get_queue_receiver(session_queue, session_id="s") as receiver:
-        await _receive(receiver, 1)
-        control.outage()
-        with pytest.raises(ServiceBusConnectionError):
-            await receiver.receive_messages(max_wait_time=1)
-        control.restore()
-    async with client.get_queue_receiver(session_queue, session_id="s") as receiver:
-        (again,) = await _receive(receiver, 1)
-        assert str(again) == "m"
-        await receiver.complete_message(again)
+    again = await _fault_while_held(emu_client, emu, session_queue, "outage")
+    assert str(again) == "m"
 
 
 async def test_a_blackhole_while_a_session_is_held_times_out_and_restore_frees_it(
-    client: ServiceBusClient, emu: Emulator, session_queue: str
+    emu_client: ServiceBusClient, emu: Emulator, session_queue: str
 ) -> None:
-    control = emu.namespace("primary")
-    await _send(client, session_queue, ServiceBusMessage("m", session_id="s"))
-    async with client.get_queue_receiver(session_queue, session_id="s") as receiver:
-        await _receive(receiver, 1)
-        control.blackhole()
-        with pytest.raises(OperationTimeoutError):
-            await receiver.session.renew_lock(timeout=2)
-        control.restore()  # drops the blackholed connection: the session is released
-    async with client.get_queue_receiver(session_queue, session_id="s") as receiver:
-        (again,) = await _receive(receiver, 1)
-        assert (str(again), again.delivery_count) == ("m", 1)
-        await receiver.complete_message(again)
+    again = await _fault_while_held(emu_client, emu, session_queue, "blackhole")
+    assert (str(again), again.delivery_count) == ("m", 1)
 
 
 def test_georep_fault_session_lock_lost_takes_the_lock_away(
@@ -490,13 +500,12 @@ def test_sync_next_available_session_and_its_timeout(
         assert receiver.session.session_id == "n"
         (message,) = receiver.receive_messages(max_wait_time=5)
         receiver.complete_message(message)
-    with (
-        pytest.raises(OperationTimeoutError),
-        sync_client.get_queue_receiver(
-            session_queue, session_id=NEXT_AVAILABLE_SESSION, max_wait_time=1
-        ) as receiver,
-    ):
-        receiver.receive_messages(max_wait_time=1)
+    # No session has messages now: the next receiver waits 1 s for one, then times out.
+    idle = sync_client.get_queue_receiver(
+        session_queue, session_id=NEXT_AVAILABLE_SESSION, max_wait_time=1
+    )
+    with pytest.raises(OperationTimeoutError), idle:
+        idle.receive_messages(max_wait_time=1)
 
 
 def test_sync_auto_lock_renewer_and_a_lost_lock(

@@ -5,10 +5,9 @@ from __future__ import annotations
 
 import pytest
 from _fidelity import (
-    CHECKS,
     bodies,
     check,
-    checks_of,
+    checks_test,
     client_for,
     receive_all,
     unique_name,
@@ -137,6 +136,4 @@ def _rule_action(emu: Emulator) -> None:
             assert plain.application_properties[b"secret"] == b"s"
 
 
-@checks_of(__name__)
-def test_supported_operation_works(operation: str, georep_emulator: Emulator) -> None:
-    CHECKS[operation](georep_emulator)
+test_supported_operation_works = checks_test(__name__)

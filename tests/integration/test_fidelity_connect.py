@@ -13,10 +13,9 @@ from urllib.parse import quote_plus
 
 import pytest
 from _fidelity import (
-    CHECKS,
     bodies,
     check,
-    checks_of,
+    checks_test,
     make_queue,
     receive_all,
     send,
@@ -137,6 +136,4 @@ def _wrong_key(emu: Emulator) -> None:
         sender.send_messages(ServiceBusMessage(b"x"))
 
 
-@checks_of(__name__)
-def test_supported_operation_works(operation: str, georep_emulator: Emulator) -> None:
-    CHECKS[operation](georep_emulator)
+test_supported_operation_works = checks_test(__name__)

@@ -8,10 +8,9 @@ from typing import Any
 
 import pytest
 from _fidelity import (
-    CHECKS,
     bodies,
     check,
-    checks_of,
+    checks_test,
     client_for,
     make_queue,
     receive_all,
@@ -130,6 +129,4 @@ def _session_auto_renew(emu: Emulator) -> None:
     assert emu.namespace("primary").message_count(queue) == 0
 
 
-@checks_of(__name__)
-def test_supported_operation_works(operation: str, georep_emulator: Emulator) -> None:
-    CHECKS[operation](georep_emulator)
+test_supported_operation_works = checks_test(__name__)

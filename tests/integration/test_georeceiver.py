@@ -8,16 +8,18 @@ import subprocess
 import time
 import uuid
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 from _helpers import (
+    CountingHandler,
     assert_each_processed_once_by_all,
     collect,
     eventually,
     on_emulator,
+    queue_fixture,
     run_four_receivers,
     run_until,
     send_active,
@@ -33,9 +35,7 @@ from georep.adapters.redis import RedisSeenSet
 pytestmark = pytest.mark.integration
 
 
-@pytest.fixture
-def queue(private_queue: Callable[..., str]) -> str:
-    return private_queue("rx", lock_duration=5, max_delivery_count=10)
+queue = queue_fixture("rx", lock_duration=5, max_delivery_count=10)
 
 
 def geo_receiver(emu: Emulator, queue: str, seen: RedisSeenSet, **options: Any) -> GeoReceiver:
@@ -46,13 +46,9 @@ async def test_active_twins_are_processed_once(
     emu: Emulator, queue: str, seen: RedisSeenSet
 ) -> None:
     ids = await send_active(emu, 300, queue_name=queue)
-    processed: Counter[str] = Counter()
-
-    async def handle(message: Any) -> None:
-        processed[str(message.message_id)] += 1
-
+    processed = CountingHandler()
     async with geo_receiver(emu, queue, seen) as receiver:
-        await run_until(receiver, handle, lambda: stored(emu, queue) == 0)
+        await run_until(receiver, processed, lambda: stored(emu, queue) == 0)
     assert processed == Counter({message_id: 1 for message_id in ids})
     assert sum(receiver.stats.suppressed.values()) == 300
 
@@ -92,13 +88,9 @@ async def test_duplicate_reception_after_a_lost_response_is_processed_once(
     assert all(r.failed_over for r in results[:1])
     assert stored(emu, queue) >= 6 + 1, "the lost-response copies are in both regions"
 
-    processed: Counter[str] = Counter()
-
-    async def handle(message: Any) -> None:
-        processed[str(message.message_id)] += 1
-
+    processed = CountingHandler()
     async with geo_receiver(emu, queue, seen) as receiver:
-        await run_until(receiver, handle, lambda: stored(emu, queue) == 0)
+        await run_until(receiver, processed, lambda: stored(emu, queue) == 0)
     assert all(count == 1 for count in processed.values()), processed
     assert {r.message_ids[0] for r in results} <= set(processed)
 

@@ -6,11 +6,19 @@ from __future__ import annotations
 import asyncio
 import uuid
 from collections import Counter
-from collections.abc import Callable
 from typing import Any
 
 import pytest
-from _helpers import drain, eventually, run_until, sdk_sender, send_active, stored
+from _helpers import (
+    CountingHandler,
+    drain,
+    eventually,
+    queue_fixture,
+    run_until,
+    sdk_sender,
+    send_active,
+    stored,
+)
 from azure.servicebus import ServiceBusMessage, ServiceBusSubQueue
 from azure.servicebus.aio import ServiceBusClient
 
@@ -24,9 +32,7 @@ pytestmark = pytest.mark.integration
 REGIONS = ("primary", "secondary")
 
 
-@pytest.fixture
-def queue(private_queue: Callable[..., str]) -> str:
-    return private_queue("rx", lock_duration=5, max_delivery_count=10)
+queue = queue_fixture("rx", lock_duration=5, max_delivery_count=10)
 
 
 @pytest.fixture
@@ -86,13 +92,9 @@ async def test_two_receivers_of_one_subscription_still_dedup(
     emu: Emulator, topic: str, seen: RedisSeenSet
 ) -> None:
     ids = await send_active(emu, 40, topic_name=topic)
-    processed: Counter[str] = Counter()
-
-    async def handle(message: Any) -> None:
-        processed[str(message.message_id)] += 1
-
+    processed = CountingHandler()
     receivers = [geo(emu, seen, topic_name=topic, subscription_name="billing") for _ in range(2)]
-    tasks = [asyncio.create_task(r.run(handle)) for r in receivers]
+    tasks = [asyncio.create_task(r.run(processed)) for r in receivers]
     path = f"{topic}/Subscriptions/billing"
     drained = await eventually(lambda: stored(emu, path) == 0, within=60)
     await asyncio.gather(*(r.aclose() for r in receivers))

@@ -7,15 +7,22 @@ import base64
 import json
 import os
 import signal
-import subprocess
-import sys
 import time
 from collections import Counter
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
-from _helpers import drain_all_ids, drain_ids, eventually, fault, on_emulator
+from _helpers import (
+    drain_all_ids,
+    drain_ids,
+    eventually,
+    fault,
+    fault_all,
+    on_emulator,
+    queue_fixture,
+    start_child,
+)
 from azure.servicebus import ServiceBusMessage
 
 from georep import (
@@ -34,23 +41,18 @@ from georep.adapters.emulator import Emulator
 
 pytestmark = pytest.mark.integration
 
-REPO = Path(__file__).resolve().parents[2]
 
-
-@pytest.fixture
-def queue(private_queue: Callable[..., str]) -> str:
-    return private_queue("geo")
+queue = queue_fixture("geo")
 
 
 async def outbox_emptied(outbox: SqliteOutbox, within: float = 30.0) -> bool:
-    """Wait for the background drainer to empty ``outbox``."""
-    deadline = time.monotonic() + within
+    """Wait for the background drainer to empty ``outbox``: whether it did ``within``."""
+
+    async def empty() -> bool:
+        return await outbox.depth() == 0
+
     # The outbox is a file other processes may write too: polling it is the only way.
-    while await outbox.depth():
-        if time.monotonic() > deadline:
-            return False
-        await asyncio.sleep(0.1)
-    return True
+    return await eventually(empty, within)
 
 
 @pytest.fixture
@@ -153,8 +155,7 @@ async def test_active_keeps_twins_and_survives_one_region(emu: Emulator, queue: 
             await sender.send_messages(ServiceBusMessage("nowhere"))
         assert set(raised.value.causes) == {"primary", "secondary"}
 
-    await fault(emu, "primary", "restore")
-    await fault(emu, "secondary", "restore")
+    await fault_all(emu, "restore")
     in_primary = await drain_ids(emu, "primary", queue)
     in_secondary = await drain_ids(emu, "secondary", queue)
     both_ids = {r.message_ids[0] for r in both}
@@ -177,14 +178,12 @@ async def test_active_outbox_queues_while_both_are_down_then_delivers(
             drain=DrainPolicy(max_backoff=1.0),
         ) as sender,
     ):
-        await fault(emu, "primary", "outage")
-        await fault(emu, "secondary", "outage")
+        await fault_all(emu, "outage")
         results = [await sender.send_messages(ServiceBusMessage(f"q{i}")) for i in range(20)]
         assert all(r.queued for r in results)
         assert await outbox.depth() == 40, "one entry per region per message"
 
-        await fault(emu, "primary", "restore")
-        await fault(emu, "secondary", "restore")
+        await fault_all(emu, "restore")
         assert await outbox_emptied(outbox), "the drainer did not empty the outbox in 30 s"
 
     ids = {r.message_ids[0] for r in results}
@@ -261,25 +260,9 @@ asyncio.run(main())
 async def test_queued_messages_survive_a_sigkilled_process(
     emu: Emulator, queue: str, tmp_path: Path
 ) -> None:
-    await fault(emu, "primary", "outage")
-    await fault(emu, "secondary", "outage")
+    await fault_all(emu, "outage")
     outbox_path = tmp_path / "outbox.db"
-    env = {
-        **os.environ,
-        "PRIMARY": emu.connection_string("primary"),
-        "SECONDARY": emu.connection_string("secondary"),
-        "QUEUE": queue,
-        "OUTBOX": str(outbox_path),
-    }
-    child = await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-c",
-        _CRASHING_SENDER,
-        cwd=REPO,
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-    )
+    child = await start_child(_CRASHING_SENDER, emu, queue, OUTBOX=str(outbox_path))
     acknowledged: list[str] = []
     try:
         assert child.stdout is not None and child.stderr is not None
@@ -295,8 +278,7 @@ async def test_queued_messages_survive_a_sigkilled_process(
             child.kill()
         await child.wait()
 
-    await fault(emu, "primary", "restore")
-    await fault(emu, "secondary", "restore")
+    await fault_all(emu, "restore")
     async with (
         SqliteOutbox(outbox_path) as outbox,
         on_emulator(

@@ -4,10 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import zlib
-from collections.abc import Callable
 
 import pytest
-from _helpers import drain_all_ids, on_emulator
+from _helpers import drain_all_ids, on_emulator, queue_fixture
 from azure.servicebus import ServiceBusMessage
 
 from georep import FailoverPolicy, GeoReceiver, GeoSender, InvalidMessageError
@@ -28,9 +27,7 @@ def key_in_fragment(fragment: int, avoid: bool = False) -> str:
     raise AssertionError("no key found")
 
 
-@pytest.fixture
-def queue(private_queue: Callable[..., str]) -> str:
-    return private_queue("part", enable_partitioning=True)
+queue = queue_fixture("part", enable_partitioning=True)
 
 
 async def test_unkeyed_sends_need_no_failover_and_keyed_ones_fail_over(

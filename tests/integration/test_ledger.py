@@ -8,7 +8,6 @@ GeoReceiver).
 from __future__ import annotations
 
 import asyncio
-import os
 import uuid
 from collections import Counter
 from collections.abc import Callable
@@ -17,6 +16,7 @@ from typing import Any
 
 import pyarrow.dataset as ds
 import pytest
+from _helpers import REDIS_URL
 from azure.servicebus import ServiceBusMessage
 
 import georep
@@ -26,8 +26,6 @@ from georep.adapters.emulator import Emulator
 from georep.adapters.redis import RedisSeenSet
 
 pytestmark = pytest.mark.integration
-
-REDIS_URL = os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0")
 
 
 async def test_a_passive_outage_midway_leaves_failover_rows_and_one_processed_row_per_id(
@@ -44,14 +42,9 @@ async def test_a_passive_outage_midway_leaves_failover_rows_and_one_processed_ro
     all_handled = asyncio.Event()
     next_index = iter(range(total))
 
-    @georep.receiver(
-        primary=primary,
-        secondary=secondary,
-        queue_name=queue,
-        seen=seen,
-        ledger=ledger,
-        max_wait=0.5,
-    )
+    receiving_options: dict[str, Any] = {"seen": seen, "ledger": ledger, "max_wait": 0.5}
+
+    @georep.receiver(primary=primary, secondary=secondary, queue_name=queue, **receiving_options)
     async def handle(message: Any) -> None:
         handled[str(message.message_id)] += 1
         if len(handled) == total:

@@ -14,12 +14,21 @@ import sys
 import time
 import uuid
 from collections import Counter
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Iterator
 from datetime import timedelta
 from pathlib import Path
 
 import pytest
-from _helpers import drain, drain_all_ids, fault, on_emulator
+from _helpers import (
+    REPO,
+    drain,
+    drain_all_ids,
+    fault,
+    fault_all,
+    on_emulator,
+    queue_fixture,
+    start_child,
+)
 from azure.servicebus import ServiceBusMessage
 
 from georep import (
@@ -36,13 +45,10 @@ from georep.adapters.servicebus import ServiceBusCodec
 
 pytestmark = pytest.mark.integration
 
-REPO = Path(__file__).resolve().parents[2]
 ENTRIES = 30
 
 
-@pytest.fixture
-def queue(private_queue: Callable[..., str]) -> str:
-    return private_queue("chaos")
+queue = queue_fixture("chaos")
 
 
 def geo(emu: Emulator, queue: str, **kwargs: object) -> GeoSender:
@@ -109,8 +115,7 @@ async def test_a_poison_entry_is_dead_lettered_and_the_healthy_ones_behind_it_dr
     # yet). The secondary comes back, the primary does not: the secondary refuses the
     # poison for what it is. Before: that refusal backed "any region" off, and the poison,
     # always the oldest, held the healthy messages back round after round.
-    await fault(emu, "primary", "outage")
-    await fault(emu, "secondary", "outage")
+    await fault_all(emu, "outage")
     path = tmp_path / "outbox.db"
     async with SqliteOutbox(path) as outbox:
         async with geo(emu, queue, outbox=outbox, drain=DrainPolicy(max_backoff=0.5)) as sender:
@@ -136,8 +141,7 @@ async def test_a_poison_entry_is_dead_lettered_and_the_healthy_ones_behind_it_dr
 async def test_the_wait_in_the_outbox_is_taken_off_the_time_to_live_and_expired_is_dropped(
     emu: Emulator, queue: str, tmp_path: Path
 ) -> None:
-    await fault(emu, "primary", "outage")
-    await fault(emu, "secondary", "outage")
+    await fault_all(emu, "outage")
     async with (
         SqliteOutbox(tmp_path / "outbox.db") as outbox,
         geo(emu, queue, outbox=outbox, drain=DrainPolicy(max_backoff=0.5)) as sender,
@@ -150,8 +154,7 @@ async def test_the_wait_in_the_outbox_is_taken_off_the_time_to_live_and_expired_
         )
         assert living.queued and dying.queued
         await asyncio.sleep(2.0)  # the 1 s message expires in the outbox
-        await fault(emu, "primary", "restore")
-        await fault(emu, "secondary", "restore")
+        await fault_all(emu, "restore")
         deadline = time.monotonic() + 30
         while await outbox.depth():
             assert time.monotonic() < deadline
@@ -200,23 +203,7 @@ asyncio.run(main())
 async def drainer_process(
     emu: Emulator, queue: str, path: Path, lease: float = 1.0
 ) -> AsyncIterator[asyncio.subprocess.Process]:
-    env = {
-        **os.environ,
-        "PRIMARY": emu.connection_string("primary"),
-        "SECONDARY": emu.connection_string("secondary"),
-        "QUEUE": queue,
-        "OUTBOX": str(path),
-        "LEASE": str(lease),
-    }
-    child = await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-c",
-        CHILD_DRAINER,
-        cwd=REPO,
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-    )
+    child = await start_child(CHILD_DRAINER, emu, queue, OUTBOX=str(path), LEASE=str(lease))
     try:
         yield child
     finally:
@@ -332,8 +319,7 @@ def small_disk(tmp_path: Path) -> Iterator[Path]:
 async def test_a_full_disk_is_a_named_error_and_what_was_stored_still_drains(
     emu: Emulator, queue: str, small_disk: Path
 ) -> None:
-    await fault(emu, "primary", "outage")
-    await fault(emu, "secondary", "outage")
+    await fault_all(emu, "outage")
     acknowledged: list[str] = []
     async with (
         SqliteOutbox(small_disk / "outbox.db") as outbox,
@@ -351,8 +337,7 @@ async def test_a_full_disk_is_a_named_error_and_what_was_stored_still_drains(
             while True:
                 sink.write(b"\0" * 65536)
                 sink.flush()
-        await fault(emu, "primary", "restore")
-        await fault(emu, "secondary", "restore")
+        await fault_all(emu, "restore")
         for _ in range(50):  # up to ~10 s on the full disk
             if not await outbox.depth():
                 break

@@ -10,7 +10,15 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
-from _helpers import backlog_queues, create_queue, drain, on_emulator, sdk_sender
+from _helpers import (
+    backlog_queues,
+    create_queue,
+    drain,
+    on_emulator,
+    quick_paired_options,
+    run_syphon,
+    sdk_sender,
+)
 from azure.servicebus import ServiceBusMessage
 
 from georep import (
@@ -72,16 +80,8 @@ async def test_outage_sends_go_to_backlog_queues_until_a_ping_succeeds(emu: Emul
 async def test_the_syphon_brings_backlog_messages_home_and_each_is_received_once(
     emu: Emulator,
 ) -> None:
-    from georep import Syphon
-
     queue = create_queue(emu, "syphon")
-    options = PairedNamespaceOptions(
-        backlog_queue_count=3,
-        failover_interval=0,
-        ping_primary_interval=1,
-        ping_timeout=5,
-        syphon_long_poll=1,
-    )
+    options = quick_paired_options(3)
     primary_name, _ = await backlog_queues(emu, options)
 
     async with on_emulator(PairedSender, emu, queue, options=options) as sender:
@@ -98,19 +98,7 @@ async def test_the_syphon_brings_backlog_messages_home_and_each_is_received_once
         await asyncio.to_thread(emu.namespace("primary").restore)
         assert await back_on_primary(sender, within=15)
 
-    syphon = Syphon.from_connection_strings(
-        emu.connection_string("primary"),
-        emu.connection_string("secondary"),
-        primary_namespace=primary_name,
-        options=options,
-    )
-    running = asyncio.create_task(syphon.run())
-    started = time.monotonic()
-    while syphon.stats.moved < len(sent):
-        assert time.monotonic() - started < 30, f"moved {syphon.stats.moved} of {len(sent)}"
-        await asyncio.sleep(0.1)
-    await syphon.aclose()
-    await asyncio.wait_for(running, 10)
+    syphon = await run_syphon(emu, primary_name, options, lambda s: s.stats.moved >= len(sent))
     assert syphon.stats.moved >= len(sent) and syphon.stats.dead_lettered == 0
 
     await asyncio.sleep(2.5)  # the restored scheduled enqueue time passes

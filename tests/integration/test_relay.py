@@ -75,6 +75,21 @@ async def listener(emulator: Emulator) -> AsyncIterator[HybridConnectionListener
         yield serving
 
 
+@pytest.fixture(params=MODES)
+def mode(request: pytest.FixtureRequest) -> str:
+    """A test that takes ``mode`` runs once per relay mode (its ids: http, websocket)."""
+    return str(request.param)
+
+
+@pytest.fixture
+async def channel(
+    emulator: Emulator, listener: HybridConnectionListener, mode: str
+) -> AsyncIterator[FailoverChannel]:
+    """A FailoverChannel in ``mode`` to the listener's two endpoints (see ``make_channel``)."""
+    async with make_channel(emulator, mode) as opened:
+        yield opened
+
+
 def make_channel(emulator: Emulator, mode: str, seed: int = 0) -> FailoverChannel:
     context = emulator.ssl_context()
     endpoints = tuple(
@@ -90,7 +105,6 @@ async def restore_and_wait(emulator: Emulator, listener: HybridConnectionListene
     await listener.wait_online()
 
 
-@pytest.mark.parametrize("mode", MODES)
 async def test_listener_serves_on_both_endpoints(
     emulator: Emulator, listener: HybridConnectionListener, mode: str
 ) -> None:
@@ -109,63 +123,59 @@ async def test_listener_serves_on_both_endpoints(
         assert response.headers["x-target"] == "/orders?id=7"
 
 
-@pytest.mark.parametrize("mode", MODES)
 async def test_outage_halfway_through_200_requests_every_request_answered_one_swap(
-    emulator: Emulator, listener: HybridConnectionListener, mode: str
+    emulator: Emulator, channel: FailoverChannel
 ) -> None:
-    async with make_channel(emulator, mode) as channel:
-        first_active = channel.active
-        backup = channel.backup
-        answered: list[RelayResponse] = []
-        halfway = asyncio.Event()
-        queue: asyncio.Queue[int] = asyncio.Queue()
-        for i in range(200):
-            queue.put_nowait(i)
+    first_active = channel.active
+    backup = channel.backup
+    answered: list[RelayResponse] = []
+    halfway = asyncio.Event()
+    queue: asyncio.Queue[int] = asyncio.Queue()
+    for i in range(200):
+        queue.put_nowait(i)
 
-        async def worker() -> None:
-            while not queue.empty():
-                i = queue.get_nowait()
-                response = await channel.request("POST", f"/r/{i}", body=str(i))
-                assert (response.status, response.body) == (200, f"echo:{i}".encode())
-                answered.append(response)
-                if len(answered) == 100:
-                    halfway.set()
-                if len(answered) >= 100:
-                    # The other half waits for the outage, so it really lands mid-run.
-                    await outage_done.wait()
+    async def worker() -> None:
+        while not queue.empty():
+            i = queue.get_nowait()
+            response = await channel.request("POST", f"/r/{i}", body=str(i))
+            assert (response.status, response.body) == (200, f"echo:{i}".encode())
+            answered.append(response)
+            if len(answered) == 100:
+                halfway.set()
+            if len(answered) >= 100:
+                # The other half waits for the outage, so it really lands mid-run.
+                await outage_done.wait()
 
-        outage_done = asyncio.Event()
+    outage_done = asyncio.Event()
 
-        async def take_down() -> None:
-            await halfway.wait()
-            await asyncio.to_thread(emulator.namespace(first_active).outage)
-            outage_done.set()
+    async def take_down() -> None:
+        await halfway.wait()
+        await asyncio.to_thread(emulator.namespace(first_active).outage)
+        outage_done.set()
 
-        await asyncio.gather(take_down(), *(worker() for _ in range(8)))
-        assert len(answered) == 200
-        assert channel.stats.role_swaps == 1
-        assert channel.active == backup
-        assert {r.region for r in answered[:100]} == {first_active}
-        assert answered[-1].region == backup
-        assert channel.stats.failures == 0
+    await asyncio.gather(take_down(), *(worker() for _ in range(8)))
+    assert len(answered) == 200
+    assert channel.stats.role_swaps == 1
+    assert channel.active == backup
+    assert {r.region for r in answered[:100]} == {first_active}
+    assert answered[-1].region == backup
+    assert channel.stats.failures == 0
 
 
-@pytest.mark.parametrize("mode", MODES)
 async def test_both_namespaces_down_error_names_both_causes(
-    emulator: Emulator, listener: HybridConnectionListener, mode: str
+    emulator: Emulator, channel: FailoverChannel
 ) -> None:
-    async with make_channel(emulator, mode) as channel:
-        before = channel.active
-        for name in emulator.namespaces:
-            await asyncio.to_thread(emulator.namespace(name).outage)
-        with pytest.raises(AllRegionsUnavailableError) as caught:
-            await channel.request("GET", "/ping")
-        assert set(caught.value.causes) == {"primary", "secondary"}
-        for cause in caught.value.causes.values():
-            assert isinstance(cause, RegionError)
-            assert cause.kind == ErrorKind.CONNECTION
-        assert channel.active == before
-        assert "sig=" not in str(caught.value)
+    before = channel.active
+    for name in emulator.namespaces:
+        await asyncio.to_thread(emulator.namespace(name).outage)
+    with pytest.raises(AllRegionsUnavailableError) as caught:
+        await channel.request("GET", "/ping")
+    assert set(caught.value.causes) == {"primary", "secondary"}
+    for cause in caught.value.causes.values():
+        assert isinstance(cause, RegionError)
+        assert cause.kind == ErrorKind.CONNECTION
+    assert channel.active == before
+    assert "sig=" not in str(caught.value)
 
 
 async def test_random_initial_pick_covers_both_endpoints_over_seeds(
@@ -178,36 +188,30 @@ async def test_random_initial_pick_covers_both_endpoints_over_seeds(
     assert regions == {"primary", "secondary"}
 
 
-@pytest.mark.parametrize("mode", MODES)
-async def test_a_400_from_the_handler_is_returned_not_failed_over(
-    emulator: Emulator, listener: HybridConnectionListener, mode: str
-) -> None:
-    async with make_channel(emulator, mode) as channel:
-        active = channel.active
-        response = await channel.request("POST", "/bad", body=b"x")
-        assert (response.status, response.body, response.region) == (400, b"bad input", active)
-        assert channel.stats.failovers == 0
+async def test_a_400_from_the_handler_is_returned_not_failed_over(channel: FailoverChannel) -> None:
+    active = channel.active
+    response = await channel.request("POST", "/bad", body=b"x")
+    assert (response.status, response.body, response.region) == (400, b"bad input", active)
+    assert channel.stats.failovers == 0
 
 
-@pytest.mark.parametrize("mode", MODES)
 async def test_no_listener_fails_over_to_the_other_endpoint(
-    emulator: Emulator, listener: HybridConnectionListener, mode: str
+    emulator: Emulator, channel: FailoverChannel, mode: str
 ) -> None:
-    async with make_channel(emulator, mode) as channel:
-        active, backup = channel.active, channel.backup
-        emulator.namespace(active).relay_no_listener(PATHS[active])
-        endpoint = HybridConnectionEndpoint(
-            connection(emulator, active), mode=mode, ssl_context=emulator.ssl_context()
-        )
-        with pytest.raises(RegionError) as caught:
-            await endpoint.request("GET", "/", body=b"", headers={}, timeout=5)
-        await endpoint.close()
-        # HTTP: the relay answers 503 without a Via header; WebSocket: handshake 404.
-        expected = ErrorKind.SERVICE_ERROR if mode == "http" else ErrorKind.ENTITY_NOT_FOUND
-        assert caught.value.kind == expected
-        response = await channel.request("GET", "/ping")
-        assert response.region == backup
-        assert channel.stats.role_swaps == 1
+    active, backup = channel.active, channel.backup
+    emulator.namespace(active).relay_no_listener(PATHS[active])
+    endpoint = HybridConnectionEndpoint(
+        connection(emulator, active), mode=mode, ssl_context=emulator.ssl_context()
+    )
+    with pytest.raises(RegionError) as caught:
+        await endpoint.request("GET", "/", body=b"", headers={}, timeout=5)
+    await endpoint.close()
+    # HTTP: the relay answers 503 without a Via header; WebSocket: handshake 404.
+    expected = ErrorKind.SERVICE_ERROR if mode == "http" else ErrorKind.ENTITY_NOT_FOUND
+    assert caught.value.kind == expected
+    response = await channel.request("GET", "/ping")
+    assert response.region == backup
+    assert channel.stats.role_swaps == 1
 
 
 async def test_expired_token_is_refused_in_both_modes(
@@ -287,7 +291,6 @@ async def test_plain_http_endpoint_gateway_errors_are_unavailability(
     assert caught.value.kind == ErrorKind.CONNECTION
 
 
-@pytest.mark.parametrize("mode", MODES)
 async def test_relay_latency_delays_requests_and_past_the_deadline_fails_over(
     emulator: Emulator, listener: HybridConnectionListener, mode: str
 ) -> None:
@@ -383,7 +386,6 @@ async def test_a_token_for_another_path_is_forbidden(emulator: Emulator) -> None
         assert "Via" not in response.headers
 
 
-@pytest.mark.parametrize("mode", MODES)
 async def test_a_stopped_listener_fails_over_to_the_one_on_the_other_namespace(
     emulator: Emulator, mode: str
 ) -> None:

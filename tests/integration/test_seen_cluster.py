@@ -8,7 +8,7 @@ from __future__ import annotations
 import asyncio
 import uuid
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -18,6 +18,7 @@ from _helpers import (
     eventually,
     fresh_redis_cluster,
     on_emulator,
+    queue_fixture,
     run_four_receivers,
     send_active,
     stored,
@@ -33,9 +34,7 @@ from georep.ports import ClaimState
 pytestmark = [pytest.mark.integration, pytest.mark.redis_cluster, pytest.mark.heavy]
 
 
-@pytest.fixture
-def queue(private_queue: Callable[..., str]) -> str:
-    return private_queue("cluster", lock_duration=5, max_delivery_count=10)
+queue = queue_fixture("cluster", lock_duration=5, max_delivery_count=10)
 
 
 @pytest.fixture

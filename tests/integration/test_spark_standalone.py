@@ -18,7 +18,7 @@ from _spark_cluster import SparkCluster, cluster_env, spark_standalone
 from georep.adapters.emulator import Emulator
 from georep.adapters.spark import write_synthetic_ledger
 
-pytestmark = [pytest.mark.integration, pytest.mark.heavy]
+pytestmark = [pytest.mark.integration, pytest.mark.heavy, pytest.mark.timeout(300)]
 
 # What differs between two runs of one audit: where they wrote, and which engine ran.
 _RUN_SPECIFIC = {"engine", "plots", "report_path"}

@@ -12,11 +12,11 @@ import time
 import uuid
 from collections import Counter
 from collections.abc import Callable, Iterator
-from contextlib import ExitStack
+from contextlib import ExitStack, contextmanager
 from typing import Any
 
 import pytest
-from _helpers import REDIS_URL, backlog_queues, on_emulator
+from _helpers import REDIS_URL, CountingHandler, backlog_queues, on_emulator, queue_fixture
 from azure.servicebus import (
     ServiceBusClient,
     ServiceBusMessage,
@@ -35,9 +35,7 @@ pytestmark = pytest.mark.integration
 GEOREP_THREADS = ("georep-sync-loop", "georep-sb-", "georep-handler")
 
 
-@pytest.fixture
-def queue(private_queue: Callable[..., str]) -> str:
-    return private_queue("sync", lock_duration=5, max_delivery_count=10)
+queue = queue_fixture("sync", lock_duration=5, max_delivery_count=10)
 
 
 @pytest.fixture
@@ -52,6 +50,16 @@ def clients(emu: Emulator) -> Iterator[dict[str, ServiceBusClient]]:
             )
             for region in ("primary", "secondary")
         }
+
+
+@contextmanager
+def sync_senders(clients: dict[str, ServiceBusClient], queue: str) -> Iterator[tuple[Any, Any]]:
+    """The primary's and the secondary's sync SDK senders on ``queue``, closed after."""
+    with (
+        clients["primary"].get_queue_sender(queue) as primary,
+        clients["secondary"].get_queue_sender(queue) as secondary,
+    ):
+        yield primary, secondary
 
 
 def new_seen() -> RedisSeenSet:
@@ -118,10 +126,7 @@ async def test_the_async_geosender_sends_through_sync_sdk_senders(
 ) -> None:
     """The reported defect: the send succeeded, then raised 'object NoneType can't be used in
     'await' expression'; the connection check failed on ServiceBusMessageBatch."""
-    with (
-        clients["primary"].get_queue_sender(queue) as primary,
-        clients["secondary"].get_queue_sender(queue) as secondary,
-    ):
+    with sync_senders(clients, queue) as (primary, secondary):
         async with GeoSender(
             primary, secondary, policy=FailoverPolicy(attempt_timeout=5)
         ) as sender:
@@ -150,10 +155,7 @@ async def test_the_async_geosender_sends_through_sync_sdk_senders(
 async def test_the_async_geosender_fails_over_from_a_blackholed_sync_sender_within_its_deadline(
     emu: Emulator, queue: str, clients: dict[str, ServiceBusClient]
 ) -> None:
-    with (
-        clients["primary"].get_queue_sender(queue) as primary,
-        clients["secondary"].get_queue_sender(queue) as secondary,
-    ):
+    with sync_senders(clients, queue) as (primary, secondary):
         async with GeoSender(
             primary, secondary, policy=FailoverPolicy(attempt_timeout=2)
         ) as sender:
@@ -172,18 +174,15 @@ async def test_the_async_georeceiver_receives_through_sync_sdk_receivers(
     emu: Emulator, queue: str, clients: dict[str, ServiceBusClient]
 ) -> None:
     ids = await asyncio.to_thread(send_active, emu, queue, 60)
-    processed: Counter[str] = Counter()
+    processed = CountingHandler()
     seen = new_seen()
-
-    async def handle(message: Any) -> None:
-        processed[str(message.message_id)] += 1
 
     with (
         clients["primary"].get_queue_receiver(queue) as primary,
         clients["secondary"].get_queue_receiver(queue) as secondary,
     ):
         async with GeoReceiver(primary, secondary, seen=seen, max_wait=0.5) as receiver:
-            task = asyncio.create_task(receiver.run(handle))
+            task = asyncio.create_task(receiver.run(processed))
             done = await asyncio.to_thread(
                 wait_until, lambda: sum(receiver.stats.suppressed.values()) == 60, 60
             )
@@ -205,8 +204,7 @@ def test_sync_geosender_passive_loses_nothing_through_a_primary_outage(
     indexes = iter(range(total))
     lock = threading.Lock()
     with (
-        clients["primary"].get_queue_sender(queue) as primary,
-        clients["secondary"].get_queue_sender(queue) as secondary,
+        sync_senders(clients, queue) as (primary, secondary),
         georep.sync.GeoSender(
             primary, secondary, policy=FailoverPolicy(attempt_timeout=2)
         ) as sender,

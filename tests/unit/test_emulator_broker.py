@@ -60,18 +60,8 @@ class FakeConsumer:
         self.got.append((msg, lock_token))
 
 
-@pytest.fixture
-def clock() -> Clock:
-    return Clock()
-
-
-@pytest.fixture
-def ns(clock: Clock) -> Namespace:
-    return Namespace("primary", clock=clock)
-
-
-def advance(ns: Namespace, clock: Clock, seconds: float) -> None:
-    clock.now += seconds
+def advance(ns: Namespace, broker_clock: Clock, seconds: float) -> None:
+    broker_clock.now += seconds
     ns.run_timers()
 
 
@@ -142,7 +132,7 @@ def test_batch_is_unpacked_into_messages(ns: Namespace) -> None:
 
 
 def test_lock_expiry_returns_the_message_with_a_higher_delivery_count(
-    ns: Namespace, clock: Clock
+    ns: Namespace, broker_clock: Clock
 ) -> None:
     q = ns.create_queue("q", EntityProperties(lock_duration=timedelta(seconds=30)))
     consumer = FakeConsumer(credit=1)
@@ -150,9 +140,9 @@ def test_lock_expiry_returns_the_message_with_a_higher_delivery_count(
     ns.send(q, message(message_id="m"))
     (_, token) = consumer.got[0]
     assert token is not None
-    advance(ns, clock, 29)
+    advance(ns, broker_clock, 29)
     assert q.locked and not q.available
-    advance(ns, clock, 2)
+    advance(ns, broker_clock, 2)
     assert not q.locked
     assert q.available[0].delivery_count == 1
     with pytest.raises(BrokerError) as info:
@@ -160,26 +150,33 @@ def test_lock_expiry_returns_the_message_with_a_higher_delivery_count(
     assert info.value.condition == "com.microsoft:message-lock-lost"
 
 
-def test_renewed_lock_does_not_expire_at_the_old_time(ns: Namespace, clock: Clock) -> None:
+def test_renewed_lock_does_not_expire_at_the_old_time(ns: Namespace, broker_clock: Clock) -> None:
     q = ns.create_queue("q", EntityProperties(lock_duration=timedelta(seconds=10)))
     consumer = FakeConsumer(credit=1)
     q.add_consumer(consumer)
     ns.send(q, message())
     token = consumer.got[0][1]
     assert token is not None
-    advance(ns, clock, 8)
-    assert q.renew_lock(token) == clock.now + 10
-    advance(ns, clock, 5)  # past the first lock's end
+    advance(ns, broker_clock, 8)
+    assert q.renew_lock(token) == broker_clock.now + 10
+    advance(ns, broker_clock, 5)  # past the first lock's end
     q.complete(token)
     assert q.message_count == 0
 
 
-def test_abandon_puts_the_message_first_and_max_delivery_dead_letters(ns: Namespace) -> None:
+def first_of_two(ns: Namespace) -> tuple[Any, FakeConsumer]:
+    """A queue (max delivery count 2) holding ``first`` and ``second``, and a consumer with
+    credit for one, which it spent on ``first`` (locked)."""
     q = ns.create_queue("q", EntityProperties(max_delivery_count=2))
     ns.send(q, message(message_id="first"))
     ns.send(q, message(message_id="second"))
     consumer = FakeConsumer(credit=1)
     q.add_consumer(consumer)
+    return q, consumer
+
+
+def test_abandon_puts_the_message_first_and_max_delivery_dead_letters(ns: Namespace) -> None:
+    q, consumer = first_of_two(ns)
     token = consumer.got[-1][1]
     assert token is not None
     q.abandon(token)
@@ -198,11 +195,7 @@ def test_abandon_puts_the_message_first_and_max_delivery_dead_letters(ns: Namesp
 
 
 def test_release_returns_the_message_first_without_counting_a_delivery(ns: Namespace) -> None:
-    q = ns.create_queue("q", EntityProperties(max_delivery_count=2))
-    ns.send(q, message(message_id="first"))
-    ns.send(q, message(message_id="second"))
-    consumer = FakeConsumer(credit=1)
-    q.add_consumer(consumer)
+    q, consumer = first_of_two(ns)
     for _ in range(5):  # released unseen, again and again: never dead-lettered
         token = consumer.got[-1][1]
         assert token is not None
@@ -233,38 +226,40 @@ def test_dead_letter_merges_reason_into_existing_application_properties(ns: Name
     assert props == {"keep": "me", "DeadLetterReason": "Bad", "DeadLetterErrorDescription": "why"}
 
 
-def test_ttl_expiry_dead_letters_or_drops(ns: Namespace, clock: Clock) -> None:
+def test_ttl_expiry_dead_letters_or_drops(ns: Namespace, broker_clock: Clock) -> None:
     keeping = ns.create_queue(
         "keeping", EntityProperties(dead_lettering_on_message_expiration=True)
     )
     dropping = ns.create_queue("dropping")
     for q in (keeping, dropping):
         ns.send(q, message(ttl_ms=1000))
-    advance(ns, clock, 1.5)
+    advance(ns, broker_clock, 1.5)
     assert keeping.active_count == 0
     assert keeping.runtime()["dead_letter_message_count"] == 1
     assert dropping.message_count == 0
 
 
-def test_queue_default_ttl_caps_the_message_ttl(ns: Namespace, clock: Clock) -> None:
+def test_queue_default_ttl_caps_the_message_ttl(ns: Namespace, broker_clock: Clock) -> None:
     q = ns.create_queue("q", EntityProperties(default_message_time_to_live=timedelta(seconds=2)))
     ns.send(q, message(ttl_ms=60_000))
-    advance(ns, clock, 3)
+    advance(ns, broker_clock, 3)
     assert q.message_count == 0
 
 
-def test_scheduled_message_becomes_available_at_its_time(ns: Namespace, clock: Clock) -> None:
+def test_scheduled_message_becomes_available_at_its_time(
+    ns: Namespace, broker_clock: Clock
+) -> None:
     q = ns.create_queue("q")
     consumer = FakeConsumer(credit=10)
     q.add_consumer(consumer)
-    at = Timestamp(int((clock.now + 60) * 1000))
+    at = Timestamp(int((broker_clock.now + 60) * 1000))
     ns.send(
         q, message(message_id="later", annotations={Symbol("x-opt-scheduled-enqueue-time"): at})
     )
     assert q.runtime()["scheduled_message_count"] == 1 and not consumer.got
-    advance(ns, clock, 59)
+    advance(ns, broker_clock, 59)
     assert not consumer.got
-    advance(ns, clock, 2)
+    advance(ns, broker_clock, 2)
     assert [m.message_id for m, _ in consumer.got] == ["later"]
 
 
@@ -275,7 +270,7 @@ def test_cancel_scheduled(ns: Namespace) -> None:
     assert q.message_count == 0
 
 
-def test_duplicate_detection_window(ns: Namespace, clock: Clock) -> None:
+def test_duplicate_detection_window(ns: Namespace, broker_clock: Clock) -> None:
     q = ns.create_queue(
         "q",
         EntityProperties(
@@ -286,7 +281,7 @@ def test_duplicate_detection_window(ns: Namespace, clock: Clock) -> None:
     ns.send(q, message(message_id="same"))
     ns.send(q, message(message_id="same"))
     assert q.message_count == 1
-    clock.now += 61
+    broker_clock.now += 61
     ns.send(q, message(message_id="same"))  # outside the window: a new message
     assert q.message_count == 2
 

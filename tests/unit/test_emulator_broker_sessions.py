@@ -69,16 +69,6 @@ class Receiver:
 
 
 @pytest.fixture
-def clock() -> Clock:
-    return Clock()
-
-
-@pytest.fixture
-def ns(clock: Clock) -> Namespace:
-    return Namespace("primary", clock=clock)
-
-
-@pytest.fixture
 def queue(ns: Namespace) -> Entity:
     return ns.create_queue(
         "q", EntityProperties(requires_session=True, lock_duration=timedelta(seconds=LOCK))
@@ -90,8 +80,8 @@ def send(ns: Namespace, queue: Entity, *messages: tuple[str, str | None]) -> Non
         ns.send(queue, payload(body, session_id))
 
 
-def advance(ns: Namespace, clock: Clock, seconds: float) -> None:
-    clock.now += seconds
+def advance(ns: Namespace, broker_clock: Clock, seconds: float) -> None:
+    broker_clock.now += seconds
     ns.run_timers()
 
 
@@ -213,16 +203,16 @@ def test_a_released_session_can_be_locked_again_and_its_messages_return(
 
 
 def test_the_session_lock_expires_after_the_lock_duration(
-    ns: Namespace, queue: Entity, clock: Clock
+    ns: Namespace, queue: Entity, broker_clock: Clock
 ) -> None:
     send(ns, queue, ("m0", "s"), ("m1", "s"))
     receiver = Receiver()
     session = sessions_of(queue).accept(receiver, "s")
-    assert session.locked_until == clock.now + LOCK
-    assert {m.locked_until for m, _ in receiver.got} == {clock.now + LOCK}
-    advance(ns, clock, LOCK - 1)
+    assert session.locked_until == broker_clock.now + LOCK
+    assert {m.locked_until for m, _ in receiver.got} == {broker_clock.now + LOCK}
+    advance(ns, broker_clock, LOCK - 1)
     assert receiver.lost == []
-    advance(ns, clock, 1)
+    advance(ns, broker_clock, 1)
     assert [e.condition for e in receiver.lost] == [SESSION_LOCK_LOST]
     with pytest.raises(BrokerError) as settle:
         queue.complete(receiver.tokens()[0])
@@ -233,16 +223,16 @@ def test_the_session_lock_expires_after_the_lock_duration(
 
 
 def test_renew_extends_the_session_and_its_message_locks(
-    ns: Namespace, queue: Entity, clock: Clock
+    ns: Namespace, queue: Entity, broker_clock: Clock
 ) -> None:
     send(ns, queue, ("m", "s"))
     receiver = Receiver()
     sessions = sessions_of(queue)
     sessions.accept(receiver, "s")
-    advance(ns, clock, LOCK - 1)
-    assert sessions.renew("s", receiver) == clock.now + LOCK
-    assert receiver.got[0][0].locked_until == clock.now + LOCK
-    advance(ns, clock, LOCK - 1)  # past the first expiry: the old timer does nothing
+    advance(ns, broker_clock, LOCK - 1)
+    assert sessions.renew("s", receiver) == broker_clock.now + LOCK
+    assert receiver.got[0][0].locked_until == broker_clock.now + LOCK
+    advance(ns, broker_clock, LOCK - 1)  # past the first expiry: the old timer does nothing
     assert receiver.lost == []
     queue.complete(receiver.tokens()[0])
     assert queue.message_count == 0
@@ -291,7 +281,7 @@ def test_next_available_takes_the_oldest_free_session_with_messages(
 
 
 def test_next_available_waits_for_a_message_then_times_out(
-    ns: Namespace, queue: Entity, clock: Clock
+    ns: Namespace, queue: Entity, broker_clock: Clock
 ) -> None:
     sessions = sessions_of(queue)
     waiting = Receiver()
@@ -300,21 +290,21 @@ def test_next_available_waits_for_a_message_then_times_out(
     assert waiting.session is not None and waiting.bodies() == ["m"]
     late = Receiver()
     assert not sessions.accept_next(late, timeout=5)
-    advance(ns, clock, 4.9)
+    advance(ns, broker_clock, 4.9)
     assert late.timeouts == 0
-    advance(ns, clock, 0.1)
+    advance(ns, broker_clock, 0.1)
     assert late.timeouts == 1 and late.session is None
 
 
 def test_a_withdrawn_waiter_neither_gets_a_session_nor_times_out(
-    ns: Namespace, queue: Entity, clock: Clock
+    ns: Namespace, queue: Entity, broker_clock: Clock
 ) -> None:
     sessions = sessions_of(queue)
     waiting = Receiver()
     sessions.accept_next(waiting, timeout=5)
     sessions.withdraw(waiting)  # its link closed
     send(ns, queue, ("m", "s"))
-    advance(ns, clock, 10)
+    advance(ns, broker_clock, 10)
     assert (waiting.session, waiting.timeouts) == (None, 0)
 
 
@@ -333,7 +323,7 @@ def test_a_waiter_gets_a_session_its_holder_released(ns: Namespace, queue: Entit
 
 
 def test_session_state_outlives_the_lock_and_none_clears_it(
-    ns: Namespace, queue: Entity, clock: Clock
+    ns: Namespace, queue: Entity, broker_clock: Clock
 ) -> None:
     sessions = sessions_of(queue)
     first = Receiver()
@@ -348,21 +338,21 @@ def test_session_state_outlives_the_lock_and_none_clears_it(
 
 
 def test_list_sessions_with_messages_or_state_and_updated_since(
-    ns: Namespace, queue: Entity, clock: Clock
+    ns: Namespace, queue: Entity, broker_clock: Clock
 ) -> None:
     send(ns, queue, ("m", "with-messages"), ("m", "with-messages"))
     sessions = sessions_of(queue)
     receiver = Receiver()
     sessions.accept(receiver, "with-state")
-    since = clock.now
-    advance(ns, clock, 1)
+    since = broker_clock.now
+    advance(ns, broker_clock, 1)
     sessions.set_state("with-state", receiver, b"x")
     sessions.release(receiver)
     assert sessions.list(None, 0, 100) == ["with-messages", "with-state"]
     assert sessions.list(None, 1, 100) == ["with-state"]
     assert sessions.list(None, 0, 1) == ["with-messages"]
     assert sessions.list(since, 0, 100) == ["with-state"]
-    assert sessions.list(clock.now, 0, 100) == []
+    assert sessions.list(broker_clock.now, 0, 100) == []
 
 
 def test_peek_and_deferred_receive_see_only_the_named_session(ns: Namespace, queue: Entity) -> None:

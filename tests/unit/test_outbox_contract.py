@@ -240,9 +240,15 @@ async def test_aclose_before_first_use(outbox: Outbox) -> None:
         await outbox.depth()
 
 
-async def test_a_lease_renewed_by_its_owner_outlives_the_original(outbox: Outbox) -> None:
+async def claimed_by_one(outbox: Outbox, now: float = 0.0) -> int:
+    """Put one entry (``a``, at 0) and let owner ``one`` claim it at ``now``: its id."""
     [entry_id] = await outbox.put(CHANNEL, [(None, b"a")], now=0.0)
-    await outbox.claim(CHANNEL, limit=1, now=0.0, lease=LEASE, owner="one")
+    await outbox.claim(CHANNEL, limit=1, now=now, lease=LEASE, owner="one")
+    return entry_id
+
+
+async def test_a_lease_renewed_by_its_owner_outlives_the_original(outbox: Outbox) -> None:
+    entry_id = await claimed_by_one(outbox)
 
     assert await outbox.renew([entry_id], owner="one", now=LEASE - 1, lease=LEASE) == [entry_id]
     assert await outbox.claim(CHANNEL, limit=1, now=LEASE + 1, lease=LEASE, owner="two") == []
@@ -251,8 +257,7 @@ async def test_a_lease_renewed_by_its_owner_outlives_the_original(outbox: Outbox
 async def test_a_lease_taken_over_is_never_renewed_released_or_retried_by_the_old_owner(
     outbox: Outbox,
 ) -> None:
-    [entry_id] = await outbox.put(CHANNEL, [(None, b"a")], now=0.0)
-    await outbox.claim(CHANNEL, limit=1, now=0.0, lease=LEASE, owner="one")
+    entry_id = await claimed_by_one(outbox)
     [taken] = await outbox.claim(CHANNEL, limit=1, now=LEASE + 1, lease=LEASE, owner="two")
     assert taken.entry_id == entry_id
 
@@ -266,8 +271,7 @@ async def test_a_lease_taken_over_is_never_renewed_released_or_retried_by_the_ol
 async def test_release_hands_an_entry_back_at_once_without_counting_an_attempt(
     outbox: Outbox,
 ) -> None:
-    [entry_id] = await outbox.put(CHANNEL, [(None, b"a")], now=0.0)
-    await outbox.claim(CHANNEL, limit=1, now=1.0, lease=LEASE, owner="one")
+    entry_id = await claimed_by_one(outbox, now=1.0)
     await outbox.release([entry_id], owner="one")
 
     [again] = await outbox.claim(CHANNEL, limit=1, now=1.0, lease=LEASE, owner="two")

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 from _metrics import metric_sums
-from opentelemetry.sdk.metrics import MeterProvider
+from _senders import down, geo, queueing, regions, up
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 
 from georep import (
@@ -21,7 +21,6 @@ from georep import (
     GeoSender,
     MessageTooLargeError,
     OutboxUnavailableError,
-    RoleState,
 )
 from georep.exceptions import AuthenticationError, RegionError
 from georep.testing import (
@@ -64,23 +63,8 @@ class SlowClosingRegion(InMemoryRegionSender):
         self.closed = True
 
 
-def pair(
-    cls: type[InMemoryRegionSender] = InMemoryRegionSender, clock: FakeClock | None = None
-) -> tuple[Any, Any]:
-    return (
-        cls("primary", "east.example", "orders", clock=clock),
-        cls("secondary", "west.example", "orders", clock=clock),
-    )
-
-
-def geo(primary: Any, secondary: Any, **kwargs: Any) -> GeoSender:
-    kwargs.setdefault("role_state", RoleState(primary.namespace))
-    return GeoSender(primary, secondary, **kwargs)
-
-
 async def queue_while_both_down(sender: GeoSender, primary: Any, secondary: Any, *bodies: bytes):
-    primary.fail_with(ErrorKind.CONNECTION)
-    secondary.fail_with(ErrorKind.CONNECTION)
+    down(primary, secondary)
     results = [await sender.send_messages(FakeMessage(body)) for body in bodies]
     assert all(r.queued for r in results)
     return results
@@ -90,7 +74,7 @@ async def poison_queued(
     clock: FakeClock, *bodies: bytes
 ) -> tuple[GeoSender, InMemoryOutbox, Any, Any]:
     """A sender over two PickyRegions whose outbox holds POISON then ``bodies`` (both down)."""
-    primary, secondary = pair(PickyRegion)
+    primary, secondary = regions(cls=PickyRegion)
     outbox = InMemoryOutbox()
     sender = geo(primary, secondary, outbox=outbox, clock=clock)
     await queue_while_both_down(sender, primary, secondary, POISON, *bodies)
@@ -121,11 +105,9 @@ async def test_a_poison_entry_is_dead_lettered_and_the_messages_behind_it_drain(
     await sender.aclose()
 
 
-async def test_a_dead_lettered_entry_can_be_replayed_or_purged() -> None:
-    clock = FakeClock()
+async def test_a_dead_lettered_entry_can_be_replayed_or_purged(clock: FakeClock) -> None:
     sender, outbox, primary, secondary = await poison_queued(clock, b"ok")
-    primary.restore()
-    secondary.restore()
+    up(primary, secondary)
     await sender.drain_outbox()
     [dead] = await outbox.records(dead=True)
 
@@ -143,8 +125,7 @@ async def test_a_message_specific_refusal_never_backs_the_region_off() -> None:
     # the same round go to the same region right after it.
     clock = FakeClock()
     sender, outbox, primary, secondary = await poison_queued(clock, b"a", b"b")
-    primary.restore()
-    secondary.restore()
+    up(primary, secondary)
 
     assert await sender.drain_outbox() == 2
     assert [m.body for m in primary.accepted] == [b"a", b"b"]
@@ -152,17 +133,15 @@ async def test_a_message_specific_refusal_never_backs_the_region_off() -> None:
     await sender.aclose()
 
 
-async def test_an_unavailable_region_keeps_its_entries_until_it_answers_again() -> None:
-    clock = FakeClock()
-    primary, secondary = pair()
-    outbox = InMemoryOutbox()
-    sender = geo(primary, secondary, outbox=outbox, clock=clock)
+async def test_an_unavailable_region_keeps_its_entries_until_it_answers_again(
+    clock: FakeClock,
+) -> None:
+    sender, outbox, primary, secondary = queueing(clock=clock)
     await queue_while_both_down(sender, primary, secondary, b"a", b"b")
 
     assert await sender.drain_outbox() == 0
     assert await outbox.depth() == 2 and await outbox.dead_depth() == 0
-    primary.restore()
-    secondary.restore()
+    up(primary, secondary)
     await clock.advance(60)  # past the drainer's back-off: its next round sends them
     await sender.drain_outbox()
     assert sorted(m.body for m in primary.accepted + secondary.accepted) == [b"a", b"b"]
@@ -175,7 +154,7 @@ async def test_an_unavailable_region_keeps_its_entries_until_it_answers_again() 
 
 @pytest.mark.parametrize("mode", ["passive", "active"])
 async def test_a_message_the_backup_refuses_is_raised_and_never_queued(mode: str) -> None:
-    primary, secondary = pair(PickyRegion)
+    primary, secondary = regions(cls=PickyRegion)
     outbox = InMemoryOutbox()
     sender = geo(primary, secondary, outbox=outbox, clock=FakeClock(), mode=mode)
     primary.fail_with(ErrorKind.CONNECTION)
@@ -189,9 +168,7 @@ async def test_a_message_the_backup_refuses_is_raised_and_never_queued(mode: str
 
 
 async def test_refused_credentials_on_the_backup_are_raised_not_queued() -> None:
-    primary, secondary = pair()
-    outbox = InMemoryOutbox()
-    sender = geo(primary, secondary, outbox=outbox, clock=FakeClock())
+    sender, outbox, primary, secondary = queueing(clock=FakeClock())
     primary.fail_with(ErrorKind.TIMEOUT)
     secondary.fail_with(ErrorKind.AUTHENTICATION)
 
@@ -204,19 +181,14 @@ async def test_refused_credentials_on_the_backup_are_raised_not_queued() -> None
 # ------------------------------------------------------------------------------- TTL
 
 
-async def test_the_wait_in_the_outbox_is_taken_off_the_time_to_live() -> None:
-    clock = FakeClock()
-    primary, secondary = pair()
-    outbox = InMemoryOutbox()
-    sender = geo(primary, secondary, outbox=outbox, clock=clock, drain=DrainPolicy(max_backoff=1))
-    primary.fail_with(ErrorKind.CONNECTION)
-    secondary.fail_with(ErrorKind.CONNECTION)
+async def test_the_wait_in_the_outbox_is_taken_off_the_time_to_live(clock: FakeClock) -> None:
+    sender, _, primary, secondary = queueing(clock=clock, drain=DrainPolicy(max_backoff=1))
+    down(primary, secondary)
     await sender.send_messages(FakeMessage(b"t", time_to_live=10.0))
     await sender.send_messages(FakeMessage(b"none"))
 
     await clock.advance(4)
-    primary.restore()
-    secondary.restore()
+    up(primary, secondary)
     await clock.advance(1)  # the background drainer retries within max_backoff
 
     ttl, no_ttl = primary.accepted
@@ -225,29 +197,21 @@ async def test_the_wait_in_the_outbox_is_taken_off_the_time_to_live() -> None:
     await sender.aclose()
 
 
-async def test_a_message_whose_ttl_ran_out_in_the_outbox_is_dropped_counted_and_ledgered() -> None:
-    clock = FakeClock()
-    primary, secondary = pair()
-    outbox = InMemoryOutbox()
+async def test_a_message_whose_ttl_ran_out_in_the_outbox_is_dropped_counted_and_ledgered(
+    clock: FakeClock,
+) -> None:
     ledger = InMemoryLedger()
     reader = InMemoryMetricReader()
-    sender = geo(
-        primary,
-        secondary,
-        outbox=outbox,
-        clock=clock,
-        ledger=ledger,
-        drain=DrainPolicy(max_backoff=1),
-        meter_provider=MeterProvider(metric_readers=[reader]),
+    drain = DrainPolicy(max_backoff=1)
+    sender, outbox, primary, secondary = queueing(
+        clock=clock, ledger=ledger, drain=drain, reader=reader
     )
-    primary.fail_with(ErrorKind.CONNECTION)
-    secondary.fail_with(ErrorKind.CONNECTION)
+    down(primary, secondary)
     expiring = await sender.send_messages(FakeMessage(b"short", time_to_live=3.0))
     await sender.send_messages(FakeMessage(b"long", time_to_live=60.0))
 
     await clock.advance(5)
-    primary.restore()
-    secondary.restore()
+    up(primary, secondary)
     await clock.advance(1)
 
     assert [m.body for m in primary.accepted] == [b"long"]
@@ -280,36 +244,21 @@ class FlakyOutbox(InMemoryOutbox):
         return await super().depth(channel)
 
 
-async def test_the_drainer_survives_a_transient_outbox_error_and_drains() -> None:
-    clock = FakeClock()
-    primary, secondary = pair()
+async def test_the_drainer_survives_a_transient_outbox_error_and_drains(clock: FakeClock) -> None:
+    primary, secondary = regions()
     outbox = FlakyOutbox(failures=0)
-    reader = InMemoryMetricReader()
-    sender = geo(
-        primary,
-        secondary,
-        outbox=outbox,
-        clock=clock,
-        drain=DrainPolicy(initial_backoff=1, max_backoff=2),
-        meter_provider=MeterProvider(metric_readers=[reader]),
-    )
-    primary.fail_with(ErrorKind.CONNECTION)
-    secondary.fail_with(ErrorKind.CONNECTION)
+    drain = DrainPolicy(initial_backoff=1, max_backoff=2)
+    sender = geo(primary, secondary, outbox=outbox, clock=clock, drain=drain)
+    down(primary, secondary)
     for n in range(5):
         await sender.send_messages(FakeMessage(b"%d" % n))
     await sender.aclose()
-    primary.restore()
-    secondary.restore()
+    up(primary, secondary)
 
     outbox.failures = 3  # the next sender's first depth() calls fail
     reader = InMemoryMetricReader()
     async with geo(
-        primary,
-        secondary,
-        outbox=outbox,
-        clock=clock,
-        drain=DrainPolicy(initial_backoff=1, max_backoff=2),
-        meter_provider=MeterProvider(metric_readers=[reader]),
+        primary, secondary, outbox=outbox, clock=clock, drain=drain, reader=reader
     ) as second:
         for _ in range(10):
             await clock.advance(2)
@@ -319,9 +268,8 @@ async def test_the_drainer_survives_a_transient_outbox_error_and_drains() -> Non
     assert _counter(reader, "georep.outbox.drainer_errors") == 3
 
 
-async def test_aclose_closes_everything_even_when_the_drainer_failed() -> None:
-    clock = FakeClock()
-    primary, secondary = pair()
+async def test_aclose_closes_everything_even_when_the_drainer_failed(clock: FakeClock) -> None:
+    primary, secondary = regions()
     ledger = InMemoryLedger()
     outbox = FlakyOutbox(failures=10**6)  # every depth() fails
     sender = geo(primary, secondary, outbox=outbox, clock=clock, ledger=ledger)
@@ -332,9 +280,8 @@ async def test_aclose_closes_everything_even_when_the_drainer_failed() -> None:
     assert ledger.flushes == 1
 
 
-async def test_aclose_closes_owned_regions_concurrently_within_a_deadline() -> None:
-    clock = FakeClock()
-    primary, secondary = pair(SlowClosingRegion, clock)
+async def test_aclose_closes_owned_regions_concurrently_within_a_deadline(clock: FakeClock) -> None:
+    primary, secondary = regions(cls=SlowClosingRegion, clock=clock)
     sender = geo(primary, secondary, clock=clock, policy=FailoverPolicy(attempt_timeout=5))
     sender._owned.extend([primary, secondary])
     closing = asyncio.ensure_future(sender.aclose())
@@ -342,7 +289,7 @@ async def test_aclose_closes_owned_regions_concurrently_within_a_deadline() -> N
     assert closing.done(), "two 1 s closes take 1 s together, not 2 s"
     assert primary.closed and secondary.closed
 
-    primary, secondary = pair(SlowClosingRegion, clock)
+    primary, secondary = regions(cls=SlowClosingRegion, clock=clock)
     primary.close_seconds = None  # never closes
     ledger = InMemoryLedger()
     sender = geo(
@@ -359,7 +306,7 @@ async def test_aclose_closes_owned_regions_concurrently_within_a_deadline() -> N
 
 
 def slow_pair(clock: FakeClock, latency: float) -> tuple[Any, Any]:
-    primary, secondary = pair(clock=clock)
+    primary, secondary = regions(clock=clock)
     primary.latency = secondary.latency = latency
     return primary, secondary
 
@@ -394,8 +341,7 @@ async def test_two_drainers_with_slow_sends_never_send_an_entry_twice() -> None:
     assert await outbox.depth() == 0
 
 
-async def test_each_entry_is_deleted_as_soon_as_it_is_accepted() -> None:
-    clock = FakeClock()
+async def test_each_entry_is_deleted_as_soon_as_it_is_accepted(clock: FakeClock) -> None:
     primary, secondary = slow_pair(clock, latency=1.0)
     outbox = InMemoryOutbox()
     sender = geo(primary, secondary, outbox=outbox, clock=clock)
@@ -411,9 +357,10 @@ async def test_each_entry_is_deleted_as_soon_as_it_is_accepted() -> None:
     assert await draining == 10
 
 
-async def test_aclose_mid_drain_hands_back_what_it_sent_and_releases_the_rest() -> None:
-    clock = FakeClock()
-    primary, secondary = pair(clock=clock)
+async def test_aclose_mid_drain_hands_back_what_it_sent_and_releases_the_rest(
+    clock: FakeClock,
+) -> None:
+    primary, secondary = regions(clock=clock)
     outbox = InMemoryOutbox()
     sender = geo(primary, secondary, outbox=outbox, clock=clock)
     codec = primary.codec
@@ -443,11 +390,10 @@ async def test_aclose_mid_drain_hands_back_what_it_sent_and_releases_the_rest() 
 @pytest.mark.parametrize(
     "kind", [ErrorKind.SERVER_BUSY, ErrorKind.QUOTA_EXCEEDED, ErrorKind.SERVICE_ERROR]
 )
-async def test_transient_refusals_are_retried_never_dead_lettered(kind: ErrorKind) -> None:
-    clock = FakeClock()
-    primary, secondary = pair()
-    outbox = InMemoryOutbox()
-    sender = geo(primary, secondary, outbox=outbox, clock=clock)
+async def test_transient_refusals_are_retried_never_dead_lettered(
+    kind: ErrorKind, clock: FakeClock
+) -> None:
+    sender, outbox, primary, _ = queueing(clock=clock)
     encoded = primary.codec.encode(FakeMessage(b"x"))
     await outbox.put(sender.channel, [(primary.namespace, encoded)], now=clock.time())
     primary.fail_with(kind)
@@ -474,11 +420,10 @@ class DeleteFailsOnce(InMemoryOutbox):
         await super().delete(entry_ids)
 
 
-async def test_a_failed_delete_after_acceptance_is_retried_so_nothing_is_sent_twice() -> None:
-    clock = FakeClock()
-    primary, secondary = pair()
-    outbox = DeleteFailsOnce()
-    sender = geo(primary, secondary, outbox=outbox, clock=clock)
+async def test_a_failed_delete_after_acceptance_is_retried_so_nothing_is_sent_twice(
+    clock: FakeClock,
+) -> None:
+    sender, outbox, primary, _ = queueing(DeleteFailsOnce(), clock=clock)
     encoded = primary.codec.encode(FakeMessage(b"x", message_id="once"))
     await outbox.put(sender.channel, [(None, encoded)], now=clock.time())
 
@@ -496,8 +441,7 @@ async def test_a_transient_refusal_of_one_entry_never_holds_up_the_others() -> N
     clock = FakeClock()
     sender, outbox, primary, secondary = await poison_queued(clock, b"a", b"b")
     primary.poison_kind = secondary.poison_kind = ErrorKind.QUOTA_EXCEEDED
-    primary.restore()
-    secondary.restore()
+    up(primary, secondary)
     await clock.advance(10)
 
     assert [m.body for m in primary.accepted] == [b"a", b"b"]

@@ -51,8 +51,24 @@ class World(ReceiverWorld):
     def receiver(self, pair: Pair, **options: Any) -> GeoReceiver:
         return self.geo(pair.primary, pair.secondary, **options)
 
+    def receiver_of(self, message_id: str | None, **options: Any) -> tuple[Pair, GeoReceiver]:
+        """A new pair whose primary holds one message (``message_id``, body ``x``), and a
+        receiver on it."""
+        pair = Pair(self.clock)
+        pair.primary.put(FakeMessage(b"x", message_id))
+        return pair, self.receiver(pair, **options)
+
     async def count(self, message: Any) -> None:
         self.calls[message.message_id] += 1
+
+    def counted(self, handler: Handler) -> Handler:
+        """``handler``, each message it is given counted in ``calls`` before it runs."""
+
+        async def counting(message: Any) -> object:
+            await self.count(message)
+            return await handler(message)
+
+        return counting
 
     async def run(self, receivers: list[tuple[GeoReceiver, Handler]], seconds: float) -> None:
         tasks = [asyncio.create_task(geo.run(handler)) for geo, handler in receivers]
@@ -141,8 +157,8 @@ async def test_a_dead_lettered_message_is_dead_lettered_in_the_other_region_too(
     ledger = InMemoryLedger()
     geo = world.receiver(pair, ledger=ledger)
 
+    @world.counted
     async def handle(message: Any) -> None:
-        world.calls[message.message_id] += 1
         if message.message_id == "poison":
             await geo.dead_letter_message(
                 message, reason="invalid-order", error_description="no customer"
@@ -166,16 +182,12 @@ async def test_a_dead_lettered_message_is_dead_lettered_in_the_other_region_too(
     assert outcomes[("poison", "dead_lettered")] == 2
 
 
-async def test_the_twin_of_a_message_dead_lettered_earlier_is_dead_lettered(
-    world: World,
-) -> None:
+async def test_the_twin_of_a_message_dead_lettered_earlier_is_dead_lettered(world: World) -> None:
     # The twin arrives long after (the other region was down): the seen-set remembers.
-    pair = Pair(world.clock)
-    pair.primary.put(FakeMessage(b"x", "poison"))
-    geo = world.receiver(pair)
+    pair, geo = world.receiver_of("poison")
 
+    @world.counted
     async def handle(message: Any) -> None:
-        world.calls[message.message_id] += 1
         await geo.dead_letter_message(message, reason="bad")
 
     await world.run([(geo, handle)], 5)
@@ -194,8 +206,8 @@ async def test_a_deferred_message_is_deferred_in_the_other_region_too(world: Wor
     ledger = InMemoryLedger()
     geo = world.receiver(pair, ledger=ledger)
 
+    @world.counted
     async def handle(message: Any) -> None:
-        world.calls[message.message_id] += 1
         await geo.defer_message(message)
 
     await world.run([(geo, handle)], 5)
@@ -207,15 +219,11 @@ async def test_a_deferred_message_is_deferred_in_the_other_region_too(world: Wor
     assert [r.outcome for r in ledger.receives] == ["deferred", "deferred"]
 
 
-async def test_an_explicit_abandon_redelivers_and_a_later_attempt_processes(
-    world: World,
-) -> None:
-    pair = Pair(world.clock)
-    pair.primary.put(FakeMessage(b"x", "retry"))
-    geo = world.receiver(pair)
+async def test_an_explicit_abandon_redelivers_and_a_later_attempt_processes(world: World) -> None:
+    pair, geo = world.receiver_of("retry")
 
+    @world.counted
     async def handle(message: Any) -> None:
-        world.calls[message.message_id] += 1
         if world.calls[message.message_id] == 1:
             await geo.abandon_message(message)
 
@@ -239,9 +247,7 @@ async def test_complete_message_is_the_default_and_may_be_explicit(world: World)
 
 
 async def test_deciding_twice_or_on_a_message_not_given_is_an_error(world: World) -> None:
-    pair = Pair(world.clock)
-    pair.primary.put(FakeMessage(b"x", "a"))
-    geo = world.receiver(pair)
+    pair, geo = world.receiver_of("a")
     errors: list[str] = []
 
     async def handle(message: Any) -> None:
@@ -266,9 +272,7 @@ async def test_deciding_twice_or_on_a_message_not_given_is_an_error(world: World
 
 
 async def test_a_decision_after_the_handler_returned_is_an_error(world: World) -> None:
-    pair = Pair(world.clock)
-    pair.primary.put(FakeMessage(b"x", "a"))
-    geo = world.receiver(pair)
+    pair, geo = world.receiver_of("a")
     given: list[Any] = []
 
     async def handle(message: Any) -> None:
@@ -303,9 +307,7 @@ async def test_the_decorated_handler_decides_through_itself(world: World) -> Non
 
 
 async def test_a_message_without_a_dedup_key_is_settled_as_decided(world: World) -> None:
-    pair = Pair(world.clock)
-    pair.primary.put(FakeMessage(b"x", None))
-    geo = world.receiver(pair)
+    pair, geo = world.receiver_of(None)
 
     async def handle(message: Any) -> None:
         await geo.dead_letter_message(message, reason="no id")
@@ -321,12 +323,10 @@ async def test_a_message_without_a_dedup_key_is_settled_as_decided(world: World)
 async def test_a_copy_failing_max_attempts_times_is_dead_lettered_and_its_twin_too(
     world: World,
 ) -> None:
-    pair = Pair(world.clock)
-    pair.primary.put(FakeMessage(b"x", "poison"))
-    geo = world.receiver(pair, max_attempts=3)
+    pair, geo = world.receiver_of("poison", max_attempts=3)
 
+    @world.counted
     async def fails(message: Any) -> None:
-        world.calls[message.message_id] += 1
         raise ValueError("password=hunter2 is wrong")
 
     await world.run([(geo, fails)], 10)
@@ -348,9 +348,7 @@ async def test_a_copy_failing_max_attempts_times_is_dead_lettered_and_its_twin_t
 
 
 async def test_abandoning_counts_toward_max_attempts(world: World) -> None:
-    pair = Pair(world.clock)
-    pair.primary.put(FakeMessage(b"x", "a"))
-    geo = world.receiver(pair, max_attempts=2)
+    pair, geo = world.receiver_of("a", max_attempts=2)
 
     async def handle(message: Any) -> None:
         await geo.abandon_message(message)
@@ -476,9 +474,7 @@ def test_a_useless_close_timeout_is_refused(world: World) -> None:
 async def test_a_decision_that_cannot_be_recorded_is_not_applied(world: World) -> None:
     # Dead-lettering a copy without recording it would let its twin be processed: closing
     # while the store is unreachable hands the copy back instead.
-    pair = Pair(world.clock)
-    pair.primary.put(FakeMessage(b"x", "poison"))
-    geo = world.receiver(pair)
+    pair, geo = world.receiver_of("poison")
 
     async def handle(message: Any) -> None:
         world.seen.unavailable = True

@@ -6,6 +6,7 @@ import asyncio
 from datetime import UTC, datetime
 
 import pytest
+from _senders import down, geo, queueing, regions, up
 
 from georep import (
     DEFAULT_FAILOVER_KINDS,
@@ -33,21 +34,6 @@ from georep.testing import (
     InMemoryRegionSender,
     settle,
 )
-
-
-def regions(entity: str = "orders") -> tuple[InMemoryRegionSender, InMemoryRegionSender]:
-    return (
-        InMemoryRegionSender("primary", "east.example", entity),
-        InMemoryRegionSender("secondary", "west.example", entity),
-    )
-
-
-def geo(
-    primary: InMemoryRegionSender, secondary: InMemoryRegionSender, **kwargs: object
-) -> GeoSender:
-    kwargs.setdefault("role_state", RoleState(primary.namespace))
-    return GeoSender(primary, secondary, **kwargs)  # type: ignore[arg-type]
-
 
 # ----------------------------------------------------------------------------- passive
 
@@ -147,9 +133,7 @@ async def test_senders_on_the_same_pair_share_roles() -> None:
 async def test_errors_that_do_not_mean_unavailability_never_fail_over(
     kind: ErrorKind, error_type: type[Exception]
 ) -> None:
-    primary, secondary = regions()
-    outbox = InMemoryOutbox()
-    sender = geo(primary, secondary, outbox=outbox)
+    sender, outbox, primary, secondary = queueing()
     primary.fail_with(kind)
 
     with pytest.raises(error_type) as raised:
@@ -186,8 +170,7 @@ async def test_both_regions_down_raises_with_both_causes_and_keeps_roles() -> No
     assert sender.active_region == "primary" and sender.roles.swaps == 0
 
 
-async def test_a_hanging_region_fails_over_at_georeps_own_deadline() -> None:
-    clock = FakeClock()
+async def test_a_hanging_region_fails_over_at_georeps_own_deadline(clock: FakeClock) -> None:
     primary, secondary = regions()
     sender = geo(primary, secondary, clock=clock, policy=FailoverPolicy(attempt_timeout=2.0))
     primary.hang()
@@ -203,8 +186,7 @@ async def test_a_hanging_region_fails_over_at_georeps_own_deadline() -> None:
     assert clock.monotonic() == pytest.approx(2.0)
 
 
-async def test_a_burst_queued_behind_a_dead_region_fails_over_together() -> None:
-    clock = FakeClock()
+async def test_a_burst_queued_behind_a_dead_region_fails_over_together(clock: FakeClock) -> None:
     primary, secondary = regions()
     sender = geo(primary, secondary, clock=clock, policy=FailoverPolicy(attempt_timeout=2))
     primary.hang()
@@ -217,8 +199,7 @@ async def test_a_burst_queued_behind_a_dead_region_fails_over_together() -> None
     assert primary.attempts == 1 and sender.roles.swaps == 1
 
 
-async def test_waiting_for_a_busy_region_is_not_an_outage() -> None:
-    clock = FakeClock()
+async def test_waiting_for_a_busy_region_is_not_an_outage(clock: FakeClock) -> None:
     primary = InMemoryRegionSender("primary", "east.example", clock=clock)
     secondary = InMemoryRegionSender("secondary", "west.example", clock=clock)
     primary.latency = 0.5  # each call takes 0.5 s; the queue of 10 takes 5 s
@@ -233,14 +214,26 @@ async def test_waiting_for_a_busy_region_is_not_an_outage() -> None:
     assert secondary.attempts == 0 and sender.roles.swaps == 0
 
 
-async def test_switch_back_once_the_old_active_answered_for_failback_after() -> None:
-    clock = FakeClock()
+async def switched_over(
+    clock: FakeClock, probe_interval: float, failback_after: float
+) -> tuple[GeoSender, InMemoryRegionSender]:
+    """A sender that switches back (probing the old active every ``probe_interval`` s, after
+    ``failback_after`` s healthy), failed over: the primary is down, the secondary active."""
     primary, secondary = regions()
-    policy = FailoverPolicy(switch_back=True, switch_back_probe_interval=30, failback_after=60)
+    policy = FailoverPolicy(
+        switch_back=True, switch_back_probe_interval=probe_interval, failback_after=failback_after
+    )
     sender = geo(primary, secondary, clock=clock, policy=policy)
     primary.fail_with(ErrorKind.CONNECTION)
     await sender.send_messages(FakeMessage(b"x"))
     assert sender.active_region == "secondary"
+    return sender, primary
+
+
+async def test_switch_back_once_the_old_active_answered_for_failback_after(
+    clock: FakeClock,
+) -> None:
+    sender, primary = await switched_over(clock, probe_interval=30, failback_after=60)
 
     await clock.advance(30)  # probe fails: primary still down
     assert sender.active_region == "secondary"
@@ -253,13 +246,8 @@ async def test_switch_back_once_the_old_active_answered_for_failback_after() -> 
     await sender.aclose()
 
 
-async def test_a_failed_probe_restarts_the_healthy_time() -> None:
-    clock = FakeClock()
-    primary, secondary = regions()
-    policy = FailoverPolicy(switch_back=True, switch_back_probe_interval=10, failback_after=20)
-    sender = geo(primary, secondary, clock=clock, policy=policy)
-    primary.fail_with(ErrorKind.CONNECTION)
-    await sender.send_messages(FakeMessage(b"x"))
+async def test_a_failed_probe_restarts_the_healthy_time(clock: FakeClock) -> None:
+    sender, primary = await switched_over(clock, probe_interval=10, failback_after=20)
     primary.restore()
     await clock.advance(20)  # good probes at 10 and 20 s
     primary.fail_with(ErrorKind.CONNECTION)
@@ -300,8 +288,7 @@ async def test_active_with_one_region_down_succeeds_and_records_the_failure() ->
     assert not result.repair_queued
 
 
-async def test_active_skips_a_failed_region_until_its_cooldown_ends() -> None:
-    clock = FakeClock()
+async def test_active_skips_a_failed_region_until_its_cooldown_ends(clock: FakeClock) -> None:
     primary, secondary = regions()
     outbox = InMemoryOutbox()
     policy = FailoverPolicy(attempt_timeout=2, region_cooldown=5)
@@ -350,11 +337,8 @@ async def test_active_raises_a_message_error_both_regions_agree_on() -> None:
     await sender.aclose()
 
 
-async def test_active_repair_queues_the_missed_copy_for_its_region() -> None:
-    clock = FakeClock()
-    primary, secondary = regions()
-    outbox = InMemoryOutbox()
-    sender = geo(primary, secondary, mode="active", outbox=outbox, repair=True, clock=clock)
+async def test_active_repair_queues_the_missed_copy_for_its_region(clock: FakeClock) -> None:
+    sender, outbox, primary, secondary = queueing(mode="active", repair=True, clock=clock)
     secondary.fail_with(ErrorKind.CONNECTION)
 
     result = await sender.send_messages(FakeMessage(b"x", message_id="m-1"))
@@ -371,14 +355,12 @@ async def test_active_repair_queues_the_missed_copy_for_its_region() -> None:
 # ------------------------------------------------------------------------------ outbox
 
 
-async def test_outbox_queues_when_no_region_accepts_and_drains_after_restore() -> None:
-    clock = FakeClock()
-    primary, secondary = regions()
-    outbox = InMemoryOutbox()
+async def test_outbox_queues_when_no_region_accepts_and_drains_after_restore(
+    clock: FakeClock,
+) -> None:
     drain = DrainPolicy(initial_backoff=1, max_backoff=8, idle_interval=1)
-    sender = geo(primary, secondary, outbox=outbox, clock=clock, drain=drain)
-    primary.fail_with(ErrorKind.CONNECTION)
-    secondary.fail_with(ErrorKind.CONNECTION)
+    sender, outbox, primary, secondary = queueing(clock=clock, drain=drain)
+    down(primary, secondary)
 
     results = [await sender.send_messages(FakeMessage(b"%d" % i)) for i in range(3)]
     assert all(r.queued and not r.accepted for r in results)
@@ -396,18 +378,15 @@ async def test_outbox_queues_when_no_region_accepts_and_drains_after_restore() -
     await sender.aclose()
 
 
-async def test_a_new_sender_drains_what_an_earlier_one_left_in_the_outbox() -> None:
-    clock = FakeClock()
+async def test_a_new_sender_drains_what_an_earlier_one_left_in_the_outbox(clock: FakeClock) -> None:
     outbox = InMemoryOutbox()
     primary, secondary = regions()
-    primary.fail_with(ErrorKind.CONNECTION)
-    secondary.fail_with(ErrorKind.CONNECTION)
+    down(primary, secondary)
     first = geo(primary, secondary, outbox=outbox, clock=clock)
     await first.send_messages(FakeMessage(b"left"))
     await first.aclose()
 
-    primary.restore()
-    secondary.restore()
+    up(primary, secondary)
     async with geo(primary, secondary, outbox=outbox, clock=clock):
         await clock.advance(2)
         assert [m.body for m in primary.accepted] == [b"left"]
@@ -415,11 +394,8 @@ async def test_a_new_sender_drains_what_an_earlier_one_left_in_the_outbox() -> N
 
 
 async def test_outbox_full_raises_and_stores_nothing() -> None:
-    primary, secondary = regions()
-    outbox = InMemoryOutbox(max_entries=1)
-    sender = geo(primary, secondary, outbox=outbox, clock=FakeClock())
-    primary.fail_with(ErrorKind.CONNECTION)
-    secondary.fail_with(ErrorKind.CONNECTION)
+    sender, outbox, primary, secondary = queueing(InMemoryOutbox(max_entries=1), clock=FakeClock())
+    down(primary, secondary)
     await sender.send_messages(FakeMessage(b"1"))
     with pytest.raises(OutboxFullError):
         await sender.send_messages(FakeMessage(b"2"))
@@ -427,8 +403,7 @@ async def test_outbox_full_raises_and_stores_nothing() -> None:
     await sender.aclose()
 
 
-async def test_a_refused_outbox_entry_does_not_block_the_others() -> None:
-    clock = FakeClock()
+async def test_a_refused_outbox_entry_does_not_block_the_others(clock: FakeClock) -> None:
     outbox = InMemoryOutbox()
     primary, secondary = regions()
     sender = geo(primary, secondary, outbox=outbox, clock=clock)
@@ -591,9 +566,7 @@ async def test_close_is_idempotent_and_use_after_close_raises() -> None:
 
 @pytest.mark.parametrize("mode", ["passive", "active"])
 async def test_a_region_that_refuses_the_message_itself_is_raised_never_queued(mode: str) -> None:
-    primary, secondary = regions()
-    outbox = InMemoryOutbox()
-    sender = geo(primary, secondary, mode=mode, outbox=outbox)
+    sender, outbox, primary, secondary = queueing(mode=mode)
     primary.fail_with(ErrorKind.CONNECTION)
     secondary.fail_with(ErrorKind.MESSAGE_TOO_LARGE)
     with pytest.raises(MessageTooLargeError):

@@ -34,12 +34,18 @@ async def test_waiters_are_served_in_order() -> None:
     assert order == [0, 1, 2, 3, 4] and not slot.busy
 
 
-async def test_a_cancelled_waiter_neither_holds_nor_loses_the_slot() -> None:
+async def held_with_two_waiters() -> tuple[RegionSlot, asyncio.Task[None], asyncio.Task[None]]:
+    """A slot taken at once, and two tasks waiting for it, in this order."""
     slot = RegionSlot()
     assert slot.try_acquire()
-    cancelled = asyncio.create_task(slot.acquire())
-    later = asyncio.create_task(slot.acquire())
+    first = asyncio.create_task(slot.acquire())
+    second = asyncio.create_task(slot.acquire())
     await settle()
+    return slot, first, second
+
+
+async def test_a_cancelled_waiter_neither_holds_nor_loses_the_slot() -> None:
+    slot, cancelled, later = await held_with_two_waiters()
     cancelled.cancel()
     await settle()
     slot.release()
@@ -50,11 +56,7 @@ async def test_a_cancelled_waiter_neither_holds_nor_loses_the_slot() -> None:
 
 
 async def test_a_waiter_cancelled_as_it_is_handed_the_slot_passes_it_on() -> None:
-    slot = RegionSlot()
-    assert slot.try_acquire()
-    first = asyncio.create_task(slot.acquire())
-    second = asyncio.create_task(slot.acquire())
-    await settle()
+    slot, first, second = await held_with_two_waiters()
     slot.release()  # hands the slot to `first`...
     first.cancel()  # ...which is cancelled before it runs
     await settle()

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from georep._outbox import SCHEMA_VERSION, SqliteOutbox
+from georep._outbox_sql import MIGRATIONS, schema_statements
 from georep.exceptions import ConfigurationError, OutboxFullError, OutboxUnavailableError
 
 CHANNEL = "east+west/orders"
@@ -171,7 +172,13 @@ def test_non_positive_bounds_are_refused_before_any_io(
 async def test_a_version_1_file_is_migrated_and_keeps_its_entries(tmp_path: Path) -> None:
     path = tmp_path / "v1.db"
     with contextlib.closing(sqlite3.connect(path, isolation_level=None)) as connection:
-        connection.executescript(V1_SCHEMA)
+        # A file as version 1 left it: today's schema without what migration 1 adds.
+        for statement in schema_statements():
+            connection.execute(statement)
+        assert MIGRATIONS[1][0] == "ALTER TABLE outbox ADD COLUMN leased_by TEXT"
+        connection.execute("ALTER TABLE outbox DROP COLUMN leased_by")
+        assert "outbox_dead" in MIGRATIONS[1][1]
+        connection.execute("DROP TABLE outbox_dead")
         connection.execute(
             "INSERT INTO outbox (channel, region, payload, enqueued_at, not_before)"
             " VALUES (?, NULL, ?, 1.0, 1.0)",
@@ -230,34 +237,3 @@ async def test_a_locked_file_raises_a_named_error_not_a_raw_sqlite_error(
     finally:
         blocker.execute("ROLLBACK")
         blocker.close()
-
-
-V1_SCHEMA = """
-CREATE TABLE outbox (
-    entry_id INTEGER PRIMARY KEY AUTOINCREMENT,
-    channel TEXT NOT NULL,
-    region TEXT,
-    payload BLOB NOT NULL,
-    enqueued_at REAL NOT NULL,
-    attempts INTEGER NOT NULL DEFAULT 0,
-    not_before REAL NOT NULL,
-    leased_until REAL NOT NULL DEFAULT 0
-);
-CREATE INDEX outbox_due ON outbox (channel, not_before, entry_id);
-CREATE TABLE outbox_totals (
-    singleton INTEGER PRIMARY KEY CHECK (singleton = 1),
-    entries INTEGER NOT NULL,
-    payload_bytes INTEGER NOT NULL
-);
-INSERT INTO outbox_totals (singleton, entries, payload_bytes) VALUES (1, 0, 0);
-CREATE TRIGGER outbox_totals_after_insert AFTER INSERT ON outbox BEGIN
-    UPDATE outbox_totals
-    SET entries = entries + 1, payload_bytes = payload_bytes + length(NEW.payload)
-    WHERE singleton = 1;
-END;
-CREATE TRIGGER outbox_totals_after_delete AFTER DELETE ON outbox BEGIN
-    UPDATE outbox_totals
-    SET entries = entries - 1, payload_bytes = payload_bytes - length(OLD.payload)
-    WHERE singleton = 1;
-END;
-"""

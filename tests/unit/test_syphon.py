@@ -48,6 +48,19 @@ def build(
     return syphon, queues, primary
 
 
+@contextlib.asynccontextmanager
+async def moving_one(
+    clock: FakeClock, failure: ErrorKind, *, path: str = "orders", times: int | None = None
+) -> AsyncIterator[tuple[Syphon, InMemoryRegionReceiver, InMemoryRegionSender]]:
+    """A syphon running over one backlog queue that holds message ``m1`` for ``path``, to a
+    primary failing with ``failure`` (``times`` times, or until restored)."""
+    syphon, [queue], primary = build(clock, count=1)
+    primary.fail_with(failure, times=times)
+    queue.put(FakeMessage(b"a", "m1", None, {"x-ms-path": path}))
+    async with running(syphon, clock):
+        yield syphon, queue, primary
+
+
 async def test_ten_idle_backlog_queues_cost_40_receive_calls_an_hour() -> None:
     clock = FakeClock()
     syphon, _, _ = build(clock)
@@ -73,25 +86,19 @@ async def test_messages_move_to_their_entity_and_leave_the_backlog() -> None:
 
 async def test_while_the_primary_is_down_messages_wait_in_the_backlog() -> None:
     clock = FakeClock()
-    syphon, queues, primary = build(clock, count=1)
-    primary.fail_with(ErrorKind.CONNECTION)
-    queues[0].put(FakeMessage(b"a", "m1", None, {"x-ms-path": "orders"}))
-    async with running(syphon, clock):
+    async with moving_one(clock, ErrorKind.CONNECTION) as (syphon, queue, primary):
         await clock.advance(10)
-        assert primary.accepted == [] and queues[0].pending == 1 and syphon.stats.retries >= 5
+        assert primary.accepted == [] and queue.pending == 1 and syphon.stats.retries >= 5
         primary.restore()
         await clock.advance(2)
-        assert [m.message_id for m in primary.accepted] == ["m1"] and queues[0].pending == 0
+        assert [m.message_id for m in primary.accepted] == ["m1"] and queue.pending == 0
 
 
 async def test_a_message_the_primary_refuses_for_good_is_dead_lettered() -> None:
     clock = FakeClock()
-    syphon, queues, primary = build(clock, count=1)
-    primary.fail_with(ErrorKind.ENTITY_NOT_FOUND)
-    queues[0].put(FakeMessage(b"a", "m1", None, {"x-ms-path": "gone"}))
-    async with running(syphon, clock):
+    async with moving_one(clock, ErrorKind.ENTITY_NOT_FOUND, path="gone") as (_, queue, _):
         await clock.advance(1)
-        assert [m.message_id for m in queues[0].dead_lettered] == ["m1"]
+        assert [m.message_id for m in queue.dead_lettered] == ["m1"]
 
 
 async def test_a_faulted_secondary_client_closes_the_primary_side_after_5_s() -> None:
@@ -150,9 +157,6 @@ async def test_an_expired_message_is_dead_lettered_and_counted_never_moved() -> 
 
 async def test_a_service_error_from_the_primary_is_retried_not_dead_lettered() -> None:
     clock = FakeClock()
-    syphon, queues, primary = build(clock, count=1)
-    primary.fail_with(ErrorKind.SERVICE_ERROR, times=2)
-    queues[0].put(FakeMessage(b"a", "m1", None, {"x-ms-path": "orders"}))
-    async with running(syphon, clock):
+    async with moving_one(clock, ErrorKind.SERVICE_ERROR, times=2) as (_, queue, primary):
         await clock.advance(5)
-        assert [m.message_id for m in primary.accepted] == ["m1"] and queues[0].dead_lettered == []
+        assert [m.message_id for m in primary.accepted] == ["m1"] and queue.dead_lettered == []

@@ -1,0 +1,203 @@
+"""When a PairedSender's entity is failed over, and when it is back (SPEC §3).
+
+Every PairedSender on a namespace pair shares one :class:`PairedState` per entity. A failure
+the paired timer counts starts (or continues) a failure streak; once the streak has lasted
+``failover_interval`` with no successful send, failover engages: sends go to the backlog
+queues, and one task pings the primary every ``ping_primary_interval`` until it has
+answered every ping for ``failback_after``. With a role store, engaging and disengaging
+are swaps of the shared roles (``secondary`` active while engaged), which every process
+follows.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import weakref
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from opentelemetry import metrics
+
+from georep._channel import RegionChannel
+from georep._classify import PAIRED_FAILOVER_KINDS
+from georep._paired import PairedNamespaceOptions
+from georep._roles import RoleSnapshot, RoleState
+from georep.exceptions import RegionError
+from georep.ports import Clock, RegionSender
+
+__all__ = ["PairedFailover", "PairedState", "paired_state"]
+
+_log = logging.getLogger("georep.paired")
+
+
+@dataclass
+class PairedState:
+    """Failover state of one entity, shared by every PairedSender on the pair.
+
+    Attributes:
+        failing_since: Monotonic time of the first failure of the current streak.
+        engaged: Sends go to the backlog queues.
+        excluded: Backlog queues pulled from the rotation after a failed send, each with
+            the monotonic time it rejoins (``ping_primary_interval`` later): one slow send
+            must not take a backlog queue away for the rest of an outage.
+        roles: With a role store: the shared roles, ``secondary`` active while engaged.
+        generation: Engagements and disengagements so far (without a role store: the
+            session order stamps' generation).
+    """
+
+    failing_since: float | None = None
+    engaged: bool = False
+    generation: int = 0
+    excluded: dict[int, float] = field(default_factory=dict)
+    pinger: asyncio.Task[None] | None = None
+    roles: RoleState | None = None
+
+
+_states: weakref.WeakValueDictionary[
+    tuple[asyncio.AbstractEventLoop | None, str, str, str], PairedState
+] = weakref.WeakValueDictionary()
+
+
+def paired_state(primary: RegionSender, secondary_namespace: str) -> PairedState:
+    """The state of ``primary``'s entity on its namespace pair, one per pair and entity in
+    this event loop (kept while a PairedSender holds it)."""
+    try:
+        loop: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
+    except RuntimeError:
+        loop = None
+    key = (loop, primary.namespace, secondary_namespace, primary.entity)
+    state = _states.get(key)
+    if state is None:
+        state = _states[key] = PairedState()
+    return state
+
+
+class PairedFailover:
+    """One PairedSender's part in its entity's failover: the timer and the pinger.
+
+    Args:
+        state: The entity's shared state.
+        main: The channel to the entity in the primary namespace (the pings go there).
+        options: The paired namespaces' settings (intervals, ping timeout).
+        clock: Time source.
+        make_ping: Builds a ping message.
+        pings: The ``georep.paired.pings`` counter (pings are billed).
+        roles: The shared roles (joined on first use), None without a role store.
+    """
+
+    def __init__(
+        self,
+        state: PairedState,
+        main: RegionChannel[RegionSender],
+        *,
+        options: PairedNamespaceOptions,
+        clock: Clock,
+        make_ping: Callable[[], Any],
+        pings: metrics.Counter,
+        roles: Callable[[], RoleState | None],
+    ) -> None:
+        self.state = state
+        self.pings = 0
+        """Pings this sender sent."""
+        self._pings = pings
+        self._main = main
+        self._entity = main.client.entity
+        self._options = options
+        self._clock = clock
+        self._make_ping = make_ping
+        self._roles = roles
+
+    def follow(self, roles: RoleState) -> None:
+        """From now on, engaged exactly while ``roles`` has the secondary active."""
+        state = self.state
+        if state.roles is not roles:
+            state.roles = roles
+            roles.on_change(self._roles_changed)
+            if roles.current.active == "secondary":
+                self._roles_changed(roles.current)
+
+    def _roles_changed(self, snapshot: RoleSnapshot) -> None:
+        if snapshot.active == "secondary":
+            self._engage("%s: failover engaged (shared roles): sending to backlog queues")
+        elif self.state.engaged:
+            self._disengage("%s: failover disengaged (shared roles): sending to it")
+
+    def succeeded(self) -> None:
+        """The primary accepted a send: the failure streak ends."""
+        self.state.failing_since = None
+
+    async def failed(self, error: RegionError) -> None:
+        """Run the failover timer; engage when it has run ``failover_interval``."""
+        # Not auth, not server-busy, not the message's own fault (SPEC §3; the table).
+        if error.kind not in PAIRED_FAILOVER_KINDS:
+            return
+        state = self.state
+        now = self._clock.monotonic()
+        if state.failing_since is None:
+            state.failing_since = now
+        interval = self._options.seconds("failover_interval")
+        if now - state.failing_since < interval:
+            return
+        roles = self._roles()
+        if roles is not None:  # one compare-and-set for every process; the listener engages
+            await roles.swap(expected=roles.current, new_active="secondary")
+        elif not state.engaged:
+            self._engage(f"%s unavailable for {interval:.0f} s: sending to backlog queues")
+
+    def _engage(self, message: str) -> None:
+        """Engage (logging ``message`` with the entity), and ping until the primary is back."""
+        state = self.state
+        if not state.engaged:
+            state.engaged = True
+            state.generation += 1
+            state.excluded.clear()
+            _log.warning(message, self._entity)
+        if state.pinger is None or state.pinger.done():
+            state.pinger = asyncio.create_task(self._ping_until_back(), name="georep-ping")
+
+    def _disengage(self, message: str) -> None:
+        if self.state.engaged:
+            self.state.generation += 1
+        self.state.engaged = False
+        self.state.failing_since = None
+        _log.warning(message, self._entity)
+
+    async def stop(self) -> None:
+        """Stop the entity's pinger, if one runs."""
+        pinger = self.state.pinger
+        if pinger is not None and not pinger.done():
+            pinger.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await pinger
+
+    async def _ping_until_back(self) -> None:
+        """Ping the primary every ``ping_primary_interval``; once it has answered every ping
+        for ``failback_after`` (the first success, by default), failover ends."""
+        interval = self._options.seconds("ping_primary_interval")
+        timeout = self._options.seconds("ping_timeout")
+        healthy_for = self._options.seconds("failback_after")
+        healthy_since: float | None = None
+        while self.state.engaged:
+            await self._clock.sleep(interval)
+            roles = self._roles()
+            if roles is not None and (roles.pinned or not roles.automatic):
+                continue  # an operator engaged it: only an operator disengages it
+            self.pings += 1
+            self._pings.add(1, {"messaging.destination.name": self._entity})
+            try:
+                await self._main.call(timeout, self._main.client.send, self._make_ping())
+            except RegionError as exc:
+                _log.info("ping of %s failed: %s", self._entity, exc)
+                healthy_since = None
+                continue
+            now = self._clock.monotonic()
+            healthy_since = now if healthy_since is None else healthy_since
+            if now - healthy_since < healthy_for:
+                continue  # answering, not yet for long enough
+            if roles is not None:
+                await roles.swap(expected=roles.current, new_active="primary")
+                continue  # the listener disengages (also when another process did first)
+            self._disengage("%s answers pings again: sending to it")
