@@ -63,8 +63,9 @@ class _OncePerKind(logging.Filter):
         return True
 
 
-def log_to(console: Console) -> None:
-    """Route georep's warnings through ``console``, each kind at most every 5 s."""
+def log_to(console: Console, file: Path | None = None) -> None:
+    """Route georep's warnings through ``console``, each kind at most every 5 s; with
+    ``file``, also every record from INFO up, unfiltered, to that file."""
     from rich.logging import RichHandler
 
     handler = RichHandler(console=console, show_path=False, level=logging.WARNING)
@@ -72,6 +73,13 @@ def log_to(console: Console) -> None:
     logger = logging.getLogger("georep")
     logger.addHandler(handler)
     logger.propagate = False
+    if file is not None:
+        file.parent.mkdir(parents=True, exist_ok=True)
+        to_file = logging.FileHandler(file, encoding="utf-8")
+        to_file.setLevel(logging.INFO)
+        to_file.setFormatter(logging.Formatter("%(asctime)s %(name)s %(levelname)s %(message)s"))
+        logger.addHandler(to_file)
+        logger.setLevel(min(logger.getEffectiveLevel(), logging.INFO))
 
 
 async def _run_live(config: ScenarioConfig, console: Console) -> ScenarioResult:
@@ -109,7 +117,7 @@ def _audit(result: ScenarioResult, out_dir: Path, console: Console) -> dict[str,
 def run_demo(config: ScenarioConfig, console: Console) -> int:
     """Run the demo; return the exit status (1 if anything was lost or processed twice)."""
     console.print(_headline(config))
-    log_to(console)
+    log_to(console, config.work_dir / "demo.log")
     result = asyncio.run(_run_live(config, console))
     out_dir = config.work_dir / "report"
     report = _audit(result, out_dir, console)

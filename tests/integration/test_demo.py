@@ -22,7 +22,12 @@ def run_demo(work_dir: Path, *options: str) -> tuple[str, dict[str, Any]]:
         timeout=300, env={**os.environ, "COLUMNS": "120"},
     )  # fmt: skip
     output = completed.stdout + completed.stderr
-    assert completed.returncode == 0, output[-5000:]
+    log = work_dir / "demo.log"
+    logged = log.read_text(encoding="utf-8") if log.exists() else ""
+    assert "SharedAccessKey=" not in logged, "a secret was logged"
+    if completed.returncode != 0:  # the log's session lines tell what order waited for
+        lines = [line for line in logged.splitlines() if "session" in line]
+        pytest.fail(output[-5000:] + "\ndemo.log (session lines):\n" + "\n".join(lines[-80:]))
     return output, json.loads((work_dir / "report" / "report.json").read_text())
 
 
