@@ -65,6 +65,8 @@ OUTAGE_AT, OUTAGE_FOR = 1.5, 3.0
 #: A copy in flight when the outage drops its connection stays locked this long (as on
 #: Service Bus) before it is redelivered: short, so the run catches up quickly.
 LOCK_SECONDS = 5
+#: When the outage began and ended (monotonic seconds), for failure messages.
+OUTAGE: dict[str, float] = {}
 SUBSCRIPTIONS = ("billing", "shipping")
 ENTITIES = ("queue", "topic", "partitioned")
 MODES = ("active", "passive", "paired")
@@ -92,8 +94,6 @@ class Cell:
     processed: dict[str, Counter[str]] = field(default_factory=dict)
     send_errors: list[str] = field(default_factory=list)
     receivers: list[str] = field(default_factory=list)
-    sends_done: int = 0
-    """send_messages calls that returned or raised (the outage waits for some of them)."""
 
     @property
     def id(self) -> str:
@@ -201,13 +201,11 @@ async def send_async(cell: Cell, emu: Emulator, pacer: Pacer) -> None:
                 try:
                     await sender.send_messages(message)
                 except GeoReplicationError as exc:
-                    cell.sends_done += 1
                     # Paired mode raises while failover engages (as the .NET original):
                     # the application retries with the same MessageId.
-                    cell.send_errors.append(type(exc).__name__)
+                    cell.send_errors.append(f"{time.monotonic():.1f} {exc!r}"[:300])
                     await asyncio.sleep(0.1 * (attempt + 1))
                     continue
-                cell.sends_done += 1
                 cell.acknowledged.add(str(message.message_id))
                 break
 
@@ -253,11 +251,9 @@ def send_sync(cell: Cell, emu: Emulator, pacer: Pacer) -> None:
                 try:
                     sender.send_messages(message)
                 except GeoReplicationError as exc:
-                    cell.sends_done += 1
-                    cell.send_errors.append(type(exc).__name__)
+                    cell.send_errors.append(f"{time.monotonic():.1f} {exc!r}"[:300])
                     time.sleep(0.1 * (attempt + 1))
                     continue
-                cell.sends_done += 1
                 cell.acknowledged.add(str(message.message_id))
                 break
 
@@ -433,17 +429,21 @@ async def run_matrix(emu: Emulator, cells: list[Cell]) -> dict[str, float]:
             await asyncio.to_thread(pacer.ready)
             await asyncio.sleep(max(pacer.start + OUTAGE_AT - time.monotonic(), 0))
             await asyncio.to_thread(emu.namespace("primary").outage)
-            before = [cell.sends_done for cell in cells]
+            OUTAGE["began"] = time.monotonic()
+            before = [len(cell.acknowledged) for cell in cells]
             await asyncio.sleep(OUTAGE_FOR)
             # On a loaded machine a cell can fall behind its schedule: the outage lasts
-            # until every cell has finished two sends inside it (20 s at most), so that it
-            # is mid-run for each.
-            until = time.monotonic() + 20
+            # until every cell has had two sends acknowledged inside it (30 s at most), so
+            # that it is mid-run for each. (Sends that raised do not count: retried after
+            # the outage, they would go to the primary.)
+            until = time.monotonic() + 30
             while time.monotonic() < until and any(  # noqa: ASYNC110 - counters of threads
-                cell.sends_done < count + 2 for cell, count in zip(cells, before, strict=True)
+                len(cell.acknowledged) < count + 2
+                for cell, count in zip(cells, before, strict=True)
             ):
                 await asyncio.sleep(0.1)
             await asyncio.to_thread(emu.namespace("primary").restore)
+            OUTAGE["ended"] = time.monotonic()
 
         sends = [
             send_async(cell, emu, pacer)
@@ -536,4 +536,4 @@ def test_nothing_lost_nothing_twice(matrix: dict[str, Cell], cell_id: str) -> No
         assert report["processed"] == MESSAGES
         # The outage was mid-run for this cell: some sends went to the secondary region
         # (passive failover, active with the primary down, paired backlog queues).
-        assert report["failover"]["sends"] > 0, (path, report["failover"])
+        assert report["failover"]["sends"] > 0, (path, report, OUTAGE, cell.send_errors)
