@@ -1,0 +1,136 @@
+"""How scripts/test.sh spreads the suite over workers.
+
+Most of the suite waits (on lock expiries, outages, subprocesses), so it runs on more
+workers than cores; what it must not do is start many Java virtual machines at once: each
+Spark start costs seconds of CPU, and on two cores a burst of them starves the tests that
+time an outage. So:
+
+- the tests that run Spark form two **lanes** (:data:`LANES`), each run in order by one
+  worker, from the start: never more than two Spark jobs at a time, and the in-process
+  Spark session of a lane is started once;
+- every other module is a unit that one worker runs (its module fixtures, an emulator or a
+  Redis Cluster, start once), except the modules in :data:`SPLIT`, whose tests are
+  independent and each a unit of its own, so that a long module is spread over workers;
+- units go out longest first: the lanes, then :data:`EARLY` (long, timed runs), then the
+  other integration units in collection order; the unit tests, quick, fill the gaps.
+
+With ``pytest-xdist --dist loadgroup --no-loadscope-reorder`` the scheduler below (xdist's
+module scheduler, told what a unit is) hands units out in collection order: one to each
+worker, a second to each, then one more to whichever worker finishes first. (xdist's own
+``xdist_group`` mark does not take with pytest 9: it rewrites a private node
+id attribute that pytest 9 no longer reads.) Without xdist (``GEOREP_TEST_WORKERS=0``)
+only the order changes.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+#: Node id prefixes (after ``tests/integration/``) of the tests that start Spark, by lane,
+#: longest first within each.
+LANES = {
+    "spark-a": (
+        "test_spark_audit.py",
+        "test_georeceiver_sessions.py::test_fifty_sessions_keep_their_order_through_a_primary_failure[passive-outage]",
+        "test_docs.py::test_the_python_in_each_doc_runs[audit.md]",
+    ),
+    "spark-b": (
+        "test_demo.py::test_the_sessions_demo",
+        "test_spark_standalone.py",
+    ),
+}
+
+#: Modules whose tests are independent and each worth a worker of its own.
+SPLIT = frozenset(
+    {
+        "test_classify_surface.py",
+        "test_demo.py",
+        "test_docs.py",
+        "test_doctor.py",
+        "test_emulator_faults.py",
+        "test_emulator_messaging.py",
+        "test_emulator_robustness.py",
+        "test_fidelity_messaging.py",
+        "test_georeceiver_sessions.py",
+        "test_outbox_chaos.py",
+    }
+)
+
+#: Long units without Spark, to start right after the lanes (node id prefixes).
+EARLY = (
+    "test_matrix.py",
+    "test_outbox_chaos.py::test_a_drainer_stopped_mid_drain_loses_nothing[sigkill]",
+    "test_seen_cluster.py",
+    "test_docs.py::test_the_python_in_each_doc_runs[receiver.md]",
+    "test_outbox_chaos.py::test_a_full_disk",
+    "test_fleet_roles.py",
+    "test_georeceiver_sessions.py::test_two_processes_compete",
+    "test_georeceiver_sessions.py::test_the_old_region_never_returning",
+    # A second wave: one per worker, behind the first.
+    "test_georeceiver_sessions.py::test_fifty_sessions_keep_their_order_through_a_primary_failure[passive-blackhole]",
+    "test_demo.py::test_passive_demo",  # Spark only for its last seconds
+    "test_georeceiver_sessions.py::test_fifty_sessions_keep_their_order_through_a_primary_failure[active-outage]",
+    "test_emulator_robustness.py::test_sync_auto_lock_renewer_with_many_messages",
+    "test_emulator_messaging.py::test_defer_then_receive_deferred_and_complete",
+    "test_docs.py::test_the_python_in_each_doc_runs[README.md]",
+)
+
+
+def _short(nodeid: str) -> str:
+    return nodeid.removeprefix("tests/integration/")
+
+
+def _lane(nodeid: str) -> tuple[str, int] | None:
+    for lane, prefixes in LANES.items():
+        for position, prefix in enumerate(prefixes):
+            if _short(nodeid).startswith(prefix):
+                return lane, position
+    return None
+
+
+def unit_of(nodeid: str) -> str:
+    """The unit of work a test belongs to: its lane, its own node id (a module in
+    :data:`SPLIT`), or its module's path."""
+    lane = _lane(nodeid)
+    if lane is not None:
+        return lane[0]
+    module = nodeid.split("::")[0]
+    return nodeid if module.rsplit("/", 1)[-1] in SPLIT else module
+
+
+def _rank(unit: str, first: pytest.Item) -> tuple[int, int]:
+    if unit in LANES:
+        return 0, 0
+    for position, prefix in enumerate(EARLY):
+        if _short(first.nodeid).startswith(prefix):
+            return 1, position
+    return (2 if "integration" in first.path.parts else 3), 0
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    units: dict[str, list[pytest.Item]] = {lane: [] for lane in LANES}
+    for item in items:
+        units.setdefault(unit_of(item.nodeid), []).append(item)
+    for lane in LANES:  # a lane runs its tests in the order listed there
+        units[lane].sort(key=lambda item: _lane(item.nodeid) or ("", 0))
+    ordered = sorted(
+        ((name, tests) for name, tests in units.items() if tests),
+        key=lambda unit: _rank(unit[0], unit[1][0]),
+    )  # stable: the rest keep collection order
+    items[:] = [item for _, tests in ordered for item in tests]
+
+
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """With ``--dist loadgroup``: hand out the units of :func:`unit_of`, in collection
+    order (run with ``--no-loadscope-reorder``)."""
+    if config.getvalue("dist") != "loadgroup":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class UnitScheduling(LoadScopeScheduling):  # type: ignore[misc]
+        def _split_scope(self, nodeid: str) -> str:
+            return unit_of(nodeid)
+
+    return UnitScheduling(config, log)
