@@ -211,7 +211,14 @@ def build_control_app(emulator: EmulatorServer) -> web.Application:
         if fault == "outage":
             await server.outage()
         elif fault == "restore":
-            await server.restore()
+            try:
+                await server.restore()
+            except OSError as exc:  # e.g. the port was taken while the namespace was down
+                message = (
+                    f"namespace {server.name} could not listen on port {server.port} again "
+                    f"({exc}); restart the emulator"
+                )
+                return web.json_response({"error": message}, status=500)
         elif fault == "blackhole":
             server.blackhole()
         elif fault == "disaster":

@@ -273,8 +273,13 @@ class NamespaceServer:
         )
 
     def _bind(self) -> socket.socket:
+        # SO_REUSEPORT lets an outage bind the port's reservation while the listener still
+        # holds it: the port is never free for another process to take (with ten test
+        # workers opening connections, one did, and restore could not listen again).
         sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        if hasattr(socket, "SO_REUSEPORT"):
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
         sock.bind(("127.0.0.1", self.port))
         return sock
 
@@ -349,13 +354,16 @@ class NamespaceServer:
     async def outage(self) -> None:
         """Refuse new connections and drop existing ones; keep every message."""
         self.faults.down = True
+        # Hold the port (bound, not listening: a connection attempt is refused) before the
+        # listener closes, so that no other process can take it before restore().
+        if self._reserved is None and self._listener is not None:
+            try:
+                self._reserved = self._bind()
+            except OSError as exc:  # restore() binds again, and says so if it cannot
+                _LOG.warning(
+                    "emulator %s: could not hold port %d while down: %s", self.name, self.port, exc
+                )
         await self.stop_listening()
-        try:
-            self._reserved = self._bind()
-        except OSError as exc:  # restore() binds again, and says so if it cannot
-            _LOG.warning(
-                "emulator %s: could not hold port %d while down: %s", self.name, self.port, exc
-            )
         self._drop_connections()
         if self.relay is not None:
             await self.relay.stop()
