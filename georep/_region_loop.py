@@ -41,7 +41,7 @@ from georep._outcomes import (
     max_attempts_decision,
 )
 from georep._policy import DedupKey
-from georep._settle import Copy, Settlements
+from georep._settle import Copy, Settlements, bounded_call
 from georep.exceptions import RegionError, StoreUnavailableError
 from georep.ports import (
     FINAL_STATES,
@@ -207,7 +207,8 @@ class RegionLoop:
     async def peek(self, count: int) -> list[Any]:
         """Up to ``count`` messages of the region, without locking them."""
         async with self._settlements.lock:
-            return list(await self.region.peek(count))
+            with bounded_call(self._clock, self.region.region, "a browse"):
+                return list(await self.region.peek(count))
 
     async def may_hold(self, key: str, count: int = 256) -> bool:
         """Whether browsing the first ``count`` messages (any state, locked ones too) finds
@@ -503,7 +504,8 @@ class RegionLoop:
                 continue
             try:
                 async with self._settlements.lock:
-                    new_expiry = await self.region.renew_lock(copy.message)
+                    with bounded_call(self._clock, self.region.region, "a lock renewal"):
+                        new_expiry = await self.region.renew_lock(copy.message)
             except RegionError as exc:
                 _log.warning("could not renew a lock in %s: %s", self.region.region, exc)
                 continue
@@ -511,7 +513,10 @@ class RegionLoop:
 
     async def _abandon_all(self, copies: list[Copy]) -> None:
         for copy in copies:
-            with contextlib.suppress(RegionError):
+            with (
+                contextlib.suppress(RegionError),
+                bounded_call(self._clock, self.region.region, "an abandon"),
+            ):
                 await self.region.abandon(copy.message)
 
 

@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING, Any, Final
 
 from georep._channel import RegionDeadline
 from georep._region_loop import RECEIVE_GRACE, Handler, LoopPolicy, RegionLoop
-from georep._settle import Copy
+from georep._settle import Copy, bounded_call
 from georep.exceptions import RegionError, StoreUnavailableError
 from georep.ports import (
     FINAL_STATES,
@@ -516,7 +516,8 @@ class SessionRegionLoop:
         a receive can time out before the broker hands over what the session holds, and
         taking that for "holds none" would hand a successor on without its predecessor."""
         try:
-            return not await session.has_messages()
+            with bounded_call(self._clock, self.region, "a browse"):
+                return not await session.has_messages()
         except RegionError:
             return False  # unknown: not empty
 

@@ -10,12 +10,13 @@ from __future__ import annotations
 import asyncio
 import logging
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Final
 
 from opentelemetry import trace
 from opentelemetry.trace import INVALID_SPAN, Link, SpanKind
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
+from georep._channel import RegionDeadline
 from georep._outcomes import (
     COMPLETE,
     LEDGER_OUTCOMES,
@@ -25,14 +26,29 @@ from georep._outcomes import (
     twin_reason,
 )
 from georep.exceptions import RegionError
-from georep.ports import ClaimState, Delivery, ReceiveRecord, RegionReceiver
+from georep.ports import ClaimState, Clock, Delivery, ReceiveRecord, RegionReceiver
 
 if TYPE_CHECKING:
     from collections.abc import Callable
 
     from georep._receiving import ReceiveContext
 
-__all__ = ["Copy", "Settlements"]
+__all__ = ["CALL_SECONDS", "Copy", "Settlements", "bounded_call"]
+
+#: The bound on one settlement, lock renewal or browse of a region, seconds. The SDK can
+#: wait far longer on a link an outage broke (a browse waited a minute), and a session's
+#: worker waiting on it holds the session: its successors in the other region would wait
+#: for a predecessor nobody takes.
+CALL_SECONDS: Final = 10.0
+
+
+def bounded_call(clock: Clock, region: str, what: str) -> RegionDeadline:
+    """``with bounded_call(clock, region, "a browse"):`` one call to a region's receive
+    side, within :data:`CALL_SECONDS` (else ``RegionUnavailableError``, kind TIMEOUT)."""
+    return RegionDeadline(
+        clock, CALL_SECONDS, region, name=f"{region}:", what=f"{what} did not return"
+    )
+
 
 _log = logging.getLogger("georep.receiver")
 _propagator = TraceContextTextMapPropagator()
@@ -116,14 +132,8 @@ class Settlements:
             self.on_final(copy)
         try:
             async with self.lock:
-                if decision.settle is Settle.COMPLETE:
-                    await region.complete(message)
-                elif decision.settle is Settle.ABANDON:
-                    await region.abandon(message)
-                elif decision.settle is Settle.DEFER:
-                    await region.defer(message)
-                else:
-                    await region.dead_letter(message, decision.reason, decision.description)
+                with bounded_call(self._clock, region.region, "a settlement"):
+                    await self._send(message, decision)
         except RegionError as exc:
             # The copy will be redelivered; its outcome is recorded, so the redelivery
             # gets the same outcome without the handler.
@@ -132,6 +142,17 @@ class Settlements:
         finally:
             span.end()
         return True
+
+    async def _send(self, message: Any, decision: Decision) -> None:
+        region = self.region
+        if decision.settle is Settle.COMPLETE:
+            await region.complete(message)
+        elif decision.settle is Settle.ABANDON:
+            await region.abandon(message)
+        elif decision.settle is Settle.DEFER:
+            await region.defer(message)
+        else:
+            await region.dead_letter(message, decision.reason, decision.description)
 
     def record(self, copy: Copy, outcome: str, settled: bool) -> None:
         ledger = self._ledger

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import itertools
 from dataclasses import dataclass, field
@@ -46,6 +47,9 @@ class InMemoryRegionSessions(FaultSwitch, FakeLabels):
         slow_receives: The next this many receives wait their ``max_wait`` and return
             nothing although the session holds messages (a broker slow to deliver, as
             under load); browsing still sees them.
+        unanswered_browses: The next this many browses of a session (``has_messages``,
+            ``peek``) never return, as on a link an outage broke (the caller's deadline
+            ends them).
         unanswered_abandons: The next this many abandons fail (the broker did not answer
             in time) and leave their message locked in its session until the session is
             released.
@@ -71,6 +75,7 @@ class InMemoryRegionSessions(FaultSwitch, FakeLabels):
         self.accepts: list[str] = []
         self.slow_receives = 0
         self.unanswered_abandons = 0
+        self.unanswered_browses = 0
         self.closed = False
 
     def put(self, message: FakeMessage) -> None:
@@ -233,11 +238,18 @@ class InMemorySessionReceiver(RegionLabels):
             )
         return held
 
+    async def _browse(self) -> None:
+        if self._queue.unanswered_browses > 0:
+            self._queue.unanswered_browses -= 1
+            await asyncio.Event().wait()  # no answer: only a cancellation ends it
+
     async def has_messages(self) -> bool:
+        await self._browse()
         await self._check()
         return bool(self._session.available or self._session.locked or self._session.stranded)
 
     async def peek(self, count: int) -> list[Any]:
+        await self._browse()
         stored = sorted(
             [*self._session.available, *self._session.locked.values(), *self._session.stranded],
             key=lambda m: m.sequence_number,

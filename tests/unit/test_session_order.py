@@ -9,6 +9,7 @@ import pytest
 
 from georep import ConfigurationError, ErrorKind, GeoReceiver
 from georep._ordering import SessionSequencer
+from georep._settle import CALL_SECONDS
 from georep.testing import (
     FakeClock,
     FakeMessage,
@@ -241,6 +242,29 @@ async def test_a_session_seen_empty_before_its_successor_waited_is_not_taken_for
     await h.run_until(lambda: len(h.handled) == 3)
     assert h.ids("S") == ["x1", "m1", "m2"]
     assert h.receiver.stats.order_gaps == 0
+    await h.stop()
+
+
+async def test_a_browse_that_never_answers_does_not_hold_the_session_for_its_successor() -> None:
+    # The primary holds session S, idle; its browse (is S empty?) goes unanswered, as on a
+    # link an outage broke. Then m1 arrives there and its successor m2 in the secondary.
+    # The browse is bounded, so the worker goes on, takes m1, and m2 follows it well
+    # within order_wait (unbounded, the worker waited on the browse and m2 on m1 until
+    # order_wait ran out, then m2 went first).
+    h = Harness(order_wait=60.0, session_idle=30.0)
+    stream = Stream()
+    h.primary.unanswered_browses = 1
+    h.primary.put(FakeMessage(b"x", message_id="x1", session_id="S"))  # not stamped
+    h.start()
+    await h.run_until(lambda: len(h.handled) == 1)
+    await h.clock.advance(1.0)  # the primary's worker is browsing S, unanswered
+    assert h.primary.unanswered_browses == 0
+    h.primary.put(stream.message("S", "m1"))
+    h.secondary.put(stream.message("S", "m2"))
+    took = await h.run_until(lambda: len(h.handled) == 3, limit=40.0)
+    assert h.ids("S") == ["x1", "m1", "m2"]
+    assert h.receiver.stats.order_gaps == 0
+    assert took <= CALL_SECONDS + 5.0
     await h.stop()
 
 
