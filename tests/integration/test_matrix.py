@@ -76,10 +76,11 @@ PAIRED = PairedNamespaceOptions(
     backlog_queue_count=2,
     failover_interval=0,
     ping_primary_interval=1,
-    # Each primary send's deadline. Shorter than the outage, so a send that the outage leaves
-    # hanging (rather than failing at once, as on a loaded machine) still fails over inside
-    # the outage window instead of succeeding after it.
-    ping_timeout=2,
+    # Each primary (and backlog) send's deadline. Shorter than the outage, which lasts until
+    # every cell has had sends acknowledged inside it, so a send that the outage leaves
+    # hanging still fails over inside it; long enough for a backlog queue's first link on
+    # a loaded machine (2 s was not, with 12 test workers on 2 cores).
+    ping_timeout=5,
     syphon_long_poll=1,
 )
 
