@@ -15,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Awaitable, Callable, Collection, Sequence
-from typing import Any, Generic, Protocol, TypeVar
+from typing import Any, Final, Generic, Protocol, TypeVar
 
 from georep._policy import FailoverPolicy
 from georep.exceptions import (
@@ -27,10 +27,12 @@ from georep.exceptions import (
 from georep.ports import Clock, ErrorKind, RegionSender
 
 __all__ = [
+    "CALL_SECONDS",
     "RegionChannel",
     "RegionDeadline",
     "RegionPair",
     "batch_size",
+    "bounded_call",
     "learn_max_sizes",
     "sender_channel",
 ]
@@ -101,6 +103,22 @@ class RegionDeadline:
             raise self.error() from timeout
         if exc_type is not None and issubclass(exc_type, TimeoutError):
             raise self.error() from exc_info[1]
+
+
+#: The bound on one settlement, lock renewal or browse of a region by a receiver, seconds.
+#: The SDK can wait far longer on a link an outage broke, and a session's worker waiting
+#: on it holds the session: its successors in the other region would wait for a
+#: predecessor nobody takes.
+CALL_SECONDS: Final = 10.0
+
+
+def bounded_call(
+    clock: Clock, region: str, what: str, seconds: float = CALL_SECONDS
+) -> RegionDeadline:
+    """``with bounded_call(clock, region, "a browse"):`` one call of a receiver to a region,
+    within ``seconds`` (default :data:`CALL_SECONDS`); else ``RegionUnavailableError``
+    (kind ``TIMEOUT``) saying ``"{region}: {what} did not return within {seconds} s"``."""
+    return RegionDeadline(clock, seconds, region, name=f"{region}:", what=f"{what} did not return")
 
 
 class RegionChannel(Generic[_C]):

@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any, Final, Literal
 
 from opentelemetry.trace import Status, StatusCode
 
-from georep._channel import RegionDeadline
+from georep._channel import bounded_call
 from georep._outcomes import (
     ABANDON,
     COMPLETE,
@@ -41,7 +41,7 @@ from georep._outcomes import (
     max_attempts_decision,
 )
 from georep._policy import DedupKey
-from georep._settle import Copy, Settlements, bounded_call
+from georep._settle import Copy, Settlements
 from georep.exceptions import RegionError, StoreUnavailableError
 from georep.ports import (
     FINAL_STATES,
@@ -232,13 +232,7 @@ class RegionLoop:
         """
         region, max_wait = self.region, self._policy.max_wait
         label = region.region
-        with RegionDeadline(
-            self._clock,
-            max_wait + RECEIVE_GRACE,
-            label,
-            name=f"{label}:",
-            what="a receive did not return",
-        ):
+        with bounded_call(self._clock, label, "a receive", max_wait + RECEIVE_GRACE):
             async with self._settlements.lock:
                 return await region.receive(room, max_wait=max_wait)
 

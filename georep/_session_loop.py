@@ -33,9 +33,9 @@ from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Final
 
-from georep._channel import RegionDeadline
+from georep._channel import bounded_call
 from georep._region_loop import RECEIVE_GRACE, Handler, LoopPolicy, RegionLoop
-from georep._settle import Copy, bounded_call
+from georep._settle import Copy
 from georep.exceptions import RegionError, StoreUnavailableError
 from georep.ports import (
     FINAL_STATES,
@@ -272,13 +272,7 @@ class SessionRegionLoop:
 
     async def _accept(self, session_id: str | None) -> SessionReceiver | None:
         label, max_wait = self.region, self._policy.max_wait
-        with RegionDeadline(
-            self._clock,
-            max_wait + RECEIVE_GRACE,
-            label,
-            name=f"{label}:",
-            what="accepting a session did not return",
-        ):
+        with bounded_call(self._clock, label, "accepting a session", max_wait + RECEIVE_GRACE):
             return await self.sessions.accept(session_id, max_wait=max_wait)
 
     def _hold(self, session: SessionReceiver) -> _Held | None:

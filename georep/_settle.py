@@ -10,13 +10,13 @@ from __future__ import annotations
 import asyncio
 import logging
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Final
+from typing import TYPE_CHECKING, Any
 
 from opentelemetry import trace
 from opentelemetry.trace import INVALID_SPAN, Link, SpanKind
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
-from georep._channel import RegionDeadline
+from georep._channel import bounded_call
 from georep._outcomes import (
     COMPLETE,
     LEDGER_OUTCOMES,
@@ -26,29 +26,14 @@ from georep._outcomes import (
     twin_reason,
 )
 from georep.exceptions import RegionError
-from georep.ports import ClaimState, Clock, Delivery, ReceiveRecord, RegionReceiver
+from georep.ports import ClaimState, Delivery, ReceiveRecord, RegionReceiver
 
 if TYPE_CHECKING:
     from collections.abc import Callable
 
     from georep._receiving import ReceiveContext
 
-__all__ = ["CALL_SECONDS", "Copy", "Settlements", "bounded_call"]
-
-#: The bound on one settlement, lock renewal or browse of a region, seconds. The SDK can
-#: wait far longer on a link an outage broke (a browse waited a minute), and a session's
-#: worker waiting on it holds the session: its successors in the other region would wait
-#: for a predecessor nobody takes.
-CALL_SECONDS: Final = 10.0
-
-
-def bounded_call(clock: Clock, region: str, what: str) -> RegionDeadline:
-    """``with bounded_call(clock, region, "a browse"):`` one call to a region's receive
-    side, within :data:`CALL_SECONDS` (else ``RegionUnavailableError``, kind TIMEOUT)."""
-    return RegionDeadline(
-        clock, CALL_SECONDS, region, name=f"{region}:", what=f"{what} did not return"
-    )
-
+__all__ = ["Copy", "Settlements"]
 
 _log = logging.getLogger("georep.receiver")
 _propagator = TraceContextTextMapPropagator()

@@ -8,8 +8,8 @@ from collections.abc import Callable
 import pytest
 
 from georep import ConfigurationError, ErrorKind, GeoReceiver
+from georep._channel import CALL_SECONDS
 from georep._ordering import SessionSequencer
-from georep._settle import CALL_SECONDS
 from georep.testing import (
     FakeClock,
     FakeMessage,
