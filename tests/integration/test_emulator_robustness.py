@@ -150,8 +150,9 @@ def test_threads_settling_on_one_sync_receiver(
 def test_sync_auto_lock_renewer_with_many_messages(
     sync_client: SyncClient, make_queue: Callable[..., str], georep_emulator: Emulator
 ) -> None:
-    # A 10 s lock: on a loaded machine the renewer's threads can lag a few seconds.
-    queue = _send_sync(sync_client, make_queue(lock_duration=10), COUNT)
+    # A 20 s lock: the renewer renews once a lock has under 10 s left, so a 10 s lock left
+    # its threads no slack, and on a loaded machine one lagged past the expiry.
+    queue = _send_sync(sync_client, make_queue(lock_duration=20), COUNT)
     failures: list[BaseException | None] = []
     renewer = SyncAutoLockRenewer(
         max_lock_renewal_duration=30,
@@ -161,7 +162,7 @@ def test_sync_auto_lock_renewer_with_many_messages(
         messages = _receive_sync(receiver, COUNT)
         for message in messages:
             renewer.register(receiver, message)
-        time.sleep(13)  # beyond the lock: only renewals keep it
+        time.sleep(23)  # beyond the lock: only renewals keep it
         for message in messages:
             receiver.complete_message(message)
     assert failures == []
