@@ -7,7 +7,6 @@ import base64
 import json
 import os
 import signal
-import time
 from collections import Counter
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -30,10 +29,12 @@ from georep import (
     AuthenticationError,
     DrainPolicy,
     EntityNotFoundError,
+    ErrorKind,
     FailoverPolicy,
     GeoSender,
     InvalidMessageError,
     MessageTooLargeError,
+    RegionUnavailableError,
     ReplicationMode,
     SqliteOutbox,
 )
@@ -92,13 +93,15 @@ async def test_passive_blackhole_fails_over_within_the_attempt_deadline(
     emu: Emulator, queue: str, passive: GeoSender
 ) -> None:
     await fault(emu, "primary", "blackhole")
-    started = time.monotonic()
     result = await passive.send_messages(ServiceBusMessage("during"))
-    elapsed = time.monotonic() - started
 
     assert result.failed_over and result.accepted == ("secondary",)
-    # The deadline, plus one send to the backup (connected when the GeoSender started).
-    assert elapsed < 2.0 + 0.3, f"failover took {elapsed:.2f} s with a 2 s attempt deadline"
+    # georep's own attempt deadline ended the primary's attempt (a blackhole never answers:
+    # without it the send would wait for the SDK's own minute-long timeout). How long the
+    # failover takes is measured by benchmarks/sender.py, not asserted here.
+    cause = result.failed["primary"]
+    assert isinstance(cause, RegionUnavailableError) and cause.kind is ErrorKind.TIMEOUT
+    assert "within 2 s" in str(cause), cause
     await fault(emu, "primary", "restore")
     assert set(await drain_ids(emu, "secondary", queue)) == set(result.message_ids)
 

@@ -26,7 +26,14 @@ from azure.servicebus import (
 
 import georep
 import georep.sync
-from georep import FailoverPolicy, GeoReceiver, GeoSender, ReplicationMode
+from georep import (
+    ErrorKind,
+    FailoverPolicy,
+    GeoReceiver,
+    GeoSender,
+    RegionUnavailableError,
+    ReplicationMode,
+)
 from georep.adapters.emulator import Emulator
 from georep.adapters.redis import RedisSeenSet
 
@@ -160,12 +167,13 @@ async def test_the_async_geosender_fails_over_from_a_blackholed_sync_sender_with
             primary, secondary, policy=FailoverPolicy(attempt_timeout=2)
         ) as sender:
             await asyncio.to_thread(emu.namespace("primary").blackhole)
-            started = time.monotonic()
             result = await sender.send_messages(ServiceBusMessage("during"))
-            elapsed = time.monotonic() - started
             after = [await sender.send_messages(ServiceBusMessage(f"a{i}")) for i in range(5)]
     assert result.failed_over and result.accepted == ("secondary",)
-    assert elapsed < 2.0 + 0.5, f"failover took {elapsed:.2f} s with a 2 s deadline"
+    # georep's attempt deadline (not the SDK's own timeout) ended the blackholed attempt;
+    # the failover's latency is benchmarks/sender.py's to measure.
+    cause = result.failed["primary"]
+    assert isinstance(cause, RegionUnavailableError) and cause.kind is ErrorKind.TIMEOUT
     assert all(r.accepted == ("secondary",) for r in after)
     await asyncio.to_thread(emu.namespace("primary").restore)
 
