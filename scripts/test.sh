@@ -20,4 +20,4 @@ if [[ "${GEOREP_TEST_WORKERS:-10}" == "0" ]]; then
     exec .venv/bin/python -m pytest -p no:cacheprovider "$@"
 fi
 exec .venv/bin/python -m pytest -p no:cacheprovider -n "${GEOREP_TEST_WORKERS:-10}" \
-    --dist loadgroup --no-loadscope-reorder "$@"
+    --dist-units --no-loadscope-reorder "$@"

@@ -14,12 +14,15 @@ time an outage. So:
 - units go out longest first: the lanes, then :data:`EARLY` (long, timed runs), then the
   other integration units in collection order; the unit tests, quick, fill the gaps.
 
-With ``pytest-xdist --dist loadgroup --no-loadscope-reorder`` the scheduler below (xdist's
-module scheduler, told what a unit is) hands units out in collection order: one to each
-worker, a second to each, then one more to whichever worker finishes first. (xdist's own
-``xdist_group`` mark does not take with pytest 9: it rewrites a private node
-id attribute that pytest 9 no longer reads.) Without xdist (``GEOREP_TEST_WORKERS=0``)
-only the order changes.
+With ``pytest -n N --dist-units --no-loadscope-reorder`` (what scripts/test.sh runs) the
+scheduler below (xdist's module scheduler, told what a unit is) hands units out in
+collection order: one to each worker, a second to each, then one more to whichever worker
+finishes first. (xdist's own ``xdist_group`` mark does not take with pytest 9: it rewrites
+a private node id attribute that pytest 9 no longer reads, and ``--dist loadgroup`` then
+silently spreads a module's tests over workers.) Should xdist stop asking this file for
+its scheduler, the run fails at its end rather than silently scheduling otherwise (see
+:func:`pytest_sessionfinish`). Without xdist (``GEOREP_TEST_WORKERS=0``) only the order
+changes.
 """
 
 from __future__ import annotations
@@ -122,15 +125,50 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     items[:] = [item for _, tests in ordered for item in tests]
 
 
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--dist-units",
+        action="store_true",
+        default=False,
+        help="with -n: hand out georep's units of work (tests/conftest.py), longest first",
+    )
+
+
+_used: set[str] = set()
+"""What of the unit scheduler ran in this (controlling) process: "made", "split"."""
+
+
 def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
-    """With ``--dist loadgroup``: hand out the units of :func:`unit_of`, in collection
-    order (run with ``--no-loadscope-reorder``)."""
-    if config.getvalue("dist") != "loadgroup":
+    """With ``--dist-units``: hand out the units of :func:`unit_of`, in collection order
+    (run with ``--no-loadscope-reorder``)."""
+    if not config.getoption("dist_units"):
         return None
     from xdist.scheduler import LoadScopeScheduling
 
     class UnitScheduling(LoadScopeScheduling):  # type: ignore[misc]
         def _split_scope(self, nodeid: str) -> str:
+            _used.add("split")
             return unit_of(nodeid)
 
+    _used.add("made")
     return UnitScheduling(config, log)
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """Fail a ``--dist-units`` run whose units were never handed out by the scheduler
+    above (a pytest-xdist that stopped calling the hook would otherwise spread a module's
+    Spark and emulator tests over every worker without a word)."""
+    config = session.config
+    if hasattr(config, "workerinput") or not config.getoption("dist_units"):
+        return
+    if not getattr(config.option, "numprocesses", None):
+        return
+    if not session.testscollected:
+        return
+    if {"made", "split"} - _used:
+        session.exitstatus = pytest.ExitCode.INTERNAL_ERROR
+        config.get_terminal_writer().line(
+            "tests/conftest.py: --dist-units was given but pytest-xdist never used its "
+            f"scheduler (ran: {sorted(_used) or 'nothing'}): the tests were not run in units",
+            red=True,
+        )
