@@ -241,7 +241,7 @@ class RegionLoop:
         messages = await self._receive(room)
         source, name = self._policy.dedup_key.source, self._policy.dedup_key.name
         now = self._clock.time()
-        fresh = [Copy(m, self.region.delivery(m, source, name), now) for m in messages]
+        fresh = [Copy(m, self.region.delivery(m, source, name), now, now) for m in messages]
         received = self._stats.received
         label = self.region.region
         received[label] = received.get(label, 0) + len(fresh)
@@ -504,6 +504,28 @@ class RegionLoop:
                 _log.warning("could not renew a lock in %s: %s", self.region.region, exc)
                 continue
             copy.delivery = dataclasses.replace(copy.delivery, locked_until=new_expiry)
+            copy.renewed_at = now
+
+    async def renew_session_lock(self, copy: Copy) -> bool:
+        """Session mode: renew the lock of ``copy``'s session (all its copies share it)
+        now; False when the region refused or did not answer in time.
+
+        Unlike the other calls on the region it does not queue behind the one in progress
+        (a browse or a receive can take as long as a short lock lasts): the SDK renews
+        locks beside a receiver's other calls, as its AutoLockRenewer does.
+        """
+        if copy.settled:
+            return True
+        now = self._clock.time()
+        try:
+            with bounded_call(self._clock, self.region.region, "a session lock renewal"):
+                new_expiry = await self.region.renew_lock(copy.message)
+        except RegionError as exc:
+            _log.warning("could not renew a session lock in %s: %s", self.region.region, exc)
+            return False
+        copy.delivery = dataclasses.replace(copy.delivery, locked_until=new_expiry)
+        copy.renewed_at = now
+        return True
 
     async def _abandon_all(self, copies: list[Copy]) -> None:
         for copy in copies:

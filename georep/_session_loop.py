@@ -26,6 +26,7 @@ a time: handlers of one session never run concurrently.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import enum
 import logging
 from collections import OrderedDict
@@ -56,6 +57,11 @@ _MAX_PROBES: Final = 4
 """Named accepts of the other region's sessions running at once, per region."""
 _CLOSE_SECONDS: Final = 5.0
 _UNKNOWN: Final = "unknown"
+_KEEPER_TICK: Final = 1.0
+"""Seconds between a session lock keeper's looks at the lock it keeps, at most."""
+_KEEPER_IDLE: Final = 0.5
+"""Seconds a session lock keeper waits when there is nothing to keep, or a renewal
+failed."""
 _READ_AHEAD: Final = 256
 """Copies a session worker holds in hand at most while it receives ahead for a
 predecessor stored behind its successor (as many as browsing for one looks at)."""
@@ -305,6 +311,7 @@ class SessionRegionLoop:
 
         loop = held.loop = self._make_loop(session, on_final)
         idle_since = self._clock.monotonic()
+        keeper = asyncio.ensure_future(self._keep_locked(held, loop))
         try:
             while not self._stopping.is_set():
                 if not held.hand:
@@ -334,8 +341,49 @@ class SessionRegionLoop:
                 if held.last_final is not copy and not await self._fetch_back(held, loop, copy):
                     return
         finally:
+            keeper.cancel()
+            # Bounded, and never the caller's cancellation: asyncio.wait does not raise it.
+            await asyncio.wait([keeper], timeout=_CLOSE_SECONDS)
             del self._held[session.session_id]
             await self._close_session(session)
+
+    async def _keep_locked(self, held: _Held, loop: RegionLoop) -> None:
+        """For as long as the session is held: keep its lock while copies are in hand.
+
+        The worker's own calls (a browse of either region, a receive ahead, the seen-set)
+        can each take up to :data:`~georep._channel.CALL_SECONDS`, as long as a short
+        session lock lasts; renewing only between them let the lock of a session whose
+        head waited for its predecessor lapse on a loaded machine or while the other region
+        was blackholed (the session was lost, its copies redelivered, order waited again).
+        So the lock is kept here, on its own schedule: renewed once less than half of it is
+        left (as the SDK's AutoLockRenewer does), whatever the worker is waiting for.
+        """
+        while True:
+            head = next(
+                (c for c in held.hand if not c.settled and c.delivery.locked_until is not None),
+                None,
+            )
+            if head is None:
+                await self._clock.sleep(_KEEPER_IDLE)
+                continue
+            assert head.delivery.locked_until is not None
+            now = self._clock.time()
+            span = max(head.delivery.locked_until - head.renewed_at, _KEEPER_IDLE)
+            left = head.delivery.locked_until - now
+            if left > span / 2:
+                await self._clock.sleep(min(left - span / 2, _KEEPER_TICK))
+                continue
+            if not await loop.renew_session_lock(head):
+                if head.delivery.locked_until <= self._clock.time():
+                    return  # lost: the worker finds out on its next call and lets it go
+                await self._clock.sleep(_KEEPER_IDLE)  # the region did not answer: again
+                continue
+            for other in held.hand:  # one lock for the whole session
+                if other is not head and not other.settled:
+                    other.delivery = dataclasses.replace(
+                        other.delivery, locked_until=head.delivery.locked_until
+                    )
+                    other.renewed_at = head.renewed_at
 
     async def _receive(self, loop: RegionLoop, room: int) -> list[Copy] | None:
         try:
@@ -422,9 +470,9 @@ class SessionRegionLoop:
             if waited >= self._policy.order_wait:
                 self._gap(copy, "timeout", waited)
                 break
+            # The session's lock is kept meanwhile by its keeper (:meth:`_keep_locked`).
             await self._clock.sleep(min(delay, max(self._policy.order_wait - waited, 0.0)))
             delay = min(delay * 2, 0.5)
-            await loop.renew_locks([copy])
         waited = self._clock.monotonic() - started
         copy.order_waited = waited
         self._stats.order_waited += waited

@@ -47,6 +47,9 @@ class Copy:
     delivery: Delivery
     received_at: float = 0.0
     """Wall-clock seconds when the receive call returned it (for the ledger)."""
+    renewed_at: float = 0.0
+    """Wall-clock seconds when its lock was last taken or renewed (received, at first):
+    with ``delivery.locked_until``, how long the lock lasts."""
     parked_turns: int = 0
     settled: bool = False
     order_gap: str | None = None

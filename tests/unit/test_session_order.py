@@ -402,3 +402,27 @@ def test_session_mode_needs_session_entities() -> None:
             seen=InMemorySeenSet(clock=clock),
             sessions=True,
         )
+
+
+async def test_a_session_keeps_its_lock_while_its_head_waits_on_calls_as_long_as_the_lock() -> None:
+    # The secondary holds S with m2 at its head; m2's predecessor m1 is nowhere yet, and
+    # the primary holds S and found it empty. Browsing the secondary for m1 (is it stored
+    # behind m2?) goes unanswered three times, each until its 10 s bound: as long as the
+    # 10 s session lock. Before, the lock was renewed only between those calls and lapsed:
+    # S was lost, m2 redelivered and the wait began again. Now a keeper renews it.
+    h = Harness(order_wait=60.0, session_idle=120.0)
+    h.secondary.lock_duration = CALL_SECONDS
+    stream = Stream()
+    h.primary.put(FakeMessage(b"x", message_id="x1", session_id="S"))  # not stamped
+    h.start()
+    await h.run_until(lambda: len(h.handled) == 1)
+    await h.clock.advance(2.0)  # the primary holds S and finds it empty
+    stream.message("S", "m1")  # stamped, then lost: no region will ever hold it
+    h.secondary.unanswered_browses = 3
+    h.secondary.put(stream.message("S", "m2"))
+    await h.run_until(lambda: len(h.handled) == 2, limit=3 * CALL_SECONDS + 20.0)
+    assert h.ids("S") == ["x1", "m2"]
+    assert h.secondary.unanswered_browses == 0  # the waits happened
+    assert [m.delivery_count for m in h.secondary.completed] == [1], "the lock never lapsed"
+    assert h.secondary.accepts == ["S"], "the session was never lost and taken again"
+    await h.stop()
