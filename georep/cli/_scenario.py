@@ -51,8 +51,9 @@ class ScenarioConfig:
         primary: Primary connection string; None starts the emulator.
         secondary: Secondary connection string.
         redis_url: The seen-set's Redis; None uses ``$REDIS_URL`` or an embedded server.
-        settle_timeout: Seconds to wait, after the last send, for receivers to catch up
-            (with sessions at least 90: order waits take up to 60 s).
+        settle_timeout: Seconds without a message processed, after the last send, before
+            the receivers are taken to be stuck (with sessions at least 90: order waits
+            take up to 60 s); the wait ends at ten times it in any case.
         sessions: 0 (default): plain messages. N: the messages go round-robin over N
             sessions of a session-enabled queue, read by GeoReceivers in session mode
             (docs/sessions.md); passive and active modes only.
@@ -546,24 +547,29 @@ class _Run:
             self.failover_seconds = time.monotonic() - self.outage_started
 
     async def settle(self) -> None:
-        """Wait (up to ``settle_timeout``) until every acknowledged message was processed."""
+        """Wait until every acknowledged message was processed, for as long as the
+        receivers make progress: ``settle_timeout`` seconds without a message processed
+        ends the wait (a slow machine is slower, not stuck), and so does ten times it."""
         config, progress = self.config, self.progress
         progress.phase = "settling"
         # With sessions a message may wait for order up to the receivers' order_wait (60 s)
-        # after the outage: settling waits at least that long plus a lock's expiry.
-        wait = max(config.settle_timeout, 90.0) if config.sessions else config.settle_timeout
-        deadline = time.monotonic() + wait
+        # after the outage: a quiet spell that long plus a lock's expiry is not stuck.
+        stall = max(config.settle_timeout, 90.0) if config.sessions else config.settle_timeout
+        started = time.monotonic()
         # Settled means: every twin suppressed and the syphon's backlog moved home.
         queues = {
             "primary": [config.queue],
             "secondary": [config.queue, *self.sender.backlog_paths()],
         }
-        await self.sender.flush(deadline)
-        while time.monotonic() < deadline:
+        await self.sender.flush(started + stall)
+        processed, moved = len(progress.processed_ids), time.monotonic()
+        while (now := time.monotonic()) - moved < stall and now - started < 10 * stall:
             if self.acknowledged <= set(progress.processed_ids) and await self.topology.empty(
                 queues
             ):
                 break
+            if len(progress.processed_ids) != processed:
+                processed, moved = len(progress.processed_ids), now
             await asyncio.sleep(0.2)
         progress.phase = "done"
 

@@ -141,6 +141,25 @@ async def eventually(condition: Callable[[], bool | Awaitable[bool]], within: fl
     return True
 
 
+async def progressing(
+    measure: Callable[[], int], target: int, *, stall: float, cap: float = 600.0
+) -> bool:
+    """Wait until ``measure()`` reaches ``target`` for as long as it keeps moving: False
+    once it has not grown for ``stall`` seconds (the system is stuck, not slow), or after
+    ``cap`` seconds in all. A loaded machine is slower, not stuck: tests that wait for a
+    whole workload to finish use this rather than one budget for all of it."""
+    last, moved = measure(), time.monotonic()
+    ends = moved + cap
+    while (now := measure()) < target:
+        clock = time.monotonic()
+        if now != last:
+            last, moved = now, clock
+        if clock - moved > stall or clock > ends:
+            return False
+        await asyncio.sleep(0.1)
+    return True
+
+
 class CountingHandler(Counter[str]):
     """A receiver's handler that only counts the messages it is given: a ``Counter`` of
     their message ids."""
