@@ -39,7 +39,10 @@ from georep.adapters.spark import (
 )
 from georep.cli import app
 
-pytestmark = pytest.mark.integration
+# The module's first test starts the lane's Spark (a JVM): on a loaded two-core machine
+# that alone has taken over the default 120 s, and a start cut short by the timeout left
+# a half-started gateway that failed every later Spark test of the lane.
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 
 REDIS_URL = os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0")
 PNG = b"\x89PNG\r\n\x1a\n"
