@@ -26,7 +26,8 @@ from georep.adapters.redis import RedisSeenSet
 from georep.adapters.spark import audit, reference_audit
 from georep.testing import InMemoryLedger
 
-pytestmark = [pytest.mark.integration, pytest.mark.heavy]
+# Waits follow progress (a loaded machine is slower, not stuck): the bound is generous.
+pytestmark = [pytest.mark.integration, pytest.mark.heavy, pytest.mark.timeout(300)]
 
 SESSIONS = 50
 PER_SESSION = 40
