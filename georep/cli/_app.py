@@ -727,6 +727,7 @@ app.command()(_roles.failover)
 app.command()(_roles.failback)
 app.command()(_roles.pin)
 app.command()(_roles.unpin)
+app.command()(_roles.forget)
 
 
 def main() -> None:
