@@ -436,12 +436,24 @@ _DoctorCaFile = Annotated[
 ]
 
 
+_DoctorRedis = Annotated[
+    str | None,
+    typer.Option(
+        "--redis",
+        "--redis-url",  # either name, as for `georep status`
+        envvar="REDIS_URL",
+        show_default=False,
+        help="The seen-set's Redis, e.g. redis://127.0.0.1:6379/0. Default $REDIS_URL.",
+    ),
+]
+
+
 @app.command()
 def doctor(
     primary: _DoctorPrimary,
     secondary: _DoctorSecondary,
     entity: _DoctorEntities = None,
-    redis_url: Annotated[str | None, _env_option("REDIS_URL", "The seen-set's Redis.")] = None,
+    redis_url: _DoctorRedis = None,
     ca_file: _DoctorCaFile = None,
     timeout: Annotated[float, typer.Option(min=0.1, help="Seconds per network step.")] = 10.0,
 ) -> None:
@@ -467,7 +479,7 @@ def doctor(
     findings = asyncio.run(run())
     _print_findings(findings)
     if not redis_url:
-        console.print("[dim]redis: not checked (give --redis-url or set REDIS_URL)[/]")
+        console.print("[dim]redis: not checked (give --redis or set REDIS_URL)[/]")
     problems = sum(f.severity is Severity.PROBLEM for f in findings)
     console.print(f"{problems} problem(s)" if problems else "[green]no problems found[/]")
     raise typer.Exit(1 if problems else 0)
