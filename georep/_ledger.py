@@ -52,6 +52,7 @@ from georep._ledger_schema import (
 )
 from georep._lifecycle import AsyncResource
 from georep._policy import Seconds, positive_seconds
+from georep._private_files import make_private_directory, open_private_for_writing
 from georep.exceptions import ConfigurationError
 from georep.ports import Clock, ReceiveRecord, SendRecord
 
@@ -410,10 +411,13 @@ class ParquetLedger(AsyncResource):
         import pyarrow.parquet as pq
 
         folder = self.directory / dataset
-        folder.mkdir(parents=True, exist_ok=True)
+        make_private_directory(folder)
         name = f"part-{self.writer_id}-{next(self._sequence):06d}.parquet"
         # Hidden and not *.parquet until complete: Spark and pyarrow skip dot files.
         temporary = folder / f".{name}.tmp"
+        # Message ids and timings: the owner's only. pyarrow truncates the empty 0600 file
+        # made here and keeps its mode, whatever the umask.
+        os.close(open_private_for_writing(temporary))
         pq.write_table(table, temporary)
         os.replace(temporary, folder / name)
         self.files_written += 1
@@ -423,7 +427,7 @@ class ParquetLedger(AsyncResource):
 
     def _write_meta(self) -> None:
         path = self._meta_path()
-        path.parent.mkdir(parents=True, exist_ok=True)
+        make_private_directory(path.parent)
         # Per thread: a write left running by a cancelled flush may overlap the next one.
         temporary = path.with_name(f".{path.name}.{threading.get_ident()}.tmp")
         meta = {
@@ -431,7 +435,8 @@ class ParquetLedger(AsyncResource):
             "dropped_sends": self.dropped_sends,
             "dropped_receives": self.dropped_receives,
         }
-        temporary.write_text(json.dumps(meta), encoding="utf-8")
+        with os.fdopen(open_private_for_writing(temporary), "w", encoding="utf-8") as file:
+            file.write(json.dumps(meta))
         os.replace(temporary, path)
 
     # ------------------------------------------------------------------ lifecycle

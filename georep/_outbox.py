@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import os
 import sqlite3
 import time
@@ -22,6 +23,7 @@ from typing import Final, TypeVar
 
 from georep import _outbox_sql as sql
 from georep._lifecycle import AsyncResource
+from georep._private_files import create_private_file, make_private_directory, warn_if_shared
 from georep.exceptions import (
     ClosedError,
     ConfigurationError,
@@ -33,6 +35,7 @@ from georep.ports import OutboxEntry
 __all__ = ["OutboxRecord", "SqliteOutbox"]
 
 _Result = TypeVar("_Result")
+_log = logging.getLogger("georep.outbox")
 
 SCHEMA_VERSION: Final = 2
 """Stored in ``PRAGMA user_version``; bump it (and migrate) whenever the schema changes.
@@ -514,12 +517,17 @@ class SqliteOutbox(AsyncResource):
 def _open(path: Path) -> sqlite3.Connection:
     """Open (creating if needed) the outbox at ``path`` and check its schema version."""
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
+        make_private_directory(path.parent)
     except OSError as error:
         raise ConfigurationError(
             f"cannot create the outbox directory {path.parent} ({error.strerror}); "
             "pass a path in a writable directory"
         ) from error
+    # Message bodies: the file is the owner's only. SQLite gives the -wal and -shm files
+    # the database file's mode, so creating it 0600 covers all three. A failure here is
+    # left to sqlite3.connect below, whose error names the path.
+    with contextlib.suppress(OSError):
+        create_private_file(path)
     try:
         # Autocommit mode (isolation_level=None): transactions are explicit, so claims can
         # use BEGIN IMMEDIATE rather than the module's implicit deferred BEGIN.
@@ -536,6 +544,12 @@ def _open(path: Path) -> sqlite3.Connection:
     except BaseException:
         connection.close()
         raise
+    warn_if_shared(
+        [path, *(path.with_name(path.name + suffix) for suffix in ("-wal", "-shm"))],
+        what=f"outbox {path}",
+        holds="message bodies",
+        log=_log,
+    )
     return connection
 
 

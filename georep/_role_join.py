@@ -27,7 +27,8 @@ class RoleJoin:
 
     ``names`` maps each region label in the store to the owner's name for that region (a
     namespace, an endpoint label); the link is :func:`georep._role_store.shared_role_state`
-    for ``entity``, shared with every owner of the same entity in this loop.
+    for ``entity``, shared with every owner of the same entity in this loop. ``mode`` is
+    the owner's replication mode (``"active"``, ``"passive"``, ``""`` unknown).
     """
 
     def __init__(
@@ -38,6 +39,7 @@ class RoleJoin:
         *,
         clock: Clock,
         meter_provider: MeterProvider | None,
+        mode: str = "",
     ) -> None:
         self._join = partial(
             shared_role_state,
@@ -46,6 +48,7 @@ class RoleJoin:
             names=names,
             clock=clock,
             meter_provider=meter_provider,
+            mode=mode,
         )
         self.link: SharedRoles | None = None
         """The link held (its refresh running), once joined."""
@@ -84,9 +87,10 @@ def role_join(
     *,
     clock: Clock,
     meter_provider: MeterProvider | None,
+    mode: str = "",
 ) -> RoleJoin | None:
     """The owner's :class:`RoleJoin` to ``store``; None without a store (roles kept in the
-    process)."""
+    process). ``mode``: the owner's replication mode, recorded in a record it creates."""
     if store is None:
         return None
-    return RoleJoin(store, entity, names, clock=clock, meter_provider=meter_provider)
+    return RoleJoin(store, entity, names, clock=clock, meter_provider=meter_provider, mode=mode)

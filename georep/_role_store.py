@@ -109,6 +109,7 @@ class RoleChange:
             pinned=stored.pinned if self.pinned is None else self.pinned,
             automatic=self.automatic if moved else stored.automatic,
             changed_by=self.changed_by,
+            mode=stored.mode,
         )
 
 
@@ -188,6 +189,10 @@ class InMemoryRoleStore(_RoleStoreBase):
         self._check()
         return sorted(self.records)
 
+    async def delete(self, entity: str) -> bool:
+        self._check()
+        return self.records.pop(entity, None) is not None
+
     async def aclose(self) -> None:
         return None
 
@@ -203,6 +208,9 @@ class SharedRoles:
         names: Region label in the store → the local name it stands for.
         clock: Time source.
         meter_provider: OpenTelemetry meter provider (None: the global one).
+        mode: How the owner replicates (``"active"``, ``"passive"``; ``""`` unknown):
+            written into a record this link creates, so that ``georep failover`` can
+            tell an active-mode entity (nothing to move) from a passive one.
     """
 
     def __init__(
@@ -214,10 +222,13 @@ class SharedRoles:
         names: Mapping[str, str],
         clock: Clock,
         meter_provider: metrics.MeterProvider | None = None,
+        mode: str = "",
     ) -> None:
         self.store = store
         self.entity = entity
         self.state = state
+        self.mode = mode
+        self._mode_warned = False
         self._local = dict(names)
         self._label = {local: label for label, local in names.items()}
         self._clock = clock
@@ -315,6 +326,27 @@ class SharedRoles:
             generation=current.generation,
             since=self._clock.time(),
             changed_by=who_am_i("first process"),
+            mode=self.mode,
+        )
+
+    def _check_mode(self, record: RoleRecord) -> None:
+        """Say once when the record and this process disagree on active mode: `georep
+        failover` goes by the record's mode (it refuses an active-mode entity), so a
+        record left by senders of the other kind would mislead the operator. (An unknown
+        mode reads as passive: the commands act on it.)"""
+        if self._mode_warned or not self.mode:
+            return
+        if (record.mode == "active") == (self.mode == "active"):
+            return
+        self._mode_warned = True
+        _log.warning(
+            "the shared role record of %s says its senders run in %s mode, this process "
+            "runs in %s mode: `georep failover` and `pin` go by the record; run `georep "
+            "forget --entity %s` to have it created again by the senders now running",
+            self.entity,
+            record.mode or "an unknown",
+            self.mode,
+            self.entity,
         )
 
     # -- following ---------------------------------------------------------------------
@@ -331,6 +363,7 @@ class SharedRoles:
             )
         rejoined = state.shared is not True
         state.shared = True
+        self._check_mode(record)
         known = self.record
         if not rejoined and known is not None and record.generation < known.generation:
             return  # an answer older than one already followed
@@ -391,6 +424,7 @@ def shared_role_state(
     initial: str,
     clock: Clock | None = None,
     meter_provider: metrics.MeterProvider | None = None,
+    mode: str = "",
 ) -> SharedRoles:
     """The link of ``entity``'s roles to ``store``, one per store and entity in this loop.
 
@@ -401,6 +435,8 @@ def shared_role_state(
         initial: The local name active until the store answers.
         clock: Time source (default: the system's).
         meter_provider: OpenTelemetry meter provider.
+        mode: The owner's replication mode, for a record the link creates (the first
+            owner's, when several share the link).
     """
     key = (asyncio.get_running_loop(), id(store), entity, frozenset(names.items()))
     link = _links.get(key)
@@ -413,6 +449,7 @@ def shared_role_state(
             names=names,
             clock=clock or SystemClock(),
             meter_provider=meter_provider,
+            mode=mode,
         )
         _links[key] = link
     return link

@@ -159,7 +159,12 @@ class GeoSender(FromNamespaces, AsyncResource):
         self.entity = self._primary.entity
         names = {region.region: region.namespace for region in regions}
         self._role_join = role_join(
-            role_store, self.entity, names, clock=self._clock, meter_provider=meter_provider
+            role_store,
+            self.entity,
+            names,
+            clock=self._clock,
+            meter_provider=meter_provider,
+            mode=self.mode.value,
         )
         # The outbox channel names the pair in a fixed order, so a sender created with the
         # regions the other way round still drains what an earlier one left.

@@ -760,6 +760,12 @@ class RoleRecord:
         automatic: The last change of ``active`` was georep's own (a failover or a
             failback), not an operator's. Automatic failback undoes only those.
         changed_by: Who made the last change: ``user@host pid N (what)``.
+        mode: How the senders that created the record replicate: ``"active"`` (every
+            message to both regions: no region is active, so an operator's failover
+            changes nothing they do), ``"passive"``, or ``""`` when not known (a
+            PairedSender's or FailoverChannel's record, an operator's, or one written
+            before georep recorded the mode). Set when the record is created; a change
+            keeps it.
     """
 
     active: str
@@ -768,6 +774,7 @@ class RoleRecord:
     pinned: bool = False
     automatic: bool = True
     changed_by: str = ""
+    mode: str = ""
 
 
 @runtime_checkable
@@ -814,6 +821,17 @@ class RoleStore(Protocol):
 
     async def entities(self) -> list[str]:
         """The entities that have a record, sorted."""
+        ...
+
+    async def delete(self, entity: str) -> bool:
+        """Remove the entity's record (and the entity from :meth:`entities`) atomically.
+
+        A process still sharing the entity's roles creates the record again from its own
+        roles at its next read of the store (``georep forget``).
+
+        Returns:
+            True if there was a record, False if there was none.
+        """
         ...
 
     async def aclose(self) -> None:

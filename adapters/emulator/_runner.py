@@ -11,11 +11,14 @@ import contextlib
 import json
 import logging
 import os
+import re
+import shlex
 import signal
 import sys
-from collections.abc import Callable, Sequence
-from typing import Any
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any, Final
 
+from ._broker import BrokerError
 from ._server import (
     CONTROL_TOKEN_ENV,
     DEFAULT_CONTROL_PORT,
@@ -24,7 +27,18 @@ from ._server import (
     NamespaceSpec,
 )
 
-__all__ = ["build_specs", "main", "parse_topic", "run", "serve"]
+__all__ = [
+    "PRINT_FORMATS",
+    "build_specs",
+    "environment_lines",
+    "main",
+    "parse_topic",
+    "run",
+    "serve",
+]
+
+PRINT_FORMATS: Final = ("text", "json", "env")
+"""What ``--print`` takes: text for people, one JSON line, or ``export`` lines."""
 
 
 def parse_topic(text: str) -> tuple[str, tuple[str, ...]]:
@@ -48,7 +62,9 @@ def build_specs(
         raise ValueError(
             f"give one port per namespace: {len(namespaces)} namespaces, {len(ports)} ports"
         )
-    parsed_topics = dict(parse_topic(t) for t in topics)
+    parsed = [parse_topic(t) for t in topics]
+    _check_names(queues, session_queues, parsed)
+    parsed_topics = dict(parsed)
     return [
         NamespaceSpec(
             name=name,
@@ -60,6 +76,87 @@ def build_specs(
         )
         for i, name in enumerate(namespaces)
     ]
+
+
+def _check_names(
+    queues: Sequence[str],
+    session_queues: Sequence[str],
+    topics: Sequence[tuple[str, tuple[str, ...]]],
+) -> None:
+    """Refuse, in one line, names that would clash: a namespace holds one queue or topic
+    per name, and a topic one subscription per name.
+
+    Raises:
+        ValueError: Two entities share a name, or a topic names a subscription twice.
+    """
+    kinds: dict[str, str] = {}
+    named = [
+        *(("queue", name) for name in queues),
+        *(("session queue", name) for name in session_queues),
+        *(("topic", name) for name, _ in topics),
+    ]
+    for kind, name in named:
+        earlier = kinds.get(name)
+        if earlier == kind:
+            raise ValueError(f"the {kind} '{name}' is given twice: give it once")
+        if earlier is not None:
+            raise ValueError(
+                f"the {kind} '{name}' clashes with the {earlier} '{name}': queues and topics "
+                "share one set of names in a namespace; rename one"
+            )
+        kinds[name] = kind
+    for name, subscriptions in topics:
+        twice = sorted({s for s in subscriptions if subscriptions.count(s) > 1})
+        if twice:
+            raise ValueError(
+                f"topic '{name}' names the subscription '{twice[0]}' twice: give it once"
+            )
+
+
+def environment_lines(description: dict[str, Any]) -> list[str]:
+    """``export NAME=value`` lines for a shell (values quoted): each namespace's
+    connection string as ``GEOREP_<NAME>`` (``GEOREP_PRIMARY``, ``GEOREP_SECONDARY``: what
+    ``georep doctor``, ``demo`` and ``syphon`` read), then ``GEOREP_CA_FILE``,
+    ``GEOREP_EMULATOR_CONTROL_URL`` and, last, ``GEOREP_EMULATOR_CONTROL_TOKEN`` (what
+    ``georep fault`` reads)."""
+    pairs: list[tuple[str, str]] = [
+        (_variable(name), info["connection_string"])
+        for name, info in description["namespaces"].items()
+    ]
+    if description.get("ca_file"):
+        pairs.append(("GEOREP_CA_FILE", description["ca_file"]))
+    pairs.append(("GEOREP_EMULATOR_CONTROL_URL", description["control_url"]))
+    pairs.append((CONTROL_TOKEN_ENV, description["control_token"]))
+    return [f"export {name}={shlex.quote(str(value))}" for name, value in pairs]
+
+
+def _variable(namespace: str) -> str:
+    return "GEOREP_" + re.sub(r"[^A-Z0-9]", "_", namespace.upper())
+
+
+def _print_text(description: dict[str, Any]) -> None:
+    print(
+        f"georep emulator ready (control: {description['control_url']}, "
+        f"control token: {description['control_token']}, "
+        f"CA file: {description['ca_file']})"
+    )
+    for name, info in description["namespaces"].items():
+        print(f"  {name}: {info['connection_string']}")
+        relay = info.get("relay") or {}
+        if relay.get("hybrid_connections"):
+            paths = ", ".join(relay["hybrid_connections"])
+            print(f"    relay: wss://127.0.0.1:{relay['port']} (hybrid connections: {paths})")
+    print(
+        f"For georep fault: export {CONTROL_TOKEN_ENV}={description['control_token']}. "
+        "Ctrl-C to stop.",
+        flush=True,
+    )
+
+
+def _print_lines(lines: Iterable[str]) -> None:
+    for line in lines:
+        print(line)
+    sys.stdout.flush()
 
 
 async def serve(
@@ -159,10 +256,18 @@ def _argument_parser() -> argparse.ArgumentParser:
         help=f"the control endpoint's token (default ${CONTROL_TOKEN_ENV}, else random)",
     )
     parser.add_argument(
+        "--print",
+        choices=PRINT_FORMATS,
+        default="text",
+        dest="print_as",
+        help="what to print once ready: text, one JSON line describing the emulator, or "
+        "env (export lines for a shell)",
+    )
+    parser.add_argument(
         "--json",
         action="store_true",
         dest="as_json",
-        help="print one JSON line describing the emulator once it is ready",
+        help="the same as --print json",
     )
     parser.add_argument(
         "--stop-on-stdin-eof", action="store_true", help="exit when standard input closes"
@@ -187,6 +292,7 @@ def run(
     control_port: int = DEFAULT_CONTROL_PORT,
     control_token: str | None = None,
     as_json: bool = False,
+    print_as: str = "text",
     stop_on_stdin_eof: bool = False,
     log_level: str = "WARNING",
 ) -> int:
@@ -205,7 +311,9 @@ def run(
         hybrid_connections: Relay hybrid connections created in every namespace.
         control_port: The HTTP control endpoint's port (0 = any free).
         control_token: The control endpoint's token (default: random).
-        as_json: Print one JSON line describing the emulator once it is ready.
+        as_json: The same as ``print_as="json"``.
+        print_as: What to print once ready: ``"text"`` for people, ``"json"`` (one line:
+            the emulator's description) or ``"env"`` (:func:`environment_lines`).
         stop_on_stdin_eof: Exit when standard input closes.
         log_level: The logging level name.
     """
@@ -222,26 +330,19 @@ def run(
         print(f"error: {exc}", file=sys.stderr)
         return 2
 
+    if as_json:
+        print_as = "json"
+    if print_as not in PRINT_FORMATS:
+        print(f"error: print {print_as!r}: use one of {', '.join(PRINT_FORMATS)}", file=sys.stderr)
+        return 2
+
     def on_ready(description: dict[str, Any]) -> None:
-        if as_json:
-            print(json.dumps(description), flush=True)
-            return
-        print(
-            f"georep emulator ready (control: {description['control_url']}, "
-            f"control token: {description['control_token']}, "
-            f"CA file: {description['ca_file']})"
-        )
-        for name, info in description["namespaces"].items():
-            print(f"  {name}: {info['connection_string']}")
-            relay = info.get("relay") or {}
-            if relay.get("hybrid_connections"):
-                paths = ", ".join(relay["hybrid_connections"])
-                print(f"    relay: wss://127.0.0.1:{relay['port']} (hybrid connections: {paths})")
-        print(
-            f"For georep fault: export {CONTROL_TOKEN_ENV}={description['control_token']}. "
-            "Ctrl-C to stop.",
-            flush=True,
-        )
+        if print_as == "json":
+            _print_lines([json.dumps(description)])
+        elif print_as == "env":
+            _print_lines(environment_lines(description))
+        else:
+            _print_text(description)
 
     with contextlib.suppress(KeyboardInterrupt):
         try:
@@ -261,4 +362,7 @@ def run(
                 file=sys.stderr,
             )
             return 1
+        except BrokerError as exc:  # an entity the broker refuses: one line, no traceback
+            print(f"error: cannot create the entities: {exc.description}", file=sys.stderr)
+            return 2
     return 0

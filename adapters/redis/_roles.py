@@ -1,10 +1,10 @@
 """The shared role store on Redis: one hash per application and entity, changed by Lua.
 
 The record of ``entity`` in application ``app`` is the hash ``georep:roles:{app}:entity``
-(fields ``active``, ``generation``, ``since``, ``pinned``, ``automatic``, ``changed_by``),
-and the set ``georep:roles:{app}`` lists the entities. The braces are a Redis Cluster hash
-tag: one application's keys share a slot, so each script may touch two of them. A change
-is one script run, a compare-and-set on the generation, atomic in Redis.
+(fields ``active``, ``generation``, ``since``, ``pinned``, ``automatic``, ``changed_by``,
+``mode``), and the set ``georep:roles:{app}`` lists the entities. The braces are a Redis
+Cluster hash tag: one application's keys share a slot, so each script may touch two of
+them. A change is one script run, a compare-and-set on the generation, atomic in Redis.
 """
 
 from __future__ import annotations
@@ -30,31 +30,32 @@ __all__ = ["RedisRoleStore"]
 
 DEFAULT_OPERATION_TIMEOUT: Final = 0.5
 
-_FIELDS: Final = ("active", "generation", "since", "pinned", "automatic", "changed_by")
+_FIELDS: Final = ("active", "generation", "since", "pinned", "automatic", "changed_by", "mode")
 
-# Both scripts answer {flag, the six fields}; flag 1 when the script wrote the record.
+# Both scripts answer {flag, the seven fields}; flag 1 when the script wrote the record. A
+# record written before the mode was kept has no 'mode' field: it answers nil (mode '').
 _CREATE: Final = """
 local found = redis.call('HMGET', KEYS[1], 'active', 'generation', 'since', 'pinned',
-  'automatic', 'changed_by')
+  'automatic', 'changed_by', 'mode')
 if found[1] then
-  return {0, found[1], found[2], found[3], found[4], found[5], found[6]}
+  return {0, found[1], found[2], found[3], found[4], found[5], found[6], found[7]}
 end
 redis.call('HSET', KEYS[1], 'active', ARGV[1], 'generation', ARGV[2], 'since', ARGV[3],
-  'pinned', ARGV[4], 'automatic', ARGV[5], 'changed_by', ARGV[6])
-redis.call('SADD', KEYS[2], ARGV[7])
-return {1, ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5], ARGV[6]}
+  'pinned', ARGV[4], 'automatic', ARGV[5], 'changed_by', ARGV[6], 'mode', ARGV[7])
+redis.call('SADD', KEYS[2], ARGV[8])
+return {1, ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5], ARGV[6], ARGV[7]}
 """
 
 # ARGV: expected generation, active, changed_by, now, automatic ('1'/'0'), pinned ('1',
 # '0', or '' to keep it).
 _CHANGE: Final = """
 local h = redis.call('HMGET', KEYS[1], 'active', 'generation', 'since', 'pinned',
-  'automatic', 'changed_by')
+  'automatic', 'changed_by', 'mode')
 if not h[1] then
   return {0}
 end
 if h[2] ~= ARGV[1] or (ARGV[5] == '1' and h[4] == '1') then
-  return {0, h[1], h[2], h[3], h[4], h[5], h[6]}
+  return {0, h[1], h[2], h[3], h[4], h[5], h[6], h[7]}
 end
 local generation, since, automatic = h[2], h[3], h[5]
 if h[1] ~= ARGV[2] then
@@ -68,7 +69,14 @@ if ARGV[6] ~= '' then
 end
 redis.call('HSET', KEYS[1], 'active', ARGV[2], 'generation', generation, 'since', since,
   'pinned', pinned, 'automatic', automatic, 'changed_by', ARGV[3])
-return {1, ARGV[2], generation, since, pinned, automatic, ARGV[3]}
+return {1, ARGV[2], generation, since, pinned, automatic, ARGV[3], h[7]}
+"""
+
+# The record and its name in the index go together.
+_DELETE: Final = """
+local removed = redis.call('DEL', KEYS[1])
+redis.call('SREM', KEYS[2], ARGV[1])
+return removed
 """
 
 
@@ -77,7 +85,8 @@ def _text(value: Any) -> str:
 
 
 def _record(fields: list[Any]) -> RoleRecord:
-    active, generation, since, pinned, automatic, changed_by = (_text(f) for f in fields)
+    active, generation, since, pinned, automatic, changed_by = (_text(f) for f in fields[:6])
+    mode = fields[6] if len(fields) > 6 else None
     return RoleRecord(
         active=active,
         generation=int(generation),
@@ -85,6 +94,7 @@ def _record(fields: list[Any]) -> RoleRecord:
         pinned=pinned == "1",
         automatic=automatic == "1",
         changed_by=changed_by,
+        mode="" if mode is None else _text(mode),
     )
 
 
@@ -139,6 +149,7 @@ class RedisRoleStore(AsyncResource, _RoleStoreBase):
         self._index = f"georep:roles:{{{app}}}"
         self._create_script = self._redis.register_script(_CREATE)
         self._change_script = self._redis.register_script(_CHANGE)
+        self._delete_script = self._redis.register_script(_DELETE)
 
     @classmethod
     def from_url(
@@ -178,6 +189,7 @@ class RedisRoleStore(AsyncResource, _RoleStoreBase):
             _flag(record.pinned),
             _flag(record.automatic),
             record.changed_by,
+            record.mode,
             entity,
         ]
         answer = await self._call(
@@ -202,6 +214,12 @@ class RedisRoleStore(AsyncResource, _RoleStoreBase):
     async def entities(self) -> list[str]:
         members = await self._call(lambda: self._redis.smembers(self._index))
         return sorted(_text(member) for member in members)
+
+    async def delete(self, entity: str) -> bool:
+        removed = await self._call(
+            lambda: self._delete_script(keys=[self.key(entity), self._index], args=[entity])
+        )
+        return bool(removed)
 
     async def aclose(self) -> None:
         """Close the client if the store created it; idempotent and shielded."""

@@ -391,8 +391,12 @@ class ServiceBusCodec:
     ) -> None:
         keys: set[str] = set()
         body_bytes = 0
+        largest, largest_bytes = None, -1
         for message in messages:
-            body_bytes += _check_message(message)
+            size = _check_message(message)
+            body_bytes += size
+            if size > largest_bytes:
+                largest, largest_bytes = message, size
             raw = message.raw_amqp_message
             properties = raw.properties
             session = _text(properties.group_id) if properties is not None else None
@@ -413,16 +417,38 @@ class ServiceBusCodec:
                 keys.add(key)
         if max_size is not None and body_bytes > max_size:
             # The bodies alone are a lower bound of the encoded size: over the limit for sure.
-            what = "message" if len(messages) == 1 else f"{len(messages)} messages together"
             raise InvalidMessageError(
-                f"the {what} carry {body_bytes} bytes of body, over the entity's limit of "
-                f"{max_size} bytes: shrink the body or send fewer messages per call"
+                self._over_limit(messages, body_bytes, max_size, largest, largest_bytes)
             )
         if one_partition and len(keys) > 1:
             raise InvalidMessageError(
                 f"a batch for a partitioned entity must use one partition key, this one mixes "
                 f"{len(keys)} ({', '.join(sorted(keys)[:3])}...): send one batch per key"
             )
+
+    def _over_limit(
+        self,
+        messages: Sequence[Any],
+        body_bytes: int,
+        max_size: int,
+        largest: Any,
+        largest_bytes: int,
+    ) -> str:
+        """Why ``messages`` are refused: one message is named; several are told to split
+        unless one of them is over the limit on its own (splitting would not help it)."""
+        limit = f"the entity's limit of {max_size} bytes"
+        if len(messages) > 1 and largest_bytes <= max_size:
+            return (
+                f"{len(messages)} messages together have {body_bytes} bytes of body, over "
+                f"{limit}: send fewer messages per call (or shrink their bodies)"
+            )
+        message_id = self.message_id(largest)
+        named = "a message without a MessageId" if message_id is None else f"message {message_id!r}"
+        among = "" if len(messages) == 1 else f" (one of {len(messages)} in this call)"
+        return (
+            f"{named}{among} has {largest_bytes} bytes of body, over {limit}: shrink its "
+            "body (e.g. store the payload elsewhere and send a reference to it)"
+        )
 
     def new_batch(self, max_size_in_bytes: int, prepare: Callable[[Any], object]) -> Any:
         return GeoMessageBatch(max_size_in_bytes, prepare, **self._batch_kwargs)

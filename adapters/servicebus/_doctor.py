@@ -4,6 +4,7 @@ entity present in both with the settings that replication depends on."""
 from __future__ import annotations
 
 import asyncio
+import ssl
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
@@ -50,6 +51,37 @@ _MANAGE_FIX = (
     "run doctor with a key that has Manage rights (e.g. RootManageSharedAccessKey) to compare "
     "entity settings"
 )
+_CERTIFICATE_FIX = (
+    "give the CA bundle that signed the endpoint's certificate: georep doctor --ca-file PATH "
+    "(or $GEOREP_CA_FILE); for the local emulator, its CA file (printed by `georep "
+    "emulator`, Emulator.ca_file)"
+)
+
+
+def _certificate_error(error: BaseException) -> ssl.SSLCertVerificationError | None:
+    """The certificate verification failure behind ``error`` (azure-core wraps aiohttp's
+    wrapping of ssl's), or None when it is another failure."""
+    seen: set[int] = set()
+    pending: list[BaseException | None] = [error]
+    while pending:
+        current = pending.pop()
+        if current is None or id(current) in seen:
+            continue
+        seen.add(id(current))
+        # aiohttp's ClientConnectorCertificateError is one too; the ssl error it holds
+        # says why (verify_message).
+        inner = getattr(current, "certificate_error", None)
+        if isinstance(current, ssl.SSLCertVerificationError) and not isinstance(
+            inner, ssl.SSLCertVerificationError
+        ):
+            return current
+        pending += [
+            current.__cause__,
+            current.__context__,
+            getattr(current, "inner_exception", None),
+            inner,
+        ]
+    return None
 
 
 @dataclass
@@ -75,7 +107,9 @@ async def _inventory(
 ) -> _Inventory | None:
     """Read every queue, topic and subscription; None if the namespace is unreachable."""
     inventory = _Inventory()
-    kwargs: dict[str, Any] = {}
+    # No retry of a failed connection: the SDK's backoff would turn a refused certificate
+    # or an unknown host into a timeout that names neither.
+    kwargs: dict[str, Any] = {"retry_connect": 0}
     if connection_verify is not None:
         kwargs["connection_verify"] = connection_verify
     admin = ServiceBusAdministrationClient.from_connection_string(connection_string, **kwargs)
@@ -109,6 +143,20 @@ async def _inventory(
             )
             return None
     except (ServiceRequestError, OSError, TimeoutError) as exc:
+        certificate = _certificate_error(exc)
+        if certificate is not None:
+            reason = getattr(certificate, "verify_message", None) or "not trusted"
+            findings.append(
+                Finding.problem(
+                    region,
+                    f"{namespace_of(connection_string)}: certificate verification error on "
+                    f"the management endpoint ({reason}"
+                    + ("" if connection_verify is None else f", CA file {connection_verify}")
+                    + "), not a network problem",
+                    _CERTIFICATE_FIX,
+                )
+            )
+            return None
         findings.append(
             Finding.problem(
                 region,
@@ -173,20 +221,25 @@ async def _probe(
     timeout: float,
     findings: list[Finding],
     session_queues: frozenset[str] = frozenset(),
+    named: bool = False,
 ) -> None:
     """Open real AMQP links: Send on every entity, Listen (a peek) on every queue.
 
-    Session queues get no peek: a receiver there needs a session id.
+    Session queues get no peek: a receiver there needs a session id. ``named``: the
+    entities were named by the caller (``--entity``), not found by listing.
     """
     namespace = namespace_of(connection_string)
     if not queues and not topics:
-        findings.append(
-            Finding.warning(
-                region,
-                f"{namespace}: no entity to open a link to, so the key was not tried",
-                "name the queues and topics with --entity",
+        if named:
+            message = (
+                f"{namespace}: none of the entities named with --entity is a queue or topic "
+                "present in both namespaces, so the key was not tried"
             )
-        )
+            fix = "create them in both namespaces (see above), or name ones that exist"
+        else:
+            message = f"{namespace}: no queue or topic found, so the key was not tried"
+            fix = "create the queues and topics, or name them with --entity"
+        findings.append(Finding.warning(region, message, fix))
         return
     client = ServiceBusClient.from_connection_string(connection_string, retry_total=0)
     async with client:
@@ -307,5 +360,14 @@ async def check_namespaces(
         if getattr(queue, "requires_session", False)
     )
     for region in inventories:
-        await _probe(region, strings[region], queues, topics, timeout, findings, session_queues)
+        await _probe(
+            region,
+            strings[region],
+            queues,
+            topics,
+            timeout,
+            findings,
+            session_queues,
+            named=bool(entities),
+        )
     return findings

@@ -41,6 +41,17 @@ def _each(help: str) -> Any:
     return typer.Option(help=help)
 
 
+_PrintFormat = Annotated[
+    str,
+    typer.Option(
+        "--print",
+        help="What to print once ready: text (for people), json (one line: the emulator's "
+        "description) or env (export lines for a shell: GEOREP_PRIMARY, GEOREP_SECONDARY, "
+        "GEOREP_CA_FILE, GEOREP_EMULATOR_CONTROL_URL, GEOREP_EMULATOR_CONTROL_TOKEN).",
+    ),
+]
+
+
 @app.command()
 def emulator(
     namespace: Annotated[
@@ -49,7 +60,13 @@ def emulator(
     port: Annotated[
         list[int] | None, typer.Option(help="Port per namespace, in order (0 = any free).")
     ] = None,
-    queue: Annotated[_Names, _each("Queue created in every namespace (repeat).")] = None,
+    queue: Annotated[
+        _Names,
+        _each(
+            "Queue created in every namespace (repeat). Without any --queue, --session-queue, "
+            "--topic or --hybrid-connection: the queue orders."
+        ),
+    ] = None,
     session_queue: Annotated[
         _Names, _each("Session-enabled queue created in every namespace (repeat).")
     ] = None,
@@ -60,23 +77,35 @@ def emulator(
     control_port: Annotated[
         int, typer.Option(help="HTTP control endpoint port (0 = any free).")
     ] = 5710,
+    control_token: Annotated[
+        str | None,
+        _env_option(
+            "GEOREP_EMULATOR_CONTROL_TOKEN",
+            "The control endpoint's token (default $GEOREP_EMULATOR_CONTROL_TOKEN, else random).",
+        ),
+    ] = None,
+    print_as: _PrintFormat = "text",
 ) -> None:
     """Run the local two-region Service Bus emulator in the foreground (Ctrl-C stops it)."""
-    import os
+    from georep.adapters.emulator._runner import PRINT_FORMATS, run
 
-    from georep.adapters.emulator._runner import run
-    from georep.adapters.emulator._server import CONTROL_TOKEN_ENV
-
+    if print_as not in PRINT_FORMATS:
+        _print_error(f"error: --print {print_as!r}: use one of {', '.join(PRINT_FORMATS)}")
+        raise typer.Exit(2)
+    # The queue `orders` is the zero-configuration default only: an entity of any kind
+    # named means the caller says what to create (a topic `orders` must not clash with it).
+    named = queue or session_queue or topic or hybrid_connection
     raise typer.Exit(
         run(
             namespaces=namespace,
             ports=port,
-            queues=queue or ([] if session_queue else ["orders"]),
+            queues=queue or ([] if named else ["orders"]),
             session_queues=session_queue or [],
             topics=topic or [],
             hybrid_connections=hybrid_connection or [],
             control_port=control_port,
-            control_token=os.environ.get(CONTROL_TOKEN_ENV) or None,
+            control_token=control_token or None,
+            print_as=print_as,
         )
     )
 
@@ -91,10 +120,21 @@ def _print_error(message: str) -> None:
     console.print(message, style="red", soft_wrap=True, markup=False, highlight=False)
 
 
-_FAULT_ACTIONS = (
-    "outage, restore, blackhole, latency, reject-sends, drop-dispositions, "
-    "disaster, relay-no-listener, session-lock-lost"
-)
+#: Each fault the CLI sends: the options it needs, and the ones it may take besides.
+_FAULT_OPTIONS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
+    "outage": ((), ()),
+    "restore": ((), ()),
+    "blackhole": ((), ()),
+    "latency": (("--seconds",), ()),
+    "reject-sends": (("--condition",), ()),
+    "drop-dispositions": ((), ("--count",)),
+    "disaster": ((), ()),
+    "relay-no-listener": (("--path",), ("--off",)),
+    "session-lock-lost": (("--entity",), ()),
+    "fragment-down": (("--entity", "--index"), ()),
+    "fragment-up": (("--entity", "--index"), ()),
+}
+_FAULT_ACTIONS = ", ".join(_FAULT_OPTIONS)
 _FaultCondition = Annotated[
     str | None,
     typer.Option(help="For reject-sends: server-busy | timeout | internal-error | quota-exceeded."),
@@ -108,34 +148,87 @@ _ControlToken = Annotated[
 ]
 
 
+def _fault_body(action: str, given: dict[str, Any]) -> dict[str, object]:
+    """The control endpoint's body for ``action`` from the options ``given`` (None: not
+    given); exit 2, naming the option, when one it needs is missing or one does not apply."""
+    if action not in _FAULT_OPTIONS:
+        _print_error(f"error: unknown fault {action!r}; one of {_FAULT_ACTIONS}")
+        raise typer.Exit(2)
+    needed, optional = _FAULT_OPTIONS[action]
+    missing = [name for name in needed if given[name] is None]
+    if missing:
+        _print_error(f"error: {action} needs {' and '.join(missing)}: {_FAULT_HINTS[action]}")
+        raise typer.Exit(2)
+    extra = [name for name, value in given.items() if value is not None]
+    extra = [name for name in extra if name not in needed and name not in optional]
+    if extra:
+        takes = ", ".join((*needed, *optional)) or "no option"
+        _print_error(f"error: {action} takes {takes}, not {', '.join(extra)}")
+        raise typer.Exit(2)
+    body = {name.removeprefix("--"): value for name, value in given.items() if value is not None}
+    if action == "drop-dispositions":
+        body.setdefault("count", 1)
+    if action == "relay-no-listener":
+        body = {"path": given["--path"], "on": not given["--off"]}
+    return body
+
+
+_FAULT_HINTS = {
+    "latency": "the seconds added before every response, e.g. --seconds 0.2 (restore lifts it)",
+    "reject-sends": "server-busy, timeout, internal-error or quota-exceeded (restore lifts it)",
+    "relay-no-listener": "the hybrid connection, e.g. --path svc (--off lifts it)",
+    "session-lock-lost": "the session-enabled queue or topic/Subscriptions/sub",
+    "fragment-down": "the partitioned queue or topic and the fragment, e.g. --entity orders "
+    "--index 3",
+    "fragment-up": "the partitioned queue or topic and the fragment, e.g. --entity orders "
+    "--index 3",
+}
+
+
 @app.command()
 def fault(
     namespace: Annotated[str, typer.Argument(help="Namespace to act on, e.g. primary.")],
     action: Annotated[str, typer.Argument(help=_FAULT_ACTIONS)],
-    seconds: Annotated[float, typer.Option(help="For latency: seconds added per response.")] = 0.0,
+    seconds: Annotated[
+        float | None, typer.Option(help="For latency (needed): seconds added per response.")
+    ] = None,
     condition: _FaultCondition = None,
-    count: Annotated[int, typer.Option(help="For drop-dispositions: how many sends.")] = 1,
+    count: Annotated[
+        int | None, typer.Option(help="For drop-dispositions: how many sends (default 1).")
+    ] = None,
     path: Annotated[
-        str | None, typer.Option(help="For relay-no-listener: the hybrid connection.")
+        str | None, typer.Option(help="For relay-no-listener (needed): the hybrid connection.")
     ] = None,
     off: Annotated[bool, typer.Option(help="For relay-no-listener: lift the fault.")] = False,
     entity: Annotated[
         str | None,
-        typer.Option(help="For session-lock-lost: the queue or topic/Subscriptions/sub."),
+        typer.Option(
+            help="For session-lock-lost and fragment-down/up (needed): the queue or topic "
+            "(session-lock-lost: or topic/Subscriptions/sub)."
+        ),
+    ] = None,
+    index: Annotated[
+        int | None, typer.Option(help="For fragment-down/up (needed): the fragment, 0-15.")
     ] = None,
     control_url: _ControlUrl = "http://127.0.0.1:5710",
     control_token: _ControlToken = None,
 ) -> None:
-    """Inject a fault into a running emulator (`georep emulator`) through its control endpoint."""
-    bodies: dict[str, dict[str, object]] = {
-        "latency": {"seconds": seconds},
-        "reject-sends": {"condition": condition},
-        "drop-dispositions": {"count": count},
-        "relay-no-listener": {"path": path, "on": not off},
-        "session-lock-lost": {"entity": entity},
+    """Inject a fault into a running emulator (`georep emulator`) through its control endpoint.
+
+    Every option a fault needs is checked before the emulator is contacted (exit 2).
+    """
+    given: dict[str, Any] = {
+        "--seconds": seconds,
+        "--condition": condition,
+        "--count": count,
+        "--path": path,
+        "--off": True if off else None,
+        "--entity": entity,
+        "--index": index,
     }
+    body = _fault_body(action, given)
     url = f"{control_url.rstrip('/')}/namespaces/{namespace}/faults/{action}"
-    state = _post_fault(url, bodies.get(action, {}), control_url, control_token)
+    state = _post_fault(url, body, control_url, control_token)
     console.print(f"{namespace}: {action} -> {state}")
 
 
@@ -436,12 +529,24 @@ _DoctorCaFile = Annotated[
 ]
 
 
+_DoctorRedis = Annotated[
+    str | None,
+    typer.Option(
+        "--redis",
+        "--redis-url",  # either name, as for `georep status`
+        envvar="REDIS_URL",
+        show_default=False,
+        help="The seen-set's Redis, e.g. redis://127.0.0.1:6379/0. Default $REDIS_URL.",
+    ),
+]
+
+
 @app.command()
 def doctor(
     primary: _DoctorPrimary,
     secondary: _DoctorSecondary,
     entity: _DoctorEntities = None,
-    redis_url: Annotated[str | None, _env_option("REDIS_URL", "The seen-set's Redis.")] = None,
+    redis_url: _DoctorRedis = None,
     ca_file: _DoctorCaFile = None,
     timeout: Annotated[float, typer.Option(min=0.1, help="Seconds per network step.")] = 10.0,
 ) -> None:
@@ -467,7 +572,7 @@ def doctor(
     findings = asyncio.run(run())
     _print_findings(findings)
     if not redis_url:
-        console.print("[dim]redis: not checked (give --redis-url or set REDIS_URL)[/]")
+        console.print("[dim]redis: not checked (give --redis or set REDIS_URL)[/]")
     problems = sum(f.severity is Severity.PROBLEM for f in findings)
     console.print(f"{problems} problem(s)" if problems else "[green]no problems found[/]")
     raise typer.Exit(1 if problems else 0)
@@ -727,6 +832,7 @@ app.command()(_roles.failover)
 app.command()(_roles.failback)
 app.command()(_roles.pin)
 app.command()(_roles.unpin)
+app.command()(_roles.forget)
 
 
 def main() -> None:

@@ -1,4 +1,5 @@
-"""``georep status``, ``failover``, ``failback``, ``pin`` and ``unpin``: the shared roles.
+"""``georep status``, ``failover``, ``failback``, ``pin``, ``unpin`` and ``forget``: the
+shared roles.
 
 One command to see the state, one to change it. Each talks to the application's role
 store in Redis (``--redis``, ``--app``); every process of the application follows a change
@@ -10,6 +11,8 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import os
+import re
 import time
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
@@ -20,7 +23,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-__all__ = ["failback", "failover", "pin", "status", "unpin"]
+__all__ = ["failback", "failover", "forget", "pin", "status", "unpin"]
 
 _T = TypeVar("_T")
 _log = logging.getLogger("georep.cli")
@@ -32,6 +35,7 @@ _Redis = Annotated[
     str,
     typer.Option(
         "--redis",
+        "--redis-url",  # the name `georep doctor` uses: either works everywhere
         envvar="REDIS_URL",
         help="The application's Redis (the receivers' seen-set store), e.g. "
         "redis://127.0.0.1:6379/0. Default $REDIS_URL.",
@@ -53,6 +57,14 @@ _Entities = Annotated[
     typer.Option("--entity", help="A queue, topic or service (repeat). Default: every one."),
 ]
 _Json = Annotated[bool, typer.Option("--json", help="Print JSON instead of text.")]
+_Force = Annotated[
+    bool,
+    typer.Option(
+        "--force",
+        help="Create the record of a named entity no process has shared yet (default: "
+        "refused, as a misspelt name would be).",
+    ),
+]
 
 
 def _fail(message: str) -> typer.Exit:
@@ -101,41 +113,90 @@ def _record_json(record: Any) -> dict[str, Any]:
         "pinned": record.pinned,
         "automatic": record.automatic,
         "changed_by": record.changed_by,
+        "mode": record.mode or None,
     }
 
 
-async def _seen_keys(store: Any, group: str, budget: float = 1.0) -> tuple[int, bool]:
-    """Seen-set keys of ``group`` (SCAN, at most ``budget`` seconds): (count, complete)."""
+# The seen-set's keys (adapters/redis/_seen.py): under ``georep:seen:GROUP:``, a hash per
+# time bucket ``{tag}:<hash>:<bucket>`` whose fields are ids, the claims ``{tag}:<hash>:c``
+# (ids in flight), dead-letter reasons ``:r``, ``layout``, ``state:<digest>``, and the
+# previous layout's one key per id (a raw 16-byte digest). An id may sit in two buckets
+# of its hash (recorded again later), so ids are counted once per hash and field.
+_SEEN_HASH = re.compile(rb"^(\{[^}]*\}:\d+):(c|r|\d+)$", re.DOTALL)
+
+
+async def _seen_ids(store: Any, group: str, budget: float = 1.0) -> dict[str, Any]:
+    """The ids the seen-set of ``group`` holds and those claimed in flight (SCAN, at most
+    ``budget`` seconds; ``complete`` False when it ran out)."""
     client = store.client
-    pattern = f"georep:seen:{group}:*"
-    count, cursor, stop = 0, 0, time.monotonic() + budget
+    prefix = f"georep:seen:{group}:".encode()
+    pattern = re.sub(rb"([*?\[\]\\])", rb"\\\1", prefix) + b"*"
+    ids: set[tuple[bytes, bytes]] = set()
+    legacy_ids = in_flight = 0
+    cursor, stop = 0, time.monotonic() + budget
     while True:
         cursor, keys = await client.scan(cursor=cursor, match=pattern, count=1000)
-        count += len(keys)
+        pipe = client.pipeline(transaction=False)
+        reads: list[tuple[str, bytes]] = []
+        for key in keys:
+            rest = key[len(prefix) :]
+            found = _SEEN_HASH.match(rest)
+            if found is not None and found.group(2) == b"c":
+                pipe.hlen(key)
+                reads.append(("claims", b""))
+            elif found is not None and found.group(2) != b"r":
+                pipe.hkeys(key)
+                reads.append(("bucket", found.group(1)))
+            elif found is None and rest != b"layout" and not rest.startswith(b"state:"):
+                pipe.get(key)
+                reads.append(("legacy", b""))
+        answers = await pipe.execute() if reads else []
+        for (kind, base), answer in zip(reads, answers, strict=True):
+            if kind == "claims":
+                in_flight += int(answer)
+            elif kind == "bucket":
+                ids.update((base, field) for field in answer)
+            elif answer is not None:  # a previous-layout key: 'c' + owner is a claim
+                if answer.startswith(b"c"):
+                    in_flight += 1
+                else:
+                    legacy_ids += 1
         if cursor == 0:
-            return count, True
+            complete = True
+            break
         if time.monotonic() > stop:
-            return count, False
+            complete = False
+            break
+    return {
+        "group": group,
+        "ids": len(ids) + legacy_ids,
+        "in_flight": in_flight,
+        "complete": complete,
+    }
 
 
 _Outbox = Annotated[
     Path | None, typer.Option(help="A SqliteOutbox file: show how many messages wait.")
 ]
 _SeenGroup = Annotated[
-    str | None, typer.Option(help="A seen-set group: count its keys (SCAN, 1 s at most).")
+    str | None,
+    typer.Option(help="A seen-set group: count the ids it holds (SCAN, 1 s at most)."),
 ]
 _Backlog = Annotated[
     str | None,
     typer.Option(
-        envvar="GEOREP_SECONDARY",
         show_default=False,
-        help="Paired namespaces: the secondary's connection string (or GEOREP_SECONDARY); "
-        "shows each backlog queue's depth, i.e. what the syphon has still to move.",
+        help="Paired namespaces: the secondary's connection string; shows each backlog "
+        "queue's depth, i.e. what the syphon has still to move. Needs --primary-namespace; "
+        "with --primary-namespace alone, $GEOREP_SECONDARY is used (and said so).",
     ),
 ]
 _PrimaryNamespace = Annotated[
     str | None,
-    typer.Option(help="Paired namespaces: the name the backlog queues are built from."),
+    typer.Option(
+        help="Paired namespaces: the name the backlog queues are built from; shows their "
+        "depths (the secondary from --backlog, else $GEOREP_SECONDARY)."
+    ),
 ]
 _BacklogQueues = Annotated[int, typer.Option(min=1, help="Backlog queue count.")]
 _CaFile = Annotated[
@@ -159,6 +220,8 @@ def status(
     """The roles of every entity: active region, generation, since when, pinned, by whom."""
     from georep._role_commands import RoleCommands
 
+    backlog_source = _backlog_source(backlog, primary_namespace)
+
     async def read(store: Any) -> dict[str, Any]:
         records = await RoleCommands(store, app=app_name).status(entity or ())
         report: dict[str, Any] = {
@@ -169,18 +232,16 @@ def status(
             },
         }
         if seen_group is not None:
-            count, complete = await _seen_keys(store, seen_group)
-            report["seen_keys"] = {"group": seen_group, "count": count, "complete": complete}
+            report["seen"] = await _seen_ids(store, seen_group)
         return report
 
     report = _run(redis_url, app_name, read)
     if outbox is not None:
         report["outbox_depth"] = _outbox_depth(outbox)
-    if backlog is not None:
-        if not primary_namespace:
-            raise _fail("--backlog needs --primary-namespace (the name the backlog queues use)")
+    if backlog_source is not None:
+        connection_string, source = backlog_source
         report["backlog"] = _backlog_depths(
-            backlog, str(primary_namespace), backlog_queues, ca_file
+            connection_string, str(primary_namespace), backlog_queues, ca_file, source
         )
     if as_json:
         typer.echo(json.dumps(report, indent=2))
@@ -188,8 +249,46 @@ def status(
     _print_status(report)
 
 
+def _backlog_source(backlog: str | None, primary_namespace: str | None) -> tuple[str, str] | None:
+    """The secondary's connection string for the backlog depths and where it came from;
+    None when no depth was asked for. Checked before anything is read."""
+    if backlog is not None:
+        if not primary_namespace:
+            raise _fail(
+                "--backlog needs --primary-namespace (the name the backlog queues are built "
+                "from, as given to ensure_backlog_queues)"
+            )
+        connection_string, source = backlog, "--backlog"
+    elif not primary_namespace:
+        return None
+    else:
+        connection_string, source = os.environ.get("GEOREP_SECONDARY", ""), "$GEOREP_SECONDARY"
+        if not connection_string:
+            raise _fail(
+                "--primary-namespace shows the backlog queues' depths and needs the "
+                "secondary's connection string: pass --backlog, or set $GEOREP_SECONDARY"
+            )
+        errors.print(
+            "backlog: the secondary's connection string comes from $GEOREP_SECONDARY",
+            style="dim",
+            highlight=False,
+            markup=False,
+        )
+    from azure.servicebus import parse_connection_string
+
+    try:
+        parse_connection_string(connection_string)
+    except ValueError as exc:  # its text names what is missing, never the key
+        raise _fail(f"the connection string in {source} is malformed: {exc}") from None
+    return connection_string, source
+
+
 def _backlog_depths(
-    connection_string: str, primary_namespace: str, count: int, ca_file: str | None
+    connection_string: str,
+    primary_namespace: str,
+    count: int,
+    ca_file: str | None,
+    source: str = "--backlog",
 ) -> dict[str, Any]:
     """Active messages per backlog queue, read through the management API."""
     from azure.servicebus.management import ServiceBusAdministrationClient
@@ -203,7 +302,7 @@ def _backlog_depths(
         )
     except ValueError:
         raise _fail(
-            "the --backlog connection string is malformed (check Endpoint and the key)"
+            f"the connection string in {source} is malformed (check Endpoint and the key)"
         ) from None
     with admin:
         for index in range(count):
@@ -245,16 +344,19 @@ def _print_status(report: dict[str, Any]) -> None:
         )
     else:
         table = Table(title=f"roles of {report['app']}")
-        for column in ("entity", "active", "generation", "since", "pinned", "changed by"):
+        columns = ("entity", "mode", "active", "generation", "since", "pinned", "changed by")
+        for column in columns:
             table.add_column(column)
         for name, record in entities.items():
             if record is None:
-                table.add_row(name, "-", "-", "-", "-", "no record")
+                table.add_row(name, "-", "-", "-", "-", "-", "no record")
                 continue
             since = datetime.fromisoformat(record["since"]).timestamp()
+            active_mode = record["mode"] == "active"
             table.add_row(
                 name,
-                record["active"],
+                record["mode"] or "-",
+                "both (active mode)" if active_mode else record["active"],
                 str(record["generation"]),
                 _when(since),
                 "yes" if record["pinned"] else "no",
@@ -271,10 +373,15 @@ def _print_status(report: dict[str, Any]) -> None:
             f"backlog queues: {backlog['waiting']} messages waiting ({state}){unreadable}",
             highlight=False,
         )
-    if "seen_keys" in report:
-        seen = report["seen_keys"]
+    if "seen" in report:
+        seen = report["seen"]
         at_least = "" if seen["complete"] else "at least "
-        console.print(f"seen-set {seen['group']}: {at_least}{seen['count']} keys", highlight=False)
+        console.print(
+            f"seen-set {seen['group']}: {at_least}{seen['ids']} ids held, "
+            f"{at_least}{seen['in_flight']} in flight (claimed)",
+            highlight=False,
+            markup=False,
+        )
 
 
 def _change(
@@ -291,6 +398,7 @@ def _change(
             {
                 "entity": change.entity,
                 "changed": change.changed,
+                "skipped": change.skipped or None,
                 "before": None if change.before is None else _record_json(change.before),
                 "after": _record_json(change.after),
             }
@@ -301,7 +409,11 @@ def _change(
     for change in changes:
         after = change.after
         pinned = ", pinned" if after.pinned else ""
-        if change.changed:
+        if change.skipped:
+            console.print(
+                f"{change.entity}: skipped, {change.skipped}", highlight=False, markup=False
+            )
+        elif change.changed:
             console.print(
                 f"{change.entity}: {after.active} active (generation {after.generation}"
                 f"{pinned}), by {after.changed_by}; every process follows within 1 s",
@@ -324,20 +436,26 @@ def failover(
     redis_url: _Redis = "",
     app_name: _App = "",
     entity: _Entities = None,
+    force: _Force = False,
     as_json: _Json = False,
 ) -> None:
-    """Make a region active for every process. Automatic failback leaves it so."""
-    _change(redis_url, app_name, lambda c: c.failover(to, entity or ()), as_json)
+    """Make a region active for every process. Automatic failback leaves it so.
+
+    Refused for an entity with no record (unless --force) and for one whose senders run
+    in active mode (every message already goes to both regions).
+    """
+    _change(redis_url, app_name, lambda c: c.failover(to, entity or (), force=force), as_json)
 
 
 def failback(
     redis_url: _Redis = "",
     app_name: _App = "",
     entity: _Entities = None,
+    force: _Force = False,
     as_json: _Json = False,
 ) -> None:
     """Make the primary active again for every process."""
-    _change(redis_url, app_name, lambda c: c.failback(entity or ()), as_json)
+    _change(redis_url, app_name, lambda c: c.failback(entity or (), force=force), as_json)
 
 
 def pin(
@@ -348,10 +466,11 @@ def pin(
     redis_url: _Redis = "",
     app_name: _App = "",
     entity: _Entities = None,
+    force: _Force = False,
     as_json: _Json = False,
 ) -> None:
     """Make a region active and keep it so: no automatic swap until `georep unpin`."""
-    _change(redis_url, app_name, lambda c: c.pin(region, entity or ()), as_json)
+    _change(redis_url, app_name, lambda c: c.pin(region, entity or (), force=force), as_json)
 
 
 def unpin(
@@ -362,3 +481,44 @@ def unpin(
 ) -> None:
     """Allow automatic swaps again (the active region stays as it is)."""
     _change(redis_url, app_name, lambda c: c.unpin(entity or ()), as_json)
+
+
+def forget(
+    entity: Annotated[
+        list[str] | None,
+        typer.Option("--entity", help="The entity whose role record to delete (repeat)."),
+    ] = None,
+    redis_url: _Redis = "",
+    app_name: _App = "",
+    as_json: _Json = False,
+) -> None:
+    """Delete entities' role records (one made by mistake, or left by old senders).
+
+    A process still sharing an entity's roles creates its record again from its own roles
+    within 1 s; an entity no process uses stays gone.
+    """
+    from georep._role_commands import RoleCommands
+
+    if not entity:
+        raise _fail("name the entities whose records to delete with --entity (repeat)")
+    forgotten = _run(
+        redis_url, app_name, lambda store: RoleCommands(store, app=app_name).forget(entity)
+    )
+    if as_json:
+        document = {
+            name: None if before is None else _record_json(before)
+            for name, before in forgotten.items()
+        }
+        typer.echo(json.dumps(document, indent=2))
+        return
+    for name, before in forgotten.items():
+        if before is None:
+            console.print(f"{name}: no role record: nothing deleted", highlight=False, markup=False)
+            continue
+        console.print(
+            f"{name}: role record deleted (was {before.active} active, generation "
+            f"{before.generation}, by {before.changed_by}); a process still sharing its "
+            "roles creates it again within 1 s",
+            highlight=False,
+            markup=False,
+        )

@@ -127,7 +127,12 @@ class FakeCodec:
         self, messages: Sequence[Any], *, one_partition: bool, max_size: int | None = None
     ) -> None:
         if max_size is not None and sum(len(m.body) for m in messages) > max_size:
-            raise InvalidMessageError(f"the bodies are over the entity's limit of {max_size} bytes")
+            what = (
+                f"message {self.message_id(messages[0])!r} is"
+                if len(messages) == 1
+                else f"{len(messages)} messages together are"
+            )
+            raise InvalidMessageError(f"{what} over the entity's limit of {max_size} bytes")
         # FakeMessage has no partition key.
 
     def new_batch(self, max_size_in_bytes: int, prepare: Callable[[Any], object]) -> Any:

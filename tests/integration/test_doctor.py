@@ -97,6 +97,38 @@ def test_an_unreachable_namespace_is_a_problem(emu: Emulator) -> None:
     assert "primary: 127.0.0.1" in output and "reachable, key accepted" in output
 
 
+def test_an_untrusted_certificate_is_named_as_such_with_the_ca_file_fix(emu: Emulator) -> None:
+    # The emulator's management endpoint has a self-signed certificate: without --ca-file
+    # the SDK's retries turned the refusal into a TimeoutError blamed on the network.
+    status, output = _doctor(emu, GEOREP_CA_FILE="")
+    text = " ".join(output.split())
+    assert status == 1
+    for region in ("primary", "secondary"):
+        port = emu.namespace(region).port
+        assert (
+            f"problem {region}: 127.0.0.1:{port}: certificate verification error on the "
+            "management endpoint (self-signed certificate), not a network problem"
+        ) in text
+    fix = "fix: give the CA bundle that signed the endpoint's certificate: georep doctor --ca-file"
+    assert fix in text
+    assert "cannot be reached" not in text and "firewall" not in text
+
+
+def test_named_entities_missing_from_both_are_not_told_to_be_named(emu: Emulator) -> None:
+    status, output = _doctor(emu, "--entity", "order-event")
+    text = " ".join(output.split())
+    assert status == 1
+    assert "order-event: no queue or topic of this name in either namespace" in text
+    assert "none of the entities named with --entity is a queue or topic present in both" in text
+    assert "name the queues and topics with --entity" not in text
+
+
+def test_doctor_takes_redis_as_status_does(emu: Emulator) -> None:
+    status, output = _doctor(emu, "--entity", "orders", "--redis", os.environ["REDIS_URL"])
+    assert status == 0, output
+    assert "maxmemory-policy noeviction" in output and "not checked" not in output
+
+
 def test_a_malformed_connection_string_is_named_without_echoing_it(emu: Emulator) -> None:
     status, output = _doctor(emu, GEOREP_SECONDARY="Endpoint=sb://x/;SharedAccessKey=s3cr3t")
     assert status == 1

@@ -9,12 +9,13 @@ import errno
 import json
 import os
 import re
+import shlex
 import socket
 import subprocess
 import sys
 import time
 import urllib.request
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any
 
 import pytest
@@ -330,6 +331,117 @@ def test_cli_injects_faults_into_a_running_emulator(emu: Emulator) -> None:
     assert emu.namespace("primary").faults() == {**cleared, "dropped_dispositions": 0}
     bad = cli("primary", "meteor")
     assert bad.returncode == 2 and "unknown fault" in bad.stdout
+
+
+def test_cli_takes_a_partitioned_entity_fragment_down_and_up(
+    georep_emulator_factory: EmulatorFactory,
+) -> None:
+    emu = georep_emulator_factory(queues=("q",))
+    emu.namespace("primary").create_queue("p", enable_partitioning=True)
+    down = fault_cli(emu, "primary", "fragment-down", "--entity", "p", "--index", "3")
+    assert down.returncode == 0, down.stdout + down.stderr
+    assert emu.namespace("primary").fragments_down() == {"p": [3]}
+    assert fault_cli(emu, "primary", "fragment-up", "--entity", "p", "--index", "3").returncode == 0
+    assert emu.namespace("primary").fragments_down() == {}
+
+
+FREE_PORTS = ("--port", "0", "--port", "0", "--control-port", "0")
+
+
+@contextlib.contextmanager
+def foreground_emulator(*args: str) -> Iterator[subprocess.Popen[str]]:
+    """``georep emulator ARGS`` on free ports, stopped with Ctrl-C (by its PID) after."""
+    process = subprocess.Popen(
+        [sys.executable, "-m", "georep.cli", "emulator", *FREE_PORTS, *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        yield process
+    finally:
+        process.send_signal(2)
+        assert process.wait(timeout=15) == 0
+
+
+def _control_get(url: str, token: str) -> Any:
+    request = urllib.request.Request(url, headers={"Authorization": f"Bearer {token}"})
+    with urllib.request.urlopen(request, timeout=10) as response:
+        return json.loads(response.read())
+
+
+def test_cli_emulator_with_a_topic_only_creates_no_default_queue_and_prints_json() -> None:
+    # Before: the queue `orders` was always added, and a topic `orders` died in a traceback.
+    with foreground_emulator("--topic", "orders:billing,shipping", "--print", "json") as process:
+        description = json.loads(process.stdout.readline())  # type: ignore[union-attr]
+        entities = _control_get(
+            f"{description['control_url']}/namespaces/primary/entities",
+            description["control_token"],
+        )
+    assert sorted(entities) == ["orders/Subscriptions/billing", "orders/Subscriptions/shipping"]
+
+
+def test_cli_emulator_prints_export_lines_a_script_can_use() -> None:
+    with foreground_emulator("--queue", "q", "--print", "env") as process:
+        lines = []
+        while not lines or "GEOREP_EMULATOR_CONTROL_TOKEN" not in lines[-1]:
+            lines.append(process.stdout.readline())  # type: ignore[union-attr]
+        exported = dict(
+            shlex.split(line.removeprefix("export "))[0].split("=", 1) for line in lines
+        )
+        assert sorted(exported) == [
+            "GEOREP_CA_FILE",
+            "GEOREP_EMULATOR_CONTROL_TOKEN",
+            "GEOREP_EMULATOR_CONTROL_URL",
+            "GEOREP_PRIMARY",
+            "GEOREP_SECONDARY",
+        ]
+        assert all(line.startswith("export GEOREP_") for line in lines)
+        # The variables are the ones georep's own commands read.
+        environment = {k: v for k, v in os.environ.items() if not k.startswith("GEOREP_")}
+        fault = subprocess.run(
+            [sys.executable, "-m", "georep.cli", "fault", "primary", "latency", "--seconds", "0"],
+            capture_output=True, text=True, timeout=60, env={**environment, **exported},
+        )  # fmt: skip
+        assert fault.returncode == 0, fault.stdout + fault.stderr
+        doctor = subprocess.run(
+            [sys.executable, "-m", "georep.cli", "doctor", "--entity", "q", "--timeout", "5"],
+            capture_output=True, text=True, timeout=60, env={**environment, **exported},
+        )  # fmt: skip
+        assert doctor.returncode == 0, doctor.stdout + doctor.stderr
+
+
+@pytest.mark.parametrize(
+    ("args", "error"),
+    [
+        (("--queue", "orders", "--topic", "orders:billing"),
+         "error: the topic 'orders' clashes with the queue 'orders': queues and topics share "
+         "one set of names in a namespace; rename one"),
+        (("--session-queue", "s", "--queue", "s"),
+         "error: the session queue 's' clashes with the queue 's'"),
+        (("--queue", "a", "--queue", "a"), "error: the queue 'a' is given twice: give it once"),
+        (("--topic", "t:x,x"), "error: topic 't' names the subscription 'x' twice: give it once"),
+    ],
+)  # fmt: skip
+@pytest.mark.parametrize("command", [("georep.cli", "emulator"), ("georep.adapters.emulator",)])
+def test_clashing_entity_names_are_one_line_errors(
+    command: tuple[str, ...], args: tuple[str, ...], error: str
+) -> None:
+    completed = subprocess.run(
+        [sys.executable, "-m", *command, *FREE_PORTS, *args],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert completed.returncode == 2
+    [line] = completed.stderr.strip().splitlines()
+    assert line.startswith(error)
+    assert completed.stdout == ""
+
+
+def test_cli_emulator_takes_its_control_token() -> None:
+    with foreground_emulator("--control-token", "chosen-token", "--print", "json") as process:
+        description = json.loads(process.stdout.readline())  # type: ignore[union-attr]
+        assert description["control_token"] == "chosen-token"
+        assert _control_get(description["control_url"], "chosen-token")["namespaces"]
 
 
 def test_cli_toggles_the_relay_no_listener_fault(georep_emulator_factory: EmulatorFactory) -> None:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import logging
+import os
+import stat
 from pathlib import Path
 from typing import Any
 
@@ -255,3 +257,25 @@ def test_the_docs_show_the_schema_as_defined() -> None:
     assert schema_tables() in docs.read_text(encoding="utf-8"), (
         "docs/ledger.md is out of date: paste the output of georep._ledger.schema_tables()"
     )
+
+
+async def test_ledger_files_and_the_directories_it_makes_are_the_owners_only(
+    tmp_path: Path,
+) -> None:
+    previous = os.umask(0o022)  # the usual umask: a plain open() makes 0644 files
+    try:
+        directory = tmp_path / "ledger"
+        ledger = ParquetLedger(directory, clock=FakeClock())
+        ledger.record_send(send("a"))
+        ledger.record_receive(receive("a"))
+        await ledger.aclose()
+    finally:
+        os.umask(previous)
+
+    files = [path for path in directory.rglob("*") if path.is_file()]
+    folders = [directory, *(path for path in directory.rglob("*") if path.is_dir())]
+    assert len(files) == 3  # sends, receives, meta
+    assert {str(p): stat.S_IMODE(p.stat().st_mode) for p in files} == {str(p): 0o600 for p in files}
+    assert {str(p): stat.S_IMODE(p.stat().st_mode) for p in folders} == {
+        str(p): 0o700 for p in folders
+    }

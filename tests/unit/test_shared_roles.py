@@ -190,13 +190,111 @@ async def test_operator_commands_refuse_bad_input_with_the_fix() -> None:
         await commands.failover("tertiary", [ENTITY])
     with pytest.raises(ConfigurationError, match="--entity"):
         await commands.failover("secondary")
-    await commands.pin("primary", [ENTITY])
+    await commands.pin("primary", [ENTITY], force=True)
     with pytest.raises(ConfigurationError, match="georep unpin"):
         await commands.failover("secondary", [ENTITY])
     [unpinned] = await commands.unpin([ENTITY])
     assert not unpinned.after.pinned and unpinned.after.generation == 0
     [again] = await commands.unpin([ENTITY])
     assert not again.changed
+
+
+async def test_a_named_entity_without_a_record_is_refused_unless_forced() -> None:
+    store = InMemoryRoleStore()
+    await store.create(ENTITY, RoleRecord(active="primary"))
+    commands = RoleCommands(store, app="shop")
+
+    for command in (
+        commands.failover("secondary", ["order-event"]),
+        commands.failback(["order-event", ENTITY]),
+        commands.pin("secondary", ["order-event"]),
+    ):
+        with pytest.raises(ConfigurationError) as refused:
+            await command
+        text = str(refused.value)
+        assert "no process of application 'shop' has shared roles for 'order-event'" in text
+        assert "(entities with a record: orders)" in text and "--force" in text
+        assert text.endswith("nothing changed")
+    with pytest.raises(ConfigurationError, match=r"'order-event'.*check the name and --app;"):
+        await commands.unpin(["order-event"])
+    assert await store.entities() == [ENTITY]
+    assert store.records[ENTITY] == RoleRecord(active="primary")
+
+    [created] = await commands.failover("secondary", ["order-event"], force=True)
+    assert created.changed and created.before is None and created.after.active == "secondary"
+
+    forgotten = await commands.forget(["order-event", "never-was"])
+    assert forgotten == {"order-event": created.after, "never-was": None}
+    assert await store.entities() == [ENTITY]
+    with pytest.raises(ConfigurationError, match="--entity"):
+        await commands.forget([])
+
+
+async def test_an_active_mode_entity_has_no_role_to_move() -> None:
+    store, clock = InMemoryRoleStore(), FakeClock()
+    active = GeoSender(
+        InMemoryRegionSender("primary", NAMES["primary"], ENTITY),
+        InMemoryRegionSender("secondary", NAMES["secondary"], ENTITY),
+        mode="active",
+        role_store=store,
+        clock=clock,
+    )
+    passive = GeoSender(
+        InMemoryRegionSender("primary", NAMES["primary"], "refunds"),
+        InMemoryRegionSender("secondary", NAMES["secondary"], "refunds"),
+        role_store=store,
+        clock=clock,
+    )
+    commands = RoleCommands(store, app="shop")
+    async with active, passive:
+        assert store.records[ENTITY].mode == "active"
+        assert store.records["refunds"].mode == "passive"
+        for command in (
+            commands.failover("secondary", [ENTITY]),
+            commands.failback([ENTITY]),
+            commands.pin("secondary", [ENTITY, "refunds"]),
+            commands.unpin([ENTITY]),
+        ):
+            with pytest.raises(ConfigurationError) as refused:
+                await command
+            text = str(refused.value)
+            assert text.startswith("orders: its senders run in active mode: every message ")
+            assert "nothing changed" in text and "passive mode" in text
+        assert store.records[ENTITY].generation == 0
+        assert store.records["refunds"].generation == 0 and not store.records["refunds"].pinned
+
+        # Without --entity: the passive entity moves, the active one is skipped, said why.
+        skipped, moved = await commands.failover("secondary")
+        assert (skipped.entity, skipped.changed) == (ENTITY, False)
+        assert "active mode" in skipped.skipped
+        assert (moved.entity, moved.changed, moved.after.active) == ("refunds", True, "secondary")
+        await clock.advance(0.25)
+        result = await active.send_messages(FakeMessage(b"x"))
+        assert result.accepted == ("primary", "secondary")
+        assert passive.active_region == "secondary"
+
+    await store.delete("refunds")
+    with pytest.raises(ConfigurationError, match="every entity of application 'shop'"):
+        await commands.failover("secondary")
+
+
+async def test_a_sender_whose_mode_differs_from_the_record_says_so_once(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    store, clock = InMemoryRoleStore(), FakeClock()
+    await store.create(ENTITY, RoleRecord(active="primary", mode="active"))
+    caplog.set_level(logging.WARNING, "georep.roles")
+    async with GeoSender(
+        InMemoryRegionSender("primary", NAMES["primary"], ENTITY),
+        InMemoryRegionSender("secondary", NAMES["secondary"], ENTITY),
+        role_store=store,
+        clock=clock,
+    ):
+        await clock.advance(1.0)  # four more reads of the record
+    lines = [r.getMessage() for r in caplog.records if "mode" in r.getMessage()]
+    assert len(lines) == 1
+    assert "says its senders run in active mode, this process runs in passive mode" in lines[0]
+    assert "georep forget --entity orders" in lines[0]
 
 
 async def test_an_unreachable_store_falls_back_to_local_roles_says_so_once_and_rejoins(

@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import os
 import signal
 import sqlite3
+import stat
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -237,3 +240,47 @@ async def test_a_locked_file_raises_a_named_error_not_a_raw_sqlite_error(
     finally:
         blocker.execute("ROLLBACK")
         blocker.close()
+
+
+@pytest.fixture
+def umask_022() -> Iterator[None]:
+    """The usual umask, under which a plain open() makes files readable by every user."""
+    previous = os.umask(0o022)
+    try:
+        yield
+    finally:
+        os.umask(previous)
+
+
+def _mode(path: Path) -> int:
+    return stat.S_IMODE(path.stat().st_mode)
+
+
+@pytest.mark.usefixtures("umask_022")
+async def test_the_outbox_files_and_its_new_directory_are_the_owners_only(tmp_path: Path) -> None:
+    path = tmp_path / "made-by-georep" / "outbox.db"
+    async with SqliteOutbox(path) as outbox:
+        await outbox.put(CHANNEL, [(None, b"card 4111 1111 1111 1111")], now=0.0)
+        files = [path, path.with_name("outbox.db-wal"), path.with_name("outbox.db-shm")]
+        assert all(file.exists() for file in files)
+        assert {file.name: _mode(file) for file in files} == {file.name: 0o600 for file in files}
+    assert _mode(path.parent) == 0o700
+
+
+@pytest.mark.usefixtures("umask_022")
+async def test_an_outbox_file_open_to_others_is_warned_about_once(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    path = tmp_path / "shared.db"
+    sqlite3.connect(path).close()  # made as an older georep did: 0644 under umask 022
+    assert _mode(path) == 0o644
+    caplog.set_level(logging.WARNING, "georep.outbox")
+    for _ in range(2):
+        async with SqliteOutbox(path) as outbox:
+            await outbox.put(CHANNEL, [(None, b"x")], now=0.0)
+
+    warnings = [r.getMessage() for r in caplog.records if str(path) in r.getMessage()]
+    assert len([w for w in warnings if "shared.db is open" in w]) == 1
+    [warning] = [w for w in warnings if "shared.db is open" in w]
+    assert "mode 0644" in warning and "message bodies" in warning
+    assert f"chmod 600 {path}" in warning

@@ -93,8 +93,29 @@ def test_a_body_over_the_known_limit_is_refused_before_sending() -> None:
     check(ServiceBusMessage(b"x" * 1000), max_size=1000)
     with pytest.raises(InvalidMessageError, match="over the entity's limit of 1000"):
         check(ServiceBusMessage(b"x" * 1001), max_size=1000)
-    with pytest.raises(InvalidMessageError, match="2 messages together"):
+    with pytest.raises(InvalidMessageError, match="2 messages together have 1200 bytes"):
         check([ServiceBusMessage(b"x" * 600), ServiceBusMessage(b"x" * 600)], max_size=1000)
+
+
+def test_one_oversized_message_is_named_with_the_limit_and_not_told_to_split() -> None:
+    with pytest.raises(InvalidMessageError) as raised:
+        check(ServiceBusMessage(b"x" * 2048, message_id="order-7"), max_size=1024)
+    text = str(raised.value)
+    assert text.startswith("message 'order-7' has 2048 bytes of body, over the entity's limit")
+    assert "1024 bytes" in text and "shrink its body" in text
+    assert "fewer messages" not in text and " carry " not in text
+
+    # Among several, the one too big on its own is named: splitting would not help it.
+    with pytest.raises(InvalidMessageError) as raised:
+        check(
+            [
+                ServiceBusMessage(b"x", message_id="a"),
+                ServiceBusMessage(b"x" * 2048, message_id="b"),
+            ],
+            max_size=1024,
+        )
+    assert "message 'b' (one of 2 in this call) has 2048 bytes" in str(raised.value)
+    assert "fewer messages" not in str(raised.value)
 
 
 async def test_the_sender_refuses_an_oversized_message_once_it_knows_the_limit() -> None:
