@@ -11,6 +11,7 @@ from georep._paired_sender import PairedSender
 from georep._peek import peek_all
 from georep._policy import (
     DEFAULT_FAILOVER_KINDS,
+    Corroboration,
     DedupKey,
     DrainPolicy,
     FailoverPolicy,
@@ -62,6 +63,7 @@ __all__ = [
     "ClaimState",
     "ClosedError",
     "ConfigurationError",
+    "Corroboration",
     "DedupKey",
     "DrainPolicy",
     "EmulatorError",

@@ -139,6 +139,8 @@ class RegionChannel(Generic[_C]):
         failures: How many counted failures the region had (an epoch: a call that saw it
             change while waiting for the slot fails at once).
         last_error: The last counted failure.
+        last_success: When the region last answered a call (``clock.monotonic()``
+            seconds), None while it never has: whether this process ever reached it.
         max_size: The region's message size limit in bytes, once learned.
     """
 
@@ -153,6 +155,7 @@ class RegionChannel(Generic[_C]):
         "fail_over_on",
         "failures",
         "last_error",
+        "last_success",
         "max_size",
         "region",
     )
@@ -176,6 +179,7 @@ class RegionChannel(Generic[_C]):
         self._slot = client.slot() if exclusive else None  # type: ignore[attr-defined]
         self.failures = 0
         self.last_error: RegionError | None = None
+        self.last_success: float | None = None
         self.max_size: int | None = None
         self._cooling_until = 0.0
         self.cooling_error: RegionError | None = None
@@ -209,7 +213,9 @@ class RegionChannel(Generic[_C]):
                 ) from last
             try:
                 with self._clock.deadline(timeout):
-                    return await operation(*args, **kwargs, timeout=timeout)
+                    result = await operation(*args, **kwargs, timeout=timeout)
+                self.last_success = self._clock.monotonic()
+                return result
             except TimeoutError as exc:
                 name = self.region if self._name is None else self._name
                 error = timeout_error(self.region, f"{name} did not answer", timeout)

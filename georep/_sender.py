@@ -104,7 +104,9 @@ class GeoSender(FromNamespaces, AsyncResource):
             namespace pair in this event loop shares one.
         role_store: Share the entity's roles with every process of the application
             (e.g. ``georep.adapters.redis.RedisRoleStore``): a failover seen by one
-            process moves them all, and ``georep failover``/``pin`` steer them. Sends
+            process moves them all (when ``policy.corroboration`` holds: a process that
+            never reached the failing region moves only itself), and ``georep
+            failover``/``pin`` steer them. Sends
             read a local copy, refreshed in the background every
             ``store.refresh_interval``; ``async with`` reads it once before the first
             send. The caller owns the store.
@@ -155,6 +157,13 @@ class GeoSender(FromNamespaces, AsyncResource):
         self._codec = self._primary.codec
         if role_state is not None and role_store is not None:
             raise ConfigurationError("give role_state= or role_store=, not both")
+        reports = self.policy.corroboration.reports
+        if role_store is not None and reports > 1 and not hasattr(role_store, "report_failure"):
+            raise ConfigurationError(
+                f"Corroboration(reports={reports}) keeps failure reports in the role store, "
+                f"and {type(role_store).__name__} has no report_failure(): use RedisRoleStore "
+                "or InMemoryRoleStore, or Corroboration(reports=1)"
+            )
         self._role_state = role_state
         self.entity = self._primary.entity
         names = {region.region: region.namespace for region in regions}

@@ -4,7 +4,10 @@ The record of ``entity`` in application ``app`` is the hash ``georep:roles:{app}
 (fields ``active``, ``generation``, ``since``, ``pinned``, ``automatic``, ``changed_by``),
 and the set ``georep:roles:{app}`` lists the entities. The braces are a Redis Cluster hash
 tag: one application's keys share a slot, so each script may touch two of them. A change
-is one script run, a compare-and-set on the generation, atomic in Redis.
+is one script run, a compare-and-set on the generation, atomic in Redis. Failure reports
+(``Corroboration(reports=N)``) are one sorted set per entity, region and generation,
+``georep:roles:{app}:entity:failing:region:generation`` (member: the process, score: when
+it reported), which expires a second after its window.
 """
 
 from __future__ import annotations
@@ -69,6 +72,16 @@ end
 redis.call('HSET', KEYS[1], 'active', ARGV[2], 'generation', generation, 'since', since,
   'pinned', pinned, 'automatic', automatic, 'changed_by', ARGV[3])
 return {1, ARGV[2], generation, since, pinned, automatic, ARGV[3]}
+"""
+
+
+# KEYS[1] the reports; ARGV: reporter, now, window (seconds). Answers the reporters left.
+_REPORT: Final = """
+local now, window = tonumber(ARGV[2]), tonumber(ARGV[3])
+redis.call('ZADD', KEYS[1], now, ARGV[1])
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now - window)
+redis.call('PEXPIRE', KEYS[1], math.ceil(window * 1000) + 1000)
+return redis.call('ZCARD', KEYS[1])
 """
 
 
@@ -139,6 +152,7 @@ class RedisRoleStore(AsyncResource, _RoleStoreBase):
         self._index = f"georep:roles:{{{app}}}"
         self._create_script = self._redis.register_script(_CREATE)
         self._change_script = self._redis.register_script(_CHANGE)
+        self._report_script = self._redis.register_script(_REPORT)
 
     @classmethod
     def from_url(
@@ -202,6 +216,21 @@ class RedisRoleStore(AsyncResource, _RoleStoreBase):
     async def entities(self) -> list[str]:
         members = await self._call(lambda: self._redis.smembers(self._index))
         return sorted(_text(member) for member in members)
+
+    async def report_failure(
+        self,
+        entity: str,
+        *,
+        region: str,
+        generation: int,
+        reporter: str,
+        now: float,
+        window: float,
+    ) -> int:
+        key = f"{self.key(entity)}:failing:{region}:{generation}"
+        args = [reporter, repr(now), repr(window)]
+        answer = await self._call(lambda: self._report_script(keys=[key], args=args))
+        return int(answer)
 
     async def aclose(self) -> None:
         """Close the client if the store created it; idempotent and shielded."""

@@ -110,6 +110,27 @@ async def test_a_change_of_a_missing_record_is_refused(store: RoleStore) -> None
     assert not swapped and await store.read("nothing") is None
 
 
+async def test_failure_reports_count_distinct_processes_within_the_window(
+    store: RoleStore,
+) -> None:
+    async def report(reporter: str, now: float, *, generation: int = 0) -> int:
+        return await store.report_failure(
+            "orders",
+            region="primary",
+            generation=generation,
+            reporter=reporter,
+            now=now,
+            window=30.0,
+        )
+
+    assert await report("a", 1000.0) == 1
+    assert await report("a", 1001.0) == 1  # the same process twice is one report
+    assert await report("b", 1002.0) == 2
+    assert await report("c", 1000.5, generation=1) == 1  # another generation: counted apart
+    assert await report("c", 1031.5) == 2  # a's last report (1001) is over 30 s old
+    assert await report("d", 1100.0) == 1
+
+
 async def test_an_unreachable_redis_raises_store_unavailable_in_bounded_time() -> None:
     async with RedisRoleStore.from_url(
         "redis://127.0.0.1:1/0", app="nowhere", operation_timeout=0.3
