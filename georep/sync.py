@@ -106,7 +106,13 @@ class _Blocking:
         return RUNTIME.call(coroutine)
 
     def __enter__(self) -> Self:
-        self._call(self._core.__aenter__())
+        try:
+            self._call(self._core.__aenter__())
+        except BaseException:
+            # ``with`` never calls __exit__ when __enter__ raises (a strict start that
+            # refused): close here, or the loop thread would outlive the object.
+            self.close()
+            raise
         return self
 
     def __exit__(
