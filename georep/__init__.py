@@ -4,6 +4,7 @@ from __future__ import annotations
 
 __version__ = "0.1.0"
 
+from georep._fork import ForkedProcessError
 from georep._ledger import ParquetLedger
 from georep._outbox import SqliteOutbox
 from georep._paired import PairedNamespaceOptions, backlog_queue_path
@@ -71,6 +72,7 @@ __all__ = [
     "ErrorKind",
     "FailoverChannel",
     "FailoverPolicy",
+    "ForkedProcessError",
     "GeoReceiver",
     "GeoReplicationError",
     "GeoSender",

@@ -346,6 +346,7 @@ class GeoSender(FromNamespaces, AsyncResource):
             await flush_ledger(self.ledger, timeout=timeout, clock=self._clock)
 
     def _check_open(self) -> None:
+        self._check_process()
         if self.closed:
             raise ClosedError(f"GeoSender for {self.entity!r} is closed; create a new one")
 
