@@ -70,6 +70,13 @@ ROLES_SHARED: Final = InstrumentSpec(
     "its own roles (the store is unreachable).",
 )
 
+ROLES_DEPARTED: Final = InstrumentSpec(
+    "georep.roles.departed",
+    "{process}",
+    "1 while this process sends to the backup on its own, after a failover the "
+    "corroboration rule did not back (the other processes stay on the shared roles).",
+)
+
 
 def who_am_i(what: str) -> str:
     """``user@host pid N (what)``: who a role change is recorded as made by."""
@@ -267,6 +274,9 @@ class SharedRoles:
         self._counters = instruments.counters(ROLE_COUNTERS)
         self._attributes = {"georep.entity": entity}
         instruments.gauge_of(ROLES_SHARED, combine=min).add(self, _shared_value, self._attributes)
+        instruments.gauge_of(ROLES_DEPARTED, combine=max).add(
+            self, _departed_value, self._attributes
+        )
         state.link(self)
 
     @property
@@ -483,6 +493,10 @@ class SharedRoles:
 def _shared_value(link: SharedRoles) -> int | None:
     shared = link.state.shared
     return None if shared is None else int(shared)
+
+
+def _departed_value(link: SharedRoles) -> int:
+    return int(link.state.departed_from is not None)
 
 
 _links: weakref.WeakValueDictionary[

@@ -10,6 +10,9 @@ import re
 import weakref
 
 import pytest
+from _metrics import metric_points
+from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
@@ -45,11 +48,23 @@ NAMES = {"primary": "east.example", "secondary": "west.example"}
 class Process:
     """One sender process: its regions, its own role state linked to the shared store."""
 
-    def __init__(self, store: InMemoryRoleStore, clock: FakeClock, **kwargs: object) -> None:
+    def __init__(
+        self,
+        store: InMemoryRoleStore,
+        clock: FakeClock,
+        *,
+        meter_provider: MeterProvider | None = None,
+        **kwargs: object,
+    ) -> None:
         self.primary = InMemoryRegionSender("primary", NAMES["primary"], ENTITY)
         self.secondary = InMemoryRegionSender("secondary", NAMES["secondary"], ENTITY)
         self.link = SharedRoles(
-            store, ENTITY, RoleState(NAMES["primary"]), names=NAMES, clock=clock
+            store,
+            ENTITY,
+            RoleState(NAMES["primary"]),
+            names=NAMES,
+            clock=clock,
+            meter_provider=meter_provider,
         )
         self.link.reporter = f"test process {id(self)}"  # one OS process plays them all
         self.sender = GeoSender(
@@ -269,7 +284,8 @@ async def test_a_process_that_never_reached_the_region_moves_only_itself(
 ) -> None:
     store, clock = InMemoryRoleStore(refresh_interval=0.25), FakeClock()
     healthy = await fleet(7, store, clock)
-    wrong = await misconfigured(store, clock)
+    reader = InMemoryMetricReader()
+    wrong = await misconfigured(store, clock, meter_provider=MeterProvider(metric_readers=[reader]))
     caplog.set_level(logging.WARNING, "georep.roles")
 
     result = await wrong.sender.send_messages(FakeMessage(b"x"))
@@ -282,6 +298,7 @@ async def test_a_process_that_never_reached_the_region_moves_only_itself(
     assert wrong.active == "secondary" and roles.departures == 1 and roles.swaps == 0
     assert roles.departed_from is not None and roles.departed_from.active == NAMES["primary"]
     assert wrong.sender.stats.role_swaps == 0
+    assert metric_points(reader)["georep.roles.departed"] == [({"georep.entity": ENTITY}, 1)]
     [line] = [r.getMessage() for r in caplog.records if "this process only" in r.getMessage()]
     assert "never reached primary" in line and "stay on primary" in line
     attempts = wrong.primary.attempts
@@ -297,6 +314,7 @@ async def test_a_process_that_never_reached_the_region_moves_only_itself(
     assert store.records[ENTITY].generation == 1 and store.records[ENTITY].active == "secondary"
     assert {p.active for p in [*healthy, wrong]} == {"secondary"}
     assert wrong.sender.roles.departed_from is None  # the shared record moved: it follows it
+    assert metric_points(reader)["georep.roles.departed"] == [({"georep.entity": ENTITY}, 0)]
     assert wrong.sender.roles.current.generation == 1
     assert sum(p.sender.roles.swaps for p in [*healthy, wrong]) == 1
 
