@@ -4,6 +4,7 @@ from __future__ import annotations
 
 __version__ = "0.1.0"
 
+from georep._fork import ForkedProcessError
 from georep._ledger import ParquetLedger
 from georep._outbox import SqliteOutbox
 from georep._paired import PairedNamespaceOptions, backlog_queue_path
@@ -11,6 +12,7 @@ from georep._paired_sender import PairedSender
 from georep._peek import peek_all
 from georep._policy import (
     DEFAULT_FAILOVER_KINDS,
+    Corroboration,
     DedupKey,
     DrainPolicy,
     FailoverPolicy,
@@ -62,6 +64,7 @@ __all__ = [
     "ClaimState",
     "ClosedError",
     "ConfigurationError",
+    "Corroboration",
     "DedupKey",
     "DrainPolicy",
     "EmulatorError",
@@ -69,6 +72,7 @@ __all__ = [
     "ErrorKind",
     "FailoverChannel",
     "FailoverPolicy",
+    "ForkedProcessError",
     "GeoReceiver",
     "GeoReplicationError",
     "GeoSender",

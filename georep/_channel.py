@@ -34,6 +34,7 @@ __all__ = [
     "batch_size",
     "bounded_call",
     "learn_max_sizes",
+    "open_failure",
     "sender_channel",
 ]
 
@@ -139,6 +140,8 @@ class RegionChannel(Generic[_C]):
         failures: How many counted failures the region had (an epoch: a call that saw it
             change while waiting for the slot fails at once).
         last_error: The last counted failure.
+        last_success: When the region last answered a call (``clock.monotonic()``
+            seconds), None while it never has: whether this process ever reached it.
         max_size: The region's message size limit in bytes, once learned.
     """
 
@@ -153,6 +156,7 @@ class RegionChannel(Generic[_C]):
         "fail_over_on",
         "failures",
         "last_error",
+        "last_success",
         "max_size",
         "region",
     )
@@ -176,6 +180,7 @@ class RegionChannel(Generic[_C]):
         self._slot = client.slot() if exclusive else None  # type: ignore[attr-defined]
         self.failures = 0
         self.last_error: RegionError | None = None
+        self.last_success: float | None = None
         self.max_size: int | None = None
         self._cooling_until = 0.0
         self.cooling_error: RegionError | None = None
@@ -209,7 +214,9 @@ class RegionChannel(Generic[_C]):
                 ) from last
             try:
                 with self._clock.deadline(timeout):
-                    return await operation(*args, **kwargs, timeout=timeout)
+                    result = await operation(*args, **kwargs, timeout=timeout)
+                self.last_success = self._clock.monotonic()
+                return result
             except TimeoutError as exc:
                 name = self.region if self._name is None else self._name
                 error = timeout_error(self.region, f"{name} did not answer", timeout)
@@ -290,18 +297,40 @@ def sender_channel(
     )
 
 
+def open_failure(region: RegionChannel[RegionSender], error: RegionError) -> str:
+    """What a failure to open ``region``'s link says, in words: not found, credentials
+    refused, no answer... (issue 31: "did not answer" was said for all of them)."""
+    client = region.client
+    where = f"{region.region} ({client.namespace})"
+    kind = error.kind
+    if kind is ErrorKind.TIMEOUT:
+        what = "did not answer while connecting"
+    elif kind is ErrorKind.CONNECTION:
+        what = "could not be reached while connecting"
+    elif kind is ErrorKind.ENTITY_NOT_FOUND:
+        what = f"has no entity {client.entity!r}: sends there will fail until it is created"
+    elif kind is ErrorKind.ENTITY_DISABLED:
+        what = f"has entity {client.entity!r} disabled: sends there will fail until enabled"
+    elif kind is ErrorKind.AUTHENTICATION:
+        what = f"refused the credentials for {client.entity!r}"
+    else:
+        what = f"refused to open a link to {client.entity!r} ({kind.value})"
+    detail = str(error).removeprefix(f"{where}: ")  # the adapter's errors name it too
+    return f"{where} {what}: {detail}"
+
+
 async def learn_max_sizes(
     regions: Sequence[RegionChannel[RegionSender]], timeout: float
-) -> dict[str, BaseException]:
+) -> dict[str, RegionError]:
     """Ask each region its message size limit (it opens the link); return who failed."""
-    errors: dict[str, BaseException] = {}
+    errors: dict[str, RegionError] = {}
 
     async def size_of(region: RegionChannel[RegionSender]) -> None:
         try:
             region.max_size = await region.call(timeout, region.client.max_message_size)
         except RegionError as exc:
             errors[region.region] = exc
-            _log.warning("%s did not answer while connecting: %s", region.region, exc)
+            _log.warning("%s", open_failure(region, exc))
 
     await asyncio.gather(*(size_of(region) for region in regions))
     return errors

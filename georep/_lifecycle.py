@@ -11,9 +11,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 from collections.abc import Iterable
 from typing import Any, Protocol, Self
 
+from georep import _fork
 from georep.exceptions import ClosedError
 from georep.ports import Clock
 
@@ -33,8 +35,18 @@ class AsyncResource:
 
     _closed: bool = False
     _close_task: asyncio.Future[None] | None = None
+    _made_after_forks: int = 0
+    _made_in: int = 0
+
+    def __new__(cls, *args: Any, **kwargs: Any) -> Self:
+        # Stamped here, not in __init__: subclasses write their own __init__.
+        resource = super().__new__(cls)
+        resource._made_after_forks = _fork.fork_count()
+        resource._made_in = os.getpid()
+        return resource
 
     async def __aenter__(self) -> Self:
+        self._check_process()
         self._check_open()
         await self._open()
         return self
@@ -49,7 +61,11 @@ class AsyncResource:
 
     async def aclose(self) -> None:
         """Close this object and what it created. Idempotent; a second call waits for the
-        first one's close to finish."""
+        first one's close to finish. In a process forked after it was made, it is only
+        marked closed: what it holds belongs to the parent."""
+        if self._made_after_forks != _fork.fork_count():
+            self._closed = True
+            return
         if self._close_task is None:
             self._closed = True
             self._close_task = asyncio.ensure_future(self._close())
@@ -61,9 +77,16 @@ class AsyncResource:
         await self.aclose()
 
     def _check_open(self) -> None:
+        self._check_process()
         if self._closed:
             name = type(self).__name__
             raise ClosedError(f"this {name} is closed; create a new {name}")
+
+    def _check_process(self) -> None:
+        """Raise :class:`georep._fork.ForkedProcessError` in a process forked after this
+        object was made (a subclass's own ``_check_open`` calls it too)."""
+        if self._made_after_forks != _fork.fork_count():
+            raise _fork.forked_error(f"this {type(self).__name__}", self._made_in)
 
     async def _open(self) -> None:
         """Work done on ``async with`` entry; nothing by default."""

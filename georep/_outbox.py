@@ -474,6 +474,7 @@ class SqliteOutbox(AsyncResource):
             self._worker.shutdown(wait=False)
 
     def _check_open(self) -> None:
+        self._check_process()
         if self._closed:
             raise ClosedError(f"outbox {self._path} is closed; create a new SqliteOutbox")
 

@@ -14,6 +14,7 @@ from georep.ports import ErrorKind
 
 __all__ = [
     "DEFAULT_FAILOVER_KINDS",
+    "Corroboration",
     "DedupKey",
     "DrainPolicy",
     "FailoverPolicy",
@@ -111,6 +112,78 @@ class ReplicationMode(enum.StrEnum):
     at least one accepted (SPEC §2.1). Twice the operations."""
 
 
+@dataclass(frozen=True, kw_only=True)
+class Corroboration:
+    """What must back one process's failover before it moves every process sharing a role
+    store (issue 31).
+
+    A connection error seen by one process is not evidence of a regional outage: a process
+    with a typo in its primary's endpoint fails every send there. A failover that is not
+    corroborated still sends the message to the backup, and the roles move *for that
+    process only* (``sender.roles.departed_from``); the shared record, and every other
+    process, stay where they are. The process follows the shared roles again as soon as
+    anyone changes the record (a corroborated failover, an operator's command), or once the
+    region it left has answered its probes for ``FailoverPolicy.failback_after`` seconds.
+    Without a role store, every failover is this process's own: nothing to corroborate.
+
+    Every condition set must hold (they are ANDed). The default moves the fleet as fast as
+    before for a correctly configured process: one failure, no second process asked.
+
+    Attributes:
+        reached: The failing process must have reached the region before: a send, a link
+            opened by ``async with``/``warm_up()`` or a probe that the region answered, in
+            this GeoSender's lifetime (or within ``reached_within``). A process that never
+            reached the region (a wrong endpoint, port or key) cannot move the others.
+            Default True.
+        reached_within: Seconds: with ``reached``, the last success must be this recent.
+            None (default): any time in the sender's lifetime.
+        reports: How many distinct processes must have reported the region failing,
+            within ``window`` seconds and the same generation of the roles, this one
+            included (reports are kept in the role store). 1 (default): this process alone
+            is enough. A report counts only from a process that passes ``reached``.
+        window: Seconds a report counts for. Default 30.
+
+    ``Corroboration(reached=False)`` is the behaviour before issue 31: any process's
+    failure moves every process.
+
+    Raises:
+        ConfigurationError: A field has the wrong type or range (the message names it).
+    """
+
+    reached: bool = True
+    reached_within: Seconds | None = None
+    reports: int = 1
+    window: Seconds = 30.0
+
+    def __post_init__(self) -> None:
+        flag(self.reached, "Corroboration.reached")
+        if self.reached_within is not None:
+            within = positive_seconds(self.reached_within, "Corroboration.reached_within")
+            object.__setattr__(self, "reached_within", within)
+        count(self.reports, "Corroboration.reports")
+        object.__setattr__(self, "window", positive_seconds(self.window, "Corroboration.window"))
+
+    @property
+    def window_seconds(self) -> float:
+        """``window`` in seconds."""
+        return as_seconds(self.window)
+
+    @property
+    def reached_within_seconds(self) -> float | None:
+        """``reached_within`` in seconds (None: any time)."""
+        return None if self.reached_within is None else as_seconds(self.reached_within)
+
+    def describe(self) -> str:
+        """The rule in words, for logs: ``reached before, 2 processes within 30 s``."""
+        parts = []
+        if self.reached:
+            within = self.reached_within_seconds
+            parts.append("reached before" if within is None else f"reached within {within:g} s")
+        if self.reports > 1:
+            parts.append(f"{self.reports} processes within {self.window_seconds:g} s")
+        return ", ".join(parts) or "none"
+
+
 #: Failures that mean "the region may be unavailable" (SPEC §2.2): connection, timeout and
 #: server-busy, read from the one classification table (``georep._classify``, where each
 #: decision is argued). Any other error is raised at once, region unchanged.
@@ -143,6 +216,10 @@ class FailoverPolicy:
             for repair when ``repair=True``), then try it again. Without it every send
             would wait for the dead region's failure, up to ``attempt_timeout``. 0 turns it
             off. Default 5 s.
+        corroboration: With a shared role store, what a failure must show before this
+            process's failover moves every process (:class:`Corroboration`); an
+            uncorroborated failover moves this process only. Default: the process must
+            have reached the region before (no second process needed).
 
     Raises:
         ConfigurationError: A duration is not a finite number of seconds (> 0; >= 0 for
@@ -156,8 +233,14 @@ class FailoverPolicy:
     switch_back_probe_interval: Seconds = 30.0
     failback_after: Seconds = 60.0
     region_cooldown: Seconds = 5.0
+    corroboration: Corroboration = field(default_factory=Corroboration)
 
     def __post_init__(self) -> None:
+        if not isinstance(self.corroboration, Corroboration):
+            raise ConfigurationError(
+                "FailoverPolicy.corroboration must be a Corroboration(...), got "
+                f"{type(self.corroboration).__name__} {self.corroboration!r}"
+            )
         for name in (
             "attempt_timeout",
             "switch_back_probe_interval",

@@ -16,17 +16,18 @@ import contextlib
 import getpass
 import logging
 import os
+import secrets
 import socket
 import weakref
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Final
+from typing import Final, Literal
 
 from opentelemetry import metrics
 
 from georep._clock import SystemClock
 from georep._policy import positive_seconds
-from georep._roles import RoleSnapshot, RoleState
+from georep._roles import DEPART, FailoverEvidence, RoleSnapshot, RoleState
 from georep._telemetry import Instruments, InstrumentSpec
 from georep.exceptions import StoreUnavailableError
 from georep.ports import Clock, RoleRecord, RoleStore
@@ -69,6 +70,13 @@ ROLES_SHARED: Final = InstrumentSpec(
     "its own roles (the store is unreachable).",
 )
 
+ROLES_DEPARTED: Final = InstrumentSpec(
+    "georep.roles.departed",
+    "{process}",
+    "1 while this process sends to the backup on its own, after a failover the "
+    "corroboration rule did not back (the other processes stay on the shared roles).",
+)
+
 
 def who_am_i(what: str) -> str:
     """``user@host pid N (what)``: who a role change is recorded as made by."""
@@ -77,6 +85,15 @@ def who_am_i(what: str) -> str:
     except (KeyError, OSError):  # no login name in some containers
         user = "unknown"
     return f"{user}@{socket.gethostname()} pid {os.getpid()} ({what})"
+
+
+_PROCESS_TOKEN: Final = secrets.token_hex(4)
+
+
+def reporter_id() -> str:
+    """This process in failure reports: host, pid and a random token (two containers may
+    share a host name and a pid)."""
+    return f"{socket.gethostname()} pid {os.getpid()} {_PROCESS_TOKEN}"
 
 
 #: What a change answers for an entity without a record.
@@ -148,6 +165,8 @@ class InMemoryRoleStore(_RoleStoreBase):
 
     Attributes:
         records: Entity → its record.
+        reports: (entity, region, generation) → reporter → when it reported the region
+            failing (:meth:`report_failure`).
         calls: Calls made so far.
         unavailable: Set it (tests) to make every call raise ``StoreUnavailableError``,
             as an unreachable Redis does.
@@ -162,6 +181,7 @@ class InMemoryRoleStore(_RoleStoreBase):
         self.refresh_interval = positive_seconds(refresh_interval, "refresh_interval")
         self.operation_timeout = positive_seconds(operation_timeout, "operation_timeout")
         self.records: dict[str, RoleRecord] = {}
+        self.reports: dict[tuple[str, str, int], dict[str, float]] = {}
         self.calls = 0
         self.unavailable = False
 
@@ -192,6 +212,24 @@ class InMemoryRoleStore(_RoleStoreBase):
     async def delete(self, entity: str) -> bool:
         self._check()
         return self.records.pop(entity, None) is not None
+
+    async def report_failure(
+        self,
+        entity: str,
+        *,
+        region: str,
+        generation: int,
+        reporter: str,
+        now: float,
+        window: float,
+    ) -> int:
+        self._check()
+        reports = self.reports.setdefault((entity, region, generation), {})
+        reports[reporter] = now
+        for name, at in list(reports.items()):
+            if at < now - window:
+                del reports[name]
+        return len(reports)
 
     async def aclose(self) -> None:
         return None
@@ -234,6 +272,9 @@ class SharedRoles:
         self._clock = clock
         self._who = who_am_i("automatic failover")
         self.record: RoleRecord | None = None
+        self._departed_record: RoleRecord | None = None
+        self.reporter = reporter_id()
+        """How this process signs its failure reports (``Corroboration(reports=N)``)."""
         self.fallbacks = 0
         self.rejoins = 0
         self._holders = 0
@@ -244,6 +285,9 @@ class SharedRoles:
         self._counters = instruments.counters(ROLE_COUNTERS)
         self._attributes = {"georep.entity": entity}
         instruments.gauge_of(ROLES_SHARED, combine=min).add(self, _shared_value, self._attributes)
+        instruments.gauge_of(ROLES_DEPARTED, combine=max).add(
+            self, _departed_value, self._attributes
+        )
         state.link(self)
 
     @property
@@ -298,12 +342,24 @@ class SharedRoles:
             return
         self._follow(record)
 
-    async def propose(self, expected: RoleSnapshot, new_active: str) -> bool | None:
-        """The compare-and-set in the store; None when it could not be made (swap locally)."""
+    async def propose(
+        self,
+        expected: RoleSnapshot,
+        new_active: str,
+        evidence: FailoverEvidence | None = None,
+    ) -> bool | Literal["depart"] | None:
+        """The compare-and-set in the store; None when it could not be made (swap
+        locally); :data:`georep._roles.DEPART` when ``evidence`` does not corroborate a
+        move of every process (this process moves alone)."""
         if self.state.shared is not True or self.record is None:
             return None
         try:
             with self._clock.deadline(self._timeout):
+                if evidence is not None:
+                    refusal = await self._uncorroborated(expected, evidence)
+                    if refusal is not None:
+                        self._depart(expected, new_active, refusal, evidence)
+                        return DEPART
                 swapped, record = await self.store.change(
                     self.entity,
                     expected_generation=expected.generation,
@@ -319,6 +375,55 @@ class SharedRoles:
             return None
         self._follow(record)
         return swapped
+
+    async def _uncorroborated(
+        self, expected: RoleSnapshot, evidence: FailoverEvidence
+    ) -> str | None:
+        """Why ``evidence`` does not corroborate moving every process off
+        ``expected.active`` (None: it does). Reports the failure to the store when the
+        rule counts reports."""
+        rule = evidence.corroboration
+        failing = self._label[expected.active]
+        if rule.reached:
+            ago = evidence.reached_ago
+            if ago is None:
+                return (
+                    f"this process never reached {failing} (check its connection string, "
+                    "endpoint and key for that region)"
+                )
+            within = rule.reached_within_seconds
+            if within is not None and ago > within:
+                return f"this process last reached {failing} {ago:.0f} s ago (over {within:g} s)"
+        if rule.reports <= 1:
+            return None
+        count = await self.store.report_failure(
+            self.entity,
+            region=failing,
+            generation=expected.generation,
+            reporter=self.reporter,
+            now=self._clock.time(),
+            window=rule.window_seconds,
+        )
+        if count >= rule.reports:
+            return None
+        return (
+            f"{count} of the {rule.reports} processes it asks for reported {failing} failing "
+            f"within {rule.window_seconds:g} s"
+        )
+
+    def _depart(
+        self, expected: RoleSnapshot, new_active: str, why: str, evidence: FailoverEvidence
+    ) -> None:
+        self._departed_record = self.record
+        _log.warning(
+            "%s: %s is active for this process only: %s; the other processes sharing the "
+            "role store stay on %s (FailoverPolicy.corroboration: %s)",
+            self.entity,
+            self._label[new_active],
+            why,
+            self._label[expected.active],
+            evidence.corroboration.describe(),
+        )
 
     def _initial(self, current: RoleSnapshot) -> RoleRecord:
         return RoleRecord(
@@ -381,6 +486,18 @@ class SharedRoles:
         self.record = record
         state.pinned = record.pinned
         state.automatic = record.automatic
+        if state.departed_from is not None:
+            if record == self._departed_record:
+                return  # nobody changed the shared record: this process keeps its own roles
+            state.departed_from = None
+            _log.warning(
+                "%s: the shared roles changed (%s active, generation %d, by %s): this "
+                "process follows them again",
+                self.entity,
+                record.active,
+                record.generation,
+                record.changed_by or "unknown",
+            )
         snapshot = state.current
         if snapshot.active != local or snapshot.generation != record.generation:
             if snapshot.active != local:
@@ -409,6 +526,10 @@ class SharedRoles:
 def _shared_value(link: SharedRoles) -> int | None:
     shared = link.state.shared
     return None if shared is None else int(shared)
+
+
+def _departed_value(link: SharedRoles) -> int:
+    return int(link.state.departed_from is not None)
 
 
 _links: weakref.WeakValueDictionary[

@@ -3,14 +3,18 @@
 from __future__ import annotations
 
 import asyncio
+import enum
 import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Protocol
+from typing import TYPE_CHECKING, Final, Literal, Protocol
 
 import aiorwlock
 
-__all__ = ["RoleSnapshot", "RoleState", "role_state_for"]
+if TYPE_CHECKING:
+    from georep._policy import Corroboration
+
+__all__ = ["DEPART", "FailoverEvidence", "RoleMove", "RoleSnapshot", "RoleState", "role_state_for"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -21,11 +25,48 @@ class RoleSnapshot:
     generation: int
 
 
+@dataclass(frozen=True, slots=True)
+class FailoverEvidence:
+    """What a process knows of the region it is failing over from (issue 31).
+
+    Attributes:
+        reached_ago: Seconds since this process last reached the failing region, None
+            when it never has.
+        corroboration: What the sender's policy asks before the whole fleet moves.
+    """
+
+    reached_ago: float | None
+    corroboration: Corroboration
+
+
+#: What :meth:`RoleLink.propose` answers for a failover that is not corroborated: the
+#: roles move for this process only.
+DEPART: Final = "depart"
+
+
+class RoleMove(enum.StrEnum):
+    """What one :meth:`RoleState.move` did."""
+
+    UNCHANGED = "unchanged"
+    """Nothing moved: the roles had changed since the snapshot, the compare-and-set in the
+    store lost, or the roles are pinned."""
+    SWAPPED = "swapped"
+    """The roles moved for everyone sharing them (in the store, or locally without one)."""
+    LEFT = "left"
+    """The roles moved for this process only: the failure was not corroborated."""
+    REJOINED = "rejoined"
+    """This process went back to the shared roles it had left."""
+
+
 class RoleLink(Protocol):
     """What keeps a :class:`RoleState` in step with a shared role store."""
 
-    async def propose(self, expected: RoleSnapshot, new_active: str) -> bool | None:
-        """Swap in the store: whether this call swapped, None to swap locally instead."""
+    async def propose(
+        self, expected: RoleSnapshot, new_active: str, evidence: FailoverEvidence | None
+    ) -> bool | Literal["depart"] | None:
+        """Swap in the store: whether this call swapped, None to swap locally instead,
+        :data:`DEPART` to move this process only (``evidence`` does not corroborate a
+        move of every process)."""
         ...
 
 
@@ -43,6 +84,10 @@ class RoleState:
 
     Attributes:
         swaps: Swaps this role state made (a lost compare-and-set is not one).
+        departures: Times this process left the shared roles on an uncorroborated
+            failure (see :class:`georep.Corroboration`).
+        departed_from: While this process uses its own roles after an uncorroborated
+            failure, the shared snapshot it left (None otherwise).
         pinned: An operator pinned the roles: automatic swaps are refused.
         automatic: The last change of the roles was georep's own, not an operator's.
         shared: True while the roles follow a shared store, False while the store is
@@ -53,6 +98,8 @@ class RoleState:
         self._lock = aiorwlock.RWLock()
         self._snapshot = RoleSnapshot(active, 0)
         self.swaps = 0
+        self.departures = 0
+        self.departed_from: RoleSnapshot | None = None
         self.pinned = False
         self.automatic = True
         self.shared: bool | None = None
@@ -82,17 +129,44 @@ class RoleState:
         Returns:
             True when this call swapped the roles.
         """
+        return await self.move(expected=expected, new_active=new_active) is not RoleMove.UNCHANGED
+
+    async def move(
+        self,
+        *,
+        expected: RoleSnapshot,
+        new_active: str,
+        evidence: FailoverEvidence | None = None,
+    ) -> RoleMove:
+        """Make ``new_active`` active if nothing changed since ``expected``.
+
+        With a shared role store and ``evidence`` (a failover), the store is changed only
+        when the evidence corroborates it; otherwise the roles move for this process only
+        (:attr:`RoleMove.LEFT`). A move back to the shared roles this process left
+        rejoins them without asking the store.
+        """
         async with self._lock.writer_lock:
             if self._snapshot != expected or expected.active == new_active or self.pinned:
-                return False
+                return RoleMove.UNCHANGED
+            departed = self.departed_from
+            if departed is not None and new_active == departed.active:
+                self.departed_from = None
+                self.adopt(departed)
+                return RoleMove.REJOINED
             if self._link is not None:
-                swapped = await self._link.propose(expected, new_active)
-                if swapped is not None:
-                    self.swaps += swapped
-                    return swapped
+                answer = await self._link.propose(expected, new_active, evidence)
+                if answer == DEPART:
+                    self.departed_from = expected
+                    self.departures += 1
+                    self.adopt(RoleSnapshot(new_active, expected.generation))
+                    return RoleMove.LEFT
+                if isinstance(answer, bool):
+                    self.swaps += answer
+                    return RoleMove.SWAPPED if answer else RoleMove.UNCHANGED
+            self.departed_from = None
             self.adopt(RoleSnapshot(new_active, expected.generation + 1))
             self.swaps += 1
-            return True
+            return RoleMove.SWAPPED
 
     def adopt(self, snapshot: RoleSnapshot) -> None:
         """Take ``snapshot`` as it is (the shared store's word); listeners hear of a new

@@ -18,7 +18,7 @@ from opentelemetry.trace import Span, SpanKind
 
 from georep._channel import RegionChannel
 from georep._policy import as_seconds
-from georep._roles import RoleSnapshot, RoleState
+from georep._roles import FailoverEvidence, RoleMove, RoleSnapshot, RoleState
 from georep._sending import PendingSend, SendContext, SendResult
 from georep.exceptions import AllRegionsUnavailableError, RegionError
 from georep.ports import RegionSender
@@ -151,18 +151,40 @@ class PassivePath(_Path):
     async def record_failover(
         self, snapshot: RoleSnapshot, active: Channel, backup: Channel, span: Span | None
     ) -> None:
-        """The backup accepted what the active region refused: count it, swap the roles."""
+        """The backup accepted what the active region refused: count it, swap the roles
+        (with a role store: for every process when the failure is corroborated, else for
+        this process only)."""
         self._context.stats.failovers += 1
         self._context.telemetry.failover(active.region, backup.region)
         if span is not None:
             span.set_attribute("georep.region", backup.region)
             span.set_attribute("georep.failover", True)
-        if await self._roles().swap(expected=snapshot, new_active=backup.client.namespace):
+        last = active.last_success
+        evidence = FailoverEvidence(
+            reached_ago=None if last is None else self._context.clock.monotonic() - last,
+            corroboration=self._policy.corroboration,
+        )
+        roles = self._roles()
+        move = await roles.move(
+            expected=snapshot, new_active=backup.client.namespace, evidence=evidence
+        )
+        if move is RoleMove.SWAPPED:
             self._context.stats.role_swaps += 1
             self._context.telemetry.role_swap(backup.region)
             if span is not None:
                 span.add_event("georep.role_swap", {"georep.region": backup.region})
             _log.warning("%s is now the active region for %s", backup.region, self._context.entity)
+        elif move is RoleMove.LEFT:  # the role store's link said why
+            if span is not None:
+                span.add_event("georep.role_departure", {"georep.region": backup.region})
+        elif move is RoleMove.REJOINED:
+            _log.warning(
+                "%s: back on the shared roles (%s active) after %s failed",
+                self._context.entity,
+                backup.region,
+                active.region,
+            )
+        if move is not RoleMove.UNCHANGED:
             self._start_probe()
 
     def watch(self, roles: RoleState) -> None:
@@ -174,30 +196,44 @@ class PassivePath(_Path):
         )
 
     def _start_probe(self) -> None:
-        if self._policy.switch_back and self._probe is None and not self._stopped:
+        if self._probe is not None or self._stopped:
+            return
+        if self._policy.switch_back or self._roles().departed_from is not None:
             self._probe = asyncio.create_task(self._probe_for_switch_back())
 
     async def _probe_for_switch_back(self) -> None:
-        """Move back to the original primary once it has answered for ``failback_after``.
+        """Move back to the original primary once it has answered for ``failback_after``;
+        first, while this process has left the shared roles (an uncorroborated failover),
+        back to them once the region it left has answered as long.
 
         Only a swap georep made itself is undone, and never while the roles are pinned:
-        an operator's choice stays until an operator changes it.
+        an operator's choice stays until an operator changes it. A return to the shared
+        roles needs no ``switch_back``: it only undoes this process's own departure.
         """
         interval = as_seconds(self._policy.switch_back_probe_interval)
-        primary = self._regions.primary
         clock = self._context.clock
         healthy_since: float | None = None
+        probed: Channel | None = None
         try:
             while not self._stopped:
                 await clock.sleep(interval)
                 roles = self._roles()
                 snapshot = await roles.read()
-                if snapshot.active == primary.client.namespace:
+                departed = roles.departed_from
+                if departed is not None:
+                    target = self._regions.by_namespace[departed.active]
+                elif not self._policy.switch_back:
                     return
-                if roles.pinned or not roles.automatic:
-                    return
+                else:
+                    target = self._regions.primary
+                    if snapshot.active == target.client.namespace:
+                        return
+                    if roles.pinned or not roles.automatic:
+                        return
+                if target is not probed:
+                    probed, healthy_since = target, None
                 try:
-                    await primary.call(self._policy.attempt_seconds, primary.client.probe)
+                    await target.call(self._policy.attempt_seconds, target.client.probe)
                 except RegionError:
                     healthy_since = None
                     continue
@@ -206,12 +242,23 @@ class PassivePath(_Path):
                     healthy_since = now
                 if now - healthy_since < self._policy.failback_seconds:
                     continue
-                if await roles.swap(expected=snapshot, new_active=primary.client.namespace):
+                move = await roles.move(expected=snapshot, new_active=target.client.namespace)
+                if departed is not None:  # rejoined, or the roles moved meanwhile: look again
+                    if move is RoleMove.REJOINED:
+                        _log.warning(
+                            "%s answered for %g s: %s follows the shared roles again",
+                            target.region,
+                            now - healthy_since,
+                            self._context.entity,
+                        )
+                    probed = None
+                    continue
+                if move is RoleMove.SWAPPED:
                     self._context.stats.role_swaps += 1
-                    self._context.telemetry.role_swap(primary.region)
+                    self._context.telemetry.role_swap(target.region)
                     _log.warning(
                         "%s answered for %g s; switched back to it",
-                        primary.region,
+                        target.region,
                         now - healthy_since,
                     )
                 return

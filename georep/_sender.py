@@ -17,11 +17,19 @@ from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
-from georep._channel import batch_size, learn_max_sizes
+from georep._channel import batch_size, learn_max_sizes, open_failure
+from georep._classify import region_error
 from georep._clock import SystemClock
 from georep._endpoint import FromNamespaces, Target, one_entity, with_client_options_pair
 from georep._lifecycle import AsyncResource, close_all
-from georep._policy import DedupKey, DrainPolicy, FailoverPolicy, ReplicationMode, positive_seconds
+from georep._policy import (
+    DedupKey,
+    DrainPolicy,
+    FailoverPolicy,
+    ReplicationMode,
+    flag,
+    positive_seconds,
+)
 from georep._region_wrap import check_pair, open_pair, wrap_pair
 from georep._role_join import role_join
 from georep._roles import RoleState, role_state_for
@@ -29,7 +37,7 @@ from georep._send_records import flush_ledger
 from georep._send_wiring import SenderParts, wire
 from georep._sending import SenderStats, SendResult
 from georep._telemetry import SenderTelemetry
-from georep.exceptions import ClosedError, ConfigurationError
+from georep.exceptions import ClosedError, ConfigurationError, RegionError
 from georep.ports import Clock, Ledger, Outbox, RegionSender, RoleStore
 
 if TYPE_CHECKING:
@@ -104,10 +112,19 @@ class GeoSender(FromNamespaces, AsyncResource):
             namespace pair in this event loop shares one.
         role_store: Share the entity's roles with every process of the application
             (e.g. ``georep.adapters.redis.RedisRoleStore``): a failover seen by one
-            process moves them all, and ``georep failover``/``pin`` steer them. Sends
+            process moves them all (when ``policy.corroboration`` holds: a process that
+            never reached the failing region moves only itself), and ``georep
+            failover``/``pin`` steer them. Sends
             read a local copy, refreshed in the background every
             ``store.refresh_interval``; ``async with`` reads it once before the first
             send. The caller owns the store.
+        verify_on_open: A strict start: ``async with`` (and :meth:`warm_up`) raises
+            when a region *answers* that the entity cannot be used there (not found,
+            disabled, credentials refused), instead of logging it and starting: a passive
+            sender whose entity exists in one region only would otherwise learn it during
+            the outage, as ``EntityNotFoundError``. A region that does not answer at all
+            is logged, not raised: it may be down, which is what georep is for. Default
+            False.
         clock: Time source (tests inject :class:`georep.testing.FakeClock`).
         tracer_provider: OpenTelemetry tracer provider (default: the global one).
         meter_provider: OpenTelemetry meter provider (default: the global one).
@@ -133,11 +150,13 @@ class GeoSender(FromNamespaces, AsyncResource):
         role_state: RoleState | None = None,
         role_store: RoleStore | None = None,
         partitioned: bool = False,
+        verify_on_open: bool = False,
         clock: Clock | None = None,
         tracer_provider: TracerProvider | None = None,
         meter_provider: MeterProvider | None = None,
     ) -> None:
         self.mode = ReplicationMode(mode)
+        self.verify_on_open = flag(verify_on_open, "verify_on_open")
         self.partitioned = partitioned
         self.policy = policy or FailoverPolicy()
         self.drain_policy = drain or DrainPolicy()
@@ -155,6 +174,13 @@ class GeoSender(FromNamespaces, AsyncResource):
         self._codec = self._primary.codec
         if role_state is not None and role_store is not None:
             raise ConfigurationError("give role_state= or role_store=, not both")
+        reports = self.policy.corroboration.reports
+        if role_store is not None and reports > 1 and not hasattr(role_store, "report_failure"):
+            raise ConfigurationError(
+                f"Corroboration(reports={reports}) keeps failure reports in the role store, "
+                f"and {type(role_store).__name__} has no report_failure(): use RedisRoleStore "
+                "or InMemoryRoleStore, or Corroboration(reports=1)"
+            )
         self._role_state = role_state
         self.entity = self._primary.entity
         names = {region.region: region.namespace for region in regions}
@@ -253,7 +279,11 @@ class GeoSender(FromNamespaces, AsyncResource):
         roles = self.roles  # joins the shared roles, if any
         if roles.shared is None and self._role_join is not None:
             await self._role_join.refresh()
-        await self.warm_up()
+        try:
+            await self.warm_up()
+        except RegionError:  # verify_on_open: nothing this sender opened stays open
+            await self.aclose()
+            raise
         if self._drainer is not None:
             self._drainer.start()
 
@@ -261,9 +291,33 @@ class GeoSender(FromNamespaces, AsyncResource):
         """Open both regions' links now (bounded by the attempt deadline).
 
         A failover then costs one send to an already connected backup instead of a new
-        connection (0.3-1 s). A region that is down now is skipped; it connects on first use.
+        connection (0.3-1 s). A region that is down now is skipped; it connects on first
+        use. What went wrong with a region is logged as what it is: no answer, not
+        reachable, entity not found or disabled, credentials refused.
+
+        Raises:
+            EntityNotFoundError, AuthenticationError, RegionError: With
+                ``verify_on_open=True``, a region answered that the entity cannot be used
+                there (the message names the region, its namespace and the entity).
         """
-        await learn_max_sizes(list(self._parts.regions), self.policy.attempt_seconds)
+        errors = await learn_max_sizes(list(self._parts.regions), self.policy.attempt_seconds)
+        if not self.verify_on_open:
+            return
+        refused = [
+            (region, error)
+            for region in self._parts.regions
+            if (error := errors.get(region.region)) is not None
+            and error.kind not in self.policy.fail_over_on
+        ]
+        if refused:
+            (region, error), *others = refused
+            also = "".join(f"; and {open_failure(r, e)}" for r, e in others)
+            raise region_error(
+                f"GeoSender(verify_on_open=True) for {self.entity!r}: "
+                f"{open_failure(region, error)}{also}",
+                region=region.region,
+                kind=error.kind,
+            ) from error
 
     async def aclose(self) -> None:
         """Stop the outbox drainer and close what this GeoSender created. Idempotent.
@@ -297,6 +351,7 @@ class GeoSender(FromNamespaces, AsyncResource):
             await flush_ledger(self.ledger, timeout=timeout, clock=self._clock)
 
     def _check_open(self) -> None:
+        self._check_process()
         if self.closed:
             raise ClosedError(f"GeoSender for {self.entity!r} is closed; create a new one")
 

@@ -6,6 +6,10 @@ ten sync senders has one extra thread, not ten. The thread starts with the first
 ``georep.sync`` object and is stopped and joined when the last one closes, so a closed
 application has no georep thread left.
 
+In a forked child the loop thread does not exist (only the thread that called ``fork``
+is copied): the runtime forgets the parent's loop there, and the next georep.sync object
+to need one starts its own (see :mod:`georep._fork` for what happens to the objects).
+
 Async resources a sync caller hands over (``seen=``, ``outbox=``, ``ledger=``) live on
 that loop. A sync caller cannot ``await aclose()`` them, and the loop they are bound to
 stops with the last sync object, so each is closed when the last sync object using it
@@ -17,10 +21,12 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
+import os
 import threading
 from collections.abc import Coroutine
 from typing import Any, TypeVar
 
+from georep import _fork
 from georep.exceptions import ClosedError
 
 __all__ = ["RUNTIME", "LoopRuntime"]
@@ -38,6 +44,16 @@ class LoopRuntime:
         self._thread: threading.Thread | None = None
         self._users = 0
         self._held: dict[int, list[Any]] = {}
+
+    def forget_after_fork(self) -> None:
+        """In a forked child: drop the parent's loop (its thread is not here) and start
+        afresh. The loop object is kept, never run nor closed: its selector and sockets
+        are the parent's too."""
+        _fork.abandon(self._loop)
+        self._lock = threading.Lock()  # a parent thread may have held it at the fork
+        self._loop = self._thread = None
+        self._users = 0
+        self._held = {}
 
     @property
     def loop(self) -> asyncio.AbstractEventLoop:
@@ -154,3 +170,5 @@ def _serve(loop: asyncio.AbstractEventLoop, started: threading.Event) -> None:
 
 RUNTIME = LoopRuntime()
 """The process's runtime, shared by every georep.sync object."""
+
+os.register_at_fork(after_in_child=RUNTIME.forget_after_fork)

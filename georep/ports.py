@@ -834,6 +834,25 @@ class RoleStore(Protocol):
         """
         ...
 
+    async def report_failure(
+        self,
+        entity: str,
+        *,
+        region: str,
+        generation: int,
+        reporter: str,
+        now: float,
+        window: float,
+    ) -> int:
+        """Record that ``reporter`` (one process) saw ``region`` fail while ``generation``
+        was the entity's generation, at wall-clock ``now``; return how many distinct
+        reporters did so within the last ``window`` seconds, this one included.
+
+        Only needed for ``Corroboration(reports=N)`` with N > 1; reports are kept about
+        ``window`` seconds, apart from the record.
+        """
+        ...
+
     async def aclose(self) -> None:
         """Release what the store opened (idempotent)."""
         ...

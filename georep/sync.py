@@ -26,6 +26,11 @@ Every method blocks until the core answers (its deadlines bound that) and raises
 core's errors (:mod:`georep.exceptions`); a closed object raises
 :class:`georep.exceptions.ClosedError`. Calling these methods from async code on georep's
 own loop thread raises RuntimeError: use the async API there.
+
+After ``os.fork()`` (gunicorn ``--preload``, Celery prefork): a :class:`GeoSender` made by
+``from_connection_strings`` without an outbox, ledger or role store reopens in the child
+on first use (its own loop thread and connections); every other object made in the parent
+raises :class:`ForkedProcessError` at once when the child uses it.
 """
 
 from __future__ import annotations
@@ -33,13 +38,16 @@ from __future__ import annotations
 import concurrent.futures
 import contextlib
 import contextvars
+import logging
+import os
 import threading
 from collections.abc import Callable, Coroutine, Mapping, Sequence
 from datetime import datetime
 from types import TracebackType
 from typing import Any, Self
 
-from georep import _paired_sender, _receiver, _sender
+from georep import _fork, _paired_sender, _receiver, _sender
+from georep._fork import ForkedProcessError
 from georep._receiver import ReceiverStats
 from georep._region_wrap import wrap_pair
 from georep._sender import SenderStats, SendResult
@@ -47,7 +55,16 @@ from georep._sync_runtime import RUNTIME
 from georep.exceptions import ClosedError
 from georep.ports import RegionSender
 
-__all__ = ["GeoReceiver", "GeoSender", "PairedSender", "ReceiverHandler", "receiver"]
+__all__ = [
+    "ForkedProcessError",
+    "GeoReceiver",
+    "GeoSender",
+    "PairedSender",
+    "ReceiverHandler",
+    "receiver",
+]
+
+_log = logging.getLogger("georep.sync")
 
 SyncHandler = Callable[[Any], object]
 
@@ -62,9 +79,16 @@ async def _build(factory: Callable[[], Any]) -> Any:
 
 
 class _Blocking:
-    """Holds the loop runtime for one core object and closes everything it was given."""
+    """Holds the loop runtime for one core object and closes everything it was given.
+
+    In a process forked after it was made (gunicorn ``--preload``...), an object that may
+    reopen (a GeoSender from connection strings, given no async resources) builds a new
+    core there on first use; any other raises :class:`ForkedProcessError` (see
+    :mod:`georep._fork`).
+    """
 
     _kind = "object"
+    _reopen = False
 
     def __init__(
         self, factory: Callable[[], Any], *, adapters: Sequence[Any] = (), options: Any = None
@@ -77,9 +101,16 @@ class _Blocking:
             for name in _RESOURCES
             if (value := (options or {}).get(name)) is not None and hasattr(value, "aclose")
         ]
+        for resource in self._resources:  # the parent's store, outbox...: refused at once
+            check_process = getattr(resource, "_check_process", None)
+            if check_process is not None:
+                check_process()
+        self._factory = factory
+        self._made_after_forks = _fork.fork_count()
+        self._made_in = os.getpid()
         RUNTIME.acquire()
         try:
-            self._core = RUNTIME.call(_build(factory))
+            self._made = RUNTIME.call(_build(factory))
         except BaseException:
             RUNTIME.call(self._close_adapters())
             RUNTIME.release()
@@ -88,25 +119,74 @@ class _Blocking:
             RUNTIME.hold(resource)
 
     @classmethod
-    def _owning(cls, factory: Callable[[], Any], *, options: Any) -> Self:
-        """One over a core that ``factory`` builds with its own clients (no adapters)."""
+    def _owning(cls, factory: Callable[[], Any], *, options: Any, reopen: bool = False) -> Self:
+        """One over a core that ``factory`` builds with its own clients (no adapters);
+        with ``reopen``, rebuilt by ``factory`` in a forked child unless it was given an
+        async resource (those belong to the parent)."""
         blocking = cls.__new__(cls)
         _Blocking.__init__(blocking, factory, options=options)
+        blocking._reopen = reopen and not blocking._resources and "role_state" not in options
         return blocking
+
+    @property
+    def _core(self) -> Any:
+        """The core object, after a fork the child's own (or ForkedProcessError)."""
+        if self._made_after_forks != _fork.fork_count():
+            self._after_fork()
+        return self._made
+
+    def _after_fork(self) -> None:
+        with _fork.reopen_lock():
+            if self._made_after_forks == _fork.fork_count() or self._closed:
+                return  # another thread reopened it; or closed: the call raises ClosedError
+            if not self._reopen:
+                raise _fork.forked_error(f"this georep.sync.{self._kind}", self._made_in)
+            # The parent's core is left as it is: closing it would close the parent's
+            # connections, and nothing here runs its loop.
+            _fork.abandon(self._made)
+            RUNTIME.acquire()
+            try:
+                self._made = RUNTIME.call(_build(self._factory))
+            except BaseException:
+                RUNTIME.release()
+                self._closed = True
+                raise
+            self._close_lock = threading.Lock()
+            parent, self._made_in = self._made_in, os.getpid()
+            self._made_after_forks = _fork.fork_count()
+        _log.info(
+            "georep.sync.%s for %r was created in process %d before a fork: reopened in "
+            "process %d with its own connections",
+            self._kind,
+            self.entity,
+            parent,
+            self._made_in,
+        )
 
     @property
     def entity(self) -> str:
         """The queue or topic name (a subscription's as ``topic/Subscriptions/name``)."""
-        return str(self._core.entity)
+        return str(self._made.entity)
 
     def _call(self, coroutine: Coroutine[Any, Any, Any]) -> Any:
         if self._closed:
             coroutine.close()
             raise ClosedError(f"this georep.sync.{self._kind} is closed; create a new one")
+        try:
+            self._core  # noqa: B018 - reopens (or raises) in a forked child
+        except BaseException:
+            coroutine.close()
+            raise
         return RUNTIME.call(coroutine)
 
     def __enter__(self) -> Self:
-        self._call(self._core.__aenter__())
+        try:
+            self._call(self._core.__aenter__())
+        except BaseException:
+            # ``with`` never calls __exit__ when __enter__ raises (a strict start that
+            # refused): close here, or the loop thread would outlive the object.
+            self.close()
+            raise
         return self
 
     def __exit__(
@@ -126,6 +206,11 @@ class _Blocking:
         """
         if getattr(_handler_context, "receiver", None) is self:
             threading.Thread(target=self.close, name="georep-close", daemon=True).start()
+            return
+        if self._made_after_forks != _fork.fork_count():
+            # Made in the parent, never reopened here: nothing of it is this process's.
+            _fork.abandon(self._made)
+            self._closed = True
             return
         with self._close_lock:
             if self._closed:
@@ -186,6 +271,7 @@ class GeoSender(_Blocking):
         return cls._owning(
             lambda: _sender.GeoSender.from_connection_strings(primary, secondary, **kwargs),
             options=kwargs,
+            reopen=isinstance(primary, str) and isinstance(secondary, str),
         )
 
     @classmethod

@@ -5,6 +5,9 @@ The record of ``entity`` in application ``app`` is the hash ``georep:roles:{app}
 ``mode``), and the set ``georep:roles:{app}`` lists the entities. The braces are a Redis
 Cluster hash tag: one application's keys share a slot, so each script may touch two of
 them. A change is one script run, a compare-and-set on the generation, atomic in Redis.
+Failure reports (``Corroboration(reports=N)``) are one sorted set per entity, region and
+generation, ``georep:roles:{app}:entity:failing:region:generation`` (member: the process,
+score: when it reported), which expires a second after its window.
 """
 
 from __future__ import annotations
@@ -80,6 +83,16 @@ return removed
 """
 
 
+# KEYS[1] the reports; ARGV: reporter, now, window (seconds). Answers the reporters left.
+_REPORT: Final = """
+local now, window = tonumber(ARGV[2]), tonumber(ARGV[3])
+redis.call('ZADD', KEYS[1], now, ARGV[1])
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now - window)
+redis.call('PEXPIRE', KEYS[1], math.ceil(window * 1000) + 1000)
+return redis.call('ZCARD', KEYS[1])
+"""
+
+
 def _text(value: Any) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
 
@@ -150,6 +163,7 @@ class RedisRoleStore(AsyncResource, _RoleStoreBase):
         self._create_script = self._redis.register_script(_CREATE)
         self._change_script = self._redis.register_script(_CHANGE)
         self._delete_script = self._redis.register_script(_DELETE)
+        self._report_script = self._redis.register_script(_REPORT)
 
     @classmethod
     def from_url(
@@ -220,6 +234,21 @@ class RedisRoleStore(AsyncResource, _RoleStoreBase):
             lambda: self._delete_script(keys=[self.key(entity), self._index], args=[entity])
         )
         return bool(removed)
+
+    async def report_failure(
+        self,
+        entity: str,
+        *,
+        region: str,
+        generation: int,
+        reporter: str,
+        now: float,
+        window: float,
+    ) -> int:
+        key = f"{self.key(entity)}:failing:{region}:{generation}"
+        args = [reporter, repr(now), repr(window)]
+        answer = await self._call(lambda: self._report_script(keys=[key], args=args))
+        return int(answer)
 
     async def aclose(self) -> None:
         """Close the client if the store created it; idempotent and shielded."""

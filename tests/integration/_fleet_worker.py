@@ -5,7 +5,8 @@ to stop, sharing its roles through Redis, and prints what it saw as one JSON lin
 
 Control files in CONTROL_DIR: ``pause`` (stop sending until it is gone, except the worker
 whose ``send-INDEX`` file exists: it sends one message per file it finds, then deletes
-it), ``stop`` (finish and report).
+it), ``stop`` (finish and report). The worker keeps ``state-INDEX.json`` there up to date
+(messages accepted per region, its roles, whether it is paused) for tests that wait on it.
 """
 
 from __future__ import annotations
@@ -13,10 +14,13 @@ from __future__ import annotations
 import asyncio
 import faulthandler
 import json
+import os
 import signal
 import sys
 import time
+from collections import Counter
 from pathlib import Path
+from typing import Any
 
 from azure.servicebus import ServiceBusMessage
 
@@ -29,6 +33,13 @@ def _dump_tasks() -> None:
         task.print_stack(file=sys.stderr)
 
 
+def write_state(path: Path, state: dict[str, Any]) -> None:
+    """``state`` as JSON at ``path``, replaced at once (a reader never sees half of it)."""
+    part = path.with_suffix(".part")
+    part.write_text(json.dumps(state))
+    os.replace(part, path)
+
+
 async def main() -> None:
     asyncio.get_running_loop().add_signal_handler(signal.SIGUSR2, _dump_tasks)
     primary, secondary, queue, redis_url, app, control, index = sys.argv[1:8]
@@ -37,6 +48,8 @@ async def main() -> None:
     accepted: dict[str, str] = {}
     failed: list[str] = []
     changes: list[tuple[float, str, int]] = []
+    by_region: Counter[str] = Counter()
+    state_file = control_dir / f"state-{index}.json"
     async with (
         RedisRoleStore.from_url(redis_url, app=app) as store,
         GeoSender.from_connection_strings(
@@ -55,8 +68,23 @@ async def main() -> None:
         )
         print("ready", flush=True)
         count = 0
+        written = 0.0
         while not stop.exists():
-            if pause.exists():
+            paused = pause.exists()
+            if time.monotonic() - written > 0.1:
+                written = time.monotonic()
+                write_state(
+                    state_file,
+                    {
+                        "accepted": by_region,
+                        "failed": len(failed),
+                        "active": sender.active_region,
+                        "generation": roles.current.generation,
+                        "departed": roles.departed_from is not None,
+                        "paused": paused,
+                    },
+                )
+            if paused:
                 if not send_one.exists():
                     await asyncio.sleep(0.02)
                     continue
@@ -69,12 +97,15 @@ async def main() -> None:
                 failed.append(f"{message_id}: {type(exc).__name__}: {exc}")
             else:
                 accepted[message_id] = result.accepted[0]
+                by_region[result.accepted[0]] += 1
             await asyncio.sleep(0.03)
         report = {
             "accepted": accepted,
             "failed": failed,
             "changes": changes,
             "swaps": roles.swaps,
+            "departures": roles.departures,
+            "pid": os.getpid(),
             "shared": roles.shared,
             "active": sender.active_region,
             "generation": roles.current.generation,

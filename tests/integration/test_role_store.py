@@ -155,6 +155,27 @@ async def test_a_redis_record_written_before_the_mode_was_kept_reads_as_unknown(
         await redis.client.delete(redis.key("orders"))
 
 
+async def test_failure_reports_count_distinct_processes_within_the_window(
+    store: RoleStore,
+) -> None:
+    async def report(reporter: str, now: float, *, generation: int = 0) -> int:
+        return await store.report_failure(
+            "orders",
+            region="primary",
+            generation=generation,
+            reporter=reporter,
+            now=now,
+            window=30.0,
+        )
+
+    assert await report("a", 1000.0) == 1
+    assert await report("a", 1001.0) == 1  # the same process twice is one report
+    assert await report("b", 1002.0) == 2
+    assert await report("c", 1000.5, generation=1) == 1  # another generation: counted apart
+    assert await report("c", 1031.5) == 2  # a's last report (1001) is over 30 s old
+    assert await report("d", 1100.0) == 1
+
+
 async def test_an_unreachable_redis_raises_store_unavailable_in_bounded_time() -> None:
     async with RedisRoleStore.from_url(
         "redis://127.0.0.1:1/0", app="nowhere", operation_timeout=0.3

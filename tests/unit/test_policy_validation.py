@@ -13,6 +13,7 @@ import pytest
 
 from georep import (
     ConfigurationError,
+    Corroboration,
     DrainPolicy,
     FailoverPolicy,
     GeoReceiver,
@@ -52,6 +53,7 @@ DURATION_CASES = [
         (DrainPolicy, DRAIN_DURATIONS),
         (RelayPolicy, RELAY_DURATIONS),
         (PairedNamespaceOptions, PAIRED_DURATIONS),
+        (Corroboration, ["window"]),
     )
     for field in fields
     for bad in (NAN, INF, -INF, -1.0, "3", None, True, timedelta(seconds=-1))
@@ -71,6 +73,8 @@ ZERO_REFUSED = [
     *((DrainPolicy, field) for field in DRAIN_DURATIONS),
     *((RelayPolicy, field) for field in RELAY_DURATIONS),
     (PairedNamespaceOptions, "ping_timeout"),
+    (Corroboration, "window"),
+    (Corroboration, "reached_within"),
 ]
 
 
@@ -82,7 +86,11 @@ def test_zero_is_refused_where_a_wait_must_happen(cls: Any, field: str) -> None:
 
 COUNT_CASES = [
     (cls, field, bad)
-    for cls, fields in ((DrainPolicy, ["batch_size"]), (PairedNamespaceOptions, PAIRED_COUNTS))
+    for cls, fields in (
+        (DrainPolicy, ["batch_size"]),
+        (PairedNamespaceOptions, PAIRED_COUNTS),
+        (Corroboration, ["reports"]),
+    )
     for field in fields
     for bad in (2.5, 1.5, 2.0, True, "3", None, 0, -1)
 ]
@@ -96,7 +104,11 @@ def test_counts_must_be_whole_positive_ints(cls: Any, field: str, bad: object) -
 
 @pytest.mark.parametrize(
     ("cls", "field"),
-    [(FailoverPolicy, "switch_back"), (PairedNamespaceOptions, "enable_syphon")],
+    [
+        (FailoverPolicy, "switch_back"),
+        (PairedNamespaceOptions, "enable_syphon"),
+        (Corroboration, "reached"),
+    ],
 )
 @pytest.mark.parametrize("bad", ["false", 0, None])
 def test_flags_must_be_bools(cls: Any, field: str, bad: object) -> None:
@@ -111,6 +123,12 @@ def test_unknown_failover_kinds_are_refused(cls: Any, bad: object) -> None:
         cls(fail_over_on=bad)
 
 
+@pytest.mark.parametrize("bad", [None, True, {"reports": 2}])
+def test_corroboration_must_be_a_corroboration(bad: object) -> None:
+    with pytest.raises(ConfigurationError, match=r"FailoverPolicy\.corroboration"):
+        FailoverPolicy(corroboration=bad)  # type: ignore[arg-type]
+
+
 def test_good_values_are_kept_as_seconds() -> None:
     policy = FailoverPolicy(attempt_timeout=timedelta(seconds=2), region_cooldown=0)
     assert policy.attempt_seconds == 2.0
@@ -120,6 +138,9 @@ def test_good_values_are_kept_as_seconds() -> None:
     assert options.seconds("failover_interval") == 0.0
     assert DrainPolicy(batch_size=7, lease=timedelta(minutes=1)).lease == 60.0
     assert RelayPolicy(request_timeout=1).request_timeout == 1.0
+    rule = Corroboration(reached_within=timedelta(minutes=5), reports=2, window=10)
+    assert (rule.reached_within, rule.window_seconds) == (300.0, 10.0)
+    assert rule.describe() == "reached within 300 s, 2 processes within 10 s"
 
 
 @pytest.mark.parametrize("bad", [NAN, INF, 0, -1, "1"])

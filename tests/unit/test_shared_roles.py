@@ -10,12 +10,16 @@ import re
 import weakref
 
 import pytest
+from _metrics import metric_points
+from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from georep import (
     ConfigurationError,
+    Corroboration,
     ErrorKind,
     FailoverChannel,
     FailoverPolicy,
@@ -44,12 +48,25 @@ NAMES = {"primary": "east.example", "secondary": "west.example"}
 class Process:
     """One sender process: its regions, its own role state linked to the shared store."""
 
-    def __init__(self, store: InMemoryRoleStore, clock: FakeClock, **kwargs: object) -> None:
+    def __init__(
+        self,
+        store: InMemoryRoleStore,
+        clock: FakeClock,
+        *,
+        meter_provider: MeterProvider | None = None,
+        **kwargs: object,
+    ) -> None:
         self.primary = InMemoryRegionSender("primary", NAMES["primary"], ENTITY)
         self.secondary = InMemoryRegionSender("secondary", NAMES["secondary"], ENTITY)
         self.link = SharedRoles(
-            store, ENTITY, RoleState(NAMES["primary"]), names=NAMES, clock=clock
+            store,
+            ENTITY,
+            RoleState(NAMES["primary"]),
+            names=NAMES,
+            clock=clock,
+            meter_provider=meter_provider,
         )
+        self.link.reporter = f"test process {id(self)}"  # one OS process plays them all
         self.sender = GeoSender(
             self.primary, self.secondary, role_state=self.link.state, clock=clock, **kwargs
         )
@@ -59,8 +76,11 @@ class Process:
         return self.sender.active_region
 
     async def start(self) -> None:
+        """Join the store and open both regions' links, as ``async with`` does (a process
+        that never reached a region cannot move the others: see the corroboration tests)."""
         await self.link.refresh()
         self.link.hold()
+        await self.sender.warm_up()
 
     async def stop(self) -> None:
         await self.link.release()
@@ -104,8 +124,9 @@ async def test_a_failure_seen_by_one_process_moves_the_others_within_a_refresh()
     await clock.advance(0.25)
 
     assert {p.active for p in others} == {"secondary"}
+    attempts = others[0].primary.attempts
     await others[0].sender.send_messages(FakeMessage(b"y"))
-    assert others[0].primary.attempts == 0  # straight to the new active region
+    assert others[0].primary.attempts == attempts  # straight to the new active region
     assert store.records[ENTITY].generation == 1
 
 
@@ -342,6 +363,151 @@ async def test_a_store_that_never_answers_is_bounded_by_its_operation_timeout() 
 
     assert result.accepted == ("secondary",)
     assert process.sender.roles.shared is False and process.active == "secondary"
+
+
+# ----------------------------------------------------------------------- corroboration
+# Issue 31: one misconfigured process must not fail the whole fleet over.
+
+
+async def misconfigured(store: InMemoryRoleStore, clock: FakeClock, **kwargs: object) -> Process:
+    """A process whose primary never answers (a wrong port in its connection string)."""
+    process = Process(store, clock, **kwargs)
+    process.primary.fail_with(ErrorKind.CONNECTION)
+    await process.start()
+    return process
+
+
+async def test_a_process_that_never_reached_the_region_moves_only_itself(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    store, clock = InMemoryRoleStore(refresh_interval=0.25), FakeClock()
+    healthy = await fleet(7, store, clock)
+    reader = InMemoryMetricReader()
+    wrong = await misconfigured(store, clock, meter_provider=MeterProvider(metric_readers=[reader]))
+    caplog.set_level(logging.WARNING, "georep.roles")
+
+    result = await wrong.sender.send_messages(FakeMessage(b"x"))
+    await clock.advance(1.0)  # four refreshes: the store's word does not undo it
+
+    assert result.accepted == ("secondary",) and result.failed_over
+    assert store.records[ENTITY].generation == 0 and store.records[ENTITY].active == "primary"
+    assert {p.active for p in healthy} == {"primary"}
+    roles = wrong.sender.roles
+    assert wrong.active == "secondary" and roles.departures == 1 and roles.swaps == 0
+    assert roles.departed_from is not None and roles.departed_from.active == NAMES["primary"]
+    assert wrong.sender.stats.role_swaps == 0
+    assert metric_points(reader)["georep.roles.departed"] == [({"georep.entity": ENTITY}, 1)]
+    [line] = [r.getMessage() for r in caplog.records if "this process only" in r.getMessage()]
+    assert "never reached primary" in line and "stay on primary" in line
+    attempts = wrong.primary.attempts
+    assert (await wrong.sender.send_messages(FakeMessage(b"y"))).accepted == ("secondary",)
+    assert wrong.primary.attempts == attempts  # its own sends go straight to the backup
+
+    # A real outage: a process that did reach the primary moves everyone, in one step.
+    for process in healthy:
+        process.primary.fail_with(ErrorKind.CONNECTION)
+    await healthy[3].sender.send_messages(FakeMessage(b"z"))
+    await clock.advance(0.25)
+
+    assert store.records[ENTITY].generation == 1 and store.records[ENTITY].active == "secondary"
+    assert {p.active for p in [*healthy, wrong]} == {"secondary"}
+    assert wrong.sender.roles.departed_from is None  # the shared record moved: it follows it
+    assert metric_points(reader)["georep.roles.departed"] == [({"georep.entity": ENTITY}, 0)]
+    assert wrong.sender.roles.current.generation == 1
+    assert sum(p.sender.roles.swaps for p in [*healthy, wrong]) == 1
+
+
+async def test_without_corroboration_any_process_moves_everyone() -> None:
+    store, clock = InMemoryRoleStore(), FakeClock()
+    policy = FailoverPolicy(corroboration=Corroboration(reached=False))
+    [other] = await fleet(1, store, clock, policy=policy)
+    wrong = await misconfigured(store, clock, policy=policy)
+
+    await wrong.sender.send_messages(FakeMessage(b"x"))
+    await clock.advance(0.25)
+
+    assert store.records[ENTITY].generation == 1
+    assert other.active == "secondary" and wrong.sender.roles.departed_from is None
+
+
+async def test_reached_within_asks_for_a_recent_success() -> None:
+    store, clock = InMemoryRoleStore(), FakeClock()
+    policy = FailoverPolicy(corroboration=Corroboration(reached_within=60))
+    stale, fresh = await fleet(2, store, clock, policy=policy)
+    await clock.advance(120)  # both reached the primary on open, two minutes ago
+    await fresh.sender.send_messages(FakeMessage(b"ok"))  # one of them just now
+    stale.primary.fail_with(ErrorKind.CONNECTION)
+    fresh.primary.fail_with(ErrorKind.CONNECTION)
+
+    await stale.sender.send_messages(FakeMessage(b"x"))
+    assert store.records[ENTITY].generation == 0 and stale.sender.roles.departures == 1
+
+    await fresh.sender.send_messages(FakeMessage(b"y"))
+    await clock.advance(0.25)
+    assert store.records[ENTITY].generation == 1
+    assert stale.active == fresh.active == "secondary"
+    assert stale.sender.roles.departed_from is None
+
+
+async def test_reports_from_enough_processes_within_the_window_move_everyone() -> None:
+    store, clock = InMemoryRoleStore(), FakeClock()
+    policy = FailoverPolicy(corroboration=Corroboration(reports=2, window=30))
+    first, second, third = await fleet(3, store, clock, policy=policy)
+    wrong = await misconfigured(store, clock, policy=policy)
+    for process in (first, second, third):
+        process.primary.fail_with(ErrorKind.CONNECTION)
+
+    await wrong.sender.send_messages(FakeMessage(b"w"))  # never reached it: no report
+    await first.sender.send_messages(FakeMessage(b"a"))  # one report of the two asked for
+    assert store.records[ENTITY].generation == 0
+    assert first.active == "secondary" and first.sender.roles.departures == 1
+    assert [len(r) for r in store.reports.values()] == [1]
+
+    await clock.advance(31)  # the first report is too old to count
+    await second.sender.send_messages(FakeMessage(b"b"))
+    assert store.records[ENTITY].generation == 0 and second.sender.roles.departures == 1
+
+    await clock.advance(5)
+    await third.sender.send_messages(FakeMessage(b"c"))  # within 30 s of the second's
+    await clock.advance(0.25)
+    assert store.records[ENTITY].generation == 1 and third.sender.roles.swaps == 1
+    assert {p.active for p in (first, second, third, wrong)} == {"secondary"}
+    assert all(p.sender.roles.departed_from is None for p in (first, second, third, wrong))
+
+
+async def test_a_process_on_its_own_roles_returns_when_the_region_it_left_answers() -> None:
+    store, clock = InMemoryRoleStore(), FakeClock()
+    policy = FailoverPolicy(
+        corroboration=Corroboration(reports=2),
+        switch_back_probe_interval=5,
+        failback_after=20,
+    )  # switch_back stays off: that is about moving every process back
+    lonely, other = await fleet(2, store, clock, policy=policy)
+    lonely.primary.fail_with(ErrorKind.CONNECTION)  # a blip only it sees
+    await lonely.sender.send_messages(FakeMessage(b"x"))
+    assert lonely.active == "secondary" and other.active == "primary"
+
+    await clock.advance(30)  # still failing: it stays on its own roles
+    assert lonely.active == "secondary"
+    lonely.primary.restore()
+    await clock.advance(20)  # the primary answered, but not for 20 s yet
+    assert lonely.active == "secondary"
+    await clock.advance(10)
+
+    assert lonely.active == "primary" and lonely.sender.roles.departed_from is None
+    assert store.records[ENTITY].generation == 0
+    assert lonely.sender.stats.role_swaps == 0
+
+
+async def test_reports_need_a_store_that_keeps_them() -> None:
+    class RecordsOnly:
+        read = create = change = entities = aclose = InMemoryRoleStore.read
+
+    primary = InMemoryRegionSender("primary", NAMES["primary"], ENTITY)
+    secondary = InMemoryRegionSender("secondary", NAMES["secondary"], ENTITY)
+    policy = FailoverPolicy(corroboration=Corroboration(reports=3))
+    with pytest.raises(ConfigurationError, match=r"reports=3.*report_failure"):
+        GeoSender(primary, secondary, role_store=RecordsOnly(), policy=policy)  # type: ignore[arg-type]
 
 
 # ------------------------------------------------------------------------------- relay
