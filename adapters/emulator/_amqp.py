@@ -16,7 +16,7 @@ import logging
 import time
 import uuid
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 from urllib.parse import urlsplit
 
 from proton import (
@@ -47,6 +47,7 @@ from ._codec import (
     timestamp_array,
 )
 from ._frames import DeliveryIdSequencer
+from ._namespace_host import NamespaceHost
 from ._sas import LISTEN, SEND, SasGrant
 from ._sessions import (
     DEFAULT_ACCEPT_TIMEOUT,
@@ -55,9 +56,6 @@ from ._sessions import (
     Session,
     Sessions,
 )
-
-if TYPE_CHECKING:
-    from ._server import NamespaceServer
 
 __all__ = ["AmqpConnection"]
 
@@ -200,7 +198,7 @@ def _check_session_receiver(entity: Entity, path: str, wants_session: bool) -> N
 class AmqpConnection(asyncio.Protocol):
     """One client connection to a namespace."""
 
-    def __init__(self, server: NamespaceServer) -> None:
+    def __init__(self, server: NamespaceHost) -> None:
         self.server = server
         self.namespace = server.namespace
         self.transport: asyncio.Transport | None = None
