@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Any
+from typing import Any
 from urllib.parse import urlsplit
 
 from ._admin import (
@@ -25,11 +25,9 @@ from ._broker import (
     Topic,
     check_partitioned_size,
 )
+from ._namespace_host import NamespaceHost
 from ._rules import RuleSet
 from ._sas import MANAGE
-
-if TYPE_CHECKING:
-    from ._server import NamespaceServer
 
 __all__ = ["NamespaceAdminBackend"]
 
@@ -66,7 +64,7 @@ def _utc(epoch: float) -> datetime:
 class NamespaceAdminBackend:
     """The :class:`~georep.adapters.emulator._admin.AdminBackend` of one namespace."""
 
-    def __init__(self, server: NamespaceServer) -> None:
+    def __init__(self, server: NamespaceHost) -> None:
         self._server = server
 
     @property

@@ -15,8 +15,9 @@ import asyncio
 import logging
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any, Final
 from urllib.parse import urlsplit
 
 from proton import (
@@ -47,6 +48,7 @@ from ._codec import (
     timestamp_array,
 )
 from ._frames import DeliveryIdSequencer
+from ._namespace_host import NamespaceHost
 from ._sas import LISTEN, SEND, SasGrant
 from ._sessions import (
     DEFAULT_ACCEPT_TIMEOUT,
@@ -55,9 +57,6 @@ from ._sessions import (
     Session,
     Sessions,
 )
-
-if TYPE_CHECKING:
-    from ._server import NamespaceServer
 
 __all__ = ["AmqpConnection"]
 
@@ -71,12 +70,15 @@ _OPERATION_TIMEOUT = "com.microsoft:timeout"
 _EPOCH_TICKS = 621355968000000000
 _RECEIVE_CREDIT_WINDOW = 1000
 _MAX_MESSAGE_SIZE = 256 * 1024
-# AMQP's "null or unknown" for an unset message-id etc.
 _UNAUTHORIZED = "amqp:unauthorized-access"
-# The claim each $management operation needs (anything else reads or settles: Listen).
-_MANAGEMENT_RIGHTS = {
-    "com.microsoft:schedule-message": SEND,
-    "com.microsoft:cancel-scheduled-message": SEND,
+# How a $management answer reports a broker refusal (anything else is a bad request, 400).
+_MANAGEMENT_STATUS = {
+    "amqp:not-found": 404,
+    "com.microsoft:message-not-found": 404,
+    _UNAUTHORIZED: 401,
+    "com.microsoft:message-lock-lost": 410,
+    SESSION_LOCK_LOST: 410,
+    SESSION_CANNOT_BE_LOCKED: 409,
 }
 
 
@@ -200,7 +202,7 @@ def _check_session_receiver(entity: Entity, path: str, wants_session: bool) -> N
 class AmqpConnection(asyncio.Protocol):
     """One client connection to a namespace."""
 
-    def __init__(self, server: NamespaceServer) -> None:
+    def __init__(self, server: NamespaceHost) -> None:
         self.server = server
         self.namespace = server.namespace
         self.transport: asyncio.Transport | None = None
@@ -665,32 +667,48 @@ class AmqpConnection(asyncio.Protocol):
         self, link: Link, delivery: Delivery, payload: bytes, path: str
     ) -> None:
         self._settle(delivery)
-        # The body is an AMQP map whose values the SDK encodes with precise types; decode it
-        # with our codec (Proton's Message would convert arrays/uuids less predictably).
         request = Message()
         request.decode(payload)
-        operation = str((request.properties or {}).get("operation", ""))
-        associated = (request.properties or {}).get("associated-link-name")
-        entity_address = path[: -len("$management")].rstrip("/")
+        properties, body = self.management_answer(
+            str((request.properties or {}).get("operation", "")),
+            path[: -len("$management")].rstrip("/"),
+            payload,
+            self._holder((request.properties or {}).get("associated-link-name")),
+        )
+        encoded = Message(correlation_id=request.id, properties=properties).encode()
+        if body is not None:
+            # Append our own amqp-value section so typed arrays survive exactly.
+            encoded += b"\x00\x53\x77" + encode_value(body)
+        self._reply(link, request, encoded)
+
+    def management_answer(
+        self, operation: str, path: str, payload: bytes, holder: _ConsumerLink | None = None
+    ) -> tuple[dict[str, Any], dict[str, Any] | None]:
+        """Run one ``$management`` request on the entity ``path``: the answer's application
+        properties (``statusCode``, ``statusDescription``, ``errorCondition``) and body.
+
+        The operation's claim is checked first, so an unknown operation without a token is
+        401; with one it is 400 ``amqp:not-implemented``.
+        """
+        handler = _MANAGEMENT.get(operation)
         status, description, body = 200, "OK", None
         error_condition: str | None = None
         try:
-            self._authorize(entity_address, _MANAGEMENT_RIGHTS.get(operation, LISTEN))
+            self._authorize(path, LISTEN if handler is None else handler.right)
+            # The body is an AMQP map whose values the SDK encodes with precise types:
+            # decode it with our codec (Proton's Message converts arrays and uuids less
+            # predictably).
             request_body = _decode_body(payload)
-            body = self._management(
-                operation, entity_address, request_body, self._holder(associated)
-            )
+            if handler is None:
+                raise BrokerError(
+                    "amqp:not-implemented",
+                    f"Management operation '{operation}' is not supported by the emulator.",
+                )
+            body = handler.run(self, path, request_body, holder)
             if body is None:
                 status, description = 204, "No Content"
         except BrokerError as exc:
-            status = {
-                "amqp:not-found": 404,
-                "com.microsoft:message-not-found": 404,
-                _UNAUTHORIZED: 401,
-                "com.microsoft:message-lock-lost": 410,
-                SESSION_LOCK_LOST: 410,
-                SESSION_CANNOT_BE_LOCKED: 409,
-            }.get(exc.condition, 400)
+            status = _MANAGEMENT_STATUS.get(exc.condition, 400)
             description, error_condition = exc.description, exc.condition
         except (AmqpDecodeError, KeyError, TypeError, ValueError) as exc:
             status, description, error_condition = (
@@ -701,98 +719,168 @@ class AmqpConnection(asyncio.Protocol):
         properties: dict[str, Any] = {"statusCode": status, "statusDescription": description}
         if error_condition:
             properties["errorCondition"] = symbol(error_condition)
-        response = Message(correlation_id=request.id, properties=properties)
-        encoded = response.encode()
-        if body is not None:
-            # Append our own amqp-value section so typed arrays survive exactly.
-            encoded += b"\x00\x53\x77" + encode_value(body)
-        self._reply(link, request, encoded)
+        return properties, body
 
-    def _management(
-        self,
-        operation: str,
-        path: str,
-        body: dict[str, Any],
-        holder: _ConsumerLink | None = None,
+    # Each handler: the entity path, the request's body, the receiver link the request names
+    # (or None) -> the answer's body, or None for 204 No Content.
+    def _schedule_messages(
+        self, path: str, body: dict[str, Any], holder: _ConsumerLink | None
     ) -> dict[str, Any] | None:
-        ns = self.namespace
+        target = self.namespace.resolve_target(path)
+        numbers = []
+        for scheduled in body["messages"]:
+            numbers.append(self.namespace.schedule(target, scheduled["message"], None))
+            self.server.count_operation()
+        return {"sequence-numbers": Raw(long_array(numbers))}
+
+    def _cancel_scheduled(
+        self, path: str, body: dict[str, Any], holder: _ConsumerLink | None
+    ) -> dict[str, Any] | None:
+        target = self.namespace.resolve_target(path)
+        self.namespace.cancel_scheduled(target, [int(n) for n in body["sequence-numbers"]])
+        return {}
+
+    def _renew_lock(
+        self, path: str, body: dict[str, Any], holder: _ConsumerLink | None
+    ) -> dict[str, Any] | None:
+        entity = self.namespace.resolve_source(path)
+        expirations = [int(entity.renew_lock(token) * 1000) for token in body["lock-tokens"]]
+        return {"expirations": Raw(timestamp_array(expirations))}
+
+    def _peek(
+        self, path: str, body: dict[str, Any], holder: _ConsumerLink | None
+    ) -> dict[str, Any] | None:
         session_id = _text(body.get("session-id"))
-        if operation in _SESSION_OPERATIONS:
-            return _session_management(
-                operation, _sessions_of(ns.resolve_source(path), path), body, holder
-            )
-        if operation == "com.microsoft:schedule-message":
-            target = ns.resolve_target(path)
-            numbers = []
-            for scheduled in body["messages"]:
-                encoded = scheduled["message"]
-                numbers.append(ns.schedule(target, encoded, None))
-                self.server.count_operation()
-            return {"sequence-numbers": Raw(long_array(numbers))}
-        if operation == "com.microsoft:cancel-scheduled-message":
-            target = ns.resolve_target(path)
-            ns.cancel_scheduled(target, [int(n) for n in body["sequence-numbers"]])
-            return {}
-        if operation == "com.microsoft:renew-lock":
-            entity = ns.resolve_source(path)
-            expirations = [int(entity.renew_lock(token) * 1000) for token in body["lock-tokens"]]
-            return {"expirations": Raw(timestamp_array(expirations))}
-        if operation == "com.microsoft:peek-message":
-            entity = ns.resolve_source(path)
-            start = int(body.get("from-sequence-number", 0))
-            count = int(body.get("message-count", 1))
-            found = entity.peek(start, count, session_id)
-            if not found:
-                return None
-            return {"messages": [{"message": m.encode()} for m in found]}
-        if operation == "com.microsoft:receive-by-sequence-number":
-            entity = ns.resolve_source(path)
-            receive_and_delete = int(body.get("receiver-settle-mode", 1)) == 0
-            if entity.sessions is not None:
-                entity.sessions.held(session_id or "", holder)
-            received = entity.receive_deferred(
-                [int(n) for n in body["sequence-numbers"]], receive_and_delete, session_id
-            )
-            messages: list[dict[str, Any]] = []
-            for message, token in received:
-                item: dict[str, Any] = {"message": message.encode(lock_token=token)}
-                if token is not None:
-                    item["lock-token"] = token
-                messages.append(item)
-            return {"messages": messages}
-        if operation == "com.microsoft:update-disposition":
-            entity = ns.resolve_source(path)
-            status = str(body["disposition-status"])
-            for token in body["lock-tokens"]:
-                if status == "completed":
-                    entity.complete(token)
-                elif status == "abandoned":
-                    entity.abandon(token)
-                elif status == "defered":
-                    entity.defer(token)
-                elif status == "suspended":
-                    entity.dead_letter_by_token(
-                        token, body.get("deadletter-reason"), body.get("deadletter-description")
-                    )
-                else:
-                    raise BrokerError(
-                        "amqp:invalid-field", f"Unknown disposition status '{status}'."
-                    )
-            return {}
-        raise BrokerError(
-            "amqp:not-implemented",
-            f"Management operation '{operation}' is not supported by the emulator.",
+        entity = self.namespace.resolve_source(path)
+        start = int(body.get("from-sequence-number", 0))
+        count = int(body.get("message-count", 1))
+        found = entity.peek(start, count, session_id)
+        if not found:
+            return None
+        return {"messages": [{"message": m.encode()} for m in found]}
+
+    def _receive_by_sequence_number(
+        self, path: str, body: dict[str, Any], holder: _ConsumerLink | None
+    ) -> dict[str, Any] | None:
+        session_id = _text(body.get("session-id"))
+        entity = self.namespace.resolve_source(path)
+        receive_and_delete = int(body.get("receiver-settle-mode", 1)) == 0
+        if entity.sessions is not None:
+            entity.sessions.held(session_id or "", holder)
+        received = entity.receive_deferred(
+            [int(n) for n in body["sequence-numbers"]], receive_and_delete, session_id
         )
+        messages: list[dict[str, Any]] = []
+        for message, token in received:
+            item: dict[str, Any] = {"message": message.encode(lock_token=token)}
+            if token is not None:
+                item["lock-token"] = token
+            messages.append(item)
+        return {"messages": messages}
+
+    def _update_disposition(
+        self, path: str, body: dict[str, Any], holder: _ConsumerLink | None
+    ) -> dict[str, Any] | None:
+        entity = self.namespace.resolve_source(path)
+        status = str(body["disposition-status"])
+        for token in body["lock-tokens"]:
+            if status == "completed":
+                entity.complete(token)
+            elif status == "abandoned":
+                entity.abandon(token)
+            elif status == "defered":
+                entity.defer(token)
+            elif status == "suspended":
+                entity.dead_letter_by_token(
+                    token, body.get("deadletter-reason"), body.get("deadletter-description")
+                )
+            else:
+                raise BrokerError("amqp:invalid-field", f"Unknown disposition status '{status}'.")
+        return {}
+
+    def _sessions(self, path: str) -> Sessions:
+        """The sessions of the entity ``path``.
+
+        Raises:
+            BrokerError: ``amqp:not-allowed``, the entity is not session-enabled.
+        """
+        entity = self.namespace.resolve_source(path)
+        if entity.sessions is None:
+            raise BrokerError(
+                "amqp:not-allowed",
+                f"'{path}' is not session-enabled: session operations need an entity created "
+                "with requires_session=True.",
+            )
+        return entity.sessions
+
+    def _renew_session_lock(
+        self, path: str, body: dict[str, Any], holder: _ConsumerLink | None
+    ) -> dict[str, Any] | None:
+        sessions = self._sessions(path)
+        expiry = sessions.renew(_text(body.get("session-id")) or "", holder)
+        return {"expiration": Timestamp(int(expiry * 1000))}
+
+    def _get_session_state(
+        self, path: str, body: dict[str, Any], holder: _ConsumerLink | None
+    ) -> dict[str, Any] | None:
+        sessions = self._sessions(path)
+        return {"session-state": sessions.get_state(_text(body.get("session-id")) or "", holder)}
+
+    def _set_session_state(
+        self, path: str, body: dict[str, Any], holder: _ConsumerLink | None
+    ) -> dict[str, Any] | None:
+        sessions = self._sessions(path)
+        state = body.get("session-state")
+        session_id = _text(body.get("session-id")) or ""
+        sessions.set_state(session_id, holder, None if state is None else bytes(state))
+        return {}
+
+    def _list_sessions(
+        self, path: str, body: dict[str, Any], holder: _ConsumerLink | None
+    ) -> dict[str, Any] | None:
+        sessions = self._sessions(path)
+        updated = body.get("last-updated-time")
+        since = None if updated is None or int(updated) >= _LIST_ALL_SESSIONS_MS else updated / 1000
+        skip = int(body.get("skip", 0))
+        found = sessions.list(since, skip, int(body.get("top", 100)))
+        if not found:
+            return None  # 204, as the service answers an empty page
+        return {"skip": skip + len(found), "sessions-ids": found}
 
 
-_SESSION_OPERATIONS = frozenset(
-    {
-        "com.microsoft:renew-session-lock",
-        "com.microsoft:get-session-state",
-        "com.microsoft:set-session-state",
-        "com.microsoft:get-message-sessions",
-    }
-)
+_ManagementHandler = Callable[
+    [AmqpConnection, str, dict[str, Any], _ConsumerLink | None], dict[str, Any] | None
+]
+
+
+@dataclass(frozen=True, slots=True)
+class _ManagementOperation:
+    """A ``$management`` operation: its handler and the claim its token must carry."""
+
+    run: _ManagementHandler
+    right: str = LISTEN
+    """Send to schedule or cancel; reading and settling (everything else) need Listen."""
+
+
+#: The ``$management`` operations the emulator serves (the SDK's names): a new one is one
+#: row, and any other is answered 400 ``amqp:not-implemented``.
+_MANAGEMENT: Final[dict[str, _ManagementOperation]] = {
+    "com.microsoft:schedule-message": _ManagementOperation(AmqpConnection._schedule_messages, SEND),
+    "com.microsoft:cancel-scheduled-message": _ManagementOperation(
+        AmqpConnection._cancel_scheduled, SEND
+    ),
+    "com.microsoft:renew-lock": _ManagementOperation(AmqpConnection._renew_lock),
+    "com.microsoft:peek-message": _ManagementOperation(AmqpConnection._peek),
+    "com.microsoft:receive-by-sequence-number": _ManagementOperation(
+        AmqpConnection._receive_by_sequence_number
+    ),
+    "com.microsoft:update-disposition": _ManagementOperation(AmqpConnection._update_disposition),
+    "com.microsoft:renew-session-lock": _ManagementOperation(AmqpConnection._renew_session_lock),
+    "com.microsoft:get-session-state": _ManagementOperation(AmqpConnection._get_session_state),
+    "com.microsoft:set-session-state": _ManagementOperation(AmqpConnection._set_session_state),
+    "com.microsoft:get-message-sessions": _ManagementOperation(AmqpConnection._list_sessions),
+}
+
 # The SDK's "no filter" last-updated-time: DateTime.MaxValue as .NET encodes it, in ms.
 _LIST_ALL_SESSIONS_MS = 253402300800000
 
@@ -801,38 +889,6 @@ def _text(value: Any) -> str | None:
     if isinstance(value, bytes):
         return value.decode("utf-8")
     return None if value is None else str(value)
-
-
-def _sessions_of(entity: Entity, path: str) -> Sessions:
-    if entity.sessions is None:
-        raise BrokerError(
-            "amqp:not-allowed",
-            f"'{path}' is not session-enabled: session operations need an entity created "
-            "with requires_session=True.",
-        )
-    return entity.sessions
-
-
-def _session_management(
-    operation: str, sessions: Sessions, body: dict[str, Any], holder: _ConsumerLink | None
-) -> dict[str, Any] | None:
-    """The session operations of ``$management`` (renew, state, listing)."""
-    if operation == "com.microsoft:get-message-sessions":
-        updated = body.get("last-updated-time")
-        since = None if updated is None or int(updated) >= _LIST_ALL_SESSIONS_MS else updated / 1000
-        skip = int(body.get("skip", 0))
-        found = sessions.list(since, skip, int(body.get("top", 100)))
-        if not found:
-            return None  # 204, as the service answers an empty page
-        return {"skip": skip + len(found), "sessions-ids": found}
-    session_id = _text(body.get("session-id")) or ""
-    if operation == "com.microsoft:renew-session-lock":
-        return {"expiration": Timestamp(int(sessions.renew(session_id, holder) * 1000))}
-    if operation == "com.microsoft:get-session-state":
-        return {"session-state": sessions.get_state(session_id, holder)}
-    state = body.get("session-state")
-    sessions.set_state(session_id, holder, None if state is None else bytes(state))
-    return {}
 
 
 def _decode_body(payload: bytes) -> dict[str, Any]:

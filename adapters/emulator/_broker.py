@@ -2,7 +2,10 @@
 
 One :class:`Namespace` per emulated region. Everything here is driven by explicit calls
 and an injected clock, so it is tested without a network or real sleeps; the AMQP layer
-(`_amqp.py`) calls into it and implements :class:`Consumer` for receiver links.
+(`_amqp.py`) calls into it and implements :class:`Consumer` for receiver links. What it
+builds on sits below it: the stored message (`_message.py`), its error (`_errors.py`),
+subscription rules (`_rules.py`) and sessions (`_sessions.py`, which sees an entity
+through a Protocol); those never import this module.
 
 Dispatch cost: each entity keeps its available messages in a deque and its consumers
 with credit in a ring; a new message or a credit grant touches only the head of each, so
@@ -21,16 +24,11 @@ from collections import OrderedDict, deque
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from datetime import timedelta
-from enum import StrEnum
-from typing import TYPE_CHECKING, Any, Final, Protocol
+from typing import Any, Protocol
 
 from ._codec import (
     SECTION_APPLICATION_PROPERTIES,
-    SECTION_MESSAGE_ANNOTATIONS,
-    Symbol,
-    Timestamp,
     decode_value,
-    encode_header_section,
     encode_map_entries,
     encode_map_section,
     is_batch,
@@ -40,10 +38,10 @@ from ._codec import (
     skip_value,
     split_sections,
 )
+from ._errors import BrokerError
+from ._message import MessageState, StoredMessage
 from ._rules import RuleSet, StoredMessageContext
-
-if TYPE_CHECKING:
-    from ._sessions import Sessions
+from ._sessions import Sessions
 
 __all__ = [
     "MAX_MESSAGE_SIZE",
@@ -59,6 +57,7 @@ __all__ = [
     "Namespace",
     "StoredMessage",
     "SubscriptionProperties",
+    "TimerTarget",
     "Topic",
 ]
 
@@ -71,15 +70,6 @@ MAX_PARTITIONED_ENTITIES = 100
 # A peek of a partitioned entity returns at most this many bytes (but always one message).
 _PEEK_AGGREGATE_BYTES = 256 * 1024
 _MAX_TIMESPAN = timedelta(days=10675199, seconds=10085, microseconds=477580)
-
-
-class BrokerError(Exception):
-    """An operation the broker refuses; ``condition`` is the AMQP error condition."""
-
-    def __init__(self, condition: str, description: str) -> None:
-        super().__init__(description)
-        self.condition = condition
-        self.description = description
 
 
 def not_found(path: str) -> BrokerError:
@@ -137,87 +127,6 @@ class SubscriptionProperties:
     user_metadata: str | None = None
 
 
-class MessageState(StrEnum):
-    """Where a stored message is in its life."""
-
-    AVAILABLE = "available"
-    """Waiting for a receiver."""
-    LOCKED = "locked"
-    """Delivered in peek-lock mode; settles or returns when the lock expires."""
-    DEFERRED = "deferred"
-    """Set aside by its receiver; retrievable only by sequence number."""
-    SCHEDULED = "scheduled"
-    """Enqueued for a future time."""
-    GONE = "gone"
-    """Completed, expired, moved or purged."""
-
-
-# x-opt-message-state as the service sends it (the SDK's ServiceBusMessageState values).
-_WIRE_STATES: Final[dict[MessageState, int]] = {
-    MessageState.DEFERRED: 1,
-    MessageState.SCHEDULED: 2,
-}
-
-
-@dataclass(slots=True, eq=False)
-class StoredMessage:
-    """One copy of a message in one entity (a queue, a subscription, or a dead-letter queue)."""
-
-    sequence_number: int
-    message_id: Any
-    bare: bytes
-    annotation_entries: bytes
-    annotation_count: int
-    durable: bool
-    priority: int | None
-    ttl_ms: int | None
-    content_type: str | None
-    session_id: str | None
-    partition_key: str | None
-    enqueued_at: float
-    expires_at: float | None
-    scheduled_at: float | None = None
-    delivery_count: int = 0
-    state: MessageState = MessageState.AVAILABLE
-    lock_token: uuid.UUID | None = None
-    locked_until: float = 0.0
-    dead_letter_source: str | None = None
-    fragment: int | None = None
-    """The fragment (partition) of a partitioned entity holding this message, else None."""
-
-    @property
-    def size(self) -> int:
-        return len(self.bare) + len(self.annotation_entries)
-
-    def encode(
-        self, *, lock_token: uuid.UUID | None = None, extra: dict[str, Any] | None = None
-    ) -> bytes:
-        """Encode for delivery: header and broker annotations, then the bare message."""
-        annotations: dict[Any, Any] = {
-            Symbol("x-opt-sequence-number"): self.sequence_number,
-            Symbol("x-opt-enqueued-time"): Timestamp(int(self.enqueued_at * 1000)),
-        }
-        if lock_token is not None:
-            annotations[Symbol("x-opt-locked-until")] = Timestamp(int(self.locked_until * 1000))
-            annotations[Symbol("x-opt-lock-token")] = lock_token
-        if self.dead_letter_source is not None:
-            annotations[Symbol("x-opt-deadletter-source")] = self.dead_letter_source
-        wire_state = _WIRE_STATES.get(self.state)
-        if wire_state is not None:  # absent means active, as the SDK reads it
-            annotations[Symbol("x-opt-message-state")] = wire_state
-        if extra:
-            annotations.update(extra)
-        header = encode_header_section(
-            self.durable, self.priority, self.ttl_ms, self.delivery_count
-        )
-        section = encode_map_section(
-            SECTION_MESSAGE_ANNOTATIONS,
-            self.annotation_entries + encode_map_entries(annotations),
-            self.annotation_count + len(annotations) * 2,
-        )
-        return header + section + self.bare
-
-
 class Consumer(Protocol):
     """A receiver link as the broker sees it (implemented by the AMQP layer)."""
 
@@ -231,9 +140,16 @@ class Consumer(Protocol):
         """Transfer ``message`` (already locked or removed by the broker)."""
 
 
-# Timer kinds on the namespace heap; _sessions.py's kinds start at _SESSION_TIMERS.
+class TimerTarget(Protocol):
+    """What a timer on the namespace's heap calls when it is due (an entity, or the
+    sessions of one: :class:`~._sessions.Sessions`)."""
+
+    def on_timer(self, kind: int, payload: Any, now: float) -> None:
+        """``kind`` is the target's own; ``payload`` what it gave :meth:`Namespace.add_timer`."""
+
+
+# An entity's timer kinds (a message's lock, its time to live, its scheduled time).
 _LOCK, _TTL, _SCHEDULE = 0, 1, 2
-_SESSION_TIMERS = 10
 
 
 class Entity:
@@ -290,8 +206,6 @@ class Entity:
         # dead-letter queue, which the service does not make session-enabled.
         self.sessions: Sessions | None = None
         if properties.requires_session and not is_dead_letter:
-            from ._sessions import Sessions
-
             self.sessions = Sessions(self)
 
     # -- counts -------------------------------------------------------------------
@@ -636,11 +550,8 @@ class Entity:
             result.append((message, token))
         return result
 
-    def on_timer(self, kind: int, message: Any, now: float) -> None:
-        if kind >= _SESSION_TIMERS:
-            assert self.sessions is not None
-            self.sessions.on_timer(kind, message, now)
-            return
+    def on_timer(self, kind: int, payload: Any, now: float) -> None:
+        message: StoredMessage = payload
         if message.state is MessageState.GONE:
             return
         if kind == _LOCK:
@@ -795,7 +706,7 @@ class Namespace:
         self._dedup: dict[Any, DuplicateDetector] = {}
         self._round_robin: dict[str, int] = {}
         self._sequence = itertools.count(1)
-        self._timers: list[tuple[float, int, int, Entity, Any]] = []
+        self._timers: list[tuple[float, int, int, TimerTarget, Any]] = []
         self._timer_ids = itertools.count()
         self._on_timer_change = on_timer_change
 
@@ -1160,11 +1071,11 @@ class Namespace:
             target.cancel_scheduled(sequence_numbers)
 
     # -- timers -------------------------------------------------------------------------
-    def add_timer(self, deadline: float, kind: int, entity: Entity, message: Any) -> None:
-        """Call ``entity.on_timer(kind, message, now)`` at ``deadline`` (``message`` is a
-        StoredMessage, or a session object for the session kinds)."""
+    def add_timer(self, deadline: float, kind: int, target: TimerTarget, payload: Any) -> None:
+        """Call ``target.on_timer(kind, payload, now)`` at ``deadline`` (an entity's
+        ``payload`` is a StoredMessage; its sessions' a session or a waiting receiver)."""
         earliest = self._timers[0][0] if self._timers else None
-        heapq.heappush(self._timers, (deadline, next(self._timer_ids), kind, entity, message))
+        heapq.heappush(self._timers, (deadline, next(self._timer_ids), kind, target, payload))
         if self._on_timer_change is not None and (earliest is None or deadline < earliest):
             self._on_timer_change(deadline)
 
@@ -1176,8 +1087,8 @@ class Namespace:
         now = self.clock()
         timers = self._timers
         while timers and timers[0][0] <= now:
-            _, _, kind, entity, message = heapq.heappop(timers)
-            entity.on_timer(kind, message, now)
+            _, _, kind, target, payload = heapq.heappop(timers)
+            target.on_timer(kind, payload, now)
 
 
 PING_CONTENT_TYPE = "application/vnd.ms-servicebus-ping"

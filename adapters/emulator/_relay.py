@@ -47,15 +47,13 @@ import time
 import uuid
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 from urllib.parse import urlencode
 
 from aiohttp import WSCloseCode, WSMsgType, web
 
+from ._namespace_host import NamespaceHost
 from ._sas import LISTEN, SEND, SasGrant
-
-if TYPE_CHECKING:
-    from ._server import NamespaceServer
 
 __all__ = ["RelayServer"]
 
@@ -106,7 +104,7 @@ class RelayServer:
 
     def __init__(
         self,
-        namespace: NamespaceServer,
+        namespace: NamespaceHost,
         *,
         ssl_context: ssl.SSLContext,
         hybrid_connections: Iterable[str] = (),

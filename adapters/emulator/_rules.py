@@ -35,7 +35,7 @@ from ._codec import (
 from ._sql import MessageContext, SqlAction, SqlError, parse_action, parse_filter, values_equal
 
 if TYPE_CHECKING:
-    from ._broker import StoredMessage
+    from ._message import StoredMessage
 
 __all__ = [
     "CORRELATION_FIELDS",

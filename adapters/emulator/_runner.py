@@ -1,6 +1,9 @@
-"""Run the emulator in the foreground.
+"""Run the emulator in the foreground: every namespace's server and the control endpoint.
 
-Entry point of ``python -m georep.adapters.emulator`` and ``georep emulator``.
+Entry point of ``python -m georep.adapters.emulator`` and ``georep emulator``. The top of
+the emulator's modules: :class:`EmulatorServer` starts each namespace's server
+(``_server``), its admin API (``_admin``) and relay (``_relay``), and the HTTP control
+endpoint (``_control``), all on one event loop.
 """
 
 from __future__ import annotations
@@ -12,23 +15,35 @@ import json
 import logging
 import os
 import re
+import secrets
 import shlex
 import signal
 import sys
+import tempfile
 from collections.abc import Callable, Iterable, Sequence
+from pathlib import Path
 from typing import Any, Final
 
-from ._broker import BrokerError
+from aiohttp import web
+
+from ._admin import build_admin_app
+from ._admin_backend import NamespaceAdminBackend
+from ._control import build_control_app
+from ._entra import load_signing_key, make_signing_key
+from ._errors import BrokerError
+from ._relay import RelayServer
 from ._server import (
     CONTROL_TOKEN_ENV,
     DEFAULT_CONTROL_PORT,
     DEFAULT_PORTS,
-    EmulatorServer,
+    NamespaceServer,
     NamespaceSpec,
 )
+from ._tls import make_self_signed_certificate, server_ssl_context
 
 __all__ = [
     "PRINT_FORMATS",
+    "EmulatorServer",
     "build_specs",
     "environment_lines",
     "main",
@@ -157,6 +172,109 @@ def _print_lines(lines: Iterable[str]) -> None:
     for line in lines:
         print(line)
     sys.stdout.flush()
+
+
+class EmulatorServer:
+    """Every namespace of one emulator, plus the control endpoint, on one event loop."""
+
+    def __init__(
+        self,
+        specs: Iterable[NamespaceSpec],
+        *,
+        control_port: int = 0,
+        state_dir: Path | None = None,
+        control_token: str | None = None,
+    ) -> None:
+        self._specs = list(specs)
+        # What a control client must present (see _control): random unless given.
+        self.control_token = control_token or secrets.token_urlsafe(24)
+        names = [s.name for s in self._specs]
+        if len(set(names)) != len(names):
+            raise ValueError(f"namespace names must be unique, got {names}")
+        self.control_port = control_port
+        self._own_dir = state_dir is None
+        self.state_dir = Path(state_dir or tempfile.mkdtemp(prefix="georep-emulator-"))
+        self.namespaces: dict[str, NamespaceServer] = {}
+        self._control_runner: web.AppRunner | None = None
+        self._admin_runners: list[web.AppRunner] = []
+        self.ca_file: Path | None = None
+        self.entra_key_file: Path | None = None
+
+    @property
+    def control_url(self) -> str:
+        return f"http://127.0.0.1:{self.control_port}"
+
+    async def start(self) -> None:
+        cert, key = make_self_signed_certificate(self.state_dir)
+        self.ca_file = cert
+        self.entra_key_file = make_signing_key(self.state_dir)
+        entra_public_key = load_signing_key(self.entra_key_file).public_key()
+        ssl_context = server_ssl_context(cert, key)
+        for spec in self._specs:
+            server = NamespaceServer(spec, ssl_context=ssl_context, admin_handler=None)
+            server.entra_public_key = entra_public_key
+            runner = web.AppRunner(build_admin_app(NamespaceAdminBackend(server)), access_log=None)
+            await runner.setup()
+            self._admin_runners.append(runner)
+            server.admin_handler = runner.server
+            await server.start()
+            server.relay = RelayServer(
+                server,
+                ssl_context=ssl_context,
+                hybrid_connections=spec.hybrid_connections,
+                port=spec.relay_port,
+            )
+            await server.relay.start()
+            self.namespaces[spec.name] = server
+        await self._start_control()
+
+    async def _start_control(self) -> None:
+        runner = web.AppRunner(build_control_app(self), access_log=None)
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", self.control_port, reuse_address=True)
+        await site.start()
+        # aiohttp types _server as AbstractServer, which lacks .sockets (it is an asyncio.Server).
+        sockets = site._server.sockets if site._server is not None else []  # type: ignore[attr-defined]
+        self.control_port = sockets[0].getsockname()[1]
+        self._control_runner = runner
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "control_url": self.control_url,
+            "control_token": self.control_token,
+            "ca_file": str(self.ca_file) if self.ca_file else None,
+            "entra_key_file": str(self.entra_key_file) if self.entra_key_file else None,
+            "pid": os.getpid(),
+            "namespaces": {
+                name: {
+                    "port": ns.port,
+                    "connection_string": ns.connection_string(),
+                    "key_name": ns.key_name,
+                    "rules": {
+                        name: {
+                            "rights": sorted(rule.rights),
+                            "connection_string": ns.connection_string_for(name),
+                        }
+                        for name, rule in ns.rules.items()
+                    },
+                    "relay": ns.relay.describe() if ns.relay is not None else None,
+                }
+                for name, ns in self.namespaces.items()
+            },
+        }
+
+    async def close(self) -> None:
+        for server in self.namespaces.values():
+            await server.close()
+        for runner in self._admin_runners:
+            await runner.cleanup()
+        if self._control_runner is not None:
+            await self._control_runner.cleanup()
+        if self._own_dir:
+            for path in self.state_dir.glob("*"):
+                path.unlink(missing_ok=True)
+            with contextlib.suppress(OSError):
+                self.state_dir.rmdir()
 
 
 async def serve(

@@ -1,11 +1,12 @@
-"""The emulator's servers: one listener per namespace, plus the HTTP control endpoint.
+"""One emulated namespace's server: its listener, keys and faults.
 
 Each namespace listens on one loopback port. The first byte a client sends picks the
 protocol: ``AMQP`` goes to Proton (the SDK's senders and receivers), ``0x16`` (a TLS
 ClientHello) goes to the admin HTTPS endpoint, so ``ServiceBusAdministrationClient``
 works with the namespace's own connection string (pass ``connection_verify`` the
 emulator's CA file). Faults are applied per namespace without stopping the process, so
-state survives an outage.
+state survives an outage. ``_runner.EmulatorServer`` starts one per namespace, beside
+the HTTP control endpoint (``_control``).
 """
 
 from __future__ import annotations
@@ -14,23 +15,20 @@ import asyncio
 import base64
 import contextlib
 import logging
-import os
 import secrets
 import socket
-import tempfile
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from datetime import timedelta
-from pathlib import Path
 from typing import Any
 
-from aiohttp import web
 from cryptography.hazmat.primitives.asymmetric import ec
 
 from ._amqp import AmqpConnection
-from ._broker import EntityProperties, Namespace, SubscriptionProperties
-from ._entra import load_signing_key, looks_like_jwt, make_signing_key, verify_token
+from ._broker import EntityProperties, Namespace
+from ._entra import looks_like_jwt, verify_token
+from ._faults import Faults
+from ._namespace_host import ClientConnection
 from ._relay import RelayServer
 from ._sas import (
     LISTEN,
@@ -51,8 +49,6 @@ __all__ = [
     "DEFAULT_KEY_NAME",
     "DEFAULT_PORTS",
     "EXTRA_RULES",
-    "EmulatorServer",
-    "Faults",
     "NamespaceServer",
     "NamespaceSpec",
 ]
@@ -69,52 +65,6 @@ DEFAULT_CONTROL_PORT = 5710
 CONTROL_TOKEN_ENV = "GEOREP_EMULATOR_CONTROL_TOKEN"
 
 _LOOPBACK_NAMES = frozenset({"127.0.0.1", "localhost"})
-
-SEND_REJECT_CONDITIONS = {
-    "server-busy": (
-        "com.microsoft:server-busy",
-        "The server is busy. Retry the operation later (injected fault).",
-    ),
-    "timeout": (
-        "com.microsoft:timeout",
-        "The operation did not complete in time (injected fault).",
-    ),
-    "internal-error": (
-        "amqp:internal-error",
-        "The service had an internal error (injected fault).",
-    ),
-    "quota-exceeded": ("amqp:resource-limit-exceeded", "The entity is full (injected fault)."),
-}
-
-
-@dataclass
-class Faults:
-    """Faults injected into one namespace. All off by default."""
-
-    down: bool = False
-    paused: bool = False
-    latency: float = 0.0
-    reject_sends: str | None = None
-    dropped_dispositions: int = 0
-
-    def reject_condition(self) -> tuple[str, str]:
-        assert self.reject_sends is not None
-        return SEND_REJECT_CONDITIONS[self.reject_sends]
-
-    def take_dropped_disposition(self) -> bool:
-        if self.dropped_dispositions > 0:
-            self.dropped_dispositions -= 1
-            return True
-        return False
-
-    def as_dict(self) -> dict[str, Any]:
-        return {
-            "down": self.down,
-            "blackhole": self.paused,
-            "latency": self.latency,
-            "reject_sends": self.reject_sends,
-            "dropped_dispositions": self.dropped_dispositions,
-        }
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -156,11 +106,13 @@ class NamespaceServer:
             )
         }
         self.faults = Faults()
-        self.connections: set[AmqpConnection] = set()
+        self.connections: set[ClientConnection] = set()
         self.operations = 0
         self._idle_sockets: set[socket.socket] = set()
         self._ssl_context = ssl_context
-        self._admin_handler = admin_handler
+        # The admin API's protocol factory; EmulatorServer sets it once its app is ready
+        # (the app's backend needs this server first). None: other HTTP is refused.
+        self.admin_handler = admin_handler
         self._websocket_handler: Any | None = None  # made on the first WebSocket upgrade
         self._listener: socket.socket | None = None
         # While down, the port stays bound (not listening, so connections are refused) and
@@ -346,9 +298,9 @@ class NamespaceServer:
             if self._websocket_handler is None:
                 self._websocket_handler = websocket_server(self)
             return self._websocket_handler()
-        if self._admin_handler is None:
+        if self.admin_handler is None:
             return None if newline else _Refuse()
-        return self._admin_handler()  # type: ignore[no-any-return]
+        return self.admin_handler()  # type: ignore[no-any-return]
 
     # -- faults ---------------------------------------------------------------------------
     async def outage(self) -> None:
@@ -499,134 +451,3 @@ async def _peek(sock: socket.socket) -> bytes:
     finally:
         loop.remove_reader(fd)
     return sock.recv(1, socket.MSG_PEEK)
-
-
-class EmulatorServer:
-    """Every namespace of one emulator, plus the control endpoint, on one event loop."""
-
-    def __init__(
-        self,
-        specs: Iterable[NamespaceSpec],
-        *,
-        control_port: int = 0,
-        state_dir: Path | None = None,
-        control_token: str | None = None,
-    ) -> None:
-        self._specs = list(specs)
-        # What a control client must present (see _control): random unless given.
-        self.control_token = control_token or secrets.token_urlsafe(24)
-        names = [s.name for s in self._specs]
-        if len(set(names)) != len(names):
-            raise ValueError(f"namespace names must be unique, got {names}")
-        self.control_port = control_port
-        self._own_dir = state_dir is None
-        self.state_dir = Path(state_dir or tempfile.mkdtemp(prefix="georep-emulator-"))
-        self.namespaces: dict[str, NamespaceServer] = {}
-        self._control_runner: web.AppRunner | None = None
-        self._admin_runners: list[web.AppRunner] = []
-        self.ca_file: Path | None = None
-        self.entra_key_file: Path | None = None
-
-    @property
-    def control_url(self) -> str:
-        return f"http://127.0.0.1:{self.control_port}"
-
-    async def start(self) -> None:
-        from ._admin import build_admin_app
-        from ._admin_backend import NamespaceAdminBackend
-        from ._tls import make_self_signed_certificate, server_ssl_context
-
-        cert, key = make_self_signed_certificate(self.state_dir)
-        self.ca_file = cert
-        self.entra_key_file = make_signing_key(self.state_dir)
-        entra_public_key = load_signing_key(self.entra_key_file).public_key()
-        ssl_context = server_ssl_context(cert, key)
-        for spec in self._specs:
-            server = NamespaceServer(spec, ssl_context=ssl_context, admin_handler=None)
-            server.entra_public_key = entra_public_key
-            runner = web.AppRunner(build_admin_app(NamespaceAdminBackend(server)), access_log=None)
-            await runner.setup()
-            self._admin_runners.append(runner)
-            server._admin_handler = runner.server
-            await server.start()
-            server.relay = RelayServer(
-                server,
-                ssl_context=ssl_context,
-                hybrid_connections=spec.hybrid_connections,
-                port=spec.relay_port,
-            )
-            await server.relay.start()
-            self.namespaces[spec.name] = server
-        await self._start_control()
-
-    async def _start_control(self) -> None:
-        from ._control import build_control_app
-
-        runner = web.AppRunner(build_control_app(self), access_log=None)
-        await runner.setup()
-        site = web.TCPSite(runner, "127.0.0.1", self.control_port, reuse_address=True)
-        await site.start()
-        # aiohttp types _server as AbstractServer, which lacks .sockets (it is an asyncio.Server).
-        sockets = site._server.sockets if site._server is not None else []  # type: ignore[attr-defined]
-        self.control_port = sockets[0].getsockname()[1]
-        self._control_runner = runner
-
-    def describe(self) -> dict[str, Any]:
-        return {
-            "control_url": self.control_url,
-            "control_token": self.control_token,
-            "ca_file": str(self.ca_file) if self.ca_file else None,
-            "entra_key_file": str(self.entra_key_file) if self.entra_key_file else None,
-            "pid": os.getpid(),
-            "namespaces": {
-                name: {
-                    "port": ns.port,
-                    "connection_string": ns.connection_string(),
-                    "key_name": ns.key_name,
-                    "rules": {
-                        name: {
-                            "rights": sorted(rule.rights),
-                            "connection_string": ns.connection_string_for(name),
-                        }
-                        for name, rule in ns.rules.items()
-                    },
-                    "relay": ns.relay.describe() if ns.relay is not None else None,
-                }
-                for name, ns in self.namespaces.items()
-            },
-        }
-
-    async def close(self) -> None:
-        for server in self.namespaces.values():
-            await server.close()
-        for runner in self._admin_runners:
-            await runner.cleanup()
-        if self._control_runner is not None:
-            await self._control_runner.cleanup()
-        if self._own_dir:
-            for path in self.state_dir.glob("*"):
-                path.unlink(missing_ok=True)
-            with contextlib.suppress(OSError):
-                self.state_dir.rmdir()
-
-
-def default_properties(
-    kind: str, values: dict[str, Any]
-) -> EntityProperties | SubscriptionProperties:
-    """Entity properties from plain values (as the control endpoint receives them)."""
-    converted: dict[str, Any] = {
-        k: (timedelta(seconds=v) if _is_duration(k) and isinstance(v, int | float) else v)
-        for k, v in values.items()
-    }
-    if kind == "subscription":
-        return SubscriptionProperties(**converted)
-    return EntityProperties(**converted)
-
-
-def _is_duration(name: str) -> bool:
-    return name in {
-        "lock_duration",
-        "default_message_time_to_live",
-        "duplicate_detection_history_time_window",
-        "auto_delete_on_idle",
-    }

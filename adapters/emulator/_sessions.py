@@ -11,28 +11,30 @@ the head of the session, in order (each counts one more delivery).
 
 Like :mod:`._broker`, nothing here does I/O or reads the wall clock: the AMQP layer
 implements :class:`SessionHolder` and :class:`SessionWaiter`, and deadlines go through
-the namespace's timer heap.
+the namespace's timer heap. The broker's entity, which makes and calls :class:`Sessions`,
+is seen here as a :class:`SessionEntity`: this module sits below ``_broker``.
 """
 
 from __future__ import annotations
 
 import contextlib
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Mapping
+from datetime import timedelta
 from typing import TYPE_CHECKING, Any, Final, Protocol
 
-from ._broker import BrokerError, MessageState
+from ._errors import BrokerError
+from ._message import MessageState, StoredMessage
 
 if TYPE_CHECKING:
     import uuid
-
-    from ._broker import Entity, StoredMessage
 
 __all__ = [
     "DEFAULT_ACCEPT_TIMEOUT",
     "SESSION_CANNOT_BE_LOCKED",
     "SESSION_LOCK_LOST",
     "Session",
+    "SessionEntity",
     "SessionHolder",
     "SessionWaiter",
     "Sessions",
@@ -44,7 +46,7 @@ SESSION_CANNOT_BE_LOCKED: Final = "com.microsoft:session-cannot-be-locked"
 #: ``com.microsoft:timeout`` (seconds; the service's default operation timeout).
 DEFAULT_ACCEPT_TIMEOUT: Final = 60.0
 
-# Timer kinds on the namespace heap (the broker's own kinds are 0..2).
+# Timer kinds of Sessions on the namespace heap.
 LOCK_EXPIRY, ACCEPT_TIMEOUT = 10, 11
 
 
@@ -76,6 +78,56 @@ class SessionWaiter(Protocol):
 
     def timed_out(self) -> None:
         """No session became available in time: refuse the link."""
+
+
+class SessionTimers(Protocol):
+    """The namespace as sessions use it: its clock and its timer heap."""
+
+    @property
+    def clock(self) -> Callable[[], float]:
+        """Seconds since the epoch (injected in tests)."""
+
+    def add_timer(self, deadline: float, kind: int, target: Sessions, payload: Any) -> None:
+        """Call ``target.on_timer(kind, payload, now)`` at ``deadline``."""
+
+
+class LockSettings(Protocol):
+    """The entity property sessions read."""
+
+    @property
+    def lock_duration(self) -> timedelta:
+        """How long a session lock lasts before it is renewed."""
+
+
+class SessionEntity(Protocol):
+    """A session-enabled queue or subscription as its sessions see it (the broker's
+    ``Entity``, which keeps the messages, their locks and the dead-letter queue)."""
+
+    @property
+    def namespace(self) -> SessionTimers:
+        """The namespace the entity belongs to."""
+
+    @property
+    def properties(self) -> LockSettings:
+        """The entity's settings."""
+
+    @property
+    def fragments_down(self) -> set[int]:
+        """Fragments of a partitioned entity that are down (their messages wait)."""
+
+    @property
+    def by_sequence(self) -> Mapping[int, StoredMessage]:
+        """Every message the entity holds, by sequence number."""
+
+    def expire(self, message: StoredMessage) -> None:
+        """``message`` outlived its time to live: dead-letter it when the entity says so,
+        else drop it."""
+
+    def hand_over(self, consumer: SessionHolder, message: StoredMessage, now: float) -> None:
+        """Deliver ``message``: removed (receive-and-delete) or locked (peek-lock)."""
+
+    def session_ended(self, message: StoredMessage) -> None:
+        """``message`` was locked under a session lock that ended: it returns."""
 
 
 class Session:
@@ -129,7 +181,7 @@ def _return_in_order(messages: deque[StoredMessage], message: StoredMessage) -> 
 class Sessions:
     """The sessions of one session-enabled entity."""
 
-    def __init__(self, entity: Entity) -> None:
+    def __init__(self, entity: SessionEntity) -> None:
         self.entity = entity
         self.by_id: dict[str, Session] = {}
         self._held: dict[SessionHolder, Session] = {}
@@ -219,7 +271,7 @@ class Sessions:
             return True
         self._waiters.append(waiter)
         namespace = self.entity.namespace
-        namespace.add_timer(namespace.clock() + timeout, ACCEPT_TIMEOUT, self.entity, waiter)
+        namespace.add_timer(namespace.clock() + timeout, ACCEPT_TIMEOUT, self, waiter)
         return False
 
     def withdraw(self, waiter: SessionWaiter) -> None:
@@ -245,7 +297,7 @@ class Sessions:
         )
         for message in session.locked:
             message.locked_until = session.locked_until
-        namespace.add_timer(session.locked_until, LOCK_EXPIRY, self.entity, session)
+        namespace.add_timer(session.locked_until, LOCK_EXPIRY, self, session)
         return session.locked_until
 
     # -- the lock ---------------------------------------------------------------------

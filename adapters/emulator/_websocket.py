@@ -10,14 +10,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from aiohttp import WSMsgType, web
 
 from ._amqp import AmqpConnection
-
-if TYPE_CHECKING:
-    from ._server import NamespaceServer
+from ._namespace_host import NamespaceHost
 
 __all__ = ["WEBSOCKET_PATH", "websocket_server"]
 
@@ -65,7 +63,7 @@ class _WebSocketTransport(asyncio.Transport):
             await self._ws.close()
 
 
-def websocket_server(server: NamespaceServer) -> web.Server:
+def websocket_server(server: NamespaceHost) -> web.Server:
     """An HTTP protocol factory that upgrades ``/$servicebus/websocket`` to AMQP."""
 
     async def handle(request: web.BaseRequest) -> web.StreamResponse:

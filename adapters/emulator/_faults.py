@@ -1,0 +1,59 @@
+"""The faults injected into one emulated namespace, and what each rejection looks like.
+
+Below the server (``_server``), the protocol modules that obey the faults (``_amqp``,
+``_relay``) and the control endpoint that sets them (``_control``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = ["SEND_REJECT_CONDITIONS", "Faults"]
+
+#: ``reject-sends`` condition -> (AMQP error condition, description) a send is rejected with.
+SEND_REJECT_CONDITIONS = {
+    "server-busy": (
+        "com.microsoft:server-busy",
+        "The server is busy. Retry the operation later (injected fault).",
+    ),
+    "timeout": (
+        "com.microsoft:timeout",
+        "The operation did not complete in time (injected fault).",
+    ),
+    "internal-error": (
+        "amqp:internal-error",
+        "The service had an internal error (injected fault).",
+    ),
+    "quota-exceeded": ("amqp:resource-limit-exceeded", "The entity is full (injected fault)."),
+}
+
+
+@dataclass
+class Faults:
+    """Faults injected into one namespace. All off by default."""
+
+    down: bool = False
+    paused: bool = False
+    latency: float = 0.0
+    reject_sends: str | None = None
+    dropped_dispositions: int = 0
+
+    def reject_condition(self) -> tuple[str, str]:
+        assert self.reject_sends is not None
+        return SEND_REJECT_CONDITIONS[self.reject_sends]
+
+    def take_dropped_disposition(self) -> bool:
+        if self.dropped_dispositions > 0:
+            self.dropped_dispositions -= 1
+            return True
+        return False
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "down": self.down,
+            "blackhole": self.paused,
+            "latency": self.latency,
+            "reject_sends": self.reject_sends,
+            "dropped_dispositions": self.dropped_dispositions,
+        }
