@@ -8,7 +8,8 @@ from typing import Any
 import pytest
 from azure.servicebus import ServiceBusMessage
 
-from georep import FailoverPolicy, GeoReceiver, GeoSender, InvalidMessageError, peek_all
+from georep import FailoverPolicy, GeoReceiver, GeoSender, InvalidMessageError
+from georep._peek import peek_all
 from georep.adapters.servicebus import ServiceBusCodec
 from georep.testing import (
     FakeClock,
