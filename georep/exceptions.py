@@ -29,6 +29,7 @@ georep class                    also an instance of (``azure.servicebus.exceptio
 ``AlreadySettledError``         ``MessageAlreadySettled`` (a ``ValueError``)
 ``ClosedError``                 ``ValueError`` (and ``RuntimeError``, as before)
 ``InvalidMessageError``         ``ValueError``, ``TypeError``
+``OversizeMessageError``        ``MessageSizeExceededError`` + those of ``InvalidMessageError``
 ``ConfigurationError``          ``ValueError``
 ``EmulatorError``               ``RuntimeError`` only: not a Service Bus operation
 =============================== ===================================================
@@ -84,6 +85,7 @@ __all__ = [
     "MessageTooLargeError",
     "OutboxFullError",
     "OutboxUnavailableError",
+    "OversizeMessageError",
     "QuotaExceededError",
     "RegionError",
     "RegionTimeoutError",
@@ -263,6 +265,18 @@ class InvalidMessageError(GeoReplicationError, ValueError, TypeError):
 
     Also a ``ValueError`` and a ``TypeError``: the SDK raises the first for a bad field and
     the second for a message of the wrong type, and georep raises this class for both.
+    """
+
+
+class OversizeMessageError(InvalidMessageError, MessageSizeExceededError):
+    """A message, or the messages of one call, are over the entity's size limit, known
+    before any call to a region: their bodies alone exceed the limit the regions announced,
+    or a batch is full. Send fewer messages per call, or shrink them.
+
+    Also the SDK's ``MessageSizeExceededError``, which the SDK raises in the same places
+    (``ServiceBusMessageBatch.add_message`` on a full batch, ``send_messages`` over the
+    link's limit). The limit a region enforces when it refuses a send is
+    :class:`MessageTooLargeError`.
     """
 
 

@@ -8,7 +8,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from georep.exceptions import InvalidMessageError
+from georep.exceptions import InvalidMessageError, OversizeMessageError
 
 __all__ = ["FakeBatch", "FakeCodec", "FakeMessage"]
 
@@ -40,7 +40,7 @@ class FakeBatch:
     def add_message(self, message: FakeMessage) -> None:
         size = len(message.body)
         if self.size_in_bytes + size > self.max_size_in_bytes:
-            raise ValueError(f"batch is full ({self.max_size_in_bytes} bytes)")
+            raise OversizeMessageError(f"batch is full ({self.max_size_in_bytes} bytes)")
         self._prepare(message)
         self.messages.append(message)
         self.size_in_bytes += size
@@ -127,7 +127,9 @@ class FakeCodec:
         self, messages: Sequence[Any], *, one_partition: bool, max_size: int | None = None
     ) -> None:
         if max_size is not None and sum(len(m.body) for m in messages) > max_size:
-            raise InvalidMessageError(f"the bodies are over the entity's limit of {max_size} bytes")
+            raise OversizeMessageError(
+                f"the bodies are over the entity's limit of {max_size} bytes"
+            )
         # FakeMessage has no partition key.
 
     def new_batch(self, max_size_in_bytes: int, prepare: Callable[[Any], object]) -> Any:

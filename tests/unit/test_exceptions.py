@@ -61,6 +61,7 @@ MAPPING: dict[type[errors.GeoReplicationError], tuple[tuple[type, ...], tuple[ty
     errors.ClosedError: ((), (ValueError, RuntimeError)),
     errors.InvalidMessageError: ((), (ValueError, TypeError)),
     errors.MessageExpiredError: ((), (ValueError, TypeError)),
+    errors.OversizeMessageError: ((sdk.MessageSizeExceededError,), (ValueError, TypeError)),
     errors.ConfigurationError: ((), (ValueError,)),
     # Not a Service Bus operation: an application's `except ServiceBusError` must not hide
     # a broken emulator fixture.
