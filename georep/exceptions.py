@@ -38,8 +38,10 @@ A :class:`RegionError`'s class follows its :class:`~georep.ports.ErrorKind`: bui
 :func:`region_error`, the one place that picks the class for a kind. When the SDK is not
 installed the SDK names above are stand-ins (``georep._sdk_errors``).
 
-Every error has the SDK's attributes: ``message`` (the text), ``inner_exception`` (the
-cause), ``retryable``; its text never holds a key or SAS token (they are masked).
+Every error has georep's ``retryable`` and the SDK's attributes: ``message`` (the text),
+``inner_exception`` (the cause), ``exc_type``/``exc_value``/``exc_traceback``/``exc_msg``
+(from the cause) and ``_retryable`` (``retryable``). Its text never holds a key or SAS
+signature (:func:`mask_secrets` masks any that reaches it).
 """
 
 from __future__ import annotations
@@ -94,7 +96,6 @@ __all__ = [
     "SettlementError",
     "StoreUnavailableError",
     "error_type",
-    "mask_secrets",
     "region_error",
 ]
 
