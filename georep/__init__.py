@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import importlib
+import warnings
+from typing import TYPE_CHECKING, Any
+
 __version__ = "0.1.0"
 
 from georep._fork import ForkedProcessError
@@ -9,7 +13,6 @@ from georep._ledger import ParquetLedger
 from georep._outbox import SqliteOutbox
 from georep._paired import PairedNamespaceOptions, backlog_queue_path
 from georep._paired_sender import PairedSender
-from georep._peek import peek_all
 from georep._policy import (
     DEFAULT_FAILOVER_KINDS,
     Corroboration,
@@ -25,25 +28,31 @@ from georep._relay import (
     RelayChannelStats,
     RelayPolicy,
 )
-from georep._role_store import InMemoryRoleStore
 from georep._roles import RoleState
 from georep._sender import GeoSender, SenderStats, SendResult
 from georep._syphon import Syphon, SyphonStats
 from georep.exceptions import (
     AllRegionsUnavailableError,
+    AlreadySettledError,
     AuthenticationError,
     ClosedError,
     ConfigurationError,
-    EmulatorError,
+    EntityDisabledError,
     EntityNotFoundError,
     GeoReplicationError,
+    InvalidArgumentError,
     InvalidMessageError,
+    LockLostError,
     MessageExpiredError,
     MessageTooLargeError,
     OutboxFullError,
     OutboxUnavailableError,
+    OversizeMessageError,
+    QuotaExceededError,
     RegionError,
+    RegionTimeoutError,
     RegionUnavailableError,
+    ServerBusyError,
     SettlementError,
     StoreUnavailableError,
 )
@@ -60,6 +69,7 @@ __all__ = [
     "DEFAULT_FAILOVER_KINDS",
     "DEFAULT_RELAY_FAILOVER_KINDS",
     "AllRegionsUnavailableError",
+    "AlreadySettledError",
     "AuthenticationError",
     "ClaimState",
     "ClosedError",
@@ -67,7 +77,7 @@ __all__ = [
     "Corroboration",
     "DedupKey",
     "DrainPolicy",
-    "EmulatorError",
+    "EntityDisabledError",
     "EntityNotFoundError",
     "ErrorKind",
     "FailoverChannel",
@@ -76,18 +86,22 @@ __all__ = [
     "GeoReceiver",
     "GeoReplicationError",
     "GeoSender",
-    "InMemoryRoleStore",
+    "InvalidArgumentError",
     "InvalidMessageError",
+    "LockLostError",
     "MessageExpiredError",
     "MessageTooLargeError",
     "OutboxFullError",
     "OutboxUnavailableError",
+    "OversizeMessageError",
     "PairedNamespaceOptions",
     "PairedSender",
     "ParquetLedger",
+    "QuotaExceededError",
     "ReceiverHandler",
     "ReceiverStats",
     "RegionError",
+    "RegionTimeoutError",
     "RegionUnavailableError",
     "RelayChannelStats",
     "RelayPolicy",
@@ -99,6 +113,7 @@ __all__ = [
     "RoleStore",
     "SendResult",
     "SenderStats",
+    "ServerBusyError",
     "SettlementError",
     "SqliteOutbox",
     "StoreUnavailableError",
@@ -106,6 +121,34 @@ __all__ = [
     "SyphonStats",
     "__version__",
     "backlog_queue_path",
-    "peek_all",
     "receiver",
 ]
+
+# Names that left the top level (test doubles and internals), for one release: each still
+# resolves, with a DeprecationWarning naming its home.
+_MOVED: dict[str, tuple[str, str]] = {
+    "InMemoryRoleStore": ("georep.testing", "InMemoryRoleStore"),
+    "EmulatorError": ("georep.exceptions", "EmulatorError"),
+    "peek_all": ("georep._peek", "peek_all"),
+}
+
+if not TYPE_CHECKING:  # type checkers report the old names as missing: that is the point
+
+    def __getattr__(name: str) -> Any:
+        if name not in _MOVED:
+            raise AttributeError(f"module 'georep' has no attribute {name!r}")
+        module, attribute = _MOVED[name]
+        hint = (
+            "use GeoReceiver.peek_all, or the SDK's peek_messages"
+            if name == "peek_all"
+            else f"import it from {module}"
+        )
+        warnings.warn(
+            f"georep.{name} is no longer part of georep's public names and goes in the next "
+            f"release: {hint}",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        value = getattr(importlib.import_module(module), attribute)
+        globals()[name] = value  # warned once (``from georep import x`` looks twice)
+        return value

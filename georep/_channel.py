@@ -2,7 +2,7 @@
 
 :class:`RegionChannel` is the one place that makes a call to a region: hold the region's
 slot, apply georep's deadline, turn a timeout into a
-:class:`~georep.exceptions.RegionUnavailableError` (kind ``TIMEOUT``) naming that region,
+:class:`~georep.exceptions.RegionTimeoutError` (kind ``TIMEOUT``) naming that region,
 count the failure, and cool the region down. The GeoSender, the PairedSender, the syphon
 and the relay channel all call regions through it; which failures count is the caller's
 ``fail_over_on`` (read from the one table, :mod:`georep._classify`).
@@ -22,7 +22,8 @@ from georep.exceptions import (
     AllRegionsUnavailableError,
     ConfigurationError,
     RegionError,
-    RegionUnavailableError,
+    RegionTimeoutError,
+    region_error,
 )
 from georep.ports import Clock, ErrorKind, RegionSender
 
@@ -52,18 +53,16 @@ class _Labelled(Protocol):
 _C = TypeVar("_C", bound=_Labelled)
 
 
-def timeout_error(region: str, what: str, seconds: float) -> RegionUnavailableError:
+def timeout_error(region: str, what: str, seconds: float) -> RegionTimeoutError:
     """``f"{what} within {seconds:g} s"`` as a TIMEOUT failure of ``region``."""
-    return RegionUnavailableError(
-        f"{what} within {seconds:g} s", region=region, kind=ErrorKind.TIMEOUT
-    )
+    return RegionTimeoutError(f"{what} within {seconds:g} s", region=region, kind=ErrorKind.TIMEOUT)
 
 
 class RegionDeadline:
     """``with RegionDeadline(clock, seconds, region):`` the body within ``seconds``.
 
     A ``TimeoutError`` (georep's deadline, or one the body raised) leaves as a
-    :class:`~georep.exceptions.RegionUnavailableError` of kind ``TIMEOUT`` for ``region``,
+    :class:`~georep.exceptions.RegionTimeoutError` of kind ``TIMEOUT`` for ``region``,
     its message ``f"{name} {what} within {seconds:g} s"`` (``name`` defaults to the region
     label). A plain class, not a generator: it is on every send's path.
 
@@ -88,7 +87,7 @@ class RegionDeadline:
         self._name = name
         self._what = what
 
-    def error(self) -> RegionUnavailableError:
+    def error(self) -> RegionTimeoutError:
         """The error a timeout becomes."""
         name = self._region if self._name is None else self._name
         return timeout_error(self._region, f"{name} {self._what}", self._seconds)
@@ -117,7 +116,7 @@ def bounded_call(
     clock: Clock, region: str, what: str, seconds: float = CALL_SECONDS
 ) -> RegionDeadline:
     """``with bounded_call(clock, region, "a browse"):`` one call of a receiver to a region,
-    within ``seconds`` (default :data:`CALL_SECONDS`); else ``RegionUnavailableError``
+    within ``seconds`` (default :data:`CALL_SECONDS`); else ``RegionTimeoutError``
     (kind ``TIMEOUT``) saying ``"{region}: {what} did not return within {seconds} s"``."""
     return RegionDeadline(clock, seconds, region, name=f"{region}:", what=f"{what} did not return")
 
@@ -207,7 +206,7 @@ class RegionChannel(Generic[_C]):
         try:
             if self.failures != failures_before and self.last_error is not None:
                 last = self.last_error
-                raise RegionUnavailableError(
+                raise region_error(
                     f"{self.region} failed while this call waited for it: {last}",
                     region=self.region,
                     kind=last.kind,

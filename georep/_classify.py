@@ -7,7 +7,12 @@ default failover kinds, and :attr:`georep.exceptions.RegionError.retryable`. Two
 beside the table finish it: :data:`TRY_LATER_KINDS` (the outbox drainer) and
 :data:`CLIENT_FAULT_KINDS` (the syphon). No other module defines a set of kinds. Adapters only
 map their client's exceptions to an :class:`~georep.ports.ErrorKind`
-(``georep.adapters.servicebus`` does it in one table of SDK classes).
+(``georep.adapters.servicebus`` does it in one table of SDK classes); the error class raised
+for a kind is :func:`georep.exceptions.region_error`'s choice (one class per kind, each
+also the SDK's class for that failure).
+
+This module is pure data about kinds: it imports only :mod:`georep.ports`, so
+:mod:`georep.exceptions` can read it (imports run downward: ports, this table, the errors).
 
 Decisions, and why:
 
@@ -38,14 +43,6 @@ from __future__ import annotations
 from types import MappingProxyType
 from typing import NamedTuple
 
-from georep.exceptions import (
-    AuthenticationError,
-    ConfigurationError,
-    EntityNotFoundError,
-    MessageTooLargeError,
-    RegionError,
-    RegionUnavailableError,
-)
 from georep.ports import ErrorKind
 
 __all__ = [
@@ -58,9 +55,6 @@ __all__ = [
     "TRY_LATER_KINDS",
     "UNAVAILABLE_KINDS",
     "Classification",
-    "error_kinds",
-    "error_type",
-    "region_error",
 ]
 
 
@@ -73,13 +67,11 @@ class Classification(NamedTuple):
         retryable: The same call may succeed later without any change (the syphon retries
             it; ``RegionError.retryable``).
         paired: Runs the paired sender's failover timer (SPEC §3).
-        error: The georep error class raised for it.
     """
 
     unavailable: bool
     retryable: bool
     paired: bool
-    error: type[RegionError]
 
 
 _C = Classification
@@ -87,20 +79,20 @@ _C = Classification
 #: The table. Every ErrorKind has a row (a unit test checks it).
 CLASSIFICATION: MappingProxyType[ErrorKind, Classification] = MappingProxyType(
     {
-        ErrorKind.CONNECTION: _C(True, True, True, RegionUnavailableError),
-        ErrorKind.TIMEOUT: _C(True, True, True, RegionUnavailableError),
-        ErrorKind.SERVER_BUSY: _C(True, True, False, RegionUnavailableError),
-        ErrorKind.SERVICE_ERROR: _C(False, True, False, RegionError),
+        ErrorKind.CONNECTION: _C(True, True, True),
+        ErrorKind.TIMEOUT: _C(True, True, True),
+        ErrorKind.SERVER_BUSY: _C(True, True, False),
+        ErrorKind.SERVICE_ERROR: _C(False, True, False),
         # A disabled entity in the primary: paired mode parks its messages in the backlog
         # until an operator enables it again (the syphon then moves them back).
-        ErrorKind.ENTITY_DISABLED: _C(False, False, True, EntityNotFoundError),
-        ErrorKind.ENTITY_NOT_FOUND: _C(False, False, False, EntityNotFoundError),
-        ErrorKind.AUTHENTICATION: _C(False, False, False, AuthenticationError),
-        ErrorKind.MESSAGE_TOO_LARGE: _C(False, False, False, MessageTooLargeError),
-        ErrorKind.QUOTA_EXCEEDED: _C(False, False, False, RegionError),
-        ErrorKind.LOCK_LOST: _C(False, False, False, RegionError),
-        ErrorKind.INVALID_ARGUMENT: _C(False, False, False, RegionError),
-        ErrorKind.UNKNOWN: _C(False, False, False, RegionError),
+        ErrorKind.ENTITY_DISABLED: _C(False, False, True),
+        ErrorKind.ENTITY_NOT_FOUND: _C(False, False, False),
+        ErrorKind.AUTHENTICATION: _C(False, False, False),
+        ErrorKind.MESSAGE_TOO_LARGE: _C(False, False, False),
+        ErrorKind.QUOTA_EXCEEDED: _C(False, False, False),
+        ErrorKind.LOCK_LOST: _C(False, False, False),
+        ErrorKind.INVALID_ARGUMENT: _C(False, False, False),
+        ErrorKind.UNKNOWN: _C(False, False, False),
     }
 )
 
@@ -143,31 +135,3 @@ a gateway answer (HTTP 502/503/504, handshake 500, close 1011), ENTITY_NOT_FOUND
 listener", AUTHENTICATION a refused handshake. The other endpoint lives in another
 namespace with its own listener and key, and a relayed request carries no message that a
 second try could duplicate in a queue, so each is worth one try there."""
-
-
-def error_kinds(kinds: object, name: str) -> frozenset[ErrorKind]:
-    """``kinds`` (a collection of :class:`ErrorKind` or their values) as a frozenset.
-
-    Raises:
-        ConfigurationError: It is a string, not iterable, or names an unknown kind.
-    """
-    if isinstance(kinds, str | bytes) or not hasattr(kinds, "__iter__"):
-        raise ConfigurationError(
-            f"{name} must be a collection of ErrorKind values, e.g. "
-            f"frozenset({{ErrorKind.CONNECTION}}), got {kinds!r}"
-        )
-    try:
-        return frozenset(ErrorKind(kind) for kind in kinds)
-    except ValueError as error:
-        known = ", ".join(kind.value for kind in ErrorKind)
-        raise ConfigurationError(f"{name}: {error}; the kinds are: {known}") from None
-
-
-def error_type(kind: ErrorKind) -> type[RegionError]:
-    """The georep error class for ``kind``."""
-    return CLASSIFICATION[kind].error
-
-
-def region_error(message: str, *, region: str, kind: ErrorKind) -> RegionError:
-    """The georep error for a failure of ``kind`` in ``region``."""
-    return error_type(kind)(message, region=region, kind=kind)

@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
-from georep.exceptions import ConfigurationError, SettlementError
+from georep.exceptions import AlreadySettledError, ConfigurationError
 from georep.ports import FINAL_STATES, ClaimState
 
 __all__ = [
@@ -121,18 +121,19 @@ class Decisions:
         """Record ``decision`` for ``message``.
 
         Raises:
-            SettlementError: ``message`` is not being handled now, or was decided already.
+            AlreadySettledError: ``message`` is not being handled now (its handler returned
+                and it was settled, or it was never given to one), or was decided already.
         """
         key = id(message)
         if key not in self._open:
-            raise SettlementError(
+            raise AlreadySettledError(
                 f"{decision.settle}_message: this message is not one a handler of this "
                 "GeoReceiver is processing now (decide on the message your handler was "
                 "given, before the handler returns)"
             )
         earlier = self._open[key]
         if earlier is not None:
-            raise SettlementError(
+            raise AlreadySettledError(
                 f"{decision.settle}_message: the handler already called "
                 f"{earlier.settle}_message for this message (one decision per message)"
             )

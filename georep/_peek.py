@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from georep.exceptions import ConfigurationError
+
 __all__ = ["peek_all"]
 
 
@@ -27,10 +29,10 @@ async def peek_all(
         The peeked messages in sequence-number order (not locked, not removed).
 
     Raises:
-        ValueError: ``count`` is not positive.
+        ConfigurationError: ``count`` is not positive (a ValueError, as the SDK raises).
     """
     if count < 1:
-        raise ValueError("count must be at least 1")
+        raise ConfigurationError(f"count must be at least 1, got {count!r}")
     peeked: list[Any] = []
     next_sequence = from_sequence_number
     while len(peeked) < count:

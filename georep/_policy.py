@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import ClassVar, Literal
 
-from georep._classify import UNAVAILABLE_KINDS, error_kinds
+from georep._classify import UNAVAILABLE_KINDS
 from georep.exceptions import ConfigurationError
 from georep.ports import ErrorKind
 
@@ -51,6 +51,24 @@ def seconds(value: Seconds, name: str) -> float:
             f"{name} must be a finite, non-negative number of seconds, got {value!r}"
         )
     return float(result)
+
+
+def error_kinds(kinds: object, name: str) -> frozenset[ErrorKind]:
+    """``kinds`` (a collection of :class:`ErrorKind` or their values) as a frozenset.
+
+    Raises:
+        ConfigurationError: It is a string, not iterable, or names an unknown kind.
+    """
+    if isinstance(kinds, str | bytes) or not hasattr(kinds, "__iter__"):
+        raise ConfigurationError(
+            f"{name} must be a collection of ErrorKind values, e.g. "
+            f"frozenset({{ErrorKind.CONNECTION}}), got {kinds!r}"
+        )
+    try:
+        return frozenset(ErrorKind(kind) for kind in kinds)
+    except ValueError as error:
+        known = ", ".join(kind.value for kind in ErrorKind)
+        raise ConfigurationError(f"{name}: {error}; the kinds are: {known}") from None
 
 
 def as_seconds(value: Seconds) -> float:

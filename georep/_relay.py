@@ -19,10 +19,10 @@ from opentelemetry import metrics, trace
 from opentelemetry.trace import SpanKind, Status, StatusCode
 
 from georep._channel import RegionChannel
-from georep._classify import RELAY_FAILOVER_KINDS, error_kinds
+from georep._classify import RELAY_FAILOVER_KINDS
 from georep._clock import SystemClock
 from georep._lifecycle import AsyncResource, close_all
-from georep._policy import Seconds, as_seconds, positive_seconds
+from georep._policy import Seconds, as_seconds, error_kinds, positive_seconds
 from georep._region_wrap import check_pair
 from georep._role_join import role_join
 from georep._roles import RoleSnapshot, RoleState
@@ -31,7 +31,7 @@ from georep.exceptions import (
     AllRegionsUnavailableError,
     ConfigurationError,
     RegionError,
-    RegionUnavailableError,
+    RegionTimeoutError,
 )
 from georep.ports import Clock, ErrorKind, RelayEndpoint, RelayResponse, RoleStore
 
@@ -402,7 +402,7 @@ class FailoverChannel(AsyncResource):
     async def _attempt(self, region: str, call: _Call) -> RelayResponse:
         remaining = call.total - (self._clock.monotonic() - call.started)
         if remaining <= 0:
-            raise RegionUnavailableError(
+            raise RegionTimeoutError(
                 f"no time left for {region} (request timeout {call.total:g} s)",
                 region=region,
                 kind=ErrorKind.TIMEOUT,

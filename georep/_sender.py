@@ -18,7 +18,6 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from georep._channel import batch_size, learn_max_sizes, open_failure
-from georep._classify import region_error
 from georep._clock import SystemClock
 from georep._endpoint import FromNamespaces, Target, one_entity, with_client_options_pair
 from georep._lifecycle import AsyncResource, close_all
@@ -37,7 +36,7 @@ from georep._send_records import flush_ledger
 from georep._send_wiring import SenderParts, wire
 from georep._sending import SenderStats, SendResult
 from georep._telemetry import SenderTelemetry
-from georep.exceptions import ClosedError, ConfigurationError, RegionError
+from georep.exceptions import ClosedError, ConfigurationError, RegionError, region_error
 from georep.ports import Clock, Ledger, Outbox, RegionSender, RoleStore
 
 if TYPE_CHECKING:

@@ -134,7 +134,8 @@ class RegionSender(RegionIdentity, Protocol):
     """One region's sender for one entity (queue or topic).
 
     Every method raises :class:`georep.exceptions.RegionError` (with its
-    :class:`ErrorKind`) and nothing else for a failed operation.
+    :class:`ErrorKind`) and nothing else for a failed operation; build it with
+    :func:`georep.exceptions.region_error`, which picks the class for the kind.
     """
 
     @property

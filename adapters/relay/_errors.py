@@ -9,7 +9,7 @@ from collections.abc import Mapping
 import aiohttp
 from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidStatus
 
-from georep.exceptions import RegionError, RegionUnavailableError
+from georep.exceptions import RegionError, region_error
 from georep.ports import ErrorKind
 
 __all__ = [
@@ -56,11 +56,11 @@ def is_relay_refusal(status: int, headers: Mapping[str, str]) -> bool:
     return status >= 400 and "via" not in {name.lower() for name in headers}
 
 
-def unavailable(region: str, kind: ErrorKind, message: str) -> RegionUnavailableError:
-    return RegionUnavailableError(f"{region}: {message}", region=region, kind=kind)
+def unavailable(region: str, kind: ErrorKind, message: str) -> RegionError:
+    return region_error(f"{region}: {message}", region=region, kind=kind)
 
 
-def closed_error(region: str, exc: ConnectionClosed) -> RegionUnavailableError:
+def closed_error(region: str, exc: ConnectionClosed) -> RegionError:
     """A relayed websocket that closed under a request."""
     close = exc.rcvd or exc.sent
     code = close.code if close is not None else 1006

@@ -11,8 +11,9 @@ from typing import Any
 
 from azure.servicebus import ServiceBusMessage, ServiceBusMessageBatch
 from azure.servicebus.amqp import AmqpAnnotatedMessage, AmqpMessageBodyType
+from azure.servicebus.exceptions import MessageSizeExceededError
 
-from georep.exceptions import InvalidMessageError
+from georep.exceptions import InvalidMessageError, OversizeMessageError
 
 __all__ = ["GeoMessageBatch", "ServiceBusCodec"]
 
@@ -62,7 +63,10 @@ class GeoMessageBatch(ServiceBusMessageBatch):
             raise InvalidMessageError(_AMQP_MESSAGE_UNSUPPORTED)
         _check_message(message)
         self._georep_prepare(message)
-        super().add_message(message)
+        try:
+            super().add_message(message)
+        except MessageSizeExceededError as exc:  # the batch is full, as in the SDK
+            raise OversizeMessageError(str(exc)) from exc
 
 
 _AMQP_MESSAGE_UNSUPPORTED = (
@@ -417,7 +421,7 @@ class ServiceBusCodec:
                 keys.add(key)
         if max_size is not None and body_bytes > max_size:
             # The bodies alone are a lower bound of the encoded size: over the limit for sure.
-            raise InvalidMessageError(
+            raise OversizeMessageError(
                 self._over_limit(messages, body_bytes, max_size, largest, largest_bytes)
             )
         if one_partition and len(keys) > 1:

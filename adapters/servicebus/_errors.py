@@ -1,8 +1,9 @@
 """The one place azure-servicebus exceptions become georep errors.
 
 :data:`SDK_ERROR_KINDS` maps each SDK exception class to an :class:`ErrorKind`; what a kind
-means (fail over or not, retryable or not, which georep error) is decided in one table in
-the core, ``georep._classify.CLASSIFICATION``.
+means (fail over or not, retryable or not) is decided in one table in the core,
+``georep._classify.CLASSIFICATION``, and the georep class raised for it (which is also the
+SDK's class for that failure) by ``georep.exceptions.region_error``.
 """
 
 from __future__ import annotations
@@ -29,8 +30,7 @@ from azure.servicebus.exceptions import (
     SessionLockLostError,
 )
 
-from georep._classify import region_error
-from georep.exceptions import RegionError
+from georep.exceptions import GeoReplicationError, RegionError, region_error
 from georep.ports import ErrorKind
 
 __all__ = ["SDK_ERROR_KINDS", "error_kind", "translate_error"]
@@ -86,7 +86,12 @@ def error_kind(exc: BaseException) -> ErrorKind | None:
     error the SDK marks retryable (``amqp:internal-error``, unknown conditions):
     SERVICE_ERROR; or one it does not (``amqp:not-allowed``, ``amqp:decode-error``, ...)
     or an argument error: INVALID_ARGUMENT.
+
+    georep's own errors are SDK classes too, but already translated: a
+    :class:`~georep.exceptions.RegionError` keeps its kind, any other is not an SDK error.
     """
+    if isinstance(exc, GeoReplicationError):
+        return exc.kind if isinstance(exc, RegionError) else None
     for error_class, kind in SDK_ERROR_KINDS:
         if isinstance(exc, error_class):
             return kind
@@ -107,12 +112,16 @@ def translate_error(exc: BaseException, *, region: str, namespace: str) -> Regio
     """The georep error for an SDK (or socket) exception, or None if it is not one.
 
     The text names the region and its namespace and carries the SDK's description (which
-    never contains the key); the SDK exception stays attached as ``__cause__``.
+    never contains the key); the SDK exception is its ``inner_exception`` (and stays
+    attached as ``__cause__`` where it is raised ``from``). A georep error is returned as it
+    is.
     """
+    if isinstance(exc, RegionError):
+        return exc
     kind = error_kind(exc)
     if kind is None:
         return None
     detail = str(exc).strip() or type(exc).__name__
     hint = _HINTS.get(kind)
     message = f"{region} ({namespace}): {detail}" + (f"; {hint}" if hint else "")
-    return region_error(message, region=region, kind=kind)
+    return region_error(message, region=region, kind=kind, inner_exception=exc)

@@ -15,7 +15,7 @@ from azure.servicebus.exceptions import MessageLockLostError
 from georep._endpoint import Target
 from georep._ordering import read_stamp
 from georep._peek import peek_all
-from georep.exceptions import ConfigurationError, RegionError
+from georep.exceptions import ConfigurationError, GeoReplicationError, region_error
 from georep.ports import Delivery, ErrorKind
 
 from ._region import SdkRegion, close_without_keep_alive_wait
@@ -93,7 +93,7 @@ class ServiceBusRegionReceiver(SdkRegion):
 
     def _translate(self, exc: Exception) -> Exception:
         if isinstance(exc, MessageLockLostError):
-            return RegionError(
+            return region_error(
                 f"{self._region} ({self._namespace}): the copy's lock was lost; it will be "
                 "redelivered",
                 region=self._region,
@@ -145,6 +145,8 @@ class ServiceBusRegionReceiver(SdkRegion):
             if self._reopen is not None and overran > max_wait + STUCK_AFTER:
                 self._replace_receiver(overran)
             raise
+        except GeoReplicationError:
+            raise  # georep's own error (a closed adapter, a lost lock): as it is
         except Exception as exc:
             self._link_open = False
             raise self._translate(exc) from exc
@@ -177,7 +179,7 @@ class ServiceBusRegionReceiver(SdkRegion):
         delivery id on a new link names another message)."""
         came_from = getattr(message, "_receiver", None)
         if self._reopen is not None and came_from is not None and came_from is not self._receiver:
-            raise RegionError(
+            raise region_error(
                 f"{self._region} ({self._namespace}): the copy's link was discarded; it "
                 "will be redelivered",
                 region=self._region,
@@ -209,6 +211,8 @@ class ServiceBusRegionReceiver(SdkRegion):
     async def renew_lock(self, message: ServiceBusReceivedMessage) -> float | None:
         try:
             expiry = await self._receiver_of(message).renew_message_lock(message)
+        except GeoReplicationError:
+            raise  # georep's own error (a closed adapter, a lost lock): as it is
         except Exception as exc:
             raise self._translate(exc) from exc
         return expiry.timestamp() if expiry is not None else None

@@ -7,6 +7,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
 from georep._region_identity import RegionLabels
+from georep.exceptions import GeoReplicationError
 
 from ._errors import translate_error
 
@@ -81,6 +82,8 @@ class SdkRegion(RegionLabels):
         """Run one SDK call, its errors translated to georep's (the SDK's kept as cause)."""
         try:
             return await operation()
+        except GeoReplicationError:
+            raise  # georep's own error (a closed adapter, a lost lock): as it is
         except Exception as exc:
             raise self._translate(exc) from exc
 

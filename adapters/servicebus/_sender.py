@@ -12,7 +12,7 @@ from azure.servicebus.aio import ServiceBusClient, ServiceBusSender
 from azure.servicebus.exceptions import MessageNotFoundError
 
 from georep._endpoint import NamespaceEndpoint, Target
-from georep.exceptions import ConfigurationError, RegionError
+from georep.exceptions import ConfigurationError, GeoReplicationError, RegionError
 from georep.ports import RegionSlot
 
 from ._codec import ServiceBusCodec
@@ -76,6 +76,8 @@ class ServiceBusRegionSender(SdkRegion):
         # Written out rather than through _call: this is the hot path.
         try:
             await self._sender.send_messages(messages, timeout=timeout)
+        except GeoReplicationError:
+            raise  # georep's own error (a closed adapter, a lost lock): as it is
         except Exception as exc:
             raise self._translate(exc) from exc
 

@@ -16,7 +16,7 @@ from azure.servicebus.aio import ServiceBusClient, ServiceBusReceiver
 from azure.servicebus.exceptions import OperationTimeoutError, SessionCannotBeLockedError
 
 from georep._region_identity import RegionLabels
-from georep.exceptions import ConfigurationError
+from georep.exceptions import ConfigurationError, GeoReplicationError
 
 from ._errors import translate_error
 from ._receiver import ServiceBusRegionReceiver
@@ -53,6 +53,8 @@ class ServiceBusSessionReceiver(ServiceBusRegionReceiver):
     async def renew_lock(self, message: Any) -> float | None:
         try:
             expiry = await self._session.renew_lock()
+        except GeoReplicationError:
+            raise  # georep's own error (a closed adapter, a lost lock): as it is
         except Exception as exc:
             raise self._translate(exc) from exc
         return expiry.timestamp() if expiry is not None else None

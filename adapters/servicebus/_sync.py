@@ -39,7 +39,7 @@ from typing import Any, TypeVar
 from azure.servicebus import ServiceBusReceiver, ServiceBusSender
 
 from georep._peek import peek_all
-from georep.exceptions import ClosedError, RegionUnavailableError
+from georep.exceptions import ClosedError, GeoReplicationError, region_error
 from georep.ports import ErrorKind
 
 from . import _receiver
@@ -209,6 +209,8 @@ class _OnWorker(SdkRegion):
         # runs on the worker and returns a value.
         try:
             return await self.worker.run(operation)
+        except GeoReplicationError:
+            raise  # georep's own error (a closed adapter, a lost lock): as it is
         except Exception as exc:
             raise self._translate(exc) from exc
 
@@ -246,7 +248,7 @@ class SyncServiceBusRegionSender(_OnWorker, ServiceBusRegionSender):
 
 
 class _PeekOnWorker:
-    """Lends a sync receiver's ``peek_messages`` to :func:`georep.peek_all`, on the worker."""
+    """Lends a sync receiver's ``peek_messages`` to :func:`georep._peek.peek_all`, on the worker."""
 
     def __init__(self, receiver: ServiceBusReceiver, worker: RegionWorker) -> None:
         self._receiver = receiver
@@ -320,6 +322,8 @@ class SyncServiceBusRegionReceiver(_OnWorker, ServiceBusRegionReceiver):
             if call.running() and overran > max_wait + _receiver.STUCK_AFTER:
                 self._mark_stuck(call)
             raise
+        except GeoReplicationError:
+            raise  # georep's own error (a closed adapter, a lost lock): as it is
         except Exception as exc:
             self._link_open = False
             raise self._translate(exc) from exc
@@ -350,7 +354,7 @@ class SyncServiceBusRegionReceiver(_OnWorker, ServiceBusRegionReceiver):
                 time.monotonic() - self._stuck_since,
             )
             return
-        raise RegionUnavailableError(
+        raise region_error(
             f"{self.region} ({self.namespace}): the sync SDK receiver is stuck in "
             f"receive_messages for {time.monotonic() - self._stuck_since:.0f} s; georep cannot "
             "reopen a receiver it did not create (use from_connection_strings)",
@@ -361,6 +365,8 @@ class SyncServiceBusRegionReceiver(_OnWorker, ServiceBusRegionReceiver):
     async def peek(self, count: int) -> list[Any]:
         try:
             return await peek_all(_PeekOnWorker(self._sync_receiver, self.worker), count)
+        except GeoReplicationError:
+            raise  # georep's own error (a closed adapter, a lost lock): as it is
         except Exception as exc:
             raise self._translate(exc) from exc
 

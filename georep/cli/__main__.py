@@ -1,5 +1,5 @@
 """``python -m georep.cli``: the ``georep`` command."""
 
-from georep.cli._app import main
+from georep.cli import main
 
 main()

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import asyncio
 
-from georep._classify import region_error
 from georep._region_identity import RegionLabel
+from georep.exceptions import region_error
 from georep.ports import ErrorKind
 
 __all__ = ["FaultSwitch"]

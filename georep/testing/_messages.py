@@ -8,7 +8,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from georep.exceptions import InvalidMessageError
+from georep.exceptions import InvalidMessageError, OversizeMessageError
 
 __all__ = ["FakeBatch", "FakeCodec", "FakeMessage"]
 
@@ -40,7 +40,7 @@ class FakeBatch:
     def add_message(self, message: FakeMessage) -> None:
         size = len(message.body)
         if self.size_in_bytes + size > self.max_size_in_bytes:
-            raise ValueError(f"batch is full ({self.max_size_in_bytes} bytes)")
+            raise OversizeMessageError(f"batch is full ({self.max_size_in_bytes} bytes)")
         self._prepare(message)
         self.messages.append(message)
         self.size_in_bytes += size
@@ -132,7 +132,7 @@ class FakeCodec:
                 if len(messages) == 1
                 else f"{len(messages)} messages together are"
             )
-            raise InvalidMessageError(f"{what} over the entity's limit of {max_size} bytes")
+            raise OversizeMessageError(f"{what} over the entity's limit of {max_size} bytes")
         # FakeMessage has no partition key.
 
     def new_batch(self, max_size_in_bytes: int, prepare: Callable[[Any], object]) -> Any:

@@ -9,10 +9,9 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Self
 
-from georep._classify import region_error
 from georep._region_identity import RegionLabels
 from georep._slot import RegionSlot
-from georep.exceptions import RegionError
+from georep.exceptions import region_error
 from georep.ports import Delivery, ErrorKind
 from georep.testing._clock import FakeClock
 from georep.testing._faults import FaultSwitch
@@ -249,7 +248,7 @@ class InMemoryRegionReceiver(FakeLabels):
         self._expire_locks()
         held = self._locked.get(message.lock_token)
         if held is None:
-            raise RegionError(
+            raise region_error(
                 f"{self._region}: lock lost", region=self._region, kind=ErrorKind.LOCK_LOST
             )
         return held

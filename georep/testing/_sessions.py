@@ -10,7 +10,7 @@ from typing import Any
 
 from georep._ordering import read_stamp
 from georep._region_identity import RegionLabels
-from georep.exceptions import RegionError
+from georep.exceptions import RegionError, region_error
 from georep.ports import Delivery, ErrorKind
 from georep.testing._clock import FakeClock
 from georep.testing._faults import FaultSwitch
@@ -202,7 +202,7 @@ class InMemorySessionReceiver(RegionLabels):
         self._queue._expire()
         if self.lost or self._session.holder is not self:
             self.lost = True
-            raise RegionError(
+            raise region_error(
                 f"{self.region}: session {self._session_id} lock lost",
                 region=self.region,
                 kind=ErrorKind.LOCK_LOST,
@@ -233,7 +233,7 @@ class InMemorySessionReceiver(RegionLabels):
         await self._check()
         held = self._session.locked.pop(message.lock_token, None)
         if held is None:
-            raise RegionError(
+            raise region_error(
                 f"{self.region}: unknown lock", region=self.region, kind=ErrorKind.LOCK_LOST
             )
         return held
@@ -263,7 +263,7 @@ class InMemorySessionReceiver(RegionLabels):
         if self._queue.unanswered_abandons > 0:
             await self._check()
             self._queue.unanswered_abandons -= 1
-            raise RegionError(
+            raise region_error(
                 f"{self.region}: abandoning did not return",
                 region=self.region,
                 kind=ErrorKind.TIMEOUT,

@@ -16,14 +16,14 @@ from dataclasses import dataclass
 import pytest
 from aiohttp import web
 
-from georep._classify import RELAY_FAILOVER_KINDS, error_type
+from georep._classify import RELAY_FAILOVER_KINDS
 from georep.adapters.emulator import Emulator
 from georep.adapters.relay import (
     HybridConnectionEndpoint,
     HybridConnectionListener,
     PlainHttpEndpoint,
 )
-from georep.exceptions import RegionError
+from georep.exceptions import RegionError, error_type
 from georep.ports import ErrorKind, RelayEndpoint, RelayRequest, RelayResponse
 from georep.testing import InMemoryRelayEndpoint
 

@@ -13,10 +13,10 @@ from urllib.parse import urlsplit
 import pytest
 from _helpers import REDIS_URL, eventually
 
-from georep import ErrorKind, GeoSender, InMemoryRoleStore, StoreUnavailableError
+from georep import ErrorKind, GeoSender, StoreUnavailableError
 from georep.adapters.redis import RedisRoleStore
 from georep.ports import RoleRecord, RoleStore
-from georep.testing import FakeMessage, InMemoryRegionSender
+from georep.testing import FakeMessage, InMemoryRegionSender, InMemoryRoleStore
 
 
 @pytest.fixture(params=["memory", "redis"])

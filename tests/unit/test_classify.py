@@ -17,7 +17,7 @@ from georep._classify import (
 )
 from georep._relay import DEFAULT_RELAY_FAILOVER_KINDS
 from georep.adapters.servicebus._errors import translate_error
-from georep.exceptions import RegionUnavailableError
+from georep.exceptions import ClosedError, RegionUnavailableError, region_error
 from georep.testing import FakeMessage, InMemoryOutbox, InMemoryRegionSender
 
 _INTERNAL = {"condition": b"amqp:internal-error", "retryable": True}
@@ -83,6 +83,43 @@ def test_every_sdk_exception_class_has_a_row() -> None:
 
 def test_every_kind_has_a_row_in_the_table() -> None:
     assert set(CLASSIFICATION) == set(ErrorKind)
+
+
+# SDK classes whose kind is broader than they are: the georep error is still a
+# ServiceBusError (and a ValueError for the argument kind), not that class itself.
+_BROADER_KIND = {
+    sdk.MessagingEntityAlreadyExistsError,
+    sdk.MessageNotFoundError,
+    sdk.MessageAlreadySettled,
+    sdk.SessionCannotBeLockedError,
+    sdk.AutoLockRenewFailed,
+    sdk.AutoLockRenewTimeout,
+}
+
+
+@pytest.mark.parametrize(
+    ("exc", "kind"),
+    [(exc, kind) for exc, kind, _ in CASES if isinstance(exc, sdk.ServiceBusError | ValueError)],
+    ids=lambda value: type(value).__name__ if isinstance(value, BaseException) else str(value),
+)
+def test_a_translated_sdk_exception_is_still_caught_by_its_sdk_class(
+    exc: BaseException, kind: ErrorKind
+) -> None:
+    error = translate_error(exc, region="primary", namespace="east.example")
+    assert error is not None and error.inner_exception is exc
+    if type(exc) in _BROADER_KIND:
+        assert isinstance(error, sdk.ServiceBusError)
+        assert isinstance(error, ValueError) is (kind is ErrorKind.INVALID_ARGUMENT)
+    else:
+        assert isinstance(error, type(exc)), f"{type(error).__name__} is no {type(exc).__name__}"
+
+
+def test_a_georep_error_is_not_translated_again() -> None:
+    lost = region_error("primary: lock lost", region="primary", kind=ErrorKind.LOCK_LOST)
+    assert translate_error(lost, region="primary", namespace="east.example") is lost
+    closed = ClosedError("the adapter is closed")
+    # A ClosedError is a ValueError, which the SDK raises for bad arguments: it stays as it is.
+    assert translate_error(closed, region="primary", namespace="east.example") is None
 
 
 @pytest.mark.parametrize(

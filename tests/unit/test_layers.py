@@ -2,7 +2,9 @@
 
 ``georep/`` is the core (it defines the ports); ``adapters/`` implements them and is
 installed as ``georep.adapters``; ``georep.cli`` is the application on top of both.
-The core reaches the SDK only through ``georep/_sdk.py`` (the convenience constructors).
+The core reaches the SDK's adapter only through ``georep/_sdk.py`` (the convenience
+constructors), and the SDK itself at import time only through ``georep/_sdk_errors.py``
+(the exception classes georep's errors also are, issue 27).
 """
 
 from __future__ import annotations
@@ -12,11 +14,15 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 CORE = ROOT / "georep"
 #: Allowed to import adapters: the declared boundary, and the application package.
 BOUNDARY = CORE / "_sdk.py"
 APPLICATION = CORE / "cli"
+#: The one core module that imports the SDK at module level: its exception classes.
+SDK_ERRORS = CORE / "_sdk_errors.py"
 
 
 def _modules(folder: Path) -> list[Path]:
@@ -29,14 +35,26 @@ def _modules(folder: Path) -> list[Path]:
     return found
 
 
-def _imported(path: Path) -> list[tuple[int, str]]:
-    """``(line, dotted name)`` for every module ``path`` imports, relative ones resolved."""
+def _type_checking_lines(tree: ast.Module) -> set[int]:
+    """The lines of ``if TYPE_CHECKING:`` bodies (imports there never run)."""
+    lines: set[int] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+            for child in node.body:
+                lines.update(range(child.lineno, (child.end_lineno or child.lineno) + 1))
+    return lines
+
+
+def _imported(path: Path, *, runtime_only: bool = False) -> list[tuple[int, str]]:
+    """``(line, dotted name)`` for every module ``path`` imports, relative ones resolved
+    (with ``runtime_only``, not those under ``if TYPE_CHECKING:``)."""
     parts = list(path.relative_to(ROOT).with_suffix("").parts)
     if parts[0] == "adapters":  # installed (and imported) as georep.adapters
         parts.insert(0, "georep")
     package = ".".join(parts[:-1])
     names: list[tuple[int, str]] = []
-    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+    tree = ast.parse(path.read_text(), str(path))
+    for node in ast.walk(tree):
         if isinstance(node, ast.Import):
             names += [(node.lineno, alias.name) for alias in node.names]
         elif isinstance(node, ast.ImportFrom):
@@ -47,6 +65,9 @@ def _imported(path: Path) -> list[tuple[int, str]]:
             # `from georep import adapters` imports georep.adapters too.
             names += [(node.lineno, f"{base}.{alias.name}") for alias in node.names]
             names.append((node.lineno, base))
+    if runtime_only:
+        skipped = _type_checking_lines(tree)
+        names = [(line, name) for line, name in names if line not in skipped]
     return names
 
 
@@ -83,15 +104,96 @@ def test_nothing_imports_the_adapters_folder_by_its_checkout_name() -> None:
     assert offenders == [], "import georep.adapters...:\n" + "\n".join(offenders)
 
 
-def test_importing_the_library_loads_no_adapter_and_no_sdk() -> None:
-    # The SDK is an optional extra: the boundary is imported by the functions that need
-    # it, never when the library is imported.
+def test_only_the_sdk_errors_module_imports_the_sdk_at_run_time() -> None:
+    # The SDK is an optional extra; the core imports it (outside type checking) in one
+    # module, and only its exceptions module there. (georep._sdk reaches it through the
+    # adapter, inside the functions that need it.)
+    core = [p for p in _modules(CORE) if APPLICATION not in p.parents]
+    offenders = [
+        f"{path.relative_to(ROOT)}:{line} imports {name}"
+        for path in core
+        if path != SDK_ERRORS
+        for line, name in _imported(path, runtime_only=True)
+        if name == "azure" or name.startswith("azure.")
+    ]
+    assert offenders == [], "the core imports the SDK only in georep/_sdk_errors.py:\n" + (
+        "\n".join(offenders)
+    )
+    exceptions = "azure.servicebus.exceptions"
+    sdk_names = [name for _, name in _imported(SDK_ERRORS) if name.startswith("azure")]
+    assert sdk_names and all(n == exceptions or n.startswith(f"{exceptions}.") for n in sdk_names)
+
+
+# The error layer, bottom up: each module imports only those before it (function-level
+# imports too), so nothing below georep.exceptions can need it back. A circle here once
+# made RegionError.retryable import georep._classify inside the property.
+ERROR_LAYER = {
+    "georep._slot": set(),
+    "georep.ports": {"georep._slot"},
+    "georep._classify": {"georep.ports"},
+    "georep._sdk_errors": set(),
+    "georep.exceptions": {"georep.ports", "georep._classify", "georep._sdk_errors"},
+}
+
+
+@pytest.mark.parametrize("module", sorted(ERROR_LAYER))
+def test_the_error_layer_imports_only_downward(module: str) -> None:
+    path = ROOT / (module.replace(".", "/") + ".py")
+    imported = {
+        name
+        for _, name in _imported(path)
+        if name.startswith("georep.") and name.rsplit(".", 1)[0] != "georep.exceptions"
+    }
+    # `from georep.x import Name` lists georep.x.Name too: keep the modules.
+    modules = {name for name in imported if (ROOT / (name.replace(".", "/") + ".py")).exists()}
+    assert modules <= ERROR_LAYER[module], (
+        f"{module} imports {sorted(modules - ERROR_LAYER[module])}"
+    )
+
+
+def _loaded_after(statement: str, *, block_sdk: bool = False) -> list[str]:
+    """The azure and georep-adapter modules loaded by ``statement`` in a fresh interpreter
+    (with ``block_sdk``, as if azure-servicebus were not installed)."""
+    blocker = (
+        "import sys\n"
+        "class _NoAzure:\n"
+        "    def find_spec(self, name, path=None, target=None):\n"
+        "        if name == 'azure' or name.startswith('azure.'):\n"
+        "            raise ModuleNotFoundError(f'No module named {name!r}', name=name)\n"
+        "sys.meta_path.insert(0, _NoAzure())\n"
+        if block_sdk
+        else "import sys\n"
+    )
     probe = (
-        "import sys, georep, georep.sync, georep.testing; "
-        "print(sorted(m for m in sys.modules if m.startswith("
-        "('georep.adapters', 'georep._sdk', 'georep.cli', 'azure'))))"
+        f"{blocker}{statement}\n"
+        "print('\\n'.join(sorted(m for m in sys.modules if m.startswith("
+        "('georep.adapters', 'georep._sdk.', 'georep.cli', 'azure')) or m == 'georep._sdk')))"
     )
     result = subprocess.run(
         [sys.executable, "-c", probe], capture_output=True, text=True, check=True, cwd=ROOT
     )
-    assert result.stdout.strip() == "[]", result.stdout
+    return result.stdout.split()
+
+
+def test_importing_the_library_loads_no_adapter_and_of_the_sdk_only_its_exceptions() -> None:
+    # The adapters (and georep._sdk, their door) load in the functions that need them; the
+    # SDK loads only as far as its exceptions module takes it (georep's errors subclass
+    # those classes).
+    loaded = _loaded_after("import georep, georep.sync, georep.testing")
+    assert not [name for name in loaded if not name.startswith("azure")], loaded
+    assert "azure.servicebus.exceptions" in loaded
+    assert set(loaded) <= set(_loaded_after("import azure.servicebus.exceptions"))
+
+
+def test_without_the_sdk_the_library_imports_and_its_errors_keep_both_hierarchies() -> None:
+    statement = (
+        "import georep, georep.sync, georep.testing\n"
+        "from georep._sdk_errors import SDK_INSTALLED, ServiceBusError\n"
+        "error = georep.MessageTooLargeError('x', region='primary', kind='message-too-large')\n"
+        "assert not SDK_INSTALLED\n"
+        "assert isinstance(error, georep.RegionError) and isinstance(error, ServiceBusError)\n"
+        "assert isinstance(error, ValueError)\n"
+        "assert issubclass(georep.AuthenticationError, PermissionError)\n"
+        "assert issubclass(georep.ClosedError, ValueError)"
+    )
+    assert _loaded_after(statement, block_sdk=True) == []

@@ -8,7 +8,8 @@ from typing import Any
 import pytest
 from azure.servicebus import ServiceBusMessage
 
-from georep import FailoverPolicy, GeoReceiver, GeoSender, InvalidMessageError, peek_all
+from georep import ConfigurationError, FailoverPolicy, GeoReceiver, GeoSender, InvalidMessageError
+from georep._peek import peek_all
 from georep.adapters.servicebus import ServiceBusCodec
 from georep.testing import (
     FakeClock,
@@ -76,7 +77,7 @@ async def test_peek_all_loops_past_short_answers_until_count() -> None:
 async def test_peek_all_stops_when_the_entity_is_exhausted() -> None:
     receiver = ShortAnswers(total=6)
     assert [p.sequence_number for p in await peek_all(receiver, 50)] == list(range(1, 7))
-    with pytest.raises(ValueError, match="count"):
+    with pytest.raises(ConfigurationError, match="count"):
         await peek_all(receiver, 0)
 
 
