@@ -8,7 +8,6 @@ from typing import TYPE_CHECKING, Any
 
 __version__ = "0.1.0"
 
-from georep._fork import ForkedProcessError
 from georep._ledger import ParquetLedger
 from georep._outbox import SqliteOutbox
 from georep._paired import PairedNamespaceOptions, backlog_queue_path
@@ -39,6 +38,7 @@ from georep.exceptions import (
     ConfigurationError,
     EntityDisabledError,
     EntityNotFoundError,
+    ForkedProcessError,
     GeoReplicationError,
     InvalidArgumentError,
     InvalidMessageError,

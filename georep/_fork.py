@@ -21,23 +21,13 @@ import os
 import threading
 from typing import Any
 
-from georep.exceptions import ClosedError
+from georep.exceptions import ForkedProcessError
 
-__all__ = ["ForkedProcessError", "abandon", "fork_count", "forked_error", "reopen_lock"]
+__all__ = ["abandon", "fork_count", "forked_error", "reopen_lock"]
 
 _forks = 0
 _abandoned: list[Any] = []
 _reopen_lock = threading.Lock()
-
-
-class ForkedProcessError(ClosedError):
-    """A georep object made before ``os.fork()`` was used in the forked child.
-
-    Its connections belong to the parent and the threads it needs are not in the child:
-    create the object in the child (gunicorn: in the app factory or a ``post_fork`` hook
-    rather than with ``--preload``; Celery: ``worker_process_init``; multiprocessing: the
-    ``spawn`` start method).
-    """
 
 
 def _after_fork_in_child() -> None:

@@ -79,6 +79,7 @@ __all__ = [
     "EmulatorError",
     "EntityDisabledError",
     "EntityNotFoundError",
+    "ForkedProcessError",
     "GeoReplicationError",
     "InvalidArgumentError",
     "InvalidMessageError",
@@ -294,6 +295,16 @@ class ClosedError(GeoReplicationError, RuntimeError, ValueError):
     """The object was closed; create a new one.
 
     Also a ``ValueError``, as the SDK raises for a handler used after it was shut down.
+    """
+
+
+class ForkedProcessError(ClosedError):
+    """A georep object made before ``os.fork()`` was used in the forked child.
+
+    Its connections belong to the parent and the threads it needs are not in the child:
+    create the object in the child (gunicorn: in the app factory or a ``post_fork`` hook
+    rather than with ``--preload``; Celery: ``worker_process_init``; multiprocessing: the
+    ``spawn`` start method).
     """
 
 

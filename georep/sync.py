@@ -47,12 +47,11 @@ from types import TracebackType
 from typing import Any, Self
 
 from georep import _fork, _paired_sender, _receiver, _sender
-from georep._fork import ForkedProcessError
 from georep._receiver import ReceiverStats
 from georep._region_wrap import wrap_pair
 from georep._sender import SenderStats, SendResult
 from georep._sync_runtime import RUNTIME
-from georep.exceptions import ClosedError
+from georep.exceptions import ClosedError, ForkedProcessError
 from georep.ports import RegionSender
 
 __all__ = [

@@ -59,6 +59,7 @@ MAPPING: dict[type[errors.GeoReplicationError], tuple[tuple[type, ...], tuple[ty
     errors.SettlementError: ((), (ValueError, RuntimeError)),
     errors.AlreadySettledError: ((sdk.MessageAlreadySettled,), (ValueError, RuntimeError)),
     errors.ClosedError: ((), (ValueError, RuntimeError)),
+    errors.ForkedProcessError: ((), (errors.ClosedError, ValueError, RuntimeError)),
     errors.InvalidMessageError: ((), (ValueError, TypeError)),
     errors.MessageExpiredError: ((), (ValueError, TypeError)),
     errors.OversizeMessageError: ((sdk.MessageSizeExceededError,), (ValueError, TypeError)),
