@@ -197,3 +197,68 @@ def test_without_the_sdk_the_library_imports_and_its_errors_keep_both_hierarchie
         "assert issubclass(georep.ClosedError, ValueError)"
     )
     assert _loaded_after(statement, block_sdk=True) == []
+
+
+def _module_name(path: Path) -> str:
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _import_cycles(modules: dict[str, Path]) -> list[list[str]]:
+    """Every circle of imports among ``modules`` (any import: top-level, inside a function or
+    under TYPE_CHECKING), as the modules on it. An import of a package a module is inside
+    (``from georep import __version__``) is not counted: the facade is not a layer."""
+    graph: dict[str, set[str]] = {}
+    for name, path in modules.items():
+        targets = set()
+        for _, imported in _imported(path):
+            while imported and imported not in modules:
+                imported = imported.rpartition(".")[0]
+            if imported and imported != name and not name.startswith(imported + "."):
+                targets.add(imported)
+        graph[name] = targets
+    cycles: list[list[str]] = []
+    done: set[str] = set()
+
+    def visit(node: str, trail: list[str]) -> None:
+        if node in trail:
+            cycle = trail[trail.index(node) :]
+            if sorted(cycle) not in [sorted(c) for c in cycles]:
+                cycles.append(cycle)
+            return
+        if node in done:
+            return
+        for target in sorted(graph[node]):
+            visit(target, [*trail, node])
+        done.add(node)
+
+    for node in sorted(graph):
+        visit(node, [])
+    return cycles
+
+
+def test_the_core_imports_run_downward() -> None:
+    # Issue 26: a reader finds a concept by going down the layers; a circle (exceptions and
+    # _classify importing each other, say) means neither is below the other.
+    modules = {
+        _module_name(path): path
+        for path in _modules(CORE)
+        if APPLICATION not in path.parents and path != BOUNDARY
+    }
+    assert "georep.exceptions" in modules and "georep.ports" in modules
+    cycles = _import_cycles(modules)
+    assert cycles == [], "\n".join(" -> ".join([*c, c[0]]) for c in cycles)
+
+
+def test_the_cycle_finder_names_a_circle(tmp_path: Path) -> None:
+    (tmp_path / "a.py").write_text("import georep\nfrom georep.b import x\n")
+    (tmp_path / "b.py").write_text("def f():\n    from georep.a import y\n")
+    (tmp_path / "c.py").write_text("from georep.a import z\n")
+    names = {"georep.a": tmp_path / "a.py", "georep.b": tmp_path / "b.py"}
+    names["georep.c"] = tmp_path / "c.py"
+    global ROOT
+    saved, ROOT = ROOT, tmp_path.parent
+    try:
+        assert _import_cycles(names) == [["georep.a", "georep.b"]]
+    finally:
+        ROOT = saved
