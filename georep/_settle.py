@@ -17,6 +17,7 @@ from opentelemetry.trace import INVALID_SPAN, Link, SpanKind
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
 from georep._channel import bounded_call
+from georep._logs import Throttled
 from georep._outcomes import (
     COMPLETE,
     LEDGER_OUTCOMES,
@@ -36,6 +37,8 @@ if TYPE_CHECKING:
 __all__ = ["Copy", "Settlements"]
 
 _log = logging.getLogger("georep.receiver")
+_troubles = Throttled(_log)
+"""A region that fails settlements fails them all: one line, then one per 30 s."""
 _propagator = TraceContextTextMapPropagator()
 
 
@@ -125,7 +128,13 @@ class Settlements:
         except RegionError as exc:
             # The copy will be redelivered; its outcome is recorded, so the redelivery
             # gets the same outcome without the handler.
-            _log.warning("settling a copy in %s failed: %s", region.region, exc)
+            _troubles.warning(
+                ("settle", self._entity, region.region, exc.kind),
+                "settling a copy of %s in %s failed: %s",
+                self._entity,
+                region.region,
+                exc,
+            )
             return False
         finally:
             span.end()
