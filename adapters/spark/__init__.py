@@ -1,4 +1,5 @@
-"""Where georep meets Spark: the ledger audit and the ``foreachBatch`` sink (SPEC §6).
+"""Where georep meets Spark: the ledger audit, and the ``georep`` format (a Structured
+Streaming source, a sink, and the ``foreachBatch`` helper; SPEC §6, docs/spark.md).
 
 Install with ``pip install 'georep[spark]'``.
 """
@@ -10,6 +11,7 @@ from georep._extras import require_extra
 require_extra("georep.adapters.spark", "spark", "pyarrow", "pyspark")
 
 from ._audit import audit, spark_aggregates
+from ._datasource import SOURCE_SCHEMA, GeorepDataSource, register
 from ._plots import write_plots
 from ._reference import reference_aggregates, reference_audit
 from ._report import Aggregates, build_report
@@ -19,13 +21,16 @@ from ._synthetic import SyntheticLedger, write_session_ledger, write_synthetic_l
 from ._table import report_table
 
 __all__ = [
+    "SOURCE_SCHEMA",
     "Aggregates",
+    "GeorepDataSource",
     "SyntheticLedger",
     "audit",
     "build_report",
     "foreach_batch_sink",
     "reference_aggregates",
     "reference_audit",
+    "register",
     "report_table",
     "sink_message_id",
     "spark_aggregates",
