@@ -42,6 +42,7 @@ LANES = {
     "spark-b": (
         "test_demo.py::test_the_sessions_demo",
         "test_spark_standalone.py",
+        "test_spark_source.py",
     ),
 }
 
