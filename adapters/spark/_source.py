@@ -71,6 +71,8 @@ _SOURCE_OPTIONS = (
 )
 _REGION = "_georep_spark_region"
 """The attribute a received copy carries its region's label in (set on receipt)."""
+_ANONYMOUS = "\x00no-message-id:"
+"""Prefix of the key a copy without a MessageId waits under (it has no row identity)."""
 _SETTLE_TURN = 0.02
 """Seconds without a new arrival after which a receive turn's copies are all in."""
 
@@ -340,13 +342,16 @@ class Intake:
 
     async def _handle(self, message: Any) -> None:
         """The GeoReceiver's handler: wait until the copy's row is in a committed batch."""
-        message_id = str(message.message_id)
+        given = message.message_id
+        # A copy without a MessageId cannot be recognised again: its own key, never shared
+        # (the GeoReceiver hands each such copy over unchecked: at least once).
+        message_id = str(given) if given is not None else f"{_ANONYMOUS}{uuid.uuid4().hex}"
         try:
             batch = self._staged.get(message_id)
             if batch is None:
                 waiting = self._waiting.get(message_id)
                 if waiting is None:
-                    row = _row(message, message_id)
+                    row = _row(message, str(given) if given is not None else None)
                     future = asyncio.get_running_loop().create_future()
                     waiting = self._waiting[message_id] = _Waiting(row, future)
                     assert self._arrived is not None
@@ -379,10 +384,11 @@ class Intake:
             return start
         table = pa.Table.from_pylist([waiting.row for _, waiting in taken], schema=ARROW_SCHEMA)
         await asyncio.to_thread(self._staging.write, batch, table)
-        self._batch_ids[batch] = [message_id for message_id, _ in taken]
+        ids = [message_id for message_id, _ in taken if not message_id.startswith(_ANONYMOUS)]
+        self._batch_ids[batch] = ids
+        self._staged.update(dict.fromkeys(ids, batch))
         for message_id, waiting in taken:
             del self._waiting[message_id]
-            self._staged[message_id] = batch
             if not waiting.staged.done():
                 waiting.staged.set_result(batch)
         return batch
@@ -454,7 +460,7 @@ class Intake:
             await self._seen.aclose()
 
 
-def _row(message: Any, message_id: str) -> dict[str, Any]:
+def _row(message: Any, message_id: str | None) -> dict[str, Any]:
     """The source's row for one received copy."""
     return {
         "message_id": message_id,

@@ -130,9 +130,9 @@ class Staging:
         _write_atomically(self.path(batch), lambda path: pq.write_table(table, path))
 
     def message_ids(self, batch: int) -> list[str]:
-        """The MessageIds staged in ``batch``."""
+        """The MessageIds staged in ``batch`` (rows without one left out)."""
         column = pq.read_table(self.path(batch), columns=["message_id"]).column(0)
-        return [str(value) for value in column.to_pylist()]
+        return [str(value) for value in column.to_pylist() if value is not None]
 
     def drop_through(self, batch: int) -> None:
         """Delete the files of every batch up to ``batch`` (committed and recorded)."""
