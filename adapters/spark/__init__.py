@@ -11,19 +11,19 @@ from georep._extras import require_extra
 require_extra("georep.adapters.spark", "spark", "pyarrow", "pyspark")
 
 from ._audit import audit, spark_aggregates
-from ._datasource import SOURCE_SCHEMA, GeorepDataSource, register
 from ._plots import write_plots
 from ._reference import reference_aggregates, reference_audit
+from ._register import register
 from ._report import Aggregates, build_report
 from ._session import spark_session
 from ._sink import foreach_batch_sink, sink_message_id
+from ._staging import SOURCE_SCHEMA
 from ._synthetic import SyntheticLedger, write_session_ledger, write_synthetic_ledger
 from ._table import report_table
 
 __all__ = [
     "SOURCE_SCHEMA",
     "Aggregates",
-    "GeorepDataSource",
     "SyntheticLedger",
     "audit",
     "build_report",

@@ -26,25 +26,24 @@ from dataclasses import dataclass
 from datetime import date, datetime
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from pyspark.sql.datasource import DataSourceStreamWriter, DataSourceWriter, WriterCommitMessage
-
 from georep.exceptions import ConfigurationError
 
 from ._options import Connection, Entity, Options, connection, connection_options, entity
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
-    from pyspark.sql.types import StructType
 
     from georep import GeoSender
 
 __all__ = [
     "SINK_NAMESPACE",
-    "GeorepStreamWriter",
-    "GeorepWriter",
+    "MessageIds",
     "RowLayout",
     "SinkSettings",
     "foreach_batch_sink",
+    "micro_batch",
+    "run_sync",
+    "send_partition",
     "sink_message_id",
     "sink_settings",
 ]
@@ -287,7 +286,7 @@ async def send_rows(
     return sent
 
 
-def _run(coroutine: Coroutine[Any, Any, _T]) -> _T:
+def run_sync(coroutine: Coroutine[Any, Any, _T]) -> _T:
     """Run a coroutine to completion from synchronous code.
 
     Spark calls foreachBatch functions on a Py4J callback thread, and a writer's
@@ -396,14 +395,7 @@ def sink_settings(given: Any) -> SinkSettings:
     )
 
 
-@dataclass
-class SentRows(WriterCommitMessage):
-    """One task's report to the driver: the messages it sent."""
-
-    sent: int
-
-
-async def _send_partition(
+async def send_partition(
     settings: SinkSettings,
     layout: RowLayout,
     rows: Iterable[Sequence[Any]],
@@ -423,84 +415,7 @@ async def _send_partition(
             await outbox.aclose()
 
 
-class GeorepWriter(DataSourceWriter):
-    """``df.write.format("georep")``: each task sends its partition through a GeoSender.
-
-    A batch write has no batch id: MessageIds come from the ``message_id`` column, or from
-    option ``scope`` (required then: it names the write, so that running it again is
-    recognised as a replay) with the key column or each row's content.
-    """
-
-    def __init__(self, settings: SinkSettings, schema: StructType) -> None:
-        self._settings = settings
-        self._layout = settings.layout(schema.fieldNames())
-        if self._layout.message_id is None and settings.scope is None:
-            raise ConfigurationError(
-                "the georep sink: a batch write needs option 'scope' (a name for this "
-                "write, e.g. 'orders-2024-06-01', so that running it again sends the same "
-                "MessageIds) or a 'message_id' column"
-            )
-
-    def write(self, iterator: Iterable[Any]) -> SentRows:
-        scope = self._settings.scope or "georep.spark"
-        rows = (tuple(row) for row in iterator)
-        return SentRows(
-            _run(_send_partition(self._settings, self._layout, rows, scope=scope, batch_id=None))
-        )
-
-    def commit(self, messages: list[WriterCommitMessage | None]) -> None:
-        _log.info("georep sink: sent %d messages", _sent(messages))
-
-    def abort(self, messages: list[WriterCommitMessage | None]) -> None:
-        # What was sent stays sent: a retry sends the same MessageIds, suppressed downstream.
-        _log.warning(
-            "georep sink: the write failed after %d messages were sent (a retry sends the "
-            "same MessageIds)",
-            _sent(messages),
-        )
-
-
-class GeorepStreamWriter(DataSourceStreamWriter):
-    """``df.writeStream.format("georep")``: each micro-batch's tasks send their rows.
-
-    MessageIds come from the ``message_id`` column, or from (scope, batch id, key or row
-    content) where scope defaults to the query's id (kept in its checkpoint) and the batch
-    id is Spark's: a task retry and a batch replayed after a restart send the same ids.
-    """
-
-    def __init__(self, settings: SinkSettings, schema: StructType) -> None:
-        self._settings = settings
-        self._layout = settings.layout(schema.fieldNames())
-
-    def write(self, iterator: Iterable[Any]) -> SentRows:
-        query_id, batch_id = _micro_batch()
-        scope = self._settings.scope or query_id
-        rows = (tuple(row) for row in iterator)
-        return SentRows(
-            _run(
-                _send_partition(self._settings, self._layout, rows, scope=scope, batch_id=batch_id)
-            )
-        )
-
-    def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
-        sent = _sent(messages)
-        _log.info("georep sink: micro-batch %d sent %d messages", batchId, sent)
-
-    def abort(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
-        _log.warning(
-            "georep sink: micro-batch %d failed after %d messages were sent (its replay "
-            "sends the same MessageIds)",
-            batchId,
-            _sent(messages),
-        )
-
-
-def _sent(messages: list[WriterCommitMessage | None]) -> int:
-    """The messages the tasks reporting ``messages`` sent."""
-    return sum(m.sent for m in messages if isinstance(m, SentRows))
-
-
-def _micro_batch() -> tuple[str, int]:
+def micro_batch() -> tuple[str, int]:
     """The running task's streaming query id and micro-batch id (Spark's local properties).
 
     Raises:
@@ -565,7 +480,7 @@ def foreach_batch_sink(
             df.columns, body_column=body_col, key_column=key_col, where=f"micro-batch {batch_id}"
         )
         rows = (tuple(row) for row in df.toLocalIterator())
-        _run(_send_with(sender_factory, rows, layout, scope, batch_id, batch_size))
+        run_sync(_send_with(sender_factory, rows, layout, scope, batch_id, batch_size))
 
     return send_batch
 

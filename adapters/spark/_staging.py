@@ -28,8 +28,14 @@ import pyarrow.parquet as pq
 
 from georep.exceptions import ConfigurationError
 
-__all__ = ["ARROW_SCHEMA", "Staging", "read_staged", "staging_path"]
+__all__ = ["ARROW_SCHEMA", "SOURCE_SCHEMA", "Staging", "read_staged", "staging_path"]
 
+SOURCE_SCHEMA = (
+    "message_id string, body binary, content_type string, "
+    "application_properties map<string,string>, enqueued_time timestamp, region string, "
+    "session_id string, dead_letter_reason string"
+)
+"""The rows the source produces (Spark DDL)."""
 ARROW_SCHEMA = pa.schema(
     [
         ("message_id", pa.string()),
@@ -42,7 +48,7 @@ ARROW_SCHEMA = pa.schema(
         ("dead_letter_reason", pa.string()),
     ]
 )
-"""The source's rows as Arrow batches (what Spark expects for ``SOURCE_SCHEMA``)."""
+"""The source's rows as Arrow batches (what Spark expects for :data:`SOURCE_SCHEMA`)."""
 
 _COMMITTED = "committed.json"
 
