@@ -42,6 +42,8 @@ LANES = {
     "spark-b": (
         "test_demo.py::test_the_sessions_demo",
         "test_spark_standalone.py",
+        "test_spark_source.py",
+        "test_docs.py::test_the_python_in_each_doc_runs[spark.md]",
     ),
 }
 

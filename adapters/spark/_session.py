@@ -6,6 +6,7 @@ import logging
 import os
 import re
 import shutil
+import sys
 import threading
 from collections.abc import Mapping
 from importlib import resources
@@ -57,9 +58,11 @@ def spark_session(
     (``SPARK_LOCAL_IP``, ``spark.driver.host``, ``spark.driver.bindAddress``) and uses four
     shuffle partitions per core; so does a standalone master on loopback
     (``spark://127.0.0.1:7077``, ``spark://localhost:7077``), whose executors must reach the
-    driver there. Every session runs with the UI off, UTC session time and
-    error-only logs. A session that already exists in the process (yours, or one started by
-    spark-submit) is reused as it is: Spark allows one per process.
+    driver there; its Python workers run this interpreter unless ``PYSPARK_PYTHON`` says
+    otherwise. Every session runs with the UI off, UTC session time, error-only logs and
+    data source options named like ``*connectionString*`` redacted in plans. A session that
+    already exists in the process (yours, or one started by spark-submit) is reused as it
+    is: Spark allows one per process.
 
     Args:
         master: Spark master URL; ``None`` leaves it to spark-submit (or Spark's default,
@@ -93,6 +96,9 @@ def spark_session(
             "spark.ui.enabled": "false",
             "spark.ui.showConsoleProgress": "false",
             "spark.sql.session.timeZone": "UTC",
+            # Data source options shown in plans and the UI are redacted when their names
+            # match: the georep format's connection strings as well as Spark's URLs.
+            "spark.sql.redaction.options.regex": "(?i)url|connectionstring|secret|password",
         }
         cores = _local_cores(master or "local[*]") if not _under_spark_submit() else None
         if master is not None:
@@ -102,6 +108,10 @@ def spark_session(
         if cores is not None:
             # Environment first: the JVM reads SPARK_LOCAL_IP when it starts.
             os.environ["SPARK_LOCAL_IP"] = "127.0.0.1"
+            # Python workers (the georep data source's, UDFs') on this machine run this
+            # interpreter, which has georep and pyarrow, unless the caller chose another:
+            # Spark's default is whatever "python3" is on PATH.
+            os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
             settings |= {
                 "spark.driver.host": "127.0.0.1",
                 "spark.driver.bindAddress": "127.0.0.1",

@@ -1,0 +1,175 @@
+"""The georep Spark source and sink against hand-written equivalents, in one run.
+
+Source: active mode puts two copies of each of ``--messages`` logical messages in the two
+regions of a queue (one queue per variant, filled alike). Timed, from the start of reading
+until every logical message is in a Parquet table:
+
+- raw SDK: one peek-lock receiver per region, ``receive_messages(batch)``, the copies'
+  MessageIds checked against an in-memory set, each batch's new rows written with pyarrow,
+  then every copy completed (no durability across a crash, no shared dedup);
+- georep source: ``spark.readStream.format("georep")`` (``maxMessagesPerBatch=batch``)
+  into Spark's Parquet file sink, on local[2] (the session started before the clock).
+
+Sink: ``--rows`` rows sent to a queue by ``df.write.format("georep")`` (from the
+executors) and by ``foreach_batch_sink`` (from the driver), each timed.
+
+Prints messages per second and the ratios (targets: source >= 0.8x raw, sink >= 1.0x
+helper). Needs Redis (``REDIS_URL``, default redis://127.0.0.1:6379/0).
+
+    .venv/bin/python benchmarks/spark_source.py [--messages 2000] [--batch 500] [--rows 2000]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import tempfile
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+from _common import fill_active
+from azure.servicebus.aio import ServiceBusClient
+
+from georep import GeoSender
+from georep.adapters.emulator import Emulator
+from georep.adapters.spark import foreach_batch_sink, register, spark_session
+
+REDIS_URL = os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0")
+
+
+async def raw_into_parquet(emu: Emulator, queue: str, count: int, batch: int, out: Path) -> float:
+    """Seconds the raw SDK loop takes to put ``count`` logical messages into ``out`` (an
+    existing directory)."""
+    seen: set[str] = set()
+    files = 0
+
+    async def drain(connection: str) -> None:
+        nonlocal files
+        async with (
+            ServiceBusClient.from_connection_string(connection) as client,
+            client.get_queue_receiver(queue) as receiver,
+        ):
+            while len(seen) < count:
+                copies = await receiver.receive_messages(max_message_count=batch, max_wait_time=1)
+                rows = []
+                for copy in copies:
+                    message_id = str(copy.message_id)
+                    if message_id not in seen:
+                        seen.add(message_id)
+                        rows.append({"message_id": message_id, "body": b"".join(copy.body)})
+                if rows:
+                    files += 1
+                    table = pa.Table.from_pylist(rows)
+                    await asyncio.to_thread(pq.write_table, table, out / f"part-{files}.parquet")
+                for copy in copies:
+                    await receiver.complete_message(copy)
+
+    started = time.perf_counter()
+    await asyncio.gather(*(drain(emu.connection_string(n)) for n in ("primary", "secondary")))
+    return time.perf_counter() - started
+
+
+def source_into_parquet(spark: Any, emu: Emulator, queue: str, count: int, batch: int) -> float:
+    """Seconds the georep source takes to put ``count`` logical messages into a table."""
+    work = Path(tempfile.mkdtemp(prefix="georep-bench-spark-"))
+    reader = (
+        spark.readStream.format("georep")
+        .option("primaryConnectionString", emu.connection_string("primary"))
+        .option("secondaryConnectionString", emu.connection_string("secondary"))
+        .option("queueName", queue)
+        .option("seenSetUrl", REDIS_URL)
+        .option("seenSetGroup", f"bench-{uuid.uuid4().hex[:8]}")
+        .option("stagingLocation", str(work / "staging"))
+        .option("maxMessagesPerBatch", batch)
+    )
+    started = time.perf_counter()
+    query = (
+        reader.load()
+        .writeStream.format("parquet")
+        .option("path", str(work / "table"))
+        .option("checkpointLocation", str(work / "checkpoint"))
+        .start()
+    )
+    try:
+        while sum(p["numInputRows"] for p in query.recentProgress) < count:
+            if query.exception() is not None:
+                raise RuntimeError(f"the query failed: {query.exception()}")
+            time.sleep(0.05)
+        return time.perf_counter() - started
+    finally:
+        query.stop()
+
+
+async def purge(emu: Emulator, queue: str) -> None:
+    """Remove every message from ``queue`` in the primary (the sink runs send there)."""
+    from azure.servicebus import ServiceBusReceiveMode
+
+    async with (
+        ServiceBusClient.from_connection_string(emu.connection_string("primary")) as client,
+        client.get_queue_receiver(
+            queue, receive_mode=ServiceBusReceiveMode.RECEIVE_AND_DELETE
+        ) as receiver,
+    ):
+        while await receiver.receive_messages(max_message_count=500, max_wait_time=1):
+            pass
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--messages", type=int, default=2000)
+    parser.add_argument("--batch", type=int, default=500)
+    parser.add_argument("--rows", type=int, default=2000)
+    args = parser.parse_args()
+
+    with Emulator(queues=("raw", "source", "sink")) as emu:
+        spark = spark_session("local[2]", app_name="georep-bench")
+        register(spark)
+        for queue in ("raw", "source"):
+            asyncio.run(fill_active(emu, queue, args.messages))
+        out = Path(tempfile.mkdtemp(prefix="georep-bench-raw-"))
+        raw = asyncio.run(raw_into_parquet(emu, "raw", args.messages, args.batch, out))
+        source = source_into_parquet(spark, emu, "source", args.messages, args.batch)
+        print(f"source, {args.messages} messages x 2 copies, batch {args.batch}:")
+        print(f"  raw SDK loop + pyarrow  {args.messages / raw:8.0f} msg/s  ({raw:.1f} s)")
+        print(f"  georep source (Spark)   {args.messages / source:8.0f} msg/s  ({source:.1f} s)")
+        print(f"  ratio                   {raw / source:8.2f}x (target >= 0.8)")
+
+        rows = spark.createDataFrame(
+            [(f"r{i}", "x" * 200) for i in range(args.rows)], "key string, body string"
+        ).coalesce(2)
+        rows.cache().count()
+        options = {
+            "primaryConnectionString": emu.connection_string("primary"),
+            "secondaryConnectionString": emu.connection_string("secondary"),
+            "queueName": "sink",
+        }
+        started = time.perf_counter()
+        rows.write.format("georep").options(**options, keyColumn="key", scope="bench").mode(
+            "append"
+        ).save()
+        sink = time.perf_counter() - started
+        asyncio.run(purge(emu, "sink"))
+        helper = foreach_batch_sink(
+            lambda: GeoSender.from_connection_strings(
+                options["primaryConnectionString"],
+                options["secondaryConnectionString"],
+                queue_name="sink",
+            ),
+            scope="bench",
+        )
+        started = time.perf_counter()
+        helper(rows, 0)
+        driver = time.perf_counter() - started
+        print(f"sink, {args.rows} rows (passive):")
+        print(f"  foreach_batch_sink      {args.rows / driver:8.0f} msg/s  ({driver:.1f} s)")
+        print(f"  format('georep') write  {args.rows / sink:8.0f} msg/s  ({sink:.1f} s)")
+        print(f"  ratio                   {driver / sink:8.2f}x (target >= 1.0)")
+
+
+if __name__ == "__main__":
+    main()
