@@ -69,6 +69,7 @@ EARLY = (
     "test_outbox_chaos.py::test_a_drainer_stopped_mid_drain_loses_nothing[sigkill]",
     "test_seen_cluster.py",
     "test_docs.py::test_the_python_in_each_doc_runs[receiver.md]",
+    "test_docs.py::test_the_python_in_each_doc_runs[operations.md]",  # the runbook: ~25 s
     "test_outbox_chaos.py::test_a_full_disk",
     "test_fleet_roles.py",
     "test_georeceiver_sessions.py::test_two_processes_compete",

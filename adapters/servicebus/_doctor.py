@@ -359,15 +359,24 @@ async def check_namespaces(
         for name, queue in inventory.queues.items()
         if getattr(queue, "requires_session", False)
     )
-    for region in inventories:
-        await _probe(
-            region,
-            strings[region],
-            queues,
-            topics,
-            timeout,
-            findings,
-            session_queues,
-            named=bool(entities),
+    # Both regions at once (each link costs a round of opening and closing), their
+    # findings kept in region order.
+    probed: dict[str, list[Finding]] = {region: [] for region in inventories}
+    await asyncio.gather(
+        *(
+            _probe(
+                region,
+                strings[region],
+                queues,
+                topics,
+                timeout,
+                probed[region],
+                session_queues,
+                named=bool(entities),
+            )
+            for region in inventories
         )
+    )
+    for region_findings in probed.values():
+        findings += region_findings
     return findings

@@ -825,9 +825,9 @@ def _utc(seconds: float) -> str:
 
 # ----------------------------------------------------------------------------- roles
 
-from georep.cli import _roles  # noqa: E402 (the commands register after the app exists)
+from georep.cli import _roles, _status  # noqa: E402 (the commands register after the app)
 
-app.command()(_roles.status)
+app.command()(_status.status)
 app.command()(_roles.failover)
 app.command()(_roles.failback)
 app.command()(_roles.pin)

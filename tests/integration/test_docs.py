@@ -1,4 +1,5 @@
-"""Every Python block in the docs runs (tests/docs/run_doc.py), against the emulator."""
+"""Every Python block in the docs runs (tests/docs/run_doc.py), against the emulator, and so
+does every shell block marked ``<!-- doc-run -->`` (the runbook's commands)."""
 
 from __future__ import annotations
 
@@ -15,11 +16,11 @@ sys.path.insert(0, str(REPO / "tests" / "docs"))
 from run_doc import blocks  # noqa: E402
 
 
-def _has_python(path: Path) -> bool:
-    return any(skip is None for _, _, skip in blocks(path.read_text()))
+def _runs_code(path: Path) -> bool:
+    return any(block.skip is None for block in blocks(path.read_text()))
 
 
-@pytest.mark.parametrize("path", [p for p in DOCS if _has_python(p)], ids=lambda p: p.name)
+@pytest.mark.parametrize("path", [p for p in DOCS if _runs_code(p)], ids=lambda p: p.name)
 def test_the_python_in_each_doc_runs(path: Path) -> None:
     completed = run_python(str(REPO / "tests" / "docs" / "run_doc.py"), str(path), timeout=240)
     output = f"stdout:\n{completed.stdout[-3000:]}\nstderr:\n{completed.stderr[-5000:]}"
@@ -29,10 +30,10 @@ def test_the_python_in_each_doc_runs(path: Path) -> None:
 
 def test_skipped_blocks_are_few_and_say_why() -> None:
     skipped = [
-        (path.name, line, reason)
+        (path.name, block.line, block.skip)
         for path in DOCS
-        for line, _, reason in blocks(path.read_text())
-        if reason is not None
+        for block in blocks(path.read_text())
+        if block.skip is not None
     ]
     assert all(len(reason) > 10 for _, _, reason in skipped), skipped
     total = sum(1 for path in DOCS for _ in blocks(path.read_text()))

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import re
 import socket
 import subprocess
@@ -12,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from _helpers import REDIS_URL
 from typer.testing import CliRunner
 
 from georep._doctor import Severity
@@ -46,7 +46,7 @@ def emu(georep_emulator_factory: Callable[..., Emulator]) -> Emulator:
 
 
 def test_a_healthy_pair_and_redis_have_no_problem(emu: Emulator) -> None:
-    status, output = _doctor(emu, "--redis-url", os.environ["REDIS_URL"])
+    status, output = _doctor(emu, "--redis-url", REDIS_URL)
     assert status == 0, output
     assert "orders: queue present in both, settings match" in output
     assert "events: topic present in both" in output
@@ -124,7 +124,7 @@ def test_named_entities_missing_from_both_are_not_told_to_be_named(emu: Emulator
 
 
 def test_doctor_takes_redis_as_status_does(emu: Emulator) -> None:
-    status, output = _doctor(emu, "--entity", "orders", "--redis", os.environ["REDIS_URL"])
+    status, output = _doctor(emu, "--entity", "orders", "--redis", REDIS_URL)
     assert status == 0, output
     assert "maxmemory-policy noeviction" in output and "not checked" not in output
 

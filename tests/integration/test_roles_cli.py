@@ -54,7 +54,14 @@ def test_an_operator_sees_and_changes_the_roles(app: str) -> None:
     assert (orders["active"], orders["generation"], orders["pinned"]) == ("secondary", 0, True)
     assert not orders["automatic"] and "georep pin" in orders["changed_by"]
     assert orders["mode"] is None  # made by an operator: the senders' mode is not known
-    assert report["seen"] == {"group": "none-here", "ids": 0, "in_flight": 0, "complete": True}
+    assert report["seen"] == {
+        "group": "none-here",
+        "ids": 0,
+        "in_flight": 0,
+        "expired_claims": 0,
+        "receivers": {},
+        "complete": True,
+    }
 
     assert georep("unpin", *where)[0] == 0
     code, out, _ = georep("failback", "--json", *where)
@@ -110,6 +117,7 @@ def test_status_shows_what_waits_in_the_backlog_queues(app: str) -> None:
     assert code == 0, err
     backlog = json.loads(out)["backlog"]
     assert backlog["waiting"] == 2 and backlog["unreadable"] == 0
+    assert backlog["dead_lettered"] == 0
     assert backlog["queues"][backlog_queue_path("east", 1)] == 2
     assert secondary not in out and "SharedAccessKey" not in out
 
@@ -211,11 +219,16 @@ async def test_status_counts_the_ids_of_a_seen_set_group_not_its_keys(app: str) 
     )
     assert code == 0, out
     seen_report = json.loads(out)["seen"]
-    assert seen_report == {"group": group, "ids": 100, "in_flight": 50, "complete": True}
+    assert seen_report["receivers"] == {"r1": {"claims": 50, "expired": 0}}
+    assert (seen_report["ids"], seen_report["in_flight"], seen_report["complete"]) == (
+        100,
+        50,
+        True,
+    )
     code, out = await asyncio.to_thread(
         cli, "status", "--seen-group", group, "--redis", REDIS_URL, "--app", app
     )
-    assert f"seen-set {group}: 100 ids held, 50 in flight (claimed)" in out
+    assert f"seen-set {group}: 100 ids held, 50 in flight (claimed) by 1 receiver" in out
 
 
 def test_status_uses_georep_secondary_only_for_backlog_depths_and_says_so(app: str) -> None:
@@ -230,7 +243,7 @@ def test_status_uses_georep_secondary_only_for_backlog_depths_and_says_so(app: s
     assert "backlog: the secondary's connection string comes from $GEOREP_SECONDARY" in out
     assert "the connection string in $GEOREP_SECONDARY is malformed" in out
     code, out = cli("status", *where, "--primary-namespace", "east")
-    assert code == 2 and "pass --backlog, or set $GEOREP_SECONDARY" in out
+    assert code == 2 and "pass --backlog or --secondary, or set $GEOREP_SECONDARY" in out
     code, out = cli("status", *where, "--backlog", secondary)
     assert code == 2 and "--backlog needs --primary-namespace" in out
     assert "s3cr3t" not in out
