@@ -41,10 +41,6 @@ PAIRED_COUNTERS: Final = {
 """The paired sender's counters."""
 
 
-async def _nothing() -> None:
-    return None
-
-
 class PairedSender(FromNamespaces, AsyncResource):
     """Send to the primary; after ``failover_interval`` of failures, to backlog queues.
 
@@ -171,7 +167,7 @@ class PairedSender(FromNamespaces, AsyncResource):
                 ("leaving the entity's failover (pinger)", self._failover.stop),
                 (
                     "releasing the shared roles",
-                    role_join.release if role_join is not None else _nothing,
+                    role_join.release if role_join is not None else None,
                 ),
                 (
                     "closing the region senders",
