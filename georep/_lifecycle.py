@@ -174,7 +174,12 @@ async def stop_tasks(
             here. The tasks were cancelled all the same.
     """
     current = asyncio.current_task()
-    pending = {task for task in tasks if not task.done() and task is not current}
+    pending: set[asyncio.Future[Any]] = set()
+    for task in tasks:
+        if task.done():
+            _retrieve(task)
+        elif task is not current:
+            pending.add(task)
     for task in pending:
         task.cancel()
         task.add_done_callback(_retrieve)
@@ -201,7 +206,9 @@ async def stop_tasks(
     return not stuck
 
 
-async def close_in_order(steps: Iterable[tuple[str, Callable[[], Awaitable[object]]]]) -> None:
+async def close_in_order(
+    steps: Iterable[tuple[str, Callable[[], Awaitable[object]] | None]],
+) -> None:
     """Run close ``steps`` one after the other, each whatever the ones before it did.
 
     A step that raises is logged (by type only: an SDK error may carry an endpoint) and
@@ -209,10 +216,12 @@ async def close_in_order(steps: Iterable[tuple[str, Callable[[], Awaitable[objec
 
     Args:
         steps: ``(what, step)`` pairs: ``what`` names the step in the log
-            (``"stopping the pinger"``), ``step()`` does it.
+            (``"stopping the pinger"``), ``step()`` does it (None: nothing to do).
     """
     cancelled: asyncio.CancelledError | None = None
     for what, step in steps:
+        if step is None:
+            continue
         try:
             await step()
         except asyncio.CancelledError as exc:

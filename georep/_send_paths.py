@@ -9,7 +9,6 @@ no region could be reached for.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
@@ -17,6 +16,7 @@ from typing import Any
 from opentelemetry.trace import Span, SpanKind
 
 from georep._channel import RegionChannel
+from georep._lifecycle import start_task, stop_task
 from georep._policy import as_seconds
 from georep._roles import RoleSnapshot, RoleState
 from georep._sending import PendingSend, SendContext, SendResult
@@ -175,59 +175,75 @@ class PassivePath(_Path):
 
     def _start_probe(self) -> None:
         if self._policy.switch_back and self._probe is None and not self._stopped:
-            self._probe = asyncio.create_task(self._probe_for_switch_back())
+            self._probe = start_task(
+                self._probe_for_switch_back(),
+                name=f"georep-switch-back {self._context.entity}",
+            )
 
     async def _probe_for_switch_back(self) -> None:
         """Move back to the original primary once it has answered for ``failback_after``.
 
         Only a swap georep made itself is undone, and never while the roles are pinned:
-        an operator's choice stays until an operator changes it.
+        an operator's choice stays until an operator changes it. A round that fails for
+        another reason than the probe's answer (the role store raised, say) is logged and
+        the next one runs: a dead probe would leave the roles swapped for good.
         """
         interval = as_seconds(self._policy.switch_back_probe_interval)
-        primary = self._regions.primary
         clock = self._context.clock
         healthy_since: float | None = None
         try:
             while not self._stopped:
                 await clock.sleep(interval)
-                roles = self._roles()
-                snapshot = await roles.read()
-                if snapshot.active == primary.client.namespace:
-                    return
-                if roles.pinned or not roles.automatic:
+                if self._stopped:
                     return
                 try:
-                    await primary.call(self._policy.attempt_seconds, primary.client.probe)
-                except RegionError:
+                    done, healthy_since = await self._probe_round(healthy_since)
+                except Exception:
                     healthy_since = None
-                    continue
-                now = clock.monotonic()
-                if healthy_since is None:
-                    healthy_since = now
-                if now - healthy_since < self._policy.failback_seconds:
-                    continue
-                if await roles.swap(expected=snapshot, new_active=primary.client.namespace):
-                    self._context.stats.role_swaps += 1
-                    self._context.telemetry.role_swap(primary.region)
-                    _log.warning(
-                        "%s answered for %g s; switched back to it",
-                        primary.region,
-                        now - healthy_since,
+                    _log.exception(
+                        "switch-back probe of %s failed; probing again in %g s",
+                        self._regions.primary.region,
+                        interval,
                     )
-                return
+                    continue
+                if done:
+                    return
         finally:
             self._probe = None
 
+    async def _probe_round(self, healthy_since: float | None) -> tuple[bool, float | None]:
+        """One probe of the original primary: (whether probing is over, since when the
+        primary has answered every probe)."""
+        primary = self._regions.primary
+        roles = self._roles()
+        snapshot = await roles.read()
+        if snapshot.active == primary.client.namespace:
+            return True, healthy_since
+        if roles.pinned or not roles.automatic:
+            return True, healthy_since
+        try:
+            await primary.call(self._policy.attempt_seconds, primary.client.probe)
+        except RegionError:
+            return False, None
+        now = self._context.clock.monotonic()
+        if healthy_since is None:
+            healthy_since = now
+        if now - healthy_since < self._policy.failback_seconds:
+            return False, healthy_since
+        if await roles.swap(expected=snapshot, new_active=primary.client.namespace):
+            self._context.stats.role_swaps += 1
+            self._context.telemetry.role_swap(primary.region)
+            _log.warning(
+                "%s answered for %g s; switched back to it", primary.region, now - healthy_since
+            )
+        return True, healthy_since
+
     async def stop(self) -> None:
-        """Stop the switch-back probe (for good)."""
+        """Stop the switch-back probe (for good): flag, cancel, bounded wait."""
         self._stopped = True
         if self._unwatch is not None:
             self._unwatch()
-        probe = self._probe
-        if probe is not None:
-            probe.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await probe
+        await stop_task(self._probe, clock=self._context.clock)
 
 
 class ActivePath(_Path):
@@ -296,8 +312,9 @@ class ActivePath(_Path):
             except RegionError as exc:
                 errors[primary.region] = exc
             except BaseException:
-                if secondary_attempt is not None:
-                    secondary_attempt.cancel()
+                # Cancelled (or worse): the secondary's attempt is ours to stop, not to
+                # leave running unowned.
+                await stop_task(secondary_attempt, clock=self._context.clock)
                 raise
         if secondary_attempt is not None:
             try:
