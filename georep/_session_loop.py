@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Final
 
 from georep._channel import bounded_call
+from georep._lifecycle import start_task
 from georep._region_loop import RECEIVE_GRACE, Handler, LoopPolicy, RegionLoop
 from georep._settle import Copy
 from georep.exceptions import RegionError, StoreUnavailableError
@@ -280,14 +281,16 @@ class SessionRegionLoop:
         is (a named accept raced a next-available one)."""
         session_id = session.session_id
         if session_id in self._held:
-            self._spawn(self._close_session(session))
+            self._spawn(self._close_session(session), "close")
             return None
         held = _Held(session)
         self._held[session_id] = held
         return held
 
-    def _spawn(self, coroutine: Coroutine[Any, Any, None]) -> None:
-        task = asyncio.ensure_future(coroutine)
+    def _spawn(self, coroutine: Coroutine[Any, Any, None], what: str) -> None:
+        """Run ``coroutine`` as a task of this loop: :meth:`run` waits for it before it
+        returns (and cancels it with itself); a crash is logged when it happens."""
+        task = start_task(coroutine, name=f"georep-session {what} {self.region}")
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
@@ -532,7 +535,7 @@ class SessionRegionLoop:
         ):
             return
         self._probing.add(session_id)
-        self._spawn(self._accept_named(session_id))
+        self._spawn(self._accept_named(session_id), f"accept {session_id}")
 
     async def _accept_named(self, session_id: str) -> None:
         session: SessionReceiver | None = None
