@@ -10,7 +10,8 @@ close steps one after the other, each whatever the one before it did.
 Background tasks have one owner: :func:`start_task` starts one (its crash is logged when it
 happens, not when someone awaits it), :func:`stop_task` / :func:`stop_tasks` stop it
 (cancel, a bounded wait, a log line when it did not end, and the caller's own cancellation
-re-raised, never swallowed).
+re-raised, never swallowed); :func:`run_owned` waits for a group of them and stops the
+rest when one fails.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import asyncio
 import contextlib
 import logging
 import weakref
-from collections.abc import Awaitable, Callable, Coroutine, Iterable
+from collections.abc import Awaitable, Callable, Coroutine, Iterable, Sequence
 from typing import Any, Final, Protocol, Self, TypeVar
 
 from georep.exceptions import ClosedError
@@ -204,6 +205,27 @@ async def stop_tasks(
     if current is not None and current.cancelling():
         raise asyncio.CancelledError
     return not stuck
+
+
+async def run_owned(tasks: Sequence[asyncio.Task[Any]], *, clock: Clock | None = None) -> None:
+    """Wait until every one of ``tasks`` (ones the caller owns) ended.
+
+    Unlike ``asyncio.gather``, which leaves the others running when one fails, the first
+    failure, or the caller's cancellation, stops the others (:func:`stop_tasks`) before it
+    is raised.
+
+    Raises:
+        Exception: The first failure of a task.
+        CancelledError: The caller was cancelled (the tasks were stopped first).
+    """
+    try:
+        await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
+        for task in tasks:
+            if task.done() and not task.cancelled() and (error := task.exception()) is not None:
+                raise error
+    except BaseException:
+        await stop_tasks(tasks, clock=clock)
+        raise
 
 
 async def close_in_order(
