@@ -185,6 +185,13 @@ class PairedFailover:
             _log.warning(message, self._entity)
         self._start_pinger()
 
+    def ensure_pinging(self) -> None:
+        """While engaged, make sure the entity's pinger runs: a sender that joins an entity
+        whose senders all closed while it was engaged (their pinger stopped with the last
+        of them) starts it again, or it would stay engaged for good."""
+        if self.state.engaged and not self._stopped:
+            self._start_pinger()
+
     def _start_pinger(self) -> None:
         """Start the entity's pinger, unless one runs or no sender of the entity is open."""
         state = self.state

@@ -300,6 +300,7 @@ class PairedSender(FromNamespaces, AsyncResource):
             )
             if accepted:
                 return list(numbers)
+        self._failover.ensure_pinging()
         await self._backlog_queues.send(batch, deadline, None, schedule_time_utc)
         return []
 
@@ -380,6 +381,7 @@ class PairedSender(FromNamespaces, AsyncResource):
             accepted, _ = await self._try_primary(self._primary.send, payload, deadline, attempts)
             if accepted:
                 return "primary"
+        self._failover.ensure_pinging()
         return await self._backlog_queues.send(messages, deadline, attempts)
 
     async def _try_primary(

@@ -395,3 +395,22 @@ async def test_a_ping_round_that_raises_is_logged_and_retried(
     await clock.advance(10)
     assert not sender.state.engaged, "the next round pinged, and the primary answered"
     await sender.aclose()
+
+
+async def test_a_sender_joining_an_engaged_entity_whose_senders_closed_pings_again() -> None:
+    """The last sender's close stops the pinger, but the entity's state lives on while
+    anything holds it: a new sender found it engaged, with nobody pinging, for good."""
+    clock = FakeClock()
+    namespace = f"east-{id(clock)}"
+    backlog = [InMemoryRegionSender("backlog-0", "west", "east/x-servicebus-transfer/0")]
+    primary = InMemoryRegionSender("primary", namespace, "orders")
+    first = sender_of(clock, primary, backlog)
+    primary.fail_with(ErrorKind.CONNECTION)
+    await first.send_messages(FakeMessage(b"a"))
+    await first.aclose()  # the last sender of the entity: the pinger stops
+    second = sender_of(clock, InMemoryRegionSender("primary", namespace, "orders"), backlog)
+    assert second.state is first.state and second.state.engaged
+    assert await second.send_messages(FakeMessage(b"b")) != "primary"
+    await clock.advance(10)
+    assert not second.state.engaged and second.pings == 1
+    await second.aclose()
