@@ -176,67 +176,67 @@ class PassivePath(_Path):
     def _start_probe(self) -> None:
         if self._policy.switch_back and self._probe is None and not self._stopped:
             self._probe = start_task(
-                self._probe_for_switch_back(),
-                name=f"georep-switch-back {self._context.entity}",
+                self._keep_probing(), name=f"georep-switch-back {self._context.entity}"
             )
+
+    async def _keep_probing(self) -> None:
+        """Run the switch-back probe until it is done or stopped. One that fails on an
+        error other than the probe's answer (the role store raised, say) is logged and
+        starts over after its interval: a dead probe would leave the roles swapped for
+        good."""
+        while not self._stopped:
+            try:
+                await self._probe_for_switch_back()
+                return
+            except Exception:
+                _log.exception(
+                    "switch-back probe of %s failed; probing again in %g s",
+                    self._regions.primary.region,
+                    as_seconds(self._policy.switch_back_probe_interval),
+                )
+                # Still this task's: the probe's ``finally`` let go of it.
+                self._probe = asyncio.current_task()
 
     async def _probe_for_switch_back(self) -> None:
         """Move back to the original primary once it has answered for ``failback_after``.
 
         Only a swap georep made itself is undone, and never while the roles are pinned:
-        an operator's choice stays until an operator changes it. A round that fails for
-        another reason than the probe's answer (the role store raised, say) is logged and
-        the next one runs: a dead probe would leave the roles swapped for good.
+        an operator's choice stays until an operator changes it.
         """
         interval = as_seconds(self._policy.switch_back_probe_interval)
+        primary = self._regions.primary
         clock = self._context.clock
         healthy_since: float | None = None
         try:
             while not self._stopped:
                 await clock.sleep(interval)
-                if self._stopped:
+                roles = self._roles()
+                snapshot = await roles.read()
+                if snapshot.active == primary.client.namespace:
+                    return
+                if roles.pinned or not roles.automatic:
                     return
                 try:
-                    done, healthy_since = await self._probe_round(healthy_since)
-                except Exception:
+                    await primary.call(self._policy.attempt_seconds, primary.client.probe)
+                except RegionError:
                     healthy_since = None
-                    _log.exception(
-                        "switch-back probe of %s failed; probing again in %g s",
-                        self._regions.primary.region,
-                        interval,
-                    )
                     continue
-                if done:
-                    return
+                now = clock.monotonic()
+                if healthy_since is None:
+                    healthy_since = now
+                if now - healthy_since < self._policy.failback_seconds:
+                    continue
+                if await roles.swap(expected=snapshot, new_active=primary.client.namespace):
+                    self._context.stats.role_swaps += 1
+                    self._context.telemetry.role_swap(primary.region)
+                    _log.warning(
+                        "%s answered for %g s; switched back to it",
+                        primary.region,
+                        now - healthy_since,
+                    )
+                return
         finally:
             self._probe = None
-
-    async def _probe_round(self, healthy_since: float | None) -> tuple[bool, float | None]:
-        """One probe of the original primary: (whether probing is over, since when the
-        primary has answered every probe)."""
-        primary = self._regions.primary
-        roles = self._roles()
-        snapshot = await roles.read()
-        if snapshot.active == primary.client.namespace:
-            return True, healthy_since
-        if roles.pinned or not roles.automatic:
-            return True, healthy_since
-        try:
-            await primary.call(self._policy.attempt_seconds, primary.client.probe)
-        except RegionError:
-            return False, None
-        now = self._context.clock.monotonic()
-        if healthy_since is None:
-            healthy_since = now
-        if now - healthy_since < self._policy.failback_seconds:
-            return False, healthy_since
-        if await roles.swap(expected=snapshot, new_active=primary.client.namespace):
-            self._context.stats.role_swaps += 1
-            self._context.telemetry.role_swap(primary.region)
-            _log.warning(
-                "%s answered for %g s; switched back to it", primary.region, now - healthy_since
-            )
-        return True, healthy_since
 
     async def stop(self) -> None:
         """Stop the switch-back probe (for good): flag, cancel, bounded wait."""
