@@ -26,6 +26,7 @@ from collections.abc import Awaitable, Callable, Collection, Sequence
 from typing import TYPE_CHECKING, Any, Final, Protocol
 
 from georep._classify import TRY_LATER_KINDS
+from georep._lifecycle import start_task, stop_task
 from georep._policy import DrainPolicy, as_seconds
 from georep._telemetry import Instruments, InstrumentSpec
 from georep.exceptions import AllRegionsUnavailableError, RegionError
@@ -183,7 +184,8 @@ class OutboxDrainer:
     def start(self) -> None:
         """Start draining in the background (idempotent)."""
         if self._task is None and not self._stopping:
-            self._task = asyncio.create_task(self._run_forever(), name="georep-outbox-drainer")
+            # start_task: should the loop itself ever crash, it is logged when it happens.
+            self._task = start_task(self._run_forever(), name="georep-outbox-drainer")
 
     def wake(self) -> None:
         """Something was queued: check the outbox now rather than after the idle interval."""
@@ -201,15 +203,14 @@ class OutboxDrainer:
         self._has_work.set()
         task = self._task
         if task is None or task.done():
-            return
-        # Shielded: the deadline ends our wait, not the round.
-        with contextlib.suppress(Exception), self._clock.deadline(timeout):
-            await asyncio.shield(task)
+            return  # a drainer that crashed was logged when it did (start_task)
+        # asyncio.wait: the deadline ends our wait, not the round; neither the drainer's
+        # end nor its error is raised here, only the caller's own cancellation.
+        with contextlib.suppress(TimeoutError), self._clock.deadline(timeout):
+            await asyncio.wait([task])
         if not task.done():
             _log.warning("outbox drainer did not finish within %.1f s; cancelling it", timeout)
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await task
+            await stop_task(task, clock=self._clock)
 
     async def drain_once(self) -> int:
         """Send everything due now; return how many entries were delivered."""

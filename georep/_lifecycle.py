@@ -4,22 +4,38 @@
 caller cancelled mid-close does not leave owned connections open); ``close()`` is the SDK's
 name for it. A subclass writes only what is its own: :meth:`~AsyncResource._open` and
 :meth:`~AsyncResource._close`. :func:`close_all` closes what an object created, concurrently
-and bounded, so one stuck client never keeps the others open.
+and bounded, so one stuck client never keeps the others open; :func:`close_in_order` runs
+close steps one after the other, each whatever the one before it did.
+
+Background tasks have one owner: :func:`start_task` starts one (its crash is logged when it
+happens, not when someone awaits it), :func:`stop_task` / :func:`stop_tasks` stop it
+(cancel, a bounded wait, a log line when it did not end, and the caller's own cancellation
+re-raised, never swallowed); :func:`run_owned` waits for a group of them and stops the
+rest when one fails.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
-from collections.abc import Iterable
-from typing import Any, Protocol, Self
+import weakref
+from collections.abc import Awaitable, Callable, Coroutine, Iterable, Sequence
+from typing import Any, Final, Protocol, Self, TypeVar
 
 from georep import _fork
 from georep.exceptions import ClosedError
 from georep.ports import Clock
 
 _log = logging.getLogger("georep")
+
+_T = TypeVar("_T")
+
+#: Seconds a cancelled background task gets to end before its owner gives up waiting for
+#: it (and logs so). Cancelling ends georep's own tasks at their next await; only a call
+#: that swallows cancellation (a handler, an SDK call) can take longer.
+STOP_TIMEOUT: Final = 5.0
 
 
 class _Closeable(Protocol):
@@ -95,6 +111,172 @@ class AsyncResource:
         """Release what this object holds; runs once."""
 
 
+# -- background tasks --------------------------------------------------------------------
+
+_started: weakref.WeakSet[asyncio.Future[Any]] = weakref.WeakSet()
+"""Tasks :func:`start_task` started: their end is logged by their own callback."""
+
+
+def start_task(coroutine: Coroutine[Any, Any, _T], *, name: str) -> asyncio.Task[_T]:
+    """Start ``coroutine`` as a background task whose abnormal end is logged at once.
+
+    A background task nobody awaits until it is stopped would otherwise die silently (its
+    exception surfaces, if ever, when the owner stops it). Its owner stops it with
+    :func:`stop_task`.
+
+    Args:
+        coroutine: The task's work.
+        name: The task's name, as logs show it (``georep-ping orders``).
+    """
+    task = asyncio.create_task(coroutine, name=name)
+    _started.add(task)
+    task.add_done_callback(_log_end)
+    return task
+
+
+def _log_end(task: asyncio.Future[Any]) -> None:
+    """Log how a background task ended, when it ended abnormally (an exception)."""
+    if task.cancelled():
+        return
+    error = task.exception()  # retrieved: asyncio does not report it again
+    if error is not None:
+        name = task.get_name() if isinstance(task, asyncio.Task) else "a georep task"
+        _log.error("background task %s ended with %s", name, type(error).__name__, exc_info=error)
+
+
+def _retrieve(task: asyncio.Future[Any]) -> None:
+    """Mark the exception of a task stopped by its owner as seen (its owner stopped it:
+    what it raised on the way out is of no further use), logging it at debug level."""
+    if task.cancelled() or task in _started:
+        return
+    error = task.exception()
+    if error is not None:
+        _log.debug("a stopped task ended with %s", type(error).__name__)
+
+
+async def stop_task(
+    task: asyncio.Future[Any] | None,
+    *,
+    timeout: float = STOP_TIMEOUT,
+    clock: Clock | None = None,
+) -> bool:
+    """Cancel ``task`` (one the caller owns) and wait at most ``timeout`` s for it to end.
+
+    As :func:`stop_tasks` for one task (None: nothing to stop).
+    """
+    if task is None:
+        return True
+    return await stop_tasks([task], timeout=timeout, clock=clock)
+
+
+async def stop_tasks(
+    tasks: Iterable[asyncio.Future[Any]],
+    *,
+    timeout: float = STOP_TIMEOUT,
+    clock: Clock | None = None,
+) -> bool:
+    """Cancel ``tasks`` (ones the caller owns), all at once, and wait at most ``timeout``
+    seconds for them to end.
+
+    Never ``task.cancel()`` then ``with suppress(CancelledError): await task``: that
+    swallows the *caller's* cancellation when it arrives during the wait, and waits for
+    ever on a task that swallows its own. Here the wait is ``asyncio.wait`` (which raises
+    only the caller's cancellation, never the task's), bounded; a task still running at
+    the bound is logged and left behind.
+
+    Args:
+        tasks: The tasks to stop (the calling task itself, if among them, is skipped).
+        timeout: Most seconds to wait for them to end.
+        clock: Measures the wait (virtual time in tests); None: the event loop's time.
+
+    Returns:
+        True when every task ended within ``timeout``.
+
+    Raises:
+        CancelledError: The caller itself is being cancelled (also when that cancellation
+            arrived before this call and was swallowed on the way): it is never absorbed
+            here. The tasks were cancelled all the same.
+    """
+    current = asyncio.current_task()
+    pending: set[asyncio.Future[Any]] = set()
+    for task in tasks:
+        if task.done():
+            _retrieve(task)
+        elif task is not current:
+            pending.add(task)
+    for task in pending:
+        task.cancel()
+        task.add_done_callback(_retrieve)
+    if pending:
+        if clock is None:
+            await asyncio.wait(pending, timeout=timeout)
+        else:
+            with contextlib.suppress(TimeoutError), clock.deadline(timeout):
+                await asyncio.wait(pending)
+    stuck = sorted(
+        (task.get_name() if isinstance(task, asyncio.Task) else repr(task))
+        for task in pending
+        if not task.done()
+    )
+    if stuck:
+        _log.warning(
+            "%s did not end within %g s of being cancelled; gave up waiting for %s",
+            ", ".join(stuck),
+            timeout,
+            "it" if len(stuck) == 1 else "them",
+        )
+    if current is not None and current.cancelling():
+        raise asyncio.CancelledError
+    return not stuck
+
+
+async def run_owned(tasks: Sequence[asyncio.Task[Any]], *, clock: Clock | None = None) -> None:
+    """Wait until every one of ``tasks`` (ones the caller owns) ended.
+
+    Unlike ``asyncio.gather``, which leaves the others running when one fails, the first
+    failure, or the caller's cancellation, stops the others (:func:`stop_tasks`) before it
+    is raised.
+
+    Raises:
+        Exception: The first failure of a task.
+        CancelledError: The caller was cancelled (the tasks were stopped first).
+    """
+    try:
+        await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
+        for task in tasks:
+            if task.done() and not task.cancelled() and (error := task.exception()) is not None:
+                raise error
+    except BaseException:
+        await stop_tasks(tasks, clock=clock)
+        raise
+
+
+async def close_in_order(
+    steps: Iterable[tuple[str, Callable[[], Awaitable[object]] | None]],
+) -> None:
+    """Run close ``steps`` one after the other, each whatever the ones before it did.
+
+    A step that raises is logged (by type only: an SDK error may carry an endpoint) and
+    the next one runs; a cancellation of the caller is re-raised once every step ran.
+
+    Args:
+        steps: ``(what, step)`` pairs: ``what`` names the step in the log
+            (``"stopping the pinger"``), ``step()`` does it (None: nothing to do).
+    """
+    cancelled: asyncio.CancelledError | None = None
+    for what, step in steps:
+        if step is None:
+            continue
+        try:
+            await step()
+        except asyncio.CancelledError as exc:
+            cancelled = exc
+        except Exception as exc:
+            _log.warning("%s failed: %s", what, type(exc).__name__)
+    if cancelled is not None:
+        raise cancelled
+
+
 async def close_all(
     resources: Iterable[_Closeable], *, timeout: float, clock: Clock, what: str = "client"
 ) -> None:
@@ -111,17 +293,21 @@ async def close_all(
         except Exception as exc:
             _log.warning("closing a %s failed: %s", what, type(exc).__name__)
 
-    tasks: list[asyncio.Future[Any]] = [asyncio.ensure_future(close(r)) for r in resources]
+    tasks: list[asyncio.Future[Any]] = [
+        asyncio.create_task(close(r), name=f"georep-close {what}") for r in resources
+    ]
     if not tasks:
         return
     try:
+        # asyncio.wait, not a shielded gather: a caller cancelled here leaves the closes
+        # running all the same, and no gathering future is left holding an error nobody
+        # retrieves (asyncio reports one at exit) when a stuck close is cancelled below.
         with clock.deadline(timeout):
-            await asyncio.shield(asyncio.gather(*tasks))
+            await asyncio.wait(tasks)
     except TimeoutError:
         stuck = [task for task in tasks if not task.done()]
-        for task in stuck:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
         _log.warning(
             "%d %s(s) did not close within %g s; gave up on them", len(stuck), what, timeout
         )
+        # Bounded too: a close that swallows its cancellation must not hang the caller.
+        await stop_tasks(stuck, clock=clock)

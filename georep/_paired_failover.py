@@ -7,12 +7,15 @@ queues, and one task pings the primary every ``ping_primary_interval`` until it 
 answered every ping for ``failback_after``. With a role store, engaging and disengaging
 are swaps of the shared roles (``secondary`` active while engaged), which every process
 follows.
+
+The pinger is the entity's, not one sender's: it pings through the first sender still open,
+and only the last sender of the entity to close stops it (closing one sender must not leave
+the others engaged, sending to the backlog, with nobody pinging).
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import weakref
 from collections.abc import Callable
@@ -23,6 +26,7 @@ from opentelemetry import metrics
 
 from georep._channel import RegionChannel
 from georep._classify import PAIRED_FAILOVER_KINDS
+from georep._lifecycle import start_task, stop_task
 from georep._paired import PairedNamespaceOptions
 from georep._roles import RoleSnapshot, RoleState
 from georep.exceptions import RegionError
@@ -46,14 +50,34 @@ class PairedState:
         roles: With a role store: the shared roles, ``secondary`` active while engaged.
         generation: Engagements and disengagements so far (without a role store: the
             session order stamps' generation).
+        members: The failover parts of the entity's open senders; the first one's channel
+            carries the pings.
+        pinger: The entity's pinger while one runs.
     """
 
     failing_since: float | None = None
     engaged: bool = False
     generation: int = 0
     excluded: dict[int, float] = field(default_factory=dict)
-    pinger: asyncio.Task[None] | None = None
+    pinger: Pinger | None = None
     roles: RoleState | None = None
+    members: list[PairedFailover] = field(default_factory=list)
+    unfollow: Callable[[], None] | None = None
+
+
+@dataclass(eq=False)
+class Pinger:
+    """One run of an entity's pinger: its task, and the flag that stops it.
+
+    The flag, not only the cancellation, ends the loop: a cancel that lands as a ping's
+    deadline expires comes out of the channel as a failed ping, and the loop would go on.
+    """
+
+    task: asyncio.Task[None] | None = None
+    stopped: bool = False
+
+    def task_done(self) -> bool:
+        return self.task is None or self.task.done()
 
 
 _states: weakref.WeakValueDictionary[
@@ -109,13 +133,17 @@ class PairedFailover:
         self._clock = clock
         self._make_ping = make_ping
         self._roles = roles
+        self._stopped = False
+        state.members.append(self)
 
     def follow(self, roles: RoleState) -> None:
         """From now on, engaged exactly while ``roles`` has the secondary active."""
         state = self.state
         if state.roles is not roles:
+            if state.unfollow is not None:
+                state.unfollow()
             state.roles = roles
-            roles.on_change(self._roles_changed)
+            state.unfollow = roles.on_change(self._roles_changed)
             if roles.current.active == "secondary":
                 self._roles_changed(roles.current)
 
@@ -155,8 +183,25 @@ class PairedFailover:
             state.generation += 1
             state.excluded.clear()
             _log.warning(message, self._entity)
-        if state.pinger is None or state.pinger.done():
-            state.pinger = asyncio.create_task(self._ping_until_back(), name="georep-ping")
+        self._start_pinger()
+
+    def ensure_pinging(self) -> None:
+        """While engaged, make sure the entity's pinger runs: a sender that joins an entity
+        whose senders all closed while it was engaged (their pinger stopped with the last
+        of them) starts it again, or it would stay engaged for good."""
+        if self.state.engaged and not self._stopped:
+            self._start_pinger()
+
+    def _start_pinger(self) -> None:
+        """Start the entity's pinger, unless one runs or no sender of the entity is open."""
+        state = self.state
+        running = state.pinger
+        if not state.members or (running is not None and not running.task_done()):
+            return
+        pinger = state.pinger = Pinger()
+        pinger.task = start_task(
+            _ping_until_back(state, pinger), name=f"georep-ping {self._entity}"
+        )
 
     def _disengage(self, message: str) -> None:
         if self.state.engaged:
@@ -165,39 +210,71 @@ class PairedFailover:
         self.state.failing_since = None
         _log.warning(message, self._entity)
 
-    async def stop(self) -> None:
-        """Stop the entity's pinger, if one runs."""
-        pinger = self.state.pinger
-        if pinger is not None and not pinger.done():
-            pinger.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await pinger
-
-    async def _ping_until_back(self) -> None:
-        """Ping the primary every ``ping_primary_interval``; once it has answered every ping
-        for ``failback_after`` (the first success, by default), failover ends."""
-        interval = self._options.seconds("ping_primary_interval")
-        timeout = self._options.seconds("ping_timeout")
-        healthy_for = self._options.seconds("failback_after")
-        healthy_since: float | None = None
-        while self.state.engaged:
-            await self._clock.sleep(interval)
-            roles = self._roles()
-            if roles is not None and (roles.pinned or not roles.automatic):
-                continue  # an operator engaged it: only an operator disengages it
-            self.pings += 1
-            self._pings.add(1, {"messaging.destination.name": self._entity})
-            try:
-                await self._main.call(timeout, self._main.client.send, self._make_ping())
-            except RegionError as exc:
-                _log.info("ping of %s failed: %s", self._entity, exc)
-                healthy_since = None
-                continue
-            now = self._clock.monotonic()
-            healthy_since = now if healthy_since is None else healthy_since
-            if now - healthy_since < healthy_for:
-                continue  # answering, not yet for long enough
-            if roles is not None:
-                await roles.swap(expected=roles.current, new_active="primary")
-                continue  # the listener disengages (also when another process did first)
+    async def _ping_round(self, healthy_since: float | None) -> float | None:
+        """One ping through this sender's channel; returns since when the primary has
+        answered every ping (None: the last ping failed)."""
+        roles = self._roles()
+        if roles is not None and (roles.pinned or not roles.automatic):
+            return healthy_since  # an operator engaged it: only an operator disengages it
+        self.pings += 1
+        self._pings.add(1, {"messaging.destination.name": self._entity})
+        try:
+            timeout = self._options.seconds("ping_timeout")
+            await self._main.call(timeout, self._main.client.send, self._make_ping())
+        except RegionError as exc:
+            _log.info("ping of %s failed: %s", self._entity, exc)
+            return None
+        now = self._clock.monotonic()
+        healthy_since = now if healthy_since is None else healthy_since
+        if now - healthy_since < self._options.seconds("failback_after"):
+            return healthy_since  # answering, not yet for long enough
+        if roles is not None:
+            # The listener disengages (also when another process did first).
+            await roles.swap(expected=roles.current, new_active="primary")
+        else:
             self._disengage("%s answers pings again: sending to it")
+        return healthy_since
+
+    async def stop(self) -> None:
+        """This sender leaves the entity's failover: the last one to leave stops the
+        pinger (flag, cancel, bounded wait); while others remain, it goes on pinging
+        through theirs."""
+        if self._stopped:
+            return
+        self._stopped = True
+        state = self.state
+        if self in state.members:
+            state.members.remove(self)
+        if state.members:
+            return
+        if state.unfollow is not None:
+            state.unfollow()
+            state.unfollow = None
+            state.roles = None
+        pinger, state.pinger = state.pinger, None
+        if pinger is not None:
+            pinger.stopped = True
+            await stop_task(pinger.task, clock=self._clock)
+
+
+async def _ping_until_back(state: PairedState, pinger: Pinger) -> None:
+    """Ping the primary every ``ping_primary_interval``; once it has answered every ping
+    for ``failback_after`` (the first success, by default), failover ends.
+
+    Each round pings through the first of the entity's senders still open (its channel,
+    settings and roles); none left, or the flag set: the loop ends. A round that fails
+    for a reason other than the primary's answer is logged and the next one runs: a dead
+    pinger would leave the entity engaged until the process restarts.
+    """
+    healthy_since: float | None = None
+    while state.engaged and not pinger.stopped and state.members:
+        member = state.members[0]
+        await member._clock.sleep(member._options.seconds("ping_primary_interval"))
+        if pinger.stopped or not state.members:
+            return
+        member = state.members[0]
+        try:
+            healthy_since = await member._ping_round(healthy_since)
+        except Exception:
+            healthy_since = None
+            _log.exception("pinging %s failed; trying again next interval", member._entity)

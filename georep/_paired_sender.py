@@ -5,6 +5,7 @@ from __future__ import annotations
 import random
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from datetime import datetime
+from functools import partial
 from typing import Any, Final
 
 from opentelemetry import metrics
@@ -12,7 +13,7 @@ from opentelemetry import metrics
 from georep._channel import RegionChannel
 from georep._clock import SystemClock
 from georep._endpoint import FromNamespaces, Target, one_entity, with_client_options_pair
-from georep._lifecycle import AsyncResource, close_all
+from georep._lifecycle import AsyncResource, close_all, close_in_order
 from georep._ordering import SessionSequencer
 from georep._paired import PairedNamespaceOptions
 from georep._paired_backlog import BacklogQueues, ledger_error
@@ -135,7 +136,8 @@ class PairedSender(FromNamespaces, AsyncResource):
         return self._failover.pings
 
     async def aclose(self) -> None:
-        """Stop pinging (if this sender pings) and close what it created. Idempotent."""
+        """Leave the entity's failover (the last sender of the entity to close stops its
+        pinger) and close what it created. Idempotent."""
         await super().aclose()
 
     # -- shared roles ------------------------------------------------------------------
@@ -156,12 +158,33 @@ class PairedSender(FromNamespaces, AsyncResource):
         return roles
 
     async def _close(self) -> None:
-        if self._role_join is not None:
-            await self._role_join.release()
-        await self._failover.stop()
+        # Every step runs whatever the one before it did: a failed stop must not leave the
+        # clients this sender created open.
         timeout = self.options.seconds("ping_timeout")
-        await close_all(self._owned, timeout=timeout, clock=self._clock, what="region sender")
-        await flush_ledger(self.ledger, timeout=timeout, clock=self._clock)
+        role_join = self._role_join
+        await close_in_order(
+            [
+                ("leaving the entity's failover (pinger)", self._failover.stop),
+                (
+                    "releasing the shared roles",
+                    role_join.release if role_join is not None else None,
+                ),
+                (
+                    "closing the region senders",
+                    partial(
+                        close_all,
+                        self._owned,
+                        timeout=timeout,
+                        clock=self._clock,
+                        what="region sender",
+                    ),
+                ),
+                (
+                    "flushing the ledger",
+                    partial(flush_ledger, self.ledger, timeout=timeout, clock=self._clock),
+                ),
+            ]
+        )
 
     @property
     def entity(self) -> str:
@@ -277,6 +300,7 @@ class PairedSender(FromNamespaces, AsyncResource):
             )
             if accepted:
                 return list(numbers)
+        self._failover.ensure_pinging()
         await self._backlog_queues.send(batch, deadline, None, schedule_time_utc)
         return []
 
@@ -357,6 +381,7 @@ class PairedSender(FromNamespaces, AsyncResource):
             accepted, _ = await self._try_primary(self._primary.send, payload, deadline, attempts)
             if accepted:
                 return "primary"
+        self._failover.ensure_pinging()
         return await self._backlog_queues.send(messages, deadline, attempts)
 
     async def _try_primary(

@@ -20,7 +20,7 @@ from opentelemetry import trace
 
 from georep._clock import SystemClock
 from georep._endpoint import FromNamespaces, Target, with_client_options_pair
-from georep._lifecycle import AsyncResource, close_all
+from georep._lifecycle import AsyncResource, close_all, stop_tasks
 from georep._outcomes import ABANDON, COMPLETE, Decision, Decisions, Settle, dead_letter_decision
 from georep._policy import DedupKey, Seconds, count, positive_seconds, seconds
 from georep._receive_wiring import region_loop, session_loops
@@ -159,8 +159,10 @@ class GeoReceiver(FromNamespaces, AsyncResource):
         else:
             policy = LoopPolicy(scope_prefix=self._scope_prefix, **loop)
             self._loops = [region_loop(r, self._context, policy, self.owner) for r in regions]
-        self._running: asyncio.Task[None] | None = None
-        self._stopped = asyncio.Event()
+        self._running: list[asyncio.Task[None]] = []
+        """The region loops' tasks while :meth:`run` runs."""
+        self._released = asyncio.Event()
+        """Set when :meth:`aclose` is done with the loops (they ended, or it gave up)."""
 
     def _regions(self, primary: Any, secondary: Any, dedup_scope: str | None) -> list[Any]:
         """Both regions' receivers (or session entities); sets what georep owns of them and
@@ -274,6 +276,10 @@ class GeoReceiver(FromNamespaces, AsyncResource):
     async def run(self, handler: Handler) -> None:
         """Receive and process until :meth:`aclose` (or cancellation).
 
+        The region loops run as tasks this receiver owns. When :meth:`aclose` stops them,
+        ``run()`` returns once the receiver is closed (clients closed, ledger flushed), so
+        an application that exits when ``run()`` returns never cuts the close short.
+
         Args:
             handler: ``async def handler(message)``. Returning means "processed" (the
                 copy is completed), raising means "not processed" (abandoned and
@@ -284,33 +290,66 @@ class GeoReceiver(FromNamespaces, AsyncResource):
 
         Raises:
             ClosedError: The receiver was closed.
+            Exception: A region loop failed (the other one is stopped first).
         """
         self._check_open()
-        if self._running is not None:
+        if self._running:
             raise RuntimeError("this GeoReceiver is already running")
-        self._running = asyncio.current_task()
-        self._stopped.clear()
+        loops: Sequence[RegionLoop | SessionRegionLoop] = self._loops or self._session_loops
+        tasks = [
+            asyncio.create_task(loop.run(handler), name=f"georep-receive {self.entity} {label}")
+            for loop, label in zip(loops, ("primary", "secondary"), strict=False)
+        ]
+        self._running = tasks
+        self._released.clear()
         try:
-            loops: Sequence[RegionLoop | SessionRegionLoop] = self._loops or self._session_loops
-            await asyncio.gather(*(loop.run(handler) for loop in loops))
+            await self._until_loops_end(tasks)
+        except BaseException:
+            # Cancelled, or a loop failed: the loops are this receiver's to stop (the
+            # caller's cancellation is re-raised, never absorbed).
+            await stop_tasks(tasks, clock=self._clock)
+            raise
         finally:
-            self._running = None
-            self._stopped.set()
+            self._running = []
+        close = self._close_task
+        if close is not None:
+            # Stopped by aclose(): return once the receiver is closed. asyncio.wait, not
+            # an await of the close: its outcome is aclose()'s to report.
+            await asyncio.wait([close])
+
+    async def _until_loops_end(self, tasks: list[asyncio.Task[None]]) -> None:
+        """Wait until every loop ended, or :meth:`aclose` gave up on them; raise the
+        first loop failure."""
+        released = asyncio.ensure_future(self._released.wait())
+        try:
+            while True:
+                await asyncio.wait([*tasks, released], return_when=asyncio.FIRST_COMPLETED)
+                for task in tasks:
+                    if task.done() and not task.cancelled() and task.exception() is not None:
+                        raise task.exception()  # type: ignore[misc]
+                if released.done() or all(task.done() for task in tasks):
+                    return
+        finally:
+            released.cancel()
 
     async def aclose(self) -> None:
         """Stop fetching, finish in-flight handlers, settle, and close owned clients.
 
         Idempotent and shielded. Copies parked waiting for another consumer are abandoned
         (redelivered at once rather than when their locks expire). A ledger is flushed, not
-        closed.
+        closed. A handler still running a lease after the close began is cancelled, and
+        one that does not end then is left behind (logged): the close goes on without it.
         """
         await super().aclose()
 
     async def _close(self) -> None:
         self._context.stopping.set()
-        running = self._running
-        if running is not None:
-            await self._wait_for_loop(running)
+        running = list(self._running)
+        try:
+            if running:
+                await self._wait_for_loops(running)
+        finally:
+            self._released.set()  # run() stops waiting for loops given up on
         await close_all(
             self._owned, timeout=self.close_timeout, clock=self._clock, what="region receiver"
         )
@@ -318,21 +357,22 @@ class GeoReceiver(FromNamespaces, AsyncResource):
             with contextlib.suppress(Exception):
                 await self.ledger.flush()
 
-    async def _wait_for_loop(self, running: asyncio.Task[Any]) -> None:
+    async def _wait_for_loops(self, running: list[asyncio.Task[None]]) -> None:
         """Let the region loops finish their handlers and settle, for at most a lease (a
-        handler running longer has lost its claim anyway); then cancel them."""
-        try:
-            with self._clock.deadline(self.lease + self.max_wait):
-                await asyncio.shield(self._stopped.wait())
-        except TimeoutError:
-            _log.warning(
-                "the receive loops did not stop within %g s; cancelling them (copies not "
-                "settled are redelivered when their locks expire)",
-                self.lease + self.max_wait,
-            )
-            running.cancel()
-            with contextlib.suppress(Exception, asyncio.CancelledError):
-                await asyncio.shield(self._stopped.wait())
+        handler running longer has lost its claim anyway); then cancel them, and wait a
+        bounded time for them to end. Only this receiver's loop tasks are cancelled, never
+        the task that called :meth:`run`."""
+        bound = self.lease + self.max_wait
+        with contextlib.suppress(TimeoutError), self._clock.deadline(bound):
+            await asyncio.wait(running)
+        if all(task.done() for task in running):
+            return
+        _log.warning(
+            "the receive loops did not stop within %g s; cancelling them (copies not "
+            "settled are redelivered when their locks expire)",
+            bound,
+        )
+        await stop_tasks(running, clock=self._clock)
 
     async def peek_all(self, count: int) -> dict[str, list[Any]]:
         """Up to ``count`` messages from each region, without locking them.

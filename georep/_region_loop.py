@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Any, Final, Literal
 from opentelemetry.trace import Status, StatusCode
 
 from georep._channel import bounded_call
+from georep._lifecycle import start_task, stop_task
 from georep._outcomes import (
     ABANDON,
     COMPLETE,
@@ -360,7 +361,9 @@ class RegionLoop:
                 await self._finish(batch, checked, held)
 
         done = asyncio.Event()
-        renewer = asyncio.ensure_future(self._keep_alive(held, claimed, done))
+        renewer = start_task(
+            self._keep_alive(held, claimed, done), name=f"georep-renew {self.region.region}"
+        )
         try:
             if len(copies) == 1:  # no tasks to spread over: the common case when idle-ish
                 await one(copies[0])
@@ -372,9 +375,9 @@ class RegionLoop:
             # 3.11's asyncio.wait_for returns a result that raced it, cpython gh-86296),
             # and the renewer would then renew for ever while this region's loop waits.
             done.set()
-            renewer.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await renewer
+            # stop_task: bounded, and a cancellation of this loop that arrives meanwhile
+            # goes on (awaiting the cancelled renewer under suppress swallowed it).
+            await stop_task(renewer, clock=self._clock)
 
     async def _handle(self, handler: Handler, copy: Copy) -> Decision:
         """Run the handler on one copy; what it decided (or the default for how it ended).

@@ -12,7 +12,6 @@ it answers. :class:`InMemoryRoleStore` is the store for one process and for test
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import getpass
 import logging
 import os
@@ -26,6 +25,7 @@ from typing import Final, Literal
 from opentelemetry import metrics
 
 from georep._clock import SystemClock
+from georep._lifecycle import start_task, stop_task
 from georep._policy import positive_seconds
 from georep._roles import DEPART, FailoverEvidence, RoleSnapshot, RoleState
 from georep._telemetry import Instruments, InstrumentSpec
@@ -279,7 +279,8 @@ class SharedRoles:
         self.rejoins = 0
         self._holders = 0
         self._poller: asyncio.Task[None] | None = None
-        self._stopped = False
+        self._run: object | None = None
+        """The current run of the background refresh (None: stopped); its loop's flag."""
         self._unknown_warned: set[str] = set()
         instruments = Instruments.of(meter_provider)
         self._counters = instruments.counters(ROLE_COUNTERS)
@@ -303,28 +304,34 @@ class SharedRoles:
         """One more user: start the background refresh with the first."""
         self._holders += 1
         if self._poller is None or self._poller.done():
-            self._stopped = False
-            self._poller = asyncio.create_task(self._poll(), name=f"georep-roles-{self.entity}")
+            run = self._run = object()
+            self._poller = start_task(self._poll(run), name=f"georep-roles {self.entity}")
 
     async def release(self) -> None:
-        """One user fewer: stop the background refresh with the last."""
+        """One user fewer: stop the background refresh with the last (flag, cancel, and a
+        bounded wait)."""
         self._holders = max(0, self._holders - 1)
         poller = self._poller
         if self._holders == 0 and poller is not None:
             self._poller = None
-            self._stopped = True
-            poller.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await poller
+            self._run = None
+            await stop_task(poller, clock=self._clock)
 
-    async def _poll(self) -> None:
-        # The flag, not only the cancellation, ends the loop: a cancel that lands as the
-        # store call's deadline expires comes out of the deadline as TimeoutError, which
-        # refresh() takes for an unavailable store, and the loop would go on (the release
-        # awaiting it, forever).
-        while not self._stopped:
-            await self.refresh()
-            if self._stopped:
+    async def _poll(self, run: object) -> None:
+        # The flag (this run still the current one), not only the cancellation, ends the
+        # loop: a cancel that lands as the store call's deadline expires comes out of the
+        # deadline as TimeoutError, which refresh() takes for an unavailable store, and the
+        # loop would go on.
+        while self._run is run:
+            try:
+                await self.refresh()
+            except Exception:  # a store that answers nonsense: said, and read again later
+                _log.exception(
+                    "reading the shared roles of %s failed; reading again in %g s",
+                    self.entity,
+                    self._interval,
+                )
+            if self._run is not run:
                 return
             await self._clock.sleep(self._interval)
 

@@ -9,7 +9,6 @@ no region could be reached for.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
@@ -17,6 +16,7 @@ from typing import Any
 from opentelemetry.trace import Span, SpanKind
 
 from georep._channel import RegionChannel
+from georep._lifecycle import start_task, stop_task
 from georep._policy import as_seconds
 from georep._roles import FailoverEvidence, RoleMove, RoleSnapshot, RoleState
 from georep._sending import PendingSend, SendContext, SendResult
@@ -199,7 +199,27 @@ class PassivePath(_Path):
         if self._probe is not None or self._stopped:
             return
         if self._policy.switch_back or self._roles().departed_from is not None:
-            self._probe = asyncio.create_task(self._probe_for_switch_back())
+            self._probe = start_task(
+                self._keep_probing(), name=f"georep-switch-back {self._context.entity}"
+            )
+
+    async def _keep_probing(self) -> None:
+        """Run the switch-back probe until it is done or stopped. One that fails on an
+        error other than the probe's answer (the role store raised, say) is logged and
+        starts over after its interval: a dead probe would leave the roles swapped for
+        good."""
+        while not self._stopped:
+            try:
+                await self._probe_for_switch_back()
+                return
+            except Exception:
+                _log.exception(
+                    "switch-back probe of %s failed; probing again in %g s",
+                    self._regions.primary.region,
+                    as_seconds(self._policy.switch_back_probe_interval),
+                )
+                # Still this task's: the probe's ``finally`` let go of it.
+                self._probe = asyncio.current_task()
 
     async def _probe_for_switch_back(self) -> None:
         """Move back to the original primary once it has answered for ``failback_after``;
@@ -266,15 +286,11 @@ class PassivePath(_Path):
             self._probe = None
 
     async def stop(self) -> None:
-        """Stop the switch-back probe (for good)."""
+        """Stop the switch-back probe (for good): flag, cancel, bounded wait."""
         self._stopped = True
         if self._unwatch is not None:
             self._unwatch()
-        probe = self._probe
-        if probe is not None:
-            probe.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await probe
+        await stop_task(self._probe, clock=self._context.clock)
 
 
 class ActivePath(_Path):
@@ -343,8 +359,9 @@ class ActivePath(_Path):
             except RegionError as exc:
                 errors[primary.region] = exc
             except BaseException:
-                if secondary_attempt is not None:
-                    secondary_attempt.cancel()
+                # Cancelled (or worse): the secondary's attempt is ours to stop, not to
+                # leave running unowned.
+                await stop_task(secondary_attempt, clock=self._context.clock)
                 raise
         if secondary_attempt is not None:
             try:

@@ -15,12 +15,13 @@ import logging
 import warnings
 from collections.abc import Mapping, Sequence
 from datetime import datetime
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from georep._channel import batch_size, learn_max_sizes, open_failure
 from georep._clock import SystemClock
 from georep._endpoint import FromNamespaces, Target, one_entity, with_client_options_pair
-from georep._lifecycle import AsyncResource, close_all
+from georep._lifecycle import AsyncResource, close_all, close_in_order
 from georep._policy import (
     DedupKey,
     DrainPolicy,
@@ -335,19 +336,29 @@ class GeoSender(FromNamespaces, AsyncResource):
         # Each step runs whatever the one before it did: nothing this sender owns is left
         # open because something else failed to close.
         timeout = self.policy.attempt_seconds
-        try:
-            if self._drainer is not None:
+        drainer, role_join, clock = self._drainer, self._role_join, self._clock
+        await close_in_order(
+            [
                 # Graceful: the entry in flight finishes (a send is bounded by the attempt
                 # deadlines), accepted entries are deleted, the rest are handed back.
-                await self._drainer.stop(timeout=2 * timeout + 1.0)
-        except Exception:
-            _log.exception("stopping the outbox drainer failed")
-        finally:
-            await self._parts.passive.stop()
-            if self._role_join is not None:
-                await self._role_join.release()
-            await close_all(self._owned, timeout=timeout, clock=self._clock, what="region sender")
-            await flush_ledger(self.ledger, timeout=timeout, clock=self._clock)
+                (
+                    "stopping the outbox drainer",
+                    partial(drainer.stop, timeout=2 * timeout + 1.0) if drainer else None,
+                ),
+                ("stopping the switch-back probe", self._parts.passive.stop),
+                ("releasing the shared roles", role_join.release if role_join else None),
+                (
+                    "closing the region senders",
+                    partial(
+                        close_all, self._owned, timeout=timeout, clock=clock, what="region sender"
+                    ),
+                ),
+                (
+                    "flushing the ledger",
+                    partial(flush_ledger, self.ledger, timeout=timeout, clock=clock),
+                ),
+            ]
+        )
 
     def _check_open(self) -> None:
         self._check_process()

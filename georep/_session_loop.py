@@ -35,6 +35,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Final
 
 from georep._channel import bounded_call
+from georep._lifecycle import start_task
 from georep._region_loop import RECEIVE_GRACE, Handler, LoopPolicy, RegionLoop
 from georep._settle import Copy
 from georep.exceptions import RegionError, StoreUnavailableError
@@ -286,14 +287,16 @@ class SessionRegionLoop:
         is (a named accept raced a next-available one)."""
         session_id = session.session_id
         if session_id in self._held:
-            self._spawn(self._close_session(session))
+            self._spawn(self._close_session(session), "close")
             return None
         held = _Held(session)
         self._held[session_id] = held
         return held
 
-    def _spawn(self, coroutine: Coroutine[Any, Any, None]) -> None:
-        task = asyncio.ensure_future(coroutine)
+    def _spawn(self, coroutine: Coroutine[Any, Any, None], what: str) -> None:
+        """Run ``coroutine`` as a task of this loop: :meth:`run` waits for it before it
+        returns (and cancels it with itself); a crash is logged when it happens."""
+        task = start_task(coroutine, name=f"georep-session {what} {self.region}")
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
@@ -311,7 +314,10 @@ class SessionRegionLoop:
 
         loop = held.loop = self._make_loop(session, on_final)
         idle_since = self._clock.monotonic()
-        keeper = asyncio.ensure_future(self._keep_locked(held, loop))
+        keeper = start_task(
+            self._keep_locked(held, loop),
+            name=f"georep-session-lock {self.region} {session.session_id}",
+        )
         try:
             while not self._stopping.is_set():
                 if not held.hand:
@@ -342,7 +348,8 @@ class SessionRegionLoop:
                     return
         finally:
             keeper.cancel()
-            # Bounded, and never the caller's cancellation: asyncio.wait does not raise it.
+            # Bounded; asyncio.wait never raises the caller's own cancellation, which goes on
+            # after the session is let go (stop_task would re-raise it before that).
             await asyncio.wait([keeper], timeout=_CLOSE_SECONDS)
             del self._held[session.session_id]
             await self._close_session(session)
@@ -580,7 +587,7 @@ class SessionRegionLoop:
         ):
             return
         self._probing.add(session_id)
-        self._spawn(self._accept_named(session_id))
+        self._spawn(self._accept_named(session_id), f"accept {session_id}")
 
     async def _accept_named(self, session_id: str) -> None:
         session: SessionReceiver | None = None

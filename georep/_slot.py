@@ -53,8 +53,10 @@ class RegionSlot:
             if waiter.done() and not waiter.cancelled():
                 # Handed the slot just as we were cancelled: pass it on.
                 self.release()
-            else:
+            elif waiter in self._waiters:
                 self._waiters.remove(waiter)
+            # else: a release() between our cancellation and now popped the cancelled
+            # waiter already (and handed the slot to the next in line).
             raise
 
     def release(self) -> None:

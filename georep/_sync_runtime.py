@@ -21,18 +21,24 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
+import logging
 import os
 import threading
 from collections.abc import Coroutine
 from typing import Any, TypeVar
 
 from georep import _fork
+from georep._lifecycle import STOP_TIMEOUT
 from georep.exceptions import ClosedError
 
 __all__ = ["RUNTIME", "LoopRuntime"]
 
 _T = TypeVar("_T")
 _JOIN_SECONDS = 30.0
+#: Seconds the tasks left on the loop get to end, once cancelled, when the loop stops.
+_STOP_SECONDS = STOP_TIMEOUT
+
+_log = logging.getLogger("georep")
 
 
 class LoopRuntime:
@@ -158,11 +164,29 @@ def _serve(loop: asyncio.AbstractEventLoop, started: threading.Event) -> None:
         loop.run_forever()
     finally:
         # Stopped with the last sync object: whatever is left was abandoned by its caller.
+        # Cancelled, and waited for a bounded time: a task that swallows its cancellation
+        # must not keep this thread (and the loop) alive for ever.
         leftovers = asyncio.all_tasks(loop)
         for task in leftovers:
             task.cancel()
         with contextlib.suppress(Exception):
-            loop.run_until_complete(asyncio.gather(*leftovers, return_exceptions=True))
+            if leftovers:
+                loop.run_until_complete(asyncio.wait(leftovers, timeout=_STOP_SECONDS))
+            stuck = [task for task in leftovers if not task.done()]
+            for task in leftovers:
+                if task.done() and not task.cancelled():
+                    task.exception()  # seen: its caller is gone
+            for task in stuck:
+                # Said once below: asyncio need not add "Task was destroyed but it is
+                # pending" for each when the closed loop lets go of them.
+                task._log_destroy_pending = False  # type: ignore[attr-defined]
+            if stuck:
+                _log.warning(
+                    "%d task(s) on georep's loop thread did not end within %g s of being "
+                    "cancelled; the loop closes without them",
+                    len(stuck),
+                    _STOP_SECONDS,
+                )
             loop.run_until_complete(loop.shutdown_asyncgens())
             loop.run_until_complete(loop.shutdown_default_executor())
         loop.close()

@@ -15,7 +15,7 @@ from georep._channel import RegionChannel
 from georep._classify import CLIENT_FAULT_KINDS, RETRYABLE_KINDS
 from georep._clock import SystemClock
 from georep._endpoint import FromNamespaces, Target, with_client_options_pair
-from georep._lifecycle import AsyncResource, close_all
+from georep._lifecycle import AsyncResource, close_all, run_owned, start_task, stop_task
 from georep._paired import PairedNamespaceOptions
 from georep._telemetry import Instruments, InstrumentSpec
 from georep.exceptions import (
@@ -119,7 +119,7 @@ class Syphon(FromNamespaces, AsyncResource):
         self._used_senders: dict[str, RegionChannel[RegionSender]] = {}
         self.faulted: dict[str, BaseException] = {}
         self.closed_partner: str | None = None
-        self._partner_closer: asyncio.Future[None] | None = None
+        self._partner_closer: asyncio.Task[None] | None = None
         self._stopping = asyncio.Event()
         # Shared per provider: instruments created per instance would pile up.
         self._counters = Instruments.of(meter_provider).counters(SYPHON_COUNTERS)
@@ -185,9 +185,17 @@ class Syphon(FromNamespaces, AsyncResource):
     async def run(self) -> None:
         """Drain every backlog queue until :meth:`aclose` (or cancellation)."""
         self._check_open()
-        await asyncio.gather(*(self._drain(queue) for queue in self._backlog))
-        if self._partner_closer is not None:
-            await self._partner_closer
+        drains = [
+            asyncio.create_task(self._drain(queue), name=f"georep-syphon {queue.entity}")
+            for queue in self._backlog
+        ]
+        # One drain that fails stops the others (gather left them running, unowned).
+        await run_owned(drains, clock=self._clock)
+        closer = self._partner_closer
+        if closer is not None:
+            # Until the partner is closed (or aclose() stopped the closer); its failure
+            # was logged when it happened.
+            await asyncio.wait([closer])
 
     async def aclose(self) -> None:
         """Stop after the messages in hand are moved or handed back; close what it created.
@@ -199,6 +207,9 @@ class Syphon(FromNamespaces, AsyncResource):
 
     async def _close(self) -> None:
         self._stopping.set()
+        # The partner's close is this close's job now: the timer that would do it later
+        # is stopped (bounded), not left running past the syphon.
+        await stop_task(self._partner_closer, clock=self._clock)
         timeout = self.options.seconds("ping_timeout")
         await close_all(
             self._owned_receivers, timeout=timeout, clock=self._clock, what="backlog receiver"
@@ -302,7 +313,9 @@ class Syphon(FromNamespaces, AsyncResource):
             error,
             self.options.seconds("partner_close_timeout"),
         )
-        self._partner_closer = asyncio.ensure_future(self._close_partner_of(side))
+        self._partner_closer = start_task(
+            self._close_partner_of(side), name=f"georep-syphon close {side}'s partner"
+        )
 
     async def _close_partner_of(self, side: str) -> None:
         await self._clock.sleep(self.options.seconds("partner_close_timeout"))

@@ -8,7 +8,6 @@ relay-level failure.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import enum
 import json
 import logging
@@ -21,6 +20,7 @@ import websockets
 from websockets.asyncio.client import ClientConnection
 from websockets.exceptions import ConnectionClosed
 
+from georep._lifecycle import stop_task
 from georep._relay_endpoint import RelayEndpointBase
 from georep.exceptions import ClosedError, ConfigurationError, RegionError
 from georep.ports import ErrorKind, RelayResponse
@@ -274,9 +274,7 @@ class HybridConnectionEndpoint(_Endpoint):
         if socket is not None:
             await socket.close()
         if reader is not None:
-            reader.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await reader
+            await stop_task(reader)
 
 
 class PlainHttpEndpoint(_Endpoint):

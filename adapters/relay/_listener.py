@@ -35,7 +35,7 @@ import websockets
 from websockets.asyncio.client import ClientConnection
 from websockets.exceptions import ConnectionClosed
 
-from georep._lifecycle import AsyncResource
+from georep._lifecycle import STOP_TIMEOUT, AsyncResource, stop_task, stop_tasks
 from georep.exceptions import ConfigurationError
 from georep.ports import ErrorKind, RelayRequest, RelayResponse
 
@@ -51,6 +51,9 @@ RelayHandler = Callable[[RelayRequest], Awaitable[RelayResponse]]
 
 # The relay carries request and response bodies up to 64 kB on the control channel.
 _CONTROL_BODY_LIMIT = 64 * 1024
+#: Seconds a cancelled task of the listener (a control channel, a handler's answer) gets
+#: to end when the listener closes; one still running then is logged and left behind.
+_STOP_SECONDS = STOP_TIMEOUT
 
 
 @dataclass(slots=True)
@@ -225,9 +228,7 @@ class HybridConnectionListener(AsyncResource):
             try:
                 await self._serve_control(connection, control, send_lock)
             finally:
-                renewer.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await renewer
+                await stop_task(renewer, timeout=_STOP_SECONDS)
 
     async def _renew(
         self,
@@ -237,7 +238,7 @@ class HybridConnectionListener(AsyncResource):
         control: ClientConnection,
         send_lock: asyncio.Lock,
     ) -> None:
-        while True:
+        while not self._closing:
             await asyncio.sleep(max(0.0, tokens.renew_at(expires_at) - time.time()))
             token, expires_at = tokens.token(connection.audience)
             async with send_lock:
@@ -391,6 +392,5 @@ class HybridConnectionListener(AsyncResource):
         self._closing = True
         tasks = [*self._tasks, *self._children]
         self._tasks.clear()
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        # Bounded: a handler that swallows its cancellation must not hang the close.
+        await stop_tasks(tasks, timeout=_STOP_SECONDS)

@@ -225,7 +225,18 @@ class ServiceBusRegionReceiver(SdkRegion):
         try:
             await self._receiver.close()
             if self._closing:
-                await asyncio.gather(*self._closing, return_exceptions=True)
+                # Each gives up at its own timeout, unless the SDK swallows that
+                # cancellation: so the wait here is bounded too.
+                _, stuck = await asyncio.wait(set(self._closing), timeout=_DISCARD_CLOSE_SECONDS)
+                if stuck:
+                    _log.warning(
+                        "%s (%s): %d discarded receiver(s) still closing after %.0f s; "
+                        "left to finish on their own",
+                        self._region,
+                        self._namespace,
+                        len(stuck),
+                        _DISCARD_CLOSE_SECONDS,
+                    )
         finally:
             await self._client.close()
 

@@ -28,7 +28,10 @@ class FakeWatchdog:
         self.pending.append(deadline)
 
     def next_due(self) -> float | None:
-        self.pending = [d for d in self.pending if not d.done]
+        # An expired deadline is due no more: its task was cancelled, and one that
+        # swallows the cancellation (and stays inside the deadline) must not make
+        # advance() wake it again and again, for ever.
+        self.pending = [d for d in self.pending if not d.done and not d.expired]
         return min((d.when for d in self.pending), default=None)
 
     def expire(self, now: float) -> None:

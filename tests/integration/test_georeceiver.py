@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 from _helpers import (
+    REDIS_URL,
     CountingHandler,
     assert_each_processed_once_by_all,
     collect,
@@ -23,6 +24,7 @@ from _helpers import (
     run_four_receivers,
     run_until,
     send_active,
+    start_child,
     start_receiver,
     stored,
 )
@@ -132,6 +134,69 @@ async def test_a_receiver_killed_mid_handler_loses_nothing(emu: Emulator, queue:
         line for line in victim_out + survivor_out if not line.startswith(("READY", "SLOW"))
     )
     assert set(processed) == set(ids) and max(processed.values()) == 1
+
+
+# docs/receiver.md §9, as a service runs it: a SIGTERM handler that calls aclose() while
+# run() runs; the process exits when run() returns.
+_SIGTERM_AS_DOCUMENTED = """
+import asyncio, os, signal
+from georep import GeoReceiver
+from georep.adapters.redis import RedisSeenSet
+
+async def main():
+    seen = RedisSeenSet(os.environ["REDIS_URL"], group=os.environ["GROUP"], window=600)
+    receiver = GeoReceiver.from_connection_strings(
+        os.environ["PRIMARY"], os.environ["SECONDARY"], queue_name=os.environ["QUEUE"], seen=seen
+    )
+
+    async def handle(message):
+        print(message.message_id, flush=True)
+
+    loop = asyncio.get_running_loop()
+    loop.add_signal_handler(signal.SIGTERM, lambda: asyncio.ensure_future(receiver.aclose()))
+    print("READY", flush=True)
+    await receiver.run(handle)
+    closing = receiver._close_task  # the close aclose() started: over, or not yet
+    print("CLOSED" if closing is not None and closing.done() else "STILL CLOSING", flush=True)
+    await seen.aclose()
+
+asyncio.run(main())
+"""
+
+
+async def test_sigterm_handled_as_documented_finishes_the_close_before_exit(
+    emu: Emulator, queue: str
+) -> None:
+    """Issue 31 (defect 4): run() returned before aclose() had closed the clients, so
+    asyncio.run cancelled the SDK's close and printed "_GatheringFuture exception was never
+    retrieved ... CancelledError" (2 runs in 2)."""
+    ids = await send_active(emu, 5, queue_name=queue)
+    child = await start_child(
+        _SIGTERM_AS_DOCUMENTED,
+        emu,
+        queue,
+        REDIS_URL=REDIS_URL,
+        GROUP=f"sigterm-{uuid.uuid4().hex[:8]}",
+    )
+    out: list[str] = []
+    reader = asyncio.create_task(collect(child, out))
+    try:
+        # Every id handled: both regions' links are open, so there is something to close.
+        assert await eventually(lambda: set(ids) <= set(out), within=60), out
+        assert await eventually(lambda: stored(emu, queue) == 0, within=60)
+        child.send_signal(signal.SIGTERM)
+        await asyncio.wait_for(child.wait(), 60)
+    finally:
+        if child.returncode is None:
+            child.kill()
+            await child.wait()
+        await reader
+    assert child.stderr is not None
+    stderr = (await child.stderr.read()).decode()
+    assert child.returncode == 0, stderr
+    assert out[-1] == "CLOSED", out
+    assert "exception was never retrieved" not in stderr, stderr
+    assert "Task was destroyed" not in stderr, stderr
 
 
 @pytest.fixture

@@ -3,12 +3,20 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 
 import pytest
 
-from georep._lifecycle import AsyncResource, close_all
+from georep._lifecycle import (
+    STOP_TIMEOUT,
+    AsyncResource,
+    close_all,
+    close_in_order,
+    start_task,
+    stop_task,
+)
 from georep.exceptions import ClosedError
-from georep.testing import FakeClock
+from georep.testing import FakeClock, settle
 
 
 class Thing(AsyncResource):
@@ -97,3 +105,137 @@ async def test_close_all_gives_up_on_a_stuck_close_at_the_deadline(
     await asyncio.wait_for(closing, 1)
     assert clients[1].closed
     assert "1 receiver(s) did not close within 3 s" in caplog.text
+
+
+# -- background tasks: start_task, stop_task, close_in_order ----------------------------
+
+
+async def ends_slowly_when_cancelled(release: asyncio.Event) -> None:
+    """Runs until cancelled, then needs ``release`` before it ends (a graceful unwind)."""
+    try:
+        await asyncio.Event().wait()
+    finally:
+        await release.wait()
+
+
+async def swallows_cancellation(let_go: asyncio.Event) -> None:
+    """A task that ends only once ``let_go`` is set, whatever its owner does (a handler
+    that catches everything); the test sets it at the end, so the loop can close."""
+    while not let_go.is_set():
+        with contextlib.suppress(asyncio.CancelledError):
+            await let_go.wait()
+
+
+async def test_stop_task_never_swallows_the_callers_own_cancellation() -> None:
+    """The shape ``task.cancel(); with suppress(CancelledError): await task`` swallowed a
+    cancellation of the caller that arrived during the wait (issue 26)."""
+    clock = FakeClock()
+    release = asyncio.Event()
+    owned = asyncio.create_task(ends_slowly_when_cancelled(release))
+    await settle()
+    caller = asyncio.create_task(stop_task(owned, clock=clock))
+    await settle()
+    assert owned.cancelling() and not caller.done()
+    caller.cancel()  # the caller itself is being cancelled while it waits
+    await settle()
+    assert caller.cancelled(), "the caller's cancellation must propagate"
+    release.set()
+    await settle()
+    assert owned.cancelled()
+
+
+async def test_stop_task_reraises_a_caller_cancellation_swallowed_before_it() -> None:
+    clock = FakeClock()
+    owned = asyncio.create_task(asyncio.Event().wait())
+    swallowed = asyncio.Event()
+
+    async def caller() -> None:
+        try:
+            await asyncio.Event().wait()
+        except asyncio.CancelledError:
+            swallowed.set()  # someone on the way swallowed it (cancelling() stays 1)
+        await stop_task(owned, clock=clock)
+
+    task = asyncio.create_task(caller())
+    await settle()
+    task.cancel()
+    await settle()
+    assert swallowed.is_set() and task.cancelled() and owned.cancelled()
+
+
+async def test_stop_task_gives_up_on_a_task_that_swallows_cancellation_and_says_so(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    clock = FakeClock()
+    let_go = asyncio.Event()
+    stuck = asyncio.create_task(swallows_cancellation(let_go), name="georep-stuck")
+    await settle()
+    stopping = asyncio.create_task(stop_task(stuck, timeout=3, clock=clock))
+    await clock.advance(2.9)
+    assert not stopping.done()
+    await clock.advance(0.1)
+    assert stopping.done() and stopping.result() is False
+    assert "georep-stuck did not end within 3 s of being cancelled" in caplog.text
+    let_go.set()
+    await stuck
+
+
+async def test_stop_task_returns_true_for_a_task_that_ends() -> None:
+    owned = asyncio.create_task(asyncio.Event().wait())
+    await settle()
+    assert await stop_task(owned, clock=FakeClock()) and owned.cancelled()
+    assert await stop_task(owned) and await stop_task(None)
+
+
+async def test_start_task_logs_a_crash_when_it_happens(caplog: pytest.LogCaptureFixture) -> None:
+    async def crash() -> None:
+        raise RuntimeError("the store raised")
+
+    task = start_task(crash(), name="georep-probe orders")
+    await settle()
+    assert task.done()
+    assert "background task georep-probe orders ended with RuntimeError" in caplog.text
+
+
+async def test_close_in_order_runs_every_step_when_one_fails(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    ran: list[str] = []
+
+    async def step(name: str, fails: bool = False) -> None:
+        ran.append(name)
+        if fails:
+            raise OSError("secret-endpoint.example refused")
+
+    await close_in_order(
+        [
+            ("stopping the pinger", lambda: step("pinger", fails=True)),
+            ("closing the clients", lambda: step("clients")),
+            ("flushing the ledger", lambda: step("ledger")),
+        ]
+    )
+    assert ran == ["pinger", "clients", "ledger"]
+    assert "stopping the pinger failed: OSError" in caplog.text
+    assert "secret-endpoint" not in caplog.text
+
+
+async def test_close_all_returns_when_a_stuck_close_swallows_its_cancellation(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """It cancelled the stuck close and then awaited it without a bound."""
+
+    let_go = asyncio.Event()
+
+    class Stubborn:
+        async def close(self) -> None:
+            await swallows_cancellation(let_go)
+
+    clock = FakeClock()
+    closing = asyncio.ensure_future(close_all([Stubborn()], timeout=3, clock=clock))
+    await clock.advance(3)
+    assert not closing.done()
+    await clock.advance(STOP_TIMEOUT)
+    assert closing.done()
+    assert "did not end within" in caplog.text
+    let_go.set()
+    await settle()

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import Counter
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -22,9 +23,11 @@ from georep import (
     MessageTooLargeError,
     OutboxUnavailableError,
 )
+from georep._drain import DrainTelemetry, OutboxDrainer
 from georep.exceptions import AuthenticationError, RegionError
 from georep.testing import (
     FakeClock,
+    FakeCodec,
     FakeMessage,
     InMemoryLedger,
     InMemoryOutbox,
@@ -447,3 +450,75 @@ async def test_a_transient_refusal_of_one_entry_never_holds_up_the_others() -> N
     assert [m.body for m in primary.accepted] == [b"a", b"b"]
     assert await outbox.depth() == 1 and await outbox.dead_depth() == 0
     await sender.aclose()
+
+
+# ------------------------------------------------------ the drainer task and its stop
+
+
+def bare_drainer(
+    outbox: InMemoryOutbox, clock: FakeClock, deliver: Any
+) -> tuple[OutboxDrainer, FakeCodec]:
+    codec = FakeCodec()
+    drainer = OutboxDrainer(
+        outbox=outbox,
+        channel="orders",
+        codec=codec,
+        policy=DrainPolicy(),
+        clock=clock,
+        deliver=deliver,
+        unavailable_kinds={ErrorKind.CONNECTION},
+        send_budget=1.0,
+        telemetry=DrainTelemetry(entity="orders", meter_provider=None),
+        stats=SimpleNamespace(drained=0, dead_lettered=0, expired=0, outbox_depth=None),
+    )
+    return drainer, codec
+
+
+async def test_a_crashed_drainer_is_logged_when_it_crashes(
+    clock: FakeClock, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Issue 26: the drainer's task died silently, and stop() suppressed its error."""
+    primary, secondary = regions()
+    outbox = FlakyOutbox(failures=1)
+    sender = geo(primary, secondary, outbox=outbox, clock=clock)
+    assert sender._drainer is not None
+
+    def broken_meter() -> None:
+        raise RuntimeError("a broken meter provider")
+
+    sender._drainer._telemetry.error = broken_meter  # type: ignore[method-assign]
+    async with sender:
+        await clock.advance(1)
+        assert not sender._drainer.running
+        assert "background task georep-outbox-drainer ended with RuntimeError" in caplog.text
+
+
+async def test_stopping_the_drainer_never_swallows_the_callers_cancellation(
+    clock: FakeClock,
+) -> None:
+    """The forced stop was ``task.cancel(); with suppress(CancelledError): await task``: a
+    caller cancelled while the drainer handed its entries back carried on as if not."""
+    handing_back = asyncio.Event()
+
+    class SlowRelease(InMemoryOutbox):
+        async def release(self, entry_ids: Any, *, owner: str) -> int:
+            await handing_back.wait()
+            return await super().release(entry_ids, owner=owner)
+
+    async def deliver(region: str | None, message: Any) -> None:
+        await asyncio.Event().wait()  # a send that does not answer
+
+    outbox = SlowRelease()
+    drainer, codec = bare_drainer(outbox, clock, deliver)
+    await outbox.put("orders", [(None, codec.encode(FakeMessage(b"a")))] * 2, now=clock.time())
+    drainer.start()
+    await settle()
+    stopping = asyncio.create_task(drainer.stop(timeout=1))
+    await clock.advance(1)  # the round did not finish: the drainer is cancelled
+    assert not stopping.done()
+    stopping.cancel()  # the caller itself is cancelled while the entries are handed back
+    await settle()
+    assert stopping.cancelled()
+    handing_back.set()
+    await settle()
+    assert not drainer.running and await outbox.depth() == 2

@@ -10,8 +10,9 @@ from typing import Any
 import pytest
 
 from georep import AllRegionsUnavailableError, ErrorKind, PairedNamespaceOptions, PairedSender
+from georep._lifecycle import STOP_TIMEOUT
 from georep.exceptions import RegionError
-from georep.testing import FakeBatch, FakeClock, FakeMessage, InMemoryRegionSender
+from georep.testing import FakeBatch, FakeClock, FakeMessage, InMemoryRegionSender, settle
 
 
 def rewrite(
@@ -244,3 +245,172 @@ async def test_session_messages_are_stamped_in_order_through_the_backlog() -> No
     # failover, the third after.
     assert [s.generation for s in stamps[:3] if s] == [0, 0, 1]
     assert stamps[3] is None  # no session: not stamped
+
+
+# -- the entity's pinger is shared: reference-counted, stopped by the last sender ---------
+
+
+def sender_of(
+    clock: FakeClock, primary: InMemoryRegionSender, backlog: list[InMemoryRegionSender]
+) -> PairedSender:
+    """A PairedSender that owns ``primary`` (as one made by from_connection_strings)."""
+    sender = PairedSender(
+        primary,
+        backlog,
+        rewrite=rewrite,
+        make_ping=ping,
+        options=PairedNamespaceOptions(
+            backlog_queue_count=len(backlog), failover_interval=0, ping_primary_interval=10
+        ),
+        clock=clock,
+    )
+    sender._owned.append(primary)
+    return sender
+
+
+async def test_closing_one_sender_keeps_pinging_for_the_others_of_the_entity() -> None:
+    """Issue 26: the first sender's close cancelled the entity's pinger, and its other
+    senders stayed engaged, sending to the backlog, until the process restarted."""
+    clock = FakeClock()
+    namespace = f"east-{id(clock)}"
+    backlog = [InMemoryRegionSender("backlog-0", "west", "east/x-servicebus-transfer/0")]
+    first_primary = InMemoryRegionSender("primary", namespace, "orders")
+    second_primary = InMemoryRegionSender("primary", namespace, "orders")
+    first = sender_of(clock, first_primary, backlog)
+    second = sender_of(clock, second_primary, backlog)
+    assert first.state is second.state
+    first_primary.fail_with(ErrorKind.CONNECTION)
+    second_primary.fail_with(ErrorKind.CONNECTION)
+    assert await first.send_messages(FakeMessage(b"a")) != "primary"  # engaged; pinger on
+
+    await first.aclose()  # its client is closed: it answers nothing any more
+    assert first_primary.closed and second.state.engaged
+    second_primary.restore()
+    await clock.advance(10)
+    assert not second.state.engaged, "the second sender's pings ended the failover"
+    assert second.pings == 1 and first.pings == 0
+    assert await second.send_messages(FakeMessage(b"b")) == "primary"
+    await second.aclose()
+
+
+async def test_the_last_sender_to_close_stops_the_pinger() -> None:
+    clock = FakeClock()
+    namespace = f"east-{id(clock)}"
+    backlog = [InMemoryRegionSender("backlog-0", "west", "east/x-servicebus-transfer/0")]
+    primaries = [InMemoryRegionSender("primary", namespace, "orders") for _ in range(2)]
+    senders = [sender_of(clock, primary, backlog) for primary in primaries]
+    for primary in primaries:
+        primary.fail_with(ErrorKind.CONNECTION)
+    await senders[0].send_messages(FakeMessage(b"a"))
+
+    def pinging() -> list[asyncio.Task[Any]]:
+        return [t for t in asyncio.all_tasks() if t.get_name().startswith("georep-ping")]
+
+    assert pinging()
+    await senders[1].aclose()
+    assert pinging(), "the other sender of the entity is still open"
+    await senders[0].aclose()
+    assert not pinging() and senders[0].state.pinger is None
+    attempts = [primary.attempts for primary in primaries]
+    await clock.advance(100)
+    assert [primary.attempts for primary in primaries] == attempts, "no ping after close"
+
+
+async def test_close_gives_up_on_a_ping_that_swallows_cancellation(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Stopping the pinger awaited it without a bound: a ping stuck in a call that swallows
+    cancellation hung aclose(), and the clients were never closed."""
+    clock = FakeClock()
+    sender, primary, _ = build(clock, count=1, failover_interval=0, ping_primary_interval=10)
+    sender._owned.append(primary)
+    let_go = asyncio.Event()
+
+    async def stubborn_send(messages: Any, *, timeout: float) -> None:
+        while not let_go.is_set():
+            try:
+                await let_go.wait()
+            except asyncio.CancelledError:
+                continue
+
+    primary.fail_with(ErrorKind.CONNECTION)
+    await sender.send_messages(FakeMessage(b"a"))
+    primary.send = stubborn_send  # type: ignore[method-assign]
+    await clock.advance(10)  # the ping is sent, and never returns
+    closing = asyncio.create_task(sender.aclose())
+    await clock.advance(STOP_TIMEOUT)
+    assert closing.done() and primary.closed
+    assert "georep-ping orders did not end within" in caplog.text
+    let_go.set()
+    await settle()
+
+
+async def test_a_failed_pinger_stop_does_not_skip_closing_the_clients(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    clock = FakeClock()
+    sender, primary, backlog = build(clock, count=1)
+    sender._owned.extend([primary, *backlog])
+
+    async def broken_stop() -> None:
+        raise RuntimeError("stop failed")
+
+    sender._failover.stop = broken_stop  # type: ignore[method-assign]
+    await sender.aclose()
+    assert primary.closed and backlog[0].closed
+    assert "leaving the entity's failover (pinger) failed: RuntimeError" in caplog.text
+
+
+async def test_a_ping_round_that_raises_is_logged_and_retried(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A pinger that died on an unexpected error left the entity engaged for good."""
+    clock = FakeClock()
+    pings = 0
+
+    def flaky_ping() -> FakeMessage:
+        nonlocal pings
+        pings += 1
+        if pings == 1:
+            raise RuntimeError("building the ping failed")
+        return ping()
+
+    primary = InMemoryRegionSender("primary", f"east-{id(clock)}", "orders")
+    backlog = [InMemoryRegionSender("backlog-0", "west", "east/x-servicebus-transfer/0")]
+    sender = PairedSender(
+        primary,
+        backlog,
+        rewrite=rewrite,
+        make_ping=flaky_ping,
+        options=PairedNamespaceOptions(
+            backlog_queue_count=1, failover_interval=0, ping_primary_interval=10
+        ),
+        clock=clock,
+    )
+    primary.fail_with(ErrorKind.CONNECTION)
+    await sender.send_messages(FakeMessage(b"a"))
+    primary.restore()
+    await clock.advance(10)
+    assert sender.state.engaged and "pinging orders failed" in caplog.text
+    await clock.advance(10)
+    assert not sender.state.engaged, "the next round pinged, and the primary answered"
+    await sender.aclose()
+
+
+async def test_a_sender_joining_an_engaged_entity_whose_senders_closed_pings_again() -> None:
+    """The last sender's close stops the pinger, but the entity's state lives on while
+    anything holds it: a new sender found it engaged, with nobody pinging, for good."""
+    clock = FakeClock()
+    namespace = f"east-{id(clock)}"
+    backlog = [InMemoryRegionSender("backlog-0", "west", "east/x-servicebus-transfer/0")]
+    primary = InMemoryRegionSender("primary", namespace, "orders")
+    first = sender_of(clock, primary, backlog)
+    primary.fail_with(ErrorKind.CONNECTION)
+    await first.send_messages(FakeMessage(b"a"))
+    await first.aclose()  # the last sender of the entity: the pinger stops
+    second = sender_of(clock, InMemoryRegionSender("primary", namespace, "orders"), backlog)
+    assert second.state is first.state and second.state.engaged
+    assert await second.send_messages(FakeMessage(b"b")) != "primary"
+    await clock.advance(10)
+    assert not second.state.engaged and second.pings == 1
+    await second.aclose()

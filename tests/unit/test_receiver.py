@@ -11,8 +11,9 @@ import pytest
 from _receivers import ReceiverWorld
 
 from georep import ClaimState, ConfigurationError, GeoReceiver, receiver
+from georep._lifecycle import STOP_TIMEOUT
 from georep._receiver import RECEIVE_GRACE
-from georep.testing import FakeMessage
+from georep.testing import FakeMessage, InMemoryRegionReceiver, settle
 
 Handler = Callable[[Any], Awaitable[object]]
 
@@ -291,3 +292,155 @@ async def test_a_receive_that_never_returns_neither_stalls_the_other_region_nor_
     await world.clock.advance(1.0 + RECEIVE_GRACE)
     await asyncio.wait_for(closing, 1)
     await asyncio.wait_for(task, 1)
+
+
+# ------------------------------------------------------- run(), aclose() and their tasks
+
+
+def other_tasks() -> list[asyncio.Task[Any]]:
+    """Tasks still running besides the test's own."""
+    return [t for t in asyncio.all_tasks() if t is not asyncio.current_task() and not t.done()]
+
+
+async def test_aclose_cancels_only_its_own_tasks_and_is_bounded_by_a_stubborn_handler(
+    world: World, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Issue 26: aclose() cancelled the task that called run() (the caller's own), then
+    waited without a bound; a handler that swallows cancellation hung aclose() for ever."""
+    let_go = asyncio.Event()
+
+    async def stubborn(message: Any) -> None:
+        while not let_go.is_set():
+            try:
+                await let_go.wait()
+            except asyncio.CancelledError:
+                continue
+
+    world.primary.put(FakeMessage(b"x", "a"))
+    geo = world.receiver()
+    running = asyncio.create_task(geo.run(stubborn))
+    await world.clock.advance(1)
+    closing = asyncio.create_task(geo.aclose())
+    await world.clock.advance(geo.lease + geo.max_wait)  # the handlers' time is up
+    await world.clock.advance(STOP_TIMEOUT)  # the cancelled loop did not end either
+    assert closing.done(), "aclose() is bounded"
+    assert running.done() and not running.cancelled(), "run()'s caller was not cancelled"
+    assert "did not end within" in caplog.text
+    let_go.set()
+    await settle()
+
+
+async def test_run_returns_only_once_the_receiver_is_closed(world: World) -> None:
+    """Issue 31 (defect 4): run() returned while aclose() was still closing the clients,
+    so an application that exits when run() returns cut the close short."""
+
+    class SlowToClose(InMemoryRegionReceiver):
+        async def close(self) -> None:
+            await self.slow_clock.sleep(2)
+            self.closed = True
+
+    primary = SlowToClose("primary", "east", clock=world.clock)
+    primary.slow_clock = world.clock  # type: ignore[attr-defined]
+    geo = world.geo(primary, world.secondary)
+    geo._owned.append(primary)
+    running = asyncio.create_task(geo.run(world.handler))
+    await world.clock.advance(1)
+    closing = asyncio.create_task(geo.aclose())
+    await world.clock.advance(1.5)  # the loops stopped (their receives ended at t=2)...
+    assert not primary.closed and not running.done()  # ...the client is still closing
+    await world.clock.advance(2)
+    assert primary.closed and closing.done()
+    assert running.done() and running.exception() is None
+
+
+async def test_a_failed_region_loop_stops_the_other_and_is_raised(world: World) -> None:
+    """run() gathered the loops in the caller's task: one that raised left the other
+    running, owned by nobody."""
+
+    async def broken(max_messages: int, *, max_wait: float) -> list[Any]:
+        raise RuntimeError("a bug in the region's receive")
+
+    world.primary.receive = broken  # type: ignore[method-assign]
+    geo = world.receiver()
+    running = asyncio.create_task(geo.run(world.handler))
+    await world.clock.advance(1)
+    assert running.done()
+    with pytest.raises(RuntimeError, match="a bug"):
+        running.result()
+    assert other_tasks() == []
+    await geo.aclose()
+
+
+async def test_cancelling_run_stops_the_loops_and_propagates(world: World) -> None:
+    world.both("a")
+    geo = world.receiver()
+    running = asyncio.create_task(geo.run(world.handler))
+    await world.clock.advance(1)
+    running.cancel()
+    await settle()
+    assert running.cancelled() and other_tasks() == []
+    await geo.aclose()
+
+
+async def test_a_cancellation_while_the_lock_renewer_stops_is_not_swallowed(
+    world: World,
+) -> None:
+    """The region loop stopped its renewer with ``cancel(); suppress(CancelledError):
+    await``: a cancellation of the loop that arrived during that wait was swallowed, and
+    the loop went on receiving for ever."""
+    unwind = asyncio.Event()
+    finish = asyncio.Event()
+
+    async def slow_extend(keys: Any, *, owner: str, lease: float) -> list[bool]:
+        try:
+            await asyncio.Event().wait()
+        finally:
+            await unwind.wait()  # ends only once the test lets it
+        return []
+
+    async def handler(message: Any) -> None:
+        await finish.wait()
+
+    world.seen.extend = slow_extend  # type: ignore[method-assign]
+    world.primary.put(FakeMessage(b"x", "a"))
+    geo = world.receiver()
+    running = asyncio.create_task(geo.run(handler))
+    await world.clock.advance(4)  # the renewer is inside its extend call
+    finish.set()
+    await settle()  # the handler returned; the loop now waits for the renewer to end
+    running.cancel()
+    await settle()
+    unwind.set()
+    await settle()
+    await world.clock.advance(1)
+    assert running.done() and running.cancelled()
+    assert other_tasks() == []
+    await geo.aclose()
+
+
+async def test_a_crashed_lock_renewer_is_logged_and_the_loop_goes_on(
+    world: World, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The renewer's error came out of the turn when it was stopped, and ended the region
+    loop (and run()) after the handler had long finished."""
+
+    async def broken_extend(keys: Any, *, owner: str, lease: float) -> list[bool]:
+        raise RuntimeError("a bug in the seen-set adapter")
+
+    async def slow_handler(message: Any) -> None:
+        await world.clock.sleep(5)
+        world.processed[message.message_id] += 1
+
+    world.seen.extend = broken_extend  # type: ignore[method-assign]
+    world.primary.put(FakeMessage(b"x", "a"))
+    geo = world.receiver()
+    running = asyncio.create_task(geo.run(slow_handler))
+    await world.clock.advance(6)
+    assert "background task georep-renew primary ended with RuntimeError" in caplog.text
+    world.primary.put(FakeMessage(b"x", "b"))
+    await world.clock.advance(8)
+    assert world.processed == Counter({"a": 1, "b": 1}) and not running.done()
+    closing = asyncio.create_task(geo.aclose())
+    await world.clock.advance(5)
+    await asyncio.wait_for(closing, 1)
+    await asyncio.wait_for(running, 1)

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
 import base64
+from typing import Any
 
 import pytest
 from websockets.exceptions import ConnectionClosedError
@@ -10,8 +12,15 @@ from websockets.frames import Close
 
 from georep import ConfigurationError, ErrorKind
 from georep.adapters.emulator._server import NamespaceServer, NamespaceSpec
-from georep.adapters.relay import HybridConnection, SasTokenProvider, mint_sas_token
+from georep.adapters.relay import (
+    HybridConnection,
+    HybridConnectionListener,
+    SasTokenProvider,
+    _listener,
+    mint_sas_token,
+)
 from georep.adapters.relay._errors import closed_error, http_status_kind, is_relay_refusal
+from georep.testing import settle
 
 KEY = base64.b64encode(b"k" * 32).decode()
 KEY_NAME = "RootManageSharedAccessKey"
@@ -117,3 +126,32 @@ def test_relay_refusals_are_told_from_listener_answers_by_the_via_header() -> No
     assert is_relay_refusal(401, {})
     assert not is_relay_refusal(404, {"Via": "1.1 contoso.servicebus.windows.net"})
     assert not is_relay_refusal(200, {})
+
+
+async def test_closing_the_listener_is_bounded_by_a_handler_that_swallows_cancellation(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """aclose() cancelled its tasks and gathered them without a bound: one handler that
+    swallows cancellation hung the listener's close for ever."""
+    monkeypatch.setattr(_listener, "_STOP_SECONDS", 0.0, raising=False)  # no real waiting
+    let_go = asyncio.Event()
+
+    async def stubborn() -> None:
+        while not let_go.is_set():
+            try:
+                await let_go.wait()
+            except asyncio.CancelledError:
+                continue
+
+    async def handler(request: Any) -> Any:
+        raise AssertionError("not called")
+
+    listener = HybridConnectionListener([hybrid_connection()], handler)
+    listener._spawn(stubborn())  # a handler's answer, never ending
+    await settle()
+    closing = asyncio.ensure_future(listener.aclose())
+    await settle()
+    assert closing.done()
+    assert "did not end within" in caplog.text
+    let_go.set()
+    await settle()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 from datetime import UTC, datetime
+from typing import Any
 
 import pytest
 from _senders import down, geo, queueing, regions, up
@@ -30,6 +31,7 @@ from georep import (
 from georep.testing import (
     FakeClock,
     FakeMessage,
+    InMemoryLedger,
     InMemoryOutbox,
     InMemoryRegionSender,
     settle,
@@ -260,6 +262,45 @@ async def test_a_failed_probe_restarts_the_healthy_time(clock: FakeClock) -> Non
     await sender.aclose()
 
 
+async def test_a_probe_round_that_raises_is_logged_and_the_probe_goes_on(
+    clock: FakeClock, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Issue 26: the switch-back probe died silently when reading the roles raised (a role
+    store's error), and the roles stayed swapped for good."""
+    sender, primary = await switched_over(clock, probe_interval=10, failback_after=10)
+    roles = sender.roles
+    read = roles.read
+
+    async def broken_read() -> Any:
+        roles.read = read  # type: ignore[method-assign]  # once
+        raise RuntimeError("the role store raised")
+
+    roles.read = broken_read  # type: ignore[method-assign]
+    primary.restore()
+    await clock.advance(10)
+    assert "switch-back probe of primary failed" in caplog.text
+    await clock.advance(20)  # good probes at 20 and 30 s: healthy for 10 s
+    assert sender.active_region == "primary"
+    await sender.aclose()
+
+
+async def test_close_runs_every_step_when_stopping_the_probe_fails(
+    clock: FakeClock, caplog: pytest.LogCaptureFixture
+) -> None:
+    primary, secondary = regions()
+    ledger = InMemoryLedger()
+    sender = geo(primary, secondary, clock=clock, ledger=ledger)
+    sender._owned.extend([primary, secondary])
+
+    async def broken_stop() -> None:
+        raise RuntimeError("stop failed")
+
+    sender._parts.passive.stop = broken_stop  # type: ignore[method-assign]
+    await sender.aclose()
+    assert primary.closed and secondary.closed and ledger.flushes == 1
+    assert "stopping the switch-back probe failed: RuntimeError" in caplog.text
+
+
 # ------------------------------------------------------------------------------ active
 
 
@@ -274,6 +315,34 @@ async def test_active_sends_a_copy_with_the_same_id_to_each_region() -> None:
     [first], [second] = primary.accepted, secondary.accepted
     assert first.message_id == second.message_id == message.message_id
     assert first is not second
+
+
+async def test_a_cancelled_active_send_stops_the_secondarys_attempt_before_it_returns(
+    clock: FakeClock,
+) -> None:
+    """The secondary's attempt is a task of the send: cancelled with it, and ended (not
+    left unwinding, unowned) by the time the send's cancellation reaches its caller."""
+    primary, secondary = regions()
+    unwound: list[str] = []
+
+    async def slow_to_unwind(messages: Any, *, timeout: float) -> None:
+        try:
+            await asyncio.Event().wait()
+        finally:
+            await clock.sleep(0)  # a few turns of the loop before it ends
+            await clock.sleep(0)
+            unwound.append("secondary")
+
+    primary.hang()
+    secondary.send = slow_to_unwind  # type: ignore[method-assign]
+    sender = geo(primary, secondary, mode=ReplicationMode.ACTIVE, clock=clock)
+    sending = asyncio.create_task(sender.send_messages(FakeMessage(b"x")))
+    await settle()
+    sending.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await sending
+    assert unwound == ["secondary"], "the secondary's attempt was still running"
+    await sender.aclose()
 
 
 async def test_active_with_one_region_down_succeeds_and_records_the_failure() -> None:

@@ -425,4 +425,30 @@ async def test_a_session_keeps_its_lock_while_its_head_waits_on_calls_as_long_as
     assert h.secondary.unanswered_browses == 0  # the waits happened
     assert [m.delivery_count for m in h.secondary.completed] == [1], "the lock never lapsed"
     assert h.secondary.accepts == ["S"], "the session was never lost and taken again"
+
+
+async def test_a_crashed_ask_by_name_is_logged_when_it_crashes(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The loop's background tasks (asking for a session by name, closing one) kept their
+    error until the receiver stopped, then dropped it without a word."""
+    h = Harness(max_sessions=1, order_wait=30.0)
+    stream = Stream()
+    a1, a2, a3 = (stream.message("A", f"A{i}") for i in (1, 2, 3))
+    b1, b2 = (stream.message("B", f"B{i}") for i in (1, 2))
+    for message in (a1, a3, b1):
+        h.primary.put(message)
+    for message in (b2, a2):
+        h.secondary.put(message)
+    accept = h.secondary.accept
+
+    async def broken_named_accept(session_id: str | None, *, max_wait: float) -> object:
+        if session_id is not None:
+            raise RuntimeError("a bug in the region's accept")
+        return await accept(session_id, max_wait=max_wait)
+
+    h.secondary.accept = broken_named_accept  # type: ignore[method-assign]
+    h.start()
+    await h.run_until(lambda: "ended with RuntimeError" in caplog.text)
+    assert "background task georep-session accept" in caplog.text
     await h.stop()

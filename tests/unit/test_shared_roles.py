@@ -29,6 +29,7 @@ from georep import (
     RoleState,
 )
 from georep import _role_store as role_store_module
+from georep._lifecycle import STOP_TIMEOUT
 from georep._role_commands import RoleCommands
 from georep._role_store import SharedRoles
 from georep.ports import RoleRecord
@@ -652,3 +653,57 @@ async def test_each_operator_change_is_logged_with_who_and_when_and_traced(
     [line] = [r.getMessage() for r in caplog.records]
     assert line.startswith("failover orders: secondary active, generation 1, by ")
     assert re.search(r"@.+ pid \d+ \(georep failover\) at \d{4}-\d\d-\d\dT", line)
+
+
+# ------------------------------------------------------------ the background refresh
+
+
+async def test_the_refresh_survives_a_store_that_raises_and_says_so(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """An error refresh() does not take for an unreachable store ended the poller
+    silently: the process then never followed the store again."""
+    store, clock = InMemoryRoleStore(refresh_interval=0.25), FakeClock()
+    [process] = await fleet(1, store, clock)
+    read = store.read
+
+    async def garbled(entity: str) -> RoleRecord | None:
+        raise ValueError("the record does not parse")
+
+    store.read = garbled  # type: ignore[method-assign]
+    await clock.advance(0.5)
+    assert "reading the shared roles of orders failed" in caplog.text
+    store.read = read  # type: ignore[method-assign]
+    store.records[ENTITY] = RoleRecord(active="secondary", generation=3)
+    await clock.advance(0.25)
+    assert process.active == "secondary", "the refresh went on after the error"
+    await process.stop()
+
+
+async def test_release_is_bounded_when_a_store_call_swallows_cancellation(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The last release awaited its poller without a bound: a store call that swallows
+    cancellation (and the deadline's with it) hung the owner's aclose for ever."""
+    clock = FakeClock()
+    store = InMemoryRoleStore(refresh_interval=0.25, operation_timeout=0.5)
+    [process] = await fleet(1, store, clock)
+    let_go = asyncio.Event()
+
+    async def stubborn(entity: str) -> RoleRecord | None:
+        while not let_go.is_set():
+            try:
+                await let_go.wait()
+            except asyncio.CancelledError:
+                continue
+        return None
+
+    store.read = stubborn  # type: ignore[method-assign]
+    await clock.advance(0.25)  # the next refresh is stuck in the store call
+    releasing = asyncio.create_task(process.link.release())
+    await clock.advance(STOP_TIMEOUT)
+    assert releasing.done()
+    assert "georep-roles orders did not end within" in caplog.text
+    let_go.set()
+    await settle()
+    await process.sender.aclose()

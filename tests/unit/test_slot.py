@@ -63,3 +63,31 @@ async def test_a_waiter_cancelled_as_it_is_handed_the_slot_passes_it_on() -> Non
     assert second.done() and slot.busy
     slot.release()
     assert not slot.busy
+
+
+async def test_a_waiter_cancelled_before_a_release_pops_it_raises_cancelled_error() -> None:
+    """Issue 26: the release ran between the cancel and the waiter's wake-up, so the waiter
+    was no longer queued; acquire raised ValueError ("not in deque") instead."""
+    slot, cancelled, later = await held_with_two_waiters()
+    cancelled.cancel()  # its future is cancelled now; the task runs later
+    slot.release()  # pops the cancelled waiter, skips it, hands the slot to `later`
+    await settle()
+    assert cancelled.cancelled(), "acquire must end in CancelledError, nothing else"
+    assert later.done() and slot.busy  # held by `later`, not leaked
+    slot.release()
+    assert not slot.busy
+
+
+async def test_a_slot_handed_to_a_waiter_cancelled_then_is_passed_to_the_next_one() -> None:
+    slot = RegionSlot()
+    assert slot.try_acquire()
+    waiters = [asyncio.create_task(slot.acquire()) for _ in range(3)]
+    await settle()
+    slot.release()  # hands the slot to waiters[0]...
+    waiters[0].cancel()  # ...cancelled before it runs
+    waiters[1].cancel()  # and the next one is cancelled while still queued
+    await settle()
+    assert waiters[0].cancelled() and waiters[1].cancelled()
+    assert waiters[2].done() and slot.busy, "the slot went on to the last waiter"
+    slot.release()
+    assert not slot.busy and slot.try_acquire()

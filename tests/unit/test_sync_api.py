@@ -144,3 +144,40 @@ def test_a_sync_receiver_handler_is_still_callable() -> None:
     handle.close()
     with pytest.raises(ClosedError):
         handle.run()
+
+
+def test_the_loop_thread_ends_when_a_leftover_task_swallows_its_cancellation(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The loop's shutdown gathered the cancelled leftovers without a bound: one that
+    swallows its cancellation kept georep's loop thread alive for ever."""
+    import asyncio
+
+    from georep import _sync_runtime
+
+    monkeypatch.setattr(_sync_runtime, "_STOP_SECONDS", 0.0, raising=False)  # no waiting
+    monkeypatch.setattr(_sync_runtime, "_JOIN_SECONDS", 5.0)  # a hang limit only
+    runtime = _sync_runtime.LoopRuntime()
+    runtime.acquire()
+    let_go = threading.Event()
+    started = threading.Event()
+
+    async def stubborn() -> None:
+        started.set()
+        while not let_go.is_set():
+            try:
+                await asyncio.sleep(0.01)
+            except asyncio.CancelledError:
+                continue
+
+    runtime.submit(stubborn())
+    assert started.wait(5)
+    thread = runtime.thread
+    assert thread is not None
+    runtime.release()
+    try:
+        assert not thread.is_alive(), "the loop thread stopped"
+        assert "did not end within 0 s of being cancelled" in caplog.text
+    finally:
+        let_go.set()
+        thread.join(5)

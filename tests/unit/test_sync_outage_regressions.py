@@ -214,3 +214,41 @@ async def test_a_callers_async_receiver_is_never_replaced(
     assert message._receiver is sdk
     await adapter.close()
     assert not sdk.closed, "the caller's receiver stays open"
+
+
+async def test_close_is_bounded_when_a_discarded_receiver_never_closes(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """close() gathered the discarded receivers' closes without a bound: one whose SDK
+    close swallows the cancellation of its own timeout hung close() for ever."""
+    monkeypatch.setattr(_adapter, "STUCK_AFTER", -1.0)
+    monkeypatch.setattr(_adapter, "_DISCARD_CLOSE_SECONDS", 0.0)  # no real waiting
+    let_go = asyncio.Event()
+
+    class NeverCloses(HangingAsyncReceiver):
+        async def close(self) -> None:
+            while not let_go.is_set():
+                try:
+                    await let_go.wait()
+                except asyncio.CancelledError:
+                    continue
+
+    first = NeverCloses(hang=True)
+    client = SimpleNamespace(close=lambda: asyncio.sleep(0))
+    adapter = ServiceBusRegionReceiver(
+        first,  # type: ignore[arg-type]
+        region="primary",
+        client=client,  # type: ignore[arg-type]
+        reopen=lambda: HangingAsyncReceiver(hang=False),
+    )
+    receiving = asyncio.ensure_future(adapter.receive(5, max_wait=0.0))
+    await settle()
+    receiving.cancel()  # overran: the receiver is discarded, its close never ends
+    with pytest.raises(asyncio.CancelledError):
+        await receiving
+    closing = asyncio.ensure_future(adapter.close())
+    await settle()
+    assert closing.done()
+    assert "1 discarded receiver(s) still closing" in caplog.text
+    let_go.set()
+    await settle()

@@ -9,7 +9,13 @@ from typing import Any
 
 from georep import ErrorKind, PairedNamespaceOptions, Syphon
 from georep.exceptions import InvalidMessageError, MessageExpiredError
-from georep.testing import FakeClock, FakeMessage, InMemoryRegionReceiver, InMemoryRegionSender
+from georep.testing import (
+    FakeClock,
+    FakeMessage,
+    InMemoryRegionReceiver,
+    InMemoryRegionSender,
+    settle,
+)
 
 
 def restore(message: Any) -> tuple[str, FakeMessage]:
@@ -160,3 +166,43 @@ async def test_a_service_error_from_the_primary_is_retried_not_dead_lettered() -
     async with moving_one(clock, ErrorKind.SERVICE_ERROR, times=2) as (_, queue, primary):
         await clock.advance(5)
         assert [m.message_id for m in primary.accepted] == ["m1"] and queue.dead_lettered == []
+
+
+def other_tasks() -> list[asyncio.Task[Any]]:
+    """Tasks still running besides the test's own."""
+    return [t for t in asyncio.all_tasks() if t is not asyncio.current_task() and not t.done()]
+
+
+async def test_a_failed_drain_stops_the_others_and_is_raised() -> None:
+    """run() gathered the drains: one that raised left the others long-polling, unowned."""
+
+    def broken(message: Any) -> tuple[str, FakeMessage]:
+        raise RuntimeError("a bug in restore")
+
+    clock = FakeClock()
+    syphon, queues, _ = build(clock, count=3, restore=broken)
+    queues[0].put(FakeMessage(b"a", "m1", None, {"x-ms-path": "orders"}))
+    task = asyncio.create_task(syphon.run())
+    await clock.advance(1)
+    assert task.done()
+    with contextlib.suppress(RuntimeError):
+        task.result()
+    assert isinstance(task.exception(), RuntimeError)
+    assert other_tasks() == []
+    await syphon.aclose()
+
+
+async def test_aclose_stops_the_partner_closer_timer() -> None:
+    """aclose() left the partner closer's timer running: run() then waited for it
+    (partner_close_timeout) after the syphon was closed."""
+    clock = FakeClock()
+    syphon, [queue], primary = build(clock, count=1)
+    primary.fail_with(ErrorKind.AUTHENTICATION)  # the primary client faults
+    queue.put(FakeMessage(b"a", "m1", None, {"x-ms-path": "orders"}))
+    task = asyncio.create_task(syphon.run())
+    await clock.advance(1)
+    assert "primary" in syphon.faulted
+    await syphon.aclose()
+    await settle()  # no time passes: the timer (5 s) is stopped, not waited for
+    assert task.done() and task.exception() is None
+    assert other_tasks() == []
