@@ -268,6 +268,11 @@ class PullReceiver(AsyncResource):
         return self.geo.entity
 
     @property
+    def clock(self) -> Clock:
+        """The time source of this receiver."""
+        return self._clock
+
+    @property
     def regions(self) -> list[SettleProbe]:
         """Both regions' receivers, primary first (each call on one through its lock)."""
         return list(self._probes)

@@ -102,7 +102,8 @@ async def test_dead_lettering_dead_letters_the_twin_too(world: World) -> None:
     await world.close(pull)
 
     reasons = sorted(
-        str(m.dead_letter_reason) for m in world.primary.dead_lettered + world.secondary.dead_lettered
+        str(m.dead_letter_reason)
+        for m in world.primary.dead_lettered + world.secondary.dead_lettered
     )
     assert reasons == ["bad", "georep:twin:bad"]
 
