@@ -587,6 +587,10 @@ class PullReceiver(AsyncResource):
         await self._bounded(fetchers, self.poll + RECEIVE_GRACE, "fetcher")
         settling = [h.settled for h in pending]
         await self._bounded(settling, CALL_SECONDS + 1.0, "settlement", cancel=False)
+        # Copies parked behind a copy just settled in the other region find its outcome on
+        # their next claim (at most a second apart): let them settle rather than be
+        # handed back, which would leave them in their region.
+        await self._bounded(list(self._turns), 2 * self.poll + 1.0, "parked copy", cancel=False)
         if self._sweep and self._started:
             await self._final_sweep()
         await self.geo.aclose()  # its loops hand back the copies they still hold
