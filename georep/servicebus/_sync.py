@@ -134,17 +134,25 @@ class ServiceBusClient:
                     with contextlib.suppress(Exception):
                         await resource.aclose()
 
-    def get_queue_sender(self, queue_name: str, **kwargs: Any) -> ServiceBusSender:
+    def get_queue_sender(
+        self,
+        queue_name: str,
+        *,
+        client_identifier: str | None = None,
+        socket_timeout: float | None = None,
+    ) -> ServiceBusSender:
         """As :meth:`georep.servicebus.aio.ServiceBusClient.get_queue_sender`."""
-        return ServiceBusSender(
-            _call(_built(lambda: self._core.get_queue_sender(queue_name, **kwargs)))
-        )
+        return ServiceBusSender(_call(_built(lambda: self._core.get_queue_sender(queue_name))))
 
-    def get_topic_sender(self, topic_name: str, **kwargs: Any) -> ServiceBusSender:
+    def get_topic_sender(
+        self,
+        topic_name: str,
+        *,
+        client_identifier: str | None = None,
+        socket_timeout: float | None = None,
+    ) -> ServiceBusSender:
         """As :meth:`georep.servicebus.aio.ServiceBusClient.get_topic_sender`."""
-        return ServiceBusSender(
-            _call(_built(lambda: self._core.get_topic_sender(topic_name, **kwargs)))
-        )
+        return ServiceBusSender(_call(_built(lambda: self._core.get_topic_sender(topic_name))))
 
     def get_queue_receiver(
         self,
