@@ -185,6 +185,9 @@ class _Fetch:
     wake: asyncio.Event = field(default_factory=asyncio.Event)
     arriving: int = 0
     task: asyncio.Task[None] | None = None
+    dry: bool = False
+    """Its last receive for what was asked came back empty or failed (``ordered``: the
+    next region may receive then)."""
 
 
 class PullReceiver(AsyncResource):
@@ -207,6 +210,10 @@ class PullReceiver(AsyncResource):
         poll: Seconds one receive call to a region waits when it is empty (the
             GeoReceiver's ``max_wait``): an idle region is swept this often.
         sweep: Settle copies already settled elsewhere while idle and on close.
+        ordered: Receive what is asked for from one region at a time, in preference order
+            (primary first): the next region only while those before it come back empty
+            or fail; the others only sweep. A session's messages are then handed out in
+            one region's order.
         owned: Region receivers this object created: closed with it.
         clock: Time source (tests inject :class:`georep.testing.FakeClock`).
         receiver_options: Passed to :class:`georep.GeoReceiver` (``lease``,
@@ -226,7 +233,8 @@ class PullReceiver(AsyncResource):
         prefetch: int = 0,
         poll: float = 1.0,
         sweep: bool = True,
-        owned: Sequence[RegionReceiver] = (),
+        ordered: bool = False,
+        owned: Sequence[Any] = (),
         clock: Clock | None = None,
         receiver_options: Mapping[str, Any] | None = None,
     ) -> None:
@@ -244,6 +252,7 @@ class PullReceiver(AsyncResource):
         self.prefetch = prefetch
         self.poll = poll
         self._sweep = sweep
+        self._ordered = ordered
         self._owned = list(owned)
         # The GeoReceiver's region loops, one per region (it is never run(): the fetchers
         # below drive its loops' receive and process steps).
@@ -458,12 +467,14 @@ class PullReceiver(AsyncResource):
         while not self._stop_fetching.is_set():
             shortfall = self._wanted + self.prefetch - len(self._buffer) - fetch.arriving
             try:
-                if shortfall > 0:
-                    await self._receive_into(fetch, shortfall)
+                if shortfall > 0 and self._may_receive(fetch):
+                    self._set_dry(fetch, not await self._receive_into(fetch, shortfall))
                 elif not self._sweep or not await self._sweep_once(fetch):
                     await self._idle(fetch, self.poll)
                 failures = 0
             except (RegionError, StoreUnavailableError) as exc:
+                if isinstance(exc, RegionError):
+                    self._set_dry(fetch, True)
                 failures += 1
                 _log.warning("receive from %s failed: %s", fetch.probe.region, exc)
                 await self._idle(fetch, min(0.1 * 2**failures, _BACKOFF_MAX), wake=False)
@@ -472,6 +483,24 @@ class PullReceiver(AsyncResource):
                 failures += 1
                 _log.exception("the %s fetcher failed; retrying", fetch.probe.region)
                 await self._idle(fetch, min(0.1 * 2**failures, _BACKOFF_MAX), wake=False)
+
+    def _may_receive(self, fetch: _Fetch) -> bool:
+        """Whether ``fetch`` may receive what is asked for now (``ordered``: every region
+        before it came back empty or failed)."""
+        if not self._ordered:
+            return True
+        for other in self._fetches.values():
+            if other is fetch:
+                return True
+            if not other.dry:
+                return False
+        return True
+
+    def _set_dry(self, fetch: _Fetch, dry: bool) -> None:
+        if dry != fetch.dry:
+            fetch.dry = dry
+            if self._ordered:
+                self._wake_fetchers()
 
     async def _idle(self, fetch: _Fetch, seconds: float, *, wake: bool = True) -> None:
         """Wait ``seconds``, less when stopping (or, with ``wake``, when asked for more)."""

@@ -18,6 +18,7 @@ from types import TracebackType
 from typing import Any, Self, TypeVar, Unpack
 
 from azure.servicebus import ServiceBusReceivedMessage, ServiceBusReceiveMode, ServiceBusSubQueue
+from azure.servicebus import ServiceBusSession as _SdkSession
 
 from georep._receiving import ReceiverStats
 from georep._sender import GeoSender, SendResult
@@ -25,8 +26,9 @@ from georep._sync_runtime import RUNTIME
 
 from . import aio
 from ._options import ClientOptions
+from .aio._session import GeoSession
 
-__all__ = ["ServiceBusClient", "ServiceBusReceiver", "ServiceBusSender"]
+__all__ = ["ServiceBusClient", "ServiceBusReceiver", "ServiceBusSender", "ServiceBusSession"]
 
 _T = TypeVar("_T")
 _RESOURCES = ("seen", "outbox", "ledger", "role_store")
@@ -158,7 +160,7 @@ class ServiceBusClient:
         self,
         queue_name: str,
         *,
-        session_id: str | None = None,
+        session_id: Any = None,
         sub_queue: ServiceBusSubQueue | str | None = None,
         receive_mode: ServiceBusReceiveMode | str = ServiceBusReceiveMode.PEEK_LOCK,
         max_wait_time: float | None = None,
@@ -188,7 +190,7 @@ class ServiceBusClient:
         topic_name: str,
         subscription_name: str,
         *,
-        session_id: str | None = None,
+        session_id: Any = None,
         sub_queue: ServiceBusSubQueue | str | None = None,
         receive_mode: ServiceBusReceiveMode | str = ServiceBusReceiveMode.PEEK_LOCK,
         max_wait_time: float | None = None,
@@ -271,6 +273,38 @@ class ServiceBusSender:
         return _call(self._core.create_message_batch(max_size_in_bytes))
 
 
+class ServiceBusSession(_SdkSession):
+    """``receiver.session`` of a blocking session receiver (an ``azure.servicebus``
+    ``ServiceBusSession``, so the SDK's ``AutoLockRenewer`` takes it); as
+    :class:`georep.servicebus.aio._session.GeoSession`."""
+
+    def __init__(self, core: GeoSession, receiver: ServiceBusReceiver) -> None:
+        super().__init__(core.session_id, receiver)  # type: ignore[arg-type]
+        self._core = core
+
+    @property
+    def locked_until_utc(self) -> datetime | None:
+        return self._core.locked_until_utc
+
+    @property
+    def _lock_expired(self) -> bool:
+        return bool(self._core._lock_expired)
+
+    def get_state(self, *, timeout: float | None = None, **kwargs: Any) -> bytes:
+        """The session's state (None if none was set), the same from either region."""
+        return _call(self._core.get_state(timeout=timeout))
+
+    def set_state(
+        self, state: str | bytes | bytearray | None, *, timeout: float | None = None, **kwargs: Any
+    ) -> None:
+        """Set (None: clear) the session's state, for both regions."""
+        _call(self._core.set_state(state, timeout=timeout))
+
+    def renew_lock(self, *, timeout: float | None = None, **kwargs: Any) -> datetime:
+        """Renew the session's lock in both regions; the earliest expiry."""
+        return _call(self._core.renew_lock(timeout=timeout))
+
+
 class ServiceBusReceiver:
     """``azure.servicebus.ServiceBusReceiver`` over two regions (blocking); as
     :class:`georep.servicebus.aio.ServiceBusReceiver`.
@@ -284,11 +318,22 @@ class ServiceBusReceiver:
         self._auto_lock_renewer = auto_lock_renewer
         self.entity_path = core.entity_path
         self.fully_qualified_namespace = core.fully_qualified_namespace
+        self._session: ServiceBusSession | None = None
 
     @property
-    def session(self) -> None:
-        """None: not a session receiver."""
-        return None
+    def session(self) -> ServiceBusSession | None:
+        """The session this receiver holds (once open); None for a sessionless receiver."""
+        core = self._core.session
+        if core is None:
+            return None
+        if self._session is None:
+            self._session = ServiceBusSession(core, self)
+        return self._session
+
+    @property
+    def _running(self) -> bool:
+        # Read by the SDK's AutoLockRenewer on a session's receiver.
+        return self._core._running
 
     @property
     def stats(self) -> ReceiverStats:
@@ -297,7 +342,15 @@ class ServiceBusReceiver:
 
     def __enter__(self) -> Self:
         _call(self._core.__aenter__())
+        if self._session is None:
+            self._register_session()
         return self
+
+    def _register_session(self) -> None:
+        # As the SDK's session receiver: its auto_lock_renewer renews the session.
+        session = self.session
+        if session is not None and self._auto_lock_renewer is not None:
+            self._auto_lock_renewer.register(self, session)
 
     def __exit__(
         self,
@@ -331,7 +384,9 @@ class ServiceBusReceiver:
     def _registered(
         self, messages: list[ServiceBusReceivedMessage]
     ) -> list[ServiceBusReceivedMessage]:
-        if self._auto_lock_renewer is not None:
+        if self._session is None and self._core.session is not None:
+            self._register_session()  # opened by this call
+        if self._auto_lock_renewer is not None and self._core.session is None:
             for message in messages:
                 self._auto_lock_renewer.register(self, message)
         return messages

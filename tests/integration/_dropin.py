@@ -25,6 +25,7 @@ from samples import (
     receive_batches,
     schedule_and_cancel,
     send_and_receive,
+    sessions,
     topic_subscription,
 )
 
@@ -39,6 +40,7 @@ SAMPLES: tuple[ModuleType, ...] = (
     receive_batches,
     schedule_and_cancel,
     send_and_receive,
+    sessions,
     topic_subscription,
 )
 REGIONS = ("primary", "secondary")
@@ -54,13 +56,19 @@ class Names:
 
     queue: str
     lock_queue: str
+    session_queue: str
     topic: str
     subscription: str = "sub"
 
     @property
     def receivable(self) -> tuple[str, ...]:
         """The entity paths that hold messages (queues and the subscription)."""
-        return (self.queue, self.lock_queue, f"{self.topic}/Subscriptions/{self.subscription}")
+        return (
+            self.queue,
+            self.lock_queue,
+            self.session_queue,
+            f"{self.topic}/Subscriptions/{self.subscription}",
+        )
 
 
 LOCK_SECONDS = 5
@@ -71,11 +79,14 @@ an outage cut off are delivered again within a test (to show they are not handed
 def make_names(emu: Emulator, namespaces: Sequence[str]) -> Names:
     """New entities for one run, in each of ``namespaces`` (every lock lasts 5 s)."""
     tag = uuid.uuid4().hex[:8]
-    names = Names(queue=f"q-{tag}", lock_queue=f"lock-{tag}", topic=f"t-{tag}")
+    names = Names(
+        queue=f"q-{tag}", lock_queue=f"lock-{tag}", session_queue=f"s-{tag}", topic=f"t-{tag}"
+    )
     for namespace in namespaces:
         control = emu.namespace(namespace)
         control.create_queue(names.queue, lock_duration=LOCK_SECONDS)
         control.create_queue(names.lock_queue, lock_duration=LOCK_SECONDS)
+        control.create_queue(names.session_queue, lock_duration=LOCK_SECONDS, requires_session=True)
         control.create_topic(names.topic)
         with emu.admin_client(namespace) as admin:
             admin.create_subscription(
@@ -96,6 +107,7 @@ def leftovers(emu: Emulator, namespace: str, names: Names) -> Left:
         left[
             path.replace(names.queue, "QUEUE")
             .replace(names.lock_queue, "LOCK")
+            .replace(names.session_queue, "SESSIONS")
             .replace(names.topic, "TOPIC")
         ] = (
             int(runtime["active_message_count"]),

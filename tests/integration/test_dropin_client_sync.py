@@ -28,8 +28,9 @@ from _dropin import (
     sample_id,
 )
 from _helpers import REDIS_URL
+from azure.servicebus import NEXT_AVAILABLE_SESSION, ServiceBusSubQueue
 from azure.servicebus import ServiceBusClient as SdkClient
-from azure.servicebus import ServiceBusSubQueue
+from azure.servicebus.exceptions import OperationTimeoutError
 
 from georep import ReplicationMode
 from georep.adapters.emulator import Emulator
@@ -37,6 +38,9 @@ from georep.adapters.redis import RedisSeenSet
 from georep.servicebus import ServiceBusClient
 
 pytestmark = pytest.mark.integration
+
+_SESSIONS = 4
+"""Sessions the verifying receiver takes at most (the sample uses two)."""
 
 
 @pytest.fixture(scope="module")
@@ -112,7 +116,20 @@ def handed_out_again(emu: Emulator, names: Names, group: str) -> list[str]:
                     found.append(f"{receiver.entity_path}: {msg}")  # type: ignore[attr-defined]
                     receiver.abandon_message(msg)  # type: ignore[attr-defined]
 
+        def drain_sessions() -> None:
+            for _ in range(_SESSIONS):
+                receiver = client.get_queue_receiver(
+                    names.session_queue,
+                    session_id=NEXT_AVAILABLE_SESSION,
+                    max_wait_time=LOCK_SECONDS + 2,
+                )
+                try:
+                    drain(receiver)
+                except OperationTimeoutError:  # no session left with messages
+                    return
+
         threads = [threading.Thread(target=drain, args=(r,)) for r in receivers]
+        threads.append(threading.Thread(target=drain_sessions))
         for thread in threads:
             thread.start()
         for thread in threads:

@@ -43,12 +43,18 @@ async def test_the_sdk_argument_errors_are_value_errors() -> None:
         await renewer.close()
 
 
-async def test_session_receivers_say_they_are_not_supported_yet() -> None:
+async def test_a_session_receiver_refuses_what_the_sdks_refuses() -> None:
     async with ServiceBusClient.from_connection_strings(
         PRIMARY, SECONDARY, seen=InMemorySeenSet()
     ) as client:
-        with pytest.raises(NotImplementedError, match="session"):
-            client.get_queue_receiver("orders", session_id="s1")
+        with pytest.raises(ValueError, match="sub_queue"):
+            client.get_queue_receiver(
+                "orders", session_id="s1", sub_queue=azure.servicebus.ServiceBusSubQueue.DEAD_LETTER
+            )
+        receiver = client.get_queue_receiver("orders", session_id="s1")
+        with pytest.raises(TypeError, match="session lock"):
+            await receiver.renew_message_lock(object())  # type: ignore[arg-type]
+        assert receiver.session is None  # not locked until it is opened
 
 
 async def test_the_client_names_the_primary_namespace_never_the_key() -> None:

@@ -161,3 +161,20 @@ async def test_a_lock_is_renewed_on_request(world: World) -> None:
     expiry = await world.run(pull.renew_lock(handout.message))
     assert expiry is not None and expiry > before
     await world.close(pull)
+
+
+async def test_ordered_reads_the_next_region_only_once_the_first_has_nothing(
+    world: World,
+) -> None:
+    world.secondary.put(FakeMessage(b"x", "c"))  # the secondary's head, not in the primary
+    world.both("a", "b")
+    pull = world.pull(ordered=True)
+    order = []
+    for _ in range(3):
+        (handout,) = await world.run(pull.receive(1, 5))
+        order.append((handout.message.message_id, handout.region))
+        await world.run(pull.settle(handout.message, COMPLETE, "complete_message"))
+    await world.close(pull)
+
+    assert order == [("a", "primary"), ("b", "primary"), ("c", "secondary")]
+    assert world.primary.pending == world.secondary.pending == 0

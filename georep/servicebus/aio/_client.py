@@ -5,10 +5,11 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Mapping
+from functools import partial
 from types import TracebackType
 from typing import Any, Self, Unpack
 
-from azure.servicebus import ServiceBusReceiveMode, ServiceBusSubQueue
+from azure.servicebus import NEXT_AVAILABLE_SESSION, ServiceBusReceiveMode, ServiceBusSubQueue
 
 from georep._endpoint import NamespaceEndpoint, Target, endpoint_pair, with_client_options_pair
 from georep._pull import PullReceiver
@@ -22,8 +23,9 @@ from georep.servicebus._options import (
     sender_options,
 )
 
-from ._receiver import ServiceBusReceiver
+from ._receiver import DEFAULT_RECEIVE_WAIT, ServiceBusReceiver
 from ._sender import ServiceBusSender
+from ._session import Absent, GeoSession, SessionRegions, accept_in_both
 
 __all__ = ["ServiceBusClient"]
 
@@ -194,7 +196,7 @@ class ServiceBusClient:
         self,
         queue_name: str,
         *,
-        session_id: str | None = None,
+        session_id: Any = None,
         sub_queue: ServiceBusSubQueue | str | None = None,
         receive_mode: ServiceBusReceiveMode | str = ServiceBusReceiveMode.PEEK_LOCK,
         max_wait_time: float | None = None,
@@ -207,7 +209,8 @@ class ServiceBusClient:
 
         Arguments as the SDK's. ``prefetch_count`` messages are kept ready (claimed,
         locked and renewed) beyond what was asked for. Session receivers
-        (``session_id``) are not supported yet (docs/migration.md).
+        (``session_id=``, or ``NEXT_AVAILABLE_SESSION``) hold the session in both
+        regions (docs/migration.md).
 
         Raises:
             ConfigurationError: The client has no ``seen`` set, or an argument is invalid.
@@ -227,7 +230,7 @@ class ServiceBusClient:
         topic_name: str,
         subscription_name: str,
         *,
-        session_id: str | None = None,
+        session_id: Any = None,
         sub_queue: ServiceBusSubQueue | str | None = None,
         receive_mode: ServiceBusReceiveMode | str = ServiceBusReceiveMode.PEEK_LOCK,
         max_wait_time: float | None = None,
@@ -252,7 +255,7 @@ class ServiceBusClient:
         self,
         names: dict[str, str],
         *,
-        session_id: str | None,
+        session_id: Any,
         sub_queue: ServiceBusSubQueue | str | None,
         receive_mode: ServiceBusReceiveMode | str,
         max_wait_time: float | None,
@@ -267,11 +270,6 @@ class ServiceBusClient:
                 "ServiceBusClient.from_connection_strings(..., seen="
                 "georep.adapters.redis.RedisSeenSet.from_url(redis_url))"
             )
-        if session_id is not None:
-            raise NotImplementedError(
-                "session receivers are not supported by georep.servicebus yet "
-                "(docs/migration.md); use georep.GeoReceiver(sessions=True)"
-            )
         mode = ServiceBusReceiveMode(receive_mode)
         if max_wait_time is not None and max_wait_time <= 0:
             raise ConfigurationError("max_wait_time must be greater than 0")
@@ -281,30 +279,87 @@ class ServiceBusClient:
                 "mode (they are settled already)"
             )
         sub = None if sub_queue is None else ServiceBusSubQueue(sub_queue)
+        options = {
+            "seen": seen,
+            "receive_and_delete": mode is ServiceBusReceiveMode.RECEIVE_AND_DELETE,
+            "prefetch": prefetch_count,
+            "poll": float(self._options.get("poll_interval", 1.0)),
+            "clock": self._options.get("clock"),
+            "receiver_options": receiver_options(self._options),
+        }
+        facade = {
+            "fully_qualified_namespace": self.fully_qualified_namespace,
+            "receive_mode": mode,
+            "max_wait_time": max_wait_time,
+            "prefetch_count": prefetch_count,
+            "auto_lock_renewer": auto_lock_renewer,
+        }
+        if session_id is not None:
+            if sub is not None:
+                raise ConfigurationError(
+                    "session_id and sub_queue can not be given together: a sub-queue has no "
+                    "sessions (give sub_queue only)"
+                )
+            wanted = None if session_id == NEXT_AVAILABLE_SESSION else str(session_id)
+            opener = partial(
+                self._open_session,
+                names,
+                wanted,
+                max_wait_time or DEFAULT_RECEIVE_WAIT,
+                options,
+            )
+            entity = names.get("queue_name") or (
+                f"{names['topic_name']}/Subscriptions/{names['subscription_name']}"
+            )
+            receiver = ServiceBusReceiver(None, entity_path=entity, opener=opener, **facade)
+            self._handlers.add(receiver)
+            return receiver
         from georep._sdk import open_region_receiver
 
         regions = open_pair(
             open_region_receiver, self._primary, self._secondary, sub_queue=sub, **names
         )
-        pull = PullReceiver(
-            *regions,
-            seen=seen,
-            receive_and_delete=mode is ServiceBusReceiveMode.RECEIVE_AND_DELETE,
-            prefetch=prefetch_count,
-            poll=float(self._options.get("poll_interval", 1.0)),
-            owned=regions,
-            clock=self._options.get("clock"),
-            receiver_options=receiver_options(self._options),
-        )
+        pull = PullReceiver(*regions, owned=regions, **options)
         receiver = ServiceBusReceiver(
-            pull,
-            fully_qualified_namespace=self.fully_qualified_namespace,
-            entity_path=regions[0].entity,
-            receive_mode=mode,
-            max_wait_time=max_wait_time,
-            prefetch_count=prefetch_count,
-            auto_lock_renewer=auto_lock_renewer,
-            dead_letter=sub is not None,
+            pull, entity_path=regions[0].entity, dead_letter=sub is not None, **facade
         )
         self._handlers.add(receiver)
         return receiver
+
+    async def _open_session(
+        self,
+        names: dict[str, str],
+        session_id: str | None,
+        max_wait: float,
+        options: dict[str, Any],
+        receiver: ServiceBusReceiver,
+    ) -> tuple[PullReceiver, GeoSession]:
+        """Lock the session in both regions; the pull receiver over them and the session."""
+        from georep._sdk import open_region_sessions
+
+        entities = open_pair(open_region_sessions, self._primary, self._secondary, **names)
+        try:
+            chosen, held, errors = await accept_in_both(entities, session_id, max_wait)
+        except BaseException:
+            for entity in entities:
+                await entity.close()
+            raise
+        regions: list[Any] = []
+        for entity, locked in zip(entities, held, strict=True):
+            if locked is not None:
+                regions.append(locked)
+                continue
+            why = type(errors[entity.region]).__name__ if entity.region in errors else "locked"
+            _log.warning(
+                "session %r is not held in %s (%s): reading the other region only",
+                chosen,
+                entity.region,
+                why,
+            )
+            regions.append(Absent(entity.region, entity.namespace, entity.entity, why))
+        owned = [SessionRegions(entities, [h for h in held if h is not None])]
+        pull = PullReceiver(*regions, ordered=True, owned=owned, **options)
+        session = GeoSession(chosen, receiver, pull, held, options["seen"])
+        expiries = [getattr(h, "locked_until", None) for h in held if h is not None]
+        session.start_keeping(min((e for e in expiries if e is not None), default=None))
+        return pull, session

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import asyncio
+from collections.abc import Awaitable, Callable, Sequence
 from datetime import UTC, datetime
 from types import TracebackType
-from typing import Any, Final, Self
+from typing import TYPE_CHECKING, Any, Final, Self
 
 from azure.servicebus import ServiceBusReceivedMessage, ServiceBusReceiveMode
 
@@ -13,9 +14,15 @@ from georep._outcomes import ABANDON, COMPLETE, TWIN_REASON_PREFIX, Decision, Se
 from georep._outcomes import dead_letter_decision as _dead_letter_decision
 from georep._pull import Handout, PullReceiver
 from georep._receiving import ReceiverStats
-from georep.exceptions import ConfigurationError
+from georep.exceptions import ClosedError, ConfigurationError
 
 from ._peek import MergedPeek
+
+if TYPE_CHECKING:
+    from ._session import GeoSession
+
+Opener = Callable[["ServiceBusReceiver"], Awaitable[tuple[PullReceiver, "GeoSession"]]]
+"""Opens a session receiver: locks its session in the regions and builds what pulls it."""
 
 __all__ = ["DEFAULT_RECEIVE_WAIT", "ServiceBusReceiver"]
 
@@ -41,7 +48,7 @@ class ServiceBusReceiver:
 
     def __init__(
         self,
-        pull: PullReceiver,
+        pull: PullReceiver | None,
         *,
         fully_qualified_namespace: str,
         entity_path: str,
@@ -50,8 +57,13 @@ class ServiceBusReceiver:
         prefetch_count: int,
         auto_lock_renewer: Any = None,
         dead_letter: bool = False,
+        opener: Opener | None = None,
     ) -> None:
         self._pull = pull
+        self._opener = opener
+        self._open_lock = asyncio.Lock()
+        self._session: GeoSession | None = None
+        self._closed = False
         self.fully_qualified_namespace = fully_qualified_namespace
         self.entity_path = entity_path
         self._receive_mode = receive_mode
@@ -59,17 +71,42 @@ class ServiceBusReceiver:
         self._prefetch_count = prefetch_count
         self._auto_lock_renewer = auto_lock_renewer
         self._dead_letter = dead_letter
-        self._peek = MergedPeek(pull)
+        self._peek = None if pull is None else MergedPeek(pull)
 
     @property
-    def session(self) -> None:
-        """None: not a session receiver (as the SDK's)."""
-        return None
+    def session(self) -> GeoSession | None:
+        """The session this receiver holds (in both regions), once it is open; None for a
+        sessionless receiver (as the SDK's)."""
+        return self._session
 
     @property
     def stats(self) -> ReceiverStats:
         """georep's counters of this receiver (per region: received, suppressed...)."""
-        return self._pull.geo.stats
+        return ReceiverStats() if self._pull is None else self._pull.geo.stats
+
+    @property
+    def _running(self) -> bool:
+        # Read by the SDK's AutoLockRenewer on a session's receiver.
+        return not self._closed
+
+    async def _opened(self) -> PullReceiver:
+        """The pull receiver; a session receiver locks its session on first use.
+
+        Raises:
+            ClosedError: The receiver was closed.
+        """
+        if self._closed:
+            raise ClosedError("this ServiceBusReceiver is closed; create a new one")
+        if self._pull is None:
+            async with self._open_lock:
+                if self._pull is None:
+                    assert self._opener is not None
+                    pull, self._session = await self._opener(self)
+                    self._peek = MergedPeek(pull)
+                    self._pull = pull
+                    if self._auto_lock_renewer is not None:  # as the SDK: it renews the session
+                        self._auto_lock_renewer.register(self, self._session)
+        return self._pull
 
     @property
     def receive_mode(self) -> ServiceBusReceiveMode:
@@ -78,7 +115,7 @@ class ServiceBusReceiver:
     # ------------------------------------------------------------------- lifecycle
 
     async def __aenter__(self) -> Self:
-        self._pull._check_open()
+        (await self._opened())._check_open()
         return self
 
     async def __aexit__(
@@ -90,8 +127,14 @@ class ServiceBusReceiver:
         await self.close()
 
     async def close(self) -> None:
-        """Stop receiving; messages handed out and not settled are abandoned. Idempotent."""
-        await self._pull.aclose()
+        """Stop receiving; messages handed out and not settled are abandoned (a session
+        receiver releases its session). Idempotent."""
+        self._closed = True
+        async with self._open_lock:
+            if self._session is not None:
+                await self._session.stop_keeping()
+            if self._pull is not None:
+                await self._pull.aclose()
 
     # ------------------------------------------------------------------- receiving
 
@@ -132,7 +175,7 @@ class ServiceBusReceiver:
         return await self._receive(max_message_count, max_wait_time)
 
     async def _receive(self, count: int, wait: float | None) -> list[ServiceBusReceivedMessage]:
-        handouts = await self._pull.receive(count, wait)
+        handouts = await (await self._opened()).receive(count, wait)
         return [self._hand_out(handout) for handout in handouts]
 
     def _hand_out(self, handout: Handout) -> ServiceBusReceivedMessage:
@@ -141,6 +184,7 @@ class ServiceBusReceiver:
             _show_original_reason(message)
         if (
             self._auto_lock_renewer is not None
+            and self._session is None
             and self._receive_mode is ServiceBusReceiveMode.PEEK_LOCK
         ):
             self._auto_lock_renewer.register(self, message)
@@ -162,7 +206,8 @@ class ServiceBusReceiver:
             raise ConfigurationError("timeout must be greater than 0")
         if max_message_count < 1:
             return []
-        self._pull._check_open()
+        (await self._opened())._check_open()
+        assert self._peek is not None
         return await self._peek.peek(max_message_count, sequence_number, timeout)
 
     async def receive_deferred_messages(
@@ -187,7 +232,7 @@ class ServiceBusReceiver:
             SettlementError: Not a message this receiver handed out, or settled already.
             ConfigurationError: RECEIVE_AND_DELETE mode.
         """
-        await self._pull.settle(message, COMPLETE, "complete_message")
+        await (await self._opened()).settle(message, COMPLETE, "complete_message")
 
     async def abandon_message(self, message: ServiceBusReceivedMessage) -> None:
         """Abandon the message: it is handed out again (from either region).
@@ -195,7 +240,7 @@ class ServiceBusReceiver:
         Raises:
             SettlementError, ConfigurationError: As :meth:`complete_message`.
         """
-        await self._pull.settle(message, ABANDON, "abandon_message")
+        await (await self._opened()).settle(message, ABANDON, "abandon_message")
 
     async def defer_message(self, message: ServiceBusReceivedMessage) -> None:
         """Defer the message, and its copy in the other region.
@@ -203,7 +248,7 @@ class ServiceBusReceiver:
         Raises:
             SettlementError, ConfigurationError: As :meth:`complete_message`.
         """
-        await self._pull.settle(message, Decision(Settle.DEFER), "defer_message")
+        await (await self._opened()).settle(message, Decision(Settle.DEFER), "defer_message")
 
     async def dead_letter_message(
         self,
@@ -218,7 +263,7 @@ class ServiceBusReceiver:
             SettlementError, ConfigurationError: As :meth:`complete_message`.
         """
         decision = _dead_letter_decision(reason, error_description)
-        await self._pull.settle(message, decision, "dead_letter_message")
+        await (await self._opened()).settle(message, decision, "dead_letter_message")
 
     async def renew_message_lock(
         self, message: ServiceBusReceivedMessage, *, timeout: float | None = None
@@ -229,7 +274,12 @@ class ServiceBusReceiver:
             SettlementError: Not a message this receiver holds.
             RegionError: The region refused (the lock was lost) or did not answer.
         """
-        expiry = await self._pull.renew_lock(message)
+        if self._opener is not None:
+            raise TypeError(
+                "Renewing message lock is an invalid operation when working with sessions. "
+                "Please renew the session lock instead."
+            )
+        expiry = await (await self._opened()).renew_lock(message)
         locked_until = message.locked_until_utc
         if locked_until is not None:
             return locked_until
