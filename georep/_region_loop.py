@@ -189,13 +189,36 @@ class RegionLoop:
         Returns:
             False when the receiver closed first and the copy was handed back (abandoned).
         """
-        parked = [copy]
+        return await self.process_copies(handler, [copy])
+
+    async def process_copies(
+        self,
+        handler: Handler,
+        copies: Sequence[Copy],
+        *,
+        on_claimed: Callable[[list[Copy]], None] | None = None,
+    ) -> bool:
+        """Take a batch of copies to their outcomes, as :meth:`process_copy` takes one (the
+        pull receiver of ``georep.servicebus``: one claim round trip for the batch).
+
+        Args:
+            handler: Called for each copy this consumer claimed.
+            copies: Copies from :meth:`receive_copies`.
+            on_claimed: Told, once the first claim answered, which copies go to the
+                handler now (the others are settled as twins, or parked).
+
+        Returns:
+            False when the receiver closed first and the copies still held were handed
+            back (abandoned).
+        """
+        parked = list(copies)
         try:
             while parked:
                 if self._stopping.is_set():
                     await self._abandon_all(parked)
                     return False
-                parked = await self._turn(handler, parked)
+                parked = await self._turn(handler, parked, on_claimed)
+                on_claimed = None
         except _Stopping:
             await self._abandon_all(parked)
             return False
@@ -253,8 +276,16 @@ class RegionLoop:
         self._stats.parked += parked - self._parked
         self._parked = parked
 
-    async def _turn(self, handler: Handler, copies: list[Copy]) -> list[Copy]:
-        """Claim, process, commit and settle one turn's copies; return those still parked."""
+    async def _turn(
+        self,
+        handler: Handler,
+        copies: list[Copy],
+        on_claimed: Callable[[list[Copy]], None] | None = None,
+    ) -> list[Copy]:
+        """Claim, process, commit and settle one turn's copies; return those still parked.
+
+        ``on_claimed`` is told which copies go to the handler, once the claim answered.
+        """
         checked, repeats = _first_of_each_key(copies)
         unchecked = [c for c in copies if c.delivery.key is None]
         states = await self._claim(checked, copies)
@@ -264,6 +295,8 @@ class RegionLoop:
         parked = [c for c, s in zip(checked, states, strict=True) if s is ClaimState.IN_FLIGHT]
         parked += repeats
         self._stats.unchecked += len(unchecked)
+        if on_claimed is not None:
+            on_claimed(to_process + unchecked)
 
         reasons = states.reasons if isinstance(states, Claims) else {}
         for index, (copy, state) in enumerate(zip(checked, states, strict=True)):

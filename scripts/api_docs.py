@@ -17,6 +17,8 @@ from pathlib import Path
 MODULES = (
     "georep",
     "georep.sync",
+    "georep.servicebus",
+    "georep.servicebus.aio",
     "georep.testing",
     "georep.adapters.servicebus",
     "georep.adapters.redis",
@@ -53,6 +55,13 @@ def _signature(obj: object) -> str:
         for p in signature.parameters.values()
     ]
     return str(signature.replace(parameters=parameters)).replace("'", "")
+
+
+def _module_of(obj: object) -> str:
+    module = getattr(obj, "__module__", None)
+    if module is None:  # a constant: its class's module
+        module = type(obj).__module__
+    return str(module)
 
 
 def _doc(obj: object) -> str:
@@ -97,8 +106,13 @@ def render() -> str:
             lines += [f"## `{module_name}`", "", f"(not importable here: {exc})", ""]
             continue
         lines += [f"## `{module_name}`", "", (inspect.getdoc(module) or "").strip(), ""]
-        for name in sorted(getattr(module, "__all__", ())):
-            if name.startswith("__"):
+        names = sorted(n for n in getattr(module, "__all__", ()) if not n.startswith("__"))
+        # The SDK's names a module re-exports (the drop-in client's) are the SDK's to document.
+        sdk = [n for n in names if _module_of(getattr(module, n)).startswith("azure.")]
+        if sdk:
+            lines += ["Re-exported from azure-servicebus: " + ", ".join(f"`{n}`" for n in sdk), ""]
+        for name in names:
+            if name in sdk:
                 continue
             obj = getattr(module, name)
             if inspect.isclass(obj):

@@ -190,6 +190,22 @@ class ServiceBusRegionReceiver(SdkRegion):
     async def peek(self, count: int) -> list[Any]:
         return await self._call(lambda: peek_all(self._receiver, count))
 
+    async def peek_from(self, count: int, from_sequence_number: int) -> list[Any]:
+        """Up to ``count`` messages from this region's ``from_sequence_number`` on, not
+        locked (the drop-in client's ``peek_messages``)."""
+        return await self._call(
+            lambda: peek_all(self._receiver, count, from_sequence_number=from_sequence_number)
+        )
+
+    async def receive_deferred(self, sequence_numbers: list[int]) -> list[Any]:
+        """The deferred messages with these sequence numbers of this region, locked."""
+        if not self._link_open:
+            await self._call(self._receiver.__aenter__)
+            self._link_open = True
+        return list(
+            await self._call(lambda: self._receiver.receive_deferred_messages(sequence_numbers))
+        )
+
     async def complete(self, message: ServiceBusReceivedMessage) -> None:
         await self._call(lambda: self._receiver_of(message).complete_message(message))
 
@@ -249,11 +265,14 @@ def open_region_receiver(
     topic_name: str | None = None,
     subscription_name: str | None = None,
     prefetch_count: int = 0,
+    sub_queue: Any = None,
     retry_total: int = 1,
     retry_backoff_factor: float = 0.01,
     **client_kwargs: Any,
 ) -> ServiceBusRegionReceiver:
     """Create a client and a peek-lock receiver for one region, owned by the result.
+
+    ``sub_queue`` (``ServiceBusSubQueue.DEAD_LETTER``...) reads that sub-queue of the entity.
 
     Raises:
         ConfigurationError: The connection string is malformed (the message never shows it).
@@ -272,12 +291,14 @@ def open_region_receiver(
                 queue_name,
                 receive_mode=ServiceBusReceiveMode.PEEK_LOCK,
                 prefetch_count=prefetch_count,
+                sub_queue=sub_queue,
             )
         return client.get_subscription_receiver(
             str(topic_name),
             str(subscription_name),
             receive_mode=ServiceBusReceiveMode.PEEK_LOCK,
             prefetch_count=prefetch_count,
+            sub_queue=sub_queue,
         )
 
     return ServiceBusRegionReceiver(

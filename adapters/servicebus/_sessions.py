@@ -8,6 +8,7 @@ session receiver, which georep created and closes (closing releases the session)
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 from typing import Any
 
@@ -26,6 +27,8 @@ from ._sender import open_client
 __all__ = ["ServiceBusRegionSessions", "ServiceBusSessionReceiver", "open_region_sessions"]
 
 _PEEK_FOR_EMPTY = 32
+_CLOSE_SECONDS = 5.0
+"""Seconds closing a session receiver whose accept was given up on may take."""
 """Messages browsed to tell an empty session from a slow receive."""
 
 
@@ -46,6 +49,12 @@ class ServiceBusSessionReceiver(ServiceBusRegionReceiver):
     @property
     def session_id(self) -> str:
         return self._session_id
+
+    @property
+    def locked_until(self) -> float | None:
+        """When the session's lock expires (epoch seconds), if known."""
+        expiry = self._session.locked_until_utc
+        return None if expiry is None else expiry.timestamp()
 
     def _locked_until(self, message: Any) -> Any:
         return self._session.locked_until_utc
@@ -147,6 +156,12 @@ class ServiceBusRegionSessions(RegionLabels):
                 await receiver.close()
             translated = translate_error(exc, region=self._region, namespace=self._namespace)
             raise (translated or exc) from exc
+        except asyncio.CancelledError:
+            # The caller gave up waiting (another region found a session first): a link
+            # still opening must not go on to lock a session nobody reads.
+            with contextlib.suppress(Exception, asyncio.CancelledError):
+                await asyncio.wait_for(asyncio.shield(receiver.close()), _CLOSE_SECONDS)
+            raise
         return ServiceBusSessionReceiver(receiver, region=self._region)
 
     async def close(self) -> None:

@@ -1,0 +1,58 @@
+"""The drop-in ``ServiceBusClient`` over two regions: ``azure.servicebus``'s API.
+
+Change the line that makes the client; keep the rest::
+
+    from georep.servicebus import ServiceBusClient   # was: from azure.servicebus import ...
+
+    with ServiceBusClient.from_connection_strings(primary, secondary, seen=seen) as client:
+        with client.get_queue_sender("orders") as sender:
+            sender.send_messages(ServiceBusMessage("hello"))
+
+The blocking client drives :mod:`georep.servicebus.aio`'s on georep's one event-loop
+thread (as :mod:`georep.sync` does). The SDK's message types, enums and ``AutoLockRenewer``
+are re-exported, so a module's other ``azure.servicebus`` names can come from here too;
+importing them from the SDK, as before, works just as well. See docs/migration.md.
+"""
+
+from __future__ import annotations
+
+from georep._extras import require_extra
+
+require_extra("georep.servicebus", "servicebus", "azure.servicebus")
+
+from azure.servicebus import (
+    NEXT_AVAILABLE_SESSION,
+    AutoLockRenewer,
+    ServiceBusMessage,
+    ServiceBusMessageBatch,
+    ServiceBusMessageState,
+    ServiceBusReceivedMessage,
+    ServiceBusReceiveMode,
+    ServiceBusSession,
+    ServiceBusSessionFilter,
+    ServiceBusSubQueue,
+    TransportType,
+    parse_connection_string,
+)
+
+from ._options import ClientOptions
+from ._sync import ServiceBusClient, ServiceBusReceiver, ServiceBusSender
+
+__all__ = [
+    "NEXT_AVAILABLE_SESSION",
+    "AutoLockRenewer",
+    "ClientOptions",
+    "ServiceBusClient",
+    "ServiceBusMessage",
+    "ServiceBusMessageBatch",
+    "ServiceBusMessageState",
+    "ServiceBusReceiveMode",
+    "ServiceBusReceivedMessage",
+    "ServiceBusReceiver",
+    "ServiceBusSender",
+    "ServiceBusSession",
+    "ServiceBusSessionFilter",
+    "ServiceBusSubQueue",
+    "TransportType",
+    "parse_connection_string",
+]

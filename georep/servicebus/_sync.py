@@ -1,0 +1,437 @@
+"""The blocking drop-in client: ``azure.servicebus``'s sync API over the async one.
+
+There is no second implementation: every object here drives its :mod:`georep.servicebus.aio`
+counterpart on georep's one event-loop thread (:data:`georep._sync_runtime.RUNTIME`, as
+:mod:`georep.sync` does), so sync and async clients behave alike. The async resources a
+sync caller passes (``seen``, ``outbox``, ``ledger``, ``role_store``) live on that loop and
+are closed when the last sync object using them closes (a sync caller cannot await their
+``aclose``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from collections.abc import Callable, Coroutine, Iterator, Mapping, Sequence
+from datetime import datetime
+from types import TracebackType
+from typing import Any, Self, TypeVar, Unpack
+
+from azure.servicebus import ServiceBusReceivedMessage, ServiceBusReceiveMode, ServiceBusSubQueue
+from azure.servicebus import ServiceBusSession as _SdkSession
+
+from georep._receiving import ReceiverStats
+from georep._sender import GeoSender, SendResult
+from georep._sync_runtime import RUNTIME
+
+from . import aio
+from ._options import ClientOptions
+from .aio._session import GeoSession
+
+__all__ = ["ServiceBusClient", "ServiceBusReceiver", "ServiceBusSender", "ServiceBusSession"]
+
+_T = TypeVar("_T")
+_RESOURCES = ("seen", "outbox", "ledger", "role_store")
+
+
+async def _built(factory: Callable[[], _T]) -> _T:
+    # Built on the loop thread: the core may look up the running loop while it sets up.
+    return factory()
+
+
+def _call(coroutine: Coroutine[Any, Any, _T]) -> _T:
+    return RUNTIME.call(coroutine)
+
+
+class ServiceBusClient:
+    """``azure.servicebus.ServiceBusClient`` over two regions (blocking); as
+    :class:`georep.servicebus.aio.ServiceBusClient`, built the same way."""
+
+    def __init__(self, primary: Any, secondary: Any, **options: Unpack[ClientOptions]):
+        self._build(lambda: aio.ServiceBusClient(primary, secondary, **options), options)
+
+    def _build(
+        self, factory: Callable[[], aio.ServiceBusClient], options: Mapping[str, Any]
+    ) -> None:
+        self._closed = False
+        self._close_lock = threading.Lock()
+        self._resources = [
+            value
+            for name in _RESOURCES
+            if (value := options.get(name)) is not None and hasattr(value, "aclose")
+        ]
+        RUNTIME.acquire()
+        try:
+            self._core = _call(_built(factory))
+        except BaseException:
+            RUNTIME.release()
+            raise
+        for resource in self._resources:
+            RUNTIME.hold(resource)
+
+    @classmethod
+    def from_connection_strings(
+        cls, primary: str, secondary: str, **options: Unpack[ClientOptions]
+    ) -> Self:
+        """As :meth:`georep.servicebus.aio.ServiceBusClient.from_connection_strings`."""
+        client = cls.__new__(cls)
+        client._build(
+            lambda: aio.ServiceBusClient.from_connection_strings(primary, secondary, **options),
+            options,
+        )
+        return client
+
+    @classmethod
+    def from_namespaces(
+        cls,
+        primary: str | Mapping[str, Any],
+        secondary: str | Mapping[str, Any],
+        credential: Any,
+        **options: Unpack[ClientOptions],
+    ) -> Self:
+        """As :meth:`georep.servicebus.aio.ServiceBusClient.from_namespaces` (a sync
+        ``TokenCredential`` is called on a worker thread)."""
+        client = cls.__new__(cls)
+        client._build(
+            lambda: aio.ServiceBusClient.from_namespaces(primary, secondary, credential, **options),
+            options,
+        )
+        return client
+
+    @property
+    def fully_qualified_namespace(self) -> str:
+        """The primary region's namespace."""
+        return self._core.fully_qualified_namespace
+
+    def __enter__(self) -> Self:
+        self._core._check_open()
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Close every sender and receiver this client made, and the async resources it
+        was given that no other sync object uses. Idempotent."""
+        with self._close_lock:
+            if self._closed:
+                return
+            self._closed = True
+            try:
+                _call(self._aclose())
+            finally:
+                RUNTIME.release()
+
+    async def _aclose(self) -> None:
+        try:
+            await self._core.close()
+        finally:
+            for resource in self._resources:
+                if RUNTIME.drop(resource):
+                    with contextlib.suppress(Exception):
+                        await resource.aclose()
+
+    def get_queue_sender(
+        self,
+        queue_name: str,
+        *,
+        client_identifier: str | None = None,
+        socket_timeout: float | None = None,
+    ) -> ServiceBusSender:
+        """As :meth:`georep.servicebus.aio.ServiceBusClient.get_queue_sender`."""
+        return ServiceBusSender(_call(_built(lambda: self._core.get_queue_sender(queue_name))))
+
+    def get_topic_sender(
+        self,
+        topic_name: str,
+        *,
+        client_identifier: str | None = None,
+        socket_timeout: float | None = None,
+    ) -> ServiceBusSender:
+        """As :meth:`georep.servicebus.aio.ServiceBusClient.get_topic_sender`."""
+        return ServiceBusSender(_call(_built(lambda: self._core.get_topic_sender(topic_name))))
+
+    def get_queue_receiver(
+        self,
+        queue_name: str,
+        *,
+        session_id: Any = None,
+        sub_queue: ServiceBusSubQueue | str | None = None,
+        receive_mode: ServiceBusReceiveMode | str = ServiceBusReceiveMode.PEEK_LOCK,
+        max_wait_time: float | None = None,
+        auto_lock_renewer: Any = None,
+        prefetch_count: int = 0,
+        client_identifier: str | None = None,
+        socket_timeout: float | None = None,
+    ) -> ServiceBusReceiver:
+        """As the async client's
+        :meth:`~georep.servicebus.aio.ServiceBusClient.get_queue_receiver`."""
+        core = _call(
+            _built(
+                lambda: self._core.get_queue_receiver(
+                    queue_name,
+                    session_id=session_id,
+                    sub_queue=sub_queue,
+                    receive_mode=receive_mode,
+                    max_wait_time=max_wait_time,
+                    prefetch_count=prefetch_count,
+                )
+            )
+        )
+        return ServiceBusReceiver(core, auto_lock_renewer)
+
+    def get_subscription_receiver(
+        self,
+        topic_name: str,
+        subscription_name: str,
+        *,
+        session_id: Any = None,
+        sub_queue: ServiceBusSubQueue | str | None = None,
+        receive_mode: ServiceBusReceiveMode | str = ServiceBusReceiveMode.PEEK_LOCK,
+        max_wait_time: float | None = None,
+        auto_lock_renewer: Any = None,
+        prefetch_count: int = 0,
+        client_identifier: str | None = None,
+        socket_timeout: float | None = None,
+    ) -> ServiceBusReceiver:
+        """As the async client's
+        :meth:`~georep.servicebus.aio.ServiceBusClient.get_subscription_receiver`."""
+        core = _call(
+            _built(
+                lambda: self._core.get_subscription_receiver(
+                    topic_name,
+                    subscription_name,
+                    session_id=session_id,
+                    sub_queue=sub_queue,
+                    receive_mode=receive_mode,
+                    max_wait_time=max_wait_time,
+                    prefetch_count=prefetch_count,
+                )
+            )
+        )
+        return ServiceBusReceiver(core, auto_lock_renewer)
+
+
+class ServiceBusSender:
+    """``azure.servicebus.ServiceBusSender`` over two regions (blocking); as
+    :class:`georep.servicebus.aio.ServiceBusSender`."""
+
+    def __init__(self, core: aio.ServiceBusSender) -> None:
+        self._core = core
+        self.entity_name = core.entity_name
+        self.fully_qualified_namespace = core.fully_qualified_namespace
+
+    @property
+    def last_result(self) -> SendResult | None:
+        """What the last ``send_messages`` did in each region."""
+        return self._core.last_result
+
+    @property
+    def geo_sender(self) -> GeoSender:
+        """The :class:`georep.GeoSender` underneath (async: use it on georep's loop only)."""
+        return self._core.geo_sender
+
+    def __enter__(self) -> Self:
+        _call(self._core.__aenter__())
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Close the sender (idempotent)."""
+        _call(self._core.close())
+
+    def send_messages(self, message: Any, *, timeout: float | None = None) -> None:
+        """As :meth:`georep.servicebus.aio.ServiceBusSender.send_messages`."""
+        _call(self._core.send_messages(message, timeout=timeout))
+
+    def schedule_messages(
+        self, messages: Any, schedule_time_utc: datetime, *, timeout: float | None = None
+    ) -> list[int]:
+        """As :meth:`georep.servicebus.aio.ServiceBusSender.schedule_messages`."""
+        return _call(self._core.schedule_messages(messages, schedule_time_utc, timeout=timeout))
+
+    def cancel_scheduled_messages(
+        self, sequence_numbers: int | Sequence[int], *, timeout: float | None = None
+    ) -> None:
+        """As :meth:`georep.servicebus.aio.ServiceBusSender.cancel_scheduled_messages`."""
+        _call(self._core.cancel_scheduled_messages(sequence_numbers, timeout=timeout))
+
+    def create_message_batch(self, max_size_in_bytes: int | None = None) -> Any:
+        """As :meth:`georep.servicebus.aio.ServiceBusSender.create_message_batch`."""
+        return _call(self._core.create_message_batch(max_size_in_bytes))
+
+
+class ServiceBusSession(_SdkSession):
+    """``receiver.session`` of a blocking session receiver (an ``azure.servicebus``
+    ``ServiceBusSession``, so the SDK's ``AutoLockRenewer`` takes it); as
+    :class:`georep.servicebus.aio._session.GeoSession`."""
+
+    def __init__(self, core: GeoSession, receiver: ServiceBusReceiver) -> None:
+        super().__init__(core.session_id, receiver)  # type: ignore[arg-type]
+        self._core = core
+
+    @property
+    def locked_until_utc(self) -> datetime | None:
+        return self._core.locked_until_utc
+
+    @property
+    def _lock_expired(self) -> bool:
+        return bool(self._core._lock_expired)
+
+    def get_state(self, *, timeout: float | None = None, **kwargs: Any) -> bytes:
+        """The session's state (None if none was set), the same from either region."""
+        return _call(self._core.get_state(timeout=timeout))
+
+    def set_state(
+        self, state: str | bytes | bytearray | None, *, timeout: float | None = None, **kwargs: Any
+    ) -> None:
+        """Set (None: clear) the session's state, for both regions."""
+        _call(self._core.set_state(state, timeout=timeout))
+
+    def renew_lock(self, *, timeout: float | None = None, **kwargs: Any) -> datetime:
+        """Renew the session's lock in both regions; the earliest expiry."""
+        return _call(self._core.renew_lock(timeout=timeout))
+
+
+class ServiceBusReceiver:
+    """``azure.servicebus.ServiceBusReceiver`` over two regions (blocking); as
+    :class:`georep.servicebus.aio.ServiceBusReceiver`.
+
+    An ``auto_lock_renewer`` (the SDK's sync ``AutoLockRenewer``) is given each message
+    with this receiver, as the SDK's receiver does.
+    """
+
+    def __init__(self, core: aio.ServiceBusReceiver, auto_lock_renewer: Any = None) -> None:
+        self._core = core
+        self._auto_lock_renewer = auto_lock_renewer
+        self.entity_path = core.entity_path
+        self.fully_qualified_namespace = core.fully_qualified_namespace
+        self._session: ServiceBusSession | None = None
+
+    @property
+    def session(self) -> ServiceBusSession | None:
+        """The session this receiver holds (once open); None for a sessionless receiver."""
+        core = self._core.session
+        if core is None:
+            return None
+        if self._session is None:
+            self._session = ServiceBusSession(core, self)
+        return self._session
+
+    @property
+    def _running(self) -> bool:
+        # Read by the SDK's AutoLockRenewer on a session's receiver.
+        return self._core._running
+
+    @property
+    def stats(self) -> ReceiverStats:
+        """georep's counters of this receiver."""
+        return self._core.stats
+
+    def __enter__(self) -> Self:
+        _call(self._core.__aenter__())
+        if self._session is None:
+            self._register_session()
+        return self
+
+    def _register_session(self) -> None:
+        # As the SDK's session receiver: its auto_lock_renewer renews the session.
+        session = self.session
+        if session is not None and self._auto_lock_renewer is not None:
+            self._auto_lock_renewer.register(self, session)
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Stop receiving; messages handed out and not settled are abandoned. Idempotent."""
+        _call(self._core.close())
+
+    def __iter__(self) -> Iterator[ServiceBusReceivedMessage]:
+        return self
+
+    def __next__(self) -> ServiceBusReceivedMessage:
+        messages = self._registered(_call(self._core._receive(1, self._core._max_wait_time)))
+        if not messages:
+            raise StopIteration
+        return messages[0]
+
+    def receive_messages(
+        self, max_message_count: int | None = 1, max_wait_time: float | None = None
+    ) -> list[ServiceBusReceivedMessage]:
+        """As :meth:`georep.servicebus.aio.ServiceBusReceiver.receive_messages`."""
+        return self._registered(
+            _call(self._core.receive_messages(max_message_count, max_wait_time))
+        )
+
+    def _registered(
+        self, messages: list[ServiceBusReceivedMessage]
+    ) -> list[ServiceBusReceivedMessage]:
+        if self._session is None and self._core.session is not None:
+            self._register_session()  # opened by this call
+        if self._auto_lock_renewer is not None and self._core.session is None:
+            for message in messages:
+                self._auto_lock_renewer.register(self, message)
+        return messages
+
+    def peek_messages(
+        self, max_message_count: int = 1, *, sequence_number: int = 0, timeout: float | None = None
+    ) -> list[ServiceBusReceivedMessage]:
+        """As :meth:`georep.servicebus.aio.ServiceBusReceiver.peek_messages`."""
+        return _call(
+            self._core.peek_messages(
+                max_message_count, sequence_number=sequence_number, timeout=timeout
+            )
+        )
+
+    def receive_deferred_messages(
+        self, sequence_numbers: int | Sequence[int], *, timeout: float | None = None
+    ) -> list[ServiceBusReceivedMessage]:
+        """As :meth:`georep.servicebus.aio.ServiceBusReceiver.receive_deferred_messages`."""
+        return self._registered(
+            _call(self._core.receive_deferred_messages(sequence_numbers, timeout=timeout))
+        )
+
+    def complete_message(self, message: ServiceBusReceivedMessage) -> None:
+        """As :meth:`georep.servicebus.aio.ServiceBusReceiver.complete_message`."""
+        _call(self._core.complete_message(message))
+
+    def abandon_message(self, message: ServiceBusReceivedMessage) -> None:
+        """As :meth:`georep.servicebus.aio.ServiceBusReceiver.abandon_message`."""
+        _call(self._core.abandon_message(message))
+
+    def defer_message(self, message: ServiceBusReceivedMessage) -> None:
+        """As :meth:`georep.servicebus.aio.ServiceBusReceiver.defer_message`."""
+        _call(self._core.defer_message(message))
+
+    def dead_letter_message(
+        self,
+        message: ServiceBusReceivedMessage,
+        reason: str | None = None,
+        error_description: str | None = None,
+    ) -> None:
+        """As :meth:`georep.servicebus.aio.ServiceBusReceiver.dead_letter_message`."""
+        _call(self._core.dead_letter_message(message, reason, error_description))
+
+    def renew_message_lock(
+        self, message: ServiceBusReceivedMessage, *, timeout: float | None = None
+    ) -> datetime:
+        """As :meth:`georep.servicebus.aio.ServiceBusReceiver.renew_message_lock`."""
+        return _call(self._core.renew_message_lock(message, timeout=timeout))

@@ -1,0 +1,60 @@
+"""The drop-in async ``ServiceBusClient`` over two regions: ``azure.servicebus.aio``'s API.
+
+Change the line that makes the client; keep the rest::
+
+    from georep.servicebus.aio import ServiceBusClient   # was: from azure.servicebus.aio ...
+
+    client = ServiceBusClient.from_connection_strings(primary, secondary, seen=seen)
+    async with client:
+        async with client.get_queue_sender("orders") as sender:
+            await sender.send_messages(ServiceBusMessage("hello"))
+
+The SDK's message types, enums and ``AutoLockRenewer`` are re-exported, so the names a
+module imported from ``azure.servicebus.aio`` (or ``azure.servicebus``) can come from here
+too; importing them from the SDK, as before, works just as well. Install with
+``pip install 'georep[servicebus]'``; see docs/migration.md for every method across two
+regions.
+"""
+
+from __future__ import annotations
+
+from georep._extras import require_extra
+
+require_extra("georep.servicebus", "servicebus", "azure.servicebus")
+
+from azure.servicebus import (
+    NEXT_AVAILABLE_SESSION,
+    ServiceBusMessage,
+    ServiceBusMessageBatch,
+    ServiceBusMessageState,
+    ServiceBusReceivedMessage,
+    ServiceBusReceiveMode,
+    ServiceBusSessionFilter,
+    ServiceBusSubQueue,
+    TransportType,
+)
+from azure.servicebus.aio import AutoLockRenewer, ServiceBusSession
+
+from georep.servicebus._options import ClientOptions
+
+from ._client import ServiceBusClient
+from ._receiver import ServiceBusReceiver
+from ._sender import ServiceBusSender
+
+__all__ = [
+    "NEXT_AVAILABLE_SESSION",
+    "AutoLockRenewer",
+    "ClientOptions",
+    "ServiceBusClient",
+    "ServiceBusMessage",
+    "ServiceBusMessageBatch",
+    "ServiceBusMessageState",
+    "ServiceBusReceiveMode",
+    "ServiceBusReceivedMessage",
+    "ServiceBusReceiver",
+    "ServiceBusSender",
+    "ServiceBusSession",
+    "ServiceBusSessionFilter",
+    "ServiceBusSubQueue",
+    "TransportType",
+]

@@ -1,0 +1,365 @@
+"""The drop-in async ``ServiceBusClient``: the SDK's client over two regions."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Mapping
+from functools import partial
+from types import TracebackType
+from typing import Any, Self, Unpack
+
+from azure.servicebus import NEXT_AVAILABLE_SESSION, ServiceBusReceiveMode, ServiceBusSubQueue
+
+from georep._endpoint import NamespaceEndpoint, Target, endpoint_pair, with_client_options_pair
+from georep._pull import PullReceiver
+from georep._region_wrap import open_pair
+from georep._sender import GeoSender
+from georep.exceptions import ClosedError, ConfigurationError
+from georep.servicebus._options import (
+    ClientOptions,
+    checked_options,
+    receiver_options,
+    sender_options,
+)
+
+from ._receiver import DEFAULT_RECEIVE_WAIT, ServiceBusReceiver
+from ._sender import ServiceBusSender
+from ._session import Absent, GeoSession, SessionRegions, accept_in_both
+
+__all__ = ["ServiceBusClient"]
+
+_log = logging.getLogger("georep.servicebus")
+
+
+def _namespace(target: Target) -> str:
+    """The namespace host of a connection string or endpoint (never the key)."""
+    if isinstance(target, NamespaceEndpoint):
+        if target.connection_string is None:
+            return target.namespace
+        target = target.connection_string
+    for part in target.split(";"):
+        key, _, value = part.partition("=")
+        if key.strip().lower() == "endpoint":
+            return value.strip().removeprefix("sb://").rstrip("/")
+    return "?"
+
+
+class ServiceBusClient:
+    """``azure.servicebus.aio.ServiceBusClient`` over two regions: change the line that makes
+    the client, keep the rest of the code.
+
+    Build it with :meth:`from_connection_strings` or :meth:`from_namespaces`; georep's
+    replication options (:class:`georep.servicebus.ClientOptions`) are given there, once.
+    Senders are :class:`georep.GeoSender` objects underneath, receivers
+    :class:`georep.GeoReceiver` objects (a ``seen`` set is needed to receive). Each sender
+    and receiver opens its own connection to each region; closing the client closes every
+    sender and receiver it made (as the SDK's does).
+
+    Args:
+        primary: The primary namespace: a connection string or a
+            :class:`georep._endpoint.NamespaceEndpoint` (prefer the ``from_`` constructors).
+        secondary: The secondary namespace, likewise.
+        **options: georep's options (:class:`georep.servicebus.ClientOptions`).
+
+    Raises:
+        ConfigurationError: An unknown option.
+    """
+
+    def __init__(self, primary: Target, secondary: Target, **options: Unpack[ClientOptions]):
+        checked = checked_options(options)
+        client_options = checked.pop("client_options", None)
+        self._primary, self._secondary = with_client_options_pair(
+            primary, secondary, client_options
+        )
+        self._options = checked
+        self._handlers: set[ServiceBusSender | ServiceBusReceiver] = set()
+        self._closed = False
+
+    @classmethod
+    def from_connection_strings(
+        cls, primary: str, secondary: str, **options: Unpack[ClientOptions]
+    ) -> Self:
+        """A client on two namespaces, each reached with its connection string.
+
+        Args:
+            primary: The primary namespace's connection string.
+            secondary: The secondary namespace's connection string.
+            **options: georep's options (:class:`georep.servicebus.ClientOptions`):
+                ``mode``, ``seen``, ``outbox``, ``policy``, ``role_store``, ``ledger``...
+
+        Raises:
+            ConfigurationError: An unknown option. (A malformed connection string is
+                reported when a sender or receiver is made; never with its key.)
+        """
+        return cls(primary, secondary, **options)
+
+    @classmethod
+    def from_namespaces(
+        cls,
+        primary: str | Mapping[str, Any],
+        secondary: str | Mapping[str, Any],
+        credential: Any,
+        **options: Unpack[ClientOptions],
+    ) -> Self:
+        """A client on two namespaces reached with ``credential`` (Microsoft Entra ID,
+        ``AzureNamedKeyCredential``, ``AzureSasCredential``), as
+        :meth:`georep.GeoSender.from_namespaces` takes them.
+
+        Raises:
+            ConfigurationError: No namespace or credential, or an unknown option.
+        """
+        client_options = options.pop("client_options", None)
+        first, second = endpoint_pair(primary, secondary, credential, client_options)
+        return cls(first, second, **options)
+
+    @property
+    def fully_qualified_namespace(self) -> str:
+        """The primary region's namespace."""
+        return _namespace(self._primary)
+
+    # ------------------------------------------------------------------- lifecycle
+
+    async def __aenter__(self) -> Self:
+        self._check_open()
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        await self.close()
+
+    async def close(self) -> None:
+        """Close every sender and receiver this client made. Idempotent."""
+        self._closed = True
+        handlers, self._handlers = list(self._handlers), set()
+        results = await asyncio.gather(*(h.close() for h in handlers), return_exceptions=True)
+        for result in results:
+            if isinstance(result, BaseException):
+                _log.warning("closing a sender or receiver failed: %s", type(result).__name__)
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise ClosedError("this ServiceBusClient is closed; create a new one")
+
+    # --------------------------------------------------------------------- senders
+
+    def get_queue_sender(
+        self,
+        queue_name: str,
+        *,
+        client_identifier: str | None = None,
+        socket_timeout: float | None = None,
+    ) -> ServiceBusSender:
+        """A sender to ``queue_name`` in both regions (a :class:`georep.GeoSender`).
+
+        ``client_identifier`` and ``socket_timeout`` are accepted for the SDK's sake;
+        give SDK settings in ``client_options`` of the client instead.
+        """
+        return self._sender(queue_name=queue_name)
+
+    def get_topic_sender(
+        self,
+        topic_name: str,
+        *,
+        client_identifier: str | None = None,
+        socket_timeout: float | None = None,
+    ) -> ServiceBusSender:
+        """A sender to ``topic_name`` in both regions (a :class:`georep.GeoSender`)."""
+        return self._sender(topic_name=topic_name)
+
+    def _sender(
+        self, *, queue_name: str | None = None, topic_name: str | None = None
+    ) -> ServiceBusSender:
+        self._check_open()
+        geo = GeoSender.from_connection_strings(
+            self._primary,
+            self._secondary,
+            queue_name=queue_name,
+            topic_name=topic_name,
+            **sender_options(self._options),
+        )
+        sender = ServiceBusSender(
+            geo,
+            entity_name=str(queue_name or topic_name),
+            fully_qualified_namespace=self.fully_qualified_namespace,
+        )
+        self._handlers.add(sender)
+        return sender
+
+    # ------------------------------------------------------------------- receivers
+
+    def get_queue_receiver(
+        self,
+        queue_name: str,
+        *,
+        session_id: Any = None,
+        sub_queue: ServiceBusSubQueue | str | None = None,
+        receive_mode: ServiceBusReceiveMode | str = ServiceBusReceiveMode.PEEK_LOCK,
+        max_wait_time: float | None = None,
+        auto_lock_renewer: Any = None,
+        prefetch_count: int = 0,
+        client_identifier: str | None = None,
+        socket_timeout: float | None = None,
+    ) -> ServiceBusReceiver:
+        """A receiver of ``queue_name`` (or its ``sub_queue``) in both regions.
+
+        Arguments as the SDK's. ``prefetch_count`` messages are kept ready (claimed,
+        locked and renewed) beyond what was asked for. Session receivers
+        (``session_id=``, or ``NEXT_AVAILABLE_SESSION``) hold the session in both
+        regions (docs/migration.md).
+
+        Raises:
+            ConfigurationError: The client has no ``seen`` set, or an argument is invalid.
+        """
+        return self._receiver(
+            {"queue_name": queue_name},
+            session_id=session_id,
+            sub_queue=sub_queue,
+            receive_mode=receive_mode,
+            max_wait_time=max_wait_time,
+            auto_lock_renewer=auto_lock_renewer,
+            prefetch_count=prefetch_count,
+        )
+
+    def get_subscription_receiver(
+        self,
+        topic_name: str,
+        subscription_name: str,
+        *,
+        session_id: Any = None,
+        sub_queue: ServiceBusSubQueue | str | None = None,
+        receive_mode: ServiceBusReceiveMode | str = ServiceBusReceiveMode.PEEK_LOCK,
+        max_wait_time: float | None = None,
+        auto_lock_renewer: Any = None,
+        prefetch_count: int = 0,
+        client_identifier: str | None = None,
+        socket_timeout: float | None = None,
+    ) -> ServiceBusReceiver:
+        """A receiver of a subscription (or its ``sub_queue``) in both regions; as
+        :meth:`get_queue_receiver`."""
+        return self._receiver(
+            {"topic_name": topic_name, "subscription_name": subscription_name},
+            session_id=session_id,
+            sub_queue=sub_queue,
+            receive_mode=receive_mode,
+            max_wait_time=max_wait_time,
+            auto_lock_renewer=auto_lock_renewer,
+            prefetch_count=prefetch_count,
+        )
+
+    def _receiver(
+        self,
+        names: dict[str, str],
+        *,
+        session_id: Any,
+        sub_queue: ServiceBusSubQueue | str | None,
+        receive_mode: ServiceBusReceiveMode | str,
+        max_wait_time: float | None,
+        auto_lock_renewer: Any,
+        prefetch_count: int,
+    ) -> ServiceBusReceiver:
+        self._check_open()
+        seen = self._options.get("seen")
+        if seen is None:
+            raise ConfigurationError(
+                "receiving needs the seen-set every receiver of the entity shares: "
+                "ServiceBusClient.from_connection_strings(..., seen="
+                "georep.adapters.redis.RedisSeenSet.from_url(redis_url))"
+            )
+        mode = ServiceBusReceiveMode(receive_mode)
+        if max_wait_time is not None and max_wait_time <= 0:
+            raise ConfigurationError("max_wait_time must be greater than 0")
+        if auto_lock_renewer is not None and mode is ServiceBusReceiveMode.RECEIVE_AND_DELETE:
+            raise ConfigurationError(
+                "an AutoLockRenewer cannot renew messages received in RECEIVE_AND_DELETE "
+                "mode (they are settled already)"
+            )
+        sub = None if sub_queue is None else ServiceBusSubQueue(sub_queue)
+        options = {
+            "seen": seen,
+            "receive_and_delete": mode is ServiceBusReceiveMode.RECEIVE_AND_DELETE,
+            "prefetch": prefetch_count,
+            "poll": float(self._options.get("poll_interval", 1.0)),
+            "clock": self._options.get("clock"),
+            "receiver_options": receiver_options(self._options),
+        }
+        facade = {
+            "fully_qualified_namespace": self.fully_qualified_namespace,
+            "receive_mode": mode,
+            "max_wait_time": max_wait_time,
+            "prefetch_count": prefetch_count,
+            "auto_lock_renewer": auto_lock_renewer,
+        }
+        if session_id is not None:
+            if sub is not None:
+                raise ConfigurationError(
+                    "session_id and sub_queue can not be given together: a sub-queue has no "
+                    "sessions (give sub_queue only)"
+                )
+            wanted = None if session_id == NEXT_AVAILABLE_SESSION else str(session_id)
+            opener = partial(
+                self._open_session,
+                names,
+                wanted,
+                max_wait_time or DEFAULT_RECEIVE_WAIT,
+                options,
+            )
+            entity = names.get("queue_name") or (
+                f"{names['topic_name']}/Subscriptions/{names['subscription_name']}"
+            )
+            receiver = ServiceBusReceiver(None, entity_path=entity, opener=opener, **facade)
+            self._handlers.add(receiver)
+            return receiver
+        from georep._sdk import open_region_receiver
+
+        regions = open_pair(
+            open_region_receiver, self._primary, self._secondary, sub_queue=sub, **names
+        )
+        pull = PullReceiver(*regions, owned=regions, **options)
+        receiver = ServiceBusReceiver(
+            pull, entity_path=regions[0].entity, dead_letter=sub is not None, **facade
+        )
+        self._handlers.add(receiver)
+        return receiver
+
+    async def _open_session(
+        self,
+        names: dict[str, str],
+        session_id: str | None,
+        max_wait: float,
+        options: dict[str, Any],
+        receiver: ServiceBusReceiver,
+    ) -> tuple[PullReceiver, GeoSession]:
+        """Lock the session in both regions; the pull receiver over them and the session."""
+        from georep._sdk import open_region_sessions
+
+        entities = open_pair(open_region_sessions, self._primary, self._secondary, **names)
+        try:
+            chosen, held, errors = await accept_in_both(entities, session_id, max_wait)
+        except BaseException:
+            for entity in entities:
+                await entity.close()
+            raise
+        regions: list[Any] = []
+        for entity, locked in zip(entities, held, strict=True):
+            if locked is not None:
+                regions.append(locked)
+                continue
+            why = type(errors[entity.region]).__name__ if entity.region in errors else "locked"
+            _log.warning(
+                "session %r is not held in %s (%s): reading the other region only",
+                chosen,
+                entity.region,
+                why,
+            )
+            regions.append(Absent(entity.region, entity.namespace, entity.entity, why))
+        owned = [SessionRegions(entities, [h for h in held if h is not None])]
+        pull = PullReceiver(*regions, ordered=True, owned=owned, **options)
+        session = GeoSession(chosen, receiver, pull, held, options["seen"])
+        expiries = [getattr(h, "locked_until", None) for h in held if h is not None]
+        session.start_keeping(min((e for e in expiries if e is not None), default=None))
+        return pull, session

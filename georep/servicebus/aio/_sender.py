@@ -1,0 +1,102 @@
+"""The drop-in async ``ServiceBusSender``: the SDK's sender methods over a GeoSender."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import datetime
+from types import TracebackType
+from typing import Any, Self
+
+from georep._sender import GeoSender, SendResult
+
+__all__ = ["ServiceBusSender"]
+
+
+class ServiceBusSender:
+    """Sends to a queue or topic in two regions, with ``azure.servicebus.aio.ServiceBusSender``'s
+    methods, arguments and results.
+
+    Made by :meth:`georep.servicebus.aio.ServiceBusClient.get_queue_sender` (or
+    ``get_topic_sender``); every call is the :class:`georep.GeoSender`'s underneath
+    (active or passive replication, failover, outbox), and what it did is kept in
+    :attr:`last_result`.
+
+    Attributes:
+        last_result: What the last ``send_messages`` did in each region
+            (:class:`georep.SendResult`), None before the first.
+    """
+
+    def __init__(self, geo: GeoSender, *, entity_name: str, fully_qualified_namespace: str) -> None:
+        self._geo = geo
+        self.entity_name = entity_name
+        self.fully_qualified_namespace = fully_qualified_namespace
+        self.last_result: SendResult | None = None
+
+    @property
+    def geo_sender(self) -> GeoSender:
+        """The :class:`georep.GeoSender` underneath (stats, roles, the outbox)."""
+        return self._geo
+
+    async def __aenter__(self) -> Self:
+        await self._geo.__aenter__()
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        await self.close()
+
+    async def close(self) -> None:
+        """Close the sender and the connections it opened (idempotent)."""
+        await self._geo.aclose()
+
+    async def send_messages(self, message: Any, *, timeout: float | None = None) -> None:
+        """Send a message, a list of messages (one batch) or a batch, as the SDK does.
+
+        Returns None, as the SDK; what each region did is in :attr:`last_result`.
+
+        Args:
+            message: A ``ServiceBusMessage`` (or a dict of its fields), a list of them, or
+                a batch from :meth:`create_message_batch`.
+            timeout: Seconds per region attempt (default: the failover policy's).
+
+        Raises:
+            AllRegionsUnavailableError: No region accepted it and there is no outbox.
+            MessageTooLargeError, AuthenticationError, EntityNotFoundError, RegionError:
+                What the region said (never failed over).
+            ClosedError: The sender was closed.
+        """
+        self.last_result = await self._geo.send_messages(message, timeout=timeout)
+
+    async def schedule_messages(
+        self, messages: Any, schedule_time_utc: datetime, *, timeout: float | None = None
+    ) -> list[int]:
+        """Schedule messages; one sequence number per message, as the SDK returns.
+
+        Passive mode schedules in the active region (failing over), active mode in both;
+        :meth:`cancel_scheduled_messages` with the returned numbers cancels every
+        region's copy. The mapping is kept by this sender, in memory (see
+        docs/migration.md: cancelling from another process is not yet supported).
+
+        Raises:
+            AllRegionsUnavailableError: No region scheduled them.
+        """
+        return await self._geo.schedule_messages(messages, schedule_time_utc, timeout=timeout)
+
+    async def cancel_scheduled_messages(
+        self, sequence_numbers: int | Sequence[int], *, timeout: float | None = None
+    ) -> None:
+        """Cancel scheduled messages by the numbers :meth:`schedule_messages` returned.
+
+        Raises:
+            InvalidMessageError: A number this sender did not return (nothing cancelled).
+            RegionError: A region could not cancel (the other was still cancelled).
+        """
+        await self._geo.cancel_scheduled_messages(sequence_numbers, timeout=timeout)
+
+    async def create_message_batch(self, max_size_in_bytes: int | None = None) -> Any:
+        """An empty ``ServiceBusMessageBatch`` that fits both regions' size limits."""
+        return await self._geo.create_message_batch(max_size_in_bytes)

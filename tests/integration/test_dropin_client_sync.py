@@ -1,0 +1,184 @@
+"""The drop-in blocking client (``georep.servicebus.ServiceBusClient``) runs sync programs
+written for azure-servicebus unchanged but for the line that makes the client.
+
+As ``test_dropin_client.py``, with each program's sync version (``run``): the same output on
+the raw SDK against one namespace and on georep's client over two regions, the same
+leftovers, and through a primary outage taken partway, nothing completed handed out again.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from types import ModuleType
+
+import pytest
+from _dropin import (
+    LOCK_SECONDS,
+    REGIONS,
+    SAMPLES,
+    Left,
+    Names,
+    capture,
+    leftovers,
+    make_names,
+    nothing_sync,
+    sample_id,
+)
+from _helpers import REDIS_URL
+from azure.servicebus import NEXT_AVAILABLE_SESSION, ServiceBusSubQueue
+from azure.servicebus import ServiceBusClient as SdkClient
+from azure.servicebus.exceptions import OperationTimeoutError
+
+from georep import ReplicationMode
+from georep.adapters.emulator import Emulator
+from georep.adapters.redis import RedisSeenSet
+from georep.servicebus import ServiceBusClient
+
+pytestmark = pytest.mark.integration
+
+_SESSIONS = 4
+"""Sessions the verifying receiver takes at most (the sample uses two)."""
+
+
+@pytest.fixture(scope="module")
+def raw_runs() -> dict[str, tuple[list[str], Left]]:
+    """Each sample's output and leftovers on the raw sync SDK, run once per module."""
+    return {}
+
+
+def raw_run(
+    emu: Emulator, sample: ModuleType, cache: dict[str, tuple[list[str], Left]]
+) -> tuple[list[str], Left]:
+    key = sample_id(sample)
+    if key not in cache:
+        names = make_names(emu, ["primary"])
+        client = SdkClient.from_connection_string(emu.connection_string("primary"))
+        output = capture(lambda: sample.run(client, names, nothing_sync))
+        assert output, f"{key} printed nothing on the raw SDK"
+        cache[key] = (output, leftovers(emu, "primary", names))
+    return cache[key]
+
+
+@pytest.fixture
+def group() -> str:
+    """A seen-set group of the test's own (each client gets its own RedisSeenSet on it,
+    closed by the sync client with itself)."""
+    return f"dropin-sync-{uuid.uuid4().hex[:8]}"
+
+
+def georep_client(emu: Emulator, group: str) -> ServiceBusClient:
+    """The one changed line."""
+    return ServiceBusClient.from_connection_strings(
+        emu.connection_string("primary"),
+        emu.connection_string("secondary"),
+        seen=RedisSeenSet(REDIS_URL, group=group, window=600),
+        mode=ReplicationMode.ACTIVE,
+    )
+
+
+def wait_until(condition: Callable[[], bool], within: float) -> bool:
+    deadline = time.monotonic() + within
+    while not condition():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)  # polling the emulator's counts, which georep's loop changes
+    return True
+
+
+def all_left_as(emu: Emulator, names: Names, expected: Left) -> bool:
+    return wait_until(
+        lambda: all(leftovers(emu, region, names) == expected for region in REGIONS), within=20
+    )
+
+
+def handed_out_again(emu: Emulator, names: Names, group: str) -> list[str]:
+    """What a new client on the same seen-set hands out of every entity the program used,
+    waiting past the lock duration; then closes it."""
+    found: list[str] = []
+    with georep_client(emu, group) as client:
+        receivers = [
+            client.get_queue_receiver(names.queue),
+            client.get_queue_receiver(names.lock_queue),
+            client.get_subscription_receiver(names.topic, names.subscription),
+            client.get_queue_receiver(names.queue, sub_queue=ServiceBusSubQueue.DEAD_LETTER),
+            client.get_subscription_receiver(
+                names.topic, names.subscription, sub_queue=ServiceBusSubQueue.DEAD_LETTER
+            ),
+        ]
+
+        def drain(receiver: object) -> None:
+            with receiver:  # type: ignore[attr-defined]
+                wait = LOCK_SECONDS + 2
+                for msg in receiver.receive_messages(100, max_wait_time=wait):  # type: ignore[attr-defined]
+                    found.append(f"{receiver.entity_path}: {msg}")  # type: ignore[attr-defined]
+                    receiver.abandon_message(msg)  # type: ignore[attr-defined]
+
+        def drain_sessions() -> None:
+            for _ in range(_SESSIONS):
+                receiver = client.get_queue_receiver(
+                    names.session_queue,
+                    session_id=NEXT_AVAILABLE_SESSION,
+                    max_wait_time=LOCK_SECONDS + 2,
+                )
+                try:
+                    drain(receiver)
+                except OperationTimeoutError:  # no session left with messages
+                    return
+
+        threads = [threading.Thread(target=drain, args=(r,)) for r in receivers]
+        threads.append(threading.Thread(target=drain_sessions))
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(60)
+    return found
+
+
+@pytest.mark.parametrize("sample", SAMPLES, ids=sample_id)
+def test_a_sync_program_prints_the_same_over_two_regions(
+    emu: Emulator,
+    sample: ModuleType,
+    group: str,
+    raw_runs: dict[str, tuple[list[str], Left]],
+) -> None:
+    expected, raw_left = raw_run(emu, sample, raw_runs)
+    names = make_names(emu, REGIONS)
+
+    output = capture(lambda: sample.run(georep_client(emu, group), names, nothing_sync))
+
+    assert output == expected
+    assert all_left_as(emu, names, raw_left), {
+        region: leftovers(emu, region, names) for region in REGIONS
+    }
+
+
+@pytest.mark.parametrize("sample", SAMPLES, ids=sample_id)
+def test_a_sync_program_finishes_through_a_primary_outage(
+    emu: Emulator,
+    sample: ModuleType,
+    group: str,
+    raw_runs: dict[str, tuple[list[str], Left]],
+) -> None:
+    expected, raw_left = raw_run(emu, sample, raw_runs)
+    names = make_names(emu, REGIONS)
+    taken_down: list[bool] = []
+
+    def outage() -> None:
+        if not taken_down:
+            taken_down.append(True)
+            emu.namespace("primary").outage()
+
+    try:
+        output = capture(lambda: sample.run(georep_client(emu, group), names, outage))
+    finally:
+        emu.namespace("primary").restore()
+
+    assert taken_down, "the program never reached its checkpoint"
+    assert output == expected
+    assert handed_out_again(emu, names, group) == []
+    assert all_left_as(emu, names, raw_left), {
+        region: leftovers(emu, region, names) for region in REGIONS
+    }

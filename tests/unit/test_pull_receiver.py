@@ -1,0 +1,180 @@
+"""PullReceiver (the drop-in client's receiver core) over in-memory regions and seen-set."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Coroutine
+from typing import Any, TypeVar
+
+import pytest
+from _receivers import ReceiverWorld
+
+from georep import ConfigurationError, SettlementError
+from georep._outcomes import ABANDON, COMPLETE, dead_letter_decision
+from georep._pull import PullReceiver
+from georep.testing import FakeMessage
+
+_T = TypeVar("_T")
+
+
+class World(ReceiverWorld):
+    def __init__(self) -> None:
+        super().__init__()
+        self.primary, self.secondary = self.regions()
+
+    def both(self, *ids: str) -> None:
+        for message_id in ids:
+            self.primary.put(FakeMessage(b"x", message_id))
+            self.secondary.put(FakeMessage(b"x", message_id))
+
+    def pull(self, **options: Any) -> PullReceiver:
+        options.setdefault("receiver_options", {"lease": 10.0})
+        return PullReceiver(
+            self.primary, self.secondary, seen=self.seen, clock=self.clock, **options
+        )
+
+    async def run(self, coroutine: Coroutine[Any, Any, _T], seconds: float = 3.0) -> _T:
+        """Run ``coroutine`` while virtual time moves ``seconds`` (in small steps)."""
+        task = asyncio.ensure_future(coroutine)
+        for _ in range(int(seconds * 10)):
+            if task.done():
+                break
+            await self.clock.advance(0.1)
+        return await asyncio.wait_for(task, 1)
+
+    async def close(self, pull: PullReceiver) -> None:
+        await self.run(pull.aclose(), 30)
+
+
+@pytest.fixture
+async def world() -> AsyncIterator[World]:
+    yield World()
+
+
+async def test_each_message_of_both_regions_is_handed_out_once(world: World) -> None:
+    world.both("a", "b", "c")
+    pull = world.pull()
+    got = await world.run(pull.receive(10, 5))
+    ids = [h.message.message_id for h in got]
+    assert sorted(ids) == ["a", "b", "c"]
+    for handout in got:
+        await world.run(pull.settle(handout.message, COMPLETE, "complete_message"))
+    assert await world.run(pull.receive(10, 2)) == []
+    await world.close(pull)
+
+    # The twins were settled too: nothing is left in either region.
+    assert world.primary.pending == world.secondary.pending == 0
+    assert len(world.primary.completed) == len(world.secondary.completed) == 3
+
+
+async def test_an_idle_receiver_sweeps_the_twins_of_what_it_completed(world: World) -> None:
+    world.primary.put(FakeMessage(b"x", "a"))
+    pull = world.pull()
+    (handout,) = await world.run(pull.receive(1, 5))
+    await world.run(pull.settle(handout.message, COMPLETE, "complete_message"))
+    await world.clock.advance(2)  # the receives made while it was asked for have returned
+    world.secondary.put(FakeMessage(b"x", "a"))  # the twin arrives after, nothing is asked
+    await world.clock.advance(3)  # idle: the fetchers sweep
+
+    assert world.primary.pending == world.secondary.pending == 0
+    await world.close(pull)
+
+
+async def test_an_abandoned_message_is_handed_out_again(world: World) -> None:
+    world.primary.put(FakeMessage(b"x", "a"))
+    pull = world.pull()
+    (first,) = await world.run(pull.receive(1, 5))
+    await world.run(pull.settle(first.message, ABANDON, "abandon_message"))
+    (second,) = await world.run(pull.receive(1, 5))
+    assert second.message.message_id == "a" and second.message is not first.message
+    await world.run(pull.settle(second.message, COMPLETE, "complete_message"))
+    await world.close(pull)
+    assert world.primary.pending == 0
+
+
+async def test_dead_lettering_dead_letters_the_twin_too(world: World) -> None:
+    world.both("a")
+    pull = world.pull()
+    (handout,) = await world.run(pull.receive(1, 5))
+    decision = dead_letter_decision("bad", "it was bad")
+    await world.run(pull.settle(handout.message, decision, "dead_letter_message"))
+    await world.clock.advance(3)
+    await world.close(pull)
+
+    reasons = sorted(
+        str(m.dead_letter_reason)
+        for m in world.primary.dead_lettered + world.secondary.dead_lettered
+    )
+    assert reasons == ["bad", "georep:twin:bad"]
+
+
+async def test_settling_twice_or_a_foreign_message_is_refused(world: World) -> None:
+    world.primary.put(FakeMessage(b"x", "a"))
+    pull = world.pull()
+    (handout,) = await world.run(pull.receive(1, 5))
+    await world.run(pull.settle(handout.message, COMPLETE, "complete_message"))
+    with pytest.raises(SettlementError, match="complete_message"):
+        await pull.settle(handout.message, COMPLETE, "complete_message")
+    with pytest.raises(SettlementError):
+        await pull.settle(object(), COMPLETE, "abandon_message")
+    await world.close(pull)
+
+
+async def test_receive_and_delete_settles_on_hand_out(world: World) -> None:
+    world.both("a", "b")
+    pull = world.pull(receive_and_delete=True)
+    got = await world.run(pull.receive(5, 5))
+    assert sorted(h.message.message_id for h in got) == ["a", "b"]
+    with pytest.raises(ConfigurationError, match="RECEIVE_AND_DELETE"):
+        await pull.settle(got[0].message, COMPLETE, "complete_message")
+    await world.clock.advance(3)
+    await world.close(pull)
+    assert world.primary.pending == world.secondary.pending == 0
+
+
+async def test_closing_abandons_what_was_not_handed_out(world: World) -> None:
+    for message_id in ("a", "b", "c"):
+        world.primary.put(FakeMessage(b"x", message_id))
+    pull = world.pull(prefetch=2)
+    (handout,) = await world.run(pull.receive(1, 5))
+    await world.clock.advance(1)  # the prefetch fills
+    await world.close(pull)
+
+    # Nothing completed; the held and prefetched messages are back in the queue.
+    assert world.primary.completed == []
+    assert world.primary.pending == 3
+    assert handout.decided.result() is ABANDON
+
+
+async def test_an_empty_receive_returns_after_its_wait(world: World) -> None:
+    pull = world.pull()
+    assert await world.run(pull.receive(1, 2), 5) == []
+    await world.close(pull)
+
+
+async def test_a_lock_is_renewed_on_request(world: World) -> None:
+    world.primary.put(FakeMessage(b"x", "a"))
+    pull = world.pull()
+    (handout,) = await world.run(pull.receive(1, 5))
+    before = handout.message.locked_until
+    await world.clock.advance(1)
+    expiry = await world.run(pull.renew_lock(handout.message))
+    assert expiry is not None and expiry > before
+    await world.close(pull)
+
+
+async def test_ordered_reads_the_next_region_only_once_the_first_has_nothing(
+    world: World,
+) -> None:
+    world.secondary.put(FakeMessage(b"x", "c"))  # the secondary's head, not in the primary
+    world.both("a", "b")
+    pull = world.pull(ordered=True)
+    order = []
+    for _ in range(3):
+        (handout,) = await world.run(pull.receive(1, 5))
+        order.append((handout.message.message_id, handout.region))
+        await world.run(pull.settle(handout.message, COMPLETE, "complete_message"))
+    await world.close(pull)
+
+    assert order == [("a", "primary"), ("b", "primary"), ("c", "secondary")]
+    assert world.primary.pending == world.secondary.pending == 0
