@@ -16,7 +16,7 @@ import contextlib
 import logging
 from collections.abc import Awaitable, Callable, Sequence
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Any, Final, NoReturn
+from typing import Any, Final, NoReturn
 
 from azure.servicebus.aio import ServiceBusSession
 from azure.servicebus.exceptions import OperationTimeoutError, SessionCannotBeLockedError
@@ -38,9 +38,6 @@ from georep.ports import (
     SessionReceiver,
     SessionStateStore,
 )
-
-if TYPE_CHECKING:
-    from ._receiver import ServiceBusReceiver
 
 __all__ = ["Absent", "GeoSession", "SessionRegions", "accept_in_both"]
 
@@ -205,7 +202,7 @@ class GeoSession(ServiceBusSession):
     def __init__(
         self,
         session_id: str,
-        receiver: ServiceBusReceiver,
+        receiver: object,  # its drop-in receiver (typed loosely: it imports this module)
         pull: PullReceiver,
         held: Sequence[SessionReceiver | None],
         seen: SeenStore,
