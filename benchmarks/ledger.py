@@ -48,9 +48,9 @@ from _common import fill_active, interleaved, on_emulator, sdk_senders, send_wor
 from azure.servicebus import ServiceBusMessage
 
 from georep import GeoReceiver, GeoSender, ParquetLedger, ReplicationMode, RoleState
-from georep._ledger_schema import receive_schema, send_schema
 from georep.adapters.emulator import Emulator
 from georep.adapters.redis import RedisSeenSet
+from georep.ledger.schema import receive_schema, send_schema
 from georep.testing import FakeMessage, InMemoryRegionSender
 
 BODY = b"x" * 200
@@ -161,7 +161,7 @@ async def receive_throughput(emu: Emulator, ledger: ParquetLedger, count: int, r
 def sender_at(revision: str) -> Any:
     """The GeoSender class as it was at ``revision`` (its module loaded from git)."""
     source = subprocess.run(
-        ["git", "show", f"{revision}:georep/_sender.py"],
+        ["git", "show", f"{revision}:georep/send/sender.py"],
         cwd=REPO,
         capture_output=True,
         text=True,
@@ -169,7 +169,7 @@ def sender_at(revision: str) -> Any:
     ).stdout
     module = types.ModuleType("georep._sender_baseline")
     sys.modules[module.__name__] = module  # dataclasses look their module up
-    exec(compile(source, f"{revision}:georep/_sender.py", "exec"), module.__dict__)
+    exec(compile(source, f"{revision}:georep/send/sender.py", "exec"), module.__dict__)
     return module.GeoSender
 
 

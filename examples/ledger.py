@@ -18,9 +18,9 @@ import pyarrow.dataset as ds
 from azure.servicebus import ServiceBusMessage
 
 from georep import FailoverPolicy, GeoReceiver, GeoSender, ParquetLedger
-from georep._ledger_schema import receive_schema, send_schema
 from georep.adapters.emulator import Emulator
 from georep.adapters.redis import RedisSeenSet, embedded_redis_url
+from georep.ledger.schema import receive_schema, send_schema
 
 QUEUE = "orders"
 MESSAGES = 40

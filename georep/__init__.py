@@ -8,10 +8,6 @@ from typing import TYPE_CHECKING, Any
 
 __version__ = "0.1.0"
 
-from georep._ledger import ParquetLedger
-from georep._outbox import SqliteOutbox
-from georep._paired import PairedNamespaceOptions, backlog_queue_path
-from georep._paired_sender import PairedSender
 from georep._policy import (
     DEFAULT_FAILOVER_KINDS,
     Corroboration,
@@ -20,16 +16,6 @@ from georep._policy import (
     FailoverPolicy,
     ReplicationMode,
 )
-from georep._receiver import GeoReceiver, ReceiverHandler, ReceiverStats, receiver
-from georep._relay import (
-    DEFAULT_RELAY_FAILOVER_KINDS,
-    FailoverChannel,
-    RelayChannelStats,
-    RelayPolicy,
-)
-from georep._roles import RoleState
-from georep._sender import GeoSender, SenderStats, SendResult
-from georep._syphon import Syphon, SyphonStats
 from georep.exceptions import (
     AllRegionsUnavailableError,
     AlreadySettledError,
@@ -56,6 +42,11 @@ from georep.exceptions import (
     SettlementError,
     StoreUnavailableError,
 )
+from georep.ledger.parquet import ParquetLedger
+from georep.outbox.sqlite import SqliteOutbox
+from georep.paired.options import PairedNamespaceOptions, backlog_queue_path
+from georep.paired.sender import PairedSender
+from georep.paired.syphon import Syphon, SyphonStats
 from georep.ports import (
     ClaimState,
     ErrorKind,
@@ -64,6 +55,15 @@ from georep.ports import (
     RoleRecord,
     RoleStore,
 )
+from georep.receive.receiver import GeoReceiver, ReceiverHandler, ReceiverStats, receiver
+from georep.relay.channel import (
+    DEFAULT_RELAY_FAILOVER_KINDS,
+    FailoverChannel,
+    RelayChannelStats,
+    RelayPolicy,
+)
+from georep.roles.state import RoleState
+from georep.send.sender import GeoSender, SenderStats, SendResult
 
 __all__ = [
     "DEFAULT_FAILOVER_KINDS",
@@ -129,7 +129,7 @@ __all__ = [
 _MOVED: dict[str, tuple[str, str]] = {
     "InMemoryRoleStore": ("georep.testing", "InMemoryRoleStore"),
     "EmulatorError": ("georep.exceptions", "EmulatorError"),
-    "peek_all": ("georep._peek", "peek_all"),
+    "peek_all": ("georep.receive.peek", "peek_all"),
 }
 
 if not TYPE_CHECKING:  # type checkers report the old names as missing: that is the point

@@ -46,13 +46,16 @@ from datetime import datetime
 from types import TracebackType
 from typing import Any, Self
 
-from georep import _fork, _paired_sender, _receiver, _sender
-from georep._receiver import ReceiverStats
+from georep import _fork
 from georep._region_wrap import wrap_pair
-from georep._sender import SenderStats, SendResult
 from georep._sync_runtime import RUNTIME
 from georep.exceptions import ClosedError, ForkedProcessError
+from georep.paired import sender as _paired_sender
 from georep.ports import RegionSender
+from georep.receive import receiver as _receiver
+from georep.receive.receiver import ReceiverStats
+from georep.send import sender as _sender
+from georep.send.sender import SenderStats, SendResult
 
 __all__ = [
     "ForkedProcessError",

@@ -25,9 +25,9 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from georep._lifecycle import AsyncResource
 from georep._policy import positive_seconds
-from georep._role_store import DEFAULT_REFRESH_INTERVAL, NO_RECORD, RoleChange, _RoleStoreBase
 from georep.exceptions import ConfigurationError, StoreUnavailableError
 from georep.ports import RoleRecord
+from georep.roles.store import DEFAULT_REFRESH_INTERVAL, NO_RECORD, RoleChange, _RoleStoreBase
 
 __all__ = ["RedisRoleStore"]
 

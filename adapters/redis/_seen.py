@@ -47,9 +47,9 @@ from redis.exceptions import NoScriptError, RedisClusterException, RedisError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from georep._policy import count, positive_seconds
-from georep._seen_store import _SeenSetBase
 from georep.exceptions import ConfigurationError, StoreUnavailableError
 from georep.ports import Claims, ClaimState
+from georep.receive.dedup import _SeenSetBase
 
 __all__ = ["RedisSeenSet"]
 

@@ -21,9 +21,9 @@ from websockets.asyncio.client import ClientConnection
 from websockets.exceptions import ConnectionClosed
 
 from georep._lifecycle import stop_task
-from georep._relay_endpoint import RelayEndpointBase
 from georep.exceptions import ClosedError, ConfigurationError, RegionError
 from georep.ports import ErrorKind, RelayResponse
+from georep.relay.endpoint import RelayEndpointBase
 
 from ._errors import (
     GATEWAY_STATUSES,

@@ -13,13 +13,13 @@ from azure.core.exceptions import ResourceNotFoundError
 from azure.servicebus import ServiceBusMessage, ServiceBusMessageBatch
 from azure.servicebus.exceptions import MessageSizeExceededError
 
-from georep._paired import (
+from georep.exceptions import InvalidMessageError, MessageExpiredError, MessageTooLargeError
+from georep.paired.options import (
     BACKLOG_ALIASES,
     BACKLOG_QUEUE_PROPERTIES,
     PairedNamespaceOptions,
     backlog_queue_path,
 )
-from georep.exceptions import InvalidMessageError, MessageExpiredError, MessageTooLargeError
 from georep.ports import ErrorKind
 
 from ._codec import ServiceBusCodec

@@ -25,7 +25,7 @@ from azure.servicebus import ServiceBusMessageState
 from azure.servicebus.aio import ServiceBusClient
 from azure.servicebus.aio.management import ServiceBusAdministrationClient
 
-from georep._paired import backlog_queue_path
+from georep.paired.options import backlog_queue_path
 
 from ._doctor import _certificate_error
 from ._sender import namespace_of

@@ -18,8 +18,8 @@ from azure.servicebus.aio import ServiceBusClient
 from azure.servicebus.aio.management import ServiceBusAdministrationClient
 
 from georep._doctor import Finding
-from georep._paired import backlog_queue_path
 from georep.exceptions import ConfigurationError
+from georep.paired.options import backlog_queue_path
 from georep.ports import ErrorKind
 
 from ._errors import translate_error

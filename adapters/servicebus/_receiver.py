@@ -13,10 +13,10 @@ from azure.servicebus.aio import ServiceBusClient, ServiceBusReceiver
 from azure.servicebus.exceptions import MessageLockLostError
 
 from georep._endpoint import Target
-from georep._ordering import read_stamp
-from georep._peek import peek_all
 from georep.exceptions import ConfigurationError, GeoReplicationError, region_error
 from georep.ports import Delivery, ErrorKind
+from georep.receive.peek import peek_all
+from georep.send.ordering import read_stamp
 
 from ._region import SdkRegion, close_without_keep_alive_wait
 from ._sender import open_client

@@ -38,9 +38,9 @@ from typing import Any, TypeVar
 
 from azure.servicebus import ServiceBusReceiver, ServiceBusSender
 
-from georep._peek import peek_all
 from georep.exceptions import ClosedError, GeoReplicationError, region_error
 from georep.ports import ErrorKind
+from georep.receive.peek import peek_all
 
 from . import _receiver
 from ._receiver import ServiceBusRegionReceiver
@@ -248,7 +248,8 @@ class SyncServiceBusRegionSender(_OnWorker, ServiceBusRegionSender):
 
 
 class _PeekOnWorker:
-    """Lends a sync receiver's ``peek_messages`` to :func:`georep._peek.peek_all`, on the worker."""
+    """Lends a sync receiver's ``peek_messages`` to :func:`georep.receive.peek.peek_all`,
+    on the worker."""
 
     def __init__(self, receiver: ServiceBusReceiver, worker: RegionWorker) -> None:
         self._receiver = receiver

@@ -31,8 +31,8 @@ from pyspark.sql import functions as F
 from pyspark.sql import types as T
 from pyspark.sql.window import Window
 
-from georep._ledger_schema import RECEIVES_DIR, SENDS_DIR
 from georep.exceptions import ConfigurationError
+from georep.ledger.schema import RECEIVES_DIR, SENDS_DIR
 
 from ._report import (
     ACKNOWLEDGED,

@@ -17,7 +17,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.dataset as ds
 
-from georep._ledger_schema import receive_schema, send_schema
+from georep.ledger.schema import receive_schema, send_schema
 
 from ._report import (
     ACKNOWLEDGED,

@@ -22,8 +22,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from georep._ledger_schema import RECEIVES_DIR, SCHEMA_VERSION, SENDS_DIR
 from georep.exceptions import ConfigurationError
+from georep.ledger.schema import RECEIVES_DIR, SCHEMA_VERSION, SENDS_DIR
 
 __all__ = [
     "ACKNOWLEDGED",

@@ -1,6 +1,6 @@
 """Synthetic ledgers with exactly known faults, for tests and ``benchmarks/audit.py``.
 
-The generator writes a ledger (format v1, :mod:`georep._ledger_schema`) as a two-region run
+The generator writes a ledger (format v1, :mod:`georep.ledger.schema`) as a two-region run
 would: sends spread evenly over ``duration`` seconds in three modes, a primary outage during
 which sends fail over to the secondary (1 s attempt timeout), a few sends queued in the
 outbox during the outage, and receives with twin copies suppressed in the secondary (active
@@ -29,14 +29,14 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from georep._ledger_schema import (
+from georep.exceptions import ConfigurationError
+from georep.ledger.schema import (
     RECEIVES_DIR,
     SCHEMA_VERSION,
     SENDS_DIR,
     receive_schema,
     send_schema,
 )
-from georep.exceptions import ConfigurationError
 
 __all__ = ["SyntheticLedger", "write_session_ledger", "write_synthetic_ledger"]
 

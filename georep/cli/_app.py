@@ -715,7 +715,7 @@ _All = Annotated[bool, typer.Option("--all", help="Every dead-lettered entry.")]
 
 def _existing_outbox(path: Path) -> Any:
     """The SqliteOutbox at ``path``; exit 2 if there is no file (never create one)."""
-    from georep._outbox import SqliteOutbox
+    from georep.outbox.sqlite import SqliteOutbox
 
     if not path.is_file():
         console.print(f"[red]error[/]: no outbox file at {path}; pass the SqliteOutbox path")

@@ -118,7 +118,7 @@ def _change(
     command: Callable[[Any], Awaitable[list[Any]]],
     as_json: bool,
 ) -> None:
-    from georep._role_commands import RoleCommands
+    from georep.roles.commands import RoleCommands
 
     changes = _run(redis_url, app_name, lambda store: command(RoleCommands(store, app=app_name)))
     if as_json:
@@ -225,7 +225,7 @@ def forget(
     A process still sharing an entity's roles creates its record again from its own roles
     within 1 s; an entity no process uses stays gone.
     """
-    from georep._role_commands import RoleCommands
+    from georep.roles.commands import RoleCommands
 
     if not entity:
         raise _fail("name the entities whose records to delete with --entity (repeat)")

@@ -231,9 +231,9 @@ async def _read_redis(
     """The roles (and seen-set) into ``report``; the entities with a record."""
     from redis.exceptions import RedisError
 
-    from georep._role_commands import RoleCommands
     from georep.adapters.redis import RedisRoleStore
     from georep.exceptions import ConfigurationError, StoreUnavailableError
+    from georep.roles.commands import RoleCommands
 
     try:
         store = RedisRoleStore.from_url(redis_url, app=app_name, operation_timeout=2.0)
@@ -412,7 +412,7 @@ def _backlog_depths(
     """Active messages per backlog queue, read through the management API."""
     from azure.servicebus.management import ServiceBusAdministrationClient
 
-    from georep._paired import backlog_queue_path
+    from georep.paired.options import backlog_queue_path
 
     depths: dict[str, int | None] = {}
     dead_lettered = 0
@@ -448,7 +448,7 @@ def _backlog_depths(
 
 async def _outbox_report(path: Path) -> dict[str, Any]:
     """Queued and dead-lettered entries of a SqliteOutbox file, and the oldest queued one."""
-    from georep._outbox import SqliteOutbox
+    from georep.outbox.sqlite import SqliteOutbox
 
     async with SqliteOutbox(path) as outbox:
         queued, dead = await outbox.depth(), await outbox.dead_depth()

@@ -20,9 +20,9 @@ from typing import Any, Self, TypeVar, Unpack
 from azure.servicebus import ServiceBusReceivedMessage, ServiceBusReceiveMode, ServiceBusSubQueue
 from azure.servicebus import ServiceBusSession as _SdkSession
 
-from georep._receiving import ReceiverStats
-from georep._sender import GeoSender, SendResult
 from georep._sync_runtime import RUNTIME
+from georep.receive.context import ReceiverStats
+from georep.send.sender import GeoSender, SendResult
 
 from . import aio
 from ._options import ClientOptions

@@ -16,7 +16,7 @@ Nothing here does I/O or sleeps for real:
 
 from __future__ import annotations
 
-from georep._role_store import InMemoryRoleStore
+from georep.roles.store import InMemoryRoleStore
 from georep.testing._clock import FakeClock
 from georep.testing._clock import settle as settle  # tests wait for ready tasks with it
 from georep.testing._ledger import InMemoryLedger

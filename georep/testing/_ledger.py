@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from georep._ledger import receive_rows, send_rows
+from georep.ledger.parquet import receive_rows, send_rows
 from georep.ports import ReceiveRecord, SendRecord
 
 __all__ = ["InMemoryLedger"]

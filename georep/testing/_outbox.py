@@ -6,7 +6,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 from georep._lifecycle import AsyncResource
-from georep._outbox import (
+from georep.outbox.sqlite import (
     OutboxRecord,
     check_claim_arguments,
     check_outbox_bounds,

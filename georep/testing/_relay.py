@@ -5,9 +5,9 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Awaitable, Callable
 
-from georep._relay_endpoint import RelayEndpointBase
 from georep.exceptions import region_error
 from georep.ports import ErrorKind, RelayRequest, RelayResponse
+from georep.relay.endpoint import RelayEndpointBase
 from georep.testing._faults import FaultSwitch
 
 __all__ = ["InMemoryRelayEndpoint"]

@@ -8,9 +8,9 @@ from datetime import timedelta
 
 from georep._clock import SystemClock
 from georep._policy import positive_seconds
-from georep._seen_store import _SeenSetBase
 from georep.exceptions import StoreUnavailableError
 from georep.ports import Claims, ClaimState, Clock
+from georep.receive.dedup import _SeenSetBase
 
 __all__ = ["InMemorySeenSet"]
 

@@ -8,10 +8,10 @@ import itertools
 from dataclasses import dataclass, field
 from typing import Any
 
-from georep._ordering import read_stamp
 from georep._region_identity import RegionLabels
 from georep.exceptions import RegionError, region_error
 from georep.ports import Delivery, ErrorKind
+from georep.send.ordering import read_stamp
 from georep.testing._clock import FakeClock
 from georep.testing._faults import FaultSwitch
 from georep.testing._messages import FakeMessage

@@ -21,9 +21,9 @@ from azure.servicebus import ServiceBusMessage
 
 import georep
 from georep import FailoverPolicy, GeoSender, ParquetLedger
-from georep._ledger_schema import receive_schema, send_schema
 from georep.adapters.emulator import Emulator
 from georep.adapters.redis import RedisSeenSet
+from georep.ledger.schema import receive_schema, send_schema
 
 pytestmark = pytest.mark.integration
 

@@ -364,7 +364,7 @@ async def test_a_full_disk_is_a_named_error_and_what_was_stored_still_drains(
 OPENING_WORKER = """
 import sys, time
 from pathlib import Path
-from georep._outbox import SqliteOutbox
+from georep.outbox.sqlite import SqliteOutbox
 import asyncio
 
 async def open_once(path):

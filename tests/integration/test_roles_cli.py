@@ -12,11 +12,11 @@ from azure.servicebus import ServiceBusClient, ServiceBusMessage
 from typer.testing import CliRunner
 
 from georep import GeoSender, PairedNamespaceOptions
-from georep._paired import backlog_queue_path
 from georep.adapters.emulator import Emulator
 from georep.adapters.redis import RedisRoleStore, RedisSeenSet
 from georep.adapters.servicebus import ensure_backlog_queues
 from georep.cli import app as cli_app
+from georep.paired.options import backlog_queue_path
 from georep.ports import ClaimState, RoleRecord
 from georep.testing import FakeMessage, InMemoryRegionSender
 

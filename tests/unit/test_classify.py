@@ -15,9 +15,9 @@ from georep._classify import (
     RETRYABLE_KINDS,
     UNAVAILABLE_KINDS,
 )
-from georep._relay import DEFAULT_RELAY_FAILOVER_KINDS
 from georep.adapters.servicebus._errors import translate_error
 from georep.exceptions import ClosedError, RegionUnavailableError, region_error
+from georep.relay.channel import DEFAULT_RELAY_FAILOVER_KINDS
 from georep.testing import FakeMessage, InMemoryOutbox, InMemoryRegionSender
 
 _INTERNAL = {"condition": b"amqp:internal-error", "retryable": True}
@@ -157,8 +157,9 @@ async def test_sdk_exception_kind_and_failover(
 
 
 def test_every_consumer_reads_the_one_table() -> None:
-    from georep import _paired_sender, _syphon
     from georep._policy import FailoverPolicy
+    from georep.paired import sender as _paired_sender
+    from georep.paired import syphon as _syphon
 
     assert DEFAULT_FAILOVER_KINDS == UNAVAILABLE_KINDS
     assert FailoverPolicy().fail_over_on == UNAVAILABLE_KINDS

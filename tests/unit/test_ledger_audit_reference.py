@@ -11,13 +11,13 @@ import pyarrow.parquet as pq
 import pytest
 
 from georep import ConfigurationError
-from georep._ledger_schema import receive_schema, send_schema
 from georep.adapters.spark import (
     reference_audit,
     sink_message_id,
     write_session_ledger,
     write_synthetic_ledger,
 )
+from georep.ledger.schema import receive_schema, send_schema
 
 REQUIRED_KEYS = {
     "sent",

@@ -22,7 +22,7 @@ from georep import (
     RoleState,
     receiver,
 )
-from georep._ledger_schema import RECEIVE_COLUMNS, SEND_COLUMNS
+from georep.ledger.schema import RECEIVE_COLUMNS, SEND_COLUMNS
 from georep.ports import Ledger, ReceiveRecord, RegionAttempt, SendRecord
 from georep.testing import (
     FakeClock,

@@ -11,8 +11,8 @@ from typing import Any
 
 import pytest
 
-from georep._outbox import SqliteOutbox
 from georep.exceptions import ClosedError, ConfigurationError, OutboxFullError
+from georep.outbox.sqlite import SqliteOutbox
 from georep.ports import Outbox
 from georep.testing._outbox import InMemoryOutbox
 

@@ -23,8 +23,8 @@ from georep import (
     MessageTooLargeError,
     OutboxUnavailableError,
 )
-from georep._drain import DrainTelemetry, OutboxDrainer
 from georep.exceptions import AuthenticationError, RegionError
+from georep.outbox.drainer import DrainTelemetry, OutboxDrainer
 from georep.testing import (
     FakeClock,
     FakeCodec,

@@ -224,7 +224,7 @@ async def test_session_messages_are_stamped_in_order_through_the_backlog() -> No
     # The same stamps as a GeoSender's (docs/sessions.md): one writer numbers each session,
     # through an engaged failover (the backlog copies keep them), with the generation of
     # the failover state; a message without a MessageId gets one, as its stamp's key.
-    from georep._ordering import read_stamp
+    from georep.send.ordering import read_stamp
 
     clock = FakeClock()
     sender, primary, backlog = build(clock, count=1, failover_interval=0)

@@ -14,8 +14,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from georep import ConfigurationError, ParquetLedger
-from georep._ledger import schema_tables
-from georep._ledger_schema import receive_schema, send_schema
+from georep.ledger.parquet import schema_tables
+from georep.ledger.schema import receive_schema, send_schema
 from georep.ports import ReceiveRecord, RegionAttempt, SendRecord
 from georep.testing import FakeClock, InMemoryLedger, settle
 
@@ -255,7 +255,7 @@ def test_a_file_as_directory_is_refused(tmp_path: Path) -> None:
 def test_the_docs_show_the_schema_as_defined() -> None:
     docs = Path(__file__).resolve().parents[2] / "docs" / "ledger.md"
     assert schema_tables() in docs.read_text(encoding="utf-8"), (
-        "docs/ledger.md is out of date: paste the output of georep._ledger.schema_tables()"
+        "docs/ledger.md is out of date: paste the output of georep.ledger.parquet.schema_tables()"
     )
 
 

@@ -9,8 +9,8 @@ import pytest
 from azure.servicebus import ServiceBusMessage
 
 from georep import ConfigurationError, FailoverPolicy, GeoReceiver, GeoSender, InvalidMessageError
-from georep._peek import peek_all
 from georep.adapters.servicebus import ServiceBusCodec
+from georep.receive.peek import peek_all
 from georep.testing import (
     FakeClock,
     FakeMessage,

@@ -21,7 +21,7 @@ from georep import (
     PairedNamespaceOptions,
     RoleState,
 )
-from georep._relay import RelayPolicy
+from georep.relay.channel import RelayPolicy
 from georep.testing import FakeClock, FakeMessage, InMemoryRegionReceiver, InMemoryRegionSender
 from georep.testing._seen import InMemorySeenSet
 

@@ -14,7 +14,7 @@ import georep.testing
 MOVED = {
     "InMemoryRoleStore": "georep.testing",
     "EmulatorError": "georep.exceptions",
-    "peek_all": "georep._peek",
+    "peek_all": "georep.receive.peek",
 }
 
 

@@ -10,8 +10,8 @@ import pytest
 from _receivers import ReceiverWorld
 
 from georep import ConfigurationError, SettlementError
-from georep._outcomes import ABANDON, COMPLETE, dead_letter_decision
-from georep._pull import PullReceiver
+from georep.receive.outcomes import ABANDON, COMPLETE, dead_letter_decision
+from georep.receive.pull import PullReceiver
 from georep.testing import FakeMessage
 
 _T = TypeVar("_T")

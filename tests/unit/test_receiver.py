@@ -12,7 +12,7 @@ from _receivers import ReceiverWorld
 
 from georep import ClaimState, ConfigurationError, GeoReceiver, receiver
 from georep._lifecycle import STOP_TIMEOUT
-from georep._receiver import RECEIVE_GRACE
+from georep.receive.receiver import RECEIVE_GRACE
 from georep.testing import FakeMessage, InMemoryRegionReceiver, settle
 
 Handler = Callable[[Any], Awaitable[object]]

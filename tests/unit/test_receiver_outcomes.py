@@ -17,7 +17,7 @@ from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 
 from georep import ConfigurationError, GeoReceiver, SettlementError, receiver
-from georep._outcomes import PING_CONTENT_TYPE
+from georep.receive.outcomes import PING_CONTENT_TYPE
 from georep.testing import (
     FakeClock,
     FakeMessage,

@@ -599,7 +599,7 @@ async def test_passive_schedule_fails_over_and_returns_the_backups_numbers() -> 
 
 
 def test_the_book_avoids_a_number_another_region_already_returned_and_is_bounded() -> None:
-    from georep._schedule import ScheduleBook
+    from georep.send.schedule import ScheduleBook
 
     book = ScheduleBook(limit=3, grace=10)
     assert book.remember({"primary": [1], "secondary": [7]}, ["primary", "secondary"], 100, 0) == [

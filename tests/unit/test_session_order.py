@@ -9,7 +9,7 @@ import pytest
 
 from georep import ConfigurationError, ErrorKind, GeoReceiver
 from georep._channel import CALL_SECONDS
-from georep._ordering import SessionSequencer
+from georep.send.ordering import SessionSequencer
 from georep.testing import (
     FakeClock,
     FakeMessage,

@@ -5,15 +5,15 @@ from __future__ import annotations
 from azure.servicebus import ServiceBusMessage
 
 from georep import ErrorKind, GeoSender, ReplicationMode, RoleState
-from georep._ordering import (
+from georep.adapters.servicebus._backlog import from_backlog, to_backlog
+from georep.adapters.servicebus._codec import ServiceBusCodec
+from georep.send.ordering import (
     GENERATION_PROPERTY,
     PREV_PROPERTY,
     SEQ_PROPERTY,
     WRITER_PROPERTY,
     read_stamp,
 )
-from georep.adapters.servicebus._backlog import from_backlog, to_backlog
-from georep.adapters.servicebus._codec import ServiceBusCodec
 from georep.testing import FakeMessage, InMemoryOutbox, InMemoryRegionSender
 
 

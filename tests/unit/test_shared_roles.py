@@ -28,11 +28,11 @@ from georep import (
     PairedSender,
     RoleState,
 )
-from georep import _role_store as role_store_module
 from georep._lifecycle import STOP_TIMEOUT
-from georep._role_commands import RoleCommands
-from georep._role_store import SharedRoles
 from georep.ports import RoleRecord
+from georep.roles import store as role_store_module
+from georep.roles.commands import RoleCommands
+from georep.roles.store import SharedRoles
 from georep.testing import (
     FakeClock,
     FakeMessage,

@@ -16,9 +16,9 @@ from pathlib import Path
 
 import pytest
 
-from georep._outbox import SCHEMA_VERSION, SqliteOutbox
-from georep._outbox_sql import MIGRATIONS, schema_statements
 from georep.exceptions import ConfigurationError, OutboxFullError, OutboxUnavailableError
+from georep.outbox.sql import MIGRATIONS, schema_statements
+from georep.outbox.sqlite import SCHEMA_VERSION, SqliteOutbox
 
 CHANNEL = "east+west/orders"
 LEASE = 30.0
@@ -29,7 +29,7 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 # so the kill lands while a put is in flight.
 CRASHING_WRITER = """
 import asyncio, sys
-from georep._outbox import SqliteOutbox
+from georep.outbox.sqlite import SqliteOutbox
 
 async def main():
     outbox = SqliteOutbox(sys.argv[1])
@@ -223,7 +223,7 @@ async def test_a_full_disk_raises_outbox_full_and_draining_goes_on(tmp_path: Pat
 async def test_a_locked_file_raises_a_named_error_not_a_raw_sqlite_error(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import georep._outbox as module
+    import georep.outbox.sqlite as module
 
     path = tmp_path / "locked.db"
     async with SqliteOutbox(path) as outbox:

@@ -12,10 +12,10 @@ from typing import Any, Self, Unpack
 from azure.servicebus import NEXT_AVAILABLE_SESSION, ServiceBusReceiveMode, ServiceBusSubQueue
 
 from georep._endpoint import NamespaceEndpoint, Target, endpoint_pair, with_client_options_pair
-from georep._pull import PullReceiver
 from georep._region_wrap import open_pair
-from georep._sender import GeoSender
 from georep.exceptions import ClosedError, ConfigurationError
+from georep.receive.pull import PullReceiver
+from georep.send.sender import GeoSender
 from georep.servicebus._options import (
     ClientOptions,
     checked_options,

@@ -9,8 +9,8 @@ from collections import OrderedDict
 from typing import Any, Final
 
 from georep._channel import bounded_call
-from georep._pull import PullReceiver, SettleProbe
 from georep.exceptions import AllRegionsUnavailableError, RegionError
+from georep.receive.pull import PullReceiver, SettleProbe
 
 __all__ = ["MergedPeek"]
 

@@ -10,11 +10,11 @@ from typing import TYPE_CHECKING, Any, Final, Self
 
 from azure.servicebus import ServiceBusReceivedMessage, ServiceBusReceiveMode
 
-from georep._outcomes import ABANDON, COMPLETE, TWIN_REASON_PREFIX, Decision, Settle
-from georep._outcomes import dead_letter_decision as _dead_letter_decision
-from georep._pull import Handout, PullReceiver
-from georep._receiving import ReceiverStats
 from georep.exceptions import ClosedError, ConfigurationError
+from georep.receive.context import ReceiverStats
+from georep.receive.outcomes import ABANDON, COMPLETE, TWIN_REASON_PREFIX, Decision, Settle
+from georep.receive.outcomes import dead_letter_decision as _dead_letter_decision
+from georep.receive.pull import Handout, PullReceiver
 
 from ._peek import MergedPeek
 

@@ -7,7 +7,7 @@ from datetime import datetime
 from types import TracebackType
 from typing import Any, Self
 
-from georep._sender import GeoSender, SendResult
+from georep.send.sender import GeoSender, SendResult
 
 __all__ = ["ServiceBusSender"]
 

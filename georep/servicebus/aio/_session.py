@@ -2,7 +2,7 @@
 
 ``get_queue_receiver(q, session_id=...)`` (or ``NEXT_AVAILABLE_SESSION``) locks the session
 in each region (the next available one in either region, then the same id in the other),
-and pulls it through a :class:`georep._pull.PullReceiver` in ``ordered`` mode: the primary's
+and pulls it through a :class:`georep.receive.pull.PullReceiver` in ``ordered`` mode: the primary's
 session is read while it has messages, the secondary's when it has none or fails, so the
 messages are handed out in one region's order and a failover keeps the session going. The
 session's state is kept beside the seen-set (as ``GeoReceiver(sessions=True)`` keeps it,
@@ -22,7 +22,6 @@ from azure.servicebus.aio import ServiceBusSession
 from azure.servicebus.exceptions import OperationTimeoutError, SessionCannotBeLockedError
 
 from georep._channel import bounded_call
-from georep._pull import PullReceiver
 from georep._region_identity import RegionLabels
 from georep.exceptions import (
     AllRegionsUnavailableError,
@@ -38,6 +37,7 @@ from georep.ports import (
     SessionReceiver,
     SessionStateStore,
 )
+from georep.receive.pull import PullReceiver
 
 __all__ = ["Absent", "GeoSession", "SessionRegions", "accept_in_both"]
 

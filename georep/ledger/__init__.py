@@ -1,0 +1,1 @@
+"""The delivery ledger: the Parquet writer and its schema."""

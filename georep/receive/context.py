@@ -1,0 +1,88 @@
+"""What the parts of one GeoReceiver share: its counters and the context its loops run in.
+
+The region loops, the session loops and the settlers each take the one
+:class:`ReceiveContext` of their GeoReceiver; none of them imports :mod:`georep.receive.receiver`
+(as :mod:`georep.send.result` is for the GeoSender's parts).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from opentelemetry import trace
+
+from georep._telemetry import ReceiverMetrics
+from georep.ports import Clock, Ledger, SeenStore
+from georep.receive.outcomes import Decisions
+
+__all__ = ["ReceiveContext", "ReceiverStats"]
+
+
+@dataclass(slots=True)
+class ReceiverStats:
+    """Live counters of one GeoReceiver.
+
+    Attributes:
+        processed: Copies whose handler succeeded (each is one logical message).
+        failed: Handler failures: it raised or abandoned the copy (abandoned for
+            redelivery, or dead-lettered once ``max_attempts`` is reached).
+        dead_lettered: Copies dead-lettered: by the handler, after ``max_attempts``, or
+            as the twin of a copy dead-lettered in the other region.
+        deferred: Copies deferred: by the handler, or as the twin of a deferred copy.
+        suppressed: Duplicate copies settled without calling the handler, by region.
+        pings: The paired namespaces' ping messages completed without the handler.
+        unchecked: Copies processed without a dedup check (``on_store_unavailable="process"``
+            or a copy without a dedup key).
+        order_gaps: Session mode: messages handed on without their predecessor processed
+            (``order_wait`` ran out, or no region held it).
+        order_waited: Session mode: seconds messages spent waiting for their predecessors.
+        received: Copies received, by region.
+        parked: Copies now waiting for another consumer's outcome.
+        in_flight: Handlers running now.
+        store_errors: Seen-set calls that failed (Redis unreachable).
+    """
+
+    processed: int = 0
+    failed: int = 0
+    dead_lettered: int = 0
+    deferred: int = 0
+    suppressed: dict[str, int] = field(default_factory=dict)
+    pings: int = 0
+    unchecked: int = 0
+    order_gaps: int = 0
+    order_waited: float = 0.0
+    received: dict[str, int] = field(default_factory=dict)
+    parked: int = 0
+    in_flight: int = 0
+    store_errors: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class ReceiveContext:
+    """One GeoReceiver's state, as its loops and settlers share it.
+
+    Attributes:
+        entity: The entity path the receiver reads (spans, ledger rows).
+        seen: The shared seen-set.
+        decisions: The handlers' decisions, recorded by the receiver's outcome methods.
+        stats: The receiver's counters (updated in place).
+        metrics: The receiver's metrics.
+        ledger: Where a row per settled copy goes, if anywhere.
+        clock: Time source.
+        stopping: Set when the receiver closes.
+        tracer: The receiver's tracer.
+        tracing: Whether spans are recorded now.
+    """
+
+    entity: str
+    seen: SeenStore
+    decisions: Decisions
+    stats: ReceiverStats
+    metrics: ReceiverMetrics
+    ledger: Ledger | None
+    clock: Clock
+    stopping: asyncio.Event
+    tracer: trace.Tracer
+    tracing: Callable[[], bool]

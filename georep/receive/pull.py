@@ -1,0 +1,679 @@
+"""Pull receiving over a GeoReceiver: ask for messages, then settle each one with a call.
+
+The SDK's receivers are pulled: the application asks for messages (``receive_messages``,
+iteration) and settles each one (``complete_message``...). A GeoReceiver pushes: it calls a
+handler. :class:`PullReceiver` joins the two without a second implementation of receiving:
+its handler hands each claimed message to the puller (a :class:`Handout`) and waits for the
+application's decision; the GeoReceiver's region loops then record it in the seen-set and
+settle the copy in its region, as they do for any handler. So claim → process → commit →
+settle, the twin's outcome, lock and lease renewal and the ``max_attempts`` rule stay those
+of :mod:`georep.receive.region_loop`.
+
+Fetching. Each region has a fetcher task that receives while the application waits for
+messages (as many as it still lacks, plus ``prefetch``), from both regions at once. While
+nothing is asked for, it sweeps: copies at the head of its region whose key is already
+final (the twins of messages settled from the other region) are received and settled, so a
+program that stops receiving leaves no copy behind that its one-region run would not.
+Copies received beyond what was asked for wait in the buffer, claimed and with their locks
+renewed, for the next call (or are abandoned when the receiver closes).
+
+Settling. A decision returns once the region loop settled the copy, or tried to: once the
+outcome is in the seen-set the message is settled for georep (a copy whose broker
+settlement failed, in a region that went down, is settled with the same outcome when it is
+redelivered), so the call does not raise for that.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections import deque
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from functools import partial
+from typing import Any, Final
+
+from georep._channel import CALL_SECONDS, bounded_call
+from georep._clock import SystemClock
+from georep._lifecycle import AsyncResource, close_all
+from georep.exceptions import (
+    ClosedError,
+    ConfigurationError,
+    RegionError,
+    SettlementError,
+    StoreUnavailableError,
+)
+from georep.ports import FINAL_STATES, Clock, Delivery, RegionReceiver, SeenStore
+from georep.receive.outcomes import ABANDON, COMPLETE, Decision, Settle
+from georep.receive.receiver import GeoReceiver
+from georep.receive.region_loop import RECEIVE_GRACE, RegionLoop
+from georep.receive.settlement import Copy
+
+__all__ = ["Handout", "PullReceiver", "SettleProbe"]
+
+_log = logging.getLogger("georep.receiver")
+
+BATCH_GAP: Final = 0.2
+"""Seconds a receive call keeps collecting after a message arrived (the SDK's
+further-pull window): it returns once no more arrived for this long."""
+_SWEEP_PEEK: Final = 32
+"""Messages browsed at the head of an idle region to find twins already settled."""
+_BACKOFF_MAX: Final = 5.0
+
+
+@dataclass(eq=False, slots=True)
+class Handout:
+    """One logical message on its way to (or with) the application.
+
+    Attributes:
+        message: The region's copy (the SDK's ``ServiceBusReceivedMessage``).
+        region: The label of the region it came from.
+        decided: Resolved with the application's decision (or abandon on close).
+        settled: Resolved once the region loop settled the copy: None, or the error the
+            region answered with (the outcome is in the seen-set either way).
+        handed_out: Given to the application (not just waiting in the buffer).
+    """
+
+    message: Any
+    region: str
+    decided: asyncio.Future[Decision]
+    settled: asyncio.Future[BaseException | None]
+    handed_out: bool = False
+
+
+class SettleProbe:
+    """A region's receiver, as the GeoReceiver's region loop uses it, that also tells the
+    pull receiver when a copy was settled, and serialises every call on the region.
+
+    The SDK's receivers take one call at a time; the region loop serialises its own calls,
+    and this lock adds the pull receiver's (lock renewals, browsing, deferred messages).
+
+    Args:
+        inner: The region's receiver.
+        on_settled: Called after every settlement, with the copy and the error (or None).
+    """
+
+    def __init__(
+        self,
+        inner: RegionReceiver,
+        on_settled: Callable[[Any, BaseException | None], None],
+    ) -> None:
+        self.inner = inner
+        self.lock = asyncio.Lock()
+        self._on_settled = on_settled
+
+    @property
+    def region(self) -> str:
+        return self.inner.region
+
+    @property
+    def namespace(self) -> str:
+        return self.inner.namespace
+
+    @property
+    def entity(self) -> str:
+        return self.inner.entity
+
+    def delivery(self, message: Any, dedup_source: str, dedup_name: str | None) -> Delivery:
+        return self.inner.delivery(message, dedup_source, dedup_name)
+
+    async def call(self, operation: Callable[[RegionReceiver], Awaitable[Any]]) -> Any:
+        """Run ``operation(inner)`` alone on the region."""
+        async with self.lock:
+            return await operation(self.inner)
+
+    async def receive(self, max_messages: int, *, max_wait: float) -> list[Any]:
+        async with self.lock:
+            return await self.inner.receive(max_messages, max_wait=max_wait)
+
+    async def peek(self, count: int) -> list[Any]:
+        async with self.lock:
+            return await self.inner.peek(count)
+
+    async def _settle(self, message: Any, operation: Callable[[], Awaitable[None]]) -> None:
+        error: BaseException | None = None
+        try:
+            async with self.lock:
+                await operation()
+        except BaseException as exc:
+            error = exc
+            raise
+        finally:
+            self._on_settled(message, error)
+
+    async def complete(self, message: Any) -> None:
+        await self._settle(message, partial(self.inner.complete, message))
+
+    async def abandon(self, message: Any) -> None:
+        await self._settle(message, partial(self.inner.abandon, message))
+
+    async def dead_letter(self, message: Any, reason: str, description: str) -> None:
+        await self._settle(message, partial(self.inner.dead_letter, message, reason, description))
+
+    async def defer(self, message: Any) -> None:
+        await self._settle(message, partial(self.inner.defer, message))
+
+    async def renew_lock(self, message: Any) -> float | None:
+        async with self.lock:
+            return await self.inner.renew_lock(message)
+
+    async def close(self) -> None:
+        """Nothing: the pull receiver closes the regions it owns itself."""
+
+
+@dataclass(eq=False, slots=True)
+class _Batch:
+    """Copies one receive returned that may still reach the buffer (counted as arriving)."""
+
+    fetch: _Fetch
+    expected: set[int]
+
+    def arrived(self, message_ids: Iterable[int]) -> None:
+        for message_id in message_ids:
+            if message_id in self.expected:
+                self.expected.discard(message_id)
+                self.fetch.arriving -= 1
+
+
+@dataclass(eq=False, slots=True)
+class _Fetch:
+    """One region's fetcher and what it has received that is not in the buffer yet."""
+
+    loop: RegionLoop
+    probe: SettleProbe
+    wake: asyncio.Event = field(default_factory=asyncio.Event)
+    arriving: int = 0
+    task: asyncio.Task[None] | None = None
+    dry: bool = False
+    """Its last receive for what was asked came back empty or failed (``ordered``: the
+    next region may receive then)."""
+
+
+class PullReceiver(AsyncResource):
+    """Receive from a queue or subscription in two regions by asking, and settle by calls.
+
+    Each logical message is handed out once across both regions and every process sharing
+    the seen-set: claimed when it reaches this receiver, recorded when the application
+    completes or dead-letters (or defers) it, released when it abandons it or the receiver
+    closes. Locks (and claims) of messages handed out are renewed until they are settled.
+
+    Args:
+        primary: The primary region's peek-lock receiver (a RegionReceiver).
+        secondary: The secondary region's.
+        seen: The shared seen-set.
+        receive_and_delete: Settle each message as it is handed out (the SDK's
+            RECEIVE_AND_DELETE): the application cannot settle it, and a message is
+            completed only once handed out (one waiting in the buffer when the receiver
+            closes is abandoned, never lost).
+        prefetch: Messages kept ready beyond what the application asked for.
+        poll: Seconds one receive call to a region waits when it is empty (the
+            GeoReceiver's ``max_wait``): an idle region is swept this often.
+        sweep: Settle copies already settled elsewhere while idle and on close.
+        ordered: Receive what is asked for from one region at a time, in preference order
+            (primary first): the next region only while those before it come back empty
+            or fail; the others only sweep. A session's messages are then handed out in
+            one region's order.
+        owned: Region receivers this object created: closed with it.
+        clock: Time source (tests inject :class:`georep.testing.FakeClock`).
+        receiver_options: Passed to :class:`georep.GeoReceiver` (``lease``,
+            ``max_attempts``, ``dedup_key``, ``ledger``...).
+
+    Raises:
+        ConfigurationError: As :class:`georep.GeoReceiver` (session mode is not pulled here).
+    """
+
+    def __init__(
+        self,
+        primary: RegionReceiver,
+        secondary: RegionReceiver,
+        *,
+        seen: SeenStore,
+        receive_and_delete: bool = False,
+        prefetch: int = 0,
+        poll: float = 1.0,
+        sweep: bool = True,
+        ordered: bool = False,
+        owned: Sequence[Any] = (),
+        clock: Clock | None = None,
+        receiver_options: Mapping[str, Any] | None = None,
+    ) -> None:
+        options = dict(receiver_options or {})
+        if options.get("sessions"):
+            raise ConfigurationError("a PullReceiver reads sessionless entities")
+        if prefetch < 0:
+            raise ConfigurationError(f"prefetch must be 0 or more, not {prefetch}")
+        self._clock: Clock = clock or SystemClock()
+        self._probes = [SettleProbe(r, self._settled) for r in (primary, secondary)]
+        self.geo = GeoReceiver(
+            *self._probes, seen=seen, max_wait=poll, clock=self._clock, **options
+        )
+        self.receive_and_delete = receive_and_delete
+        self.prefetch = prefetch
+        self.poll = poll
+        self._sweep = sweep
+        self._ordered = ordered
+        self._owned = list(owned)
+        # The GeoReceiver's region loops, one per region (it is never run(): the fetchers
+        # below drive its loops' receive and process steps).
+        loops: list[RegionLoop] = list(self.geo._loops)
+        self._fetches = {
+            loop.region.region: _Fetch(loop, probe)
+            for loop, probe in zip(loops, self._probes, strict=True)
+        }
+        self._buffer: deque[Handout] = deque()
+        self._held: dict[int, Handout] = {}
+        self._arrivals: dict[int, _Batch] = {}
+        self._wanted = 0
+        self._waiters: set[asyncio.Future[None]] = set()
+        self._turns: set[asyncio.Task[bool]] = set()
+        self._closing = False
+        self._stop_fetching = asyncio.Event()
+        self._started = False
+
+    @property
+    def entity(self) -> str:
+        """The entity path both regions' receivers read."""
+        return self.geo.entity
+
+    @property
+    def clock(self) -> Clock:
+        """The time source of this receiver."""
+        return self._clock
+
+    @property
+    def regions(self) -> list[SettleProbe]:
+        """Both regions' receivers, primary first (each call on one through its lock)."""
+        return list(self._probes)
+
+    # ------------------------------------------------------------------- receiving
+
+    async def receive(self, max_count: int, max_wait: float | None) -> list[Handout]:
+        """Up to ``max_count`` messages, waiting at most ``max_wait`` seconds for the first
+        (None: until one arrives); then collecting while more arrive within
+        :data:`BATCH_GAP` of each other.
+
+        Returns:
+            The handouts, already marked handed out (empty once the receiver closes).
+
+        Raises:
+            ClosedError: The receiver was closed.
+            ConfigurationError: ``max_count`` is below 1.
+        """
+        self._check_open()
+        if max_count < 1:
+            raise ConfigurationError(f"max_message_count must be 1 or more, not {max_count}")
+        self._start_fetching()
+        got = self._take(max_count)
+        clock = self._clock
+        deadline = None if max_wait is None else clock.monotonic() + max(max_wait, 0.0)
+        last = clock.monotonic() if got else None
+        asked = max_count - len(got)
+        self._wanted += asked
+        self._wake_fetchers()
+        try:
+            while len(got) < max_count and not self._closing:
+                now = clock.monotonic()
+                gap_end = None if last is None else last + BATCH_GAP
+                limits = [t for t in (deadline, gap_end) if t is not None]
+                remaining = None if not limits else min(limits) - now
+                if remaining is not None and remaining <= 0:
+                    break
+                if not await self._wait_for_arrival(remaining):
+                    break
+                more = self._take(max_count - len(got))
+                if more:
+                    got.extend(more)
+                    self._wanted -= len(more)
+                    asked -= len(more)
+                    last = clock.monotonic()
+        finally:
+            self._wanted -= asked
+        return got
+
+    async def _wait_for_arrival(self, seconds: float | None) -> bool:
+        """Wait until a message reaches the buffer (or the receiver closes); False on timeout."""
+        waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._waiters.add(waiter)
+        try:
+            if seconds is None:
+                await waiter
+                return True
+            with self._clock.deadline(seconds):
+                await waiter
+            return True
+        except TimeoutError:
+            return False
+        finally:
+            self._waiters.discard(waiter)
+
+    def _notify(self) -> None:
+        for waiter in self._waiters:
+            if not waiter.done():
+                waiter.set_result(None)
+
+    def _take(self, count: int) -> list[Handout]:
+        taken: list[Handout] = []
+        while self._buffer and len(taken) < count:
+            handout = self._buffer.popleft()
+            if handout.decided.done():  # abandoned on close
+                continue
+            handout.handed_out = True
+            if self.receive_and_delete:
+                handout.decided.set_result(COMPLETE)
+            taken.append(handout)
+        return taken
+
+    def _wake_fetchers(self) -> None:
+        for fetch in self._fetches.values():
+            fetch.wake.set()
+
+    # ------------------------------------------------------------------- settling
+
+    def handout(self, message: Any, operation: str) -> Handout:
+        """The live handout of ``message``.
+
+        Raises:
+            ConfigurationError: The receiver settles on hand-out (RECEIVE_AND_DELETE).
+            SettlementError: ``message`` was not handed out by this receiver, or was
+                settled already.
+        """
+        if self.receive_and_delete:
+            raise ConfigurationError(
+                f"{operation}: not supported in RECEIVE_AND_DELETE mode (the message was "
+                "settled as it was handed out)"
+            )
+        handout = self._held.get(id(message))
+        if handout is None or not handout.handed_out or handout.decided.done():
+            raise SettlementError(
+                f"{operation}: this message is not one this receiver handed out and has not "
+                "settled yet (it was settled already, came from another receiver, or was "
+                "peeked)"
+            )
+        return handout
+
+    async def settle(self, message: Any, decision: Decision, operation: str) -> None:
+        """Settle a message this receiver handed out: record ``decision`` in the seen-set,
+        then in its region. Returns once the region loop settled it (see the module doc).
+
+        Raises:
+            ConfigurationError, SettlementError: As :meth:`handout`.
+            ClosedError: The receiver was closed.
+        """
+        self._check_open()
+        handout = self.handout(message, operation)
+        handout.decided.set_result(decision)
+        error = await asyncio.shield(handout.settled)
+        if error is not None:
+            _log.warning(
+                "%s: %s could not settle the copy (%s); its outcome is recorded, so the "
+                "redelivered copy gets it without being handed out",
+                operation,
+                handout.region,
+                type(error).__name__,
+            )
+
+    async def renew_lock(self, message: Any) -> float | None:
+        """Renew the lock of a message handed out; its new expiry (epoch seconds) if known.
+
+        Raises:
+            SettlementError: Not a message this receiver holds.
+            RegionError: The region refused or did not answer (``LOCK_LOST``...).
+        """
+        self._check_open()
+        handout = self.handout(message, "renew_message_lock")
+        probe = self._fetches[handout.region].probe
+        with bounded_call(self._clock, handout.region, "a lock renewal"):
+            return await probe.renew_lock(message)
+
+    def _settled(self, message: Any, error: BaseException | None) -> None:
+        handout = self._held.pop(id(message), None)
+        if handout is not None and not handout.settled.done():
+            handout.settled.set_result(error)
+
+    async def _handle(self, fetch: _Fetch, message: Any) -> None:
+        """The GeoReceiver's handler: hand the message out, wait for the decision."""
+        batch = self._arrivals.pop(id(message), None)
+        if batch is not None:
+            batch.arrived([id(message)])
+        loop = asyncio.get_running_loop()
+        handout = Handout(message, fetch.probe.region, loop.create_future(), loop.create_future())
+        self._held[id(message)] = handout
+        if self._closing:
+            handout.decided.set_result(ABANDON)
+        else:
+            self._buffer.append(handout)
+            self._notify()
+        decision = await handout.decided
+        if decision.settle is Settle.ABANDON:
+            await self.geo.abandon_message(message)
+        elif decision.settle is Settle.DEFER:
+            await self.geo.defer_message(message)
+        elif decision.settle is Settle.DEAD_LETTER:
+            await self.geo.dead_letter_message(message, decision.reason, decision.description)
+
+    # ------------------------------------------------------------------- fetching
+
+    def _start_fetching(self) -> None:
+        if self._started:
+            return
+        self._started = True
+        for fetch in self._fetches.values():
+            fetch.task = asyncio.ensure_future(self._fetch(fetch))
+
+    async def _fetch(self, fetch: _Fetch) -> None:
+        """One region's fetcher: receive what is asked for; sweep while idle."""
+        failures = 0
+        while not self._stop_fetching.is_set():
+            shortfall = self._wanted + self.prefetch - len(self._buffer) - fetch.arriving
+            try:
+                if shortfall > 0 and self._may_receive(fetch):
+                    self._set_dry(fetch, not await self._receive_into(fetch, shortfall))
+                elif not self._sweep or not await self._sweep_once(fetch):
+                    await self._idle(fetch, self.poll)
+                failures = 0
+            except (RegionError, StoreUnavailableError) as exc:
+                if isinstance(exc, RegionError):
+                    self._set_dry(fetch, True)
+                failures += 1
+                _log.warning("receive from %s failed: %s", fetch.probe.region, exc)
+                await self._idle(fetch, min(0.1 * 2**failures, _BACKOFF_MAX), wake=False)
+            except Exception:
+                # Never silently: a fetcher that died would leave its region unread.
+                failures += 1
+                _log.exception("the %s fetcher failed; retrying", fetch.probe.region)
+                await self._idle(fetch, min(0.1 * 2**failures, _BACKOFF_MAX), wake=False)
+
+    def _may_receive(self, fetch: _Fetch) -> bool:
+        """Whether ``fetch`` may receive what is asked for now (``ordered``: every region
+        before it came back empty or failed)."""
+        if not self._ordered:
+            return True
+        for other in self._fetches.values():
+            if other is fetch:
+                return True
+            if not other.dry:
+                return False
+        return True
+
+    def _set_dry(self, fetch: _Fetch, dry: bool) -> None:
+        if dry != fetch.dry:
+            fetch.dry = dry
+            if self._ordered:
+                self._wake_fetchers()
+
+    async def _idle(self, fetch: _Fetch, seconds: float, *, wake: bool = True) -> None:
+        """Wait ``seconds``, less when stopping (or, with ``wake``, when asked for more)."""
+        fetch.wake.clear()
+        events = [self._stop_fetching.wait()]
+        if wake:
+            events.append(fetch.wake.wait())
+        waits = [asyncio.ensure_future(e) for e in events]
+        try:
+            with self._clock.deadline(seconds):
+                await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+        except TimeoutError:
+            pass
+        finally:
+            for wait in waits:
+                wait.cancel()
+            await asyncio.gather(*waits, return_exceptions=True)
+
+    async def _receive_into(self, fetch: _Fetch, count: int) -> int:
+        """Receive up to ``count`` copies and start taking them to their outcomes.
+
+        Returns:
+            How many copies were received.
+
+        Raises:
+            RegionError: The region failed or did not answer in time.
+        """
+        copies = await fetch.loop.receive_copies(count)
+        if copies:
+            self._start_turns(fetch, copies)
+        return len(copies)
+
+    def _start_turns(self, fetch: _Fetch, copies: list[Copy]) -> asyncio.Task[bool]:
+        batch = _Batch(fetch, {id(c.message) for c in copies})
+        fetch.arriving += len(batch.expected)
+        for message_id in batch.expected:
+            self._arrivals[message_id] = batch
+
+        def claimed(processing: list[Copy]) -> None:
+            going = {id(c.message) for c in processing}
+            others = [m for m in batch.expected if m not in going]
+            for message_id in others:
+                self._arrivals.pop(message_id, None)
+            batch.arrived(others)
+
+        handler = partial(self._handle, fetch)
+        task = asyncio.ensure_future(fetch.loop.process_copies(handler, copies, on_claimed=claimed))
+        self._turns.add(task)
+
+        def done(finished: asyncio.Task[bool]) -> None:
+            self._turns.discard(finished)
+            for message_id in list(batch.expected):
+                self._arrivals.pop(message_id, None)
+            batch.arrived(list(batch.expected))
+            if not finished.cancelled() and finished.exception() is not None:
+                _log.error(
+                    "taking copies from %s to their outcomes failed: %r",
+                    fetch.probe.region,
+                    finished.exception(),
+                )
+
+        task.add_done_callback(done)
+        return task
+
+    async def _sweep_once(self, fetch: _Fetch) -> bool:
+        """Receive (and so settle) the copies at the head of an idle region whose key is
+        final already; True if there were any.
+
+        Raises:
+            RegionError: The region failed or did not answer in time.
+        """
+        count = await self._final_at_head(fetch)
+        if not count:
+            return False
+        return await self._receive_into(fetch, count) > 0
+
+    async def _final_at_head(self, fetch: _Fetch) -> int:
+        """How many receivable copies at the head of the region have a final key."""
+        loop = fetch.loop
+        peeked = await loop.peek(_SWEEP_PEEK)
+        policy = self.geo.dedup_key
+        keys: list[str] = []
+        for message in peeked:
+            state = getattr(message, "state", None)
+            if state is not None and int(state) != 0:  # deferred or scheduled: not received
+                continue
+            key = fetch.probe.delivery(message, policy.source, policy.name).key
+            if key is None:
+                break
+            keys.append(self.geo.seen_key(key))
+        if not keys:
+            return 0
+        states = await self.geo.seen.peek(keys)
+        final = 0
+        for state in states:
+            if state not in FINAL_STATES:
+                break
+            final += 1
+        return final
+
+    # ------------------------------------------------------------------- closing
+
+    async def _close(self) -> None:
+        self._closing = True
+        self._notify()
+        pending = [*self._held.values(), *self._buffer]
+        self._buffer.clear()
+        for handout in pending:
+            if not handout.decided.done():
+                handout.decided.set_result(ABANDON)
+        self._stop_fetching.set()
+        fetchers = [f.task for f in self._fetches.values() if f.task is not None]
+        await self._bounded(fetchers, self.poll + RECEIVE_GRACE, "fetcher")
+        settling = [h.settled for h in pending]
+        await self._bounded(settling, CALL_SECONDS + 1.0, "settlement", cancel=False)
+        # Copies parked behind a copy just settled in the other region find its outcome on
+        # their next claim (at most a second apart): let them settle rather than be
+        # handed back, which would leave them in their region.
+        await self._bounded(list(self._turns), 2 * self.poll + 1.0, "parked copy", cancel=False)
+        if self._sweep and self._started:
+            await self._final_sweep()
+        await self.geo.aclose()  # its loops hand back the copies they still hold
+        await self._bounded(list(self._turns), self.geo.lease + self.poll, "receive turn")
+        await close_all(
+            self._owned, timeout=self.geo.close_timeout, clock=self._clock, what="region receiver"
+        )
+        for handout in self._held.values():  # a settlement the closing cut short
+            if not handout.settled.done():
+                handout.settled.set_result(ClosedError("the receiver closed first"))
+        self._held.clear()
+
+    async def _final_sweep(self) -> None:
+        """Settle what each region holds at its head that is final already (bounded)."""
+
+        async def sweep(fetch: _Fetch) -> None:
+            try:
+                with self._clock.deadline(self.poll + RECEIVE_GRACE):
+                    count = await self._final_at_head(fetch)
+                    if count:
+                        copies = await fetch.loop.receive_copies(count)
+                        if copies:
+                            # Shielded: a turn cut short could leave a claim unreleased;
+                            # one still running is waited for (bounded) below.
+                            await asyncio.shield(self._start_turns(fetch, copies))
+            except (RegionError, TimeoutError) as exc:
+                _log.debug("closing: sweeping %s failed: %r", fetch.probe.region, exc)
+            except Exception as exc:
+                _log.warning("closing: sweeping %s failed: %r", fetch.probe.region, exc)
+
+        await asyncio.gather(*(sweep(f) for f in self._fetches.values()))
+
+    async def _bounded(
+        self,
+        waits: Sequence[asyncio.Future[Any]],
+        seconds: float,
+        what: str,
+        *,
+        cancel: bool = True,
+    ) -> None:
+        """Wait for ``waits`` at most ``seconds``; then cancel (or leave) the rest."""
+        if not waits:
+            return
+        gathered = asyncio.gather(*waits, return_exceptions=True)
+        try:
+            with self._clock.deadline(seconds):
+                await asyncio.shield(gathered)
+        except TimeoutError:
+            pass
+        late = [w for w in waits if not w.done()]
+        if late:
+            _log.warning("closing: %d %s(s) did not finish within %g s", len(late), what, seconds)
+            if cancel:
+                for task in late:
+                    task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await asyncio.gather(*late, return_exceptions=True)

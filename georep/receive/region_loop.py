@@ -1,0 +1,591 @@
+"""One region's receive loop of a GeoReceiver: receive, claim, process, settle, renew.
+
+A GeoReceiver runs one :class:`RegionLoop` per region, and only that loop touches the
+region's receiver (the SDK's receivers are not safe for concurrent calls). A turn:
+
+1. receive up to ``concurrency`` copies (fewer while copies are parked);
+2. claim their keys, and the keys of copies parked from earlier turns, in one round trip
+   to the seen-set;
+3. settle the copies found DONE (duplicates) at once;
+4. run the handler on every CLAIMED copy, concurrently, and commit (or release) and settle
+   each one as soon as it finishes, batched with whatever finished meanwhile, so a slow
+   handler never holds back its turn-mates; a side task renews locks and leases while
+   handlers run long;
+5. copies whose key is IN_FLIGHT elsewhere stay locked ("parked") and are claimed again
+   next turn.
+
+A parked copy waits for the other holder's outcome without a busy loop: it rides along
+with the next turn's claim, and the turn itself waits on the broker when idle.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import logging
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from functools import partial
+from typing import TYPE_CHECKING, Any, Final, Literal
+
+from opentelemetry.trace import Status, StatusCode
+
+from georep._channel import bounded_call
+from georep._lifecycle import start_task, stop_task
+from georep._policy import DedupKey
+from georep.exceptions import RegionError, StoreUnavailableError
+from georep.ports import (
+    FINAL_STATES,
+    Claims,
+    ClaimState,
+    Clock,
+    RegionReceiver,
+)
+from georep.receive.outcomes import (
+    ABANDON,
+    COMPLETE,
+    LEDGER_OUTCOMES,
+    Decision,
+    Settle,
+    max_attempts_decision,
+)
+from georep.receive.settlement import Copy, Settlements
+
+if TYPE_CHECKING:
+    from georep.receive.context import ReceiveContext
+
+__all__ = ["RECEIVE_GRACE", "Handler", "LoopPolicy", "RegionLoop", "StorePolicy"]
+
+_log = logging.getLogger("georep.receiver")
+
+RECEIVE_GRACE: Final = 10.0
+"""Seconds a receive call may take beyond ``max_wait`` (opening a link, a slow answer)
+before georep gives up on it: the SDK alone can wait forever on a lost link."""
+
+Handler = Callable[[Any], Awaitable[object]]
+StorePolicy = Literal["pause", "process"]
+
+
+@dataclass(frozen=True, slots=True)
+class LoopPolicy:
+    """The settings every region loop of one GeoReceiver shares (validated by it).
+
+    Attributes:
+        concurrency: Handlers running at once, and copies received per turn.
+        lease: Seconds a claim lasts unless renewed.
+        max_wait: Seconds one receive call waits for copies when the entity is idle.
+        max_attempts: Handler failures after which a copy is dead-lettered.
+        on_store_unavailable: ``"pause"`` or ``"process"`` (see GeoReceiver).
+        dedup_key: The field that identifies a logical message.
+        scope_prefix: Prepended to every dedup key to make its seen-set key.
+    """
+
+    concurrency: int
+    lease: float
+    max_wait: float
+    max_attempts: int
+    on_store_unavailable: StorePolicy
+    dedup_key: DedupKey
+    scope_prefix: str
+
+    def keys(self, copies: Sequence[Copy]) -> list[str]:
+        """The seen-set keys of ``copies`` (those with a dedup key), in this scope."""
+        prefix = self.scope_prefix
+        return [prefix + c.delivery.key for c in copies if c.delivery.key is not None]
+
+
+class _Stopping(Exception):
+    """Closing while the seen-set is unreachable: the turn's copies are handed back."""
+
+
+class _Backoff:
+    """Exponential waits, 0.1 s doubling to 5 s, on the injected clock."""
+
+    def __init__(self, clock: Clock) -> None:
+        self._clock = clock
+        self._attempts = 0
+
+    def reset(self) -> None:
+        self._attempts = 0
+
+    async def wait(self, stopping: asyncio.Event | None) -> None:
+        delay = min(0.1 * 2**self._attempts, 5.0)
+        self._attempts += 1
+        if stopping is not None and stopping.is_set():
+            return
+        await self._clock.sleep(delay)
+
+
+class RegionLoop:
+    """The receive loop of one region.
+
+    Args:
+        settlements: The region's settler; its ``region`` is the receiver this loop reads
+            and its ``lock`` guards every call on it.
+        owner: This loop's identity in the seen-set (one per region: the twin in the
+            other region must not find "our" claim and process the message again).
+        context: The GeoReceiver's shared state (seen-set, decisions, stats, metrics,
+            clock, and the event set when it closes).
+        policy: The shared settings.
+    """
+
+    def __init__(
+        self, settlements: Settlements, *, owner: str, context: ReceiveContext, policy: LoopPolicy
+    ) -> None:
+        self.region: RegionReceiver = settlements.region
+        self.owner = owner
+        self._settlements = settlements
+        self._seen = context.seen
+        self._decisions = context.decisions
+        self._stats = context.stats
+        self._metrics = context.metrics
+        self._clock = context.clock
+        self._policy = policy
+        self._stopping = context.stopping
+        self._parked = 0
+
+    # ------------------------------------------------------------------ the loop
+
+    async def run(self, handler: Handler) -> None:
+        """Receive and process until the GeoReceiver stops; parked copies are abandoned."""
+        parked: list[Copy] = []
+        backoff = _Backoff(self._clock)
+        while True:
+            if self._stopping.is_set():
+                await self._abandon_all(parked)
+                return
+            room = self._policy.concurrency - len(parked)
+            fresh: list[Copy] = []
+            if room > 0:
+                try:
+                    fresh = await self._fresh(room)
+                except RegionError as exc:
+                    _log.warning("receive from %s failed: %s", self.region.region, exc)
+                    await backoff.wait(self._stopping)
+                    continue
+                backoff.reset()
+            if not fresh and not parked:
+                continue
+            try:
+                parked = await self._turn(handler, parked + fresh)
+            except _Stopping:
+                await self._abandon_all(parked + fresh)
+                return
+            self._set_parked(len(parked))
+
+    async def receive_copies(self, room: int) -> list[Copy]:
+        """One bounded receive of up to ``room`` copies, pings completed (session workers).
+
+        Raises:
+            RegionError: The region failed or did not answer in time.
+        """
+        return await self._fresh(room)
+
+    async def process_copy(self, handler: Handler, copy: Copy) -> bool:
+        """Take one copy to its outcome: claim, handle (or settle as a twin), commit, settle;
+        waiting while another consumer holds its key (session workers, one copy at a time).
+
+        Returns:
+            False when the receiver closed first and the copy was handed back (abandoned).
+        """
+        return await self.process_copies(handler, [copy])
+
+    async def process_copies(
+        self,
+        handler: Handler,
+        copies: Sequence[Copy],
+        *,
+        on_claimed: Callable[[list[Copy]], None] | None = None,
+    ) -> bool:
+        """Take a batch of copies to their outcomes, as :meth:`process_copy` takes one (the
+        pull receiver of ``georep.servicebus``: one claim round trip for the batch).
+
+        Args:
+            handler: Called for each copy this consumer claimed.
+            copies: Copies from :meth:`receive_copies`.
+            on_claimed: Told, once the first claim answered, which copies go to the
+                handler now (the others are settled as twins, or parked).
+
+        Returns:
+            False when the receiver closed first and the copies still held were handed
+            back (abandoned).
+        """
+        parked = list(copies)
+        try:
+            while parked:
+                if self._stopping.is_set():
+                    await self._abandon_all(parked)
+                    return False
+                parked = await self._turn(handler, parked, on_claimed)
+                on_claimed = None
+        except _Stopping:
+            await self._abandon_all(parked)
+            return False
+        return True
+
+    async def renew_locks(self, copies: Sequence[Copy]) -> None:
+        """Renew the locks of ``copies`` that expire within half a lease."""
+        await self._renew_locks(copies)
+
+    async def peek(self, count: int) -> list[Any]:
+        """Up to ``count`` messages of the region, without locking them."""
+        async with self._settlements.lock:
+            with bounded_call(self._clock, self.region.region, "a browse"):
+                return list(await self.region.peek(count))
+
+    async def may_hold(self, key: str, count: int = 256) -> bool:
+        """Whether browsing the first ``count`` messages (any state, locked ones too) finds
+        dedup key ``key``; True when the region does not answer (it may hold it)."""
+        try:
+            messages = await self.peek(count)
+        except RegionError:
+            return True
+        source, name = self._policy.dedup_key.source, self._policy.dedup_key.name
+        return any(self.region.delivery(m, source, name).key == key for m in messages)
+
+    async def _receive(self, room: int) -> list[Any]:
+        """One receive call, bounded by georep's own deadline.
+
+        The SDK can wait forever on a link lost under it; without this bound the loop
+        (and :meth:`georep.GeoReceiver.aclose`, which waits for it) would hang.
+
+        Raises:
+            RegionError: The region failed, or did not answer within ``max_wait`` plus
+                :data:`RECEIVE_GRACE` seconds (kind TIMEOUT).
+        """
+        region, max_wait = self.region, self._policy.max_wait
+        label = region.region
+        with bounded_call(self._clock, label, "a receive", max_wait + RECEIVE_GRACE):
+            async with self._settlements.lock:
+                return await region.receive(room, max_wait=max_wait)
+
+    async def _fresh(self, room: int) -> list[Copy]:
+        """Receive up to ``room`` copies; the pings among them are completed here."""
+        messages = await self._receive(room)
+        source, name = self._policy.dedup_key.source, self._policy.dedup_key.name
+        now = self._clock.time()
+        fresh = [Copy(m, self.region.delivery(m, source, name), now, now) for m in messages]
+        received = self._stats.received
+        label = self.region.region
+        received[label] = received.get(label, 0) + len(fresh)
+        return await self._settlements.complete_pings(fresh)
+
+    def _set_parked(self, parked: int) -> None:
+        # The stats count every region's parked copies; this loop changes its own share.
+        self._stats.parked += parked - self._parked
+        self._parked = parked
+
+    async def _turn(
+        self,
+        handler: Handler,
+        copies: list[Copy],
+        on_claimed: Callable[[list[Copy]], None] | None = None,
+    ) -> list[Copy]:
+        """Claim, process, commit and settle one turn's copies; return those still parked.
+
+        ``on_claimed`` is told which copies go to the handler, once the claim answered.
+        """
+        checked, repeats = _first_of_each_key(copies)
+        unchecked = [c for c in copies if c.delivery.key is None]
+        states = await self._claim(checked, copies)
+        if states is None:  # store unreachable and policy "process"
+            unchecked, checked, states, repeats = copies, [], [], []
+        to_process = [c for c, s in zip(checked, states, strict=True) if s is ClaimState.CLAIMED]
+        parked = [c for c, s in zip(checked, states, strict=True) if s is ClaimState.IN_FLIGHT]
+        parked += repeats
+        self._stats.unchecked += len(unchecked)
+        if on_claimed is not None:
+            on_claimed(to_process + unchecked)
+
+        reasons = states.reasons if isinstance(states, Claims) else {}
+        for index, (copy, state) in enumerate(zip(checked, states, strict=True)):
+            if state in FINAL_STATES:
+                await self._settlements.settle_twin(copy, state, reasons.get(index))
+        await self._process(handler, to_process, unchecked, held=copies)
+        for copy in parked:
+            copy.parked_turns += 1
+        if parked and len(parked) == len(copies):
+            # Nothing else to do this turn: give the other holder a moment before the
+            # next claim instead of spinning on the store (receive() waits when idle, but
+            # not while copies are parked and the entity is busy).
+            await self._clock.sleep(min(0.05 * 2 ** min(parked[0].parked_turns, 5), 1.0))
+        if parked:
+            await self._renew_locks(parked)
+        return parked
+
+    async def _claim(self, checked: list[Copy], held: list[Copy]) -> list[ClaimState] | None:
+        if not checked:
+            return []
+        started = self._clock.monotonic()
+        keys = self._policy.keys(checked)
+        backoff = _Backoff(self._clock)
+        while True:
+            try:
+                states = await self._seen.claim(keys, owner=self.owner, lease=self._policy.lease)
+                self._metrics.claim_latency(self._clock.monotonic() - started)
+                return states
+            except StoreUnavailableError as exc:
+                self._store_error()
+                if self._policy.on_store_unavailable == "process":
+                    _log.error("seen-set unreachable (%s): processing WITHOUT dedup", exc)
+                    return None
+                if self._stopping.is_set():
+                    # Closing: nothing was processed yet, so hand every copy back.
+                    raise _Stopping from exc
+                _log.error("seen-set unreachable (%s): holding %d copies, retrying", exc, len(held))
+                await backoff.wait(None)
+                await self._renew_locks(held)
+
+    async def _store_call(self, held: list[Copy], call: Callable[[], Awaitable[object]]) -> bool:
+        """A commit or release, retried until the store answers (copies stay locked).
+
+        Returns False only when the receiver is closing and the store still does not
+        answer: the caller then abandons the copies (processed again later: at least once).
+        """
+        backoff = _Backoff(self._clock)
+        while True:
+            try:
+                await call()
+                return True
+            except StoreUnavailableError as exc:
+                self._store_error()
+                if self._policy.on_store_unavailable == "process":
+                    return True
+                if self._stopping.is_set():
+                    _log.error("closing with the seen-set unreachable (%s): abandoning", exc)
+                    return False
+                _log.error("seen-set unreachable (%s): settlement waits for it", exc)
+                await backoff.wait(None)
+                await self._renew_locks(held)
+
+    def _store_error(self) -> None:
+        self._stats.store_errors += 1
+        self._metrics.store_error()
+
+    # --------------------------------------------------------------- processing
+
+    async def _process(
+        self, handler: Handler, claimed: list[Copy], unchecked: list[Copy], *, held: list[Copy]
+    ) -> None:
+        """Run the handler on every copy; record and settle each as soon as it finishes.
+
+        A slow handler must not hold back its turn-mates: they are recorded and settled
+        while it runs (batched with whatever else finished meanwhile), so a crash loses
+        at most the work still running.
+        """
+        copies = claimed + unchecked
+        if not copies:
+            return
+        checked = {id(c) for c in claimed}
+        finished: asyncio.Queue[tuple[Copy, Decision]] = asyncio.Queue()
+        self._stats.in_flight += len(copies)
+
+        async def one(copy: Copy) -> None:
+            finished.put_nowait((copy, await self._handle(handler, copy)))
+
+        async def settle_as_they_finish() -> None:
+            remaining = len(copies)
+            while remaining:
+                batch = [await finished.get()]
+                while not finished.empty():
+                    batch.append(finished.get_nowait())
+                remaining -= len(batch)
+                await self._finish(batch, checked, held)
+
+        done = asyncio.Event()
+        renewer = start_task(
+            self._keep_alive(held, claimed, done), name=f"georep-renew {self.region.region}"
+        )
+        try:
+            if len(copies) == 1:  # no tasks to spread over: the common case when idle-ish
+                await one(copies[0])
+                await settle_as_they_finish()
+            else:
+                await asyncio.gather(settle_as_they_finish(), *(one(copy) for copy in copies))
+        finally:
+            # Told as well as cancelled: an SDK call can swallow a cancellation (Python
+            # 3.11's asyncio.wait_for returns a result that raced it, cpython gh-86296),
+            # and the renewer would then renew for ever while this region's loop waits.
+            done.set()
+            # stop_task: bounded, and a cancellation of this loop that arrives meanwhile
+            # goes on (awaiting the cancelled renewer under suppress swallowed it).
+            await stop_task(renewer, clock=self._clock)
+
+    async def _handle(self, handler: Handler, copy: Copy) -> Decision:
+        """Run the handler on one copy; what it decided (or the default for how it ended).
+
+        No decision: complete if it returned, abandon if it raised. An abandon on the
+        copy's ``max_attempts``-th delivery becomes a dead-letter.
+        """
+        span = self._settlements.start_span("process", copy)
+        message = copy.message
+        error: Exception | None = None
+        self._decisions.begin(message)
+        try:
+            await handler(message)
+        except Exception as exc:
+            error = exc
+            span.set_status(Status(StatusCode.ERROR, type(exc).__name__))
+            _log.warning(
+                "handler failed for %s from %s (delivery %d): %r",
+                copy.delivery.key,
+                self.region.region,
+                copy.delivery.delivery_count,
+                exc,
+            )
+        finally:
+            copy.handled_at = self._clock.time()
+            decided = self._decisions.end(message)
+            span.end()
+            self._stats.in_flight -= 1
+        decision = decided or (COMPLETE if error is None else ABANDON)
+        if decision.settle is Settle.ABANDON:
+            self._stats.failed += 1
+            self._metrics.copy("failed", self.region.region)
+            max_attempts = self._policy.max_attempts
+            if copy.delivery.delivery_count >= max_attempts:
+                decision = max_attempts_decision(copy.delivery.delivery_count, max_attempts, error)
+        self._settlements.count(decision)
+        return decision
+
+    async def _finish(
+        self, batch: list[tuple[Copy, Decision]], checked: set[int], held: list[Copy]
+    ) -> None:
+        """Record the batch's outcomes in the seen-set (one call per outcome), then settle.
+
+        A copy whose outcome could not be recorded (closing with the store unreachable) is
+        abandoned instead: settling it for good would hide it from its twin.
+        """
+        groups: dict[ClaimState | None, list[tuple[Copy, Decision]]] = {}
+        for copy, decision in batch:
+            if id(copy) in checked:
+                groups.setdefault(decision.state, []).append((copy, decision))
+        recorded: dict[ClaimState | None, bool] = {}
+        for state, members in groups.items():
+            recorded[state] = await self._store_call(held, self._record_call(state, members))
+        for copy, decision in batch:
+            kept = id(copy) not in checked or recorded[decision.state]
+            settled = await self._settlements.settle(copy, decision if kept else ABANDON)
+            # A handler that succeeded counts as processed even if its commit could not be
+            # made and the copy was abandoned: its effects happened.
+            self._settlements.record(copy, LEDGER_OUTCOMES[decision.settle], settled)
+
+    def _record_call(
+        self, state: ClaimState | None, members: list[tuple[Copy, Decision]]
+    ) -> Callable[[], Awaitable[object]]:
+        """The seen-set call that records ``members``' outcome ``state`` (None: release)."""
+        keys = self._policy.keys([copy for copy, _ in members])
+        if state is None:
+            return partial(self._seen.release, keys, owner=self.owner)
+        reasons = [d.reason for _, d in members] if state is ClaimState.DEAD_LETTERED else None
+        return partial(self._seen.commit, keys, owner=self.owner, outcome=state, reasons=reasons)
+
+    # ----------------------------------------------------------------- renewals
+
+    async def _keep_alive(
+        self, held: list[Copy], processing: list[Copy], done: asyncio.Event
+    ) -> None:
+        """Until ``done`` (while handlers run): renew every held copy's lock and our claims'
+        leases.
+
+        Wakes at a third of the lease, or at half the time left on the soonest lock,
+        whichever comes first (a queue's lock duration can be far shorter than the lease).
+        """
+        lease = self._policy.lease
+        while not done.is_set():
+            now = self._clock.time()
+            lock_left = [
+                c.delivery.locked_until - now
+                for c in held
+                if not c.settled and c.delivery.locked_until is not None
+            ]
+            interval = min([lease / 3, 10.0, *(left / 2 for left in lock_left)])
+            await self._clock.sleep(max(interval, 0.05))
+            await self._renew_locks(held, margin=2 * max(interval, 0.05))
+            await self._extend_claims([c for c in processing if not c.settled])
+
+    async def _extend_claims(self, running: list[Copy]) -> None:
+        keys = self._policy.keys(running)
+        if not keys:
+            return
+        try:
+            kept = await self._seen.extend(keys, owner=self.owner, lease=self._policy.lease)
+        except StoreUnavailableError:
+            return
+        for key, ok in zip(keys, kept, strict=True):
+            if not ok:
+                _log.warning(
+                    "lost the claim on %s in %s while its handler ran: another consumer "
+                    "may process it too (raise lease= above the handler's run time)",
+                    key,
+                    self.region.region,
+                )
+
+    async def _renew_locks(self, copies: Sequence[Copy], margin: float | None = None) -> None:
+        """Renew the locks that expire within ``margin`` seconds (default: half a lease)."""
+        margin = self._policy.lease / 2 if margin is None else margin
+        now = self._clock.time()
+        for copy in copies:
+            if copy.settled:
+                continue
+            locked_until = copy.delivery.locked_until
+            if locked_until is not None and locked_until - now > margin:
+                continue
+            try:
+                async with self._settlements.lock:
+                    with bounded_call(self._clock, self.region.region, "a lock renewal"):
+                        new_expiry = await self.region.renew_lock(copy.message)
+            except RegionError as exc:
+                _log.warning("could not renew a lock in %s: %s", self.region.region, exc)
+                continue
+            copy.delivery = dataclasses.replace(copy.delivery, locked_until=new_expiry)
+            copy.renewed_at = now
+
+    async def renew_session_lock(self, copy: Copy) -> bool:
+        """Session mode: renew the lock of ``copy``'s session (all its copies share it)
+        now; False when the region refused or did not answer in time.
+
+        Unlike the other calls on the region it does not queue behind the one in progress
+        (a browse or a receive can take as long as a short lock lasts): the SDK renews
+        locks beside a receiver's other calls, as its AutoLockRenewer does.
+        """
+        if copy.settled:
+            return True
+        now = self._clock.time()
+        try:
+            with bounded_call(self._clock, self.region.region, "a session lock renewal"):
+                new_expiry = await self.region.renew_lock(copy.message)
+        except RegionError as exc:
+            _log.warning("could not renew a session lock in %s: %s", self.region.region, exc)
+            return False
+        copy.delivery = dataclasses.replace(copy.delivery, locked_until=new_expiry)
+        copy.renewed_at = now
+        return True
+
+    async def _abandon_all(self, copies: list[Copy]) -> None:
+        for copy in copies:
+            with (
+                contextlib.suppress(RegionError),
+                bounded_call(self._clock, self.region.region, "an abandon"),
+            ):
+                await self.region.abandon(copy.message)
+
+
+def _first_of_each_key(copies: list[Copy]) -> tuple[list[Copy], list[Copy]]:
+    """The copies to claim (first of each dedup key) and the repeats of a key in the turn.
+
+    Two copies of one message in one turn (a redelivery, a replayed batch): our claim is
+    re-entrant for our own owner, so only the first is claimed; the others wait a turn and
+    then find it done (or released, after a failure).
+    """
+    checked: list[Copy] = []
+    repeats: list[Copy] = []
+    seen_keys: set[str] = set()
+    for copy in copies:
+        key = copy.delivery.key
+        if key is None:
+            continue
+        (repeats if key in seen_keys else checked).append(copy)
+        seen_keys.add(key)
+    return checked, repeats

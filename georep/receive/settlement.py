@@ -1,0 +1,217 @@
+"""How a GeoReceiver settles a copy: at the broker, in its stats, metrics, spans and ledger.
+
+One :class:`Settlements` per region of a GeoReceiver (its region loop's settler). The
+receiver decides (claim states, the handler's decisions); this applies a decision to one
+copy and accounts for it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from opentelemetry import trace
+from opentelemetry.trace import INVALID_SPAN, Link, SpanKind
+from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+
+from georep._channel import bounded_call
+from georep._logs import Throttled
+from georep.exceptions import RegionError
+from georep.ports import ClaimState, Delivery, ReceiveRecord, RegionReceiver
+from georep.receive.outcomes import (
+    COMPLETE,
+    LEDGER_OUTCOMES,
+    PING_CONTENT_TYPE,
+    Decision,
+    Settle,
+    twin_reason,
+)
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from georep.receive.context import ReceiveContext
+
+__all__ = ["Copy", "Settlements"]
+
+_log = logging.getLogger("georep.receiver")
+_troubles = Throttled(_log)
+"""A region that fails settlements fails them all: one line, then one per 30 s."""
+_propagator = TraceContextTextMapPropagator()
+
+
+@dataclass(slots=True)
+class Copy:
+    """One received copy, as the receiver tracks it."""
+
+    message: Any
+    delivery: Delivery
+    received_at: float = 0.0
+    """Wall-clock seconds when the receive call returned it (for the ledger)."""
+    renewed_at: float = 0.0
+    """Wall-clock seconds when its lock was last taken or renewed (received, at first):
+    with ``delivery.locked_until``, how long the lock lasts."""
+    parked_turns: int = 0
+    settled: bool = False
+    order_gap: str | None = None
+    """Session mode: why it was handed on without its predecessor (``timeout``, ``absent``)."""
+    order_waited: float = 0.0
+    """Session mode: seconds it waited for its predecessor."""
+    handled_at: float | None = None
+    """Wall-clock seconds when the handler returned (None: not handed to it)."""
+
+
+class Settlements:
+    """Settles one region's copies for a GeoReceiver and accounts for them.
+
+    Args:
+        region: The region whose copies this settles.
+        context: The receiver's shared state (its entity, stats, metrics, ledger, clock
+            and tracing).
+    """
+
+    def __init__(self, region: RegionReceiver, context: ReceiveContext) -> None:
+        self.region = region
+        self.lock = asyncio.Lock()
+        """Held for every call on the region's receiver: settlements and lock renewals may
+        overlap within a turn, and the SDK's receiver takes one call at a time."""
+        self._entity = context.entity
+        self._stats = context.stats
+        self._metrics = context.metrics
+        self._ledger = context.ledger
+        self._clock = context.clock
+        self._tracer = context.tracer
+        self._tracing = context.tracing
+        self.on_final: Callable[[Copy], None] | None = None
+        """Session mode: told of each copy settled with a final outcome (not abandoned)."""
+
+    def start_span(self, operation: str, copy: Copy) -> trace.Span:
+        if not self._tracing():
+            return INVALID_SPAN
+        links = []
+        if copy.delivery.traceparent:
+            context = trace.get_current_span(
+                _propagator.extract({"traceparent": copy.delivery.traceparent})
+            ).get_span_context()
+            if context.is_valid:
+                links.append(Link(context))
+        return self._tracer.start_span(
+            f"{operation} {self._entity}",
+            kind=SpanKind.CONSUMER if operation == "process" else SpanKind.CLIENT,
+            links=links,
+            attributes={
+                "messaging.system": "servicebus",
+                "messaging.destination.name": self._entity,
+                "messaging.operation.type": operation,
+                "georep.region": self.region.region,
+                "georep.duplicate": False,
+                "messaging.message.delivery_count": copy.delivery.delivery_count,
+            },
+        )
+
+    async def settle(self, copy: Copy, decision: Decision, *, duplicate: bool = False) -> bool:
+        """Settle ``copy`` as decided; False when the broker did not take the settlement."""
+        region = self.region
+        span = self.start_span("settle", copy)
+        span.set_attribute("georep.duplicate", duplicate)
+        span.set_attribute("messaging.operation.name", decision.settle.value)
+        copy.settled = True
+        message = copy.message
+        if self.on_final is not None and decision.settle is not Settle.ABANDON:
+            self.on_final(copy)
+        try:
+            async with self.lock:
+                with bounded_call(self._clock, region.region, "a settlement"):
+                    await self._send(message, decision)
+        except RegionError as exc:
+            # The copy will be redelivered; its outcome is recorded, so the redelivery
+            # gets the same outcome without the handler.
+            _troubles.warning(
+                ("settle", self._entity, region.region, exc.kind),
+                "settling a copy of %s in %s failed: %s",
+                self._entity,
+                region.region,
+                exc,
+            )
+            return False
+        finally:
+            span.end()
+        return True
+
+    async def _send(self, message: Any, decision: Decision) -> None:
+        region = self.region
+        if decision.settle is Settle.COMPLETE:
+            await region.complete(message)
+        elif decision.settle is Settle.ABANDON:
+            await region.abandon(message)
+        elif decision.settle is Settle.DEFER:
+            await region.defer(message)
+        else:
+            await region.dead_letter(message, decision.reason, decision.description)
+
+    def record(self, copy: Copy, outcome: str, settled: bool) -> None:
+        ledger = self._ledger
+        if ledger is None:
+            return
+        delivery = copy.delivery
+        now = self._clock.time()
+        ledger.record_receive(
+            ReceiveRecord(
+                message_id=delivery.key or "",
+                entity=self._entity,
+                region=self.region.region,
+                outcome=outcome,
+                delivery_count=delivery.delivery_count,
+                enqueued_at=delivery.enqueued_at,
+                received_at=copy.received_at,
+                settled_at=now if settled else None,
+                session_id=delivery.session_id,
+                order_writer=None if delivery.stamp is None else delivery.stamp.writer,
+                order_seq=None if delivery.stamp is None else delivery.stamp.seq,
+                order_gap=copy.order_gap,
+                order_wait=copy.order_waited,
+                # When the handler was done, not when settling returned: a settlement that
+                # fails can take seconds, and the next copy of the session may be handled
+                # (from its redelivery's twin) meanwhile; the audit orders by this time.
+                finished_at=now if copy.handled_at is None else copy.handled_at,
+            )
+        )
+
+    def count(self, decision: Decision) -> None:
+        label = self.region.region
+        if decision.settle is Settle.COMPLETE:
+            self._stats.processed += 1
+            self._metrics.copy("processed", label)
+        elif decision.settle is Settle.DEAD_LETTER:
+            self._stats.dead_lettered += 1
+            self._metrics.copy("dead_lettered", label)
+        elif decision.settle is Settle.DEFER:
+            self._stats.deferred += 1
+            self._metrics.copy("deferred", label)
+
+    async def complete_pings(self, copies: list[Copy]) -> list[Copy]:
+        """Complete the paired namespaces' pings (never a handler's business); the rest."""
+        pings = [c for c in copies if c.delivery.content_type == PING_CONTENT_TYPE]
+        if not pings:
+            return copies
+        for copy in pings:
+            await self.settle(copy, COMPLETE, duplicate=False)
+        self._stats.pings += len(pings)
+        return [c for c in copies if c.delivery.content_type != PING_CONTENT_TYPE]
+
+    async def settle_twin(self, copy: Copy, state: ClaimState, reason: str | None) -> None:
+        """Give a copy the outcome its twin (or an earlier copy) already got; no handler."""
+        decision = twin_reason(state, reason)
+        if decision.settle is Settle.COMPLETE:
+            label = self.region.region
+            suppressed = self._stats.suppressed
+            suppressed[label] = suppressed.get(label, 0) + 1
+            self._metrics.copy("suppressed", label)
+            outcome = "suppressed"
+        else:
+            self.count(decision)
+            outcome = LEDGER_OUTCOMES[decision.settle]
+        settled = await self.settle(copy, decision, duplicate=True)
+        self.record(copy, outcome, settled)

@@ -1,0 +1,1 @@
+"""The relay failover channel: FailoverChannel and what every endpoint shares."""

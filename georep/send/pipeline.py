@@ -1,0 +1,116 @@
+"""One ``GeoSender.send_messages`` call from end to end: check, prepare, send, record.
+
+The path (active or passive) does the sending; this wraps it in what every send has:
+validation before any network call, MessageIds and traceparent, the span, the duration
+metric and the ledger row.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any
+
+from opentelemetry.trace import INVALID_SPAN, Span, SpanKind, Status, StatusCode
+
+from georep._telemetry import traceparent_of
+from georep.send.records import SendRecords
+from georep.send.result import PendingSend, SendContext, SendResult
+
+__all__ = ["SendFlow"]
+
+_PRODUCER = SpanKind.PRODUCER
+
+
+class SendFlow:
+    """Runs each send through ``path``.
+
+    Args:
+        context: What the sender's collaborators share (regions, codec, telemetry...).
+        path: The active or passive path's ``send``.
+        records: The ledger rows (None: no ledger).
+    """
+
+    def __init__(
+        self,
+        context: SendContext,
+        path: Callable[[PendingSend], Awaitable[SendResult]],
+        *,
+        records: SendRecords | None,
+    ) -> None:
+        self._context = context
+        self._path = path
+        self._records = records
+
+    async def send(self, message: Any, timeout: float) -> SendResult:
+        """Send ``message`` (a message, a list or a batch) with ``timeout`` per attempt."""
+        context = self._context
+        codec = context.codec
+        messages = codec.split(message)
+        if not messages:
+            return SendResult(accepted=())
+        # Validated before any network call (issue 20): what no region would take is
+        # raised here, never failed over or queued.
+        codec.check(
+            messages,
+            one_partition=self._context.partitioned,
+            max_size=self._context.regions.size_limit(),
+        )
+        started = self._context.clock.monotonic()
+        records = self._records
+        wall_started = self._context.clock.time() if records is not None else 0.0
+        telemetry = self._context.telemetry
+        # start_span, not start_as_current_span: no context switch on the hot path. The span
+        # still parents to the caller's current span and its context travels in traceparent.
+        span = (
+            telemetry.tracer.start_span(
+                telemetry.span_name, kind=_PRODUCER, attributes=telemetry.span_attributes
+            )
+            if telemetry.tracing()
+            else INVALID_SPAN
+        )
+        try:
+            result = await self._path(self._pending(message, messages, timeout, span))
+        except BaseException as exc:
+            self._failed(span, exc, started, messages, wall_started)
+            raise
+        telemetry.duration(
+            self._context.clock.monotonic() - started, "queued" if result.queued else "accepted"
+        )
+        span.end()
+        if records is not None:
+            records.sent(result, wall_started)
+        return result
+
+    def _pending(
+        self, message: Any, messages: Sequence[Any], timeout: float, span: Span
+    ) -> PendingSend:
+        """The call's messages given their ids (and traceparent), ready for the path."""
+        traceparent = traceparent_of(span) if span is not INVALID_SPAN else None
+        # A single message goes to the SDK as itself: wrapped in a list it would be
+        # re-encoded into a one-message batch.
+        if len(messages) == 1 and messages[0] is message:
+            ids = (self._context.prep.prepare(message, traceparent),)
+            return PendingSend(message, messages, timeout, span, ids)
+        payload: Any = messages
+        if self._context.codec.is_batch(message) and getattr(message, "georep_prepared", False):
+            payload = message
+        # A batch the SDK built before we could give its messages ids is resent as a list
+        # of its (now prepared) messages, so both regions see the same ids.
+        return PendingSend(
+            payload, messages, timeout, span, self._context.prep.prepare_all(messages, traceparent)
+        )
+
+    def _failed(
+        self,
+        span: Span,
+        exc: BaseException,
+        started: float,
+        messages: Sequence[Any],
+        wall_started: float,
+    ) -> None:
+        span.set_status(Status(StatusCode.ERROR, type(exc).__name__))
+        span.set_attribute("error.type", type(exc).__name__)
+        self._context.telemetry.duration(self._context.clock.monotonic() - started, "failed")
+        span.end()
+        if self._records is not None:
+            self._records.failed(messages, exc, wall_started)
