@@ -36,12 +36,11 @@ from georep._lifecycle import start_task, stop_task
 from georep._policy import DedupKey
 from georep.exceptions import RegionError, StoreUnavailableError
 from georep.ports import (
-    FINAL_STATES,
-    Claims,
     ClaimState,
     Clock,
     RegionReceiver,
 )
+from georep.receive.dedup import first_of_each_key, sort_by_claim
 from georep.receive.outcomes import (
     ABANDON,
     COMPLETE,
@@ -286,23 +285,16 @@ class RegionLoop:
 
         ``on_claimed`` is told which copies go to the handler, once the claim answered.
         """
-        checked, repeats = _first_of_each_key(copies)
-        unchecked = [c for c in copies if c.delivery.key is None]
+        checked, repeats = first_of_each_key(copies)
         states = await self._claim(checked, copies)
-        if states is None:  # store unreachable and policy "process"
-            unchecked, checked, states, repeats = copies, [], [], []
-        to_process = [c for c, s in zip(checked, states, strict=True) if s is ClaimState.CLAIMED]
-        parked = [c for c, s in zip(checked, states, strict=True) if s is ClaimState.IN_FLIGHT]
-        parked += repeats
+        turn = sort_by_claim(copies, checked, repeats, states)
+        parked, unchecked = turn.parked, turn.unchecked
         self._stats.unchecked += len(unchecked)
         if on_claimed is not None:
-            on_claimed(to_process + unchecked)
-
-        reasons = states.reasons if isinstance(states, Claims) else {}
-        for index, (copy, state) in enumerate(zip(checked, states, strict=True)):
-            if state in FINAL_STATES:
-                await self._settlements.settle_twin(copy, state, reasons.get(index))
-        await self._process(handler, to_process, unchecked, held=copies)
+            on_claimed(turn.to_process + unchecked)
+        for copy, state, reason in turn.twins:  # the duplicates: settled, never processed
+            await self._settlements.settle_twin(copy, state, reason)
+        await self._process(handler, turn.to_process, unchecked, held=copies)
         for copy in parked:
             copy.parked_turns += 1
         if parked and len(parked) == len(copies):
@@ -570,22 +562,3 @@ class RegionLoop:
                 bounded_call(self._clock, self.region.region, "an abandon"),
             ):
                 await self.region.abandon(copy.message)
-
-
-def _first_of_each_key(copies: list[Copy]) -> tuple[list[Copy], list[Copy]]:
-    """The copies to claim (first of each dedup key) and the repeats of a key in the turn.
-
-    Two copies of one message in one turn (a redelivery, a replayed batch): our claim is
-    re-entrant for our own owner, so only the first is claimed; the others wait a turn and
-    then find it done (or released, after a failure).
-    """
-    checked: list[Copy] = []
-    repeats: list[Copy] = []
-    seen_keys: set[str] = set()
-    for copy in copies:
-        key = copy.delivery.key
-        if key is None:
-            continue
-        (repeats if key in seen_keys else checked).append(copy)
-        seen_keys.add(key)
-    return checked, repeats
