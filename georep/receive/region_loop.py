@@ -33,6 +33,7 @@ from opentelemetry.trace import Status, StatusCode
 
 from georep._channel import bounded_call
 from georep._lifecycle import start_task, stop_task
+from georep._logs import Throttled
 from georep._policy import DedupKey
 from georep.exceptions import RegionError, StoreUnavailableError
 from georep.ports import (
@@ -57,6 +58,10 @@ if TYPE_CHECKING:
 __all__ = ["RECEIVE_GRACE", "Handler", "LoopPolicy", "RegionLoop", "StorePolicy"]
 
 _log = logging.getLogger("georep.receiver")
+_troubles = Throttled(_log)
+"""Warnings that repeat while a region or the seen-set is down: one line, then one per 30 s
+with the count held back (each at DEBUG)."""
+_SEEN_SET_DOWN: Final = "seen-set unreachable"
 
 RECEIVE_GRACE: Final = 10.0
 """Seconds a receive call may take beyond ``max_wait`` (opening a link, a slow answer)
@@ -160,7 +165,12 @@ class RegionLoop:
                 try:
                     fresh = await self._fresh(room)
                 except RegionError as exc:
-                    _log.warning("receive from %s failed: %s", self.region.region, exc)
+                    _troubles.warning(
+                        ("receive", self.region.entity, self.region.region, exc.kind),
+                        "receive from %s failed: %s",
+                        self.region.region,
+                        exc,
+                    )
                     await backoff.wait(self._stopping)
                     continue
                 backoff.reset()
@@ -316,16 +326,24 @@ class RegionLoop:
             try:
                 states = await self._seen.claim(keys, owner=self.owner, lease=self._policy.lease)
                 self._metrics.claim_latency(self._clock.monotonic() - started)
+                _troubles.ended(_SEEN_SET_DOWN, "seen-set answers again")
                 return states
             except StoreUnavailableError as exc:
                 self._store_error()
                 if self._policy.on_store_unavailable == "process":
-                    _log.error("seen-set unreachable (%s): processing WITHOUT dedup", exc)
+                    _troubles.error(
+                        _SEEN_SET_DOWN, "seen-set unreachable (%s): processing WITHOUT dedup", exc
+                    )
                     return None
                 if self._stopping.is_set():
                     # Closing: nothing was processed yet, so hand every copy back.
                     raise _Stopping from exc
-                _log.error("seen-set unreachable (%s): holding %d copies, retrying", exc, len(held))
+                _troubles.error(
+                    _SEEN_SET_DOWN,
+                    "seen-set unreachable (%s): holding %d copies, retrying",
+                    exc,
+                    len(held),
+                )
                 await backoff.wait(None)
                 await self._renew_locks(held)
 
@@ -347,7 +365,9 @@ class RegionLoop:
                 if self._stopping.is_set():
                     _log.error("closing with the seen-set unreachable (%s): abandoning", exc)
                     return False
-                _log.error("seen-set unreachable (%s): settlement waits for it", exc)
+                _troubles.error(
+                    _SEEN_SET_DOWN, "seen-set unreachable (%s): settlement waits for it", exc
+                )
                 await backoff.wait(None)
                 await self._renew_locks(held)
 
@@ -529,7 +549,12 @@ class RegionLoop:
                     with bounded_call(self._clock, self.region.region, "a lock renewal"):
                         new_expiry = await self.region.renew_lock(copy.message)
             except RegionError as exc:
-                _log.warning("could not renew a lock in %s: %s", self.region.region, exc)
+                _troubles.warning(
+                    ("renew", self.region.entity, self.region.region, exc.kind),
+                    "could not renew a lock in %s: %s",
+                    self.region.region,
+                    exc,
+                )
                 continue
             copy.delivery = dataclasses.replace(copy.delivery, locked_until=new_expiry)
             copy.renewed_at = now
@@ -549,7 +574,12 @@ class RegionLoop:
             with bounded_call(self._clock, self.region.region, "a session lock renewal"):
                 new_expiry = await self.region.renew_lock(copy.message)
         except RegionError as exc:
-            _log.warning("could not renew a session lock in %s: %s", self.region.region, exc)
+            _troubles.warning(
+                ("renew", self.region.entity, self.region.region, exc.kind),
+                "could not renew a session lock in %s: %s",
+                self.region.region,
+                exc,
+            )
             return False
         copy.delivery = dataclasses.replace(copy.delivery, locked_until=new_expiry)
         copy.renewed_at = now

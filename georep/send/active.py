@@ -6,6 +6,7 @@ import asyncio
 import logging
 
 from georep._lifecycle import stop_task
+from georep._logs import Throttled
 from georep.exceptions import AllRegionsUnavailableError, RegionError
 from georep.send.path import Queue, SendPath, region_failed
 from georep.send.result import PendingSend, SendContext, SendResult
@@ -14,6 +15,8 @@ __all__ = ["ActivePath"]
 
 
 _log = logging.getLogger("georep.sender")
+_troubles = Throttled(_log)
+"""Warnings that repeat while a region is down: one line, then one per 30 s."""
 
 
 class ActivePath(SendPath):
@@ -105,7 +108,8 @@ class ActivePath(SendPath):
             repair = tuple(r for r, e in errors.items() if e.kind in self._policy.fail_over_on)
             if repair:
                 await self._queue(send.messages, list(repair))
-        _log.warning(
+        _troubles.warning(
+            ("partial", self._context.entity, tuple(sorted(errors))),
             "send to %s failed (%s); %s accepted%s",
             ", ".join(errors),
             "; ".join(f"{e.kind.value}: {e}" for e in errors.values()),

@@ -12,6 +12,7 @@ from typing import Any
 from opentelemetry.trace import Span, SpanKind
 
 from georep._lifecycle import start_task, stop_task
+from georep._logs import Throttled
 from georep._policy import as_seconds
 from georep.exceptions import AllRegionsUnavailableError, RegionError
 from georep.roles.state import FailoverEvidence, RoleMove, RoleSnapshot, RoleState
@@ -22,6 +23,8 @@ __all__ = ["PassivePath"]
 
 
 _log = logging.getLogger("georep.sender")
+_troubles = Throttled(_log)
+"""Warnings that repeat while a region is down: one line, then one per 30 s."""
 
 
 class PassivePath(SendPath):
@@ -84,7 +87,8 @@ class PassivePath(SendPath):
         count = len(send.messages)
         self._counts.failed(active.region, count)
         region_failed(send.span, active.region, first_error)
-        _log.warning(
+        _troubles.warning(
+            ("failover", self._context.entity, active.region, first_error.kind),
             "send to %s failed (%s: %s); failing over to %s",
             active.region,
             first_error.kind.value,

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import logging
+import uuid
 
 import pytest
 
 from georep._logs import Throttled
+from georep.testing import FakeMessage
 
 
 class Clock:
@@ -66,3 +68,24 @@ def test_an_ended_condition_says_so_with_its_count_and_its_next_start_is_logged_
         "seen-set answers again (4 more like it were held back)"
     ]
     assert lines(records, logging.WARNING) == ["seen-set unreachable", "seen-set unreachable"]
+
+
+async def test_an_active_sender_logs_one_warning_for_a_region_that_fails_every_send(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # Issue 31 #9: one WARNING per message while a region was down (186 lines in one run).
+    from _senders import down, geo, regions
+
+    from georep import ReplicationMode
+
+    # An entity of its own: the throttle is per process, and other tests fail 'orders'.
+    primary, secondary = regions(f"flood-{uuid.uuid4().hex[:8]}")
+    down(primary)
+    caplog.set_level(logging.DEBUG, logger="georep")
+    async with geo(primary, secondary, mode=ReplicationMode.ACTIVE) as sender:
+        for number in range(50):
+            result = await sender.send_messages(FakeMessage(f"m{number}".encode()))
+            assert result.accepted == ("secondary",)
+    failed = [r for r in caplog.records if "send to primary failed" in r.getMessage()]
+    assert len(failed) == 50, "each one is still logged, at DEBUG"
+    assert [r.levelno for r in failed].count(logging.WARNING) == 1
