@@ -539,25 +539,11 @@ class RegionLoop:
         margin = self._policy.lease / 2 if margin is None else margin
         now = self._clock.time()
         for copy in copies:
-            if copy.settled:
-                continue
             locked_until = copy.delivery.locked_until
-            if locked_until is not None and locked_until - now > margin:
+            if copy.settled or (locked_until is not None and locked_until - now > margin):
                 continue
-            try:
-                async with self._settlements.lock:
-                    with bounded_call(self._clock, self.region.region, "a lock renewal"):
-                        new_expiry = await self.region.renew_lock(copy.message)
-            except RegionError as exc:
-                _troubles.warning(
-                    ("renew", self.region.entity, self.region.region, exc.kind),
-                    "could not renew a lock in %s: %s",
-                    self.region.region,
-                    exc,
-                )
-                continue
-            copy.delivery = dataclasses.replace(copy.delivery, locked_until=new_expiry)
-            copy.renewed_at = now
+            async with self._settlements.lock:
+                await self._renew(copy, "a lock renewal")
 
     async def renew_session_lock(self, copy: Copy) -> bool:
         """Session mode: renew the lock of ``copy``'s session (all its copies share it)
@@ -567,17 +553,22 @@ class RegionLoop:
         (a browse or a receive can take as long as a short lock lasts): the SDK renews
         locks beside a receiver's other calls, as its AutoLockRenewer does.
         """
+        return await self._renew(copy, "a session lock renewal")
+
+    async def _renew(self, copy: Copy, what: str) -> bool:
+        """Renew ``copy``'s lock (bounded); False when the region refused or did not answer."""
         if copy.settled:
             return True
         now = self._clock.time()
         try:
-            with bounded_call(self._clock, self.region.region, "a session lock renewal"):
+            with bounded_call(self._clock, self.region.region, what):
                 new_expiry = await self.region.renew_lock(copy.message)
         except RegionError as exc:
             _troubles.warning(
                 ("renew", self.region.entity, self.region.region, exc.kind),
-                "could not renew a session lock in %s: %s",
+                "could not renew a lock in %s (%s): %s",
                 self.region.region,
+                what,
                 exc,
             )
             return False
