@@ -290,3 +290,13 @@ def test_the_cycle_finder_names_a_circle(tmp_path: Path) -> None:
         assert _import_cycles(names) == [["georep.a", "georep.b"]]
     finally:
         ROOT = saved
+
+
+def test_no_two_test_modules_share_a_name() -> None:
+    # tests/ has no __init__.py files: pytest imports each module by its basename, and a
+    # second module of the same name fails the whole run at collection ("import file
+    # mismatch"), as tests/unit/test_fork.py beside tests/integration/test_fork.py did.
+    names: dict[str, list[str]] = {}
+    for path in (ROOT / "tests").rglob("test_*.py"):
+        names.setdefault(path.name, []).append(str(path.relative_to(ROOT)))
+    assert {name: paths for name, paths in names.items() if len(paths) > 1} == {}
