@@ -48,9 +48,9 @@ from georep.exceptions import (
     SettlementError,
     StoreUnavailableError,
 )
-from georep.ports import FINAL_STATES, Clock, Delivery, RegionReceiver, SeenStore
+from georep.ports import FINAL_STATES, ClaimState, Clock, Delivery, RegionReceiver, SeenStore
 
-__all__ = ["Handout", "PullReceiver", "SettleProbe"]
+__all__ = ["Handout", "PullReceiver", "SettleDeferred", "SettleProbe"]
 
 _log = logging.getLogger("georep.receiver")
 
@@ -60,6 +60,13 @@ further-pull window): it returns once no more arrived for this long."""
 _SWEEP_PEEK: Final = 32
 """Messages browsed at the head of an idle region to find twins already settled."""
 _BACKOFF_MAX: Final = 5.0
+_ACTIVE: Final = 0
+_DEFERRED: Final = 1
+"""``ServiceBusMessageState`` values of a browsed message (the core reads the number)."""
+
+
+SettleDeferred = Callable[["SettleProbe", list[tuple[Any, ClaimState]]], Awaitable[None]]
+"""Settles deferred copies of one region whose key is final (see PullReceiver)."""
 
 
 @dataclass(eq=False, slots=True)
@@ -73,6 +80,7 @@ class Handout:
         settled: Resolved once the region loop settled the copy: None, or the error the
             region answered with (the outcome is in the seen-set either way).
         handed_out: Given to the application (not just waiting in the buffer).
+        key: Its dedup key (None: it has none).
     """
 
     message: Any
@@ -80,6 +88,7 @@ class Handout:
     decided: asyncio.Future[Decision]
     settled: asyncio.Future[BaseException | None]
     handed_out: bool = False
+    key: str | None = None
 
 
 class SettleProbe:
@@ -91,13 +100,15 @@ class SettleProbe:
 
     Args:
         inner: The region's receiver.
-        on_settled: Called after every settlement, with the copy and the error (or None).
+        on_settled: Called after every settlement, with this probe, the copy, the error
+            (or None) and the operation (``complete``, ``abandon``, ``dead_letter``,
+            ``defer``).
     """
 
     def __init__(
         self,
         inner: RegionReceiver,
-        on_settled: Callable[[Any, BaseException | None], None],
+        on_settled: Callable[[SettleProbe, Any, BaseException | None, str], None],
     ) -> None:
         self.inner = inner
         self.lock = asyncio.Lock()
@@ -131,7 +142,9 @@ class SettleProbe:
         async with self.lock:
             return await self.inner.peek(count)
 
-    async def _settle(self, message: Any, operation: Callable[[], Awaitable[None]]) -> None:
+    async def _settle(
+        self, message: Any, name: str, operation: Callable[[], Awaitable[None]]
+    ) -> None:
         error: BaseException | None = None
         try:
             async with self.lock:
@@ -140,19 +153,20 @@ class SettleProbe:
             error = exc
             raise
         finally:
-            self._on_settled(message, error)
+            self._on_settled(self, message, error, name)
 
     async def complete(self, message: Any) -> None:
-        await self._settle(message, partial(self.inner.complete, message))
+        await self._settle(message, "complete", partial(self.inner.complete, message))
 
     async def abandon(self, message: Any) -> None:
-        await self._settle(message, partial(self.inner.abandon, message))
+        await self._settle(message, "abandon", partial(self.inner.abandon, message))
 
     async def dead_letter(self, message: Any, reason: str, description: str) -> None:
-        await self._settle(message, partial(self.inner.dead_letter, message, reason, description))
+        dead_letter = partial(self.inner.dead_letter, message, reason, description)
+        await self._settle(message, "dead_letter", dead_letter)
 
     async def defer(self, message: Any) -> None:
-        await self._settle(message, partial(self.inner.defer, message))
+        await self._settle(message, "defer", partial(self.inner.defer, message))
 
     async def renew_lock(self, message: Any) -> float | None:
         async with self.lock:
@@ -215,6 +229,11 @@ class PullReceiver(AsyncResource):
             or fail; the others only sweep. A session's messages are then handed out in
             one region's order.
         owned: Region receivers this object created: closed with it.
+        on_twin_deferred: Told ``(dedup key, region label, copy)`` of each copy deferred
+            here because its key was deferred already (its twin's, or an earlier copy's):
+            whoever receives deferred messages needs its sequence number to settle it.
+        settle_deferred: Given the deferred copies a sweep found whose key is final now
+            (with that state): settles them (a receive never takes a deferred copy).
         clock: Time source (tests inject :class:`georep.testing.FakeClock`).
         receiver_options: Passed to :class:`georep.GeoReceiver` (``lease``,
             ``max_attempts``, ``dedup_key``, ``ledger``...).
@@ -235,6 +254,8 @@ class PullReceiver(AsyncResource):
         sweep: bool = True,
         ordered: bool = False,
         owned: Sequence[Any] = (),
+        on_twin_deferred: Callable[[str, str, Any], None] | None = None,
+        settle_deferred: SettleDeferred | None = None,
         clock: Clock | None = None,
         receiver_options: Mapping[str, Any] | None = None,
     ) -> None:
@@ -254,6 +275,8 @@ class PullReceiver(AsyncResource):
         self._sweep = sweep
         self._ordered = ordered
         self._owned = list(owned)
+        self._on_twin_deferred = on_twin_deferred
+        self._settle_deferred = settle_deferred
         # The GeoReceiver's region loops, one per region (it is never run(): the fetchers
         # below drive its loops' receive and process steps).
         loops: list[RegionLoop] = list(self.geo._loops)
@@ -392,9 +415,12 @@ class PullReceiver(AsyncResource):
             )
         return handout
 
-    async def settle(self, message: Any, decision: Decision, operation: str) -> None:
+    async def settle(self, message: Any, decision: Decision, operation: str) -> Handout:
         """Settle a message this receiver handed out: record ``decision`` in the seen-set,
         then in its region. Returns once the region loop settled it (see the module doc).
+
+        Returns:
+            The message's handout (its region).
 
         Raises:
             ConfigurationError, SettlementError: As :meth:`handout`.
@@ -412,6 +438,7 @@ class PullReceiver(AsyncResource):
                 handout.region,
                 type(error).__name__,
             )
+        return handout
 
     async def renew_lock(self, message: Any) -> float | None:
         """Renew the lock of a message handed out; its new expiry (epoch seconds) if known.
@@ -426,10 +453,19 @@ class PullReceiver(AsyncResource):
         with bounded_call(self._clock, handout.region, "a lock renewal"):
             return await probe.renew_lock(message)
 
-    def _settled(self, message: Any, error: BaseException | None) -> None:
+    def _settled(
+        self, probe: SettleProbe, message: Any, error: BaseException | None, operation: str
+    ) -> None:
         handout = self._held.pop(id(message), None)
-        if handout is not None and not handout.settled.done():
-            handout.settled.set_result(error)
+        if handout is not None:
+            if not handout.settled.done():
+                handout.settled.set_result(error)
+            return
+        if operation == "defer" and error is None and self._on_twin_deferred is not None:
+            policy = self.geo.dedup_key
+            key = probe.delivery(message, policy.source, policy.name).key
+            if key is not None:
+                self._on_twin_deferred(key, probe.region, message)
 
     async def _handle(self, fetch: _Fetch, message: Any) -> None:
         """The GeoReceiver's handler: hand the message out, wait for the decision."""
@@ -437,7 +473,14 @@ class PullReceiver(AsyncResource):
         if batch is not None:
             batch.arrived([id(message)])
         loop = asyncio.get_running_loop()
-        handout = Handout(message, fetch.probe.region, loop.create_future(), loop.create_future())
+        policy = self.geo.dedup_key
+        handout = Handout(
+            message,
+            fetch.probe.region,
+            loop.create_future(),
+            loop.create_future(),
+            key=fetch.probe.delivery(message, policy.source, policy.name).key,
+        )
         self._held[id(message)] = handout
         if self._closing:
             handout.decided.set_result(ABANDON)
@@ -578,27 +621,46 @@ class PullReceiver(AsyncResource):
         return await self._receive_into(fetch, count) > 0
 
     async def _final_at_head(self, fetch: _Fetch) -> int:
-        """How many receivable copies at the head of the region have a final key."""
+        """How many receivable copies at the head of the region have a final key.
+
+        Deferred copies seen on the way whose key is final (processed or dead-lettered
+        since, from the other region) go to ``settle_deferred``, if given: a receive never
+        takes them, so nothing else would.
+        """
         loop = fetch.loop
         peeked = await loop.peek(_SWEEP_PEEK)
         policy = self.geo.dedup_key
         keys: list[str] = []
+        deferred: list[tuple[Any, str]] = []
+        head_ended = False
         for message in peeked:
             state = getattr(message, "state", None)
-            if state is not None and int(state) != 0:  # deferred or scheduled: not received
-                continue
             key = fetch.probe.delivery(message, policy.source, policy.name).key
+            if state is not None and int(state) == _DEFERRED:
+                if key is not None and self._settle_deferred is not None:
+                    deferred.append((message, self.geo.seen_key(key)))
+                continue
+            if head_ended or (state is not None and int(state) != _ACTIVE):
+                continue  # scheduled: not received yet
             if key is None:
-                break
+                head_ended = True
+                continue
             keys.append(self.geo.seen_key(key))
-        if not keys:
+        if not keys and not deferred:
             return 0
-        states = await self.geo.seen.peek(keys)
+        states = await self.geo.seen.peek(keys + [key for _, key in deferred])
         final = 0
-        for state in states:
+        for state in states[: len(keys)]:
             if state not in FINAL_STATES:
                 break
             final += 1
+        settled: list[tuple[Any, ClaimState]] = [
+            (message, state)
+            for (message, _), state in zip(deferred, states[len(keys) :], strict=True)
+            if state in (ClaimState.DONE, ClaimState.DEAD_LETTERED)
+        ]
+        if settled and self._settle_deferred is not None:
+            await self._settle_deferred(fetch.probe, settled)
         return final
 
     # ------------------------------------------------------------------- closing
