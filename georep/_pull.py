@@ -28,7 +28,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import partial
@@ -57,6 +57,8 @@ _log = logging.getLogger("georep.receiver")
 BATCH_GAP: Final = 0.2
 """Seconds a receive call keeps collecting after a message arrived (the SDK's
 further-pull window): it returns once no more arrived for this long."""
+BUSY_POLL: Final = 0.1
+"""Seconds a receive waits on an empty region while this receiver holds copies there."""
 _SWEEP_PEEK: Final = 32
 """Messages browsed at the head of an idle region to find twins already settled."""
 _BACKOFF_MAX: Final = 5.0
@@ -202,6 +204,9 @@ class _Fetch:
     dry: bool = False
     """Its last receive for what was asked came back empty or failed (``ordered``: the
     next region may receive then)."""
+    held: Counter[str] = field(default_factory=Counter)
+    """Seen-set keys of the copies this receiver holds in the region (locked by it until
+    their turn ends): a receive passes over them."""
 
 
 class PullReceiver(AsyncResource):
@@ -571,7 +576,10 @@ class PullReceiver(AsyncResource):
         Raises:
             RegionError: The region failed or did not answer in time.
         """
-        copies = await fetch.loop.receive_copies(count)
+        # A receive holds the region's lock while it waits: with copies of ours there to
+        # settle (twins waiting for their outcome), wait briefly and let them through.
+        wait = min(self.poll, BUSY_POLL) if fetch.held else self.poll
+        copies = await fetch.loop.receive_copies(count, wait)
         if copies:
             self._start_turns(fetch, copies)
         return len(copies)
@@ -579,6 +587,8 @@ class PullReceiver(AsyncResource):
     def _start_turns(self, fetch: _Fetch, copies: list[Copy]) -> asyncio.Task[bool]:
         batch = _Batch(fetch, {id(c.message) for c in copies})
         fetch.arriving += len(batch.expected)
+        held = [self.geo.seen_key(c.delivery.key) for c in copies if c.delivery.key is not None]
+        fetch.held.update(held)
         for message_id in batch.expected:
             self._arrivals[message_id] = batch
 
@@ -595,6 +605,8 @@ class PullReceiver(AsyncResource):
 
         def done(finished: asyncio.Task[bool]) -> None:
             self._turns.discard(finished)
+            fetch.held.subtract(held)
+            fetch.held += Counter()  # drops the keys no longer held
             for message_id in list(batch.expected):
                 self._arrivals.pop(message_id, None)
             batch.arrived(list(batch.expected))
@@ -645,7 +657,10 @@ class PullReceiver(AsyncResource):
             if key is None:
                 head_ended = True
                 continue
-            keys.append(self.geo.seen_key(key))
+            seen_key = self.geo.seen_key(key)
+            if fetch.held[seen_key] > 0:
+                continue  # locked by this receiver: a receive passes over it
+            keys.append(seen_key)
         if not keys and not deferred:
             return 0
         states = await self.geo.seen.peek(keys + [key for _, key in deferred])

@@ -178,3 +178,19 @@ async def test_ordered_reads_the_next_region_only_once_the_first_has_nothing(
 
     assert order == [("a", "primary"), ("b", "primary"), ("c", "secondary")]
     assert world.primary.pending == world.secondary.pending == 0
+
+
+async def test_an_idle_sweep_passes_over_the_copies_it_holds_itself(world: World) -> None:
+    # The secondary's copies of what was handed out from the primary are held (parked) by
+    # this receiver; once the primary's are completed their keys are done, but a receive
+    # passes over locked copies: counting them would receive (and hoard) the next ones.
+    world.both("a", "b", "c", "d")
+    pull = world.pull(poll=0.05)  # sweeping often: while the parked twins wait a turn
+    got = await world.run(pull.receive(2, 5))
+    await world.clock.advance(10)  # the program works on them; the twins wait, parked
+    for handout in got:
+        await world.run(pull.settle(handout.message, COMPLETE, "complete_message"))
+    await world.clock.advance(3)
+
+    assert world.secondary.pending == 2 and pull.geo.stats.received["secondary"] == 2
+    await world.close(pull)
