@@ -17,10 +17,11 @@ program that stops receiving leaves no copy behind that its one-region run would
 Copies received beyond what was asked for wait in the buffer, claimed and with their locks
 renewed, for the next call (or are abandoned when the receiver closes).
 
-Settling. A decision returns once the region loop settled the copy, or tried to: once the
-outcome is in the seen-set the message is settled for georep (a copy whose broker
-settlement failed, in a region that went down, is settled with the same outcome when it is
-redelivered), so the call does not raise for that.
+Settling. A decision returns once the seen-set recorded it (or, for a copy without a dedup
+key, once the region loop settled it): from then on the outcome is the message's, and the
+copy's settlement in its region follows (a copy whose settlement fails, in a region that
+went down, gets the same outcome when it is redelivered), so the call neither waits for
+nor raises on it. Closing waits (bounded) for settlements still under way.
 """
 
 from __future__ import annotations
@@ -91,6 +92,50 @@ class Handout:
     settled: asyncio.Future[BaseException | None]
     handed_out: bool = False
     key: str | None = None
+    recorded: asyncio.Future[None] | None = None
+    """Resolved once the seen-set recorded its outcome (its claim released, for an
+    abandon): the decision is then the message's, whatever its region does next."""
+
+
+class RecordingSeenSet:
+    """The seen-set as the GeoReceiver's region loops use it, telling the pull receiver
+    which keys' outcomes were recorded (committed, or released).
+
+    Args:
+        inner: The shared seen-set.
+        on_recorded: Called with the keys after each commit or release.
+    """
+
+    def __init__(self, inner: SeenStore, on_recorded: Callable[[Sequence[str]], None]) -> None:
+        self.inner = inner
+        self._on_recorded = on_recorded
+
+    async def claim(self, keys: Sequence[str], *, owner: str, lease: float) -> list[ClaimState]:
+        return await self.inner.claim(keys, owner=owner, lease=lease)
+
+    async def commit(
+        self,
+        keys: Sequence[str],
+        *,
+        owner: str,
+        outcome: ClaimState = ClaimState.DONE,
+        reasons: Sequence[str] | None = None,
+    ) -> None:
+        await self.inner.commit(keys, owner=owner, outcome=outcome, reasons=reasons)
+        self._on_recorded(keys)
+
+    async def release(self, keys: Sequence[str], *, owner: str) -> None:
+        await self.inner.release(keys, owner=owner)
+        self._on_recorded(keys)
+
+    async def peek(self, keys: Sequence[str]) -> list[ClaimState | None]:
+        return await self.inner.peek(keys)
+
+    async def extend(self, keys: Sequence[str], *, owner: str, lease: float) -> list[bool]:
+        return await self.inner.extend(keys, owner=owner, lease=lease)
+
+    async def aclose(self) -> None:
+        """Nothing: the caller owns the seen-set."""
 
 
 class SettleProbe:
@@ -271,9 +316,12 @@ class PullReceiver(AsyncResource):
             raise ConfigurationError(f"prefetch must be 0 or more, not {prefetch}")
         self._clock: Clock = clock or SystemClock()
         self._probes = [SettleProbe(r, self._settled) for r in (primary, secondary)]
+        recording = RecordingSeenSet(seen, self._recorded)
         self.geo = GeoReceiver(
-            *self._probes, seen=seen, max_wait=poll, clock=self._clock, **options
+            *self._probes, seen=recording, max_wait=poll, clock=self._clock, **options
         )
+        self.seen = seen
+        self._recording: dict[str, Handout] = {}
         self.receive_and_delete = receive_and_delete
         self.prefetch = prefetch
         self.poll = poll
@@ -422,7 +470,7 @@ class PullReceiver(AsyncResource):
 
     async def settle(self, message: Any, decision: Decision, operation: str) -> Handout:
         """Settle a message this receiver handed out: record ``decision`` in the seen-set,
-        then in its region. Returns once the region loop settled it (see the module doc).
+        then in its region. Returns once it is recorded (see the module doc).
 
         Returns:
             The message's handout (its region).
@@ -433,8 +481,19 @@ class PullReceiver(AsyncResource):
         """
         self._check_open()
         handout = self.handout(message, operation)
+        if handout.key is not None:
+            handout.recorded = asyncio.get_running_loop().create_future()
+            self._recording[self.geo.seen_key(handout.key)] = handout
         handout.decided.set_result(decision)
-        error = await asyncio.shield(handout.settled)
+        waits: list[asyncio.Future[Any]] = [handout.settled]
+        if handout.recorded is not None:
+            waits.append(handout.recorded)
+        # Once recorded, the decision is the message's (the region's settlement follows,
+        # and a copy it misses gets the outcome when redelivered): no need to wait more.
+        await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+        if not handout.settled.done():
+            return handout
+        error = handout.settled.result()
         if error is not None:
             _log.warning(
                 "%s: %s could not settle the copy (%s); its outcome is recorded, so the "
@@ -458,6 +517,13 @@ class PullReceiver(AsyncResource):
         with bounded_call(self._clock, handout.region, "a lock renewal"):
             return await probe.renew_lock(message)
 
+    def _recorded(self, keys: Sequence[str]) -> None:
+        for key in keys:
+            handout = self._recording.pop(key, None)
+            recorded = None if handout is None else handout.recorded
+            if recorded is not None and not recorded.done():
+                recorded.set_result(None)
+
     def _settled(
         self, probe: SettleProbe, message: Any, error: BaseException | None, operation: str
     ) -> None:
@@ -465,6 +531,8 @@ class PullReceiver(AsyncResource):
         if handout is not None:
             if not handout.settled.done():
                 handout.settled.set_result(error)
+            if handout.key is not None:
+                self._recording.pop(self.geo.seen_key(handout.key), None)
             return
         if operation == "defer" and error is None and self._on_twin_deferred is not None:
             policy = self.geo.dedup_key
@@ -516,7 +584,12 @@ class PullReceiver(AsyncResource):
             shortfall = self._wanted + self.prefetch - len(self._buffer) - fetch.arriving
             try:
                 if shortfall > 0 and self._may_receive(fetch):
-                    self._set_dry(fetch, not await self._receive_into(fetch, shortfall))
+                    received = await self._receive_into(fetch, shortfall)
+                    self._set_dry(fetch, not received)
+                    if not received and fetch.held:
+                        # Nothing new, and copies of ours there wait to be settled: leave
+                        # the region's lock to them a moment before receiving again.
+                        await self._idle(fetch, BUSY_POLL, wake=False)
                 elif not self._sweep or not await self._sweep_once(fetch):
                     await self._idle(fetch, self.poll)
                 failures = 0

@@ -9,7 +9,7 @@ from typing import Any, TypeVar
 import pytest
 from _receivers import ReceiverWorld
 
-from georep import ConfigurationError, SettlementError
+from georep import ClaimState, ConfigurationError, SettlementError
 from georep._outcomes import ABANDON, COMPLETE, dead_letter_decision
 from georep._pull import PullReceiver
 from georep.testing import FakeMessage
@@ -194,3 +194,26 @@ async def test_an_idle_sweep_passes_over_the_copies_it_holds_itself(world: World
 
     assert world.secondary.pending == 2 and pull.geo.stats.received["secondary"] == 2
     await world.close(pull)
+
+
+async def test_a_completion_returns_once_the_seen_set_has_it(world: World) -> None:
+    # The region's settlement follows (here it is slow): the outcome is the message's once
+    # recorded, and the copy gets it even if the settlement never arrives.
+    release = asyncio.Event()
+    completing = world.primary.complete
+
+    async def slow_complete(message: Any) -> None:
+        await release.wait()
+        await completing(message)
+
+    world.primary.complete = slow_complete  # type: ignore[method-assign]
+    world.primary.put(FakeMessage(b"x", "a"))
+    pull = world.pull()
+    (handout,) = await world.run(pull.receive(1, 5))
+    await world.run(pull.settle(handout.message, COMPLETE, "complete_message"))
+
+    assert await world.seen.peek([pull.geo.seen_key("a")]) == [ClaimState.DONE]
+    assert world.primary.completed == []  # still settling in its region
+    release.set()
+    await world.close(pull)
+    assert len(world.primary.completed) == 1
