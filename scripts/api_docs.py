@@ -19,6 +19,8 @@ MODULES = (
     "georep.sync",
     "georep.servicebus",
     "georep.servicebus.aio",
+    "georep.servicebus.management",
+    "georep.servicebus.aio.management",
     "georep.testing",
     "georep.adapters.servicebus",
     "georep.adapters.redis",

@@ -54,6 +54,8 @@ SPLIT = frozenset(
         "test_demo.py",
         "test_docs.py",
         "test_doctor.py",
+        "test_dropin_client.py",
+        "test_dropin_client_sync.py",
         "test_emulator_faults.py",
         "test_emulator_messaging.py",
         "test_emulator_robustness.py",

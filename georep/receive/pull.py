@@ -17,10 +17,11 @@ program that stops receiving leaves no copy behind that its one-region run would
 Copies received beyond what was asked for wait in the buffer, claimed and with their locks
 renewed, for the next call (or are abandoned when the receiver closes).
 
-Settling. A decision returns once the region loop settled the copy, or tried to: once the
-outcome is in the seen-set the message is settled for georep (a copy whose broker
-settlement failed, in a region that went down, is settled with the same outcome when it is
-redelivered), so the call does not raise for that.
+Settling. A decision returns once the seen-set recorded it (or, for a copy without a dedup
+key, once the region loop settled it): from then on the outcome is the message's, and the
+copy's settlement in its region follows (a copy whose settlement fails, in a region that
+went down, gets the same outcome when it is redelivered), so the call neither waits for
+nor raises on it. Closing waits (bounded) for settlements still under way.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import partial
@@ -44,22 +45,31 @@ from georep.exceptions import (
     SettlementError,
     StoreUnavailableError,
 )
-from georep.ports import FINAL_STATES, Clock, Delivery, RegionReceiver, SeenStore
+from georep.ports import FINAL_STATES, ClaimState, Clock, Delivery, RegionReceiver, SeenStore
 from georep.receive.outcomes import ABANDON, COMPLETE, Decision, Settle
 from georep.receive.receiver import GeoReceiver
 from georep.receive.region_loop import RECEIVE_GRACE, RegionLoop
 from georep.receive.settlement import Copy
 
-__all__ = ["Handout", "PullReceiver", "SettleProbe"]
+__all__ = ["Handout", "PullReceiver", "SettleDeferred", "SettleProbe"]
 
 _log = logging.getLogger("georep.receiver")
 
 BATCH_GAP: Final = 0.2
 """Seconds a receive call keeps collecting after a message arrived (the SDK's
 further-pull window): it returns once no more arrived for this long."""
+BUSY_POLL: Final = 0.1
+"""Seconds a receive waits on an empty region while this receiver holds copies there."""
 _SWEEP_PEEK: Final = 32
 """Messages browsed at the head of an idle region to find twins already settled."""
 _BACKOFF_MAX: Final = 5.0
+_ACTIVE: Final = 0
+_DEFERRED: Final = 1
+"""``ServiceBusMessageState`` values of a browsed message (the core reads the number)."""
+
+
+SettleDeferred = Callable[["SettleProbe", list[tuple[Any, ClaimState]]], Awaitable[None]]
+"""Settles deferred copies of one region whose key is final (see PullReceiver)."""
 
 
 @dataclass(eq=False, slots=True)
@@ -73,6 +83,7 @@ class Handout:
         settled: Resolved once the region loop settled the copy: None, or the error the
             region answered with (the outcome is in the seen-set either way).
         handed_out: Given to the application (not just waiting in the buffer).
+        key: Its dedup key (None: it has none).
     """
 
     message: Any
@@ -80,6 +91,51 @@ class Handout:
     decided: asyncio.Future[Decision]
     settled: asyncio.Future[BaseException | None]
     handed_out: bool = False
+    key: str | None = None
+    recorded: asyncio.Future[None] | None = None
+    """Resolved once the seen-set recorded its outcome (its claim released, for an
+    abandon): the decision is then the message's, whatever its region does next."""
+
+
+class RecordingSeenSet:
+    """The seen-set as the GeoReceiver's region loops use it, telling the pull receiver
+    which keys' outcomes were recorded (committed, or released).
+
+    Args:
+        inner: The shared seen-set.
+        on_recorded: Called with the keys after each commit or release.
+    """
+
+    def __init__(self, inner: SeenStore, on_recorded: Callable[[Sequence[str]], None]) -> None:
+        self.inner = inner
+        self._on_recorded = on_recorded
+
+    async def claim(self, keys: Sequence[str], *, owner: str, lease: float) -> list[ClaimState]:
+        return await self.inner.claim(keys, owner=owner, lease=lease)
+
+    async def commit(
+        self,
+        keys: Sequence[str],
+        *,
+        owner: str,
+        outcome: ClaimState = ClaimState.DONE,
+        reasons: Sequence[str] | None = None,
+    ) -> None:
+        await self.inner.commit(keys, owner=owner, outcome=outcome, reasons=reasons)
+        self._on_recorded(keys)
+
+    async def release(self, keys: Sequence[str], *, owner: str) -> None:
+        await self.inner.release(keys, owner=owner)
+        self._on_recorded(keys)
+
+    async def peek(self, keys: Sequence[str]) -> list[ClaimState | None]:
+        return await self.inner.peek(keys)
+
+    async def extend(self, keys: Sequence[str], *, owner: str, lease: float) -> list[bool]:
+        return await self.inner.extend(keys, owner=owner, lease=lease)
+
+    async def aclose(self) -> None:
+        """Nothing: the caller owns the seen-set."""
 
 
 class SettleProbe:
@@ -91,13 +147,15 @@ class SettleProbe:
 
     Args:
         inner: The region's receiver.
-        on_settled: Called after every settlement, with the copy and the error (or None).
+        on_settled: Called after every settlement, with this probe, the copy, the error
+            (or None) and the operation (``complete``, ``abandon``, ``dead_letter``,
+            ``defer``).
     """
 
     def __init__(
         self,
         inner: RegionReceiver,
-        on_settled: Callable[[Any, BaseException | None], None],
+        on_settled: Callable[[SettleProbe, Any, BaseException | None, str], None],
     ) -> None:
         self.inner = inner
         self.lock = asyncio.Lock()
@@ -131,7 +189,9 @@ class SettleProbe:
         async with self.lock:
             return await self.inner.peek(count)
 
-    async def _settle(self, message: Any, operation: Callable[[], Awaitable[None]]) -> None:
+    async def _settle(
+        self, message: Any, name: str, operation: Callable[[], Awaitable[None]]
+    ) -> None:
         error: BaseException | None = None
         try:
             async with self.lock:
@@ -140,19 +200,20 @@ class SettleProbe:
             error = exc
             raise
         finally:
-            self._on_settled(message, error)
+            self._on_settled(self, message, error, name)
 
     async def complete(self, message: Any) -> None:
-        await self._settle(message, partial(self.inner.complete, message))
+        await self._settle(message, "complete", partial(self.inner.complete, message))
 
     async def abandon(self, message: Any) -> None:
-        await self._settle(message, partial(self.inner.abandon, message))
+        await self._settle(message, "abandon", partial(self.inner.abandon, message))
 
     async def dead_letter(self, message: Any, reason: str, description: str) -> None:
-        await self._settle(message, partial(self.inner.dead_letter, message, reason, description))
+        dead_letter = partial(self.inner.dead_letter, message, reason, description)
+        await self._settle(message, "dead_letter", dead_letter)
 
     async def defer(self, message: Any) -> None:
-        await self._settle(message, partial(self.inner.defer, message))
+        await self._settle(message, "defer", partial(self.inner.defer, message))
 
     async def renew_lock(self, message: Any) -> float | None:
         async with self.lock:
@@ -188,6 +249,9 @@ class _Fetch:
     dry: bool = False
     """Its last receive for what was asked came back empty or failed (``ordered``: the
     next region may receive then)."""
+    held: Counter[str] = field(default_factory=Counter)
+    """Seen-set keys of the copies this receiver holds in the region (locked by it until
+    their turn ends): a receive passes over them."""
 
 
 class PullReceiver(AsyncResource):
@@ -215,6 +279,11 @@ class PullReceiver(AsyncResource):
             or fail; the others only sweep. A session's messages are then handed out in
             one region's order.
         owned: Region receivers this object created: closed with it.
+        on_twin_deferred: Told ``(dedup key, region label, copy)`` of each copy deferred
+            here because its key was deferred already (its twin's, or an earlier copy's):
+            whoever receives deferred messages needs its sequence number to settle it.
+        settle_deferred: Given the deferred copies a sweep found whose key is final now
+            (with that state): settles them (a receive never takes a deferred copy).
         clock: Time source (tests inject :class:`georep.testing.FakeClock`).
         receiver_options: Passed to :class:`georep.GeoReceiver` (``lease``,
             ``max_attempts``, ``dedup_key``, ``ledger``...).
@@ -235,6 +304,8 @@ class PullReceiver(AsyncResource):
         sweep: bool = True,
         ordered: bool = False,
         owned: Sequence[Any] = (),
+        on_twin_deferred: Callable[[str, str, Any], None] | None = None,
+        settle_deferred: SettleDeferred | None = None,
         clock: Clock | None = None,
         receiver_options: Mapping[str, Any] | None = None,
     ) -> None:
@@ -245,15 +316,20 @@ class PullReceiver(AsyncResource):
             raise ConfigurationError(f"prefetch must be 0 or more, not {prefetch}")
         self._clock: Clock = clock or SystemClock()
         self._probes = [SettleProbe(r, self._settled) for r in (primary, secondary)]
+        recording = RecordingSeenSet(seen, self._recorded)
         self.geo = GeoReceiver(
-            *self._probes, seen=seen, max_wait=poll, clock=self._clock, **options
+            *self._probes, seen=recording, max_wait=poll, clock=self._clock, **options
         )
+        self.seen = seen
+        self._recording: dict[str, Handout] = {}
         self.receive_and_delete = receive_and_delete
         self.prefetch = prefetch
         self.poll = poll
         self._sweep = sweep
         self._ordered = ordered
         self._owned = list(owned)
+        self._on_twin_deferred = on_twin_deferred
+        self._settle_deferred = settle_deferred
         # The GeoReceiver's region loops, one per region (it is never run(): the fetchers
         # below drive its loops' receive and process steps).
         loops: list[RegionLoop] = list(self.geo._loops)
@@ -392,9 +468,12 @@ class PullReceiver(AsyncResource):
             )
         return handout
 
-    async def settle(self, message: Any, decision: Decision, operation: str) -> None:
+    async def settle(self, message: Any, decision: Decision, operation: str) -> Handout:
         """Settle a message this receiver handed out: record ``decision`` in the seen-set,
-        then in its region. Returns once the region loop settled it (see the module doc).
+        then in its region. Returns once it is recorded (see the module doc).
+
+        Returns:
+            The message's handout (its region).
 
         Raises:
             ConfigurationError, SettlementError: As :meth:`handout`.
@@ -402,8 +481,19 @@ class PullReceiver(AsyncResource):
         """
         self._check_open()
         handout = self.handout(message, operation)
+        if handout.key is not None:
+            handout.recorded = asyncio.get_running_loop().create_future()
+            self._recording[self.geo.seen_key(handout.key)] = handout
         handout.decided.set_result(decision)
-        error = await asyncio.shield(handout.settled)
+        waits: list[asyncio.Future[Any]] = [handout.settled]
+        if handout.recorded is not None:
+            waits.append(handout.recorded)
+        # Once recorded, the decision is the message's (the region's settlement follows,
+        # and a copy it misses gets the outcome when redelivered): no need to wait more.
+        await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+        if not handout.settled.done():
+            return handout
+        error = handout.settled.result()
         if error is not None:
             _log.warning(
                 "%s: %s could not settle the copy (%s); its outcome is recorded, so the "
@@ -412,6 +502,7 @@ class PullReceiver(AsyncResource):
                 handout.region,
                 type(error).__name__,
             )
+        return handout
 
     async def renew_lock(self, message: Any) -> float | None:
         """Renew the lock of a message handed out; its new expiry (epoch seconds) if known.
@@ -426,10 +517,28 @@ class PullReceiver(AsyncResource):
         with bounded_call(self._clock, handout.region, "a lock renewal"):
             return await probe.renew_lock(message)
 
-    def _settled(self, message: Any, error: BaseException | None) -> None:
+    def _recorded(self, keys: Sequence[str]) -> None:
+        for key in keys:
+            handout = self._recording.pop(key, None)
+            recorded = None if handout is None else handout.recorded
+            if recorded is not None and not recorded.done():
+                recorded.set_result(None)
+
+    def _settled(
+        self, probe: SettleProbe, message: Any, error: BaseException | None, operation: str
+    ) -> None:
         handout = self._held.pop(id(message), None)
-        if handout is not None and not handout.settled.done():
-            handout.settled.set_result(error)
+        if handout is not None:
+            if not handout.settled.done():
+                handout.settled.set_result(error)
+            if handout.key is not None:
+                self._recording.pop(self.geo.seen_key(handout.key), None)
+            return
+        if operation == "defer" and error is None and self._on_twin_deferred is not None:
+            policy = self.geo.dedup_key
+            key = probe.delivery(message, policy.source, policy.name).key
+            if key is not None:
+                self._on_twin_deferred(key, probe.region, message)
 
     async def _handle(self, fetch: _Fetch, message: Any) -> None:
         """The GeoReceiver's handler: hand the message out, wait for the decision."""
@@ -437,7 +546,14 @@ class PullReceiver(AsyncResource):
         if batch is not None:
             batch.arrived([id(message)])
         loop = asyncio.get_running_loop()
-        handout = Handout(message, fetch.probe.region, loop.create_future(), loop.create_future())
+        policy = self.geo.dedup_key
+        handout = Handout(
+            message,
+            fetch.probe.region,
+            loop.create_future(),
+            loop.create_future(),
+            key=fetch.probe.delivery(message, policy.source, policy.name).key,
+        )
         self._held[id(message)] = handout
         if self._closing:
             handout.decided.set_result(ABANDON)
@@ -468,7 +584,12 @@ class PullReceiver(AsyncResource):
             shortfall = self._wanted + self.prefetch - len(self._buffer) - fetch.arriving
             try:
                 if shortfall > 0 and self._may_receive(fetch):
-                    self._set_dry(fetch, not await self._receive_into(fetch, shortfall))
+                    received = await self._receive_into(fetch, shortfall)
+                    self._set_dry(fetch, not received)
+                    if not received and fetch.held:
+                        # Nothing new, and copies of ours there wait to be settled: leave
+                        # the region's lock to them a moment before receiving again.
+                        await self._idle(fetch, BUSY_POLL, wake=False)
                 elif not self._sweep or not await self._sweep_once(fetch):
                     await self._idle(fetch, self.poll)
                 failures = 0
@@ -528,7 +649,10 @@ class PullReceiver(AsyncResource):
         Raises:
             RegionError: The region failed or did not answer in time.
         """
-        copies = await fetch.loop.receive_copies(count)
+        # A receive holds the region's lock while it waits: with copies of ours there to
+        # settle (twins waiting for their outcome), wait briefly and let them through.
+        wait = min(self.poll, BUSY_POLL) if fetch.held else self.poll
+        copies = await fetch.loop.receive_copies(count, wait)
         if copies:
             self._start_turns(fetch, copies)
         return len(copies)
@@ -536,6 +660,8 @@ class PullReceiver(AsyncResource):
     def _start_turns(self, fetch: _Fetch, copies: list[Copy]) -> asyncio.Task[bool]:
         batch = _Batch(fetch, {id(c.message) for c in copies})
         fetch.arriving += len(batch.expected)
+        held = [self.geo.seen_key(c.delivery.key) for c in copies if c.delivery.key is not None]
+        fetch.held.update(held)
         for message_id in batch.expected:
             self._arrivals[message_id] = batch
 
@@ -552,6 +678,8 @@ class PullReceiver(AsyncResource):
 
         def done(finished: asyncio.Task[bool]) -> None:
             self._turns.discard(finished)
+            fetch.held.subtract(held)
+            fetch.held += Counter()  # drops the keys no longer held
             for message_id in list(batch.expected):
                 self._arrivals.pop(message_id, None)
             batch.arrived(list(batch.expected))
@@ -578,27 +706,49 @@ class PullReceiver(AsyncResource):
         return await self._receive_into(fetch, count) > 0
 
     async def _final_at_head(self, fetch: _Fetch) -> int:
-        """How many receivable copies at the head of the region have a final key."""
+        """How many receivable copies at the head of the region have a final key.
+
+        Deferred copies seen on the way whose key is final (processed or dead-lettered
+        since, from the other region) go to ``settle_deferred``, if given: a receive never
+        takes them, so nothing else would.
+        """
         loop = fetch.loop
         peeked = await loop.peek(_SWEEP_PEEK)
         policy = self.geo.dedup_key
         keys: list[str] = []
+        deferred: list[tuple[Any, str]] = []
+        head_ended = False
         for message in peeked:
             state = getattr(message, "state", None)
-            if state is not None and int(state) != 0:  # deferred or scheduled: not received
-                continue
             key = fetch.probe.delivery(message, policy.source, policy.name).key
+            if state is not None and int(state) == _DEFERRED:
+                if key is not None and self._settle_deferred is not None:
+                    deferred.append((message, self.geo.seen_key(key)))
+                continue
+            if head_ended or (state is not None and int(state) != _ACTIVE):
+                continue  # scheduled: not received yet
             if key is None:
-                break
-            keys.append(self.geo.seen_key(key))
-        if not keys:
+                head_ended = True
+                continue
+            seen_key = self.geo.seen_key(key)
+            if fetch.held[seen_key] > 0:
+                continue  # locked by this receiver: a receive passes over it
+            keys.append(seen_key)
+        if not keys and not deferred:
             return 0
-        states = await self.geo.seen.peek(keys)
+        states = await self.geo.seen.peek(keys + [key for _, key in deferred])
         final = 0
-        for state in states:
+        for state in states[: len(keys)]:
             if state not in FINAL_STATES:
                 break
             final += 1
+        settled: list[tuple[Any, ClaimState]] = [
+            (message, state)
+            for (message, _), state in zip(deferred, states[len(keys) :], strict=True)
+            if state in (ClaimState.DONE, ClaimState.DEAD_LETTERED)
+        ]
+        if settled and self._settle_deferred is not None:
+            await self._settle_deferred(fetch.probe, settled)
         return final
 
     # ------------------------------------------------------------------- closing

@@ -183,13 +183,17 @@ class RegionLoop:
                 return
             self._set_parked(len(parked))
 
-    async def receive_copies(self, room: int) -> list[Copy]:
+    async def receive_copies(self, room: int, max_wait: float | None = None) -> list[Copy]:
         """One bounded receive of up to ``room`` copies, pings completed (session workers).
+
+        ``max_wait`` (default the policy's) is how long an empty region is waited for: the
+        receive holds the region's lock, so a caller with settlements pending there waits
+        less.
 
         Raises:
             RegionError: The region failed or did not answer in time.
         """
-        return await self._fresh(room)
+        return await self._fresh(room, max_wait)
 
     async def process_copy(self, handler: Handler, copy: Copy) -> bool:
         """Take one copy to its outcome: claim, handle (or settle as a twin), commit, settle;
@@ -253,7 +257,7 @@ class RegionLoop:
         source, name = self._policy.dedup_key.source, self._policy.dedup_key.name
         return any(self.region.delivery(m, source, name).key == key for m in messages)
 
-    async def _receive(self, room: int) -> list[Any]:
+    async def _receive(self, room: int, max_wait: float | None = None) -> list[Any]:
         """One receive call, bounded by georep's own deadline.
 
         The SDK can wait forever on a link lost under it; without this bound the loop
@@ -263,15 +267,16 @@ class RegionLoop:
             RegionError: The region failed, or did not answer within ``max_wait`` plus
                 :data:`RECEIVE_GRACE` seconds (kind TIMEOUT).
         """
-        region, max_wait = self.region, self._policy.max_wait
+        region = self.region
+        max_wait = self._policy.max_wait if max_wait is None else max_wait
         label = region.region
         with bounded_call(self._clock, label, "a receive", max_wait + RECEIVE_GRACE):
             async with self._settlements.lock:
                 return await region.receive(room, max_wait=max_wait)
 
-    async def _fresh(self, room: int) -> list[Copy]:
+    async def _fresh(self, room: int, max_wait: float | None = None) -> list[Copy]:
         """Receive up to ``room`` copies; the pings among them are completed here."""
-        messages = await self._receive(room)
+        messages = await self._receive(room, max_wait)
         source, name = self._policy.dedup_key.source, self._policy.dedup_key.name
         now = self._clock.time()
         fresh = [Copy(m, self.region.delivery(m, source, name), now, now) for m in messages]

@@ -9,7 +9,7 @@ from typing import Any, TypeVar
 import pytest
 from _receivers import ReceiverWorld
 
-from georep import ConfigurationError, SettlementError
+from georep import ClaimState, ConfigurationError, SettlementError
 from georep.receive.outcomes import ABANDON, COMPLETE, dead_letter_decision
 from georep.receive.pull import PullReceiver
 from georep.testing import FakeMessage
@@ -178,3 +178,42 @@ async def test_ordered_reads_the_next_region_only_once_the_first_has_nothing(
 
     assert order == [("a", "primary"), ("b", "primary"), ("c", "secondary")]
     assert world.primary.pending == world.secondary.pending == 0
+
+
+async def test_an_idle_sweep_passes_over_the_copies_it_holds_itself(world: World) -> None:
+    # The secondary's copies of what was handed out from the primary are held (parked) by
+    # this receiver; once the primary's are completed their keys are done, but a receive
+    # passes over locked copies: counting them would receive (and hoard) the next ones.
+    world.both("a", "b", "c", "d")
+    pull = world.pull(poll=0.05)  # sweeping often: while the parked twins wait a turn
+    got = await world.run(pull.receive(2, 5))
+    await world.clock.advance(10)  # the program works on them; the twins wait, parked
+    for handout in got:
+        await world.run(pull.settle(handout.message, COMPLETE, "complete_message"))
+    await world.clock.advance(3)
+
+    assert world.secondary.pending == 2 and pull.geo.stats.received["secondary"] == 2
+    await world.close(pull)
+
+
+async def test_a_completion_returns_once_the_seen_set_has_it(world: World) -> None:
+    # The region's settlement follows (here it is slow): the outcome is the message's once
+    # recorded, and the copy gets it even if the settlement never arrives.
+    release = asyncio.Event()
+    completing = world.primary.complete
+
+    async def slow_complete(message: Any) -> None:
+        await release.wait()
+        await completing(message)
+
+    world.primary.complete = slow_complete  # type: ignore[method-assign]
+    world.primary.put(FakeMessage(b"x", "a"))
+    pull = world.pull()
+    (handout,) = await world.run(pull.receive(1, 5))
+    await world.run(pull.settle(handout.message, COMPLETE, "complete_message"))
+
+    assert await world.seen.peek([pull.geo.seen_key("a")]) == [ClaimState.DONE]
+    assert world.primary.completed == []  # still settling in its region
+    release.set()
+    await world.close(pull)
+    assert len(world.primary.completed) == 1

@@ -11,6 +11,7 @@ from typing import Any, Self, Unpack
 
 from azure.servicebus import NEXT_AVAILABLE_SESSION, ServiceBusReceiveMode, ServiceBusSubQueue
 
+from georep._clock import SystemClock
 from georep._endpoint import NamespaceEndpoint, Target, endpoint_pair, with_client_options_pair
 from georep._region_wrap import open_pair
 from georep.exceptions import ClosedError, ConfigurationError
@@ -23,6 +24,7 @@ from georep.servicebus._options import (
     sender_options,
 )
 
+from ._deferred import DeferredBook, settle_found
 from ._receiver import DEFAULT_RECEIVE_WAIT, ServiceBusReceiver
 from ._sender import ServiceBusSender
 from ._session import Absent, GeoSession, SessionRegions, accept_in_both
@@ -74,6 +76,7 @@ class ServiceBusClient:
         )
         self._options = checked
         self._handlers: set[ServiceBusSender | ServiceBusReceiver] = set()
+        self._deferred: dict[str, DeferredBook] = {}
         self._closed = False
 
     @classmethod
@@ -294,6 +297,17 @@ class ServiceBusClient:
             "prefetch_count": prefetch_count,
             "auto_lock_renewer": auto_lock_renewer,
         }
+        entity = names.get("queue_name") or (
+            f"{names['topic_name']}/Subscriptions/{names['subscription_name']}"
+        )
+        if sub is not None:
+            entity += "/$DeadLetterQueue"
+        book = self._deferred.setdefault(entity.lower(), DeferredBook())
+        options["on_twin_deferred"] = book.twin_deferred
+        options["settle_deferred"] = partial(
+            settle_found, self._options.get("clock") or SystemClock()
+        )
+        facade["deferred"] = book
         if session_id is not None:
             if sub is not None:
                 raise ConfigurationError(
@@ -307,9 +321,6 @@ class ServiceBusClient:
                 wanted,
                 max_wait_time or DEFAULT_RECEIVE_WAIT,
                 options,
-            )
-            entity = names.get("queue_name") or (
-                f"{names['topic_name']}/Subscriptions/{names['subscription_name']}"
             )
             receiver = ServiceBusReceiver(None, entity_path=entity, opener=opener, **facade)
             self._handlers.add(receiver)

@@ -16,6 +16,7 @@ from georep.receive.outcomes import ABANDON, COMPLETE, TWIN_REASON_PREFIX, Decis
 from georep.receive.outcomes import dead_letter_decision as _dead_letter_decision
 from georep.receive.pull import Handout, PullReceiver
 
+from ._deferred import DeferredBook, DeferredMessages
 from ._peek import MergedPeek
 
 if TYPE_CHECKING:
@@ -58,8 +59,11 @@ class ServiceBusReceiver:
         auto_lock_renewer: Any = None,
         dead_letter: bool = False,
         opener: Opener | None = None,
+        deferred: DeferredBook | None = None,
     ) -> None:
         self._pull = pull
+        self._book = deferred or DeferredBook()
+        self._deferred = None if pull is None else DeferredMessages(pull, self._book)
         self._opener = opener
         self._open_lock = asyncio.Lock()
         self._session: GeoSession | None = None
@@ -103,6 +107,7 @@ class ServiceBusReceiver:
                     assert self._opener is not None
                     pull, self._session = await self._opener(self)
                     self._peek = MergedPeek(pull)
+                    self._deferred = DeferredMessages(pull, self._book)
                     self._pull = pull
                     if self._auto_lock_renewer is not None:  # as the SDK: it renews the session
                         self._auto_lock_renewer.register(self, self._session)
@@ -213,17 +218,47 @@ class ServiceBusReceiver:
     async def receive_deferred_messages(
         self, sequence_numbers: int | Sequence[int], *, timeout: float | None = None
     ) -> list[ServiceBusReceivedMessage]:
-        """Not supported yet by the drop-in client (see docs/migration.md).
+        """The deferred messages with these numbers (the ``sequence_number`` of the messages
+        as this client handed them out), each from the region it was deferred in.
+
+        Settle them on this receiver; completing or dead-lettering one settles its
+        deferred twin in the other region too. In RECEIVE_AND_DELETE mode they are
+        completed as they are returned. Numbers this client did not hand out are looked
+        for in the primary, then the secondary.
 
         Raises:
-            NotImplementedError: Always.
+            RegionError: A region refused (no such deferred message) or did not answer.
         """
-        raise NotImplementedError(
-            "receive_deferred_messages is not supported by georep.servicebus yet: the "
-            "sequence numbers of a deferred message differ per region (docs/migration.md)"
-        )
+        if timeout is not None and timeout <= 0:
+            raise ConfigurationError("timeout must be greater than 0")
+        numbers = [sequence_numbers] if isinstance(sequence_numbers, int) else sequence_numbers
+        if not numbers:
+            return []
+        await self._opened()
+        assert self._deferred is not None
+        messages = await self._deferred.receive(list(numbers), timeout)
+        if self._receive_mode is ServiceBusReceiveMode.RECEIVE_AND_DELETE:
+            for message in messages:
+                await self._deferred.settle(message, COMPLETE, "receive_deferred_messages")
+            return messages
+        if self._auto_lock_renewer is not None and self._session is None:
+            for message in messages:
+                self._auto_lock_renewer.register(self, message)
+        return messages
 
     # ------------------------------------------------------------------- settling
+
+    async def _settle(
+        self, message: ServiceBusReceivedMessage, decision: Decision, operation: str
+    ) -> Handout | None:
+        """Settle a message this receiver handed out (or a deferred one it returned)."""
+        pull = await self._opened()
+        if self._deferred is not None and self._deferred.holds(message):
+            if self._receive_mode is ServiceBusReceiveMode.RECEIVE_AND_DELETE:
+                raise ConfigurationError(f"{operation}: not supported in RECEIVE_AND_DELETE mode")
+            await self._deferred.settle(message, decision, operation)
+            return None
+        return await pull.settle(message, decision, operation)
 
     async def complete_message(self, message: ServiceBusReceivedMessage) -> None:
         """Complete the message, and its copy in the other region.
@@ -232,7 +267,7 @@ class ServiceBusReceiver:
             SettlementError: Not a message this receiver handed out, or settled already.
             ConfigurationError: RECEIVE_AND_DELETE mode.
         """
-        await (await self._opened()).settle(message, COMPLETE, "complete_message")
+        await self._settle(message, COMPLETE, "complete_message")
 
     async def abandon_message(self, message: ServiceBusReceivedMessage) -> None:
         """Abandon the message: it is handed out again (from either region).
@@ -240,7 +275,7 @@ class ServiceBusReceiver:
         Raises:
             SettlementError, ConfigurationError: As :meth:`complete_message`.
         """
-        await (await self._opened()).settle(message, ABANDON, "abandon_message")
+        await self._settle(message, ABANDON, "abandon_message")
 
     async def defer_message(self, message: ServiceBusReceivedMessage) -> None:
         """Defer the message, and its copy in the other region.
@@ -248,7 +283,9 @@ class ServiceBusReceiver:
         Raises:
             SettlementError, ConfigurationError: As :meth:`complete_message`.
         """
-        await (await self._opened()).settle(message, Decision(Settle.DEFER), "defer_message")
+        handout = await self._settle(message, Decision(Settle.DEFER), "defer_message")
+        if handout is not None and message.sequence_number is not None:
+            self._book.deferred(int(message.sequence_number), handout.region, handout.key)
 
     async def dead_letter_message(
         self,
@@ -263,7 +300,7 @@ class ServiceBusReceiver:
             SettlementError, ConfigurationError: As :meth:`complete_message`.
         """
         decision = _dead_letter_decision(reason, error_description)
-        await (await self._opened()).settle(message, decision, "dead_letter_message")
+        await self._settle(message, decision, "dead_letter_message")
 
     async def renew_message_lock(
         self, message: ServiceBusReceivedMessage, *, timeout: float | None = None
@@ -279,7 +316,11 @@ class ServiceBusReceiver:
                 "Renewing message lock is an invalid operation when working with sessions. "
                 "Please renew the session lock instead."
             )
-        expiry = await (await self._opened()).renew_lock(message)
+        pull = await self._opened()
+        if self._deferred is not None and self._deferred.holds(message):
+            expiry = await self._deferred.renew_lock(message)
+        else:
+            expiry = await pull.renew_lock(message)
         locked_until = message.locked_until_utc
         if locked_until is not None:
             return locked_until

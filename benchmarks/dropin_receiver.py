@@ -1,0 +1,99 @@
+"""Pull receive + complete: the drop-in client against the raw SDK's receivers, same copies.
+
+Active mode puts two copies of every logical message in the two regions. For the same
+copies, one run measures how fast a program that pulls (``receive_messages(50)``, then an
+awaited ``complete_message`` per message) drains them with:
+
+- raw SDK: one ``azure.servicebus.aio`` receiver per region (each copy is handed to the
+  program: twice per logical message);
+- drop-in: ``georep.servicebus.aio.ServiceBusClient`` over both regions and a Redis
+  seen-set (each logical message handed out once; the twin settled by georep).
+
+It prints logical messages per second and the ratio drop-in / raw (issue 27's target:
+>= 0.9), timing from the first receive to both regions empty.
+
+    .venv/bin/python benchmarks/dropin_receiver.py [--messages 5000]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import time
+import uuid
+from typing import Any
+
+from _common import fill_active
+from azure.servicebus.aio import ServiceBusClient as SdkClient
+
+from georep import ReplicationMode
+from georep.adapters.emulator import Emulator
+from georep.adapters.redis import RedisSeenSet
+from georep.servicebus.aio import ServiceBusClient
+
+REDIS_URL = os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0")
+
+
+def stored(emu: Emulator, queue: str) -> int:
+    return sum(emu.namespace(n).message_count(queue) for n in emu.namespaces)
+
+
+async def pull(receiver: Any, emu: Emulator, queue: str) -> int:
+    """Receive and complete until both regions are empty; the messages handled."""
+    handled = 0
+    while stored(emu, queue):
+        for message in await receiver.receive_messages(max_message_count=50, max_wait_time=0.5):
+            handled += 1
+            await receiver.complete_message(message)
+    return handled
+
+
+async def raw(emu: Emulator, queue: str) -> tuple[float, int]:
+    async with (
+        SdkClient.from_connection_string(emu.connection_string("primary")) as east,
+        SdkClient.from_connection_string(emu.connection_string("secondary")) as west,
+        east.get_queue_receiver(queue) as first,
+        west.get_queue_receiver(queue) as second,
+    ):
+        started = time.perf_counter()
+        handled = await asyncio.gather(pull(first, emu, queue), pull(second, emu, queue))
+        return time.perf_counter() - started, sum(handled)
+
+
+async def dropin(emu: Emulator, queue: str) -> tuple[float, int]:
+    group = f"bench-{uuid.uuid4().hex[:8]}"
+    async with RedisSeenSet.from_url(REDIS_URL, group=group, window=600) as seen:
+        client = ServiceBusClient.from_connection_strings(
+            emu.connection_string("primary"),
+            emu.connection_string("secondary"),
+            seen=seen,
+            mode=ReplicationMode.ACTIVE,
+        )
+        async with client, client.get_queue_receiver(queue) as receiver:
+            started = time.perf_counter()
+            handled = await pull(receiver, emu, queue)
+            return time.perf_counter() - started, handled
+
+
+async def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--messages", type=int, default=5_000, help="logical messages")
+    args = parser.parse_args()
+    print(f"\n{args.messages:,} logical messages, active mode ({2 * args.messages:,} copies)")
+    print(f"{'receiver':10} {'seconds':>8} {'logical msg/s':>14} {'x raw':>7} {'handled':>8}")
+    with Emulator() as emu:
+        raw_rate = 0.0
+        for name, run in (("raw SDK", raw), ("drop-in", dropin)):
+            queue = f"dx-{uuid.uuid4().hex[:6]}"
+            for namespace in emu.namespaces:
+                emu.namespace(namespace).create_queue(queue)
+            await fill_active(emu, queue, args.messages)
+            seconds, handled = await run(emu, queue)
+            rate = args.messages / seconds
+            raw_rate = raw_rate or rate
+            print(f"{name:10} {seconds:8.2f} {rate:14,.0f} {rate / raw_rate:7.2f} {handled:8,}")
+
+
+if __name__ == "__main__":
+    asyncio.run(main())

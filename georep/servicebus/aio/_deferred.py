@@ -1,0 +1,326 @@
+"""``receive_deferred_messages`` across two regions: the numbers handed out round-trip.
+
+A deferred message is retrieved by its sequence number, and each region numbers its copies
+itself. So the client keeps, per entity, a :class:`DeferredBook`: for each number it handed
+out and the application deferred, the region it came from; and for each key whose twin
+georep deferred (the copy in the other region, deferred because this one was), that copy's
+region and number. ``receive_deferred_messages(numbers)`` fetches each number from its
+region; settling what it returns records the outcome in the seen-set, settles the copy, and
+settles the deferred twin the same way, so neither region keeps a deferred copy the raw
+SDK run would not.
+
+The book lives in the client (any receiver the client makes for the entity reads it), in
+memory: numbers deferred by another process or before a restart are looked for in the
+primary, then the secondary; a twin deferred elsewhere stays deferred in its region.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import OrderedDict
+from collections.abc import Sequence
+from functools import partial
+from typing import Any, Final
+
+from georep._channel import bounded_call
+from georep.exceptions import RegionError, SettlementError
+from georep.ports import ClaimState, Clock
+from georep.receive.outcomes import Decision, Settle, twin_reason
+from georep.receive.pull import PullReceiver, SettleProbe
+
+__all__ = ["DeferredBook", "DeferredMessages", "settle_found"]
+
+_log = logging.getLogger("georep.servicebus")
+
+_KEPT: Final = 100_000
+"""Entries a book keeps at most (oldest forgotten first)."""
+_TWIN_WAIT: Final = 5.0
+"""Seconds to wait for georep to defer a twin whose original's region is down."""
+
+
+class DeferredBook:
+    """Where the deferred messages of one entity are, as this client knows it."""
+
+    def __init__(self) -> None:
+        self._numbers: OrderedDict[int, list[tuple[str, int, str | None]]] = OrderedDict()
+        self._twins: OrderedDict[str, tuple[str, int]] = OrderedDict()
+
+    def deferred(self, number: int, region: str, key: str | None) -> None:
+        """The application deferred the message (dedup key ``key``) it was handed out as
+        ``number``, from ``region``."""
+        places = self._numbers.setdefault(number, [])
+        if all(place[0] != region for place in places):
+            places.append((region, number, key))
+        self._numbers.move_to_end(number)
+        _trim(self._numbers)
+
+    def twin_deferred(self, key: str, region: str, message: Any) -> None:
+        """georep deferred ``message`` in ``region`` because its key ``key`` was deferred."""
+        number = getattr(message, "sequence_number", None)
+        if number is not None:
+            self._twins[key] = (region, int(number))
+            _trim(self._twins)
+
+    def places(self, number: int) -> list[tuple[str, int, str | None]]:
+        """Where the message handed out as ``number`` is: (region, its number there, its
+        dedup key)."""
+        return list(self._numbers.get(number, ()))
+
+    def twin(self, key: str) -> tuple[str, int] | None:
+        """Where georep deferred the twin of ``key``, if this client saw it."""
+        return self._twins.get(key)
+
+    def forget(self, number: int, region: str) -> None:
+        places = self._numbers.get(number)
+        if places is None:
+            return
+        places[:] = [p for p in places if p[0] != region]
+        if not places:
+            del self._numbers[number]
+
+    def take_twin(self, key: str) -> tuple[str, int] | None:
+        """The deferred twin of ``key`` (forgotten: it is being settled)."""
+        return self._twins.pop(key, None)
+
+
+def _trim(entries: OrderedDict[Any, Any]) -> None:
+    while len(entries) > _KEPT:
+        entries.popitem(last=False)
+
+
+class DeferredMessages:
+    """``receive_deferred_messages`` of one receiver, and settling what it returned.
+
+    Args:
+        pull: The receiver's pull receiver (its regions, seen-set and clock).
+        book: The client's book for the entity.
+    """
+
+    def __init__(self, pull: PullReceiver, book: DeferredBook) -> None:
+        self._pull = pull
+        self._book = book
+        self._held: dict[int, tuple[SettleProbe, str | None, int]] = {}
+
+    def holds(self, message: Any) -> bool:
+        """Whether ``message`` came from :meth:`receive` and is not settled yet."""
+        return id(message) in self._held
+
+    async def receive(self, numbers: Sequence[int], timeout: float | None) -> list[Any]:
+        """The deferred messages handed out (and deferred) as ``numbers``, locked.
+
+        Raises:
+            RegionError: A region refused (no such deferred message) or did not answer.
+        """
+        probes = {probe.region: probe for probe in self._pull.regions}
+        plan: dict[str, list[tuple[int, str | None]]] = {}
+        unknown: list[int] = []
+        for number in numbers:
+            places = self._book.places(number)
+            if not places:
+                unknown.append(number)
+            for region, own, key in places:
+                plan.setdefault(region, []).append((own, key))
+        messages: list[Any] = []
+        for region, entries in plan.items():
+            try:
+                messages += await self._fetch(probes[region], [n for n, _ in entries], timeout)
+            except RegionError as exc:
+                # The region it was deferred in is down: its twin, deferred by georep in
+                # the other region, is the same message.
+                messages += await self._twins_of(region, entries, exc, timeout)
+        for number in unknown:
+            messages += await self._find(number, timeout)
+        return messages
+
+    async def _twins_of(
+        self,
+        region: str,
+        entries: list[tuple[int, str | None]],
+        error: RegionError,
+        timeout: float | None,
+    ) -> list[Any]:
+        """The deferred twins of ``entries`` (deferred in ``region``, which failed).
+
+        Raises:
+            RegionError: ``error``, when a twin is not known or cannot be fetched either.
+        """
+        probes = {probe.region: probe for probe in self._pull.regions}
+        messages: list[Any] = []
+        for _, key in entries:
+            twin = None if key is None else await self._twin(key, region)
+            if twin is None or twin[0] not in probes:
+                raise error
+            messages += await self._fetch(probes[twin[0]], [twin[1]], timeout)
+        return messages
+
+    async def _twin(self, key: str, region: str) -> tuple[str, int] | None:
+        """The twin of ``key`` outside ``region``, waiting a little for georep to defer it
+        (the other region's copy is deferred when its receiver next claims it)."""
+        clock = self._pull.clock
+        deadline = clock.monotonic() + _TWIN_WAIT
+        while True:
+            twin = self._book.twin(key)
+            if twin is not None and twin[0] != region:
+                return twin
+            if clock.monotonic() >= deadline:
+                return None
+            await clock.sleep(0.1)
+
+    async def _find(self, number: int, timeout: float | None) -> list[Any]:
+        """A number this client did not hand out: the primary's, else the secondary's."""
+        error: RegionError | None = None
+        for probe in self._pull.regions:
+            try:
+                found = await self._fetch(probe, [number], timeout)
+            except RegionError as exc:
+                error = error or exc
+                continue
+            if found:
+                return found
+        if error is not None:
+            raise error
+        return []
+
+    async def _fetch(
+        self, probe: SettleProbe, numbers: list[int], timeout: float | None
+    ) -> list[Any]:
+        inner = probe.inner
+        receive_deferred = getattr(inner, "receive_deferred", None)
+        if receive_deferred is None:
+            raise SettlementError(
+                f"the {probe.region} region's receiver ({type(inner).__name__}) cannot "
+                "receive deferred messages"
+            )
+        seconds = 10.0 if timeout is None else timeout
+        with bounded_call(self._pull.clock, probe.region, "a deferred receive", seconds):
+            messages: list[Any] = await probe.call(lambda _: receive_deferred(numbers))
+        policy = self._pull.geo.dedup_key
+        for message in messages:
+            key = probe.delivery(message, policy.source, policy.name).key
+            self._held[id(message)] = (probe, key, int(message.sequence_number))
+        return messages
+
+    async def settle(self, message: Any, decision: Decision, operation: str) -> None:
+        """Settle a deferred message :meth:`receive` returned, and its deferred twin.
+
+        A completion or dead-lettering is recorded in the seen-set first (the copy of the
+        message still in the other region's queue then gets it); an abandon or defer
+        leaves the message deferred.
+
+        Raises:
+            SettlementError: ``message`` is not one this receiver holds.
+            RegionError: An abandon or defer the region refused.
+            StoreUnavailableError: The seen-set did not answer (nothing was settled).
+        """
+        held = self._held.pop(id(message), None)
+        if held is None:
+            raise SettlementError(
+                f"{operation}: this deferred message is not one this receiver returned and "
+                "has not settled yet"
+            )
+        probe, key, number = held
+        geo = self._pull.geo
+        final = decision.settle in (Settle.COMPLETE, Settle.DEAD_LETTER)
+        state = decision.state
+        if final and key is not None and state is not None:
+            reasons = [decision.reason] if state is ClaimState.DEAD_LETTERED else None
+            await geo.seen.commit(
+                [geo.seen_key(key)], owner=geo.owner, outcome=state, reasons=reasons
+            )
+        try:
+            await self._apply(probe, message, decision)
+        except RegionError as exc:
+            if not final:
+                self._held[id(message)] = held
+                raise
+            _log.warning(
+                "%s: %s could not settle the deferred copy (%s); its outcome is recorded",
+                operation,
+                probe.region,
+                exc,
+            )
+        if final:
+            self._book.forget(number, probe.region)
+            if key is not None and state is not None:
+                await self._settle_twin(key, probe.region, twin_reason(state, decision.reason))
+
+    async def _settle_twin(self, key: str, region: str, decision: Decision) -> None:
+        twin = self._book.take_twin(key)
+        if twin is None or twin[0] == region:
+            return
+        probes = {probe.region: probe for probe in self._pull.regions}
+        probe = probes.get(twin[0])
+        if probe is None:
+            return
+        try:
+            (copy,) = await self._fetch(probe, [twin[1]], None)
+            self._held.pop(id(copy), None)
+            await self._apply(probe, copy, decision)
+        except (RegionError, ValueError) as exc:
+            _log.warning(
+                "the deferred twin in %s could not be settled (%s): it stays deferred there",
+                twin[0],
+                exc,
+            )
+
+    async def _apply(self, probe: SettleProbe, message: Any, decision: Decision) -> None:
+        async def settle(region: Any) -> None:
+            if decision.settle is Settle.COMPLETE:
+                await region.complete(message)
+            elif decision.settle is Settle.ABANDON:
+                await region.abandon(message)
+            elif decision.settle is Settle.DEFER:
+                await region.defer(message)
+            else:
+                await region.dead_letter(message, decision.reason, decision.description)
+
+        with bounded_call(self._pull.clock, probe.region, "a settlement"):
+            await probe.call(settle)
+
+    async def renew_lock(self, message: Any) -> float | None:
+        """Renew the lock of a deferred message :meth:`receive` returned.
+
+        Raises:
+            SettlementError: Not one this receiver holds.
+            RegionError: The region refused or did not answer.
+        """
+        held = self._held.get(id(message))
+        if held is None:
+            raise SettlementError("renew_message_lock: not a deferred message this receiver holds")
+        probe = held[0]
+        with bounded_call(self._pull.clock, probe.region, "a lock renewal"):
+            expiry: float | None = await probe.call(lambda region: region.renew_lock(message))
+            return expiry
+
+
+async def settle_found(
+    clock: Clock, probe: SettleProbe, found: list[tuple[Any, ClaimState]]
+) -> None:
+    """Settle deferred copies a sweep of ``probe``'s region found with a final key (the
+    key was processed or dead-lettered from the other region since): complete them, or
+    dead-letter them as twins. The pull receiver's ``settle_deferred``."""
+    receive_deferred = getattr(probe.inner, "receive_deferred", None)
+    if receive_deferred is None:
+        return
+    for peeked, state in found:
+        number = int(peeked.sequence_number)
+        decision = twin_reason(state, None)
+        try:
+            with bounded_call(clock, probe.region, "a deferred receive"):
+                copies: list[Any] = await probe.call(partial(_deferred, receive_deferred, number))
+            for copy in copies:
+                with bounded_call(clock, probe.region, "a settlement"):
+                    await probe.call(partial(_apply_to, copy, decision))
+        except RegionError as exc:
+            _log.debug("settling deferred copy %d in %s failed: %s", number, probe.region, exc)
+
+
+async def _deferred(receive_deferred: Any, number: int, region: Any) -> Any:
+    return await receive_deferred([number])
+
+
+async def _apply_to(message: Any, decision: Decision, region: Any) -> None:
+    if decision.settle is Settle.COMPLETE:
+        await region.complete(message)
+    elif decision.settle is Settle.DEAD_LETTER:
+        await region.dead_letter(message, decision.reason, decision.description)

@@ -1,0 +1,313 @@
+"""The drop-in async ``ServiceBusAdministrationClient`` over two namespaces.
+
+As ``azure.servicebus.aio.management.ServiceBusAdministrationClient``: every create, update
+and delete is applied to both namespaces (the paired-namespace guidance: every entity in
+both, with the same settings); gets and lists answer with the primary's properties,
+annotated with ``georep_regions`` and ``georep_differences`` (see
+:mod:`georep.servicebus._admin`). Lists are returned as lists, not pages.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Mapping
+from types import TracebackType
+from typing import Any, Self, cast
+
+from azure.servicebus.aio.management import ServiceBusAdministrationClient as _SdkAdmin
+from azure.servicebus.management import (
+    NamespaceProperties,
+    QueueProperties,
+    QueueRuntimeProperties,
+    RuleProperties,
+    SubscriptionProperties,
+    SubscriptionRuntimeProperties,
+    TopicProperties,
+    TopicRuntimeProperties,
+)
+
+from georep._endpoint import endpoint_pair
+from georep.exceptions import AllRegionsUnavailableError
+from georep.servicebus._admin import REGIONS, changed, merge_listed, read
+
+__all__ = ["ServiceBusAdministrationClient"]
+
+
+class ServiceBusAdministrationClient:
+    """Manage the entities of two namespaces as one (async).
+
+    Args:
+        primary: The primary namespace's SDK administration client (owned by this object).
+        secondary: The secondary's.
+    """
+
+    def __init__(self, primary: _SdkAdmin, secondary: _SdkAdmin) -> None:
+        self._clients = dict(zip(REGIONS, (primary, secondary), strict=True))
+
+    @classmethod
+    def from_connection_strings(cls, primary: str, secondary: str, **kwargs: Any) -> Self:
+        """Clients on both namespaces; ``kwargs`` go to both (``connection_verify``...)."""
+        return cls(
+            _SdkAdmin.from_connection_string(primary, **kwargs),
+            _SdkAdmin.from_connection_string(secondary, **kwargs),
+        )
+
+    @classmethod
+    def from_namespaces(cls, primary: str, secondary: str, credential: Any, **kwargs: Any) -> Self:
+        """Clients on both namespaces reached with ``credential`` (the SDK's credentials)."""
+        first, second = endpoint_pair(primary, secondary, credential, None)
+        return cls(
+            _SdkAdmin(primary, first.credential, **kwargs),
+            _SdkAdmin(secondary, second.credential, **kwargs),
+        )
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        await self.close()
+
+    async def close(self) -> None:
+        """Close both namespaces' clients."""
+        await asyncio.gather(*(c.close() for c in self._clients.values()), return_exceptions=True)
+
+    async def _both(self, operation: str, *args: Any, **kwargs: Any) -> dict[str, Any]:
+        """Each region's answer (or error) to ``operation``."""
+        answers = await asyncio.gather(
+            *(getattr(c, operation)(*args, **kwargs) for c in self._clients.values()),
+            return_exceptions=True,
+        )
+        return dict(zip(self._clients, answers, strict=True))
+
+    async def _list(self, operation: str, *args: Any, **kwargs: Any) -> list[Any]:
+        async def listed(client: _SdkAdmin) -> list[Any]:
+            return [item async for item in getattr(client, operation)(*args, **kwargs)]
+
+        answers = await asyncio.gather(
+            *(listed(c) for c in self._clients.values()), return_exceptions=True
+        )
+        by_region = dict(zip(self._clients, answers, strict=True))
+        answered = {r: a for r, a in by_region.items() if not isinstance(a, BaseException)}
+        if not answered:
+            errors = {r: a for r, a in by_region.items() if isinstance(a, BaseException)}
+            raise AllRegionsUnavailableError(f"no namespace answered {operation}", errors)
+        return merge_listed(answered)
+
+    async def create_queue(self, queue_name: str, **kwargs: Any) -> QueueProperties:
+        """Create the queue in both namespaces (the SDK's arguments)."""
+        return cast(
+            QueueProperties,
+            changed("create_queue", await self._both("create_queue", queue_name, **kwargs)),
+        )
+
+    async def get_queue(self, queue_name: str, **kwargs: Any) -> QueueProperties:
+        """The queue's properties (the primary's), annotated with both regions'."""
+        return cast(
+            QueueProperties, read("get_queue", await self._both("get_queue", queue_name, **kwargs))
+        )
+
+    async def get_queue_runtime_properties(
+        self, queue_name: str, **kwargs: Any
+    ) -> QueueRuntimeProperties:
+        """The queue's runtime properties (the primary's), annotated with both regions'."""
+        return cast(
+            QueueRuntimeProperties,
+            read(
+                "get_queue_runtime_properties",
+                await self._both("get_queue_runtime_properties", queue_name, **kwargs),
+            ),
+        )
+
+    async def update_queue(self, queue: QueueProperties | Mapping[str, Any], **kwargs: Any) -> None:
+        """Apply the same settings to the queue in both namespaces."""
+        changed("update_queue", await self._both("update_queue", queue, **kwargs))
+
+    async def delete_queue(self, queue_name: str, **kwargs: Any) -> None:
+        """Delete the queue in both namespaces."""
+        changed("delete_queue", await self._both("delete_queue", queue_name, **kwargs))
+
+    async def list_queues(self, **kwargs: Any) -> list[QueueProperties]:
+        """Every queue of either namespace, each annotated with the regions that have it."""
+        return await self._list("list_queues", **kwargs)
+
+    async def list_queues_runtime_properties(self, **kwargs: Any) -> list[QueueRuntimeProperties]:
+        """Every queue's runtime properties, each annotated with both regions'."""
+        return await self._list("list_queues_runtime_properties", **kwargs)
+
+    async def create_topic(self, topic_name: str, **kwargs: Any) -> TopicProperties:
+        """Create the topic in both namespaces (the SDK's arguments)."""
+        return cast(
+            TopicProperties,
+            changed("create_topic", await self._both("create_topic", topic_name, **kwargs)),
+        )
+
+    async def get_topic(self, topic_name: str, **kwargs: Any) -> TopicProperties:
+        """The topic's properties (the primary's), annotated with both regions'."""
+        return cast(
+            TopicProperties, read("get_topic", await self._both("get_topic", topic_name, **kwargs))
+        )
+
+    async def get_topic_runtime_properties(
+        self, topic_name: str, **kwargs: Any
+    ) -> TopicRuntimeProperties:
+        """The topic's runtime properties (the primary's), annotated with both regions'."""
+        return cast(
+            TopicRuntimeProperties,
+            read(
+                "get_topic_runtime_properties",
+                await self._both("get_topic_runtime_properties", topic_name, **kwargs),
+            ),
+        )
+
+    async def update_topic(self, topic: TopicProperties | Mapping[str, Any], **kwargs: Any) -> None:
+        """Apply the same settings to the topic in both namespaces."""
+        changed("update_topic", await self._both("update_topic", topic, **kwargs))
+
+    async def delete_topic(self, topic_name: str, **kwargs: Any) -> None:
+        """Delete the topic in both namespaces."""
+        changed("delete_topic", await self._both("delete_topic", topic_name, **kwargs))
+
+    async def list_topics(self, **kwargs: Any) -> list[TopicProperties]:
+        """Every topic of either namespace, each annotated with the regions that have it."""
+        return await self._list("list_topics", **kwargs)
+
+    async def list_topics_runtime_properties(self, **kwargs: Any) -> list[TopicRuntimeProperties]:
+        """Every topic's runtime properties, each annotated with both regions'."""
+        return await self._list("list_topics_runtime_properties", **kwargs)
+
+    async def create_subscription(
+        self, topic_name: str, subscription_name: str, **kwargs: Any
+    ) -> SubscriptionProperties:
+        """Create the subscription in both namespaces (the SDK's arguments)."""
+        return cast(
+            SubscriptionProperties,
+            changed(
+                "create_subscription",
+                await self._both("create_subscription", topic_name, subscription_name, **kwargs),
+            ),
+        )
+
+    async def get_subscription(
+        self, topic_name: str, subscription_name: str, **kwargs: Any
+    ) -> SubscriptionProperties:
+        """The subscription's properties (the primary's), annotated with both regions'."""
+        return cast(
+            SubscriptionProperties,
+            read(
+                "get_subscription",
+                await self._both("get_subscription", topic_name, subscription_name, **kwargs),
+            ),
+        )
+
+    async def get_subscription_runtime_properties(
+        self, topic_name: str, subscription_name: str, **kwargs: Any
+    ) -> SubscriptionRuntimeProperties:
+        """The subscription's runtime properties (the primary's), annotated with both regions'."""
+        return cast(
+            SubscriptionRuntimeProperties,
+            read(
+                "get_subscription_runtime_properties",
+                await self._both(
+                    "get_subscription_runtime_properties", topic_name, subscription_name, **kwargs
+                ),
+            ),
+        )
+
+    async def update_subscription(
+        self,
+        topic_name: str,
+        subscription: SubscriptionProperties | Mapping[str, Any],
+        **kwargs: Any,
+    ) -> None:
+        """Apply the same settings to the subscription in both namespaces."""
+        changed(
+            "update_subscription",
+            await self._both("update_subscription", topic_name, subscription, **kwargs),
+        )
+
+    async def delete_subscription(
+        self, topic_name: str, subscription_name: str, **kwargs: Any
+    ) -> None:
+        """Delete the subscription in both namespaces."""
+        changed(
+            "delete_subscription",
+            await self._both("delete_subscription", topic_name, subscription_name, **kwargs),
+        )
+
+    async def list_subscriptions(
+        self, topic_name: str, **kwargs: Any
+    ) -> list[SubscriptionProperties]:
+        """Every subscription of either namespace, each annotated with the regions that have it."""
+        return await self._list("list_subscriptions", topic_name, **kwargs)
+
+    async def list_subscriptions_runtime_properties(
+        self, topic_name: str, **kwargs: Any
+    ) -> list[SubscriptionRuntimeProperties]:
+        """Every subscription's runtime properties, each annotated with both regions'."""
+        return await self._list("list_subscriptions_runtime_properties", topic_name, **kwargs)
+
+    async def create_rule(
+        self, topic_name: str, subscription_name: str, rule_name: str, **kwargs: Any
+    ) -> RuleProperties:
+        """Create the rule in both namespaces."""
+        return cast(
+            RuleProperties,
+            changed(
+                "create_rule",
+                await self._both("create_rule", topic_name, subscription_name, rule_name, **kwargs),
+            ),
+        )
+
+    async def get_rule(
+        self, topic_name: str, subscription_name: str, rule_name: str, **kwargs: Any
+    ) -> RuleProperties:
+        """The rule's properties (the primary's), annotated with both regions'."""
+        return cast(
+            RuleProperties,
+            read(
+                "get_rule",
+                await self._both("get_rule", topic_name, subscription_name, rule_name, **kwargs),
+            ),
+        )
+
+    async def update_rule(
+        self,
+        topic_name: str,
+        subscription_name: str,
+        rule: RuleProperties | Mapping[str, Any],
+        **kwargs: Any,
+    ) -> None:
+        """Apply the same rule to the subscription in both namespaces."""
+        changed(
+            "update_rule",
+            await self._both("update_rule", topic_name, subscription_name, rule, **kwargs),
+        )
+
+    async def delete_rule(
+        self, topic_name: str, subscription_name: str, rule_name: str, **kwargs: Any
+    ) -> None:
+        """Delete the rule in both namespaces."""
+        changed(
+            "delete_rule",
+            await self._both("delete_rule", topic_name, subscription_name, rule_name, **kwargs),
+        )
+
+    async def list_rules(
+        self, topic_name: str, subscription_name: str, **kwargs: Any
+    ) -> list[RuleProperties]:
+        """Every rule of the subscription in either namespace, annotated."""
+        return await self._list("list_rules", topic_name, subscription_name, **kwargs)
+
+    async def get_namespace_properties(self, **kwargs: Any) -> NamespaceProperties:
+        """The primary namespace's properties, annotated with both."""
+        return cast(
+            NamespaceProperties,
+            read(
+                "get_namespace_properties", await self._both("get_namespace_properties", **kwargs)
+            ),
+        )
