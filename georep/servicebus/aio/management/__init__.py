@@ -5,55 +5,9 @@ property and rule types are re-exported (importing them from
 
 from __future__ import annotations
 
-from georep._extras import require_extra
-
-require_extra("georep.servicebus", "servicebus", "azure.servicebus")
-
-from azure.servicebus.management import (
-    AccessRights,
-    AuthorizationRule,
-    CorrelationRuleFilter,
-    EntityAvailabilityStatus,
-    EntityStatus,
-    FalseRuleFilter,
-    MessageCountDetails,
-    MessagingSku,
-    NamespaceProperties,
-    NamespaceType,
-    QueueProperties,
-    QueueRuntimeProperties,
-    RuleProperties,
-    SqlRuleAction,
-    SqlRuleFilter,
-    SubscriptionProperties,
-    SubscriptionRuntimeProperties,
-    TopicProperties,
-    TopicRuntimeProperties,
-    TrueRuleFilter,
-)
+from georep.servicebus._models import *  # noqa: F403 - the SDK's models, re-exported
+from georep.servicebus._models import __all__ as _models
 
 from ._client import ServiceBusAdministrationClient
 
-__all__ = [
-    "AccessRights",
-    "AuthorizationRule",
-    "CorrelationRuleFilter",
-    "EntityAvailabilityStatus",
-    "EntityStatus",
-    "FalseRuleFilter",
-    "MessageCountDetails",
-    "MessagingSku",
-    "NamespaceProperties",
-    "NamespaceType",
-    "QueueProperties",
-    "QueueRuntimeProperties",
-    "RuleProperties",
-    "ServiceBusAdministrationClient",
-    "SqlRuleAction",
-    "SqlRuleFilter",
-    "SubscriptionProperties",
-    "SubscriptionRuntimeProperties",
-    "TopicProperties",
-    "TopicRuntimeProperties",
-    "TrueRuleFilter",
-]
+__all__ = [*_models, "ServiceBusAdministrationClient"]
