@@ -111,32 +111,40 @@ async def check_seen_set_redis(url: str, *, timeout: float = 5.0) -> list[Findin
             )
         ]
     where = _where(client)
-    findings: list[Finding] = []
     try:
         await asyncio.wait_for(client.ping(), timeout)
-        policy = await asyncio.wait_for(_policy(client), timeout)
-        info = await asyncio.wait_for(client.info("server"), timeout)
-        persistence = await asyncio.wait_for(_persistence(client), timeout)
+        cluster = await asyncio.wait_for(client.info("cluster"), timeout)
+        if str(cluster.get("cluster_enabled", "0")) == "1":
+            return await _check_cluster(client, where, timeout)
+        return await _check_node(client, where, timeout)
     except (RedisError, OSError, TimeoutError) as exc:
-        return [
-            Finding.problem(
-                "redis",
-                f"{where} cannot be used ({type(exc).__name__})",
-                "start Redis, or point --redis-url / $REDIS_URL at it (check host, port, "
-                "password and TLS)",
-            )
-        ]
+        return [_unusable(where, exc)]
     finally:
         await client.aclose()
-    findings.append(Finding.ok("redis", f"{where} answers (Redis {info.get('redis_version')})"))
+
+
+def _unusable(where: str, exc: BaseException) -> Finding:
+    return Finding.problem(
+        "redis",
+        f"{where} cannot be used ({type(exc).__name__})",
+        "start Redis, or point --redis-url / $REDIS_URL at it (check host, port, password and TLS)",
+    )
+
+
+async def _check_node(client: redis.asyncio.Redis, where: str, timeout: float) -> list[Finding]:
+    """One Redis (or one master of a cluster): version, eviction policy, persistence."""
+    policy = await asyncio.wait_for(_policy(client), timeout)
+    info = await asyncio.wait_for(client.info("server"), timeout)
+    persistence = await asyncio.wait_for(_persistence(client), timeout)
+    findings = [Finding.ok("redis", f"{where} answers (Redis {info.get('redis_version')})")]
     if policy == _SAFE_POLICY:
         findings.append(Finding.ok("redis", "maxmemory-policy noeviction: ids are never evicted"))
     else:
         findings.append(
             Finding.problem(
                 "redis",
-                f"maxmemory-policy is {policy}: under memory pressure Redis may evict seen-set "
-                "ids, and a duplicate would then be processed twice",
+                f"maxmemory-policy is {policy} on {where}: under memory pressure Redis may "
+                "evict seen-set ids, and a duplicate would then be processed twice",
                 "CONFIG SET maxmemory-policy noeviction (Azure Cache for Redis: set "
                 "maxmemory-policy to noeviction under Advanced settings), and size memory "
                 "for bytes per id x ids per second x window",
@@ -144,3 +152,61 @@ async def check_seen_set_redis(url: str, *, timeout: float = 5.0) -> list[Findin
         )
     findings.append(persistence)
     return findings
+
+
+async def _check_cluster(client: redis.asyncio.Redis, where: str, timeout: float) -> list[Finding]:
+    """A Redis Cluster (the node of the URL says ``cluster_enabled``): its state, and each
+    master that owns slots checked as a single Redis (the seen-set's keys live there)."""
+    state = await asyncio.wait_for(client.execute_command("CLUSTER INFO"), timeout)  # type: ignore[no-untyped-call]
+    if isinstance(state, dict):  # redis-py parses the answer into its fields
+        fields = {_text(k): _text(v) for k, v in state.items()}
+    else:
+        lines = _text(state).splitlines()
+        fields = dict(line.split(":", 1) for line in lines if ":" in line)
+    findings: list[Finding] = []
+    if fields.get("cluster_state", "").strip() == "ok":
+        findings.append(
+            Finding.ok(
+                "redis",
+                f"{where} is a node of a Redis Cluster in state ok "
+                f"({fields.get('cluster_size', '?').strip()} masters own the slots): "
+                "use RedisSeenSet.from_url(url, cluster=True)",
+            )
+        )
+    else:
+        findings.append(
+            Finding.problem(
+                "redis",
+                f"the Redis Cluster of {where} is in state "
+                f"{fields.get('cluster_state', 'unknown').strip()}: some slots have no "
+                "master, and the receivers pause on the ids that hash there",
+                "bring the failed masters back or fail their replicas over "
+                "(redis-cli --cluster check / fix)",
+            )
+        )
+    slots = await asyncio.wait_for(client.execute_command("CLUSTER SLOTS"), timeout)  # type: ignore[no-untyped-call]
+    masters = sorted({(_text(entry[2][0]), int(entry[2][1])) for entry in slots})
+    connection = client.connection_pool.connection_kwargs
+    for host, port in masters:
+        node = redis.asyncio.Redis(
+            host=host or connection.get("host", "127.0.0.1"),
+            port=port,
+            password=connection.get("password"),
+            username=connection.get("username"),
+            ssl=bool(connection.get("ssl", False)),
+            socket_timeout=timeout,
+            socket_connect_timeout=timeout,
+        )
+        label = f"{host}:{port}"
+        try:
+            await asyncio.wait_for(node.ping(), timeout)
+            findings += await _check_node(node, f"cluster master {label}", timeout)
+        except (RedisError, OSError, TimeoutError) as exc:
+            findings.append(_unusable(f"cluster master {label}", exc))
+        finally:
+            await node.aclose()
+    return findings
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)

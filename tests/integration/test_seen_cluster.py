@@ -203,3 +203,19 @@ async def test_an_unreachable_cluster_pauses_the_receiver_instead_of_crashing_it
     await seen.aclose()
     assert processed == []
     assert stored(emu, queue) == 40, "every copy is still queued for later"
+
+
+async def test_doctor_checks_every_master_of_a_cluster_from_one_node_url(
+    redis_cluster: PrivateRedisCluster,
+) -> None:
+    # Issue 28: `georep doctor --redis-url` with a cluster node's URL checked that one node
+    # as if it were the whole seen-set. It now sees the cluster, its state and each master.
+    from georep._doctor import Severity
+    from georep.adapters.redis._doctor import check_seen_set_redis
+
+    findings = await check_seen_set_redis(redis_cluster.url)
+    text = [f.message for f in findings]
+    assert any("Redis Cluster in state ok" in t for t in text), text
+    checked = {t.split()[2] for t in text if t.startswith("cluster master") and "answers" in t}
+    assert checked == {f"127.0.0.1:{port}" for port in masters(redis_cluster)}, text
+    assert all(f.severity is not Severity.PROBLEM for f in findings), text
