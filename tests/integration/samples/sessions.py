@@ -35,9 +35,13 @@ async def run_async(client: Any, names: Any, checkpoint: Any) -> None:
             names.session_queue, session_id=NEXT_AVAILABLE_SESSION, max_wait_time=5
         )
         async with receiver:
-            msgs = await receiver.receive_messages(max_message_count=10, max_wait_time=5)
-            for msg in msgs:
-                await receiver.complete_message(msg)
+            # One receive_messages call may return fewer than are there (the SDK's too):
+            # receive until a call comes back empty.
+            msgs = []
+            while batch := await receiver.receive_messages(max_message_count=10, max_wait_time=3):
+                for msg in batch:
+                    await receiver.complete_message(msg)
+                msgs += batch
             print(receiver.session.session_id, [str(m) for m in msgs])
             print("state", await receiver.session.get_state())
 
@@ -65,8 +69,12 @@ def run(client: Any, names: Any, checkpoint: Any) -> None:
             names.session_queue, session_id=NEXT_AVAILABLE_SESSION, max_wait_time=5
         )
         with receiver:
-            msgs = receiver.receive_messages(max_message_count=10, max_wait_time=5)
-            for msg in msgs:
-                receiver.complete_message(msg)
+            # One receive_messages call may return fewer than are there (the SDK's too):
+            # receive until a call comes back empty.
+            msgs = []
+            while batch := receiver.receive_messages(max_message_count=10, max_wait_time=3):
+                for msg in batch:
+                    receiver.complete_message(msg)
+                msgs += batch
             print(receiver.session.session_id, [str(m) for m in msgs])
             print("state", receiver.session.get_state())
