@@ -27,6 +27,12 @@ changes.
 
 from __future__ import annotations
 
+import json
+import os
+import resource
+import signal
+import time
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -40,7 +46,6 @@ LANES = {
         "test_docs.py::test_the_python_in_each_doc_runs[audit.md]",
     ),
     "spark-b": (
-        "test_demo.py::test_the_sessions_demo",
         "test_spark_standalone.py",
         "test_spark_source.py",
         "test_docs.py::test_the_python_in_each_doc_runs[spark.md]",
@@ -67,6 +72,7 @@ SPLIT = frozenset(
 
 #: Long units without Spark, to start right after the lanes (node id prefixes).
 EARLY = (
+    "test_demo.py::test_the_sessions_demo",  # no Spark: its audit is the pyarrow one
     "test_matrix.py",
     "test_outbox_chaos.py::test_a_drainer_stopped_mid_drain_loses_nothing[sigkill]",
     "test_seen_cluster.py",
@@ -177,3 +183,51 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
             f"scheduler (ran: {sorted(_used) or 'nothing'}): the tests were not run in units",
             red=True,
         )
+
+
+_SIGINT_AT_START = signal.getsignal(signal.SIGINT)
+
+
+@pytest.fixture(autouse=True)
+def _sigint_left_as_found(request: pytest.FixtureRequest) -> Iterator[None]:
+    """Fail the test after which SIGINT's handler is no longer the one the process started
+    with (an asyncio.Runner or loop signal handler left behind makes a later Ctrl-C cancel a
+    task that is gone instead of raising KeyboardInterrupt), and put it back."""
+    yield
+    now = signal.getsignal(signal.SIGINT)
+    if now is not _SIGINT_AT_START:
+        signal.signal(signal.SIGINT, _SIGINT_AT_START)
+        pytest.fail(
+            f"{request.node.nodeid} left SIGINT's handler set to {now!r} "
+            f"(it was {_SIGINT_AT_START!r}): restore it, e.g. close the asyncio.Runner or "
+            "remove the loop's signal handler",
+            pytrace=False,
+        )
+
+
+def _cpu_seconds() -> float:
+    own = resource.getrusage(resource.RUSAGE_SELF)
+    children = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[None]:
+    """With ``GEOREP_CPU_REPORT=FILE``: append one JSON line per test with its unit, wall
+    seconds and CPU seconds (this process and the children it has reaped, such as an
+    emulator stopped at module teardown), to find what the two cores spend the suite on."""
+    report = os.environ.get("GEOREP_CPU_REPORT")
+    if not report:
+        yield
+        return
+    wall, cpu = time.monotonic(), _cpu_seconds()
+    yield
+    line = {
+        "test": item.nodeid,
+        "unit": unit_of(item.nodeid),
+        "wall": round(time.monotonic() - wall, 3),
+        "cpu": round(_cpu_seconds() - cpu, 3),
+        "worker": os.environ.get("PYTEST_XDIST_WORKER", "main"),
+    }
+    with open(report, "a", encoding="utf-8") as out:
+        out.write(json.dumps(line) + "\n")

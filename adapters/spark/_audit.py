@@ -18,7 +18,6 @@ Only small aggregates reach the driver; :func:`~._report.build_report` makes the
 
 from __future__ import annotations
 
-import json
 import logging
 import re
 from collections.abc import Iterable, Sequence
@@ -46,6 +45,7 @@ from ._report import (
     _windows,
     build_report,
     ledger_files,
+    write_report,
 )
 from ._session import spark_session
 
@@ -566,13 +566,5 @@ def audit(
         meta=_read_meta(spark, str(ledger_dir)) if is_uri(ledger_dir) else None,
     )
     if out_dir is not None:
-        target = Path(out_dir)
-        target.mkdir(parents=True, exist_ok=True)
-        if plots:
-            from ._plots import write_plots
-
-            report["plots"] = write_plots(report, target)
-        report_path = target / "report.json"
-        report["report_path"] = str(report_path)
-        report_path.write_text(json.dumps(report, indent=2) + "\n")
+        write_report(report, out_dir, plots=plots)
     return report

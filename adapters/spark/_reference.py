@@ -29,6 +29,7 @@ from ._report import (
     Aggregates,
     build_report,
     ledger_files,
+    write_report,
 )
 
 __all__ = ["reference_aggregates", "reference_audit"]
@@ -290,20 +291,29 @@ def _send_side(
 
 
 def reference_audit(
-    ledger_dir: str | Path, *, outage_windows: Iterable[Sequence[Any]] = ()
+    ledger_dir: str | Path,
+    *,
+    out_dir: str | Path | None = None,
+    outage_windows: Iterable[Sequence[Any]] = (),
+    plots: bool = True,
 ) -> dict[str, Any]:
-    """Audit a ledger without Spark: the same report as :func:`audit` (no files, no plots).
+    """Audit a ledger without Spark: the same report as :func:`audit`, and the same files.
 
     Args:
         ledger_dir: The ledger directory.
+        out_dir: Where to write ``report.json`` (and the PNGs); ``None`` writes nothing.
         outage_windows: (start, end) UTC datetimes to carry into the report.
+        plots: Write ``timeline.png`` and ``latency_cdf.png`` into ``out_dir``.
 
     Raises:
         ConfigurationError: ``ledger_dir`` holds no ledger.
     """
-    return build_report(
+    report = build_report(
         reference_aggregates(ledger_dir),
         ledger_dir=ledger_dir,
         engine="pyarrow",
         outage_windows=outage_windows,
     )
+    if out_dir is not None:
+        write_report(report, out_dir, plots=plots)
+    return report

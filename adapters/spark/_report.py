@@ -39,6 +39,7 @@ __all__ = [
     "build_report",
     "ledger_files",
     "read_meta",
+    "write_report",
 ]
 
 _log = logging.getLogger("georep.audit")
@@ -358,3 +359,19 @@ def build_report(
         "loss_is_bound": dropped > 0,
         "warnings": warnings,
     }
+
+
+def write_report(report: dict[str, Any], out_dir: str | Path, *, plots: bool) -> dict[str, Any]:
+    """Write ``report.json`` (and, with ``plots``, ``timeline.png`` and ``latency_cdf.png``)
+    into ``out_dir``; both audits end here, so their files are the same. Returns ``report``
+    with ``report_path`` (and ``plots``) added."""
+    target = Path(out_dir)
+    target.mkdir(parents=True, exist_ok=True)
+    if plots:
+        from ._plots import write_plots
+
+        report["plots"] = write_plots(report, target)
+    report_path = target / "report.json"
+    report["report_path"] = str(report_path)
+    report_path.write_text(json.dumps(report, indent=2) + "\n")
+    return report

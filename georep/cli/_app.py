@@ -303,17 +303,28 @@ def demo(
     session_count: Annotated[
         int, typer.Option(min=1, help="Sessions the messages go round-robin over (--sessions).")
     ] = 50,
+    audit: Annotated[
+        str,
+        typer.Option(
+            help="spark | pyarrow: audit the ledger with Spark, or with the single-machine "
+            "reference audit (same report and plots, no Java)."
+        ),
+    ] = "spark",
 ) -> None:
     """Replication end to end: two regions, an outage, dedup receivers, and a Spark audit.
 
     Zero configuration: starts the two-region emulator and an embedded Redis (or uses
     $REDIS_URL). Exit status 1 if any acknowledged message was lost or processed twice.
     """
-    from georep.cli._demo import default_work_dir, run_demo
+    from georep.cli._demo import AUDIT_ENGINES, default_work_dir, run_demo
     from georep.cli._scenario import ScenarioConfig
     from georep.exceptions import ConfigurationError
 
     try:
+        if audit not in AUDIT_ENGINES:
+            raise ConfigurationError(
+                f"--audit {audit!r} is not an audit engine: use one of {', '.join(AUDIT_ENGINES)}"
+            )
         config = ScenarioConfig(
             work_dir=work_dir or default_work_dir(),
             mode=mode,
@@ -331,7 +342,7 @@ def demo(
     except ConfigurationError as exc:
         console.print(f"[red]error[/]: {exc}")
         raise typer.Exit(2) from None
-    raise typer.Exit(run_demo(config, console))
+    raise typer.Exit(run_demo(config, console, audit=audit))
 
 
 _SyphonPrimary = Annotated[

@@ -80,6 +80,19 @@ def test_reference_reports_exactly_the_injected_loss_and_double_processing(
     assert report.keys() >= REQUIRED_KEYS
 
 
+def test_with_an_out_dir_the_reference_writes_the_report_and_plots_as_spark_does(
+    tmp_path: Path,
+) -> None:
+    ledger = write_synthetic_ledger(tmp_path / "ledger", messages=2_000, duration=20.0)
+    report = reference_audit(ledger.path, out_dir=tmp_path / "report", plots=True)
+    written = json.loads((tmp_path / "report" / "report.json").read_text())
+    assert written == report and written["engine"] == "pyarrow"
+    assert written["report_path"] == str(tmp_path / "report" / "report.json")
+    for plot in ("timeline.png", "latency_cdf.png"):
+        assert (tmp_path / "report" / plot).stat().st_size > 10_000
+    assert reference_audit(ledger.path).get("report_path") is None  # no out_dir: no files
+
+
 def test_synthetic_ledger_marks_a_failover_window_inside_the_outage(tmp_path: Path) -> None:
     ledger = write_synthetic_ledger(tmp_path / "ledger", messages=5_000, duration=100.0)
     failover = reference_audit(ledger.path)["failover"]
