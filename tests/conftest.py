@@ -220,11 +220,13 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> 
     if not report:
         yield
         return
-    wall, cpu = time.monotonic(), _cpu_seconds()
+    start, wall, cpu = time.time(), time.monotonic(), _cpu_seconds()
     yield
     line = {
         "test": item.nodeid,
         "unit": unit_of(item.nodeid),
+        "start": round(start, 3),
+        "pid": os.getpid(),
         "wall": round(time.monotonic() - wall, 3),
         "cpu": round(_cpu_seconds() - cpu, 3),
         "worker": os.environ.get("PYTEST_XDIST_WORKER", "main"),
