@@ -24,14 +24,14 @@ import contextlib
 import logging
 import os
 import threading
-from collections.abc import Coroutine
+from collections.abc import Coroutine, Mapping
 from typing import Any, TypeVar
 
 from georep import _fork
 from georep._lifecycle import STOP_TIMEOUT
 from georep.exceptions import ClosedError
 
-__all__ = ["RUNTIME", "LoopRuntime"]
+__all__ = ["RUNTIME", "HeldResources", "LoopRuntime"]
 
 _T = TypeVar("_T")
 _JOIN_SECONDS = 30.0
@@ -39,6 +39,9 @@ _JOIN_SECONDS = 30.0
 _STOP_SECONDS = STOP_TIMEOUT
 
 _log = logging.getLogger("georep")
+
+#: The options that hand a sync object an async resource.
+RESOURCE_OPTIONS = ("seen", "outbox", "ledger", "role_store")
 
 
 class LoopRuntime:
@@ -155,6 +158,36 @@ class LoopRuntime:
                 return False
             del self._held[id(resource)]
             return True
+
+
+class HeldResources:
+    """The async resources among one sync object's options (``seen=``, ``outbox=``,
+    ``ledger=``, ``role_store=``): held on :data:`RUNTIME` while the object is open, each
+    closed by :meth:`drop` when the last sync object holding it closes.
+
+    Args:
+        options: The options the sync object was given (None: none).
+    """
+
+    def __init__(self, options: Mapping[str, Any] | None) -> None:
+        self.resources = [
+            value
+            for name in RESOURCE_OPTIONS
+            if (value := (options or {}).get(name)) is not None and hasattr(value, "aclose")
+        ]
+
+    def hold(self) -> None:
+        """Count this object as a user of each resource (once it is built)."""
+        for resource in self.resources:
+            RUNTIME.hold(resource)
+
+    async def drop(self) -> None:
+        """On the loop, as the object closes: close each resource it was the last user of
+        (a failed close is the resource's own to report)."""
+        for resource in self.resources:
+            if RUNTIME.drop(resource):
+                with contextlib.suppress(Exception):
+                    await resource.aclose()
 
 
 def _serve(loop: asyncio.AbstractEventLoop, started: threading.Event) -> None:

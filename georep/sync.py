@@ -48,7 +48,7 @@ from typing import Any, Self
 
 from georep import _fork
 from georep._region_wrap import wrap_pair
-from georep._sync_runtime import RUNTIME
+from georep._sync_runtime import RUNTIME, HeldResources
 from georep.exceptions import ClosedError, ForkedProcessError
 from georep.paired import sender as _paired_sender
 from georep.ports import RegionSender
@@ -70,7 +70,6 @@ _log = logging.getLogger("georep.sync")
 
 SyncHandler = Callable[[Any], object]
 
-_RESOURCES = ("seen", "outbox", "ledger", "role_store")
 _handler_context = threading.local()
 """``receiver`` is set on a handler thread while it runs that receiver's handler."""
 
@@ -98,12 +97,8 @@ class _Blocking:
         self._closed = False
         self._close_lock = threading.Lock()
         self._adapters = list(adapters)
-        self._resources = [
-            value
-            for name in _RESOURCES
-            if (value := (options or {}).get(name)) is not None and hasattr(value, "aclose")
-        ]
-        for resource in self._resources:  # the parent's store, outbox...: refused at once
+        self._resources = HeldResources(options)
+        for resource in self._resources.resources:  # the parent's store...: refused at once
             check_process = getattr(resource, "_check_process", None)
             if check_process is not None:
                 check_process()
@@ -117,8 +112,7 @@ class _Blocking:
             RUNTIME.call(self._close_adapters())
             RUNTIME.release()
             raise
-        for resource in self._resources:
-            RUNTIME.hold(resource)
+        self._resources.hold()
 
     @classmethod
     def _owning(cls, factory: Callable[[], Any], *, options: Any, reopen: bool = False) -> Self:
@@ -127,7 +121,8 @@ class _Blocking:
         async resource (those belong to the parent)."""
         blocking = cls.__new__(cls)
         _Blocking.__init__(blocking, factory, options=options)
-        blocking._reopen = reopen and not blocking._resources and "role_state" not in options
+        given = blocking._resources.resources
+        blocking._reopen = reopen and not given and "role_state" not in options
         return blocking
 
     @property
@@ -228,10 +223,7 @@ class _Blocking:
             await self._core.aclose()
         finally:
             await self._close_adapters()
-            for resource in self._resources:
-                if RUNTIME.drop(resource):
-                    with contextlib.suppress(Exception):
-                        await resource.aclose()
+            await self._resources.drop()
 
     async def _close_adapters(self) -> None:
         for adapter in self._adapters:

@@ -10,7 +10,6 @@ are closed when the last sync object using them closes (a sync caller cannot awa
 
 from __future__ import annotations
 
-import contextlib
 import threading
 from collections.abc import Callable, Coroutine, Iterator, Mapping, Sequence
 from datetime import datetime
@@ -20,7 +19,7 @@ from typing import Any, Self, TypeVar, Unpack
 from azure.servicebus import ServiceBusReceivedMessage, ServiceBusReceiveMode, ServiceBusSubQueue
 from azure.servicebus import ServiceBusSession as _SdkSession
 
-from georep._sync_runtime import RUNTIME
+from georep._sync_runtime import RUNTIME, HeldResources
 from georep.receive.context import ReceiverStats
 from georep.send.sender import GeoSender, SendResult
 
@@ -31,7 +30,6 @@ from .aio._session import GeoSession
 __all__ = ["ServiceBusClient", "ServiceBusReceiver", "ServiceBusSender", "ServiceBusSession"]
 
 _T = TypeVar("_T")
-_RESOURCES = ("seen", "outbox", "ledger", "role_store")
 
 
 async def _built(factory: Callable[[], _T]) -> _T:
@@ -55,19 +53,14 @@ class ServiceBusClient:
     ) -> None:
         self._closed = False
         self._close_lock = threading.Lock()
-        self._resources = [
-            value
-            for name in _RESOURCES
-            if (value := options.get(name)) is not None and hasattr(value, "aclose")
-        ]
+        self._resources = HeldResources(options)
         RUNTIME.acquire()
         try:
             self._core = _call(_built(factory))
         except BaseException:
             RUNTIME.release()
             raise
-        for resource in self._resources:
-            RUNTIME.hold(resource)
+        self._resources.hold()
 
     @classmethod
     def from_connection_strings(
@@ -131,10 +124,7 @@ class ServiceBusClient:
         try:
             await self._core.close()
         finally:
-            for resource in self._resources:
-                if RUNTIME.drop(resource):
-                    with contextlib.suppress(Exception):
-                        await resource.aclose()
+            await self._resources.drop()
 
     def get_queue_sender(
         self,

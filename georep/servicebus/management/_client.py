@@ -5,14 +5,21 @@ and delete is applied to both namespaces (the paired-namespace guidance: every e
 both, with the same settings); gets and lists answer with the primary's properties,
 annotated with ``georep_regions`` and ``georep_differences`` (see
 :mod:`georep.servicebus._admin`). Lists are returned as lists, not pages.
+
+There is no second implementation: every call drives the async client
+(:mod:`georep.servicebus.aio.management`) on georep's event-loop thread
+(:data:`georep._sync_runtime.RUNTIME`, as :mod:`georep.servicebus._sync` does for the
+messaging client), and the async client calls the sync SDK clients on worker threads.
 """
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Mapping
+import asyncio
+import threading
+from collections.abc import AsyncIterator, Callable, Coroutine, Mapping
+from functools import partial
 from types import TracebackType
-from typing import Any, Self, cast
+from typing import Any, Self, TypeVar, cast
 
 from azure.servicebus.management import (
     NamespaceProperties,
@@ -27,10 +34,32 @@ from azure.servicebus.management import (
 from azure.servicebus.management import ServiceBusAdministrationClient as _SdkAdmin
 
 from georep._endpoint import endpoint_pair
-from georep.exceptions import AllRegionsUnavailableError
-from georep.servicebus._admin import REGIONS, changed, merge_listed, read
+from georep._sync_runtime import RUNTIME
+from georep.exceptions import ClosedError
+from georep.servicebus.aio.management import ServiceBusAdministrationClient as _AsyncAdmin
 
 __all__ = ["ServiceBusAdministrationClient"]
+
+_T = TypeVar("_T")
+
+
+class _OnWorkerThread:
+    """A sync SDK administration client answering as the async SDK's does: each call runs
+    on a worker thread (a list is read whole there, then handed out item by item)."""
+
+    def __init__(self, client: _SdkAdmin) -> None:
+        self._client = client
+
+    def __getattr__(self, operation: str) -> Callable[..., Any]:
+        call = getattr(self._client, operation)
+        if operation.startswith("list_"):
+            return partial(_listed, call)
+        return partial(asyncio.to_thread, call)
+
+
+async def _listed(call: Callable[..., Any], *args: Any, **kwargs: Any) -> AsyncIterator[Any]:
+    for item in await asyncio.to_thread(lambda: list(call(*args, **kwargs))):
+        yield item
 
 
 class ServiceBusAdministrationClient:
@@ -42,7 +71,13 @@ class ServiceBusAdministrationClient:
     """
 
     def __init__(self, primary: _SdkAdmin, secondary: _SdkAdmin) -> None:
-        self._clients = dict(zip(REGIONS, (primary, secondary), strict=True))
+        # The async client calls only what the SDK's clients have (through the thread).
+        self._core = _AsyncAdmin(
+            cast(Any, _OnWorkerThread(primary)), cast(Any, _OnWorkerThread(secondary))
+        )
+        self._closed = False
+        self._close_lock = threading.Lock()
+        RUNTIME.acquire()
 
     @classmethod
     def from_connection_strings(cls, primary: str, secondary: str, **kwargs: Any) -> Self:
@@ -73,152 +108,100 @@ class ServiceBusAdministrationClient:
         self.close()
 
     def close(self) -> None:
-        """Close both namespaces' clients."""
-        for client in self._clients.values():
-            with contextlib.suppress(Exception):
-                client.close()
-
-    def _both(self, operation: str, *args: Any, **kwargs: Any) -> dict[str, Any]:
-        """Each region's answer (or error) to ``operation``, one region after the other."""
-        answers: dict[str, Any] = {}
-        for region, client in self._clients.items():
+        """Close both namespaces' clients. Idempotent."""
+        with self._close_lock:
+            if self._closed:
+                return
+            self._closed = True
             try:
-                answers[region] = getattr(client, operation)(*args, **kwargs)
-            except Exception as exc:
-                answers[region] = exc
-        return answers
+                RUNTIME.call(self._core.close())
+            finally:
+                RUNTIME.release()
 
-    def _list(self, operation: str, *args: Any, **kwargs: Any) -> list[Any]:
-        by_region: dict[str, Any] = {}
-        for region, client in self._clients.items():
-            try:
-                by_region[region] = list(getattr(client, operation)(*args, **kwargs))
-            except Exception as exc:
-                by_region[region] = exc
-        answered = {r: a for r, a in by_region.items() if not isinstance(a, BaseException)}
-        if not answered:
-            errors = {r: a for r, a in by_region.items() if isinstance(a, BaseException)}
-            raise AllRegionsUnavailableError(f"no namespace answered {operation}", errors)
-        return merge_listed(answered)
+    def _call(self, coroutine: Coroutine[Any, Any, _T]) -> _T:
+        if self._closed:
+            coroutine.close()
+            raise ClosedError("this ServiceBusAdministrationClient is closed; create a new one")
+        return RUNTIME.call(coroutine)
 
     def create_queue(self, queue_name: str, **kwargs: Any) -> QueueProperties:
         """Create the queue in both namespaces (the SDK's arguments)."""
-        return cast(
-            QueueProperties,
-            changed("create_queue", self._both("create_queue", queue_name, **kwargs)),
-        )
+        return self._call(self._core.create_queue(queue_name, **kwargs))
 
     def get_queue(self, queue_name: str, **kwargs: Any) -> QueueProperties:
         """The queue's properties (the primary's), annotated with both regions'."""
-        return cast(
-            QueueProperties, read("get_queue", self._both("get_queue", queue_name, **kwargs))
-        )
+        return self._call(self._core.get_queue(queue_name, **kwargs))
 
     def get_queue_runtime_properties(
         self, queue_name: str, **kwargs: Any
     ) -> QueueRuntimeProperties:
         """The queue's runtime properties (the primary's), annotated with both regions'."""
-        return cast(
-            QueueRuntimeProperties,
-            read(
-                "get_queue_runtime_properties",
-                self._both("get_queue_runtime_properties", queue_name, **kwargs),
-            ),
-        )
+        return self._call(self._core.get_queue_runtime_properties(queue_name, **kwargs))
 
     def update_queue(self, queue: QueueProperties | Mapping[str, Any], **kwargs: Any) -> None:
         """Apply the same settings to the queue in both namespaces."""
-        changed("update_queue", self._both("update_queue", queue, **kwargs))
+        self._call(self._core.update_queue(queue, **kwargs))
 
     def delete_queue(self, queue_name: str, **kwargs: Any) -> None:
         """Delete the queue in both namespaces."""
-        changed("delete_queue", self._both("delete_queue", queue_name, **kwargs))
+        self._call(self._core.delete_queue(queue_name, **kwargs))
 
     def list_queues(self, **kwargs: Any) -> list[QueueProperties]:
         """Every queue of either namespace, each annotated with the regions that have it."""
-        return self._list("list_queues", **kwargs)
+        return self._call(self._core.list_queues(**kwargs))
 
     def list_queues_runtime_properties(self, **kwargs: Any) -> list[QueueRuntimeProperties]:
         """Every queue's runtime properties, each annotated with both regions'."""
-        return self._list("list_queues_runtime_properties", **kwargs)
+        return self._call(self._core.list_queues_runtime_properties(**kwargs))
 
     def create_topic(self, topic_name: str, **kwargs: Any) -> TopicProperties:
         """Create the topic in both namespaces (the SDK's arguments)."""
-        return cast(
-            TopicProperties,
-            changed("create_topic", self._both("create_topic", topic_name, **kwargs)),
-        )
+        return self._call(self._core.create_topic(topic_name, **kwargs))
 
     def get_topic(self, topic_name: str, **kwargs: Any) -> TopicProperties:
         """The topic's properties (the primary's), annotated with both regions'."""
-        return cast(
-            TopicProperties, read("get_topic", self._both("get_topic", topic_name, **kwargs))
-        )
+        return self._call(self._core.get_topic(topic_name, **kwargs))
 
     def get_topic_runtime_properties(
         self, topic_name: str, **kwargs: Any
     ) -> TopicRuntimeProperties:
         """The topic's runtime properties (the primary's), annotated with both regions'."""
-        return cast(
-            TopicRuntimeProperties,
-            read(
-                "get_topic_runtime_properties",
-                self._both("get_topic_runtime_properties", topic_name, **kwargs),
-            ),
-        )
+        return self._call(self._core.get_topic_runtime_properties(topic_name, **kwargs))
 
     def update_topic(self, topic: TopicProperties | Mapping[str, Any], **kwargs: Any) -> None:
         """Apply the same settings to the topic in both namespaces."""
-        changed("update_topic", self._both("update_topic", topic, **kwargs))
+        self._call(self._core.update_topic(topic, **kwargs))
 
     def delete_topic(self, topic_name: str, **kwargs: Any) -> None:
         """Delete the topic in both namespaces."""
-        changed("delete_topic", self._both("delete_topic", topic_name, **kwargs))
+        self._call(self._core.delete_topic(topic_name, **kwargs))
 
     def list_topics(self, **kwargs: Any) -> list[TopicProperties]:
         """Every topic of either namespace, each annotated with the regions that have it."""
-        return self._list("list_topics", **kwargs)
+        return self._call(self._core.list_topics(**kwargs))
 
     def list_topics_runtime_properties(self, **kwargs: Any) -> list[TopicRuntimeProperties]:
         """Every topic's runtime properties, each annotated with both regions'."""
-        return self._list("list_topics_runtime_properties", **kwargs)
+        return self._call(self._core.list_topics_runtime_properties(**kwargs))
 
     def create_subscription(
         self, topic_name: str, subscription_name: str, **kwargs: Any
     ) -> SubscriptionProperties:
         """Create the subscription in both namespaces (the SDK's arguments)."""
-        return cast(
-            SubscriptionProperties,
-            changed(
-                "create_subscription",
-                self._both("create_subscription", topic_name, subscription_name, **kwargs),
-            ),
-        )
+        return self._call(self._core.create_subscription(topic_name, subscription_name, **kwargs))
 
     def get_subscription(
         self, topic_name: str, subscription_name: str, **kwargs: Any
     ) -> SubscriptionProperties:
         """The subscription's properties (the primary's), annotated with both regions'."""
-        return cast(
-            SubscriptionProperties,
-            read(
-                "get_subscription",
-                self._both("get_subscription", topic_name, subscription_name, **kwargs),
-            ),
-        )
+        return self._call(self._core.get_subscription(topic_name, subscription_name, **kwargs))
 
     def get_subscription_runtime_properties(
         self, topic_name: str, subscription_name: str, **kwargs: Any
     ) -> SubscriptionRuntimeProperties:
         """The subscription's runtime properties (the primary's), annotated with both regions'."""
-        return cast(
-            SubscriptionRuntimeProperties,
-            read(
-                "get_subscription_runtime_properties",
-                self._both(
-                    "get_subscription_runtime_properties", topic_name, subscription_name, **kwargs
-                ),
-            ),
+        return self._call(
+            self._core.get_subscription_runtime_properties(topic_name, subscription_name, **kwargs)
         )
 
     def update_subscription(
@@ -228,51 +211,35 @@ class ServiceBusAdministrationClient:
         **kwargs: Any,
     ) -> None:
         """Apply the same settings to the subscription in both namespaces."""
-        changed(
-            "update_subscription",
-            self._both("update_subscription", topic_name, subscription, **kwargs),
-        )
+        self._call(self._core.update_subscription(topic_name, subscription, **kwargs))
 
     def delete_subscription(self, topic_name: str, subscription_name: str, **kwargs: Any) -> None:
         """Delete the subscription in both namespaces."""
-        changed(
-            "delete_subscription",
-            self._both("delete_subscription", topic_name, subscription_name, **kwargs),
-        )
+        self._call(self._core.delete_subscription(topic_name, subscription_name, **kwargs))
 
     def list_subscriptions(self, topic_name: str, **kwargs: Any) -> list[SubscriptionProperties]:
         """Every subscription of either namespace, each annotated with the regions that have it."""
-        return self._list("list_subscriptions", topic_name, **kwargs)
+        return self._call(self._core.list_subscriptions(topic_name, **kwargs))
 
     def list_subscriptions_runtime_properties(
         self, topic_name: str, **kwargs: Any
     ) -> list[SubscriptionRuntimeProperties]:
         """Every subscription's runtime properties, each annotated with both regions'."""
-        return self._list("list_subscriptions_runtime_properties", topic_name, **kwargs)
+        return self._call(self._core.list_subscriptions_runtime_properties(topic_name, **kwargs))
 
     def create_rule(
         self, topic_name: str, subscription_name: str, rule_name: str, **kwargs: Any
     ) -> RuleProperties:
         """Create the rule in both namespaces."""
-        return cast(
-            RuleProperties,
-            changed(
-                "create_rule",
-                self._both("create_rule", topic_name, subscription_name, rule_name, **kwargs),
-            ),
+        return self._call(
+            self._core.create_rule(topic_name, subscription_name, rule_name, **kwargs)
         )
 
     def get_rule(
         self, topic_name: str, subscription_name: str, rule_name: str, **kwargs: Any
     ) -> RuleProperties:
         """The rule's properties (the primary's), annotated with both regions'."""
-        return cast(
-            RuleProperties,
-            read(
-                "get_rule",
-                self._both("get_rule", topic_name, subscription_name, rule_name, **kwargs),
-            ),
-        )
+        return self._call(self._core.get_rule(topic_name, subscription_name, rule_name, **kwargs))
 
     def update_rule(
         self,
@@ -282,29 +249,20 @@ class ServiceBusAdministrationClient:
         **kwargs: Any,
     ) -> None:
         """Apply the same rule to the subscription in both namespaces."""
-        changed(
-            "update_rule",
-            self._both("update_rule", topic_name, subscription_name, rule, **kwargs),
-        )
+        self._call(self._core.update_rule(topic_name, subscription_name, rule, **kwargs))
 
     def delete_rule(
         self, topic_name: str, subscription_name: str, rule_name: str, **kwargs: Any
     ) -> None:
         """Delete the rule in both namespaces."""
-        changed(
-            "delete_rule",
-            self._both("delete_rule", topic_name, subscription_name, rule_name, **kwargs),
-        )
+        self._call(self._core.delete_rule(topic_name, subscription_name, rule_name, **kwargs))
 
     def list_rules(
         self, topic_name: str, subscription_name: str, **kwargs: Any
     ) -> list[RuleProperties]:
         """Every rule of the subscription in either namespace, annotated."""
-        return self._list("list_rules", topic_name, subscription_name, **kwargs)
+        return self._call(self._core.list_rules(topic_name, subscription_name, **kwargs))
 
     def get_namespace_properties(self, **kwargs: Any) -> NamespaceProperties:
         """The primary namespace's properties, annotated with both."""
-        return cast(
-            NamespaceProperties,
-            read("get_namespace_properties", self._both("get_namespace_properties", **kwargs)),
-        )
+        return self._call(self._core.get_namespace_properties(**kwargs))
