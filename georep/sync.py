@@ -43,10 +43,10 @@ import os
 import threading
 from collections.abc import Callable, Coroutine, Mapping, Sequence
 from datetime import datetime
-from types import TracebackType
 from typing import Any, Self
 
 from georep import _fork
+from georep._lifecycle import ClosedOnExit
 from georep._region_wrap import wrap_pair
 from georep._sync_runtime import RUNTIME, HeldResources
 from georep.exceptions import ClosedError, ForkedProcessError
@@ -79,7 +79,7 @@ async def _build(factory: Callable[[], Any]) -> Any:
     return factory()
 
 
-class _Blocking:
+class _Blocking(ClosedOnExit):
     """Holds the loop runtime for one core object and closes everything it was given.
 
     In a process forked after it was made (gunicorn ``--preload``...), an object that may
@@ -185,14 +185,6 @@ class _Blocking:
             self.close()
             raise
         return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        traceback: TracebackType | None,
-    ) -> None:
-        self.close()
 
     def close(self) -> None:
         """Close the core, the adapters georep made and the resources no one else uses.

@@ -13,12 +13,12 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable, Coroutine, Iterator, Mapping, Sequence
 from datetime import datetime
-from types import TracebackType
 from typing import Any, Self, TypeVar, Unpack
 
 from azure.servicebus import ServiceBusReceivedMessage, ServiceBusReceiveMode, ServiceBusSubQueue
 from azure.servicebus import ServiceBusSession as _SdkSession
 
+from georep._lifecycle import ClosedOnExit
 from georep._sync_runtime import RUNTIME, HeldResources
 from georep.receive.context import ReceiverStats
 from georep.send.sender import GeoSender, SendResult
@@ -41,7 +41,7 @@ def _call(coroutine: Coroutine[Any, Any, _T]) -> _T:
     return RUNTIME.call(coroutine)
 
 
-class ServiceBusClient:
+class ServiceBusClient(ClosedOnExit):
     """``azure.servicebus.ServiceBusClient`` over two regions (blocking); as
     :class:`georep.servicebus.aio.ServiceBusClient`, built the same way."""
 
@@ -99,14 +99,6 @@ class ServiceBusClient:
     def __enter__(self) -> Self:
         self._core._check_open()
         return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        traceback: TracebackType | None,
-    ) -> None:
-        self.close()
 
     def close(self) -> None:
         """Close every sender and receiver this client made, and the async resources it
@@ -207,7 +199,7 @@ class ServiceBusClient:
         return ServiceBusReceiver(core, auto_lock_renewer)
 
 
-class ServiceBusSender:
+class ServiceBusSender(ClosedOnExit):
     """``azure.servicebus.ServiceBusSender`` over two regions (blocking); as
     :class:`georep.servicebus.aio.ServiceBusSender`."""
 
@@ -229,14 +221,6 @@ class ServiceBusSender:
     def __enter__(self) -> Self:
         _call(self._core.__aenter__())
         return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        traceback: TracebackType | None,
-    ) -> None:
-        self.close()
 
     def close(self) -> None:
         """Close the sender (idempotent)."""
@@ -295,7 +279,7 @@ class ServiceBusSession(_SdkSession):
         return _call(self._core.renew_lock(timeout=timeout))
 
 
-class ServiceBusReceiver:
+class ServiceBusReceiver(ClosedOnExit):
     """``azure.servicebus.ServiceBusReceiver`` over two regions (blocking); as
     :class:`georep.servicebus.aio.ServiceBusReceiver`.
 
@@ -341,14 +325,6 @@ class ServiceBusReceiver:
         session = self.session
         if session is not None and self._auto_lock_renewer is not None:
             self._auto_lock_renewer.register(self, session)
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        traceback: TracebackType | None,
-    ) -> None:
-        self.close()
 
     def close(self) -> None:
         """Stop receiving; messages handed out and not settled are abandoned. Idempotent."""

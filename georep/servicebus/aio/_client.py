@@ -6,13 +6,13 @@ import asyncio
 import logging
 from collections.abc import Mapping
 from functools import partial
-from types import TracebackType
 from typing import Any, Self, Unpack
 
 from azure.servicebus import NEXT_AVAILABLE_SESSION, ServiceBusReceiveMode, ServiceBusSubQueue
 
 from georep._clock import SystemClock
 from georep._endpoint import NamespaceEndpoint, Target, endpoint_pair, with_client_options_pair
+from georep._lifecycle import ClosedOnAsyncExit
 from georep._region_wrap import open_pair
 from georep.exceptions import ClosedError, ConfigurationError
 from georep.receive.pull import PullReceiver
@@ -47,7 +47,7 @@ def _namespace(target: Target) -> str:
     return "?"
 
 
-class ServiceBusClient:
+class ServiceBusClient(ClosedOnAsyncExit):
     """``azure.servicebus.aio.ServiceBusClient`` over two regions: change the line that makes
     the client, keep the rest of the code.
 
@@ -126,14 +126,6 @@ class ServiceBusClient:
     async def __aenter__(self) -> Self:
         self._check_open()
         return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        traceback: TracebackType | None,
-    ) -> None:
-        await self.close()
 
     async def close(self) -> None:
         """Close every sender and receiver this client made. Idempotent."""

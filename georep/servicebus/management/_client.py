@@ -18,7 +18,6 @@ import asyncio
 import threading
 from collections.abc import AsyncIterator, Callable, Coroutine, Mapping
 from functools import partial
-from types import TracebackType
 from typing import Any, Self, TypeVar, cast
 
 from azure.servicebus.management import (
@@ -34,6 +33,7 @@ from azure.servicebus.management import (
 from azure.servicebus.management import ServiceBusAdministrationClient as _SdkAdmin
 
 from georep._endpoint import endpoint_pair
+from georep._lifecycle import ClosedOnExit
 from georep._sync_runtime import RUNTIME
 from georep.exceptions import ClosedError
 from georep.servicebus.aio.management import ServiceBusAdministrationClient as _AsyncAdmin
@@ -62,7 +62,7 @@ async def _listed(call: Callable[..., Any], *args: Any, **kwargs: Any) -> AsyncI
         yield item
 
 
-class ServiceBusAdministrationClient:
+class ServiceBusAdministrationClient(ClosedOnExit):
     """Manage the entities of two namespaces as one.
 
     Args:
@@ -95,17 +95,6 @@ class ServiceBusAdministrationClient:
             _SdkAdmin(primary, first.credential, **kwargs),
             _SdkAdmin(secondary, second.credential, **kwargs),
         )
-
-    def __enter__(self) -> Self:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        traceback: TracebackType | None,
-    ) -> None:
-        self.close()
 
     def close(self) -> None:
         """Close both namespaces' clients. Idempotent."""

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Mapping
-from types import TracebackType
 from typing import Any, Self, cast
 
 from azure.servicebus.aio.management import ServiceBusAdministrationClient as _SdkAdmin
@@ -27,13 +26,14 @@ from azure.servicebus.management import (
 )
 
 from georep._endpoint import endpoint_pair
+from georep._lifecycle import ClosedOnAsyncExit
 from georep.exceptions import AllRegionsUnavailableError
 from georep.servicebus._admin import REGIONS, changed, merge_listed, read
 
 __all__ = ["ServiceBusAdministrationClient"]
 
 
-class ServiceBusAdministrationClient:
+class ServiceBusAdministrationClient(ClosedOnAsyncExit):
     """Manage the entities of two namespaces as one (async).
 
     Args:
@@ -60,17 +60,6 @@ class ServiceBusAdministrationClient:
             _SdkAdmin(primary, first.credential, **kwargs),
             _SdkAdmin(secondary, second.credential, **kwargs),
         )
-
-    async def __aenter__(self) -> Self:
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        traceback: TracebackType | None,
-    ) -> None:
-        await self.close()
 
     async def close(self) -> None:
         """Close both namespaces' clients."""
