@@ -10,6 +10,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, Final, TypedDict
 
+from azure.servicebus import ServiceBusReceiveMode, ServiceBusSubQueue
+
 from georep._policy import DedupKey, DrainPolicy, FailoverPolicy, ReplicationMode, Seconds
 from georep.exceptions import ConfigurationError
 from georep.ports import Clock, Ledger, Outbox, RoleStore, SeenStore
@@ -18,7 +20,14 @@ if TYPE_CHECKING:
     from opentelemetry.metrics import MeterProvider
     from opentelemetry.trace import TracerProvider
 
-__all__ = ["ClientOptions", "checked_options", "receiver_options", "sender_options"]
+__all__ = [
+    "ClientOptions",
+    "ReceiverArguments",
+    "SenderArguments",
+    "checked_options",
+    "receiver_options",
+    "sender_options",
+]
 
 
 class ClientOptions(TypedDict, total=False):
@@ -55,6 +64,28 @@ class ClientOptions(TypedDict, total=False):
     tracer_provider: TracerProvider
     meter_provider: MeterProvider
     client_options: Mapping[str, Any]
+
+
+class SenderArguments(TypedDict, total=False):
+    """The keyword arguments of ``get_queue_sender`` and ``get_topic_sender``, as the SDK's:
+    ``client_identifier`` and ``socket_timeout`` are accepted for the SDK's sake (give SDK
+    settings in the client's ``client_options`` instead)."""
+
+    client_identifier: str | None
+    socket_timeout: float | None
+
+
+class ReceiverArguments(SenderArguments, total=False):
+    """The keyword arguments of ``get_queue_receiver`` and ``get_subscription_receiver``, as
+    the SDK's (defaults: no session, no sub-queue, ``PEEK_LOCK``, no wait limit, no
+    renewer, ``prefetch_count`` 0)."""
+
+    session_id: Any
+    sub_queue: ServiceBusSubQueue | str | None
+    receive_mode: ServiceBusReceiveMode | str
+    max_wait_time: float | None
+    auto_lock_renewer: Any
+    prefetch_count: int
 
 
 _SENDER: Final = (

@@ -13,9 +13,10 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable, Coroutine, Iterator, Mapping, Sequence
 from datetime import datetime
+from functools import partial
 from typing import Any, Self, TypeVar, Unpack
 
-from azure.servicebus import ServiceBusReceivedMessage, ServiceBusReceiveMode, ServiceBusSubQueue
+from azure.servicebus import ServiceBusReceivedMessage
 from azure.servicebus import ServiceBusSession as _SdkSession
 
 from georep._lifecycle import ClosedOnExit
@@ -24,7 +25,7 @@ from georep.receive.context import ReceiverStats
 from georep.send.sender import GeoSender, SendResult
 
 from . import aio
-from ._options import ClientOptions
+from ._options import ClientOptions, ReceiverArguments, SenderArguments
 from .aio._session import GeoSession
 
 __all__ = ["ServiceBusClient", "ServiceBusReceiver", "ServiceBusSender", "ServiceBusSession"]
@@ -119,84 +120,42 @@ class ServiceBusClient(ClosedOnExit):
             await self._resources.drop()
 
     def get_queue_sender(
-        self,
-        queue_name: str,
-        *,
-        client_identifier: str | None = None,
-        socket_timeout: float | None = None,
+        self, queue_name: str, **arguments: Unpack[SenderArguments]
     ) -> ServiceBusSender:
         """As :meth:`georep.servicebus.aio.ServiceBusClient.get_queue_sender`."""
-        return ServiceBusSender(_call(_built(lambda: self._core.get_queue_sender(queue_name))))
+        return self._sender(partial(self._core.get_queue_sender, queue_name, **arguments))
 
     def get_topic_sender(
-        self,
-        topic_name: str,
-        *,
-        client_identifier: str | None = None,
-        socket_timeout: float | None = None,
+        self, topic_name: str, **arguments: Unpack[SenderArguments]
     ) -> ServiceBusSender:
         """As :meth:`georep.servicebus.aio.ServiceBusClient.get_topic_sender`."""
-        return ServiceBusSender(_call(_built(lambda: self._core.get_topic_sender(topic_name))))
+        return self._sender(partial(self._core.get_topic_sender, topic_name, **arguments))
+
+    def _sender(self, get: Callable[[], aio.ServiceBusSender]) -> ServiceBusSender:
+        return ServiceBusSender(_call(_built(get)))
 
     def get_queue_receiver(
-        self,
-        queue_name: str,
-        *,
-        session_id: Any = None,
-        sub_queue: ServiceBusSubQueue | str | None = None,
-        receive_mode: ServiceBusReceiveMode | str = ServiceBusReceiveMode.PEEK_LOCK,
-        max_wait_time: float | None = None,
-        auto_lock_renewer: Any = None,
-        prefetch_count: int = 0,
-        client_identifier: str | None = None,
-        socket_timeout: float | None = None,
+        self, queue_name: str, **arguments: Unpack[ReceiverArguments]
     ) -> ServiceBusReceiver:
         """As the async client's
         :meth:`~georep.servicebus.aio.ServiceBusClient.get_queue_receiver`."""
-        core = _call(
-            _built(
-                lambda: self._core.get_queue_receiver(
-                    queue_name,
-                    session_id=session_id,
-                    sub_queue=sub_queue,
-                    receive_mode=receive_mode,
-                    max_wait_time=max_wait_time,
-                    prefetch_count=prefetch_count,
-                )
-            )
-        )
-        return ServiceBusReceiver(core, auto_lock_renewer)
+        return self._receiver(partial(self._core.get_queue_receiver, queue_name), arguments)
 
     def get_subscription_receiver(
-        self,
-        topic_name: str,
-        subscription_name: str,
-        *,
-        session_id: Any = None,
-        sub_queue: ServiceBusSubQueue | str | None = None,
-        receive_mode: ServiceBusReceiveMode | str = ServiceBusReceiveMode.PEEK_LOCK,
-        max_wait_time: float | None = None,
-        auto_lock_renewer: Any = None,
-        prefetch_count: int = 0,
-        client_identifier: str | None = None,
-        socket_timeout: float | None = None,
+        self, topic_name: str, subscription_name: str, **arguments: Unpack[ReceiverArguments]
     ) -> ServiceBusReceiver:
         """As the async client's
         :meth:`~georep.servicebus.aio.ServiceBusClient.get_subscription_receiver`."""
-        core = _call(
-            _built(
-                lambda: self._core.get_subscription_receiver(
-                    topic_name,
-                    subscription_name,
-                    session_id=session_id,
-                    sub_queue=sub_queue,
-                    receive_mode=receive_mode,
-                    max_wait_time=max_wait_time,
-                    prefetch_count=prefetch_count,
-                )
-            )
-        )
-        return ServiceBusReceiver(core, auto_lock_renewer)
+        get = partial(self._core.get_subscription_receiver, topic_name, subscription_name)
+        return self._receiver(get, arguments)
+
+    def _receiver(
+        self, get: Callable[..., aio.ServiceBusReceiver], arguments: ReceiverArguments
+    ) -> ServiceBusReceiver:
+        # The sync AutoLockRenewer stays on this side: it calls this blocking receiver.
+        core_arguments = {k: v for k, v in arguments.items() if k != "auto_lock_renewer"}
+        core = _call(_built(lambda: get(**core_arguments)))
+        return ServiceBusReceiver(core, arguments.get("auto_lock_renewer"))
 
 
 class ServiceBusSender(ClosedOnExit):

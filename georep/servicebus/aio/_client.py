@@ -19,6 +19,8 @@ from georep.receive.pull import PullReceiver
 from georep.send.sender import GeoSender
 from georep.servicebus._options import (
     ClientOptions,
+    ReceiverArguments,
+    SenderArguments,
     checked_options,
     receiver_options,
     sender_options,
@@ -143,31 +145,28 @@ class ServiceBusClient(ClosedOnAsyncExit):
     # --------------------------------------------------------------------- senders
 
     def get_queue_sender(
-        self,
-        queue_name: str,
-        *,
-        client_identifier: str | None = None,
-        socket_timeout: float | None = None,
+        self, queue_name: str, **arguments: Unpack[SenderArguments]
     ) -> ServiceBusSender:
         """A sender to ``queue_name`` in both regions (a :class:`georep.GeoSender`).
 
-        ``client_identifier`` and ``socket_timeout`` are accepted for the SDK's sake;
+        The SDK's ``client_identifier`` and ``socket_timeout`` are accepted for its sake;
         give SDK settings in ``client_options`` of the client instead.
         """
-        return self._sender(queue_name=queue_name)
+        return self._sender(queue_name=queue_name, **arguments)
 
     def get_topic_sender(
-        self,
-        topic_name: str,
-        *,
-        client_identifier: str | None = None,
-        socket_timeout: float | None = None,
+        self, topic_name: str, **arguments: Unpack[SenderArguments]
     ) -> ServiceBusSender:
         """A sender to ``topic_name`` in both regions (a :class:`georep.GeoSender`)."""
-        return self._sender(topic_name=topic_name)
+        return self._sender(topic_name=topic_name, **arguments)
 
     def _sender(
-        self, *, queue_name: str | None = None, topic_name: str | None = None
+        self,
+        *,
+        queue_name: str | None = None,
+        topic_name: str | None = None,
+        client_identifier: str | None = None,
+        socket_timeout: float | None = None,
     ) -> ServiceBusSender:
         self._check_open()
         geo = GeoSender.from_connection_strings(
@@ -188,74 +187,40 @@ class ServiceBusClient(ClosedOnAsyncExit):
     # ------------------------------------------------------------------- receivers
 
     def get_queue_receiver(
-        self,
-        queue_name: str,
-        *,
-        session_id: Any = None,
-        sub_queue: ServiceBusSubQueue | str | None = None,
-        receive_mode: ServiceBusReceiveMode | str = ServiceBusReceiveMode.PEEK_LOCK,
-        max_wait_time: float | None = None,
-        auto_lock_renewer: Any = None,
-        prefetch_count: int = 0,
-        client_identifier: str | None = None,
-        socket_timeout: float | None = None,
+        self, queue_name: str, **arguments: Unpack[ReceiverArguments]
     ) -> ServiceBusReceiver:
         """A receiver of ``queue_name`` (or its ``sub_queue``) in both regions.
 
-        Arguments as the SDK's. ``prefetch_count`` messages are kept ready (claimed,
-        locked and renewed) beyond what was asked for. Session receivers
-        (``session_id=``, or ``NEXT_AVAILABLE_SESSION``) hold the session in both
-        regions (docs/migration.md).
+        Arguments as the SDK's (:class:`~georep.servicebus._options.ReceiverArguments`).
+        ``prefetch_count`` messages are kept ready (claimed, locked and renewed) beyond
+        what was asked for. Session receivers (``session_id=``, or
+        ``NEXT_AVAILABLE_SESSION``) hold the session in both regions (docs/migration.md).
 
         Raises:
             ConfigurationError: The client has no ``seen`` set, or an argument is invalid.
         """
-        return self._receiver(
-            {"queue_name": queue_name},
-            session_id=session_id,
-            sub_queue=sub_queue,
-            receive_mode=receive_mode,
-            max_wait_time=max_wait_time,
-            auto_lock_renewer=auto_lock_renewer,
-            prefetch_count=prefetch_count,
-        )
+        return self._receiver({"queue_name": queue_name}, **arguments)
 
     def get_subscription_receiver(
-        self,
-        topic_name: str,
-        subscription_name: str,
-        *,
-        session_id: Any = None,
-        sub_queue: ServiceBusSubQueue | str | None = None,
-        receive_mode: ServiceBusReceiveMode | str = ServiceBusReceiveMode.PEEK_LOCK,
-        max_wait_time: float | None = None,
-        auto_lock_renewer: Any = None,
-        prefetch_count: int = 0,
-        client_identifier: str | None = None,
-        socket_timeout: float | None = None,
+        self, topic_name: str, subscription_name: str, **arguments: Unpack[ReceiverArguments]
     ) -> ServiceBusReceiver:
         """A receiver of a subscription (or its ``sub_queue``) in both regions; as
         :meth:`get_queue_receiver`."""
-        return self._receiver(
-            {"topic_name": topic_name, "subscription_name": subscription_name},
-            session_id=session_id,
-            sub_queue=sub_queue,
-            receive_mode=receive_mode,
-            max_wait_time=max_wait_time,
-            auto_lock_renewer=auto_lock_renewer,
-            prefetch_count=prefetch_count,
-        )
+        names = {"topic_name": topic_name, "subscription_name": subscription_name}
+        return self._receiver(names, **arguments)
 
     def _receiver(
         self,
         names: dict[str, str],
         *,
-        session_id: Any,
-        sub_queue: ServiceBusSubQueue | str | None,
-        receive_mode: ServiceBusReceiveMode | str,
-        max_wait_time: float | None,
-        auto_lock_renewer: Any,
-        prefetch_count: int,
+        session_id: Any = None,
+        sub_queue: ServiceBusSubQueue | str | None = None,
+        receive_mode: ServiceBusReceiveMode | str = ServiceBusReceiveMode.PEEK_LOCK,
+        max_wait_time: float | None = None,
+        auto_lock_renewer: Any = None,
+        prefetch_count: int = 0,
+        client_identifier: str | None = None,
+        socket_timeout: float | None = None,
     ) -> ServiceBusReceiver:
         self._check_open()
         seen = self._options.get("seen")
