@@ -11,7 +11,7 @@ are closed when the last sync object using them closes (a sync caller cannot awa
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Coroutine, Iterator, Mapping, Sequence
+from collections.abc import Callable, Coroutine, Iterator, Sequence
 from datetime import datetime
 from functools import partial
 from typing import Any, Self, TypeVar, Unpack
@@ -19,13 +19,14 @@ from typing import Any, Self, TypeVar, Unpack
 from azure.servicebus import ServiceBusReceivedMessage
 from azure.servicebus import ServiceBusSession as _SdkSession
 
+from georep._endpoint import Target
 from georep._lifecycle import ClosedOnExit
 from georep._sync_runtime import RUNTIME, HeldResources
 from georep.receive.context import ReceiverStats
 from georep.send.sender import GeoSender, SendResult
 
 from . import aio
-from ._options import ClientOptions, ReceiverArguments, SenderArguments
+from ._options import ClientConstructors, ClientOptions, ReceiverArguments, SenderArguments
 from .aio._session import GeoSession
 
 __all__ = ["ServiceBusClient", "ServiceBusReceiver", "ServiceBusSender", "ServiceBusSession"]
@@ -42,55 +43,21 @@ def _call(coroutine: Coroutine[Any, Any, _T]) -> _T:
     return RUNTIME.call(coroutine)
 
 
-class ServiceBusClient(ClosedOnExit):
+class ServiceBusClient(ClientConstructors, ClosedOnExit):
     """``azure.servicebus.ServiceBusClient`` over two regions (blocking); as
     :class:`georep.servicebus.aio.ServiceBusClient`, built the same way."""
 
-    def __init__(self, primary: Any, secondary: Any, **options: Unpack[ClientOptions]):
-        self._build(lambda: aio.ServiceBusClient(primary, secondary, **options), options)
-
-    def _build(
-        self, factory: Callable[[], aio.ServiceBusClient], options: Mapping[str, Any]
-    ) -> None:
+    def __init__(self, primary: Target, secondary: Target, **options: Unpack[ClientOptions]):
         self._closed = False
         self._close_lock = threading.Lock()
         self._resources = HeldResources(options)
         RUNTIME.acquire()
         try:
-            self._core = _call(_built(factory))
+            self._core = _call(_built(lambda: aio.ServiceBusClient(primary, secondary, **options)))
         except BaseException:
             RUNTIME.release()
             raise
         self._resources.hold()
-
-    @classmethod
-    def from_connection_strings(
-        cls, primary: str, secondary: str, **options: Unpack[ClientOptions]
-    ) -> Self:
-        """As :meth:`georep.servicebus.aio.ServiceBusClient.from_connection_strings`."""
-        client = cls.__new__(cls)
-        client._build(
-            lambda: aio.ServiceBusClient.from_connection_strings(primary, secondary, **options),
-            options,
-        )
-        return client
-
-    @classmethod
-    def from_namespaces(
-        cls,
-        primary: str | Mapping[str, Any],
-        secondary: str | Mapping[str, Any],
-        credential: Any,
-        **options: Unpack[ClientOptions],
-    ) -> Self:
-        """As :meth:`georep.servicebus.aio.ServiceBusClient.from_namespaces` (a sync
-        ``TokenCredential`` is called on a worker thread)."""
-        client = cls.__new__(cls)
-        client._build(
-            lambda: aio.ServiceBusClient.from_namespaces(primary, secondary, credential, **options),
-            options,
-        )
-        return client
 
     @property
     def fully_qualified_namespace(self) -> str:

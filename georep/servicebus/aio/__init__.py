@@ -18,10 +18,6 @@ regions.
 
 from __future__ import annotations
 
-from georep._extras import require_extra
-
-require_extra("georep.servicebus", "servicebus", "azure.servicebus")
-
 from azure.servicebus.aio import AutoLockRenewer, ServiceBusSession
 
 from georep.servicebus._sdk_names import *  # noqa: F403 - the SDK's names, re-exported

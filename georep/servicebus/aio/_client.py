@@ -4,20 +4,24 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Mapping
 from functools import partial
 from typing import Any, Self, Unpack
 
 from azure.servicebus import NEXT_AVAILABLE_SESSION, ServiceBusReceiveMode, ServiceBusSubQueue
 
 from georep._clock import SystemClock
-from georep._endpoint import NamespaceEndpoint, Target, endpoint_pair, with_client_options_pair
+from georep._endpoint import (
+    NamespaceEndpoint,
+    Target,
+    with_client_options_pair,
+)
 from georep._lifecycle import ClosedOnAsyncExit
 from georep._region_wrap import open_pair
 from georep.exceptions import ClosedError, ConfigurationError
 from georep.receive.pull import PullReceiver
 from georep.send.sender import GeoSender
 from georep.servicebus._options import (
+    ClientConstructors,
     ClientOptions,
     ReceiverArguments,
     SenderArguments,
@@ -49,7 +53,7 @@ def _namespace(target: Target) -> str:
     return "?"
 
 
-class ServiceBusClient(ClosedOnAsyncExit):
+class ServiceBusClient(ClientConstructors, ClosedOnAsyncExit):
     """``azure.servicebus.aio.ServiceBusClient`` over two regions: change the line that makes
     the client, keep the rest of the code.
 
@@ -80,43 +84,6 @@ class ServiceBusClient(ClosedOnAsyncExit):
         self._handlers: set[ServiceBusSender | ServiceBusReceiver] = set()
         self._deferred: dict[str, DeferredBook] = {}
         self._closed = False
-
-    @classmethod
-    def from_connection_strings(
-        cls, primary: str, secondary: str, **options: Unpack[ClientOptions]
-    ) -> Self:
-        """A client on two namespaces, each reached with its connection string.
-
-        Args:
-            primary: The primary namespace's connection string.
-            secondary: The secondary namespace's connection string.
-            **options: georep's options (:class:`georep.servicebus.ClientOptions`):
-                ``mode``, ``seen``, ``outbox``, ``policy``, ``role_store``, ``ledger``...
-
-        Raises:
-            ConfigurationError: An unknown option. (A malformed connection string is
-                reported when a sender or receiver is made; never with its key.)
-        """
-        return cls(primary, secondary, **options)
-
-    @classmethod
-    def from_namespaces(
-        cls,
-        primary: str | Mapping[str, Any],
-        secondary: str | Mapping[str, Any],
-        credential: Any,
-        **options: Unpack[ClientOptions],
-    ) -> Self:
-        """A client on two namespaces reached with ``credential`` (Microsoft Entra ID,
-        ``AzureNamedKeyCredential``, ``AzureSasCredential``), as
-        :meth:`georep.GeoSender.from_namespaces` takes them.
-
-        Raises:
-            ConfigurationError: No namespace or credential, or an unknown option.
-        """
-        client_options = options.pop("client_options", None)
-        first, second = endpoint_pair(primary, secondary, credential, client_options)
-        return cls(first, second, **options)
 
     @property
     def fully_qualified_namespace(self) -> str:

@@ -18,24 +18,14 @@ import asyncio
 import threading
 from collections.abc import AsyncIterator, Callable, Coroutine, Mapping
 from functools import partial
-from typing import Any, Self, TypeVar, cast
+from typing import Any, TypeVar, cast
 
-from azure.servicebus.management import (
-    NamespaceProperties,
-    QueueProperties,
-    QueueRuntimeProperties,
-    RuleProperties,
-    SubscriptionProperties,
-    SubscriptionRuntimeProperties,
-    TopicProperties,
-    TopicRuntimeProperties,
-)
-from azure.servicebus.management import ServiceBusAdministrationClient as _SdkAdmin
+from azure.servicebus import management as sdk
 
-from georep._endpoint import endpoint_pair
 from georep._lifecycle import ClosedOnExit
 from georep._sync_runtime import RUNTIME
 from georep.exceptions import ClosedError
+from georep.servicebus._admin import TwoNamespaces
 from georep.servicebus.aio.management import ServiceBusAdministrationClient as _AsyncAdmin
 
 __all__ = ["ServiceBusAdministrationClient"]
@@ -47,7 +37,7 @@ class _OnWorkerThread:
     """A sync SDK administration client answering as the async SDK's does: each call runs
     on a worker thread (a list is read whole there, then handed out item by item)."""
 
-    def __init__(self, client: _SdkAdmin) -> None:
+    def __init__(self, client: sdk.ServiceBusAdministrationClient) -> None:
         self._client = client
 
     def __getattr__(self, operation: str) -> Callable[..., Any]:
@@ -62,15 +52,19 @@ async def _listed(call: Callable[..., Any], *args: Any, **kwargs: Any) -> AsyncI
         yield item
 
 
-class ServiceBusAdministrationClient(ClosedOnExit):
-    """Manage the entities of two namespaces as one.
+class ServiceBusAdministrationClient(TwoNamespaces, ClosedOnExit):
+    """Manage the entities of two namespaces as one (blocking): the operations, answers
+    and errors of :class:`georep.servicebus.aio.management.ServiceBusAdministrationClient`,
+    built the same way (``from_connection_strings``, ``from_namespaces``), over the sync
+    SDK's clients (``primary`` and ``secondary``, owned by this object)."""
 
-    Args:
-        primary: The primary namespace's SDK administration client (owned by this object).
-        secondary: The secondary's.
-    """
+    _sdk_admin = sdk.ServiceBusAdministrationClient
 
-    def __init__(self, primary: _SdkAdmin, secondary: _SdkAdmin) -> None:
+    def __init__(
+        self,
+        primary: sdk.ServiceBusAdministrationClient,
+        secondary: sdk.ServiceBusAdministrationClient,
+    ) -> None:
         # The async client calls only what the SDK's clients have (through the thread).
         self._core = _AsyncAdmin(
             cast(Any, _OnWorkerThread(primary)), cast(Any, _OnWorkerThread(secondary))
@@ -78,23 +72,6 @@ class ServiceBusAdministrationClient(ClosedOnExit):
         self._closed = False
         self._close_lock = threading.Lock()
         RUNTIME.acquire()
-
-    @classmethod
-    def from_connection_strings(cls, primary: str, secondary: str, **kwargs: Any) -> Self:
-        """Clients on both namespaces; ``kwargs`` go to both (``connection_verify``...)."""
-        return cls(
-            _SdkAdmin.from_connection_string(primary, **kwargs),
-            _SdkAdmin.from_connection_string(secondary, **kwargs),
-        )
-
-    @classmethod
-    def from_namespaces(cls, primary: str, secondary: str, credential: Any, **kwargs: Any) -> Self:
-        """Clients on both namespaces reached with ``credential`` (the SDK's credentials)."""
-        first, second = endpoint_pair(primary, secondary, credential, None)
-        return cls(
-            _SdkAdmin(primary, first.credential, **kwargs),
-            _SdkAdmin(secondary, second.credential, **kwargs),
-        )
 
     def close(self) -> None:
         """Close both namespaces' clients. Idempotent."""
@@ -113,21 +90,21 @@ class ServiceBusAdministrationClient(ClosedOnExit):
             raise ClosedError("this ServiceBusAdministrationClient is closed; create a new one")
         return RUNTIME.call(coroutine)
 
-    def create_queue(self, queue_name: str, **kwargs: Any) -> QueueProperties:
+    def create_queue(self, queue_name: str, **kwargs: Any) -> sdk.QueueProperties:
         """Create the queue in both namespaces (the SDK's arguments)."""
         return self._call(self._core.create_queue(queue_name, **kwargs))
 
-    def get_queue(self, queue_name: str, **kwargs: Any) -> QueueProperties:
+    def get_queue(self, queue_name: str, **kwargs: Any) -> sdk.QueueProperties:
         """The queue's properties (the primary's), annotated with both regions'."""
         return self._call(self._core.get_queue(queue_name, **kwargs))
 
     def get_queue_runtime_properties(
         self, queue_name: str, **kwargs: Any
-    ) -> QueueRuntimeProperties:
+    ) -> sdk.QueueRuntimeProperties:
         """The queue's runtime properties (the primary's), annotated with both regions'."""
         return self._call(self._core.get_queue_runtime_properties(queue_name, **kwargs))
 
-    def update_queue(self, queue: QueueProperties | Mapping[str, Any], **kwargs: Any) -> None:
+    def update_queue(self, queue: sdk.QueueProperties | Mapping[str, Any], **kwargs: Any) -> None:
         """Apply the same settings to the queue in both namespaces."""
         self._call(self._core.update_queue(queue, **kwargs))
 
@@ -135,29 +112,29 @@ class ServiceBusAdministrationClient(ClosedOnExit):
         """Delete the queue in both namespaces."""
         self._call(self._core.delete_queue(queue_name, **kwargs))
 
-    def list_queues(self, **kwargs: Any) -> list[QueueProperties]:
+    def list_queues(self, **kwargs: Any) -> list[sdk.QueueProperties]:
         """Every queue of either namespace, each annotated with the regions that have it."""
         return self._call(self._core.list_queues(**kwargs))
 
-    def list_queues_runtime_properties(self, **kwargs: Any) -> list[QueueRuntimeProperties]:
+    def list_queues_runtime_properties(self, **kwargs: Any) -> list[sdk.QueueRuntimeProperties]:
         """Every queue's runtime properties, each annotated with both regions'."""
         return self._call(self._core.list_queues_runtime_properties(**kwargs))
 
-    def create_topic(self, topic_name: str, **kwargs: Any) -> TopicProperties:
+    def create_topic(self, topic_name: str, **kwargs: Any) -> sdk.TopicProperties:
         """Create the topic in both namespaces (the SDK's arguments)."""
         return self._call(self._core.create_topic(topic_name, **kwargs))
 
-    def get_topic(self, topic_name: str, **kwargs: Any) -> TopicProperties:
+    def get_topic(self, topic_name: str, **kwargs: Any) -> sdk.TopicProperties:
         """The topic's properties (the primary's), annotated with both regions'."""
         return self._call(self._core.get_topic(topic_name, **kwargs))
 
     def get_topic_runtime_properties(
         self, topic_name: str, **kwargs: Any
-    ) -> TopicRuntimeProperties:
+    ) -> sdk.TopicRuntimeProperties:
         """The topic's runtime properties (the primary's), annotated with both regions'."""
         return self._call(self._core.get_topic_runtime_properties(topic_name, **kwargs))
 
-    def update_topic(self, topic: TopicProperties | Mapping[str, Any], **kwargs: Any) -> None:
+    def update_topic(self, topic: sdk.TopicProperties | Mapping[str, Any], **kwargs: Any) -> None:
         """Apply the same settings to the topic in both namespaces."""
         self._call(self._core.update_topic(topic, **kwargs))
 
@@ -165,29 +142,29 @@ class ServiceBusAdministrationClient(ClosedOnExit):
         """Delete the topic in both namespaces."""
         self._call(self._core.delete_topic(topic_name, **kwargs))
 
-    def list_topics(self, **kwargs: Any) -> list[TopicProperties]:
+    def list_topics(self, **kwargs: Any) -> list[sdk.TopicProperties]:
         """Every topic of either namespace, each annotated with the regions that have it."""
         return self._call(self._core.list_topics(**kwargs))
 
-    def list_topics_runtime_properties(self, **kwargs: Any) -> list[TopicRuntimeProperties]:
+    def list_topics_runtime_properties(self, **kwargs: Any) -> list[sdk.TopicRuntimeProperties]:
         """Every topic's runtime properties, each annotated with both regions'."""
         return self._call(self._core.list_topics_runtime_properties(**kwargs))
 
     def create_subscription(
         self, topic_name: str, subscription_name: str, **kwargs: Any
-    ) -> SubscriptionProperties:
+    ) -> sdk.SubscriptionProperties:
         """Create the subscription in both namespaces (the SDK's arguments)."""
         return self._call(self._core.create_subscription(topic_name, subscription_name, **kwargs))
 
     def get_subscription(
         self, topic_name: str, subscription_name: str, **kwargs: Any
-    ) -> SubscriptionProperties:
+    ) -> sdk.SubscriptionProperties:
         """The subscription's properties (the primary's), annotated with both regions'."""
         return self._call(self._core.get_subscription(topic_name, subscription_name, **kwargs))
 
     def get_subscription_runtime_properties(
         self, topic_name: str, subscription_name: str, **kwargs: Any
-    ) -> SubscriptionRuntimeProperties:
+    ) -> sdk.SubscriptionRuntimeProperties:
         """The subscription's runtime properties (the primary's), annotated with both regions'."""
         return self._call(
             self._core.get_subscription_runtime_properties(topic_name, subscription_name, **kwargs)
@@ -196,7 +173,7 @@ class ServiceBusAdministrationClient(ClosedOnExit):
     def update_subscription(
         self,
         topic_name: str,
-        subscription: SubscriptionProperties | Mapping[str, Any],
+        subscription: sdk.SubscriptionProperties | Mapping[str, Any],
         **kwargs: Any,
     ) -> None:
         """Apply the same settings to the subscription in both namespaces."""
@@ -206,19 +183,21 @@ class ServiceBusAdministrationClient(ClosedOnExit):
         """Delete the subscription in both namespaces."""
         self._call(self._core.delete_subscription(topic_name, subscription_name, **kwargs))
 
-    def list_subscriptions(self, topic_name: str, **kwargs: Any) -> list[SubscriptionProperties]:
+    def list_subscriptions(
+        self, topic_name: str, **kwargs: Any
+    ) -> list[sdk.SubscriptionProperties]:
         """Every subscription of either namespace, each annotated with the regions that have it."""
         return self._call(self._core.list_subscriptions(topic_name, **kwargs))
 
     def list_subscriptions_runtime_properties(
         self, topic_name: str, **kwargs: Any
-    ) -> list[SubscriptionRuntimeProperties]:
+    ) -> list[sdk.SubscriptionRuntimeProperties]:
         """Every subscription's runtime properties, each annotated with both regions'."""
         return self._call(self._core.list_subscriptions_runtime_properties(topic_name, **kwargs))
 
     def create_rule(
         self, topic_name: str, subscription_name: str, rule_name: str, **kwargs: Any
-    ) -> RuleProperties:
+    ) -> sdk.RuleProperties:
         """Create the rule in both namespaces."""
         return self._call(
             self._core.create_rule(topic_name, subscription_name, rule_name, **kwargs)
@@ -226,7 +205,7 @@ class ServiceBusAdministrationClient(ClosedOnExit):
 
     def get_rule(
         self, topic_name: str, subscription_name: str, rule_name: str, **kwargs: Any
-    ) -> RuleProperties:
+    ) -> sdk.RuleProperties:
         """The rule's properties (the primary's), annotated with both regions'."""
         return self._call(self._core.get_rule(topic_name, subscription_name, rule_name, **kwargs))
 
@@ -234,7 +213,7 @@ class ServiceBusAdministrationClient(ClosedOnExit):
         self,
         topic_name: str,
         subscription_name: str,
-        rule: RuleProperties | Mapping[str, Any],
+        rule: sdk.RuleProperties | Mapping[str, Any],
         **kwargs: Any,
     ) -> None:
         """Apply the same rule to the subscription in both namespaces."""
@@ -248,10 +227,10 @@ class ServiceBusAdministrationClient(ClosedOnExit):
 
     def list_rules(
         self, topic_name: str, subscription_name: str, **kwargs: Any
-    ) -> list[RuleProperties]:
+    ) -> list[sdk.RuleProperties]:
         """Every rule of the subscription in either namespace, annotated."""
         return self._call(self._core.list_rules(topic_name, subscription_name, **kwargs))
 
-    def get_namespace_properties(self, **kwargs: Any) -> NamespaceProperties:
+    def get_namespace_properties(self, **kwargs: Any) -> sdk.NamespaceProperties:
         """The primary namespace's properties, annotated with both."""
         return self._call(self._core.get_namespace_properties(**kwargs))

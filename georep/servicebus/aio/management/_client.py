@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Mapping
-from typing import Any, Self, cast
+from typing import Any, cast
 
 from azure.servicebus.aio.management import ServiceBusAdministrationClient as _SdkAdmin
 from azure.servicebus.management import (
@@ -25,41 +25,28 @@ from azure.servicebus.management import (
     TopicRuntimeProperties,
 )
 
-from georep._endpoint import endpoint_pair
 from georep._lifecycle import ClosedOnAsyncExit
 from georep.exceptions import AllRegionsUnavailableError
-from georep.servicebus._admin import REGIONS, changed, merge_listed, read
+from georep.servicebus._admin import REGIONS, TwoNamespaces, changed, merge_listed, read
 
 __all__ = ["ServiceBusAdministrationClient"]
 
 
-class ServiceBusAdministrationClient(ClosedOnAsyncExit):
+class ServiceBusAdministrationClient(TwoNamespaces, ClosedOnAsyncExit):
     """Manage the entities of two namespaces as one (async).
+
+    Build it with :meth:`~georep.servicebus._admin.TwoNamespaces.from_connection_strings`
+    or :meth:`~georep.servicebus._admin.TwoNamespaces.from_namespaces`.
 
     Args:
         primary: The primary namespace's SDK administration client (owned by this object).
         secondary: The secondary's.
     """
 
+    _sdk_admin = _SdkAdmin
+
     def __init__(self, primary: _SdkAdmin, secondary: _SdkAdmin) -> None:
         self._clients = dict(zip(REGIONS, (primary, secondary), strict=True))
-
-    @classmethod
-    def from_connection_strings(cls, primary: str, secondary: str, **kwargs: Any) -> Self:
-        """Clients on both namespaces; ``kwargs`` go to both (``connection_verify``...)."""
-        return cls(
-            _SdkAdmin.from_connection_string(primary, **kwargs),
-            _SdkAdmin.from_connection_string(secondary, **kwargs),
-        )
-
-    @classmethod
-    def from_namespaces(cls, primary: str, secondary: str, credential: Any, **kwargs: Any) -> Self:
-        """Clients on both namespaces reached with ``credential`` (the SDK's credentials)."""
-        first, second = endpoint_pair(primary, secondary, credential, None)
-        return cls(
-            _SdkAdmin(primary, first.credential, **kwargs),
-            _SdkAdmin(secondary, second.credential, **kwargs),
-        )
 
     async def close(self) -> None:
         """Close both namespaces' clients."""
