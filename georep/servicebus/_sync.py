@@ -10,7 +10,6 @@ are closed when the last sync object using them closes (a sync caller cannot awa
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Callable, Coroutine, Iterator, Sequence
 from datetime import datetime
 from functools import partial
@@ -21,7 +20,7 @@ from azure.servicebus import ServiceBusSession as _SdkSession
 
 from georep._endpoint import Target
 from georep._lifecycle import ClosedOnExit
-from georep._sync_runtime import RUNTIME, HeldResources
+from georep._sync_runtime import RUNTIME, LoopUser, built
 from georep.receive.context import ReceiverStats
 from georep.send.sender import GeoSender, SendResult
 
@@ -34,11 +33,6 @@ __all__ = ["ServiceBusClient", "ServiceBusReceiver", "ServiceBusSender", "Servic
 _T = TypeVar("_T")
 
 
-async def _built(factory: Callable[[], _T]) -> _T:
-    # Built on the loop thread: the core may look up the running loop while it sets up.
-    return factory()
-
-
 def _call(coroutine: Coroutine[Any, Any, _T]) -> _T:
     return RUNTIME.call(coroutine)
 
@@ -48,16 +42,8 @@ class ServiceBusClient(ClientConstructors, ClosedOnExit):
     :class:`georep.servicebus.aio.ServiceBusClient`, built the same way."""
 
     def __init__(self, primary: Target, secondary: Target, **options: Unpack[ClientOptions]):
-        self._closed = False
-        self._close_lock = threading.Lock()
-        self._resources = HeldResources(options)
-        RUNTIME.acquire()
-        try:
-            self._core = _call(_built(lambda: aio.ServiceBusClient(primary, secondary, **options)))
-        except BaseException:
-            RUNTIME.release()
-            raise
-        self._resources.hold()
+        self._use = LoopUser(options)
+        self._core = self._use.build(lambda: aio.ServiceBusClient(primary, secondary, **options))
 
     @property
     def fully_qualified_namespace(self) -> str:
@@ -71,20 +57,7 @@ class ServiceBusClient(ClientConstructors, ClosedOnExit):
     def close(self) -> None:
         """Close every sender and receiver this client made, and the async resources it
         was given that no other sync object uses. Idempotent."""
-        with self._close_lock:
-            if self._closed:
-                return
-            self._closed = True
-            try:
-                _call(self._aclose())
-            finally:
-                RUNTIME.release()
-
-    async def _aclose(self) -> None:
-        try:
-            await self._core.close()
-        finally:
-            await self._resources.drop()
+        self._use.close(self._core.close)
 
     def get_queue_sender(
         self, queue_name: str, **arguments: Unpack[SenderArguments]
@@ -99,7 +72,7 @@ class ServiceBusClient(ClientConstructors, ClosedOnExit):
         return self._sender(partial(self._core.get_topic_sender, topic_name, **arguments))
 
     def _sender(self, get: Callable[[], aio.ServiceBusSender]) -> ServiceBusSender:
-        return ServiceBusSender(_call(_built(get)))
+        return ServiceBusSender(_call(built(get)))
 
     def get_queue_receiver(
         self, queue_name: str, **arguments: Unpack[ReceiverArguments]
@@ -121,7 +94,7 @@ class ServiceBusClient(ClientConstructors, ClosedOnExit):
     ) -> ServiceBusReceiver:
         # The sync AutoLockRenewer stays on this side: it calls this blocking receiver.
         core_arguments = {k: v for k, v in arguments.items() if k != "auto_lock_renewer"}
-        core = _call(_built(lambda: get(**core_arguments)))
+        core = _call(built(lambda: get(**core_arguments)))
         return ServiceBusReceiver(core, arguments.get("auto_lock_renewer"))
 
 

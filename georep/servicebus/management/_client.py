@@ -15,7 +15,6 @@ messaging client), and the async client calls the sync SDK clients on worker thr
 from __future__ import annotations
 
 import asyncio
-import threading
 from collections.abc import AsyncIterator, Callable, Coroutine, Mapping
 from functools import partial
 from typing import Any, TypeVar, cast
@@ -23,7 +22,7 @@ from typing import Any, TypeVar, cast
 from azure.servicebus import management as sdk
 
 from georep._lifecycle import ClosedOnExit
-from georep._sync_runtime import RUNTIME
+from georep._sync_runtime import RUNTIME, LoopUser
 from georep.exceptions import ClosedError
 from georep.servicebus._admin import TwoNamespaces
 from georep.servicebus.aio.management import ServiceBusAdministrationClient as _AsyncAdmin
@@ -66,26 +65,19 @@ class ServiceBusAdministrationClient(TwoNamespaces, ClosedOnExit):
         secondary: sdk.ServiceBusAdministrationClient,
     ) -> None:
         # The async client calls only what the SDK's clients have (through the thread).
-        self._core = _AsyncAdmin(
-            cast(Any, _OnWorkerThread(primary)), cast(Any, _OnWorkerThread(secondary))
+        self._use = LoopUser()
+        self._core = self._use.build(
+            lambda: _AsyncAdmin(
+                cast(Any, _OnWorkerThread(primary)), cast(Any, _OnWorkerThread(secondary))
+            )
         )
-        self._closed = False
-        self._close_lock = threading.Lock()
-        RUNTIME.acquire()
 
     def close(self) -> None:
         """Close both namespaces' clients. Idempotent."""
-        with self._close_lock:
-            if self._closed:
-                return
-            self._closed = True
-            try:
-                RUNTIME.call(self._core.close())
-            finally:
-                RUNTIME.release()
+        self._use.close(self._core.close)
 
     def _call(self, coroutine: Coroutine[Any, Any, _T]) -> _T:
-        if self._closed:
+        if self._use.closed:
             coroutine.close()
             raise ClosedError("this ServiceBusAdministrationClient is closed; create a new one")
         return RUNTIME.call(coroutine)
