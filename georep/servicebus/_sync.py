@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable, Coroutine, Iterator, Sequence
 from datetime import datetime
 from functools import partial
-from typing import Any, Self, TypeVar, Unpack
+from typing import Any, Generic, Self, TypeVar, Unpack
 
 from azure.servicebus import ServiceBusReceivedMessage
 from azure.servicebus import ServiceBusSession as _SdkSession
@@ -31,6 +31,7 @@ from .aio._session import GeoSession
 __all__ = ["ServiceBusClient", "ServiceBusReceiver", "ServiceBusSender", "ServiceBusSession"]
 
 _T = TypeVar("_T")
+_Core = TypeVar("_Core", aio.ServiceBusSender, aio.ServiceBusReceiver)
 
 
 def _call(coroutine: Coroutine[Any, Any, _T]) -> _T:
@@ -98,7 +99,23 @@ class ServiceBusClient(ClientConstructors, ClosedOnExit):
         return ServiceBusReceiver(core, arguments.get("auto_lock_renewer"))
 
 
-class ServiceBusSender(ClosedOnExit):
+class _OverCore(ClosedOnExit, Generic[_Core]):
+    """A blocking sender or receiver over its async one (``_core``): entering opens it and
+    closing closes it, on georep's loop."""
+
+    _core: _Core
+
+    def __enter__(self) -> Self:
+        _call(self._core.__aenter__())
+        return self
+
+    def close(self) -> None:
+        """Close it (idempotent); a receiver abandons the messages it handed out that were
+        not settled."""
+        _call(self._core.close())
+
+
+class ServiceBusSender(_OverCore[aio.ServiceBusSender]):
     """``azure.servicebus.ServiceBusSender`` over two regions (blocking); as
     :class:`georep.servicebus.aio.ServiceBusSender`."""
 
@@ -116,14 +133,6 @@ class ServiceBusSender(ClosedOnExit):
     def geo_sender(self) -> GeoSender:
         """The :class:`georep.GeoSender` underneath (async: use it on georep's loop only)."""
         return self._core.geo_sender
-
-    def __enter__(self) -> Self:
-        _call(self._core.__aenter__())
-        return self
-
-    def close(self) -> None:
-        """Close the sender (idempotent)."""
-        _call(self._core.close())
 
     def send_messages(self, message: Any, *, timeout: float | None = None) -> None:
         """As :meth:`georep.servicebus.aio.ServiceBusSender.send_messages`."""
@@ -178,7 +187,7 @@ class ServiceBusSession(_SdkSession):
         return _call(self._core.renew_lock(timeout=timeout))
 
 
-class ServiceBusReceiver(ClosedOnExit):
+class ServiceBusReceiver(_OverCore[aio.ServiceBusReceiver]):
     """``azure.servicebus.ServiceBusReceiver`` over two regions (blocking); as
     :class:`georep.servicebus.aio.ServiceBusReceiver`.
 
@@ -214,7 +223,7 @@ class ServiceBusReceiver(ClosedOnExit):
         return self._core.stats
 
     def __enter__(self) -> Self:
-        _call(self._core.__aenter__())
+        super().__enter__()
         if self._session is None:
             self._register_session()
         return self
@@ -224,10 +233,6 @@ class ServiceBusReceiver(ClosedOnExit):
         session = self.session
         if session is not None and self._auto_lock_renewer is not None:
             self._auto_lock_renewer.register(self, session)
-
-    def close(self) -> None:
-        """Stop receiving; messages handed out and not settled are abandoned. Idempotent."""
-        _call(self._core.close())
 
     def __iter__(self) -> Iterator[ServiceBusReceivedMessage]:
         return self
