@@ -35,8 +35,7 @@ __all__ = ["ServiceBusAdministrationClient"]
 class ServiceBusAdministrationClient(TwoNamespaces, ClosedOnAsyncExit):
     """Manage the entities of two namespaces as one (async).
 
-    Build it with :meth:`~georep.servicebus._admin.TwoNamespaces.from_connection_strings`
-    or :meth:`~georep.servicebus._admin.TwoNamespaces.from_namespaces`.
+    Build it with :meth:`from_connection_strings` or :meth:`from_namespaces`.
 
     Args:
         primary: The primary namespace's SDK administration client (owned by this object).
