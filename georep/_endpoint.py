@@ -46,6 +46,10 @@ class NamespaceEndpoint:
 
 Target = str | NamespaceEndpoint
 
+Namespace = str | Mapping[str, Any]
+"""A namespace for ``from_namespaces``: its fully qualified name, or a mapping of
+``ServiceBusClient`` keyword arguments that names it (see :func:`namespace_endpoint`)."""
+
 
 def with_client_options(target: Target, client_options: Mapping[str, Any] | None) -> Target:
     """``target`` with ``client_options`` added (unchanged when there are none)."""
@@ -82,7 +86,7 @@ def one_entity(queue_name: str | None, topic_name: str | None) -> None:
 
 
 def namespace_endpoint(
-    namespace: str | Mapping[str, Any],
+    namespace: Namespace,
     credential: Any,
     *,
     region: str,
@@ -153,8 +157,8 @@ class _OnThread:
 
 
 def endpoint_pair(
-    primary: str | Mapping[str, Any],
-    secondary: str | Mapping[str, Any],
+    primary: Namespace,
+    secondary: Namespace,
     credential: Any,
     client_options: Mapping[str, Any] | None,
 ) -> tuple[NamespaceEndpoint, NamespaceEndpoint]:
@@ -173,8 +177,8 @@ class FromNamespaces:
     @classmethod
     def from_namespaces(
         cls,
-        primary: str | Mapping[str, Any],
-        secondary: str | Mapping[str, Any],
+        primary: Namespace,
+        secondary: Namespace,
         credential: Any = None,
         *,
         client_options: Mapping[str, Any] | None = None,

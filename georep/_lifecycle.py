@@ -111,6 +111,34 @@ class AsyncResource:
         """Release what this object holds; runs once."""
 
 
+class ClosedOnAsyncExit:
+    """``async with`` closes the object on the way out, as it does the SDK's clients; a
+    class that does work on entry overrides :meth:`__aenter__`."""
+
+    async def close(self) -> None:
+        raise NotImplementedError
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.close()
+
+
+class ClosedOnExit:
+    """``with`` closes the (blocking) object on the way out, as it does the SDK's clients;
+    a class that does work on entry overrides :meth:`__enter__`."""
+
+    def close(self) -> None:
+        raise NotImplementedError
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+
 # -- background tasks --------------------------------------------------------------------
 
 _started: weakref.WeakSet[asyncio.Future[Any]] = weakref.WeakSet()

@@ -15,79 +15,27 @@ gets the real classes. The cost: ``import georep`` imports ``azure.servicebus`` 
 installed (the SDK's package imports all of itself to give its exceptions module).
 
 This is the one core module that imports the SDK at module level, and it imports only
-``azure.servicebus.exceptions`` (``tests/unit/test_layers.py`` holds both rules).
+``azure.servicebus.exceptions`` (``tests/unit/test_layers.py`` holds both rules), once, as
+:data:`sdk`: georep's modules name the classes ``sdk.ServiceBusError``..., whether they are
+the SDK's or the stand-ins.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+__all__ = ["SDK_INSTALLED", "sdk"]
 
-__all__ = [
-    "SDK_INSTALLED",
-    "MessageAlreadySettled",
-    "MessageLockLostError",
-    "MessageSizeExceededError",
-    "MessagingEntityDisabledError",
-    "MessagingEntityNotFoundError",
-    "OperationTimeoutError",
-    "ServiceBusAuthenticationError",
-    "ServiceBusAuthorizationError",
-    "ServiceBusCommunicationError",
-    "ServiceBusConnectionError",
-    "ServiceBusError",
-    "ServiceBusQuotaExceededError",
-    "ServiceBusServerBusyError",
-    "SessionLockLostError",
-]
-
-SDK_INSTALLED: bool
-"""True when the classes are the SDK's own, False when they are the stand-ins below."""
-
-if TYPE_CHECKING:
-    # Type checking sees the SDK's classes (the dev install has the SDK).
-    from azure.servicebus.exceptions import (
-        MessageAlreadySettled,
-        MessageLockLostError,
-        MessageSizeExceededError,
-        MessagingEntityDisabledError,
-        MessagingEntityNotFoundError,
-        OperationTimeoutError,
-        ServiceBusAuthenticationError,
-        ServiceBusAuthorizationError,
-        ServiceBusCommunicationError,
-        ServiceBusConnectionError,
-        ServiceBusError,
-        ServiceBusQuotaExceededError,
-        ServiceBusServerBusyError,
-        SessionLockLostError,
-    )
+try:
+    import azure.servicebus.exceptions as sdk
 
     SDK_INSTALLED = True
-else:
-    try:
-        from azure.servicebus.exceptions import (
-            MessageAlreadySettled,
-            MessageLockLostError,
-            MessageSizeExceededError,
-            MessagingEntityDisabledError,
-            MessagingEntityNotFoundError,
-            OperationTimeoutError,
-            ServiceBusAuthenticationError,
-            ServiceBusAuthorizationError,
-            ServiceBusCommunicationError,
-            ServiceBusConnectionError,
-            ServiceBusError,
-            ServiceBusQuotaExceededError,
-            ServiceBusServerBusyError,
-            SessionLockLostError,
-        )
+    """True when :data:`sdk` is the SDK's exceptions module, False when it holds the stand-ins."""
+except ImportError:
+    SDK_INSTALLED = False
 
-        SDK_INSTALLED = True
-    except ImportError:
-        SDK_INSTALLED = False
+    class sdk:  # type: ignore[no-redef]  # a namespace with the module's name
+        """Stand-ins: the SDK's hierarchy (and its builtin bases) without the SDK. georep's
+        errors set their own attributes and never call these constructors."""
 
-        # Stand-ins: the SDK's hierarchy (and its builtin bases) without the SDK. georep's
-        # errors set their own attributes and never call these constructors.
         class ServiceBusError(Exception):
             """Stands in for ``azure.servicebus.exceptions.ServiceBusError``."""
 

@@ -24,14 +24,14 @@ import contextlib
 import logging
 import os
 import threading
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine, Mapping
 from typing import Any, TypeVar
 
 from georep import _fork
 from georep._lifecycle import STOP_TIMEOUT
 from georep.exceptions import ClosedError
 
-__all__ = ["RUNTIME", "LoopRuntime"]
+__all__ = ["RESOURCE_OPTIONS", "RUNTIME", "LoopRuntime", "LoopUser", "built"]
 
 _T = TypeVar("_T")
 _JOIN_SECONDS = 30.0
@@ -39,6 +39,9 @@ _JOIN_SECONDS = 30.0
 _STOP_SECONDS = STOP_TIMEOUT
 
 _log = logging.getLogger("georep")
+
+#: The options that hand a sync object an async resource.
+RESOURCE_OPTIONS = ("seen", "outbox", "ledger", "role_store")
 
 
 class LoopRuntime:
@@ -155,6 +158,84 @@ class LoopRuntime:
                 return False
             del self._held[id(resource)]
             return True
+
+
+class LoopUser:
+    """One sync object's use of :data:`RUNTIME`, and of the async resources among its
+    options (``seen=``, ``outbox=``, ``ledger=``, ``role_store=``).
+
+    :meth:`build` starts using the loop and builds the object's async core there;
+    :meth:`close` runs the core's close on the loop, closes each resource no other sync
+    object holds any more, and stops using the loop.
+
+    Args:
+        options: The options the sync object was given (None: none).
+    """
+
+    def __init__(self, options: Mapping[str, Any] | None = None) -> None:
+        self.closed = False
+        self._close_lock = threading.Lock()
+        self.resources = [
+            value
+            for name in RESOURCE_OPTIONS
+            if (value := (options or {}).get(name)) is not None and hasattr(value, "aclose")
+        ]
+
+    def build(
+        self,
+        factory: Callable[[], _T],
+        *,
+        undo: Callable[[], Coroutine[Any, Any, None]] | None = None,
+    ) -> _T:
+        """Start using the loop, run ``factory`` on it (the core may look up the running
+        loop as it is built) and hold the resources. If ``factory`` raises: ``undo()`` on
+        the loop, stop using the loop, and raise."""
+        RUNTIME.acquire()
+        try:
+            made = RUNTIME.call(built(factory))
+        except BaseException:
+            try:
+                if undo is not None:
+                    RUNTIME.call(undo())
+            finally:
+                RUNTIME.release()
+            raise
+        for resource in self.resources:
+            RUNTIME.hold(resource)
+        return made
+
+    def after_fork(self) -> None:
+        """In a forked child that rebuilt the core: a parent thread may have held the close
+        lock at the fork."""
+        self._close_lock = threading.Lock()
+
+    def close(self, closing: Callable[[], Coroutine[Any, Any, None]]) -> None:
+        """Run ``closing()`` on the loop, close the resources this object was the last
+        user of, and stop using the loop. Idempotent and safe from any thread: a second
+        caller waits for the first's close to finish."""
+        with self._close_lock:
+            if self.closed:
+                return
+            self.closed = True
+            try:
+                RUNTIME.call(self._close(closing))
+            finally:
+                RUNTIME.release()
+
+    async def _close(self, closing: Callable[[], Coroutine[Any, Any, None]]) -> None:
+        try:
+            await closing()
+        finally:
+            for resource in self.resources:
+                if RUNTIME.drop(resource):
+                    with contextlib.suppress(Exception):
+                        await resource.aclose()
+
+
+async def built(factory: Callable[[], _T]) -> _T:
+    """``factory()``, as a coroutine to run on the loop: a core object may look up the
+    running loop while it is built."""
+    return factory()
 
 
 def _serve(loop: asyncio.AbstractEventLoop, started: threading.Event) -> None:

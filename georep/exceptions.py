@@ -52,22 +52,7 @@ from types import MappingProxyType, TracebackType
 from typing import Any
 
 from georep._classify import RETRYABLE_KINDS
-from georep._sdk_errors import (
-    MessageAlreadySettled,
-    MessageLockLostError,
-    MessageSizeExceededError,
-    MessagingEntityDisabledError,
-    MessagingEntityNotFoundError,
-    OperationTimeoutError,
-    ServiceBusAuthenticationError,
-    ServiceBusAuthorizationError,
-    ServiceBusCommunicationError,
-    ServiceBusConnectionError,
-    ServiceBusError,
-    ServiceBusQuotaExceededError,
-    ServiceBusServerBusyError,
-    SessionLockLostError,
-)
+from georep._sdk_errors import sdk
 from georep.ports import ErrorKind
 
 __all__ = [
@@ -270,7 +255,7 @@ class InvalidMessageError(GeoReplicationError, ValueError, TypeError):
     """
 
 
-class OversizeMessageError(InvalidMessageError, MessageSizeExceededError):
+class OversizeMessageError(InvalidMessageError, sdk.MessageSizeExceededError):
     """A message, or the messages of one call, are over the entity's size limit, known
     before any call to a region: their bodies alone exceed the limit the regions announced,
     or a batch is full. Send fewer messages per call, or shrink them.
@@ -308,7 +293,7 @@ class ForkedProcessError(ClosedError):
     """
 
 
-class OutboxFullError(GeoReplicationError, ServiceBusQuotaExceededError):
+class OutboxFullError(GeoReplicationError, sdk.ServiceBusQuotaExceededError):
     """The durable outbox reached its bound; the message was not stored and not sent.
 
     Raise the bound, or drain the backlog (restore a region) before sending more. Also the
@@ -329,12 +314,12 @@ class SettlementError(GeoReplicationError, RuntimeError, ValueError):
     """
 
 
-class AlreadySettledError(SettlementError, MessageAlreadySettled):
+class AlreadySettledError(SettlementError, sdk.MessageAlreadySettled):
     """The message was decided already, or is no longer being handled (its handler
     returned and georep settled it): the SDK's ``MessageAlreadySettled``."""
 
 
-class OutboxUnavailableError(GeoReplicationError, ServiceBusError):
+class OutboxUnavailableError(GeoReplicationError, sdk.ServiceBusError):
     """The outbox file could not be read or written just now (another process held its
     lock past the busy timeout, or an I/O error); nothing was stored by the failed call.
 
@@ -344,7 +329,7 @@ class OutboxUnavailableError(GeoReplicationError, ServiceBusError):
     retryable = True
 
 
-class StoreUnavailableError(GeoReplicationError, ServiceBusError):
+class StoreUnavailableError(GeoReplicationError, sdk.ServiceBusError):
     """The seen-set store (Redis) could not be reached or did not answer in time.
 
     Receivers stop handing out messages while it lasts (nothing is processed unchecked)
@@ -355,7 +340,7 @@ class StoreUnavailableError(GeoReplicationError, ServiceBusError):
     retryable = True
 
 
-class RegionError(GeoReplicationError, ServiceBusError):
+class RegionError(GeoReplicationError, sdk.ServiceBusError):
     """An operation failed in one region.
 
     The class follows the kind (:func:`region_error`); this one is raised for
@@ -386,7 +371,9 @@ class RegionError(GeoReplicationError, ServiceBusError):
         return self.kind in RETRYABLE_KINDS
 
 
-class RegionUnavailableError(RegionError, ServiceBusConnectionError, ServiceBusCommunicationError):
+class RegionUnavailableError(
+    RegionError, sdk.ServiceBusConnectionError, sdk.ServiceBusCommunicationError
+):
     """The region did not answer, or failed in a way that means it may be down.
 
     Connection failures (this class), timeouts (:class:`RegionTimeoutError`) and
@@ -396,7 +383,7 @@ class RegionUnavailableError(RegionError, ServiceBusConnectionError, ServiceBusC
     """
 
 
-class RegionTimeoutError(RegionUnavailableError, OperationTimeoutError):
+class RegionTimeoutError(RegionUnavailableError, sdk.OperationTimeoutError):
     """No answer within the deadline, the service's or georep's own (kind ``TIMEOUT``).
 
     Also the SDK's ``OperationTimeoutError`` and, as every
@@ -404,14 +391,14 @@ class RegionTimeoutError(RegionUnavailableError, OperationTimeoutError):
     """
 
 
-class ServerBusyError(RegionUnavailableError, ServiceBusServerBusyError):
+class ServerBusyError(RegionUnavailableError, sdk.ServiceBusServerBusyError):
     """The namespace is throttling requests (kind ``SERVER_BUSY``); fails over by default.
 
     Also the SDK's ``ServiceBusServerBusyError``.
     """
 
 
-class MessageTooLargeError(RegionError, MessageSizeExceededError, ValueError):
+class MessageTooLargeError(RegionError, sdk.MessageSizeExceededError, ValueError):
     """The message or batch is over the entity's size limit; split it or shrink it.
 
     Also the SDK's ``MessageSizeExceededError`` (a ``ValueError``).
@@ -419,7 +406,10 @@ class MessageTooLargeError(RegionError, MessageSizeExceededError, ValueError):
 
 
 class AuthenticationError(
-    RegionError, ServiceBusAuthenticationError, ServiceBusAuthorizationError, PermissionError
+    RegionError,
+    sdk.ServiceBusAuthenticationError,
+    sdk.ServiceBusAuthorizationError,
+    PermissionError,
 ):
     """The region refused the credentials; check the key name and key for that namespace.
 
@@ -428,14 +418,14 @@ class AuthenticationError(
     """
 
 
-class EntityNotFoundError(RegionError, MessagingEntityNotFoundError, LookupError):
+class EntityNotFoundError(RegionError, sdk.MessagingEntityNotFoundError, LookupError):
     """The queue or topic does not exist in that region; create it there.
 
     Also the SDK's ``MessagingEntityNotFoundError``.
     """
 
 
-class EntityDisabledError(EntityNotFoundError, MessagingEntityDisabledError):
+class EntityDisabledError(EntityNotFoundError, sdk.MessagingEntityDisabledError):
     """The queue or topic exists in that region but is disabled; enable it there.
 
     Also the SDK's ``MessagingEntityDisabledError``, and an :class:`EntityNotFoundError`
@@ -443,14 +433,14 @@ class EntityDisabledError(EntityNotFoundError, MessagingEntityDisabledError):
     """
 
 
-class QuotaExceededError(RegionError, ServiceBusQuotaExceededError):
+class QuotaExceededError(RegionError, sdk.ServiceBusQuotaExceededError):
     """The entity or namespace is full; receive from it or raise its maximum size.
 
     Also the SDK's ``ServiceBusQuotaExceededError``.
     """
 
 
-class LockLostError(RegionError, MessageLockLostError, SessionLockLostError):
+class LockLostError(RegionError, sdk.MessageLockLostError, sdk.SessionLockLostError):
     """A received copy's (or session's) lock expired before it was settled; it will be
     redelivered.
 
@@ -468,7 +458,7 @@ class InvalidArgumentError(RegionError, ValueError):
 
 
 class AllRegionsUnavailableError(
-    GeoReplicationError, ServiceBusConnectionError, ServiceBusCommunicationError
+    GeoReplicationError, sdk.ServiceBusConnectionError, sdk.ServiceBusCommunicationError
 ):
     """No region accepted the operation.
 

@@ -43,12 +43,12 @@ import os
 import threading
 from collections.abc import Callable, Coroutine, Mapping, Sequence
 from datetime import datetime
-from types import TracebackType
 from typing import Any, Self
 
 from georep import _fork
+from georep._lifecycle import ClosedOnExit
 from georep._region_wrap import wrap_pair
-from georep._sync_runtime import RUNTIME
+from georep._sync_runtime import RUNTIME, LoopUser, built
 from georep.exceptions import ClosedError, ForkedProcessError
 from georep.paired import sender as _paired_sender
 from georep.ports import RegionSender
@@ -70,17 +70,11 @@ _log = logging.getLogger("georep.sync")
 
 SyncHandler = Callable[[Any], object]
 
-_RESOURCES = ("seen", "outbox", "ledger", "role_store")
 _handler_context = threading.local()
 """``receiver`` is set on a handler thread while it runs that receiver's handler."""
 
 
-async def _build(factory: Callable[[], Any]) -> Any:
-    # Built on the loop thread: the core may look up the running loop while it sets up.
-    return factory()
-
-
-class _Blocking:
+class _Blocking(ClosedOnExit):
     """Holds the loop runtime for one core object and closes everything it was given.
 
     In a process forked after it was made (gunicorn ``--preload``...), an object that may
@@ -95,30 +89,16 @@ class _Blocking:
     def __init__(
         self, factory: Callable[[], Any], *, adapters: Sequence[Any] = (), options: Any = None
     ) -> None:
-        self._closed = False
-        self._close_lock = threading.Lock()
         self._adapters = list(adapters)
-        self._resources = [
-            value
-            for name in _RESOURCES
-            if (value := (options or {}).get(name)) is not None and hasattr(value, "aclose")
-        ]
-        for resource in self._resources:  # the parent's store, outbox...: refused at once
+        self._use = LoopUser(options)
+        for resource in self._use.resources:  # the parent's store, outbox...: refused at once
             check_process = getattr(resource, "_check_process", None)
             if check_process is not None:
                 check_process()
         self._factory = factory
         self._made_after_forks = _fork.fork_count()
         self._made_in = os.getpid()
-        RUNTIME.acquire()
-        try:
-            self._made = RUNTIME.call(_build(factory))
-        except BaseException:
-            RUNTIME.call(self._close_adapters())
-            RUNTIME.release()
-            raise
-        for resource in self._resources:
-            RUNTIME.hold(resource)
+        self._made = self._use.build(factory, undo=self._close_adapters)
 
     @classmethod
     def _owning(cls, factory: Callable[[], Any], *, options: Any, reopen: bool = False) -> Self:
@@ -127,7 +107,8 @@ class _Blocking:
         async resource (those belong to the parent)."""
         blocking = cls.__new__(cls)
         _Blocking.__init__(blocking, factory, options=options)
-        blocking._reopen = reopen and not blocking._resources and "role_state" not in options
+        given = blocking._use.resources
+        blocking._reopen = reopen and not given and "role_state" not in options
         return blocking
 
     @property
@@ -139,21 +120,19 @@ class _Blocking:
 
     def _after_fork(self) -> None:
         with _fork.reopen_lock():
-            if self._made_after_forks == _fork.fork_count() or self._closed:
+            if self._made_after_forks == _fork.fork_count() or self._use.closed:
                 return  # another thread reopened it; or closed: the call raises ClosedError
             if not self._reopen:
                 raise _fork.forked_error(f"this georep.sync.{self._kind}", self._made_in)
             # The parent's core is left as it is: closing it would close the parent's
             # connections, and nothing here runs its loop.
             _fork.abandon(self._made)
-            RUNTIME.acquire()
             try:
-                self._made = RUNTIME.call(_build(self._factory))
+                self._made = self._use.build(self._factory)
             except BaseException:
-                RUNTIME.release()
-                self._closed = True
+                self._use.closed = True
                 raise
-            self._close_lock = threading.Lock()
+            self._use.after_fork()
             parent, self._made_in = self._made_in, os.getpid()
             self._made_after_forks = _fork.fork_count()
         _log.info(
@@ -169,6 +148,10 @@ class _Blocking:
     def entity(self) -> str:
         """The queue or topic name (a subscription's as ``topic/Subscriptions/name``)."""
         return str(self._made.entity)
+
+    @property
+    def _closed(self) -> bool:
+        return self._use.closed
 
     def _call(self, coroutine: Coroutine[Any, Any, Any]) -> Any:
         if self._closed:
@@ -191,14 +174,6 @@ class _Blocking:
             raise
         return self
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        traceback: TracebackType | None,
-    ) -> None:
-        self.close()
-
     def close(self) -> None:
         """Close the core, the adapters georep made and the resources no one else uses.
 
@@ -212,26 +187,15 @@ class _Blocking:
         if self._made_after_forks != _fork.fork_count():
             # Made in the parent, never reopened here: nothing of it is this process's.
             _fork.abandon(self._made)
-            self._closed = True
+            self._use.closed = True
             return
-        with self._close_lock:
-            if self._closed:
-                return
-            self._closed = True
-            try:
-                RUNTIME.call(self._aclose())
-            finally:
-                RUNTIME.release()
+        self._use.close(self._aclose)
 
     async def _aclose(self) -> None:
         try:
             await self._core.aclose()
         finally:
             await self._close_adapters()
-            for resource in self._resources:
-                if RUNTIME.drop(resource):
-                    with contextlib.suppress(Exception):
-                        await resource.aclose()
 
     async def _close_adapters(self) -> None:
         for adapter in self._adapters:
@@ -298,7 +262,7 @@ class GeoSender(_Blocking):
     def active_region(self) -> str:
         """The label of the region passive sends go to now."""
         # Read on the loop: the role state is per event loop.
-        return str(self._call(_build(lambda: self._core.active_region)))
+        return str(self._call(built(lambda: self._core.active_region)))
 
     def warm_up(self) -> None:
         """Open both regions' links now (see :meth:`georep.GeoSender.warm_up`)."""

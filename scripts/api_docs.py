@@ -72,12 +72,14 @@ def _doc(obj: object) -> str:
 
 
 def _members(cls: type) -> list[tuple[str, object]]:
-    # What a class inherits from a base the reference does not list (a private class, or
-    # the test kit's shared fault switches) is listed as its own.
+    # What a class inherits from a base the reference does not list (a private class, the
+    # test kit's shared fault switches, the drop-in clients' shared constructors) is
+    # listed as its own.
     shared = [
         base
         for base in reversed(cls.__mro__[1:])
-        if base.__name__.startswith("_") or base.__module__.startswith("georep.testing.")
+        if base.__name__.startswith("_")
+        or base.__module__.startswith(("georep.testing.", "georep.servicebus."))
     ]
     namespace: dict[str, object] = {}
     for owner in (*shared, cls):

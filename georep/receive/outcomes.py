@@ -78,6 +78,17 @@ class Decision:
         """What the seen-set records for it (None: release the claim)."""
         return _STATES[self.settle]
 
+    async def apply(self, region: Any, message: Any) -> None:
+        """Settle ``message`` this way with ``region`` (the region receiver it came from)."""
+        if self.settle is Settle.COMPLETE:
+            await region.complete(message)
+        elif self.settle is Settle.ABANDON:
+            await region.abandon(message)
+        elif self.settle is Settle.DEFER:
+            await region.defer(message)
+        else:
+            await region.dead_letter(message, self.reason, self.description)
+
 
 COMPLETE: Final = Decision(Settle.COMPLETE)
 ABANDON: Final = Decision(Settle.ABANDON)

@@ -113,15 +113,9 @@ class RecordingSeenSet:
     async def claim(self, keys: Sequence[str], *, owner: str, lease: float) -> list[ClaimState]:
         return await self.inner.claim(keys, owner=owner, lease=lease)
 
-    async def commit(
-        self,
-        keys: Sequence[str],
-        *,
-        owner: str,
-        outcome: ClaimState = ClaimState.DONE,
-        reasons: Sequence[str] | None = None,
-    ) -> None:
-        await self.inner.commit(keys, owner=owner, outcome=outcome, reasons=reasons)
+    async def commit(self, keys: Sequence[str], **terms: Any) -> None:
+        # The inner seen-set's terms (owner, outcome, reasons), passed on as they came.
+        await self.inner.commit(keys, **terms)
         self._on_recorded(keys)
 
     async def release(self, keys: Sequence[str], *, owner: str) -> None:

@@ -165,11 +165,8 @@ class RegionLoop:
                 try:
                     fresh = await self._fresh(room)
                 except RegionError as exc:
-                    _troubles.warning(
-                        ("receive", self.region.entity, self.region.region, exc.kind),
-                        "receive from %s failed: %s",
-                        self.region.region,
-                        exc,
+                    self._region_warning(
+                        "receive", exc, "receive from %s failed: %s", self.region.region, exc
                     )
                     await backoff.wait(self._stopping)
                     continue
@@ -273,6 +270,11 @@ class RegionLoop:
         with bounded_call(self._clock, label, "a receive", max_wait + RECEIVE_GRACE):
             async with self._settlements.lock:
                 return await region.receive(room, max_wait=max_wait)
+
+    def _region_warning(self, what: str, exc: RegionError, message: str, *args: object) -> None:
+        """A warning that ``what`` failed in this region: logged once, then summarised per
+        failure kind while it repeats."""
+        _troubles.warning((what, self.region.entity, self.region.region, exc.kind), message, *args)
 
     async def _fresh(self, room: int, max_wait: float | None = None) -> list[Copy]:
         """Receive up to ``room`` copies; the pings among them are completed here."""
@@ -569,12 +571,8 @@ class RegionLoop:
             with bounded_call(self._clock, self.region.region, what):
                 new_expiry = await self.region.renew_lock(copy.message)
         except RegionError as exc:
-            _troubles.warning(
-                ("renew", self.region.entity, self.region.region, exc.kind),
-                "could not renew a lock in %s (%s): %s",
-                self.region.region,
-                what,
-                exc,
+            self._region_warning(
+                "renew", exc, "could not renew a lock in %s (%s): %s", self.region.region, what, exc
             )
             return False
         copy.delivery = dataclasses.replace(copy.delivery, locked_until=new_expiry)

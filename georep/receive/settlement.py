@@ -141,15 +141,7 @@ class Settlements:
         return True
 
     async def _send(self, message: Any, decision: Decision) -> None:
-        region = self.region
-        if decision.settle is Settle.COMPLETE:
-            await region.complete(message)
-        elif decision.settle is Settle.ABANDON:
-            await region.abandon(message)
-        elif decision.settle is Settle.DEFER:
-            await region.defer(message)
-        else:
-            await region.dead_letter(message, decision.reason, decision.description)
+        await decision.apply(self.region, message)
 
     def record(self, copy: Copy, outcome: str, settled: bool) -> None:
         ledger = self._ledger

@@ -3,20 +3,13 @@
 from __future__ import annotations
 
 import asyncio
-import logging
 
 from georep._lifecycle import stop_task
-from georep._logs import Throttled
 from georep.exceptions import AllRegionsUnavailableError, RegionError
-from georep.send.path import Queue, SendPath, region_failed
+from georep.send.path import Queue, SendPath, region_failed, troubles
 from georep.send.result import PendingSend, SendContext, SendResult
 
 __all__ = ["ActivePath"]
-
-
-_log = logging.getLogger("georep.sender")
-_troubles = Throttled(_log)
-"""Warnings that repeat while a region is down: one line, then one per 30 s."""
 
 
 class ActivePath(SendPath):
@@ -108,7 +101,7 @@ class ActivePath(SendPath):
             repair = tuple(r for r, e in errors.items() if e.kind in self._policy.fail_over_on)
             if repair:
                 await self._queue(send.messages, list(repair))
-        _troubles.warning(
+        troubles.warning(
             ("partial", self._context.entity, tuple(sorted(errors))),
             "send to %s failed (%s); %s accepted%s",
             ", ".join(errors),

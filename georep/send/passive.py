@@ -12,19 +12,16 @@ from typing import Any
 from opentelemetry.trace import Span, SpanKind
 
 from georep._lifecycle import start_task, stop_task
-from georep._logs import Throttled
 from georep._policy import as_seconds
 from georep.exceptions import AllRegionsUnavailableError, RegionError
 from georep.roles.state import FailoverEvidence, RoleMove, RoleSnapshot, RoleState
-from georep.send.path import Channel, Queue, SendPath, region_failed
+from georep.send.path import Channel, Queue, SendPath, region_failed, troubles
 from georep.send.result import PendingSend, SendContext, SendResult
 
 __all__ = ["PassivePath"]
 
 
 _log = logging.getLogger("georep.sender")
-_troubles = Throttled(_log)
-"""Warnings that repeat while a region is down: one line, then one per 30 s."""
 
 
 class PassivePath(SendPath):
@@ -87,7 +84,7 @@ class PassivePath(SendPath):
         count = len(send.messages)
         self._counts.failed(active.region, count)
         region_failed(send.span, active.region, first_error)
-        _troubles.warning(
+        troubles.warning(
             ("failover", self._context.entity, active.region, first_error.kind),
             "send to %s failed (%s: %s); failing over to %s",
             active.region,

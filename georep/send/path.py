@@ -10,17 +10,22 @@ region could be reached for.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 from opentelemetry.trace import Span
 
 from georep._channel import RegionChannel
+from georep._logs import Throttled
 from georep.exceptions import RegionError
 from georep.ports import RegionSender
 from georep.send.result import SendContext
 
-__all__ = ["Channel", "Queue"]
+__all__ = ["Channel", "Queue", "troubles"]
+
+troubles = Throttled(logging.getLogger("georep.sender"))
+"""The paths' warnings that repeat while a region is down: one line, then one per 30 s."""
 
 
 #: ``queue(messages, regions)``: persist ``messages`` in the outbox for each region label

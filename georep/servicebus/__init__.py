@@ -20,39 +20,19 @@ from georep._extras import require_extra
 
 require_extra("georep.servicebus", "servicebus", "azure.servicebus")
 
-from azure.servicebus import (
-    NEXT_AVAILABLE_SESSION,
-    AutoLockRenewer,
-    ServiceBusMessage,
-    ServiceBusMessageBatch,
-    ServiceBusMessageState,
-    ServiceBusReceivedMessage,
-    ServiceBusReceiveMode,
-    ServiceBusSession,
-    ServiceBusSessionFilter,
-    ServiceBusSubQueue,
-    TransportType,
-    parse_connection_string,
-)
+from azure.servicebus import AutoLockRenewer, ServiceBusSession, parse_connection_string
 
-from ._options import ClientOptions
+from georep.servicebus._sdk_names import *  # noqa: F403 - the SDK's names, re-exported
+from georep.servicebus._sdk_names import __all__ as _sdk_names
+
 from ._sync import ServiceBusClient, ServiceBusReceiver, ServiceBusSender
 
 __all__ = [
-    "NEXT_AVAILABLE_SESSION",
+    *_sdk_names,
     "AutoLockRenewer",
-    "ClientOptions",
     "ServiceBusClient",
-    "ServiceBusMessage",
-    "ServiceBusMessageBatch",
-    "ServiceBusMessageState",
-    "ServiceBusReceiveMode",
-    "ServiceBusReceivedMessage",
     "ServiceBusReceiver",
     "ServiceBusSender",
     "ServiceBusSession",
-    "ServiceBusSessionFilter",
-    "ServiceBusSubQueue",
-    "TransportType",
     "parse_connection_string",
 ]

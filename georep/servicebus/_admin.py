@@ -13,11 +13,13 @@ from __future__ import annotations
 import logging
 from collections.abc import Mapping, Sequence
 from datetime import timedelta
-from typing import Any, Final
+from typing import Any, ClassVar, Final, Self
 
 from azure.core.exceptions import ResourceExistsError, ResourceNotFoundError
 
-__all__ = ["REGIONS", "annotate", "changed", "differences", "merge_listed", "read"]
+from georep._endpoint import endpoint_pair
+
+__all__ = ["REGIONS", "TwoNamespaces", "annotate", "changed", "differences", "merge_listed", "read"]
 
 _log = logging.getLogger("georep.servicebus")
 
@@ -148,3 +150,30 @@ def merge_listed(by_region: Mapping[str, Sequence[Any]]) -> list[Any]:
         first = next(iter(regions.values()))
         listed.append(annotate(first, regions))
     return listed
+
+
+class TwoNamespaces:
+    """The constructors the sync and async administration clients share, each over the
+    SDK's administration client of its kind (``_sdk_admin``)."""
+
+    _sdk_admin: ClassVar[Any]
+
+    def __init__(self, primary: Any, secondary: Any) -> None:
+        raise NotImplementedError
+
+    @classmethod
+    def from_connection_strings(cls, primary: str, secondary: str, **kwargs: Any) -> Self:
+        """Clients on both namespaces; ``kwargs`` go to both (``connection_verify``...)."""
+        return cls(
+            cls._sdk_admin.from_connection_string(primary, **kwargs),
+            cls._sdk_admin.from_connection_string(secondary, **kwargs),
+        )
+
+    @classmethod
+    def from_namespaces(cls, primary: str, secondary: str, credential: Any, **kwargs: Any) -> Self:
+        """Clients on both namespaces reached with ``credential`` (the SDK's credentials)."""
+        first, second = endpoint_pair(primary, secondary, credential, None)
+        return cls(
+            cls._sdk_admin(primary, first.credential, **kwargs),
+            cls._sdk_admin(secondary, second.credential, **kwargs),
+        )

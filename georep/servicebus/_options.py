@@ -8,8 +8,11 @@ sender and receiver the client hands out takes the ones that concern it.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any, Final, TypedDict
+from typing import TYPE_CHECKING, Any, Final, Self, TypedDict, Unpack
 
+from azure.servicebus import ServiceBusReceiveMode, ServiceBusSubQueue
+
+from georep._endpoint import Namespace, Target, endpoint_pair
 from georep._policy import DedupKey, DrainPolicy, FailoverPolicy, ReplicationMode, Seconds
 from georep.exceptions import ConfigurationError
 from georep.ports import Clock, Ledger, Outbox, RoleStore, SeenStore
@@ -18,7 +21,15 @@ if TYPE_CHECKING:
     from opentelemetry.metrics import MeterProvider
     from opentelemetry.trace import TracerProvider
 
-__all__ = ["ClientOptions", "checked_options", "receiver_options", "sender_options"]
+__all__ = [
+    "ClientConstructors",
+    "ClientOptions",
+    "ReceiverArguments",
+    "SenderArguments",
+    "checked_options",
+    "receiver_options",
+    "sender_options",
+]
 
 
 class ClientOptions(TypedDict, total=False):
@@ -55,6 +66,74 @@ class ClientOptions(TypedDict, total=False):
     tracer_provider: TracerProvider
     meter_provider: MeterProvider
     client_options: Mapping[str, Any]
+
+
+class ClientConstructors:
+    """The constructors the sync and async drop-in ``ServiceBusClient`` share: both are
+    built from the two namespaces' targets and georep's options."""
+
+    def __init__(self, primary: Target, secondary: Target, **options: Unpack[ClientOptions]):
+        raise NotImplementedError
+
+    @classmethod
+    def from_connection_strings(
+        cls, primary: str, secondary: str, **options: Unpack[ClientOptions]
+    ) -> Self:
+        """A client on two namespaces, each reached with its connection string.
+
+        Args:
+            primary: The primary namespace's connection string.
+            secondary: The secondary namespace's connection string.
+            **options: georep's options (:class:`ClientOptions`):
+                ``mode``, ``seen``, ``outbox``, ``policy``, ``role_store``, ``ledger``...
+
+        Raises:
+            ConfigurationError: An unknown option. (A malformed connection string is
+                reported when a sender or receiver is made; never with its key.)
+        """
+        return cls(primary, secondary, **options)
+
+    @classmethod
+    def from_namespaces(
+        cls,
+        primary: Namespace,
+        secondary: Namespace,
+        credential: Any,
+        **options: Unpack[ClientOptions],
+    ) -> Self:
+        """A client on two namespaces reached with ``credential`` (Microsoft Entra ID,
+        ``AzureNamedKeyCredential``, ``AzureSasCredential``), as
+        :meth:`georep.GeoSender.from_namespaces` takes them (a sync ``TokenCredential`` is
+        called on a worker thread).
+
+        Raises:
+            ConfigurationError: No namespace or credential, or an unknown option.
+        """
+        client_options = options.pop("client_options", None)
+        first, second = endpoint_pair(primary, secondary, credential, client_options)
+        return cls(first, second, **options)
+
+
+class SenderArguments(TypedDict, total=False):
+    """The keyword arguments of ``get_queue_sender`` and ``get_topic_sender``, as the SDK's:
+    ``client_identifier`` and ``socket_timeout`` are accepted for the SDK's sake (give SDK
+    settings in the client's ``client_options`` instead)."""
+
+    client_identifier: str | None
+    socket_timeout: float | None
+
+
+class ReceiverArguments(SenderArguments, total=False):
+    """The keyword arguments of ``get_queue_receiver`` and ``get_subscription_receiver``, as
+    the SDK's (defaults: no session, no sub-queue, ``PEEK_LOCK``, no wait limit, no
+    renewer, ``prefetch_count`` 0)."""
+
+    session_id: Any
+    sub_queue: ServiceBusSubQueue | str | None
+    receive_mode: ServiceBusReceiveMode | str
+    max_wait_time: float | None
+    auto_lock_renewer: Any
+    prefetch_count: int
 
 
 _SENDER: Final = (

@@ -10,93 +10,41 @@ are closed when the last sync object using them closes (a sync caller cannot awa
 
 from __future__ import annotations
 
-import contextlib
-import threading
-from collections.abc import Callable, Coroutine, Iterator, Mapping, Sequence
+from collections.abc import Callable, Coroutine, Iterator, Sequence
 from datetime import datetime
-from types import TracebackType
-from typing import Any, Self, TypeVar, Unpack
+from functools import partial
+from typing import Any, Generic, Self, TypeVar, Unpack
 
-from azure.servicebus import ServiceBusReceivedMessage, ServiceBusReceiveMode, ServiceBusSubQueue
+from azure.servicebus import ServiceBusReceivedMessage
 from azure.servicebus import ServiceBusSession as _SdkSession
 
-from georep._sync_runtime import RUNTIME
+from georep._endpoint import Target
+from georep._lifecycle import ClosedOnExit
+from georep._sync_runtime import RUNTIME, LoopUser, built
 from georep.receive.context import ReceiverStats
 from georep.send.sender import GeoSender, SendResult
 
 from . import aio
-from ._options import ClientOptions
+from ._options import ClientConstructors, ClientOptions, ReceiverArguments, SenderArguments
 from .aio._session import GeoSession
 
 __all__ = ["ServiceBusClient", "ServiceBusReceiver", "ServiceBusSender", "ServiceBusSession"]
 
 _T = TypeVar("_T")
-_RESOURCES = ("seen", "outbox", "ledger", "role_store")
-
-
-async def _built(factory: Callable[[], _T]) -> _T:
-    # Built on the loop thread: the core may look up the running loop while it sets up.
-    return factory()
+_Core = TypeVar("_Core", aio.ServiceBusSender, aio.ServiceBusReceiver)
 
 
 def _call(coroutine: Coroutine[Any, Any, _T]) -> _T:
     return RUNTIME.call(coroutine)
 
 
-class ServiceBusClient:
+class ServiceBusClient(ClientConstructors, ClosedOnExit):
     """``azure.servicebus.ServiceBusClient`` over two regions (blocking); as
     :class:`georep.servicebus.aio.ServiceBusClient`, built the same way."""
 
-    def __init__(self, primary: Any, secondary: Any, **options: Unpack[ClientOptions]):
-        self._build(lambda: aio.ServiceBusClient(primary, secondary, **options), options)
-
-    def _build(
-        self, factory: Callable[[], aio.ServiceBusClient], options: Mapping[str, Any]
-    ) -> None:
-        self._closed = False
-        self._close_lock = threading.Lock()
-        self._resources = [
-            value
-            for name in _RESOURCES
-            if (value := options.get(name)) is not None and hasattr(value, "aclose")
-        ]
-        RUNTIME.acquire()
-        try:
-            self._core = _call(_built(factory))
-        except BaseException:
-            RUNTIME.release()
-            raise
-        for resource in self._resources:
-            RUNTIME.hold(resource)
-
-    @classmethod
-    def from_connection_strings(
-        cls, primary: str, secondary: str, **options: Unpack[ClientOptions]
-    ) -> Self:
-        """As :meth:`georep.servicebus.aio.ServiceBusClient.from_connection_strings`."""
-        client = cls.__new__(cls)
-        client._build(
-            lambda: aio.ServiceBusClient.from_connection_strings(primary, secondary, **options),
-            options,
-        )
-        return client
-
-    @classmethod
-    def from_namespaces(
-        cls,
-        primary: str | Mapping[str, Any],
-        secondary: str | Mapping[str, Any],
-        credential: Any,
-        **options: Unpack[ClientOptions],
-    ) -> Self:
-        """As :meth:`georep.servicebus.aio.ServiceBusClient.from_namespaces` (a sync
-        ``TokenCredential`` is called on a worker thread)."""
-        client = cls.__new__(cls)
-        client._build(
-            lambda: aio.ServiceBusClient.from_namespaces(primary, secondary, credential, **options),
-            options,
-        )
-        return client
+    def __init__(self, primary: Target, secondary: Target, **options: Unpack[ClientOptions]):
+        self._use = LoopUser(options)
+        self._core = self._use.build(lambda: aio.ServiceBusClient(primary, secondary, **options))
 
     @property
     def fully_qualified_namespace(self) -> str:
@@ -107,117 +55,67 @@ class ServiceBusClient:
         self._core._check_open()
         return self
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        traceback: TracebackType | None,
-    ) -> None:
-        self.close()
-
     def close(self) -> None:
         """Close every sender and receiver this client made, and the async resources it
         was given that no other sync object uses. Idempotent."""
-        with self._close_lock:
-            if self._closed:
-                return
-            self._closed = True
-            try:
-                _call(self._aclose())
-            finally:
-                RUNTIME.release()
-
-    async def _aclose(self) -> None:
-        try:
-            await self._core.close()
-        finally:
-            for resource in self._resources:
-                if RUNTIME.drop(resource):
-                    with contextlib.suppress(Exception):
-                        await resource.aclose()
+        self._use.close(self._core.close)
 
     def get_queue_sender(
-        self,
-        queue_name: str,
-        *,
-        client_identifier: str | None = None,
-        socket_timeout: float | None = None,
+        self, queue_name: str, **arguments: Unpack[SenderArguments]
     ) -> ServiceBusSender:
         """As :meth:`georep.servicebus.aio.ServiceBusClient.get_queue_sender`."""
-        return ServiceBusSender(_call(_built(lambda: self._core.get_queue_sender(queue_name))))
+        return self._sender(partial(self._core.get_queue_sender, queue_name, **arguments))
 
     def get_topic_sender(
-        self,
-        topic_name: str,
-        *,
-        client_identifier: str | None = None,
-        socket_timeout: float | None = None,
+        self, topic_name: str, **arguments: Unpack[SenderArguments]
     ) -> ServiceBusSender:
         """As :meth:`georep.servicebus.aio.ServiceBusClient.get_topic_sender`."""
-        return ServiceBusSender(_call(_built(lambda: self._core.get_topic_sender(topic_name))))
+        return self._sender(partial(self._core.get_topic_sender, topic_name, **arguments))
+
+    def _sender(self, get: Callable[[], aio.ServiceBusSender]) -> ServiceBusSender:
+        return ServiceBusSender(_call(built(get)))
 
     def get_queue_receiver(
-        self,
-        queue_name: str,
-        *,
-        session_id: Any = None,
-        sub_queue: ServiceBusSubQueue | str | None = None,
-        receive_mode: ServiceBusReceiveMode | str = ServiceBusReceiveMode.PEEK_LOCK,
-        max_wait_time: float | None = None,
-        auto_lock_renewer: Any = None,
-        prefetch_count: int = 0,
-        client_identifier: str | None = None,
-        socket_timeout: float | None = None,
+        self, queue_name: str, **arguments: Unpack[ReceiverArguments]
     ) -> ServiceBusReceiver:
         """As the async client's
         :meth:`~georep.servicebus.aio.ServiceBusClient.get_queue_receiver`."""
-        core = _call(
-            _built(
-                lambda: self._core.get_queue_receiver(
-                    queue_name,
-                    session_id=session_id,
-                    sub_queue=sub_queue,
-                    receive_mode=receive_mode,
-                    max_wait_time=max_wait_time,
-                    prefetch_count=prefetch_count,
-                )
-            )
-        )
-        return ServiceBusReceiver(core, auto_lock_renewer)
+        return self._receiver(partial(self._core.get_queue_receiver, queue_name), arguments)
 
     def get_subscription_receiver(
-        self,
-        topic_name: str,
-        subscription_name: str,
-        *,
-        session_id: Any = None,
-        sub_queue: ServiceBusSubQueue | str | None = None,
-        receive_mode: ServiceBusReceiveMode | str = ServiceBusReceiveMode.PEEK_LOCK,
-        max_wait_time: float | None = None,
-        auto_lock_renewer: Any = None,
-        prefetch_count: int = 0,
-        client_identifier: str | None = None,
-        socket_timeout: float | None = None,
+        self, topic_name: str, subscription_name: str, **arguments: Unpack[ReceiverArguments]
     ) -> ServiceBusReceiver:
         """As the async client's
         :meth:`~georep.servicebus.aio.ServiceBusClient.get_subscription_receiver`."""
-        core = _call(
-            _built(
-                lambda: self._core.get_subscription_receiver(
-                    topic_name,
-                    subscription_name,
-                    session_id=session_id,
-                    sub_queue=sub_queue,
-                    receive_mode=receive_mode,
-                    max_wait_time=max_wait_time,
-                    prefetch_count=prefetch_count,
-                )
-            )
-        )
-        return ServiceBusReceiver(core, auto_lock_renewer)
+        get = partial(self._core.get_subscription_receiver, topic_name, subscription_name)
+        return self._receiver(get, arguments)
+
+    def _receiver(
+        self, get: Callable[..., aio.ServiceBusReceiver], arguments: ReceiverArguments
+    ) -> ServiceBusReceiver:
+        # The sync AutoLockRenewer stays on this side: it calls this blocking receiver.
+        core_arguments = {k: v for k, v in arguments.items() if k != "auto_lock_renewer"}
+        core = _call(built(lambda: get(**core_arguments)))
+        return ServiceBusReceiver(core, arguments.get("auto_lock_renewer"))
 
 
-class ServiceBusSender:
+class _OverCore(ClosedOnExit, Generic[_Core]):
+    """A blocking sender or receiver over its async one (``_core``): entering opens it and
+    closing closes it, on georep's loop."""
+
+    _core: _Core
+
+    def __enter__(self) -> Self:
+        _call(self._core.__aenter__())
+        return self
+
+    def close(self) -> None:
+        """Close it (idempotent); a receiver abandons the messages it handed out that were
+        not settled."""
+        _call(self._core.close())
+
+
+class ServiceBusSender(_OverCore[aio.ServiceBusSender]):
     """``azure.servicebus.ServiceBusSender`` over two regions (blocking); as
     :class:`georep.servicebus.aio.ServiceBusSender`."""
 
@@ -235,22 +133,6 @@ class ServiceBusSender:
     def geo_sender(self) -> GeoSender:
         """The :class:`georep.GeoSender` underneath (async: use it on georep's loop only)."""
         return self._core.geo_sender
-
-    def __enter__(self) -> Self:
-        _call(self._core.__aenter__())
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        traceback: TracebackType | None,
-    ) -> None:
-        self.close()
-
-    def close(self) -> None:
-        """Close the sender (idempotent)."""
-        _call(self._core.close())
 
     def send_messages(self, message: Any, *, timeout: float | None = None) -> None:
         """As :meth:`georep.servicebus.aio.ServiceBusSender.send_messages`."""
@@ -305,7 +187,7 @@ class ServiceBusSession(_SdkSession):
         return _call(self._core.renew_lock(timeout=timeout))
 
 
-class ServiceBusReceiver:
+class ServiceBusReceiver(_OverCore[aio.ServiceBusReceiver]):
     """``azure.servicebus.ServiceBusReceiver`` over two regions (blocking); as
     :class:`georep.servicebus.aio.ServiceBusReceiver`.
 
@@ -341,7 +223,7 @@ class ServiceBusReceiver:
         return self._core.stats
 
     def __enter__(self) -> Self:
-        _call(self._core.__aenter__())
+        super().__enter__()
         if self._session is None:
             self._register_session()
         return self
@@ -351,18 +233,6 @@ class ServiceBusReceiver:
         session = self.session
         if session is not None and self._auto_lock_renewer is not None:
             self._auto_lock_renewer.register(self, session)
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        traceback: TracebackType | None,
-    ) -> None:
-        self.close()
-
-    def close(self) -> None:
-        """Stop receiving; messages handed out and not settled are abandoned. Idempotent."""
-        _call(self._core.close())
 
     def __iter__(self) -> Iterator[ServiceBusReceivedMessage]:
         return self

@@ -216,10 +216,10 @@ def test_importing_the_library_loads_no_adapter_and_of_the_sdk_only_its_exceptio
 def test_without_the_sdk_the_library_imports_and_its_errors_keep_both_hierarchies() -> None:
     statement = (
         "import georep, georep.sync, georep.testing\n"
-        "from georep._sdk_errors import SDK_INSTALLED, ServiceBusError\n"
+        "from georep._sdk_errors import SDK_INSTALLED, sdk\n"
         "error = georep.MessageTooLargeError('x', region='primary', kind='message-too-large')\n"
         "assert not SDK_INSTALLED\n"
-        "assert isinstance(error, georep.RegionError) and isinstance(error, ServiceBusError)\n"
+        "assert isinstance(error, georep.RegionError) and isinstance(error, sdk.ServiceBusError)\n"
         "assert isinstance(error, ValueError)\n"
         "assert issubclass(georep.AuthenticationError, PermissionError)\n"
         "assert issubclass(georep.ClosedError, ValueError)"

@@ -18,43 +18,20 @@ regions.
 
 from __future__ import annotations
 
-from georep._extras import require_extra
-
-require_extra("georep.servicebus", "servicebus", "azure.servicebus")
-
-from azure.servicebus import (
-    NEXT_AVAILABLE_SESSION,
-    ServiceBusMessage,
-    ServiceBusMessageBatch,
-    ServiceBusMessageState,
-    ServiceBusReceivedMessage,
-    ServiceBusReceiveMode,
-    ServiceBusSessionFilter,
-    ServiceBusSubQueue,
-    TransportType,
-)
 from azure.servicebus.aio import AutoLockRenewer, ServiceBusSession
 
-from georep.servicebus._options import ClientOptions
+from georep.servicebus._sdk_names import *  # noqa: F403 - the SDK's names, re-exported
+from georep.servicebus._sdk_names import __all__ as _sdk_names
 
 from ._client import ServiceBusClient
 from ._receiver import ServiceBusReceiver
 from ._sender import ServiceBusSender
 
 __all__ = [
-    "NEXT_AVAILABLE_SESSION",
+    *_sdk_names,
     "AutoLockRenewer",
-    "ClientOptions",
     "ServiceBusClient",
-    "ServiceBusMessage",
-    "ServiceBusMessageBatch",
-    "ServiceBusMessageState",
-    "ServiceBusReceiveMode",
-    "ServiceBusReceivedMessage",
     "ServiceBusReceiver",
     "ServiceBusSender",
     "ServiceBusSession",
-    "ServiceBusSessionFilter",
-    "ServiceBusSubQueue",
-    "TransportType",
 ]

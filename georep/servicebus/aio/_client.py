@@ -4,21 +4,27 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Mapping
 from functools import partial
-from types import TracebackType
 from typing import Any, Self, Unpack
 
 from azure.servicebus import NEXT_AVAILABLE_SESSION, ServiceBusReceiveMode, ServiceBusSubQueue
 
 from georep._clock import SystemClock
-from georep._endpoint import NamespaceEndpoint, Target, endpoint_pair, with_client_options_pair
+from georep._endpoint import (
+    NamespaceEndpoint,
+    Target,
+    with_client_options_pair,
+)
+from georep._lifecycle import ClosedOnAsyncExit
 from georep._region_wrap import open_pair
 from georep.exceptions import ClosedError, ConfigurationError
 from georep.receive.pull import PullReceiver
 from georep.send.sender import GeoSender
 from georep.servicebus._options import (
+    ClientConstructors,
     ClientOptions,
+    ReceiverArguments,
+    SenderArguments,
     checked_options,
     receiver_options,
     sender_options,
@@ -47,7 +53,7 @@ def _namespace(target: Target) -> str:
     return "?"
 
 
-class ServiceBusClient:
+class ServiceBusClient(ClientConstructors, ClosedOnAsyncExit):
     """``azure.servicebus.aio.ServiceBusClient`` over two regions: change the line that makes
     the client, keep the rest of the code.
 
@@ -79,43 +85,6 @@ class ServiceBusClient:
         self._deferred: dict[str, DeferredBook] = {}
         self._closed = False
 
-    @classmethod
-    def from_connection_strings(
-        cls, primary: str, secondary: str, **options: Unpack[ClientOptions]
-    ) -> Self:
-        """A client on two namespaces, each reached with its connection string.
-
-        Args:
-            primary: The primary namespace's connection string.
-            secondary: The secondary namespace's connection string.
-            **options: georep's options (:class:`georep.servicebus.ClientOptions`):
-                ``mode``, ``seen``, ``outbox``, ``policy``, ``role_store``, ``ledger``...
-
-        Raises:
-            ConfigurationError: An unknown option. (A malformed connection string is
-                reported when a sender or receiver is made; never with its key.)
-        """
-        return cls(primary, secondary, **options)
-
-    @classmethod
-    def from_namespaces(
-        cls,
-        primary: str | Mapping[str, Any],
-        secondary: str | Mapping[str, Any],
-        credential: Any,
-        **options: Unpack[ClientOptions],
-    ) -> Self:
-        """A client on two namespaces reached with ``credential`` (Microsoft Entra ID,
-        ``AzureNamedKeyCredential``, ``AzureSasCredential``), as
-        :meth:`georep.GeoSender.from_namespaces` takes them.
-
-        Raises:
-            ConfigurationError: No namespace or credential, or an unknown option.
-        """
-        client_options = options.pop("client_options", None)
-        first, second = endpoint_pair(primary, secondary, credential, client_options)
-        return cls(first, second, **options)
-
     @property
     def fully_qualified_namespace(self) -> str:
         """The primary region's namespace."""
@@ -126,14 +95,6 @@ class ServiceBusClient:
     async def __aenter__(self) -> Self:
         self._check_open()
         return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        traceback: TracebackType | None,
-    ) -> None:
-        await self.close()
 
     async def close(self) -> None:
         """Close every sender and receiver this client made. Idempotent."""
@@ -151,31 +112,28 @@ class ServiceBusClient:
     # --------------------------------------------------------------------- senders
 
     def get_queue_sender(
-        self,
-        queue_name: str,
-        *,
-        client_identifier: str | None = None,
-        socket_timeout: float | None = None,
+        self, queue_name: str, **arguments: Unpack[SenderArguments]
     ) -> ServiceBusSender:
         """A sender to ``queue_name`` in both regions (a :class:`georep.GeoSender`).
 
-        ``client_identifier`` and ``socket_timeout`` are accepted for the SDK's sake;
+        The SDK's ``client_identifier`` and ``socket_timeout`` are accepted for its sake;
         give SDK settings in ``client_options`` of the client instead.
         """
-        return self._sender(queue_name=queue_name)
+        return self._sender(queue_name=queue_name, **arguments)
 
     def get_topic_sender(
-        self,
-        topic_name: str,
-        *,
-        client_identifier: str | None = None,
-        socket_timeout: float | None = None,
+        self, topic_name: str, **arguments: Unpack[SenderArguments]
     ) -> ServiceBusSender:
         """A sender to ``topic_name`` in both regions (a :class:`georep.GeoSender`)."""
-        return self._sender(topic_name=topic_name)
+        return self._sender(topic_name=topic_name, **arguments)
 
     def _sender(
-        self, *, queue_name: str | None = None, topic_name: str | None = None
+        self,
+        *,
+        queue_name: str | None = None,
+        topic_name: str | None = None,
+        client_identifier: str | None = None,
+        socket_timeout: float | None = None,
     ) -> ServiceBusSender:
         self._check_open()
         geo = GeoSender.from_connection_strings(
@@ -196,74 +154,40 @@ class ServiceBusClient:
     # ------------------------------------------------------------------- receivers
 
     def get_queue_receiver(
-        self,
-        queue_name: str,
-        *,
-        session_id: Any = None,
-        sub_queue: ServiceBusSubQueue | str | None = None,
-        receive_mode: ServiceBusReceiveMode | str = ServiceBusReceiveMode.PEEK_LOCK,
-        max_wait_time: float | None = None,
-        auto_lock_renewer: Any = None,
-        prefetch_count: int = 0,
-        client_identifier: str | None = None,
-        socket_timeout: float | None = None,
+        self, queue_name: str, **arguments: Unpack[ReceiverArguments]
     ) -> ServiceBusReceiver:
         """A receiver of ``queue_name`` (or its ``sub_queue``) in both regions.
 
-        Arguments as the SDK's. ``prefetch_count`` messages are kept ready (claimed,
-        locked and renewed) beyond what was asked for. Session receivers
-        (``session_id=``, or ``NEXT_AVAILABLE_SESSION``) hold the session in both
-        regions (docs/migration.md).
+        Arguments as the SDK's (:class:`~georep.servicebus._options.ReceiverArguments`).
+        ``prefetch_count`` messages are kept ready (claimed, locked and renewed) beyond
+        what was asked for. Session receivers (``session_id=``, or
+        ``NEXT_AVAILABLE_SESSION``) hold the session in both regions (docs/migration.md).
 
         Raises:
             ConfigurationError: The client has no ``seen`` set, or an argument is invalid.
         """
-        return self._receiver(
-            {"queue_name": queue_name},
-            session_id=session_id,
-            sub_queue=sub_queue,
-            receive_mode=receive_mode,
-            max_wait_time=max_wait_time,
-            auto_lock_renewer=auto_lock_renewer,
-            prefetch_count=prefetch_count,
-        )
+        return self._receiver({"queue_name": queue_name}, **arguments)
 
     def get_subscription_receiver(
-        self,
-        topic_name: str,
-        subscription_name: str,
-        *,
-        session_id: Any = None,
-        sub_queue: ServiceBusSubQueue | str | None = None,
-        receive_mode: ServiceBusReceiveMode | str = ServiceBusReceiveMode.PEEK_LOCK,
-        max_wait_time: float | None = None,
-        auto_lock_renewer: Any = None,
-        prefetch_count: int = 0,
-        client_identifier: str | None = None,
-        socket_timeout: float | None = None,
+        self, topic_name: str, subscription_name: str, **arguments: Unpack[ReceiverArguments]
     ) -> ServiceBusReceiver:
         """A receiver of a subscription (or its ``sub_queue``) in both regions; as
         :meth:`get_queue_receiver`."""
-        return self._receiver(
-            {"topic_name": topic_name, "subscription_name": subscription_name},
-            session_id=session_id,
-            sub_queue=sub_queue,
-            receive_mode=receive_mode,
-            max_wait_time=max_wait_time,
-            auto_lock_renewer=auto_lock_renewer,
-            prefetch_count=prefetch_count,
-        )
+        names = {"topic_name": topic_name, "subscription_name": subscription_name}
+        return self._receiver(names, **arguments)
 
     def _receiver(
         self,
         names: dict[str, str],
         *,
-        session_id: Any,
-        sub_queue: ServiceBusSubQueue | str | None,
-        receive_mode: ServiceBusReceiveMode | str,
-        max_wait_time: float | None,
-        auto_lock_renewer: Any,
-        prefetch_count: int,
+        session_id: Any = None,
+        sub_queue: ServiceBusSubQueue | str | None = None,
+        receive_mode: ServiceBusReceiveMode | str = ServiceBusReceiveMode.PEEK_LOCK,
+        max_wait_time: float | None = None,
+        auto_lock_renewer: Any = None,
+        prefetch_count: int = 0,
+        client_identifier: str | None = None,
+        socket_timeout: float | None = None,
     ) -> ServiceBusReceiver:
         self._check_open()
         seen = self._options.get("seen")

@@ -264,18 +264,8 @@ class DeferredMessages:
             )
 
     async def _apply(self, probe: SettleProbe, message: Any, decision: Decision) -> None:
-        async def settle(region: Any) -> None:
-            if decision.settle is Settle.COMPLETE:
-                await region.complete(message)
-            elif decision.settle is Settle.ABANDON:
-                await region.abandon(message)
-            elif decision.settle is Settle.DEFER:
-                await region.defer(message)
-            else:
-                await region.dead_letter(message, decision.reason, decision.description)
-
         with bounded_call(self._pull.clock, probe.region, "a settlement"):
-            await probe.call(settle)
+            await probe.call(partial(decision.apply, message=message))
 
     async def renew_lock(self, message: Any) -> float | None:
         """Renew the lock of a deferred message :meth:`receive` returned.

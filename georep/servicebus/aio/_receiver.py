@@ -5,11 +5,11 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Awaitable, Callable, Sequence
 from datetime import UTC, datetime
-from types import TracebackType
 from typing import TYPE_CHECKING, Any, Final, Self
 
 from azure.servicebus import ServiceBusReceivedMessage, ServiceBusReceiveMode
 
+from georep._lifecycle import ClosedOnAsyncExit
 from georep.exceptions import ClosedError, ConfigurationError
 from georep.receive.context import ReceiverStats
 from georep.receive.outcomes import ABANDON, COMPLETE, TWIN_REASON_PREFIX, Decision, Settle
@@ -34,7 +34,7 @@ SDK's default)."""
 _REASON: Final = b"DeadLetterReason"
 
 
-class ServiceBusReceiver:
+class ServiceBusReceiver(ClosedOnAsyncExit):
     """Receives from a queue or subscription in two regions, with
     ``azure.servicebus.aio.ServiceBusReceiver``'s methods, arguments and results.
 
@@ -122,14 +122,6 @@ class ServiceBusReceiver:
     async def __aenter__(self) -> Self:
         (await self._opened())._check_open()
         return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        traceback: TracebackType | None,
-    ) -> None:
-        await self.close()
 
     async def close(self) -> None:
         """Stop receiving; messages handed out and not settled are abandoned (a session

@@ -4,15 +4,15 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from datetime import datetime
-from types import TracebackType
 from typing import Any, Self
 
+from georep._lifecycle import ClosedOnAsyncExit
 from georep.send.sender import GeoSender, SendResult
 
 __all__ = ["ServiceBusSender"]
 
 
-class ServiceBusSender:
+class ServiceBusSender(ClosedOnAsyncExit):
     """Sends to a queue or topic in two regions, with ``azure.servicebus.aio.ServiceBusSender``'s
     methods, arguments and results.
 
@@ -40,14 +40,6 @@ class ServiceBusSender:
     async def __aenter__(self) -> Self:
         await self._geo.__aenter__()
         return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        traceback: TracebackType | None,
-    ) -> None:
-        await self.close()
 
     async def close(self) -> None:
         """Close the sender and the connections it opened (idempotent)."""

@@ -5,306 +5,224 @@ and delete is applied to both namespaces (the paired-namespace guidance: every e
 both, with the same settings); gets and lists answer with the primary's properties,
 annotated with ``georep_regions`` and ``georep_differences`` (see
 :mod:`georep.servicebus._admin`). Lists are returned as lists, not pages.
+
+There is no second implementation: every call drives the async client
+(:mod:`georep.servicebus.aio.management`) on georep's event-loop thread
+(:data:`georep._sync_runtime.RUNTIME`, as :mod:`georep.servicebus._sync` does for the
+messaging client), and the async client calls the sync SDK clients on worker threads.
 """
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Mapping
-from types import TracebackType
-from typing import Any, Self, cast
+import asyncio
+from collections.abc import AsyncIterator, Callable, Coroutine, Mapping
+from functools import partial
+from typing import Any, TypeVar, cast
 
-from azure.servicebus.management import (
-    NamespaceProperties,
-    QueueProperties,
-    QueueRuntimeProperties,
-    RuleProperties,
-    SubscriptionProperties,
-    SubscriptionRuntimeProperties,
-    TopicProperties,
-    TopicRuntimeProperties,
-)
-from azure.servicebus.management import ServiceBusAdministrationClient as _SdkAdmin
+from azure.servicebus import management as sdk
 
-from georep._endpoint import endpoint_pair
-from georep.exceptions import AllRegionsUnavailableError
-from georep.servicebus._admin import REGIONS, changed, merge_listed, read
+from georep._lifecycle import ClosedOnExit
+from georep._sync_runtime import RUNTIME, LoopUser
+from georep.exceptions import ClosedError
+from georep.servicebus._admin import TwoNamespaces
+from georep.servicebus.aio.management import ServiceBusAdministrationClient as _AsyncAdmin
 
 __all__ = ["ServiceBusAdministrationClient"]
 
+_T = TypeVar("_T")
 
-class ServiceBusAdministrationClient:
-    """Manage the entities of two namespaces as one.
 
-    Args:
-        primary: The primary namespace's SDK administration client (owned by this object).
-        secondary: The secondary's.
-    """
+class _OnWorkerThread:
+    """A sync SDK administration client answering as the async SDK's does: each call runs
+    on a worker thread (a list is read whole there, then handed out item by item)."""
 
-    def __init__(self, primary: _SdkAdmin, secondary: _SdkAdmin) -> None:
-        self._clients = dict(zip(REGIONS, (primary, secondary), strict=True))
+    def __init__(self, client: sdk.ServiceBusAdministrationClient) -> None:
+        self._client = client
 
-    @classmethod
-    def from_connection_strings(cls, primary: str, secondary: str, **kwargs: Any) -> Self:
-        """Clients on both namespaces; ``kwargs`` go to both (``connection_verify``...)."""
-        return cls(
-            _SdkAdmin.from_connection_string(primary, **kwargs),
-            _SdkAdmin.from_connection_string(secondary, **kwargs),
-        )
+    def __getattr__(self, operation: str) -> Callable[..., Any]:
+        call = getattr(self._client, operation)
+        if operation.startswith("list_"):
+            return partial(_listed, call)
+        return partial(asyncio.to_thread, call)
 
-    @classmethod
-    def from_namespaces(cls, primary: str, secondary: str, credential: Any, **kwargs: Any) -> Self:
-        """Clients on both namespaces reached with ``credential`` (the SDK's credentials)."""
-        first, second = endpoint_pair(primary, secondary, credential, None)
-        return cls(
-            _SdkAdmin(primary, first.credential, **kwargs),
-            _SdkAdmin(secondary, second.credential, **kwargs),
-        )
 
-    def __enter__(self) -> Self:
-        return self
+async def _listed(call: Callable[..., Any], *args: Any, **kwargs: Any) -> AsyncIterator[Any]:
+    for item in await asyncio.to_thread(lambda: list(call(*args, **kwargs))):
+        yield item
 
-    def __exit__(
+
+class ServiceBusAdministrationClient(TwoNamespaces, ClosedOnExit):
+    """Manage the entities of two namespaces as one (blocking): the operations, answers
+    and errors of :class:`georep.servicebus.aio.management.ServiceBusAdministrationClient`,
+    built the same way (``from_connection_strings``, ``from_namespaces``), over the sync
+    SDK's clients (``primary`` and ``secondary``, owned by this object)."""
+
+    _sdk_admin = sdk.ServiceBusAdministrationClient
+
+    def __init__(
         self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        traceback: TracebackType | None,
+        primary: sdk.ServiceBusAdministrationClient,
+        secondary: sdk.ServiceBusAdministrationClient,
     ) -> None:
-        self.close()
+        # The async client calls only what the SDK's clients have (through the thread).
+        self._use = LoopUser()
+        self._core = self._use.build(
+            lambda: _AsyncAdmin(
+                cast(Any, _OnWorkerThread(primary)), cast(Any, _OnWorkerThread(secondary))
+            )
+        )
 
     def close(self) -> None:
-        """Close both namespaces' clients."""
-        for client in self._clients.values():
-            with contextlib.suppress(Exception):
-                client.close()
+        """Close both namespaces' clients. Idempotent."""
+        self._use.close(self._core.close)
 
-    def _both(self, operation: str, *args: Any, **kwargs: Any) -> dict[str, Any]:
-        """Each region's answer (or error) to ``operation``, one region after the other."""
-        answers: dict[str, Any] = {}
-        for region, client in self._clients.items():
-            try:
-                answers[region] = getattr(client, operation)(*args, **kwargs)
-            except Exception as exc:
-                answers[region] = exc
-        return answers
+    def _call(self, coroutine: Coroutine[Any, Any, _T]) -> _T:
+        if self._use.closed:
+            coroutine.close()
+            raise ClosedError("this ServiceBusAdministrationClient is closed; create a new one")
+        return RUNTIME.call(coroutine)
 
-    def _list(self, operation: str, *args: Any, **kwargs: Any) -> list[Any]:
-        by_region: dict[str, Any] = {}
-        for region, client in self._clients.items():
-            try:
-                by_region[region] = list(getattr(client, operation)(*args, **kwargs))
-            except Exception as exc:
-                by_region[region] = exc
-        answered = {r: a for r, a in by_region.items() if not isinstance(a, BaseException)}
-        if not answered:
-            errors = {r: a for r, a in by_region.items() if isinstance(a, BaseException)}
-            raise AllRegionsUnavailableError(f"no namespace answered {operation}", errors)
-        return merge_listed(answered)
-
-    def create_queue(self, queue_name: str, **kwargs: Any) -> QueueProperties:
+    def create_queue(self, queue_name: str, **kwargs: Any) -> sdk.QueueProperties:
         """Create the queue in both namespaces (the SDK's arguments)."""
-        return cast(
-            QueueProperties,
-            changed("create_queue", self._both("create_queue", queue_name, **kwargs)),
-        )
+        return self._call(self._core.create_queue(queue_name, **kwargs))
 
-    def get_queue(self, queue_name: str, **kwargs: Any) -> QueueProperties:
+    def get_queue(self, queue_name: str, **kwargs: Any) -> sdk.QueueProperties:
         """The queue's properties (the primary's), annotated with both regions'."""
-        return cast(
-            QueueProperties, read("get_queue", self._both("get_queue", queue_name, **kwargs))
-        )
+        return self._call(self._core.get_queue(queue_name, **kwargs))
 
     def get_queue_runtime_properties(
         self, queue_name: str, **kwargs: Any
-    ) -> QueueRuntimeProperties:
+    ) -> sdk.QueueRuntimeProperties:
         """The queue's runtime properties (the primary's), annotated with both regions'."""
-        return cast(
-            QueueRuntimeProperties,
-            read(
-                "get_queue_runtime_properties",
-                self._both("get_queue_runtime_properties", queue_name, **kwargs),
-            ),
-        )
+        return self._call(self._core.get_queue_runtime_properties(queue_name, **kwargs))
 
-    def update_queue(self, queue: QueueProperties | Mapping[str, Any], **kwargs: Any) -> None:
+    def update_queue(self, queue: sdk.QueueProperties | Mapping[str, Any], **kwargs: Any) -> None:
         """Apply the same settings to the queue in both namespaces."""
-        changed("update_queue", self._both("update_queue", queue, **kwargs))
+        self._call(self._core.update_queue(queue, **kwargs))
 
     def delete_queue(self, queue_name: str, **kwargs: Any) -> None:
         """Delete the queue in both namespaces."""
-        changed("delete_queue", self._both("delete_queue", queue_name, **kwargs))
+        self._call(self._core.delete_queue(queue_name, **kwargs))
 
-    def list_queues(self, **kwargs: Any) -> list[QueueProperties]:
+    def list_queues(self, **kwargs: Any) -> list[sdk.QueueProperties]:
         """Every queue of either namespace, each annotated with the regions that have it."""
-        return self._list("list_queues", **kwargs)
+        return self._call(self._core.list_queues(**kwargs))
 
-    def list_queues_runtime_properties(self, **kwargs: Any) -> list[QueueRuntimeProperties]:
+    def list_queues_runtime_properties(self, **kwargs: Any) -> list[sdk.QueueRuntimeProperties]:
         """Every queue's runtime properties, each annotated with both regions'."""
-        return self._list("list_queues_runtime_properties", **kwargs)
+        return self._call(self._core.list_queues_runtime_properties(**kwargs))
 
-    def create_topic(self, topic_name: str, **kwargs: Any) -> TopicProperties:
+    def create_topic(self, topic_name: str, **kwargs: Any) -> sdk.TopicProperties:
         """Create the topic in both namespaces (the SDK's arguments)."""
-        return cast(
-            TopicProperties,
-            changed("create_topic", self._both("create_topic", topic_name, **kwargs)),
-        )
+        return self._call(self._core.create_topic(topic_name, **kwargs))
 
-    def get_topic(self, topic_name: str, **kwargs: Any) -> TopicProperties:
+    def get_topic(self, topic_name: str, **kwargs: Any) -> sdk.TopicProperties:
         """The topic's properties (the primary's), annotated with both regions'."""
-        return cast(
-            TopicProperties, read("get_topic", self._both("get_topic", topic_name, **kwargs))
-        )
+        return self._call(self._core.get_topic(topic_name, **kwargs))
 
     def get_topic_runtime_properties(
         self, topic_name: str, **kwargs: Any
-    ) -> TopicRuntimeProperties:
+    ) -> sdk.TopicRuntimeProperties:
         """The topic's runtime properties (the primary's), annotated with both regions'."""
-        return cast(
-            TopicRuntimeProperties,
-            read(
-                "get_topic_runtime_properties",
-                self._both("get_topic_runtime_properties", topic_name, **kwargs),
-            ),
-        )
+        return self._call(self._core.get_topic_runtime_properties(topic_name, **kwargs))
 
-    def update_topic(self, topic: TopicProperties | Mapping[str, Any], **kwargs: Any) -> None:
+    def update_topic(self, topic: sdk.TopicProperties | Mapping[str, Any], **kwargs: Any) -> None:
         """Apply the same settings to the topic in both namespaces."""
-        changed("update_topic", self._both("update_topic", topic, **kwargs))
+        self._call(self._core.update_topic(topic, **kwargs))
 
     def delete_topic(self, topic_name: str, **kwargs: Any) -> None:
         """Delete the topic in both namespaces."""
-        changed("delete_topic", self._both("delete_topic", topic_name, **kwargs))
+        self._call(self._core.delete_topic(topic_name, **kwargs))
 
-    def list_topics(self, **kwargs: Any) -> list[TopicProperties]:
+    def list_topics(self, **kwargs: Any) -> list[sdk.TopicProperties]:
         """Every topic of either namespace, each annotated with the regions that have it."""
-        return self._list("list_topics", **kwargs)
+        return self._call(self._core.list_topics(**kwargs))
 
-    def list_topics_runtime_properties(self, **kwargs: Any) -> list[TopicRuntimeProperties]:
+    def list_topics_runtime_properties(self, **kwargs: Any) -> list[sdk.TopicRuntimeProperties]:
         """Every topic's runtime properties, each annotated with both regions'."""
-        return self._list("list_topics_runtime_properties", **kwargs)
+        return self._call(self._core.list_topics_runtime_properties(**kwargs))
 
     def create_subscription(
         self, topic_name: str, subscription_name: str, **kwargs: Any
-    ) -> SubscriptionProperties:
+    ) -> sdk.SubscriptionProperties:
         """Create the subscription in both namespaces (the SDK's arguments)."""
-        return cast(
-            SubscriptionProperties,
-            changed(
-                "create_subscription",
-                self._both("create_subscription", topic_name, subscription_name, **kwargs),
-            ),
-        )
+        return self._call(self._core.create_subscription(topic_name, subscription_name, **kwargs))
 
     def get_subscription(
         self, topic_name: str, subscription_name: str, **kwargs: Any
-    ) -> SubscriptionProperties:
+    ) -> sdk.SubscriptionProperties:
         """The subscription's properties (the primary's), annotated with both regions'."""
-        return cast(
-            SubscriptionProperties,
-            read(
-                "get_subscription",
-                self._both("get_subscription", topic_name, subscription_name, **kwargs),
-            ),
-        )
+        return self._call(self._core.get_subscription(topic_name, subscription_name, **kwargs))
 
     def get_subscription_runtime_properties(
         self, topic_name: str, subscription_name: str, **kwargs: Any
-    ) -> SubscriptionRuntimeProperties:
+    ) -> sdk.SubscriptionRuntimeProperties:
         """The subscription's runtime properties (the primary's), annotated with both regions'."""
-        return cast(
-            SubscriptionRuntimeProperties,
-            read(
-                "get_subscription_runtime_properties",
-                self._both(
-                    "get_subscription_runtime_properties", topic_name, subscription_name, **kwargs
-                ),
-            ),
+        return self._call(
+            self._core.get_subscription_runtime_properties(topic_name, subscription_name, **kwargs)
         )
 
     def update_subscription(
         self,
         topic_name: str,
-        subscription: SubscriptionProperties | Mapping[str, Any],
+        subscription: sdk.SubscriptionProperties | Mapping[str, Any],
         **kwargs: Any,
     ) -> None:
         """Apply the same settings to the subscription in both namespaces."""
-        changed(
-            "update_subscription",
-            self._both("update_subscription", topic_name, subscription, **kwargs),
-        )
+        self._call(self._core.update_subscription(topic_name, subscription, **kwargs))
 
     def delete_subscription(self, topic_name: str, subscription_name: str, **kwargs: Any) -> None:
         """Delete the subscription in both namespaces."""
-        changed(
-            "delete_subscription",
-            self._both("delete_subscription", topic_name, subscription_name, **kwargs),
-        )
+        self._call(self._core.delete_subscription(topic_name, subscription_name, **kwargs))
 
-    def list_subscriptions(self, topic_name: str, **kwargs: Any) -> list[SubscriptionProperties]:
+    def list_subscriptions(
+        self, topic_name: str, **kwargs: Any
+    ) -> list[sdk.SubscriptionProperties]:
         """Every subscription of either namespace, each annotated with the regions that have it."""
-        return self._list("list_subscriptions", topic_name, **kwargs)
+        return self._call(self._core.list_subscriptions(topic_name, **kwargs))
 
     def list_subscriptions_runtime_properties(
         self, topic_name: str, **kwargs: Any
-    ) -> list[SubscriptionRuntimeProperties]:
+    ) -> list[sdk.SubscriptionRuntimeProperties]:
         """Every subscription's runtime properties, each annotated with both regions'."""
-        return self._list("list_subscriptions_runtime_properties", topic_name, **kwargs)
+        return self._call(self._core.list_subscriptions_runtime_properties(topic_name, **kwargs))
 
     def create_rule(
         self, topic_name: str, subscription_name: str, rule_name: str, **kwargs: Any
-    ) -> RuleProperties:
+    ) -> sdk.RuleProperties:
         """Create the rule in both namespaces."""
-        return cast(
-            RuleProperties,
-            changed(
-                "create_rule",
-                self._both("create_rule", topic_name, subscription_name, rule_name, **kwargs),
-            ),
+        return self._call(
+            self._core.create_rule(topic_name, subscription_name, rule_name, **kwargs)
         )
 
     def get_rule(
         self, topic_name: str, subscription_name: str, rule_name: str, **kwargs: Any
-    ) -> RuleProperties:
+    ) -> sdk.RuleProperties:
         """The rule's properties (the primary's), annotated with both regions'."""
-        return cast(
-            RuleProperties,
-            read(
-                "get_rule",
-                self._both("get_rule", topic_name, subscription_name, rule_name, **kwargs),
-            ),
-        )
+        return self._call(self._core.get_rule(topic_name, subscription_name, rule_name, **kwargs))
 
     def update_rule(
         self,
         topic_name: str,
         subscription_name: str,
-        rule: RuleProperties | Mapping[str, Any],
+        rule: sdk.RuleProperties | Mapping[str, Any],
         **kwargs: Any,
     ) -> None:
         """Apply the same rule to the subscription in both namespaces."""
-        changed(
-            "update_rule",
-            self._both("update_rule", topic_name, subscription_name, rule, **kwargs),
-        )
+        self._call(self._core.update_rule(topic_name, subscription_name, rule, **kwargs))
 
     def delete_rule(
         self, topic_name: str, subscription_name: str, rule_name: str, **kwargs: Any
     ) -> None:
         """Delete the rule in both namespaces."""
-        changed(
-            "delete_rule",
-            self._both("delete_rule", topic_name, subscription_name, rule_name, **kwargs),
-        )
+        self._call(self._core.delete_rule(topic_name, subscription_name, rule_name, **kwargs))
 
     def list_rules(
         self, topic_name: str, subscription_name: str, **kwargs: Any
-    ) -> list[RuleProperties]:
+    ) -> list[sdk.RuleProperties]:
         """Every rule of the subscription in either namespace, annotated."""
-        return self._list("list_rules", topic_name, subscription_name, **kwargs)
+        return self._call(self._core.list_rules(topic_name, subscription_name, **kwargs))
 
-    def get_namespace_properties(self, **kwargs: Any) -> NamespaceProperties:
+    def get_namespace_properties(self, **kwargs: Any) -> sdk.NamespaceProperties:
         """The primary namespace's properties, annotated with both."""
-        return cast(
-            NamespaceProperties,
-            read("get_namespace_properties", self._both("get_namespace_properties", **kwargs)),
-        )
+        return self._call(self._core.get_namespace_properties(**kwargs))

@@ -11,8 +11,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Mapping
-from types import TracebackType
-from typing import Any, Self, cast
+from typing import Any, cast
 
 from azure.servicebus.aio.management import ServiceBusAdministrationClient as _SdkAdmin
 from azure.servicebus.management import (
@@ -26,51 +25,27 @@ from azure.servicebus.management import (
     TopicRuntimeProperties,
 )
 
-from georep._endpoint import endpoint_pair
+from georep._lifecycle import ClosedOnAsyncExit
 from georep.exceptions import AllRegionsUnavailableError
-from georep.servicebus._admin import REGIONS, changed, merge_listed, read
+from georep.servicebus._admin import REGIONS, TwoNamespaces, changed, merge_listed, read
 
 __all__ = ["ServiceBusAdministrationClient"]
 
 
-class ServiceBusAdministrationClient:
+class ServiceBusAdministrationClient(TwoNamespaces, ClosedOnAsyncExit):
     """Manage the entities of two namespaces as one (async).
+
+    Build it with :meth:`from_connection_strings` or :meth:`from_namespaces`.
 
     Args:
         primary: The primary namespace's SDK administration client (owned by this object).
         secondary: The secondary's.
     """
 
+    _sdk_admin = _SdkAdmin
+
     def __init__(self, primary: _SdkAdmin, secondary: _SdkAdmin) -> None:
         self._clients = dict(zip(REGIONS, (primary, secondary), strict=True))
-
-    @classmethod
-    def from_connection_strings(cls, primary: str, secondary: str, **kwargs: Any) -> Self:
-        """Clients on both namespaces; ``kwargs`` go to both (``connection_verify``...)."""
-        return cls(
-            _SdkAdmin.from_connection_string(primary, **kwargs),
-            _SdkAdmin.from_connection_string(secondary, **kwargs),
-        )
-
-    @classmethod
-    def from_namespaces(cls, primary: str, secondary: str, credential: Any, **kwargs: Any) -> Self:
-        """Clients on both namespaces reached with ``credential`` (the SDK's credentials)."""
-        first, second = endpoint_pair(primary, secondary, credential, None)
-        return cls(
-            _SdkAdmin(primary, first.credential, **kwargs),
-            _SdkAdmin(secondary, second.credential, **kwargs),
-        )
-
-    async def __aenter__(self) -> Self:
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        traceback: TracebackType | None,
-    ) -> None:
-        await self.close()
 
     async def close(self) -> None:
         """Close both namespaces' clients."""
@@ -83,6 +58,14 @@ class ServiceBusAdministrationClient:
             return_exceptions=True,
         )
         return dict(zip(self._clients, answers, strict=True))
+
+    async def _change(self, operation: str, *args: Any, **kwargs: Any) -> Any:
+        """``operation`` applied in both namespaces; its answer (see :func:`changed`)."""
+        return changed(operation, await self._both(operation, *args, **kwargs))
+
+    async def _read(self, operation: str, *args: Any, **kwargs: Any) -> Any:
+        """The primary's answer to ``operation``, annotated with both (see :func:`read`)."""
+        return read(operation, await self._both(operation, *args, **kwargs))
 
     async def _list(self, operation: str, *args: Any, **kwargs: Any) -> list[Any]:
         async def listed(client: _SdkAdmin) -> list[Any]:
@@ -100,16 +83,11 @@ class ServiceBusAdministrationClient:
 
     async def create_queue(self, queue_name: str, **kwargs: Any) -> QueueProperties:
         """Create the queue in both namespaces (the SDK's arguments)."""
-        return cast(
-            QueueProperties,
-            changed("create_queue", await self._both("create_queue", queue_name, **kwargs)),
-        )
+        return cast(QueueProperties, await self._change("create_queue", queue_name, **kwargs))
 
     async def get_queue(self, queue_name: str, **kwargs: Any) -> QueueProperties:
         """The queue's properties (the primary's), annotated with both regions'."""
-        return cast(
-            QueueProperties, read("get_queue", await self._both("get_queue", queue_name, **kwargs))
-        )
+        return cast(QueueProperties, await self._read("get_queue", queue_name, **kwargs))
 
     async def get_queue_runtime_properties(
         self, queue_name: str, **kwargs: Any
@@ -117,19 +95,16 @@ class ServiceBusAdministrationClient:
         """The queue's runtime properties (the primary's), annotated with both regions'."""
         return cast(
             QueueRuntimeProperties,
-            read(
-                "get_queue_runtime_properties",
-                await self._both("get_queue_runtime_properties", queue_name, **kwargs),
-            ),
+            await self._read("get_queue_runtime_properties", queue_name, **kwargs),
         )
 
     async def update_queue(self, queue: QueueProperties | Mapping[str, Any], **kwargs: Any) -> None:
         """Apply the same settings to the queue in both namespaces."""
-        changed("update_queue", await self._both("update_queue", queue, **kwargs))
+        await self._change("update_queue", queue, **kwargs)
 
     async def delete_queue(self, queue_name: str, **kwargs: Any) -> None:
         """Delete the queue in both namespaces."""
-        changed("delete_queue", await self._both("delete_queue", queue_name, **kwargs))
+        await self._change("delete_queue", queue_name, **kwargs)
 
     async def list_queues(self, **kwargs: Any) -> list[QueueProperties]:
         """Every queue of either namespace, each annotated with the regions that have it."""
@@ -141,16 +116,11 @@ class ServiceBusAdministrationClient:
 
     async def create_topic(self, topic_name: str, **kwargs: Any) -> TopicProperties:
         """Create the topic in both namespaces (the SDK's arguments)."""
-        return cast(
-            TopicProperties,
-            changed("create_topic", await self._both("create_topic", topic_name, **kwargs)),
-        )
+        return cast(TopicProperties, await self._change("create_topic", topic_name, **kwargs))
 
     async def get_topic(self, topic_name: str, **kwargs: Any) -> TopicProperties:
         """The topic's properties (the primary's), annotated with both regions'."""
-        return cast(
-            TopicProperties, read("get_topic", await self._both("get_topic", topic_name, **kwargs))
-        )
+        return cast(TopicProperties, await self._read("get_topic", topic_name, **kwargs))
 
     async def get_topic_runtime_properties(
         self, topic_name: str, **kwargs: Any
@@ -158,19 +128,16 @@ class ServiceBusAdministrationClient:
         """The topic's runtime properties (the primary's), annotated with both regions'."""
         return cast(
             TopicRuntimeProperties,
-            read(
-                "get_topic_runtime_properties",
-                await self._both("get_topic_runtime_properties", topic_name, **kwargs),
-            ),
+            await self._read("get_topic_runtime_properties", topic_name, **kwargs),
         )
 
     async def update_topic(self, topic: TopicProperties | Mapping[str, Any], **kwargs: Any) -> None:
         """Apply the same settings to the topic in both namespaces."""
-        changed("update_topic", await self._both("update_topic", topic, **kwargs))
+        await self._change("update_topic", topic, **kwargs)
 
     async def delete_topic(self, topic_name: str, **kwargs: Any) -> None:
         """Delete the topic in both namespaces."""
-        changed("delete_topic", await self._both("delete_topic", topic_name, **kwargs))
+        await self._change("delete_topic", topic_name, **kwargs)
 
     async def list_topics(self, **kwargs: Any) -> list[TopicProperties]:
         """Every topic of either namespace, each annotated with the regions that have it."""
@@ -186,10 +153,7 @@ class ServiceBusAdministrationClient:
         """Create the subscription in both namespaces (the SDK's arguments)."""
         return cast(
             SubscriptionProperties,
-            changed(
-                "create_subscription",
-                await self._both("create_subscription", topic_name, subscription_name, **kwargs),
-            ),
+            await self._change("create_subscription", topic_name, subscription_name, **kwargs),
         )
 
     async def get_subscription(
@@ -198,10 +162,7 @@ class ServiceBusAdministrationClient:
         """The subscription's properties (the primary's), annotated with both regions'."""
         return cast(
             SubscriptionProperties,
-            read(
-                "get_subscription",
-                await self._both("get_subscription", topic_name, subscription_name, **kwargs),
-            ),
+            await self._read("get_subscription", topic_name, subscription_name, **kwargs),
         )
 
     async def get_subscription_runtime_properties(
@@ -210,11 +171,8 @@ class ServiceBusAdministrationClient:
         """The subscription's runtime properties (the primary's), annotated with both regions'."""
         return cast(
             SubscriptionRuntimeProperties,
-            read(
-                "get_subscription_runtime_properties",
-                await self._both(
-                    "get_subscription_runtime_properties", topic_name, subscription_name, **kwargs
-                ),
+            await self._read(
+                "get_subscription_runtime_properties", topic_name, subscription_name, **kwargs
             ),
         )
 
@@ -225,19 +183,13 @@ class ServiceBusAdministrationClient:
         **kwargs: Any,
     ) -> None:
         """Apply the same settings to the subscription in both namespaces."""
-        changed(
-            "update_subscription",
-            await self._both("update_subscription", topic_name, subscription, **kwargs),
-        )
+        await self._change("update_subscription", topic_name, subscription, **kwargs)
 
     async def delete_subscription(
         self, topic_name: str, subscription_name: str, **kwargs: Any
     ) -> None:
         """Delete the subscription in both namespaces."""
-        changed(
-            "delete_subscription",
-            await self._both("delete_subscription", topic_name, subscription_name, **kwargs),
-        )
+        await self._change("delete_subscription", topic_name, subscription_name, **kwargs)
 
     async def list_subscriptions(
         self, topic_name: str, **kwargs: Any
@@ -257,10 +209,7 @@ class ServiceBusAdministrationClient:
         """Create the rule in both namespaces."""
         return cast(
             RuleProperties,
-            changed(
-                "create_rule",
-                await self._both("create_rule", topic_name, subscription_name, rule_name, **kwargs),
-            ),
+            await self._change("create_rule", topic_name, subscription_name, rule_name, **kwargs),
         )
 
     async def get_rule(
@@ -269,10 +218,7 @@ class ServiceBusAdministrationClient:
         """The rule's properties (the primary's), annotated with both regions'."""
         return cast(
             RuleProperties,
-            read(
-                "get_rule",
-                await self._both("get_rule", topic_name, subscription_name, rule_name, **kwargs),
-            ),
+            await self._read("get_rule", topic_name, subscription_name, rule_name, **kwargs),
         )
 
     async def update_rule(
@@ -283,19 +229,13 @@ class ServiceBusAdministrationClient:
         **kwargs: Any,
     ) -> None:
         """Apply the same rule to the subscription in both namespaces."""
-        changed(
-            "update_rule",
-            await self._both("update_rule", topic_name, subscription_name, rule, **kwargs),
-        )
+        await self._change("update_rule", topic_name, subscription_name, rule, **kwargs)
 
     async def delete_rule(
         self, topic_name: str, subscription_name: str, rule_name: str, **kwargs: Any
     ) -> None:
         """Delete the rule in both namespaces."""
-        changed(
-            "delete_rule",
-            await self._both("delete_rule", topic_name, subscription_name, rule_name, **kwargs),
-        )
+        await self._change("delete_rule", topic_name, subscription_name, rule_name, **kwargs)
 
     async def list_rules(
         self, topic_name: str, subscription_name: str, **kwargs: Any
@@ -305,9 +245,4 @@ class ServiceBusAdministrationClient:
 
     async def get_namespace_properties(self, **kwargs: Any) -> NamespaceProperties:
         """The primary namespace's properties, annotated with both."""
-        return cast(
-            NamespaceProperties,
-            read(
-                "get_namespace_properties", await self._both("get_namespace_properties", **kwargs)
-            ),
-        )
+        return cast(NamespaceProperties, await self._read("get_namespace_properties", **kwargs))
