@@ -67,6 +67,7 @@ SPLIT = frozenset(
 
 #: Long units without Spark, to start right after the lanes (node id prefixes).
 EARLY = (
+    "test_soak.py",  # many processes for ~2 minutes, mostly waiting
     "test_matrix.py",
     "test_outbox_chaos.py::test_a_drainer_stopped_mid_drain_loses_nothing[sigkill]",
     "test_seen_cluster.py",

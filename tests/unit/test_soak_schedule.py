@@ -100,9 +100,7 @@ def test_the_nemesis_ends_an_overlapped_fault_by_restoring_and_injecting_the_res
         return function(*args)
 
     async def play() -> Nemesis:
-        nemesis = Nemesis(
-            schedule, targets, clock=clock.monotonic, sleep=clock.sleep, call=direct
-        )
+        nemesis = Nemesis(schedule, targets, clock=clock.monotonic, sleep=clock.sleep, call=direct)
         run = asyncio.create_task(nemesis.run())
         await clock.advance(10)
         await run
@@ -121,3 +119,35 @@ def test_the_nemesis_ends_an_overlapped_fault_by_restoring_and_injecting_the_res
     assert (3, "sender", "kill") in targets.calls and (4, "sender-4", "restart") in targets.calls
     failover = next(entry for entry in nemesis.log if entry["kind"] == "failover")
     assert failover["error"] == "RuntimeError: the store is down"
+
+
+@pytest.mark.parametrize(
+    ("args", "said"),
+    [
+        (["--faults", "flood"], "unknown fault kind 'flood'"),
+        (["--seconds", "20", "--minutes", "1"], "give --seconds or --minutes, not both"),
+        (["--audit", "duckdb"], "--audit must be pyarrow or spark"),
+    ],
+)
+def test_the_soak_command_refuses_bad_input_before_starting_anything(
+    args: list[str], said: str, tmp_path: Any
+) -> None:
+    from typer.testing import CliRunner
+
+    from georep.cli import app
+
+    result = CliRunner().invoke(
+        app, ["soak", *args, "--report", str(tmp_path / "r")], env={"COLUMNS": "200"}
+    )
+    assert result.exit_code == 2 and said in result.output
+    assert not (tmp_path / "r").exists()
+
+
+def test_the_soak_command_lists_the_fault_kinds() -> None:
+    from typer.testing import CliRunner
+
+    from georep.cli import app
+
+    result = CliRunner().invoke(app, ["soak", "--faults", "list"], env={"COLUMNS": "200"})
+    assert result.exit_code == 0
+    assert all(kind in result.output for kind in FAULT_KINDS)

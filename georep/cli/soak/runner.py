@@ -531,10 +531,12 @@ async def run_soak(
         progress(f"starting the emulator, Redis and {len(kinds)} fault kinds' targets")
         await soak.start()
         soak.make_workers()
-        (run_dir / "phase").write_text("faults")
+        # The senders wait for "faults": every process is open, and sends start together.
+        (run_dir / "phase").write_text("warmup")
         for worker in soak.workers:
             worker.start()
         await _wait_for_workers(soak, progress)
+        (run_dir / "phase").write_text("faults")
         progress(f"faults for {config.seconds:g} s: {len(schedule)} of {len(kinds)} kinds")
         faults_began = time.time()
         await asyncio.gather(nemesis.run(), asyncio.sleep(config.seconds))

@@ -27,6 +27,7 @@ import signal
 import sys
 import threading
 import time
+from collections.abc import Callable, Coroutine
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -327,23 +328,36 @@ async def _receive_async(worker: _Worker) -> None:
     async def handle(message: Any) -> None:
         _handled(worker, message)
 
-    task = asyncio.create_task(receiver.run(handle))
+    try:
+        await _serve(
+            worker, receiver.run(handle), receiver, lambda: {"stats": _receiver_stats(receiver)}
+        )
+    finally:
+        await seen.aclose()
+        await ledger.aclose()
+
+
+async def _serve(
+    worker: _Worker, run: Coroutine[Any, Any, None], owner: Any, status: Callable[[], Any]
+) -> None:
+    """Run ``run`` (a receiver's or the syphon's) until SIGTERM, the heartbeat beside it;
+    then close ``owner`` and wait for ``run`` to end. Its error, if it ended on one, is
+    raised (the worker exits with it, and the runner sees a dead process)."""
+    task = asyncio.create_task(run)
     beat = asyncio.create_task(worker.heartbeat())
     worker.status["ready"] = True
     try:
         while not worker.stop.is_set() and not task.done():
-            worker.status.update(stats=_receiver_stats(receiver))
+            worker.status.update(status())
             await asyncio.sleep(0.5)
     finally:
         worker.stop.set()
         await beat
-        await receiver.aclose()
+        await owner.aclose()
         with contextlib.suppress(Exception):
             await asyncio.wait_for(task, 15)
-        await seen.aclose()
-        await ledger.aclose()
-    if task.done() and not task.cancelled() and task.exception() is not None:
-        raise task.exception()  # type: ignore[misc]
+    if task.done() and not task.cancelled() and (error := task.exception()) is not None:
+        raise error
 
 
 def _receive_sync(worker: _Worker) -> None:
@@ -384,19 +398,7 @@ async def _syphon(worker: _Worker) -> None:
         primary_namespace=spec.primary_namespace,
         options=PairedNamespaceOptions(**PAIRED_OPTIONS),
     )
-    task = asyncio.create_task(syphon.run())
-    beat = asyncio.create_task(worker.heartbeat())
-    worker.status["ready"] = True
-    try:
-        while not worker.stop.is_set() and not task.done():
-            worker.status.update(moved=getattr(syphon.stats, "moved", 0))
-            await asyncio.sleep(0.5)
-    finally:
-        worker.stop.set()
-        await beat
-        await syphon.aclose()
-        with contextlib.suppress(Exception):
-            await asyncio.wait_for(task, 15)
+    await _serve(worker, syphon.run(), syphon, lambda: {"moved": syphon.stats.moved})
 
 
 def main(argv: list[str] | None = None) -> int:
