@@ -102,8 +102,9 @@ class _Worker:
         self._history = os.open(
             self.run_dir / "history" / f"{tag}.jsonl", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600
         )
-        self._stacks = (self.run_dir / "stacks" / f"{tag}.txt").open("w")
-        faulthandler.register(signal.SIGUSR1, file=self._stacks, all_threads=True)
+        # Never closed: a dump may be asked for while the interpreter shuts down.
+        _STACK_FILES.append((self.run_dir / "stacks" / f"{tag}.txt").open("w"))
+        faulthandler.register(signal.SIGUSR1, file=_STACK_FILES[-1], all_threads=True)
         signal.signal(signal.SIGTERM, lambda *_: self.stop.set())
         signal.signal(signal.SIGINT, lambda *_: self.stop.set())
 
@@ -174,6 +175,8 @@ def _message(spec: WorkerSpec, number: int) -> tuple[Any, dict[str, Any]]:
 
 
 _RETRY_SECONDS = 0.2
+#: The files faulthandler writes stacks to, kept open until the process ends.
+_STACK_FILES: list[Any] = []
 
 
 async def _send_async(worker: _Worker) -> None:
