@@ -31,7 +31,7 @@ def write_report(
         "replay": replay_command(result),
         "messages": result.messages,
         "faults_by_kind": dict(sorted(Counter(f["kind"] for f in result.faults).items())),
-        "faults_refused": [f for f in result.faults if "error" in f],
+        "faults_refused": [f for f in result.faults if "error" in f or "end_error" in f],
         "faults": result.faults,
         "entities": [v.as_dict() for v in result.verdicts],
         "totals": {
