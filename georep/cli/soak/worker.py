@@ -425,6 +425,10 @@ def main(argv: list[str] | None = None) -> int:
     else:
         raise SystemExit(f"unknown role {spec.role!r}")
     worker.write_status(stopped=time.time())
+    # What could keep the process from exiting (the runner waits 20 s, then dumps stacks).
+    lingering = [t.name for t in threading.enumerate() if not t.daemon and t.is_alive()]
+    if len(lingering) > 1:
+        _log.warning("threads still running at exit: %s", ", ".join(lingering))
     return 0
 
 
