@@ -44,11 +44,25 @@ def write_report(
         ),
         "liveness": result.liveness,
         "hung": result.hung,
+        "seconds_to_close": _closing(run_dir),
     }
     (run_dir / "report.json").write_text(json.dumps(report, indent=1, default=str))
     plot = _plot(run_dir, result, faults_began, faults_ended)
     (run_dir / "report.md").write_text(_markdown(report, plot))
     return report
+
+
+def _closing(run_dir: Path) -> dict[str, float]:
+    """Each worker's seconds from SIGTERM to the end of its main (slowest first)."""
+    closing = {}
+    for path in (run_dir / "status").glob("*.json"):
+        try:
+            status = json.loads(path.read_text())
+        except ValueError:
+            continue
+        if "stopping" in status and "stopped" in status:
+            closing[path.stem] = round(status["stopped"] - status["stopping"], 1)
+    return dict(sorted(closing.items(), key=lambda item: -item[1]))
 
 
 def replay_command(result: SoakResult) -> str:

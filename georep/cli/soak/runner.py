@@ -50,6 +50,9 @@ LOCK_SECONDS = 5
 SESSION_LOCK_SECONDS = 15
 #: A status older than this, from a live process, means it hangs.
 HUNG_SECONDS = 20.0
+#: A worker that has not exited this long after SIGTERM hangs (closing takes seconds on
+#: a busy machine: a sender closes its regions, outbox, role store and ledger).
+STOP_SECONDS = 60.0
 #: A worker that wrote no status this long after its start hangs (imports on two busy
 #: cores take a while).
 STARTUP_SECONDS = 180.0
@@ -565,9 +568,12 @@ async def run_soak(
         (run_dir / "phase").write_text("stop")
         for worker in soak.workers:
             worker.terminate()
-        for worker in soak.workers:
-            if not await asyncio.to_thread(worker.stop, 20.0):
-                hung.append(f"{worker.spec.name} (did not stop on SIGTERM)")
+        stops = await asyncio.gather(
+            *(asyncio.to_thread(worker.stop, STOP_SECONDS) for worker in soak.workers)
+        )
+        for worker, stopped in zip(soak.workers, stops, strict=True):
+            if not stopped:
+                hung.append(f"{worker.spec.name} (did not exit {STOP_SECONDS:g} s after SIGTERM)")
         if soak.role_store is not None:
             await soak.role_store.aclose()
         if soak.emulator is not None:

@@ -105,8 +105,12 @@ class _Worker:
         # Never closed: a dump may be asked for while the interpreter shuts down.
         _STACK_FILES.append((self.run_dir / "stacks" / f"{tag}.txt").open("w"))
         faulthandler.register(signal.SIGUSR1, file=_STACK_FILES[-1], all_threads=True)
-        signal.signal(signal.SIGTERM, lambda *_: self.stop.set())
-        signal.signal(signal.SIGINT, lambda *_: self.stop.set())
+        signal.signal(signal.SIGTERM, self._stopping)
+        signal.signal(signal.SIGINT, self._stopping)
+
+    def _stopping(self, *_: object) -> None:
+        self.status.setdefault("stopping", time.time())
+        self.stop.set()
 
     def record(self, event: str, **values: Any) -> None:
         line = json.dumps({"ev": event, "t": time.time(), "pid": os.getpid(), **values})
