@@ -36,7 +36,7 @@ def soak(
     ] = 2,
     faults: Annotated[
         list[str] | None,
-        typer.Option(help="Fault kind to draw from (repeat; default all; `--faults list`)."),
+        typer.Option(help="Fault kinds, a,b or repeated (default all; `--faults list`)."),
     ] = None,
     report: Annotated[Path, typer.Option(help="Directory of the run and its report.")] = Path(
         "soak-report"
@@ -58,7 +58,7 @@ def soak(
     from georep.cli.soak.runner import SoakConfig, kinds_help, run_soak
     from georep.exceptions import ConfigurationError
 
-    kinds = tuple(faults or ["all"])
+    kinds = tuple(k.strip() for given in faults or ["all"] for k in given.split(",") if k.strip())
     if kinds == ("list",):
         for line in kinds_help().split("; "):
             console.print(line, highlight=False)

@@ -127,6 +127,7 @@ def test_the_nemesis_ends_an_overlapped_fault_by_restoring_and_injecting_the_res
         (["--faults", "flood"], "unknown fault kind 'flood'"),
         (["--seconds", "20", "--minutes", "1"], "give --seconds or --minutes, not both"),
         (["--audit", "duckdb"], "--audit must be pyarrow or spark"),
+        (["--faults", "outage,flood"], "unknown fault kind 'flood'"),
     ],
 )
 def test_the_soak_command_refuses_bad_input_before_starting_anything(
@@ -151,3 +152,13 @@ def test_the_soak_command_lists_the_fault_kinds() -> None:
     result = CliRunner().invoke(app, ["soak", "--faults", "list"], env={"COLUMNS": "200"})
     assert result.exit_code == 0
     assert all(kind in result.output for kind in FAULT_KINDS)
+
+
+def test_a_report_directory_with_other_files_is_refused_not_emptied(tmp_path: Any) -> None:
+    from georep.cli.soak.runner import SoakConfig, run_soak
+
+    (tmp_path / "notes.txt").write_text("mine")
+    config = SoakConfig(seconds=10, seed=1, report_dir=tmp_path)
+    with pytest.raises(ConfigurationError, match="not empty and holds no earlier soak report"):
+        asyncio.run(run_soak(config))
+    assert (tmp_path / "notes.txt").read_text() == "mine"

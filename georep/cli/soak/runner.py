@@ -527,9 +527,7 @@ async def run_soak(
     kinds = check_kinds(list(config.kinds))
     schedule = draw_schedule(config.seed, config.seconds, kinds)
     run_dir = config.report_dir
-    if run_dir.exists():
-        shutil.rmtree(run_dir)
-    run_dir.mkdir(parents=True)
+    _clear(run_dir)
     (run_dir / "schedule.json").write_text(json.dumps([f.as_dict() for f in schedule], indent=1))
     soak = _Soak(config, run_dir)
     nemesis = Nemesis(schedule, soak)
@@ -606,6 +604,22 @@ async def run_soak(
 
     write_report(result, run_dir, faults_began=faults_began, faults_ended=faults_ended)
     return result
+
+
+def _clear(run_dir: Path) -> None:
+    """An empty ``run_dir``: a soak's earlier report is removed, anything else refused.
+
+    Raises:
+        ConfigurationError: ``run_dir`` holds files that are not a soak's report.
+    """
+    if run_dir.exists() and any(run_dir.iterdir()):
+        if not (run_dir / "schedule.json").is_file():
+            raise ConfigurationError(
+                f"--report {run_dir} is not empty and holds no earlier soak report: "
+                "give a new or empty directory"
+            )
+        shutil.rmtree(run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
 
 
 async def _wait_for_workers(soak: _Soak, progress: Callable[[str], None]) -> None:
