@@ -3,7 +3,7 @@
 The soak's runner starts each with a JSON spec (:class:`WorkerSpec`) and may SIGKILL it at
 any moment (then starts it again, with the next incarnation). What a worker leaves behind:
 
-- its rows in the delivery ledger (``ledger/``, flushed every second);
+- its rows in the delivery ledger (``ledger/``, flushed every 5 s);
 - its history (``history/<name>.<incarnation>.jsonl``): one line per message acknowledged
   to it (``ack``) or handled by its handler (``handled``), written straight to the file
   descriptor, so a SIGKILL loses no line the handler finished;
@@ -152,7 +152,10 @@ class _Worker:
     def ledger(self) -> Any:
         from georep import ParquetLedger
 
-        return ParquetLedger(self.run_dir / "ledger", flush_interval=1.0)
+        # The default 5 s flush: what a SIGKILL takes from the ledger the checker recovers
+        # from the history, and a shorter one writes a file a second per process (a
+        # 30-minute soak: tens of thousands of small files for the checker to read).
+        return ParquetLedger(self.run_dir / "ledger")
 
     def outbox(self) -> Any:
         from georep import SqliteOutbox
