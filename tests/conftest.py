@@ -72,6 +72,7 @@ SPLIT = frozenset(
 
 #: Long units without Spark, to start right after the lanes (node id prefixes).
 EARLY = (
+    "test_soak.py",  # many processes for ~2 minutes, mostly waiting
     "test_demo.py::test_the_sessions_demo",  # no Spark: its audit is the pyarrow one
     "test_matrix.py",
     "test_outbox_chaos.py::test_a_drainer_stopped_mid_drain_loses_nothing[sigkill]",

