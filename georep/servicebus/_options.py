@@ -26,7 +26,9 @@ class ClientOptions(TypedDict, total=False):
 
     Senders (:class:`georep.GeoSender`'s options): ``mode`` (default passive), ``policy``,
     ``outbox``, ``repair``, ``drain``, ``role_store``. Receivers
-    (:class:`georep.GeoReceiver`'s): ``seen`` (required to receive), ``lease``,
+    (:class:`georep.GeoReceiver`'s): ``seen`` (required to receive; senders keep the
+    mapping of scheduled messages' numbers in it too, when it is a
+    :class:`georep.ports.ScheduleStore` such as ``RedisSeenSet``), ``lease``,
     ``max_attempts``, ``on_store_unavailable``, ``owner``, ``poll_interval`` (seconds a
     receive call to an idle region waits, default 1). Both: ``dedup_key``, ``ledger``,
     ``clock``, ``tracer_provider``, ``meter_provider``. ``client_options`` are

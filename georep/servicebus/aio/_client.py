@@ -15,6 +15,7 @@ from georep._clock import SystemClock
 from georep._endpoint import NamespaceEndpoint, Target, endpoint_pair, with_client_options_pair
 from georep._region_wrap import open_pair
 from georep.exceptions import ClosedError, ConfigurationError
+from georep.ports import ScheduleStore
 from georep.receive.pull import PullReceiver
 from georep.send.sender import GeoSender
 from georep.servicebus._options import (
@@ -178,11 +179,15 @@ class ServiceBusClient:
         self, *, queue_name: str | None = None, topic_name: str | None = None
     ) -> ServiceBusSender:
         self._check_open()
+        # The seen-set every process shares also keeps which copy of a scheduled message
+        # each region holds, so that any process can cancel it (docs/migration.md).
+        seen = self._options.get("seen")
         geo = GeoSender.from_connection_strings(
             self._primary,
             self._secondary,
             queue_name=queue_name,
             topic_name=topic_name,
+            schedules=seen if isinstance(seen, ScheduleStore) else None,
             **sender_options(self._options),
         )
         sender = ServiceBusSender(
