@@ -403,9 +403,24 @@ class PullReceiver(AsyncResource):
                     self._wanted -= len(more)
                     asked -= len(more)
                     last = clock.monotonic()
+        except BaseException:
+            # The caller never gets them (cancelled): back to the front of the buffer,
+            # not settled, for the next call (they stay claimed and locked meanwhile).
+            self._put_back(got)
+            raise
         finally:
             self._wanted -= asked
+        if self.receive_and_delete:
+            for handout in got:
+                handout.decided.set_result(COMPLETE)
         return got
+
+    def _put_back(self, handouts: list[Handout]) -> None:
+        for handout in reversed(handouts):
+            handout.handed_out = False
+            self._buffer.appendleft(handout)
+        if handouts:
+            self._notify()
 
     async def _wait_for_arrival(self, seconds: float | None) -> bool:
         """Wait until a message reaches the buffer (or the receiver closes); False on timeout."""
@@ -434,9 +449,7 @@ class PullReceiver(AsyncResource):
             handout = self._buffer.popleft()
             if handout.decided.done():  # abandoned on close
                 continue
-            handout.handed_out = True
-            if self.receive_and_delete:
-                handout.decided.set_result(COMPLETE)
+            handout.handed_out = True  # settled on hand-out (RECEIVE_AND_DELETE) on return
             taken.append(handout)
         return taken
 

@@ -129,7 +129,7 @@ class ServiceBusClient:
 
     async def _aclose(self) -> None:
         try:
-            await self._core.close()
+            await self._core._shutdown()
         finally:
             for resource in self._resources:
                 if RUNTIME.drop(resource):
@@ -144,7 +144,15 @@ class ServiceBusClient:
         socket_timeout: float | None = None,
     ) -> ServiceBusSender:
         """As :meth:`georep.servicebus.aio.ServiceBusClient.get_queue_sender`."""
-        return ServiceBusSender(_call(_built(lambda: self._core.get_queue_sender(queue_name))))
+        return ServiceBusSender(
+            _call(
+                _built(
+                    lambda: self._core.get_queue_sender(
+                        queue_name, client_identifier=client_identifier
+                    )
+                )
+            )
+        )
 
     def get_topic_sender(
         self,
@@ -154,7 +162,15 @@ class ServiceBusClient:
         socket_timeout: float | None = None,
     ) -> ServiceBusSender:
         """As :meth:`georep.servicebus.aio.ServiceBusClient.get_topic_sender`."""
-        return ServiceBusSender(_call(_built(lambda: self._core.get_topic_sender(topic_name))))
+        return ServiceBusSender(
+            _call(
+                _built(
+                    lambda: self._core.get_topic_sender(
+                        topic_name, client_identifier=client_identifier
+                    )
+                )
+            )
+        )
 
     def get_queue_receiver(
         self,
@@ -180,6 +196,7 @@ class ServiceBusClient:
                     receive_mode=receive_mode,
                     max_wait_time=max_wait_time,
                     prefetch_count=prefetch_count,
+                    client_identifier=client_identifier,
                 )
             )
         )
@@ -211,6 +228,7 @@ class ServiceBusClient:
                     receive_mode=receive_mode,
                     max_wait_time=max_wait_time,
                     prefetch_count=prefetch_count,
+                    client_identifier=client_identifier,
                 )
             )
         )
@@ -225,6 +243,7 @@ class ServiceBusSender:
         self._core = core
         self.entity_name = core.entity_name
         self.fully_qualified_namespace = core.fully_qualified_namespace
+        self.client_identifier = core.client_identifier
 
     @property
     def last_result(self) -> SendResult | None:
@@ -318,6 +337,7 @@ class ServiceBusReceiver:
         self._auto_lock_renewer = auto_lock_renewer
         self.entity_path = core.entity_path
         self.fully_qualified_namespace = core.fully_qualified_namespace
+        self.client_identifier = core.client_identifier
         self._session: ServiceBusSession | None = None
 
     @property

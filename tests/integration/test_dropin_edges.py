@@ -5,14 +5,16 @@ does and checks that it does the same over two emulated regions."""
 
 from __future__ import annotations
 
+import asyncio
 import datetime
 import json
 import uuid
 from typing import Any
 
 import pytest
-from _helpers import REDIS_URL, start_child
-from azure.servicebus import ServiceBusMessage
+from _helpers import REDIS_URL, eventually, fault, start_child, stored
+from azure.servicebus import NEXT_AVAILABLE_SESSION, ServiceBusMessage, ServiceBusReceiveMode
+from azure.servicebus.aio import ServiceBusClient as SdkClient
 
 from georep import ReplicationMode
 from georep.adapters.emulator import Emulator
@@ -89,3 +91,178 @@ async def test_a_schedule_is_cancelled_by_another_process_after_a_restart(
     assert out.decode().split() == ["CANCELLED"]
     # Nothing is scheduled any more in either region: no copy will ever be enqueued.
     assert scheduled(emu, queue) == {"primary": 0, "secondary": 0}
+
+
+def sdk_client(emu: Emulator) -> SdkClient:
+    """The raw SDK's client on the primary, to compare with."""
+    return SdkClient.from_connection_string(emu.connection_string("primary"))
+
+
+async def outcome(call: Any) -> str:
+    """What a call did, as a line a program would print."""
+    try:
+        result = await call()
+    except Exception as exc:  # what the SDK raised, by the class an except block names
+        return f"raised ValueError={isinstance(exc, ValueError)}"
+    return f"returned {result!r}"
+
+
+async def lifecycle_program(client: Any, queue: str) -> list[str]:
+    """Close a receiver while a receive waits in another task, close the client while a
+    sender and a receiver are open, then use the client again: the SDK's docs allow each."""
+    lines = []
+    async with client:
+        receiver = client.get_queue_receiver(queue)
+        await receiver.__aenter__()
+        pending = asyncio.create_task(receiver.receive_messages(10, max_wait_time=60))
+        await asyncio.sleep(0)  # the receive is under way
+        await receiver.close()
+        lines.append(f"pending receive: {await asyncio.wait_for(pending, 30)!r}")
+        sender = client.get_queue_sender(queue)
+        await sender.__aenter__()
+        left_open = client.get_queue_receiver(queue)
+        await left_open.__aenter__()
+    lines.append("send: " + await outcome(lambda: sender.send_messages(ServiceBusMessage("x"))))
+    lines.append("receive: " + await outcome(lambda: left_open.receive_messages(max_wait_time=1)))
+    async with client:  # the same client, again
+        async with client.get_queue_sender(queue) as again:
+            await again.send_messages(ServiceBusMessage("again"))
+        async with client.get_queue_receiver(queue) as receiver:
+            for message in await receiver.receive_messages(5, max_wait_time=30):
+                lines.append(f"received {message}")
+                await receiver.complete_message(message)
+    return lines
+
+
+async def test_closing_at_awkward_moments_does_what_the_sdk_does(
+    emu: Emulator, private_queue: Any, seen: RedisSeenSet
+) -> None:
+    raw = await lifecycle_program(sdk_client(emu), private_queue("life"))
+    assert raw == [
+        "pending receive: []",
+        "send: raised ValueError=True",
+        "receive: raised ValueError=True",
+        "received again",
+    ]
+    queue = private_queue("life")
+    assert await lifecycle_program(dropin(emu, seen), queue) == raw
+    assert await eventually(lambda: stored(emu, queue) == 0, within=30), "both copies settled"
+
+
+async def attributes_program(client: Any, queue: str, session_queue: str) -> list[str]:
+    """The SDK's attributes of a client, its sender, receivers and session."""
+    lines = []
+    async with client:
+        lines.append(f"client {client.fully_qualified_namespace}")
+        async with client.get_queue_sender(queue, client_identifier="my-sender") as sender:
+            lines.append(f"sender {sender.fully_qualified_namespace} {sender.entity_name}")
+            lines.append(f"sender id {sender.client_identifier}")
+            await sender.send_messages(ServiceBusMessage("s", session_id="cart-1"))
+        async with client.get_queue_sender(session_queue) as sender:
+            lines.append(f"generated id {sender.client_identifier.split('-')[0]}")
+            await sender.send_messages(ServiceBusMessage("s", session_id="cart-1"))
+        async with client.get_queue_receiver(queue, client_identifier="my-receiver") as receiver:
+            lines.append(f"receiver {receiver.fully_qualified_namespace} {receiver.entity_path}")
+            lines.append(f"receiver id {receiver.client_identifier} session {receiver.session}")
+            for message in await receiver.receive_messages(1, max_wait_time=30):
+                await receiver.complete_message(message)
+        async with client.get_queue_receiver(
+            session_queue, session_id=NEXT_AVAILABLE_SESSION
+        ) as receiver:
+            session = receiver.session
+            lines.append(f"generated id {receiver.client_identifier.split('-')[0]}")
+            lines.append(f"session {session.session_id} {receiver.entity_path}")
+            lines.append(f"locked until {type(session.locked_until_utc).__name__}")
+            lines.append(f"renewed {type(await session.renew_lock()).__name__}")
+            for message in await receiver.receive_messages(1, max_wait_time=30):
+                lines.append(f"{message.session_id}: {message}")
+                await receiver.complete_message(message)
+    return lines
+
+
+async def test_the_sdks_attributes_read_the_same(emu: Emulator, seen: RedisSeenSet) -> None:
+    names = [f"attr-{uuid.uuid4().hex[:6]}", f"attr-s-{uuid.uuid4().hex[:6]}"]
+    for namespace in REGIONS:
+        emu.namespace(namespace).create_queue(names[0])
+        emu.namespace(namespace).create_queue(names[1], requires_session=True)
+    raw = await attributes_program(sdk_client(emu), *names)
+    assert "sender id my-sender" in raw and "generated id SBReceiver" in raw
+    assert await attributes_program(dropin(emu, seen), *names) == raw
+
+
+def taken_not_returned(receiver: Any) -> bool:
+    """Whether a receive call holds messages it has not returned yet (it waits a moment
+    for more): the moment a cancellation is most awkward. georep's internals, read only."""
+    pull = receiver._pull
+    return pull is not None and any(h.handed_out for h in pull._held.values())
+
+
+@pytest.mark.parametrize(
+    "mode", [ServiceBusReceiveMode.PEEK_LOCK, ServiceBusReceiveMode.RECEIVE_AND_DELETE]
+)
+async def test_a_receive_cancelled_mid_call_raises_and_loses_nothing(
+    emu: Emulator, private_queue: Any, seen: RedisSeenSet, mode: ServiceBusReceiveMode
+) -> None:
+    queue = private_queue("cancel-rx")
+    handed: list[str] = []
+    cancelled_holding = 0
+    async with dropin(emu, seen) as client:
+        receiver = client.get_queue_receiver(queue, receive_mode=mode)
+        async with receiver, client.get_queue_sender(queue) as sender:
+            for round_ in range(3):
+                call = asyncio.create_task(receiver.receive_messages(10, max_wait_time=60))
+                await sender.send_messages(ServiceBusMessage(f"m{round_}"))
+                # Spin, one event-loop turn at a time: the call holds a message for only
+                # 0.2 s (waiting for more), and a poll's sleep could miss that.
+                while not call.done() and not taken_not_returned(receiver):  # noqa: ASYNC110
+                    await asyncio.sleep(0)
+                if call.cancel():
+                    with pytest.raises(asyncio.CancelledError):
+                        await call
+                    cancelled_holding += 1
+                else:
+                    handed += [str(m) for m in call.result()]
+            while len(handed) < 3:
+                got = await receiver.receive_messages(10, max_wait_time=30)
+                assert got, f"only {sorted(handed)} came back"
+                handed += [str(m) for m in got]
+                if mode is ServiceBusReceiveMode.PEEK_LOCK:
+                    for message in got:
+                        await receiver.complete_message(message)
+            assert await receiver.receive_messages(10, max_wait_time=2) == []
+    assert cancelled_holding, "no receive was cancelled while it held a message"
+    assert sorted(handed) == ["m0", "m1", "m2"], "each once"
+    assert await eventually(lambda: stored(emu, queue) == 0, within=30), "both copies settled"
+
+
+async def test_a_send_cancelled_mid_call_raises_and_a_retry_is_handed_out_once(
+    emu: Emulator, private_queue: Any, seen: RedisSeenSet
+) -> None:
+    queue = private_queue("cancel-tx")
+    messages = [ServiceBusMessage(f"m{i}") for i in range(3)]
+    async with dropin(emu, seen) as client:
+        async with client.get_queue_sender(queue) as sender:
+            await sender.send_messages(ServiceBusMessage("warm"))  # both links open
+            await fault(
+                emu, "secondary", "latency", 30
+            )  # the primary takes it, not yet the secondary
+            call = asyncio.create_task(sender.send_messages(messages))
+            assert await eventually(
+                lambda: emu.namespace("primary").message_count(queue) == 4, within=30
+            )
+            assert call.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await call
+            await fault(emu, "secondary", "restore")
+            await sender.send_messages(messages)  # the application's retry: the same messages
+        handed: list[str] = []
+        async with client.get_queue_receiver(queue) as receiver:
+            while len(handed) < 4:
+                got = await receiver.receive_messages(10, max_wait_time=30)
+                assert got, f"only {sorted(handed)} were handed out"
+                for message in got:
+                    handed.append(str(message))
+                    await receiver.complete_message(message)
+            assert await receiver.receive_messages(10, max_wait_time=2) == []
+    assert sorted(handed) == ["m0", "m1", "m2", "warm"], "each once"
+    assert await eventually(lambda: stored(emu, queue) == 0, within=30), "every copy settled"

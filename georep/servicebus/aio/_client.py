@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import uuid
 from collections.abc import Mapping
 from functools import partial
 from types import TracebackType
@@ -137,13 +138,19 @@ class ServiceBusClient:
         await self.close()
 
     async def close(self) -> None:
-        """Close every sender and receiver this client made. Idempotent."""
-        self._closed = True
+        """Close every sender and receiver this client made (using one afterwards raises
+        the SDK's ``ValueError``). As the SDK's client, this one can be used again: a new
+        ``async with client:`` or ``get_queue_sender`` works. Idempotent."""
         handlers, self._handlers = list(self._handlers), set()
         results = await asyncio.gather(*(h.close() for h in handlers), return_exceptions=True)
         for result in results:
             if isinstance(result, BaseException):
                 _log.warning("closing a sender or receiver failed: %s", type(result).__name__)
+
+    async def _shutdown(self) -> None:
+        """Close for good (the blocking client's close: its resources close with it)."""
+        self._closed = True
+        await self.close()
 
     def _check_open(self) -> None:
         if self._closed:
@@ -160,10 +167,11 @@ class ServiceBusClient:
     ) -> ServiceBusSender:
         """A sender to ``queue_name`` in both regions (a :class:`georep.GeoSender`).
 
-        ``client_identifier`` and ``socket_timeout`` are accepted for the SDK's sake;
-        give SDK settings in ``client_options`` of the client instead.
+        ``client_identifier`` names the sender (its ``client_identifier``, as the SDK's;
+        a new one each time if not given). ``socket_timeout`` is accepted for the SDK's
+        sake; give SDK settings in ``client_options`` of the client instead.
         """
-        return self._sender(queue_name=queue_name)
+        return self._sender(client_identifier, queue_name=queue_name)
 
     def get_topic_sender(
         self,
@@ -173,10 +181,14 @@ class ServiceBusClient:
         socket_timeout: float | None = None,
     ) -> ServiceBusSender:
         """A sender to ``topic_name`` in both regions (a :class:`georep.GeoSender`)."""
-        return self._sender(topic_name=topic_name)
+        return self._sender(client_identifier, topic_name=topic_name)
 
     def _sender(
-        self, *, queue_name: str | None = None, topic_name: str | None = None
+        self,
+        client_identifier: str | None,
+        *,
+        queue_name: str | None = None,
+        topic_name: str | None = None,
     ) -> ServiceBusSender:
         self._check_open()
         # The seen-set every process shares also keeps which copy of a scheduled message
@@ -194,6 +206,7 @@ class ServiceBusClient:
             geo,
             entity_name=str(queue_name or topic_name),
             fully_qualified_namespace=self.fully_qualified_namespace,
+            client_identifier=client_identifier or f"SBSender-{uuid.uuid4()}",
         )
         self._handlers.add(sender)
         return sender
@@ -231,6 +244,7 @@ class ServiceBusClient:
             max_wait_time=max_wait_time,
             auto_lock_renewer=auto_lock_renewer,
             prefetch_count=prefetch_count,
+            client_identifier=client_identifier,
         )
 
     def get_subscription_receiver(
@@ -257,6 +271,7 @@ class ServiceBusClient:
             max_wait_time=max_wait_time,
             auto_lock_renewer=auto_lock_renewer,
             prefetch_count=prefetch_count,
+            client_identifier=client_identifier,
         )
 
     def _receiver(
@@ -269,6 +284,7 @@ class ServiceBusClient:
         max_wait_time: float | None,
         auto_lock_renewer: Any,
         prefetch_count: int,
+        client_identifier: str | None,
     ) -> ServiceBusReceiver:
         self._check_open()
         seen = self._options.get("seen")
@@ -301,6 +317,7 @@ class ServiceBusClient:
             "max_wait_time": max_wait_time,
             "prefetch_count": prefetch_count,
             "auto_lock_renewer": auto_lock_renewer,
+            "client_identifier": client_identifier or f"SBReceiver-{uuid.uuid4()}",
         }
         entity = names.get("queue_name") or (
             f"{names['topic_name']}/Subscriptions/{names['subscription_name']}"

@@ -22,14 +22,25 @@ class ServiceBusSender:
     :attr:`last_result`.
 
     Attributes:
+        entity_name: The queue or topic, as the SDK's.
+        fully_qualified_namespace: The primary region's namespace.
+        client_identifier: As given to ``get_queue_sender`` (or generated), as the SDK's.
         last_result: What the last ``send_messages`` did in each region
             (:class:`georep.SendResult`), None before the first.
     """
 
-    def __init__(self, geo: GeoSender, *, entity_name: str, fully_qualified_namespace: str) -> None:
+    def __init__(
+        self,
+        geo: GeoSender,
+        *,
+        entity_name: str,
+        fully_qualified_namespace: str,
+        client_identifier: str = "",
+    ) -> None:
         self._geo = geo
         self.entity_name = entity_name
         self.fully_qualified_namespace = fully_qualified_namespace
+        self.client_identifier = client_identifier
         self.last_result: SendResult | None = None
 
     @property
