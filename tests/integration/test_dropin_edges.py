@@ -16,7 +16,7 @@ from _helpers import REDIS_URL, eventually, fault, start_child, stored
 from azure.servicebus import NEXT_AVAILABLE_SESSION, ServiceBusMessage, ServiceBusReceiveMode
 from azure.servicebus.aio import ServiceBusClient as SdkClient
 
-from georep import ReplicationMode
+from georep import FailoverPolicy, ReplicationMode
 from georep.adapters.emulator import Emulator
 from georep.adapters.redis import RedisSeenSet
 from georep.servicebus.aio import ServiceBusClient
@@ -24,6 +24,8 @@ from georep.servicebus.aio import ServiceBusClient
 pytestmark = pytest.mark.integration
 
 REGIONS = ("primary", "secondary")
+LOCK_SECONDS = 5
+"""Lock duration of queues whose copies an outage leaves locked: they come back soon."""
 
 
 def dropin(emu: Emulator, seen: RedisSeenSet, **options: Any) -> ServiceBusClient:
@@ -266,3 +268,104 @@ async def test_a_send_cancelled_mid_call_raises_and_a_retry_is_handed_out_once(
             assert await receiver.receive_messages(10, max_wait_time=2) == []
     assert sorted(handed) == ["m0", "m1", "m2", "warm"], "each once"
     assert await eventually(lambda: stored(emu, queue) == 0, within=30), "every copy settled"
+
+
+async def partitioned_program(client: Any, queue: str) -> list[str]:
+    """Send (one, keyed, a list and a batch of one key), schedule and cancel, peek, receive,
+    defer and receive deferred on a partitioned queue, as SDK code does."""
+    lines = []
+    async with client:
+        async with client.get_queue_sender(queue) as sender:
+            await sender.send_messages(ServiceBusMessage("one"))
+            await sender.send_messages(ServiceBusMessage("keyed", partition_key="k1"))
+            await sender.send_messages(
+                [ServiceBusMessage(f"list {i}", partition_key="k2") for i in range(3)]
+            )
+            batch = await sender.create_message_batch()
+            for i in range(2):
+                batch.add_message(ServiceBusMessage(f"batch {i}", partition_key="k3"))
+            await sender.send_messages(batch)
+            due = datetime.datetime.now(datetime.UTC) + datetime.timedelta(minutes=10)
+            numbers = await sender.schedule_messages(
+                ServiceBusMessage("scheduled", partition_key="k4"), due
+            )
+            await sender.cancel_scheduled_messages(numbers)
+        async with client.get_queue_receiver(queue, max_wait_time=5) as receiver:
+            peeked: list[str] = []
+            while len(peeked) < 7:
+                page = await receiver.peek_messages(10)
+                assert page, f"peeked only {peeked}"
+                peeked += [str(message) for message in page]
+            lines.append(f"peeked {sorted(peeked)}")
+            received, deferred = [], []
+            while len(received) < 7:
+                for message in await receiver.receive_messages(10, max_wait_time=30):
+                    received.append(str(message))
+                    if str(message) == "keyed":
+                        deferred.append(message.sequence_number)
+                        await receiver.defer_message(message)
+                    else:
+                        await receiver.complete_message(message)
+            lines.append(f"received {sorted(received)}")
+            for message in await receiver.receive_deferred_messages(deferred):
+                lines.append(f"deferred {message}")
+                await receiver.complete_message(message)
+    return lines
+
+
+async def test_a_partitioned_queue_is_used_as_the_sdk_uses_it(
+    emu: Emulator, private_queue: Any, seen: RedisSeenSet
+) -> None:
+    raw = await partitioned_program(
+        sdk_client(emu), private_queue("part", enable_partitioning=True)
+    )
+    assert raw[-1] == "deferred keyed"
+    queue = private_queue("part", enable_partitioning=True)
+    assert await partitioned_program(dropin(emu, seen), queue) == raw
+    assert await eventually(lambda: stored(emu, queue) == 0, within=30), "every copy settled"
+    assert scheduled(emu, queue) == {"primary": 0, "secondary": 0}
+
+
+async def receive_all(receiver: Any, count: int, handed: list[str]) -> None:
+    """Receive and complete until ``count`` messages were handed out in all."""
+    while len(handed) < count:
+        got = await receiver.receive_messages(10, max_wait_time=30)
+        assert got, f"only {sorted(handed)} were handed out"
+        for message in got:
+            handed.append(str(message))
+            await receiver.complete_message(message)
+
+
+@pytest.mark.parametrize("mode", [ReplicationMode.ACTIVE, ReplicationMode.PASSIVE])
+async def test_a_blackholed_primary_during_sends_and_pull_receives(
+    emu: Emulator, private_queue: Any, seen: RedisSeenSet, mode: ReplicationMode
+) -> None:
+    queue = private_queue("blackhole", lock_duration=LOCK_SECONDS)
+    handed: list[str] = []
+    client = dropin(emu, seen, mode=mode, policy=FailoverPolicy(attempt_timeout=3))
+    async with (
+        client,
+        client.get_queue_sender(queue) as sender,
+        client.get_queue_receiver(queue) as receiver,
+    ):
+        await sender.send_messages([ServiceBusMessage(f"before {i}") for i in range(4)])
+        (first,) = await receiver.receive_messages(1, max_wait_time=30)
+        handed.append(str(first))
+        await fault(emu, "primary", "blackhole")  # answers nothing, from now on
+        await receiver.complete_message(first)  # a copy of the primary's
+        for i in range(3):
+            await sender.send_messages(ServiceBusMessage(f"during {i}"))
+            assert sender.last_result is not None
+            assert sender.last_result.accepted == ("secondary",)
+        # Passive mode: the unreceived "before" messages are in the silent primary only.
+        await receive_all(receiver, 7 if mode is ReplicationMode.ACTIVE else 4, handed)
+    await fault(emu, "primary", "restore")
+    # The primary answers again: a receiver on the same seen-set hands out what only it
+    # held (passive mode), never again what was completed, and settles those copies.
+    async with dropin(emu, seen) as client, client.get_queue_receiver(queue) as receiver:
+        await receive_all(receiver, 7, handed)
+        # Copies the cut-off receiver had locked come back after the 5 s lock, and go.
+        assert await receiver.receive_messages(10, max_wait_time=LOCK_SECONDS + 3) == []
+    expected = sorted([*(f"before {i}" for i in range(4)), *(f"during {i}" for i in range(3))])
+    assert sorted(handed) == expected, "each once"
+    assert await eventually(lambda: stored(emu, queue) == 0, within=60), "every copy settled"
