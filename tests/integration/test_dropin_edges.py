@@ -369,3 +369,26 @@ async def test_a_blackholed_primary_during_sends_and_pull_receives(
     expected = sorted([*(f"before {i}" for i in range(4)), *(f"during {i}" for i in range(3))])
     assert sorted(handed) == expected, "each once"
     assert await eventually(lambda: stored(emu, queue) == 0, within=60), "every copy settled"
+
+
+async def test_closing_one_of_two_receivers_during_an_outage_hands_its_messages_to_the_other(
+    emu: Emulator, private_queue: Any, seen: RedisSeenSet
+) -> None:
+    queue = private_queue("two", lock_duration=LOCK_SECONDS)
+    async with dropin(emu, seen) as client, client.get_queue_sender(queue) as sender:
+        await sender.send_messages([ServiceBusMessage(f"m{i}") for i in range(6)])
+    first_client, other_client = dropin(emu, seen), dropin(emu, seen)  # two processes, alike
+    async with first_client, other_client, other_client.get_queue_receiver(queue) as other:
+        first = first_client.get_queue_receiver(queue)
+        held: list[Any] = []
+        async with first:
+            while len(held) < 3:
+                held += await first.receive_messages(3 - len(held), max_wait_time=30)
+            await fault(emu, "primary", "outage")
+        # Closed while its region was down: what it held goes to the other receiver.
+        handed: list[str] = []
+        await receive_all(other, 6, handed)
+        assert sorted(handed) == [f"m{i}" for i in range(6)], "each once, none lost"
+        await fault(emu, "primary", "restore")
+        assert await other.receive_messages(10, max_wait_time=LOCK_SECONDS + 3) == []
+    assert await eventually(lambda: stored(emu, queue) == 0, within=60), "every copy settled"
