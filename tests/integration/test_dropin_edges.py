@@ -392,3 +392,66 @@ async def test_closing_one_of_two_receivers_during_an_outage_hands_its_messages_
         await fault(emu, "primary", "restore")
         assert await other.receive_messages(10, max_wait_time=LOCK_SECONDS + 3) == []
     assert await eventually(lambda: stored(emu, queue) == 0, within=60), "every copy settled"
+
+
+_SESSION_PROCESS = """
+import asyncio, os
+from azure.servicebus import NEXT_AVAILABLE_SESSION
+from azure.servicebus.exceptions import OperationTimeoutError
+from georep.adapters.redis import RedisSeenSet
+from georep.servicebus.aio import ServiceBusClient
+
+async def main():
+    async with RedisSeenSet.from_url(os.environ["REDIS_URL"], group=os.environ["GROUP"]) as seen:
+        client = ServiceBusClient.from_connection_strings(
+            os.environ["PRIMARY"], os.environ["SECONDARY"], seen=seen
+        )
+        async with client:
+            while True:
+                receiver = client.get_queue_receiver(
+                    os.environ["QUEUE"], session_id=NEXT_AVAILABLE_SESSION, max_wait_time=5
+                )
+                try:
+                    async with receiver:
+                        async for message in receiver:
+                            print(receiver.session.session_id, message, flush=True)
+                            await receiver.complete_message(message)
+                except OperationTimeoutError:
+                    return
+
+asyncio.run(main())
+"""
+
+
+async def test_two_processes_share_the_sessions_each_session_to_one_in_order(
+    emu: Emulator, seen: RedisSeenSet
+) -> None:
+    queue = f"sess-{uuid.uuid4().hex[:6]}"
+    for namespace in REGIONS:
+        emu.namespace(namespace).create_queue(queue, requires_session=True, lock_duration=10)
+    async with dropin(emu, seen) as client, client.get_queue_sender(queue) as sender:
+        for index in range(5):
+            await sender.send_messages(
+                [
+                    ServiceBusMessage(f"{n}", session_id=f"cart-{n % 4}")
+                    for n in range(index * 4, index * 4 + 4)
+                ]
+            )
+    group = f"test-{uuid.uuid4().hex[:8]}"
+    children = [
+        await start_child(_SESSION_PROCESS, emu, queue, REDIS_URL=REDIS_URL, GROUP=group)
+        for _ in range(2)
+    ]
+    outputs = [await child.communicate() for child in children]
+    for child, (_, err) in zip(children, outputs, strict=True):
+        assert child.returncode == 0, err.decode()[-3000:]
+    by_session: dict[str, list[tuple[int, int]]] = {}
+    for process, (out, _) in enumerate(outputs):
+        for line in out.decode().splitlines():
+            session, body = line.split()
+            by_session.setdefault(session, []).append((process, int(body)))
+    assert sorted(by_session) == [f"cart-{n}" for n in range(4)]
+    for session, lines in by_session.items():
+        assert len({process for process, _ in lines}) == 1, f"{session} went to both: {lines}"
+        bodies = [body for _, body in lines]
+        assert bodies == sorted(bodies) and len(bodies) == 5, f"{session}: {bodies}"
