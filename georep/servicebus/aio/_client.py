@@ -29,7 +29,7 @@ from georep.servicebus._options import (
 from ._deferred import DeferredBook, settle_found
 from ._receiver import DEFAULT_RECEIVE_WAIT, ServiceBusReceiver
 from ._sender import ServiceBusSender
-from ._session import Absent, GeoSession, SessionRegions, accept_in_both
+from ._session import Absent, GeoSession, SessionOwnership, SessionRegions, accept_in_both
 
 __all__ = ["ServiceBusClient"]
 
@@ -371,9 +371,17 @@ class ServiceBusClient:
         from georep._sdk import open_region_sessions
 
         entities = open_pair(open_region_sessions, self._primary, self._secondary, **names)
+        ownership = SessionOwnership(options["seen"], entities[0].entity)
         try:
-            chosen, held, errors = await accept_in_both(entities, session_id, max_wait)
+            chosen, held, errors = await accept_in_both(
+                entities,
+                session_id,
+                max_wait,
+                ownership.claim if session_id is None else None,
+                options.get("clock"),
+            )
         except BaseException:
+            await ownership.release()
             for entity in entities:
                 await entity.close()
             raise
@@ -393,6 +401,7 @@ class ServiceBusClient:
         owned = [SessionRegions(entities, [h for h in held if h is not None])]
         pull = PullReceiver(*regions, ordered=True, owned=owned, **options)
         session = GeoSession(chosen, receiver, pull, held, options["seen"])
+        session.on_close, session.on_renew = ownership.release, ownership.extend
         expiries = [getattr(h, "locked_until", None) for h in held if h is not None]
         session.start_keeping(min((e for e in expiries if e is not None), default=None))
         return pull, session
