@@ -29,7 +29,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections import Counter, deque
+import weakref
+from collections import Counter, OrderedDict, deque
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import partial
@@ -39,6 +40,7 @@ from georep._channel import CALL_SECONDS, bounded_call
 from georep._clock import SystemClock
 from georep._lifecycle import AsyncResource, close_all
 from georep.exceptions import (
+    AlreadySettledError,
     ClosedError,
     ConfigurationError,
     RegionError,
@@ -54,6 +56,9 @@ from georep.receive.settlement import Copy
 __all__ = ["Handout", "PullReceiver", "SettleDeferred", "SettleProbe"]
 
 _log = logging.getLogger("georep.receiver")
+
+SETTLED_REMEMBERED: Final = 10_000
+"""Settled messages a receiver remembers, to tell a second settlement of one apart."""
 
 BATCH_GAP: Final = 0.2
 """Seconds a receive call keeps collecting after a message arrived (the SDK's
@@ -339,6 +344,9 @@ class PullReceiver(AsyncResource):
         }
         self._buffer: deque[Handout] = deque()
         self._held: dict[int, Handout] = {}
+        # Messages settled lately (id -> weak reference), so that settling one again
+        # raises the SDK's MessageAlreadySettled rather than "not handed out".
+        self._settled_messages: OrderedDict[int, weakref.ref[Any]] = OrderedDict()
         self._arrivals: dict[int, _Batch] = {}
         self._wanted = 0
         self._waiters: set[asyncio.Future[None]] = set()
@@ -473,13 +481,24 @@ class PullReceiver(AsyncResource):
                 "settled as it was handed out)"
             )
         handout = self._held.get(id(message))
-        if handout is None or not handout.handed_out or handout.decided.done():
+        if (handout is not None and handout.handed_out and handout.decided.done()) or (
+            handout is None and self._was_settled(message)
+        ):
+            raise AlreadySettledError(  # the SDK's MessageAlreadySettled
+                f"{operation}: this message was settled already (completed, abandoned, "
+                "dead-lettered or deferred)"
+            )
+        if handout is None or not handout.handed_out:
             raise SettlementError(
                 f"{operation}: this message is not one this receiver handed out and has not "
                 "settled yet (it was settled already, came from another receiver, or was "
                 "peeked)"
             )
         return handout
+
+    def _was_settled(self, message: Any) -> bool:
+        ref = self._settled_messages.get(id(message))
+        return ref is not None and ref() is message
 
     async def settle(self, message: Any, decision: Decision, operation: str) -> Handout:
         """Settle a message this receiver handed out: record ``decision`` in the seen-set,
@@ -542,6 +561,10 @@ class PullReceiver(AsyncResource):
     ) -> None:
         handout = self._held.pop(id(message), None)
         if handout is not None:
+            with contextlib.suppress(TypeError):  # a message type without weak references
+                self._settled_messages[id(message)] = weakref.ref(message)
+                if len(self._settled_messages) > SETTLED_REMEMBERED:
+                    self._settled_messages.popitem(last=False)
             if not handout.settled.done():
                 handout.settled.set_result(error)
             if handout.key is not None:

@@ -15,6 +15,7 @@ import pytest
 from _helpers import REDIS_URL, eventually, fault, start_child, stored
 from azure.servicebus import NEXT_AVAILABLE_SESSION, ServiceBusMessage, ServiceBusReceiveMode
 from azure.servicebus.aio import ServiceBusClient as SdkClient
+from azure.servicebus.exceptions import MessageAlreadySettled
 
 from georep import FailoverPolicy, ReplicationMode
 from georep.adapters.emulator import Emulator
@@ -133,6 +134,10 @@ async def lifecycle_program(client: Any, queue: str) -> list[str]:
             for message in await receiver.receive_messages(5, max_wait_time=30):
                 lines.append(f"received {message}")
                 await receiver.complete_message(message)
+                try:
+                    await receiver.complete_message(message)
+                except MessageAlreadySettled:
+                    lines.append("completed again: MessageAlreadySettled")
     return lines
 
 
@@ -145,6 +150,7 @@ async def test_closing_at_awkward_moments_does_what_the_sdk_does(
         "send: raised ValueError=True",
         "receive: raised ValueError=True",
         "received again",
+        "completed again: MessageAlreadySettled",
     ]
     queue = private_queue("life")
     assert await lifecycle_program(dropin(emu, seen), queue) == raw

@@ -8,6 +8,7 @@ from typing import Any, TypeVar
 
 import pytest
 from _receivers import ReceiverWorld
+from azure.servicebus.exceptions import MessageAlreadySettled
 
 from georep import ClaimState, ConfigurationError, SettlementError
 from georep.receive.outcomes import ABANDON, COMPLETE, dead_letter_decision
@@ -113,10 +114,11 @@ async def test_settling_twice_or_a_foreign_message_is_refused(world: World) -> N
     pull = world.pull()
     (handout,) = await world.run(pull.receive(1, 5))
     await world.run(pull.settle(handout.message, COMPLETE, "complete_message"))
-    with pytest.raises(SettlementError, match="complete_message"):
+    with pytest.raises(MessageAlreadySettled, match="complete_message"):  # as the SDK
         await pull.settle(handout.message, COMPLETE, "complete_message")
-    with pytest.raises(SettlementError):
+    with pytest.raises(SettlementError) as foreign:
         await pull.settle(object(), COMPLETE, "abandon_message")
+    assert not isinstance(foreign.value, MessageAlreadySettled)
     await world.close(pull)
 
 
