@@ -81,6 +81,8 @@ class ServiceBusClient:
         )
         return client
 
+    from_connection_string = aio.ServiceBusClient.from_connection_string
+
     @classmethod
     def from_namespaces(
         cls,
@@ -386,6 +388,10 @@ class ServiceBusReceiver:
 
     def __iter__(self) -> Iterator[ServiceBusReceivedMessage]:
         return self
+
+    def next(self) -> ServiceBusReceivedMessage:
+        """``next(receiver)``, as the SDK's receiver also offers it."""
+        return self.__next__()
 
     def __next__(self) -> ServiceBusReceivedMessage:
         messages = self._registered(_call(self._core._receive(1, self._core._max_wait_time)))

@@ -100,6 +100,20 @@ class ServiceBusClient:
         return cls(primary, secondary, **options)
 
     @classmethod
+    def from_connection_string(cls, conn_str: str, **kwargs: Any) -> Self:
+        """The SDK's one-namespace constructor: refused, naming the two-region one.
+
+        Raises:
+            ConfigurationError: Always (a ``ValueError``): georep's client needs both
+                regions' connection strings.
+        """
+        raise ConfigurationError(
+            "georep's ServiceBusClient spans two namespaces: "
+            "ServiceBusClient.from_connection_strings(primary_conn, secondary_conn, "
+            "seen=RedisSeenSet.from_url(redis_url)) (docs/migration.md)"
+        )
+
+    @classmethod
     def from_namespaces(
         cls,
         primary: str | Mapping[str, Any],
