@@ -61,6 +61,7 @@ SPLIT = frozenset(
         "test_doctor.py",
         "test_dropin_client.py",
         "test_dropin_client_sync.py",
+        "test_dropin_edges.py",
         "test_emulator_faults.py",
         "test_emulator_messaging.py",
         "test_emulator_robustness.py",

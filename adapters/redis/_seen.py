@@ -33,7 +33,7 @@ import hashlib
 import itertools
 import math
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from datetime import timedelta
 from typing import Any, Final, TypedDict, Unpack
 
@@ -502,6 +502,47 @@ class RedisSeenSet(_SeenSetBase):
             await self._plain(self._redis.delete, self._state_key(key))
         else:
             await self._plain(self._redis.set, self._state_key(key), bytes(state))
+
+    async def keep_schedules(
+        self, scope: str, entries: Mapping[int, bytes], *, expires_at: float
+    ) -> None:
+        """Store each scheduled message's entry under ``scope`` until ``expires_at`` (epoch s)."""
+        if not entries:
+            return
+        at = max(1, math.ceil(expires_at * 1000))
+
+        async def write() -> None:
+            async with self._redis.pipeline(transaction=False) as pipe:
+                for number, value in entries.items():
+                    pipe.set(self._schedule_key(scope, number), bytes(value), pxat=at)
+                await pipe.execute()
+
+        await self._plain(write)
+
+    async def find_schedules(self, scope: str, numbers: Sequence[int]) -> list[bytes | None]:
+        """The entries stored for ``numbers`` under ``scope`` (None: none, or expired)."""
+        if not numbers:
+            return []
+        keys = [self._schedule_key(scope, number) for number in numbers]
+        values = await self._plain(self._redis.mget, keys)
+        return [
+            None if v is None else v if isinstance(v, bytes) else str(v).encode() for v in values
+        ]
+
+    async def drop_schedules(self, scope: str, numbers: Sequence[int]) -> None:
+        """Forget the entries of ``numbers`` under ``scope``."""
+        if numbers:
+            await self._plain(
+                self._redis.delete, *(self._schedule_key(scope, number) for number in numbers)
+            )
+
+    def _schedule_key(self, scope: str, number: int) -> bytes:
+        # One hash tag per scope: a scope's keys share a cluster slot (MGET, DEL in one call).
+        return b"%ssched:{%s}:%d" % (
+            self._key_prefix,
+            _digest(scope.encode()).hex().encode(),
+            number,
+        )
 
     def _state_key(self, key: str) -> bytes:
         # One plain key per session (any slot on a cluster), beside the seen-set's hashes.

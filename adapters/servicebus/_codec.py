@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import copy
 import json
 import uuid
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -60,7 +61,7 @@ class GeoMessageBatch(ServiceBusMessageBatch):
         if isinstance(message, Mapping):
             message = _from_mapping(message)
         if isinstance(message, AmqpAnnotatedMessage):
-            raise InvalidMessageError(_AMQP_MESSAGE_UNSUPPORTED)
+            message = _from_amqp(message)
         _check_message(message)
         self._georep_prepare(message)
         try:
@@ -69,17 +70,25 @@ class GeoMessageBatch(ServiceBusMessageBatch):
             raise OversizeMessageError(str(exc)) from exc
 
 
-_AMQP_MESSAGE_UNSUPPORTED = (
-    "GeoSender sends ServiceBusMessage objects (or dicts of their fields); wrap the "
-    "AmqpAnnotatedMessage's body and properties in a ServiceBusMessage"
-)
+_FROM_AMQP = "_georep_amqp"
+"""Set on a ServiceBusMessage made around an AmqpAnnotatedMessage: copies copy every section."""
+
+
+def _from_amqp(message: AmqpAnnotatedMessage) -> ServiceBusMessage:
+    """A ServiceBusMessage over ``message`` itself, as the SDK's sender makes one to send it:
+    its fields (MessageId, session...) read and write the annotated message's sections."""
+    wrapped = ServiceBusMessage(None, message=None, raw_amqp_message=message)
+    setattr(wrapped, _FROM_AMQP, True)
+    return wrapped
+
+
+def _amqp_body(message: ServiceBusMessage) -> Any:
+    """A value body as it is, a sequence body as the list of its sections."""
+    body = message.body
+    return body if message.body_type == AmqpMessageBodyType.VALUE else list(body)
 
 
 def _body_bytes(message: ServiceBusMessage) -> bytes:
-    if message.body_type != AmqpMessageBodyType.DATA:
-        raise InvalidMessageError(
-            f"GeoSender copies data bodies only; this message has a {message.body_type} body"
-        )
     body = message.body
     if body is None:
         return b""
@@ -106,9 +115,13 @@ def _tag(value: Any) -> list[Any]:
         return ["u", str(value)]
     if isinstance(value, datetime):
         return ["t", value.isoformat()]
+    if isinstance(value, list | tuple):  # an AMQP value or sequence body's lists and maps
+        return ["l", [_tag(item) for item in value]]
+    if isinstance(value, Mapping):
+        return ["m", [[_tag(k), _tag(v)] for k, v in value.items()]]
     raise InvalidMessageError(
-        f"application property value of type {type(value).__name__} cannot be stored in the "
-        "outbox: use str, bytes, int, float, bool, UUID or datetime"
+        f"a value of type {type(value).__name__} (application property or AMQP body) cannot "
+        "be stored in the outbox: use str, bytes, int, float, bool, UUID or datetime"
     )
 
 
@@ -120,6 +133,10 @@ def _untag(tagged: list[Any]) -> Any:
         return uuid.UUID(value)
     if kind == "t":
         return datetime.fromisoformat(value)
+    if kind == "l":
+        return [_untag(item) for item in value]
+    if kind == "m":
+        return {_untag(k): _untag(v) for k, v in value}
     return value
 
 
@@ -229,15 +246,13 @@ def _check_message(message: Any) -> int:
         message_id = properties.message_id
         _check_identifier("message_id", message_id, message_id)
         _check_identifier("session_id", properties.group_id, message_id)
-    if message.body_type != AmqpMessageBodyType.DATA:
-        raise InvalidMessageError(
-            f"message {message_id!r} has a {message.body_type} body; georep sends data "
-            "bodies (bytes or str) only, the kind a failover can copy: encode the value"
-        )
     application_properties = raw.application_properties
     if application_properties:
         for key, value in application_properties.items():
             _check_property(message_id, key, value)
+    if message.body_type != AmqpMessageBodyType.DATA:
+        _tag(_amqp_body(message))  # what the outbox could not keep is refused now, not there
+        return 0  # no lower bound of an AMQP value's encoded size without encoding it
     body = message.body
     if body is None:
         return 0
@@ -263,16 +278,18 @@ class ServiceBusCodec:
         if isinstance(messages, Mapping):
             return [_from_mapping(messages)]
         if isinstance(messages, AmqpAnnotatedMessage):
-            raise InvalidMessageError(_AMQP_MESSAGE_UNSUPPORTED)
+            return [_from_amqp(messages)]
         if isinstance(messages, Iterable) and not isinstance(messages, str | bytes):
             result: list[Any] = []
             for message in messages:
                 if isinstance(message, Mapping):
                     message = _from_mapping(message)
+                elif isinstance(message, AmqpAnnotatedMessage):
+                    message = _from_amqp(message)
                 elif not isinstance(message, ServiceBusMessage):
                     raise InvalidMessageError(
                         f"cannot send a {type(message).__name__} in a list: expected "
-                        "ServiceBusMessage objects"
+                        "ServiceBusMessage or AmqpAnnotatedMessage objects"
                     )
                 result.append(message)
             return result
@@ -354,6 +371,9 @@ class ServiceBusCodec:
         message.time_to_live = timedelta(seconds=seconds)
 
     def copy(self, message: Any) -> Any:
+        if getattr(message, _FROM_AMQP, False) or message.body_type != AmqpMessageBodyType.DATA:
+            # Every section as it is (header, footer, annotations...), body included.
+            return _from_amqp(copy.deepcopy(message.raw_amqp_message))
         return ServiceBusMessage(_body_bytes(message), **self._fields(message))
 
     def encode(self, message: Any) -> bytes:
@@ -361,9 +381,14 @@ class ServiceBusCodec:
         properties = fields.pop("application_properties", None) or {}
         ttl: timedelta | None = fields.pop("time_to_live", None)
         scheduled: datetime | None = fields.pop("scheduled_enqueue_time_utc", None)
-        document = {
-            "v": _FORMAT_VERSION,
-            "body": base64.b64encode(_body_bytes(message)).decode("ascii"),
+        document: dict[str, Any] = {"v": _FORMAT_VERSION}
+        kind = message.body_type
+        if kind == AmqpMessageBodyType.DATA:
+            document["body"] = base64.b64encode(_body_bytes(message)).decode("ascii")
+        else:  # an AmqpAnnotatedMessage's value or sequence body, tagged as properties are
+            document["body"] = ""
+            document["amqp"] = [kind.value, _tag(_amqp_body(message))]
+        document |= {
             "fields": {k: v for k, v in fields.items() if v is not None},
             "properties": [[_tag(k), _tag(v)] for k, v in properties.items()],
             "ttl": None if ttl is None else ttl.total_seconds(),
@@ -380,7 +405,7 @@ class ServiceBusCodec:
         properties = {_untag(k): _untag(v) for k, v in document["properties"]}
         ttl = document["ttl"]
         scheduled = document["scheduled"]
-        return ServiceBusMessage(
+        message = ServiceBusMessage(
             base64.b64decode(document["body"]),
             application_properties=properties or None,
             time_to_live=None if ttl is None else timedelta(seconds=ttl),
@@ -389,6 +414,18 @@ class ServiceBusCodec:
             else datetime.fromisoformat(scheduled),
             **document["fields"],
         )
+        if "amqp" not in document:
+            return message
+        kind, tagged = document["amqp"]
+        raw = message.raw_amqp_message  # the sections the fields made, around the body
+        sections: dict[str, Any] = {
+            "properties": raw.properties,
+            "application_properties": raw.application_properties,
+            "annotations": raw.annotations,
+            "header": raw.header,
+        }
+        body_key = "value_body" if kind == AmqpMessageBodyType.VALUE.value else "sequence_body"
+        return _from_amqp(AmqpAnnotatedMessage(**{body_key: _untag(tagged)}, **sections))
 
     def check(
         self, messages: Sequence[Any], *, one_partition: bool, max_size: int | None = None

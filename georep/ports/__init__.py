@@ -31,6 +31,7 @@ from georep.ports.stores import (
     OutboxEntry,
     RoleRecord,
     RoleStore,
+    ScheduleStore,
     SeenStore,
     SessionStateStore,
 )
@@ -59,6 +60,7 @@ __all__ = [
     "RelayResponse",
     "RoleRecord",
     "RoleStore",
+    "ScheduleStore",
     "SeenStore",
     "SendRecord",
     "SessionReceiver",

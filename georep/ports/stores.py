@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import enum
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
@@ -15,6 +15,7 @@ __all__ = [
     "OutboxEntry",
     "RoleRecord",
     "RoleStore",
+    "ScheduleStore",
     "SeenStore",
     "SessionStateStore",
 ]
@@ -227,6 +228,35 @@ class SessionStateStore(Protocol):
     async def get_session_state(self, key: str) -> bytes | None: ...
 
     async def set_session_state(self, key: str, state: bytes | None) -> None: ...
+
+
+@runtime_checkable
+class ScheduleStore(Protocol):
+    """Where senders keep which copy of a scheduled message each region holds.
+
+    ``GeoSender.schedule_messages`` returns one sequence number per message, as the SDK
+    does; in active mode each message is scheduled in both regions, under a different
+    number in each. The sender records, per returned number, the other region's number
+    here, so that ``cancel_scheduled_messages`` with that number cancels both copies from
+    any process, after a restart too. ``RedisSeenSet`` and ``InMemorySeenSet`` implement
+    it beside the seen-set. Failures raise
+    :class:`georep.exceptions.StoreUnavailableError`.
+    """
+
+    async def keep_schedules(
+        self, scope: str, entries: Mapping[int, bytes], *, expires_at: float
+    ) -> None:
+        """Store ``entries`` (returned number -> what to cancel) under ``scope`` (the sender's
+        namespace pair and entity) until ``expires_at`` (Unix epoch seconds)."""
+        ...
+
+    async def find_schedules(self, scope: str, numbers: Sequence[int]) -> list[bytes | None]:
+        """What :meth:`keep_schedules` stored for each number (None: nothing, or expired)."""
+        ...
+
+    async def drop_schedules(self, scope: str, numbers: Sequence[int]) -> None:
+        """Forget the entries of ``numbers`` (cancelled)."""
+        ...
 
 
 @dataclass(frozen=True, slots=True)

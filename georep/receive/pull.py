@@ -29,7 +29,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections import Counter, deque
+import weakref
+from collections import Counter, OrderedDict, deque
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import partial
@@ -39,6 +40,7 @@ from georep._channel import CALL_SECONDS, bounded_call
 from georep._clock import SystemClock
 from georep._lifecycle import AsyncResource, close_all
 from georep.exceptions import (
+    AlreadySettledError,
     ClosedError,
     ConfigurationError,
     RegionError,
@@ -54,6 +56,9 @@ from georep.receive.settlement import Copy
 __all__ = ["Handout", "PullReceiver", "SettleDeferred", "SettleProbe"]
 
 _log = logging.getLogger("georep.receiver")
+
+SETTLED_REMEMBERED: Final = 10_000
+"""Settled messages a receiver remembers, to tell a second settlement of one apart."""
 
 BATCH_GAP: Final = 0.2
 """Seconds a receive call keeps collecting after a message arrived (the SDK's
@@ -333,6 +338,9 @@ class PullReceiver(AsyncResource):
         }
         self._buffer: deque[Handout] = deque()
         self._held: dict[int, Handout] = {}
+        # Messages settled lately (id -> weak reference), so that settling one again
+        # raises the SDK's MessageAlreadySettled rather than "not handed out".
+        self._settled_messages: OrderedDict[int, weakref.ref[Any]] = OrderedDict()
         self._arrivals: dict[int, _Batch] = {}
         self._wanted = 0
         self._waiters: set[asyncio.Future[None]] = set()
@@ -397,9 +405,24 @@ class PullReceiver(AsyncResource):
                     self._wanted -= len(more)
                     asked -= len(more)
                     last = clock.monotonic()
+        except BaseException:
+            # The caller never gets them (cancelled): back to the front of the buffer,
+            # not settled, for the next call (they stay claimed and locked meanwhile).
+            self._put_back(got)
+            raise
         finally:
             self._wanted -= asked
+        if self.receive_and_delete:
+            for handout in got:
+                handout.decided.set_result(COMPLETE)
         return got
+
+    def _put_back(self, handouts: list[Handout]) -> None:
+        for handout in reversed(handouts):
+            handout.handed_out = False
+            self._buffer.appendleft(handout)
+        if handouts:
+            self._notify()
 
     async def _wait_for_arrival(self, seconds: float | None) -> bool:
         """Wait until a message reaches the buffer (or the receiver closes); False on timeout."""
@@ -428,9 +451,7 @@ class PullReceiver(AsyncResource):
             handout = self._buffer.popleft()
             if handout.decided.done():  # abandoned on close
                 continue
-            handout.handed_out = True
-            if self.receive_and_delete:
-                handout.decided.set_result(COMPLETE)
+            handout.handed_out = True  # settled on hand-out (RECEIVE_AND_DELETE) on return
             taken.append(handout)
         return taken
 
@@ -454,13 +475,24 @@ class PullReceiver(AsyncResource):
                 "settled as it was handed out)"
             )
         handout = self._held.get(id(message))
-        if handout is None or not handout.handed_out or handout.decided.done():
+        if (handout is not None and handout.handed_out and handout.decided.done()) or (
+            handout is None and self._was_settled(message)
+        ):
+            raise AlreadySettledError(  # the SDK's MessageAlreadySettled
+                f"{operation}: this message was settled already (completed, abandoned, "
+                "dead-lettered or deferred)"
+            )
+        if handout is None or not handout.handed_out:
             raise SettlementError(
                 f"{operation}: this message is not one this receiver handed out and has not "
                 "settled yet (it was settled already, came from another receiver, or was "
                 "peeked)"
             )
         return handout
+
+    def _was_settled(self, message: Any) -> bool:
+        ref = self._settled_messages.get(id(message))
+        return ref is not None and ref() is message
 
     async def settle(self, message: Any, decision: Decision, operation: str) -> Handout:
         """Settle a message this receiver handed out: record ``decision`` in the seen-set,
@@ -523,6 +555,10 @@ class PullReceiver(AsyncResource):
     ) -> None:
         handout = self._held.pop(id(message), None)
         if handout is not None:
+            with contextlib.suppress(TypeError):  # a message type without weak references
+                self._settled_messages[id(message)] = weakref.ref(message)
+                if len(self._settled_messages) > SETTLED_REMEMBERED:
+                    self._settled_messages.popitem(last=False)
             if not handout.settled.done():
                 handout.settled.set_result(error)
             if handout.key is not None:

@@ -4,45 +4,86 @@ the same list (or one number) back in, mapped to each region's own numbers."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import json
 import logging
 from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, Final
 
 from georep._channel import RegionChannel
-from georep.exceptions import AllRegionsUnavailableError, InvalidMessageError, RegionError
-from georep.ports import RegionSender
+from georep.exceptions import (
+    AllRegionsUnavailableError,
+    InvalidMessageError,
+    RegionError,
+    StoreUnavailableError,
+)
+from georep.ports import RegionSender, ScheduleStore
 from georep.roles.state import RoleState
 from georep.send.passive import PassivePath
 from georep.send.result import SendContext
 
-__all__ = ["ScheduleBook", "Scheduler"]
+__all__ = ["SECONDARY_FLAG", "ScheduleBook", "Scheduler"]
 
 _log = logging.getLogger("georep.sender")
+
+
+SECONDARY_FLAG: Final = 1 << 62
+"""Set in a returned number that is the secondary's own (the primary did not schedule it).
+
+Sequence numbers are 64-bit and never reach 2**62 (a partitioned entity keeps its
+partition in the top 16 bits, and there are at most a few dozen partitions), so a returned
+number names its region by itself, in every process: below the flag, the primary's number;
+with it, the secondary's."""
+
+
+def _number(value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise InvalidMessageError(
+            f"a sequence number is an int, got {type(value).__name__} {value!r}"
+        )
+    return value
 
 
 class ScheduleBook:
     """Maps the sequence numbers ``GeoSender.schedule_messages`` returned to every region's.
 
     Each region numbers its messages itself, so the copies of one scheduled message have
-    different sequence numbers per region. ``schedule_messages`` returns one region's
-    numbers (as the SDK returns one list); this book remembers, per returned number, the
-    number of each copy, so that ``cancel_scheduled_messages`` cancels every copy.
+    different sequence numbers per region. ``schedule_messages`` returns one number per
+    message, as the SDK does: the primary's number when the primary scheduled it, else the
+    secondary's with :data:`SECONDARY_FLAG` set. A returned number therefore says by itself
+    where its message is when only one region scheduled it (passive mode), in any process.
 
-    Lifetime and bound: an entry lives in memory, in this sender only, until it is
-    cancelled, until ``grace`` seconds after its schedule time (the message was enqueued by
-    then: it can no longer be cancelled anyway), or until ``limit`` newer entries pushed it
-    out (oldest first). It does not survive a restart: to cancel later from another
-    process, keep ``schedule_messages_by_region``'s mapping and cancel with
-    ``cancel_scheduled_messages_by_region``.
+    In active mode both regions schedule it: the secondary's number is recorded in
+    ``store`` (a :class:`georep.ports.ScheduleStore` shared by every process, e.g. the
+    ``RedisSeenSet``) until ``grace`` seconds after the schedule time, so that a cancel from
+    any process, or after a restart, cancels both copies. Without a store (or while it is
+    unreachable at schedule time, which is logged) the mapping is kept in this sender's
+    memory only, at most ``limit`` entries (the oldest schedule times go first).
 
     Args:
-        limit: Entries kept at most (one per scheduled message). Default 100,000.
+        regions: The namespace of each region label (``primary``, ``secondary``).
+        store: Where the mappings are shared, or None (this sender's memory only).
+        scope: The store's scope: the sender's namespace pair and entity.
+        limit: Entries kept in memory at most (one per scheduled message). Default 100,000.
         grace: Seconds an entry is kept after its schedule time. Default 60.
     """
 
-    def __init__(self, *, limit: int = 100_000, grace: float = 60.0) -> None:
+    def __init__(
+        self,
+        regions: Mapping[str, str] | None = None,
+        *,
+        store: ScheduleStore | None = None,
+        scope: str = "",
+        limit: int = 100_000,
+        grace: float = 60.0,
+    ) -> None:
+        self._regions = dict(regions or {"primary": "primary", "secondary": "secondary"})
+        self._primary, self._secondary = list(self._regions)
+        self._labels = {namespace: label for label, namespace in self._regions.items()}
+        self._store = store
+        self._scope = scope
         self._limit = limit
         self._grace = grace
         # returned number -> (schedule time, epoch seconds; {region label: its number})
@@ -51,72 +92,87 @@ class ScheduleBook:
     def __len__(self) -> int:
         return len(self._entries)
 
-    def remember(
-        self, by_region: Mapping[str, Sequence[int]], order: Sequence[str], due: float, now: float
-    ) -> list[int]:
-        """Record one schedule; return the numbers to hand back (see :meth:`pick`)."""
-        label = self.pick(by_region, order)
-        returned = list(by_region[label])
+    async def remember(self, by_region: Mapping[str, Sequence[int]], due: float) -> list[int]:
+        """Record one schedule (region label -> numbers); return the numbers to hand back."""
+        if self._primary in by_region:
+            returned = [_number(n) for n in by_region[self._primary]]
+        else:
+            returned = [_number(n) | SECONDARY_FLAG for n in by_region[self._secondary]]
+        if len(by_region) < 2:
+            return returned  # the number says it all
+        shared: dict[int, bytes] = {}
         for index, number in enumerate(returned):
             copies = {region: numbers[index] for region, numbers in by_region.items()}
-            if number in self._entries:
-                _log.warning(
-                    "sequence number %d was returned before for another schedule that is "
-                    "still pending; it now cancels the newer one only",
-                    number,
-                )
-                del self._entries[number]
             self._entries[number] = (due, copies)
-        self._trim(now)
+            named = {self._regions[label]: copy for label, copy in copies.items()}
+            shared[number] = json.dumps(named, sort_keys=True).encode()
+        self._trim()
+        if self._store is not None:
+            try:
+                await self._store.keep_schedules(self._scope, shared, expires_at=due + self._grace)
+            except StoreUnavailableError as exc:
+                _log.warning(
+                    "the schedule store did not record %d scheduled message(s) (%s): only "
+                    "this sender can cancel both regions' copies",
+                    len(shared),
+                    type(exc).__name__,
+                )
         return returned
 
-    def pick(self, by_region: Mapping[str, Sequence[int]], order: Sequence[str]) -> str:
-        """The region whose numbers are returned: the first of ``order`` that scheduled and
-        whose numbers name no pending entry (sequence numbers of two regions can be equal)."""
-        labels = [label for label in order if label in by_region]
-        for label in labels:
-            if not any(number in self._entries for number in by_region[label]):
-                return label
-        return labels[0]
-
-    def resolve(self, numbers: Sequence[int]) -> dict[str, list[int]]:
+    async def resolve(self, numbers: Sequence[int]) -> dict[str, list[int]]:
         """Each region's numbers for ``numbers`` (returned by :meth:`remember`).
 
         Raises:
-            InvalidMessageError: A number this book does not hold (naming it and the fix).
+            InvalidMessageError: Something other than an int.
+            StoreUnavailableError: The store did not answer for a number this sender does
+                not remember (nothing was cancelled).
         """
+        found: dict[int, dict[str, int]] = {}
+        unknown = []
+        for value in numbers:
+            number = _number(value)
+            entry = self._entries.get(number)
+            if entry is not None:
+                found[number] = entry[1]
+            elif number < SECONDARY_FLAG:
+                unknown.append(number)
+        if unknown and self._store is not None:
+            stored = await self._store.find_schedules(self._scope, unknown)
+            for number, answer in zip(unknown, stored, strict=True):
+                if answer is not None:
+                    named = json.loads(answer)
+                    found[number] = {
+                        self._labels[ns]: int(n) for ns, n in named.items() if ns in self._labels
+                    }
         by_region: dict[str, list[int]] = {}
         for number in numbers:
-            if isinstance(number, bool) or not isinstance(number, int):
-                raise InvalidMessageError(
-                    f"a sequence number is an int, got {type(number).__name__} {number!r}"
-                )
-            entry = self._entries.get(number)
-            if entry is None:
-                raise InvalidMessageError(
-                    f"sequence number {number} was not returned by this GeoSender's "
-                    "schedule_messages, or its schedule time passed, or it was cancelled: "
-                    "nothing was cancelled. To cancel from another sender or after a restart "
-                    "keep schedule_messages_by_region's mapping and pass it to "
-                    "cancel_scheduled_messages_by_region"
-                )
-            for region, copy in entry[1].items():
+            copies = found.get(number)
+            if copies is None:
+                if number >= SECONDARY_FLAG:
+                    copies = {self._secondary: number & ~SECONDARY_FLAG}
+                else:
+                    copies = {self._primary: number}
+            for region, copy in copies.items():
                 by_region.setdefault(region, []).append(copy)
         return by_region
 
-    def forget(self, numbers: Sequence[int]) -> None:
+    async def forget(self, numbers: Sequence[int]) -> None:
         """Drop the entries of cancelled numbers."""
+        shared = [n for n in numbers if n < SECONDARY_FLAG]
         for number in numbers:
             self._entries.pop(number, None)
+        if self._store is not None and shared:
+            # Left behind, they expire a minute after their schedule time anyway.
+            with contextlib.suppress(StoreUnavailableError):
+                await self._store.drop_schedules(self._scope, shared)
 
-    def _trim(self, now: float) -> None:
+    def _trim(self) -> None:
         if len(self._entries) <= self._limit:
             return
-        cutoff = now - self._grace
-        for number in [n for n, (due, _) in self._entries.items() if due < cutoff]:
+        for number, _ in sorted(self._entries.items(), key=lambda item: item[1][0])[
+            : len(self._entries) - self._limit
+        ]:
             del self._entries[number]
-        while len(self._entries) > self._limit:
-            self._entries.popitem(last=False)
 
 
 class Scheduler:
@@ -127,6 +183,8 @@ class Scheduler:
         active: Active mode (schedule in both regions).
         passive: Records a failover (passive mode).
         roles: The role state shared on the pair.
+        store: Where active mode's mappings are shared (:class:`ScheduleBook`), or None.
+        scope: The store's scope (the sender's outbox channel: namespace pair and entity).
     """
 
     def __init__(
@@ -136,6 +194,8 @@ class Scheduler:
         active: bool,
         passive: PassivePath,
         roles: Callable[[], RoleState],
+        store: ScheduleStore | None = None,
+        scope: str = "",
     ) -> None:
         self._context = context
         self._regions = context.regions
@@ -143,7 +203,14 @@ class Scheduler:
         self._active = active
         self._passive = passive
         self._roles = roles
-        self.book = ScheduleBook()
+        self.book = ScheduleBook(
+            {
+                region.region: getattr(region.client, "namespace", region.region)
+                for region in self._regions
+            },
+            store=store,
+            scope=scope,
+        )
 
     async def schedule(
         self, messages: Any, schedule_time_utc: datetime, timeout: float | None
@@ -152,12 +219,10 @@ class Scheduler:
         by_region = await self.schedule_by_region(messages, schedule_time_utc, timeout)
         if not by_region:
             return []
-        primary = self._regions.primary.region
-        order = sorted(self._regions.by_label, key=lambda label: label != primary)
         when = schedule_time_utc
         if when.tzinfo is None:  # the SDK reads a naive time as UTC (its samples use utcnow())
             when = when.replace(tzinfo=UTC)
-        return self.book.remember(by_region, order, when.timestamp(), self._context.clock.time())
+        return await self.book.remember(by_region, when.timestamp())
 
     async def schedule_by_region(
         self, messages: Any, schedule_time_utc: datetime, timeout: float | None
@@ -237,9 +302,9 @@ class Scheduler:
 
     async def cancel(self, numbers: Sequence[int], timeout: float | None) -> None:
         """``GeoSender.cancel_scheduled_messages`` with a list of returned numbers."""
-        by_region = self.book.resolve(list(numbers))
+        by_region = await self.book.resolve(list(numbers))
         await self.cancel_by_region(by_region, timeout)
-        self.book.forget(list(numbers))
+        await self.book.forget(list(numbers))
 
     async def cancel_by_region(
         self, sequence_numbers: Mapping[str, Sequence[int]], timeout: float | None

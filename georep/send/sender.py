@@ -33,7 +33,7 @@ from georep._policy import (
 from georep._region_wrap import check_pair, open_pair, wrap_pair
 from georep._telemetry import SenderTelemetry
 from georep.exceptions import ClosedError, ConfigurationError, RegionError, region_error
-from georep.ports import Clock, Ledger, Outbox, RegionSender, RoleStore
+from georep.ports import Clock, Ledger, Outbox, RegionSender, RoleStore, ScheduleStore
 from georep.roles.join import role_join
 from georep.roles.state import RoleState, role_state_for
 from georep.send.records import flush_ledger
@@ -125,6 +125,12 @@ class GeoSender(FromNamespaces, AsyncResource):
             the outage, as ``EntityNotFoundError``. A region that does not answer at all
             is logged, not raised: it may be down, which is what georep is for. Default
             False.
+        schedules: Where active mode keeps the other region's number of each message
+            :meth:`schedule_messages` scheduled (a :class:`georep.ports.ScheduleStore`,
+            e.g. the ``RedisSeenSet`` the receivers share), so that
+            :meth:`cancel_scheduled_messages` cancels both copies from any process and
+            after a restart. Without one, only this sender can (its memory). The caller
+            owns it.
         clock: Time source (tests inject :class:`georep.testing.FakeClock`).
         tracer_provider: OpenTelemetry tracer provider (default: the global one).
         meter_provider: OpenTelemetry meter provider (default: the global one).
@@ -151,11 +157,13 @@ class GeoSender(FromNamespaces, AsyncResource):
         role_store: RoleStore | None = None,
         partitioned: bool = False,
         verify_on_open: bool = False,
+        schedules: ScheduleStore | None = None,
         clock: Clock | None = None,
         tracer_provider: TracerProvider | None = None,
         meter_provider: MeterProvider | None = None,
     ) -> None:
         self.mode = ReplicationMode(mode)
+        self.schedules = schedules
         self.verify_on_open = flag(verify_on_open, "verify_on_open")
         self.partitioned = partitioned
         self.policy = policy or FailoverPolicy()
@@ -427,11 +435,14 @@ class GeoSender(FromNamespaces, AsyncResource):
         Passive: in the active region, failing over like a send. Active: in both regions.
 
         Returns:
-            One sequence number per message, as the SDK returns: the numbers of the region
-            labelled ``primary`` when it scheduled them, else those of the region that did
-            (passive mode after a failover: the backup's). Pass them (or one of them) to
-            :meth:`cancel_scheduled_messages`, which cancels every region's copy. Each
-            region's own numbers: :meth:`schedule_messages_by_region`.
+            One sequence number per message, as the SDK returns: the primary's numbers
+            when it scheduled them, else the secondary's with
+            :data:`georep.send.schedule.SECONDARY_FLAG` (2**62) added (passive mode after
+            a failover), so a number names its region by itself. Pass them (or one of
+            them) to :meth:`cancel_scheduled_messages`, from any sender on the pair, which
+            cancels every region's copy (in active mode the secondary's numbers are
+            looked up in ``schedules``, or this sender's memory). Each region's own
+            numbers: :meth:`schedule_messages_by_region`.
 
         Raises:
             AllRegionsUnavailableError: No region scheduled them (schedules never go to
@@ -472,11 +483,12 @@ class GeoSender(FromNamespaces, AsyncResource):
             timeout: Deadline per region attempt in seconds.
 
         Raises:
-            InvalidMessageError: A number this sender did not return, or whose entry is
-                gone (see :class:`georep.send.schedule.ScheduleBook` for how long they are
-                kept); nothing is cancelled then.
+            InvalidMessageError: Not an int (nothing is cancelled then).
+            StoreUnavailableError: ``schedules`` did not answer for a number this sender
+                did not schedule itself (nothing is cancelled then: try again).
             RegionError: A region could not cancel (the others were still cancelled); the
-                scheduled message in that region will still be delivered.
+                scheduled message in that region will still be delivered. A number no
+                region knows gets the region's answer, as the SDK's does.
         """
         self._check_open()
         if isinstance(sequence_numbers, Mapping):

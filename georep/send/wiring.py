@@ -15,7 +15,7 @@ from georep._policy import DedupKey, DrainPolicy, FailoverPolicy, ReplicationMod
 from georep._telemetry import SenderTelemetry
 from georep.outbox.drainer import DrainTelemetry, OutboxDrainer
 from georep.outbox.enqueue import OutboxLink
-from georep.ports import Clock, Ledger, MessageCodec, Outbox, RegionSender
+from georep.ports import Clock, Ledger, MessageCodec, Outbox, RegionSender, ScheduleStore
 from georep.roles.state import RoleState
 from georep.send.active import ActivePath
 from georep.send.ordering import SessionSequencer
@@ -52,6 +52,7 @@ class SenderSettings(Protocol):
     partitioned: bool
     entity: str
     channel: str
+    schedules: ScheduleStore | None
 
 
 @dataclass(frozen=True, slots=True)
@@ -119,7 +120,14 @@ def wire(
         path = ActivePath(context, queue=queue, repair=settings.repair).send
     flow = SendFlow(context, path, records=records)
     active = settings.mode is ReplicationMode.ACTIVE
-    scheduler = Scheduler(context, active=active, passive=passive, roles=roles)
+    scheduler = Scheduler(
+        context,
+        active=active,
+        passive=passive,
+        roles=roles,
+        store=settings.schedules,
+        scope=settings.channel,
+    )
     return SenderParts(context.regions, context.prep, drainer, passive, flow, scheduler)
 
 

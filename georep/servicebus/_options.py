@@ -37,7 +37,9 @@ class ClientOptions(TypedDict, total=False):
 
     Senders (:class:`georep.GeoSender`'s options): ``mode`` (default passive), ``policy``,
     ``outbox``, ``repair``, ``drain``, ``role_store``. Receivers
-    (:class:`georep.GeoReceiver`'s): ``seen`` (required to receive), ``lease``,
+    (:class:`georep.GeoReceiver`'s): ``seen`` (required to receive; senders keep the
+    mapping of scheduled messages' numbers in it too, when it is a
+    :class:`georep.ports.ScheduleStore` such as ``RedisSeenSet``), ``lease``,
     ``max_attempts``, ``on_store_unavailable``, ``owner``, ``poll_interval`` (seconds a
     receive call to an idle region waits, default 1). Both: ``dedup_key``, ``ledger``,
     ``clock``, ``tracer_provider``, ``meter_provider``. ``client_options`` are
@@ -92,6 +94,20 @@ class ClientConstructors:
                 reported when a sender or receiver is made; never with its key.)
         """
         return cls(primary, secondary, **options)
+
+    @classmethod
+    def from_connection_string(cls, conn_str: str, **kwargs: Any) -> Self:
+        """The SDK's one-namespace constructor: refused, naming the two-region one.
+
+        Raises:
+            ConfigurationError: Always (a ``ValueError``): georep's client needs both
+                regions' connection strings.
+        """
+        raise ConfigurationError(
+            "georep's ServiceBusClient spans two namespaces: "
+            "ServiceBusClient.from_connection_strings(primary_conn, secondary_conn, "
+            "seen=RedisSeenSet.from_url(redis_url)) (docs/migration.md)"
+        )
 
     @classmethod
     def from_namespaces(

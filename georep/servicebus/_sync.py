@@ -58,7 +58,7 @@ class ServiceBusClient(ClientConstructors, ClosedOnExit):
     def close(self) -> None:
         """Close every sender and receiver this client made, and the async resources it
         was given that no other sync object uses. Idempotent."""
-        self._use.close(self._core.close)
+        self._use.close(self._core._shutdown)
 
     def get_queue_sender(
         self, queue_name: str, **arguments: Unpack[SenderArguments]
@@ -123,6 +123,7 @@ class ServiceBusSender(_OverCore[aio.ServiceBusSender]):
         self._core = core
         self.entity_name = core.entity_name
         self.fully_qualified_namespace = core.fully_qualified_namespace
+        self.client_identifier = core.client_identifier
 
     @property
     def last_result(self) -> SendResult | None:
@@ -200,6 +201,7 @@ class ServiceBusReceiver(_OverCore[aio.ServiceBusReceiver]):
         self._auto_lock_renewer = auto_lock_renewer
         self.entity_path = core.entity_path
         self.fully_qualified_namespace = core.fully_qualified_namespace
+        self.client_identifier = core.client_identifier
         self._session: ServiceBusSession | None = None
 
     @property
@@ -236,6 +238,10 @@ class ServiceBusReceiver(_OverCore[aio.ServiceBusReceiver]):
 
     def __iter__(self) -> Iterator[ServiceBusReceivedMessage]:
         return self
+
+    def next(self) -> ServiceBusReceivedMessage:
+        """``next(receiver)``, as the SDK's receiver also offers it."""
+        return self.__next__()
 
     def __next__(self) -> ServiceBusReceivedMessage:
         messages = self._registered(_call(self._core._receive(1, self._core._max_wait_time)))

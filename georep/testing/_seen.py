@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 
@@ -60,6 +60,7 @@ class InMemorySeenSet(_SeenSetBase):
         self._clock: Clock = clock if clock is not None else SystemClock()
         self._entries: dict[str, _Entry] = {}
         self._states: dict[str, bytes] = {}
+        self._schedules: dict[tuple[str, int], tuple[float, bytes]] = {}
         self._sweep_at = 1024
         self.unavailable = False
         self.round_trips = 0
@@ -150,6 +151,30 @@ class InMemorySeenSet(_SeenSetBase):
             self._states.pop(key, None)
         else:
             self._states[key] = bytes(state)
+
+    async def keep_schedules(
+        self, scope: str, entries: Mapping[int, bytes], *, expires_at: float
+    ) -> None:
+        """Store each scheduled message's entry until ``expires_at`` (the clock's ``time()``)."""
+        self._begin(["schedules"])
+        for number, value in entries.items():
+            self._schedules[scope, number] = (expires_at, bytes(value))
+
+    async def find_schedules(self, scope: str, numbers: Sequence[int]) -> list[bytes | None]:
+        """The entries stored for ``numbers`` (None: none, or expired)."""
+        self._begin(["schedules"])
+        now = self._clock.time()
+        found: list[bytes | None] = []
+        for number in numbers:
+            entry = self._schedules.get((scope, number))
+            found.append(entry[1] if entry is not None and now <= entry[0] else None)
+        return found
+
+    async def drop_schedules(self, scope: str, numbers: Sequence[int]) -> None:
+        """Forget the entries of ``numbers``."""
+        self._begin(["schedules"])
+        for number in numbers:
+            self._schedules.pop((scope, number), None)
 
     async def _close(self) -> None:
         # The keys are dropped, as a store nobody reaches again.

@@ -18,6 +18,7 @@ from typing import Any
 
 from samples import (
     abandon,
+    amqp_annotated,
     auto_lock_renew,
     dead_letter,
     deferred,
@@ -34,6 +35,7 @@ from georep.adapters.emulator import Emulator
 
 SAMPLES: tuple[ModuleType, ...] = (
     abandon,
+    amqp_annotated,
     auto_lock_renew,
     dead_letter,
     deferred,

@@ -27,7 +27,7 @@ import redis.asyncio
 
 from georep.adapters.redis import RedisSeenSet, embedded_redis_url
 from georep.exceptions import ClosedError, ConfigurationError, StoreUnavailableError
-from georep.ports import Claims, ClaimState, SeenStore
+from georep.ports import Claims, ClaimState, ScheduleStore, SeenStore
 from georep.testing import FakeClock
 from georep.testing._seen import InMemorySeenSet
 
@@ -299,6 +299,23 @@ async def test_session_state_is_kept_apart_from_the_keys_and_can_be_cleared(
     assert await store.get_session_state("orders\ns2") is None
     await store.set_session_state("orders\ns1", None)
     assert await store.get_session_state("orders\ns1") is None
+
+
+async def test_schedules_are_kept_per_scope_until_dropped_or_expired(store: SeenSet) -> None:
+    assert isinstance(store, ScheduleStore)
+    far = time.time() + 3600
+    await store.keep_schedules("east|west|orders", {5: b'{"west": 9}', 6: b"x"}, expires_at=far)
+    await store.keep_schedules("east|west|other", {5: b"other"}, expires_at=far)
+    await store.keep_schedules("east|west|orders", {7: b"late"}, expires_at=1.0)  # 1970: gone
+    assert await store.find_schedules("east|west|orders", [5, 6, 7, 8]) == [
+        b'{"west": 9}',
+        b"x",
+        None,
+        None,
+    ]
+    await store.drop_schedules("east|west|orders", [5])
+    assert await store.find_schedules("east|west|orders", [5, 6]) == [None, b"x"]
+    assert await store.find_schedules("east|west|other", [5]) == [b"other"]
 
 
 async def test_recorded_outcomes_expire_after_the_window(harness: Harness) -> None:

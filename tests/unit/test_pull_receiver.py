@@ -8,6 +8,7 @@ from typing import Any, TypeVar
 
 import pytest
 from _receivers import ReceiverWorld
+from azure.servicebus.exceptions import MessageAlreadySettled
 
 from georep import ClaimState, ConfigurationError, SettlementError
 from georep.receive.outcomes import ABANDON, COMPLETE, dead_letter_decision
@@ -113,10 +114,11 @@ async def test_settling_twice_or_a_foreign_message_is_refused(world: World) -> N
     pull = world.pull()
     (handout,) = await world.run(pull.receive(1, 5))
     await world.run(pull.settle(handout.message, COMPLETE, "complete_message"))
-    with pytest.raises(SettlementError, match="complete_message"):
+    with pytest.raises(MessageAlreadySettled, match="complete_message"):  # as the SDK
         await pull.settle(handout.message, COMPLETE, "complete_message")
-    with pytest.raises(SettlementError):
+    with pytest.raises(SettlementError) as foreign:
         await pull.settle(object(), COMPLETE, "abandon_message")
+    assert not isinstance(foreign.value, MessageAlreadySettled)
     await world.close(pull)
 
 
@@ -217,3 +219,30 @@ async def test_a_completion_returns_once_the_seen_set_has_it(world: World) -> No
     release.set()
     await world.close(pull)
     assert len(world.primary.completed) == 1
+
+
+@pytest.mark.parametrize("delete", [False, True], ids=["peek-lock", "receive-and-delete"])
+async def test_a_receive_cancelled_after_taking_a_message_hands_it_out_again(
+    world: World, delete: bool
+) -> None:
+    world.primary.put(FakeMessage(b"x", "a"))
+    pull = world.pull(receive_and_delete=delete)
+    task = asyncio.ensure_future(pull.receive(10, 30))
+    # The call takes "a", then waits a moment for more: it is cancelled there.
+    for _ in range(300):
+        if any(handout.handed_out for handout in pull._held.values()):
+            break
+        await world.clock.advance(0.01)
+    assert not task.done(), "the call returned before it could be cancelled"
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert world.primary.completed == [], "nothing settled for a call that returned nothing"
+
+    (again,) = await world.run(pull.receive(1, 5))
+    assert again.message.message_id == "a"
+    if not delete:
+        await world.run(pull.settle(again.message, COMPLETE, "complete_message"))
+    await world.clock.advance(1)
+    await world.close(pull)
+    assert [m.message_id for m in world.primary.completed] == ["a"]

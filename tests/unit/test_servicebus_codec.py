@@ -5,9 +5,11 @@ from __future__ import annotations
 import inspect
 import uuid
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 import pytest
 from azure.servicebus import ServiceBusMessage
+from azure.servicebus.amqp import AmqpAnnotatedMessage, AmqpMessageHeader, AmqpMessageProperties
 
 from georep import InvalidMessageError
 from georep.adapters.servicebus import GeoMessageBatch, ServiceBusCodec
@@ -100,3 +102,63 @@ def test_geo_batch_prepares_each_message_as_it_is_added() -> None:
     batch.add_message({"body": "b"})
     assert len(batch) == 2 and len(prepared) == 2
     assert ServiceBusCodec().split(batch) == prepared
+
+
+def amqp_messages() -> list[AmqpAnnotatedMessage]:
+    """The three bodies of the SDK's send_and_receive_amqp_annotated_message sample, with
+    every section set."""
+    sections: dict[str, Any] = {
+        "header": AmqpMessageHeader(priority=3, durable=True, time_to_live=60_000),
+        "footer": {"footer_key": "footer_value"},
+        "properties": AmqpMessageProperties(message_id="a-1", subject="s", group_id="g"),
+        "application_properties": {"body_type": "value", "n": 7},
+        "annotations": {"ann_key": "ann_value"},
+        "delivery_annotations": {"delivery_annotation_key": "value"},
+    }
+    return [
+        AmqpAnnotatedMessage(data_body=[b"aa", b"bb"], **sections),
+        AmqpAnnotatedMessage(value_body={b"key": [-123, b"data", False]}, **sections),
+        AmqpAnnotatedMessage(sequence_body=[b"message", 123.456, True], **sections),
+    ]
+
+
+def test_amqp_annotated_messages_are_sent_as_the_sdk_sends_them() -> None:
+    codec = ServiceBusCodec()
+    messages = amqp_messages()
+    split = codec.split(messages)
+    assert [m.raw_amqp_message for m in split] == messages, "the very objects, not copies"
+    codec.set_message_id(split[0], "new-id")
+    assert messages[0].properties.message_id == "new-id"
+    codec.check(split, one_partition=False)
+    [one] = codec.split(messages[1])
+    assert one.raw_amqp_message is messages[1]
+    batch = codec.new_batch(100_000, lambda message: None)
+    batch.add_message(messages[2])
+    assert len(codec.split(batch)) == 1
+
+
+@pytest.mark.parametrize("index", [0, 1, 2], ids=["data", "value", "sequence"])
+def test_an_amqp_message_copy_keeps_every_section(index: int) -> None:
+    codec = ServiceBusCodec()
+    [original] = codec.split(amqp_messages()[index])
+    copy = codec.copy(original).raw_amqp_message
+    raw = original.raw_amqp_message
+    assert copy is not raw
+    assert copy.body_type == raw.body_type and list(copy.body) == list(raw.body)
+    assert copy.header.priority == 3 and copy.footer == raw.footer
+    assert copy.annotations == raw.annotations
+    assert copy.delivery_annotations == raw.delivery_annotations
+    assert copy.properties.message_id == "a-1"
+    assert copy.application_properties == raw.application_properties
+
+
+@pytest.mark.parametrize("index", [1, 2], ids=["value", "sequence"])
+def test_an_amqp_value_or_sequence_body_round_trips_through_the_outbox(index: int) -> None:
+    codec = ServiceBusCodec()
+    [original] = codec.split(amqp_messages()[index])
+    decoded = codec.decode(codec.encode(original))
+    assert decoded.body_type == original.body_type
+    assert list(decoded.raw_amqp_message.body) == list(original.raw_amqp_message.body)
+    assert decoded.message_id == "a-1" and decoded.session_id == "g"
+    assert decoded.application_properties == original.application_properties
+    assert decoded.time_to_live == original.time_to_live

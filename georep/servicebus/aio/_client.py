@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import uuid
 from functools import partial
 from typing import Any, Self, Unpack
 
@@ -18,6 +19,7 @@ from georep._endpoint import (
 from georep._lifecycle import ClosedOnAsyncExit
 from georep._region_wrap import open_pair
 from georep.exceptions import ClosedError, ConfigurationError
+from georep.ports import ScheduleStore
 from georep.receive.pull import PullReceiver
 from georep.send.sender import GeoSender
 from georep.servicebus._options import (
@@ -33,7 +35,7 @@ from georep.servicebus._options import (
 from ._deferred import DeferredBook, settle_found
 from ._receiver import DEFAULT_RECEIVE_WAIT, ServiceBusReceiver
 from ._sender import ServiceBusSender
-from ._session import Absent, GeoSession, SessionRegions, accept_in_both
+from ._session import Absent, GeoSession, SessionOwnership, SessionRegions, accept_in_both
 
 __all__ = ["ServiceBusClient"]
 
@@ -97,13 +99,19 @@ class ServiceBusClient(ClientConstructors, ClosedOnAsyncExit):
         return self
 
     async def close(self) -> None:
-        """Close every sender and receiver this client made. Idempotent."""
-        self._closed = True
+        """Close every sender and receiver this client made (using one afterwards raises
+        the SDK's ``ValueError``). As the SDK's client, this one can be used again: a new
+        ``async with client:`` or ``get_queue_sender`` works. Idempotent."""
         handlers, self._handlers = list(self._handlers), set()
         results = await asyncio.gather(*(h.close() for h in handlers), return_exceptions=True)
         for result in results:
             if isinstance(result, BaseException):
                 _log.warning("closing a sender or receiver failed: %s", type(result).__name__)
+
+    async def _shutdown(self) -> None:
+        """Close for good (the blocking client's close: its resources close with it)."""
+        self._closed = True
+        await self.close()
 
     def _check_open(self) -> None:
         if self._closed:
@@ -116,8 +124,9 @@ class ServiceBusClient(ClientConstructors, ClosedOnAsyncExit):
     ) -> ServiceBusSender:
         """A sender to ``queue_name`` in both regions (a :class:`georep.GeoSender`).
 
-        The SDK's ``client_identifier`` and ``socket_timeout`` are accepted for its sake;
-        give SDK settings in ``client_options`` of the client instead.
+        ``client_identifier`` names the sender (its ``client_identifier``, as the SDK's;
+        a new one each time if not given). ``socket_timeout`` is accepted for the SDK's
+        sake; give SDK settings in ``client_options`` of the client instead.
         """
         return self._sender(queue_name=queue_name, **arguments)
 
@@ -136,17 +145,22 @@ class ServiceBusClient(ClientConstructors, ClosedOnAsyncExit):
         socket_timeout: float | None = None,
     ) -> ServiceBusSender:
         self._check_open()
+        # The seen-set every process shares also keeps which copy of a scheduled message
+        # each region holds, so that any process can cancel it (docs/migration.md).
+        seen = self._options.get("seen")
         geo = GeoSender.from_connection_strings(
             self._primary,
             self._secondary,
             queue_name=queue_name,
             topic_name=topic_name,
+            schedules=seen if isinstance(seen, ScheduleStore) else None,
             **sender_options(self._options),
         )
         sender = ServiceBusSender(
             geo,
             entity_name=str(queue_name or topic_name),
             fully_qualified_namespace=self.fully_qualified_namespace,
+            client_identifier=client_identifier or f"SBSender-{uuid.uuid4()}",
         )
         self._handlers.add(sender)
         return sender
@@ -220,6 +234,7 @@ class ServiceBusClient(ClientConstructors, ClosedOnAsyncExit):
             "max_wait_time": max_wait_time,
             "prefetch_count": prefetch_count,
             "auto_lock_renewer": auto_lock_renewer,
+            "client_identifier": client_identifier or f"SBReceiver-{uuid.uuid4()}",
         }
         entity = names.get("queue_name") or (
             f"{names['topic_name']}/Subscriptions/{names['subscription_name']}"
@@ -273,9 +288,17 @@ class ServiceBusClient(ClientConstructors, ClosedOnAsyncExit):
         from georep._sdk import open_region_sessions
 
         entities = open_pair(open_region_sessions, self._primary, self._secondary, **names)
+        ownership = SessionOwnership(options["seen"], entities[0].entity)
         try:
-            chosen, held, errors = await accept_in_both(entities, session_id, max_wait)
+            chosen, held, errors = await accept_in_both(
+                entities,
+                session_id,
+                max_wait,
+                ownership.claim if session_id is None else None,
+                options.get("clock"),
+            )
         except BaseException:
+            await ownership.release()
             for entity in entities:
                 await entity.close()
             raise
@@ -295,6 +318,7 @@ class ServiceBusClient(ClientConstructors, ClosedOnAsyncExit):
         owned = [SessionRegions(entities, [h for h in held if h is not None])]
         pull = PullReceiver(*regions, ordered=True, owned=owned, **options)
         session = GeoSession(chosen, receiver, pull, held, options["seen"])
+        session.on_close, session.on_renew = ownership.release, ownership.extend
         expiries = [getattr(h, "locked_until", None) for h in held if h is not None]
         session.start_keeping(min((e for e in expiries if e is not None), default=None))
         return pull, session

@@ -60,6 +60,7 @@ class ServiceBusReceiver(ClosedOnAsyncExit):
         dead_letter: bool = False,
         opener: Opener | None = None,
         deferred: DeferredBook | None = None,
+        client_identifier: str = "",
     ) -> None:
         self._pull = pull
         self._book = deferred or DeferredBook()
@@ -70,6 +71,7 @@ class ServiceBusReceiver(ClosedOnAsyncExit):
         self._closed = False
         self.fully_qualified_namespace = fully_qualified_namespace
         self.entity_path = entity_path
+        self.client_identifier = client_identifier
         self._receive_mode = receive_mode
         self._max_wait_time = max_wait_time
         self._prefetch_count = prefetch_count

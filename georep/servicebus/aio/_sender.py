@@ -22,14 +22,25 @@ class ServiceBusSender(ClosedOnAsyncExit):
     :attr:`last_result`.
 
     Attributes:
+        entity_name: The queue or topic, as the SDK's.
+        fully_qualified_namespace: The primary region's namespace.
+        client_identifier: As given to ``get_queue_sender`` (or generated), as the SDK's.
         last_result: What the last ``send_messages`` did in each region
             (:class:`georep.SendResult`), None before the first.
     """
 
-    def __init__(self, geo: GeoSender, *, entity_name: str, fully_qualified_namespace: str) -> None:
+    def __init__(
+        self,
+        geo: GeoSender,
+        *,
+        entity_name: str,
+        fully_qualified_namespace: str,
+        client_identifier: str = "",
+    ) -> None:
         self._geo = geo
         self.entity_name = entity_name
         self.fully_qualified_namespace = fully_qualified_namespace
+        self.client_identifier = client_identifier
         self.last_result: SendResult | None = None
 
     @property
@@ -70,8 +81,10 @@ class ServiceBusSender(ClosedOnAsyncExit):
 
         Passive mode schedules in the active region (failing over), active mode in both;
         :meth:`cancel_scheduled_messages` with the returned numbers cancels every
-        region's copy. The mapping is kept by this sender, in memory (see
-        docs/migration.md: cancelling from another process is not yet supported).
+        region's copy, from any process sharing the client's ``seen`` set, after a
+        restart too: a number is the primary's (the secondary's, plus 2**62, when only
+        the secondary scheduled it), and active mode keeps the secondary's number of each
+        message in the seen-set until a minute after its schedule time.
 
         Raises:
             AllRegionsUnavailableError: No region scheduled them.
@@ -84,8 +97,11 @@ class ServiceBusSender(ClosedOnAsyncExit):
         """Cancel scheduled messages by the numbers :meth:`schedule_messages` returned.
 
         Raises:
-            InvalidMessageError: A number this sender did not return (nothing cancelled).
-            RegionError: A region could not cancel (the other was still cancelled).
+            InvalidMessageError: Not an int (nothing cancelled).
+            StoreUnavailableError: The seen-set did not answer for a number another
+                sender scheduled (nothing cancelled: try again).
+            RegionError: A region could not cancel (the other was still cancelled); a
+                number that region does not know gets its answer, as with the SDK.
         """
         await self._geo.cancel_scheduled_messages(sequence_numbers, timeout=timeout)
 

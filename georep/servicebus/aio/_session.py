@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import uuid
 from collections.abc import Awaitable, Callable, Sequence
 from datetime import UTC, datetime
 from typing import Any, Final, NoReturn
@@ -22,14 +23,18 @@ from azure.servicebus.aio import ServiceBusSession
 from azure.servicebus.exceptions import OperationTimeoutError, SessionCannotBeLockedError
 
 from georep._channel import bounded_call
+from georep._clock import SystemClock
 from georep._region_identity import RegionLabels
 from georep.exceptions import (
     AllRegionsUnavailableError,
     ConfigurationError,
     RegionError,
     RegionUnavailableError,
+    StoreUnavailableError,
 )
 from georep.ports import (
+    ClaimState,
+    Clock,
     Delivery,
     ErrorKind,
     RegionSessions,
@@ -39,7 +44,7 @@ from georep.ports import (
 )
 from georep.receive.pull import PullReceiver
 
-__all__ = ["Absent", "GeoSession", "SessionRegions", "accept_in_both"]
+__all__ = ["Absent", "GeoSession", "SessionOwnership", "SessionRegions", "accept_in_both"]
 
 _log = logging.getLogger("georep.servicebus")
 
@@ -108,10 +113,86 @@ class SessionRegions:
                 await entity.close()
 
 
+NAMED_RETRY_SECONDS: Final = 2.0
+"""Seconds a session found first in one region is tried again in the other while another
+receiver holds it there: one that lost the race for it lets go within that time."""
+
+LOST_RACE_PAUSE: Final = 0.2
+"""Seconds a receiver that lost a session to another waits before it looks for the next."""
+
+Claim = Callable[[str], Awaitable[bool]]
+"""Takes a session for this receiver among every process sharing the seen-set; False when
+another receiver took it first."""
+
+
+SESSION_CLAIM_LEASE: Final = 60.0
+"""Seconds a receiver's claim on the session it found lasts; extended each time the
+session's locks are renewed, released when the receiver closes (a receiver that died
+keeps it from others this long at most, about as long as its session locks)."""
+
+
+class SessionOwnership:
+    """Which receiver, among every process sharing the seen-set, keeps a session that
+    two of them found at once (each in a different region): the first to claim it.
+
+    Args:
+        seen: The seen-set the receivers share.
+        entity: The session entity's path (the claims' scope).
+    """
+
+    def __init__(self, seen: SeenStore, entity: str) -> None:
+        self._seen = seen
+        self._scope = entity.lower()
+        self._owner = f"session-owner:{uuid.uuid4()}"
+        self._key: str | None = None
+
+    async def claim(self, session_id: str) -> bool:
+        """Claim ``session_id``; False when another receiver holds it. A seen-set that does
+        not answer lets this receiver keep it (as before there were claims), logged."""
+        key = f"{self._scope}\nsession-owner\n{session_id}"
+        try:
+            [state] = await self._seen.claim([key], owner=self._owner, lease=SESSION_CLAIM_LEASE)
+        except StoreUnavailableError as exc:
+            _log.warning(
+                "could not claim session %r in the seen-set (%s): keeping it",
+                session_id,
+                type(exc).__name__,
+            )
+            return True
+        if state is ClaimState.IN_FLIGHT:
+            return False
+        self._key = key
+        return True
+
+    async def extend(self) -> None:
+        """Keep the claim while the session is held (with its locks); never raises for the
+        store."""
+        if self._key is not None:
+            with contextlib.suppress(StoreUnavailableError):
+                await self._seen.extend([self._key], owner=self._owner, lease=SESSION_CLAIM_LEASE)
+
+    async def release(self) -> None:
+        """Let go of the claimed session (the receiver closed); never raises for the store."""
+        key, self._key = self._key, None
+        if key is not None:
+            with contextlib.suppress(StoreUnavailableError):
+                await self._seen.release([key], owner=self._owner)
+
+
 async def accept_in_both(
-    entities: Sequence[RegionSessions], session_id: str | None, max_wait: float
+    entities: Sequence[RegionSessions],
+    session_id: str | None,
+    max_wait: float,
+    claim: Claim | None = None,
+    clock: Clock | None = None,
 ) -> tuple[str, list[SessionReceiver | None], dict[str, BaseException]]:
     """Lock ``session_id`` (None: the next available one, in either region) in both regions.
+
+    Two receivers may lock the same next available session at once, each in a different
+    region: ``claim`` settles which one keeps it, and the other lets go of it and takes
+    the next. The keeper tries the other region again for up to
+    :data:`NAMED_RETRY_SECONDS` while the other receiver lets go. ``clock`` times those
+    pauses (default: the system's).
 
     Returns:
         The session id, each region's locked session (None where it could not be locked),
@@ -137,21 +218,51 @@ async def accept_in_both(
             await asyncio.gather(*(accept(e, session_id, max_wait) for e in entities))
         )
     else:
-        held = await _next_available(entities, accept, max_wait)
-        chosen = next((h for h in held if h is not None), None)
-        if chosen is None:
-            return _no_session(entities, errors, session_id)
+        clock = clock or SystemClock()
+        deadline = clock.monotonic() + max_wait
+        while True:
+            held = await _next_available(entities, accept, max(deadline - clock.monotonic(), 0.0))
+            chosen = next((h for h in held if h is not None), None)
+            if chosen is None:
+                return _no_session(entities, errors, session_id)
+            for index, other in enumerate(held):
+                if other is not None and other.session_id != chosen.session_id:
+                    await other.close()  # another session: released for another receiver
+                    held[index] = None
+            if claim is None or await claim(chosen.session_id):
+                break
+            # Another receiver took it first (it holds it in the other region): it is
+            # theirs. A pause lets them lock it here too before this one looks again.
+            for other in held:
+                if other is not None:
+                    await other.close()
+            if clock.monotonic() + LOST_RACE_PAUSE >= deadline:
+                return _no_session(entities, errors, None)
+            await clock.sleep(LOST_RACE_PAUSE)
         session_id = chosen.session_id
-        for index, other in enumerate(held):
-            if other is not None and other.session_id != session_id:
-                await other.close()  # another session: released for another receiver
-                held[index] = None
         for index, entity in enumerate(entities):
             if held[index] is None and entity.region not in errors:
-                held[index] = await accept(entity, session_id, NAMED_ACCEPT_SECONDS)
+                held[index] = await _accept_named(entity, session_id, accept, errors, clock)
     if all(h is None for h in held):
         _no_session(entities, errors, session_id)
     return str(session_id), held, errors
+
+
+async def _accept_named(
+    entity: RegionSessions,
+    session_id: str,
+    accept: Callable[[RegionSessions, str | None, float], Awaitable[Any]],
+    errors: dict[str, BaseException],
+    clock: Clock,
+) -> Any:
+    """Lock ``session_id`` in ``entity``'s region, trying again for a moment while it is
+    held there by a receiver that lost the race for it."""
+    until = clock.monotonic() + NAMED_RETRY_SECONDS
+    while True:
+        locked = await accept(entity, session_id, NAMED_ACCEPT_SECONDS)
+        if locked is not None or entity.region in errors or clock.monotonic() >= until:
+            return locked
+        await clock.sleep(0.05)
 
 
 async def _next_available(
@@ -214,6 +325,10 @@ class GeoSession(ServiceBusSession):
         self._stop = asyncio.Event()
         self._keeper: asyncio.Task[None] | None = None
         self._locked_until_utc = datetime.now(UTC)
+        self.on_close: Callable[[], Awaitable[None]] | None = None
+        """Called once the receiver lets go of the session (the seen-set claim on it)."""
+        self.on_renew: Callable[[], Awaitable[None]] | None = None
+        """Called each time georep renewed the session's locks."""
 
     def _state_store(self) -> tuple[SessionStateStore, str]:
         store = self._seen
@@ -296,10 +411,15 @@ class GeoSession(ServiceBusSession):
             except RegionError as exc:
                 _log.warning("could not renew session %r: %s", self.session_id, exc)
                 self._locked_until_utc = datetime.fromtimestamp(clock.time() + 5.0, UTC)
+            if self.on_renew is not None:
+                await self.on_renew()
 
     async def stop_keeping(self) -> None:
         """Stop renewing (the receiver closes); bounded."""
         self._stop.set()
+        on_close, self.on_close = self.on_close, None
+        if on_close is not None:
+            await on_close()
         keeper = self._keeper
         if keeper is None:
             return

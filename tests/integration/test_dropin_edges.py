@@ -1,0 +1,463 @@
+"""The drop-in client used the SDK's way at its edges: scheduled messages cancelled from
+another process, AMQP annotated messages, partitioned entities, closing and cancelling at
+awkward moments, the SDK's attributes. Each test names what an azure-servicebus program
+does and checks that it does the same over two emulated regions."""
+
+from __future__ import annotations
+
+import asyncio
+import datetime
+import json
+import uuid
+from typing import Any
+
+import pytest
+from _helpers import REDIS_URL, eventually, fault, start_child, stored
+from azure.servicebus import NEXT_AVAILABLE_SESSION, ServiceBusMessage, ServiceBusReceiveMode
+from azure.servicebus.aio import ServiceBusClient as SdkClient
+from azure.servicebus.exceptions import MessageAlreadySettled
+
+from georep import FailoverPolicy, ReplicationMode
+from georep.adapters.emulator import Emulator
+from georep.adapters.redis import RedisSeenSet
+from georep.servicebus.aio import ServiceBusClient
+
+pytestmark = pytest.mark.integration
+
+REGIONS = ("primary", "secondary")
+LOCK_SECONDS = 5
+"""Lock duration of queues whose copies an outage leaves locked: they come back soon."""
+
+
+def dropin(emu: Emulator, seen: RedisSeenSet, **options: Any) -> ServiceBusClient:
+    """The one changed line (active mode unless told otherwise)."""
+    options.setdefault("mode", ReplicationMode.ACTIVE)
+    return ServiceBusClient.from_connection_strings(
+        emu.connection_string("primary"), emu.connection_string("secondary"), seen=seen, **options
+    )
+
+
+def scheduled(emu: Emulator, queue: str) -> dict[str, int]:
+    """Scheduled messages of ``queue`` per region."""
+    return {
+        region: int(emu.namespace(region).entities()[queue]["scheduled_message_count"])
+        for region in REGIONS
+    }
+
+
+_CANCEL_PROCESS = """
+import asyncio, json, os
+from georep.adapters.redis import RedisSeenSet
+from georep.servicebus.aio import ServiceBusClient
+
+async def main():
+    async with RedisSeenSet.from_url(os.environ["REDIS_URL"], group=os.environ["GROUP"]) as seen:
+        client = ServiceBusClient.from_connection_strings(
+            os.environ["PRIMARY"], os.environ["SECONDARY"], seen=seen
+        )
+        async with client, client.get_queue_sender(os.environ["QUEUE"]) as sender:
+            await sender.cancel_scheduled_messages(json.loads(os.environ["NUMBERS"]))
+    print("CANCELLED", flush=True)
+
+asyncio.run(main())
+"""
+
+
+@pytest.mark.parametrize("mode", [ReplicationMode.ACTIVE, ReplicationMode.PASSIVE])
+async def test_a_schedule_is_cancelled_by_another_process_after_a_restart(
+    emu: Emulator, private_queue: Any, mode: ReplicationMode
+) -> None:
+    queue = private_queue("sched")
+    group = f"test-{uuid.uuid4().hex[:8]}"
+    due = datetime.datetime.now(datetime.UTC) + datetime.timedelta(minutes=10)
+    async with (
+        RedisSeenSet.from_url(REDIS_URL, group=group) as seen,
+        dropin(emu, seen, mode=mode) as client,
+        client.get_queue_sender(queue) as sender,
+    ):
+        numbers = await sender.schedule_messages(
+            [ServiceBusMessage("cancel me"), ServiceBusMessage("me too")], due
+        )
+    # The process that scheduled them is gone; a new one cancels by the numbers alone.
+    copies = 2 if mode is ReplicationMode.ACTIVE else 0
+    assert scheduled(emu, queue) == {"primary": 2, "secondary": copies}
+    child = await start_child(
+        _CANCEL_PROCESS,
+        emu,
+        queue,
+        REDIS_URL=REDIS_URL,
+        GROUP=group,
+        NUMBERS=json.dumps(numbers),
+    )
+    out, err = await child.communicate()
+    assert child.returncode == 0, err.decode()[-3000:]
+    assert out.decode().split() == ["CANCELLED"]
+    # Nothing is scheduled any more in either region: no copy will ever be enqueued.
+    assert scheduled(emu, queue) == {"primary": 0, "secondary": 0}
+
+
+def sdk_client(emu: Emulator) -> SdkClient:
+    """The raw SDK's client on the primary, to compare with."""
+    return SdkClient.from_connection_string(emu.connection_string("primary"))
+
+
+async def outcome(call: Any) -> str:
+    """What a call did, as a line a program would print."""
+    try:
+        result = await call()
+    except Exception as exc:  # what the SDK raised, by the class an except block names
+        return f"raised ValueError={isinstance(exc, ValueError)}"
+    return f"returned {result!r}"
+
+
+async def lifecycle_program(client: Any, queue: str) -> list[str]:
+    """Close a receiver while a receive waits in another task, close the client while a
+    sender and a receiver are open, then use the client again: the SDK's docs allow each."""
+    lines = []
+    async with client:
+        receiver = client.get_queue_receiver(queue)
+        await receiver.__aenter__()
+        pending = asyncio.create_task(receiver.receive_messages(10, max_wait_time=60))
+        await asyncio.sleep(0)  # the receive is under way
+        await receiver.close()
+        lines.append(f"pending receive: {await asyncio.wait_for(pending, 30)!r}")
+        sender = client.get_queue_sender(queue)
+        await sender.__aenter__()
+        left_open = client.get_queue_receiver(queue)
+        await left_open.__aenter__()
+    lines.append("send: " + await outcome(lambda: sender.send_messages(ServiceBusMessage("x"))))
+    lines.append("receive: " + await outcome(lambda: left_open.receive_messages(max_wait_time=1)))
+    async with client:  # the same client, again
+        async with client.get_queue_sender(queue) as again:
+            await again.send_messages(ServiceBusMessage("again"))
+        async with client.get_queue_receiver(queue) as receiver:
+            for message in await receiver.receive_messages(5, max_wait_time=30):
+                lines.append(f"received {message}")
+                await receiver.complete_message(message)
+                try:
+                    await receiver.complete_message(message)
+                except MessageAlreadySettled:
+                    lines.append("completed again: MessageAlreadySettled")
+    return lines
+
+
+async def test_closing_at_awkward_moments_does_what_the_sdk_does(
+    emu: Emulator, private_queue: Any, seen: RedisSeenSet
+) -> None:
+    raw = await lifecycle_program(sdk_client(emu), private_queue("life"))
+    assert raw == [
+        "pending receive: []",
+        "send: raised ValueError=True",
+        "receive: raised ValueError=True",
+        "received again",
+        "completed again: MessageAlreadySettled",
+    ]
+    queue = private_queue("life")
+    assert await lifecycle_program(dropin(emu, seen), queue) == raw
+    assert await eventually(lambda: stored(emu, queue) == 0, within=30), "both copies settled"
+
+
+async def attributes_program(client: Any, queue: str, session_queue: str) -> list[str]:
+    """The SDK's attributes of a client, its sender, receivers and session."""
+    lines = []
+    async with client:
+        lines.append(f"client {client.fully_qualified_namespace}")
+        async with client.get_queue_sender(queue, client_identifier="my-sender") as sender:
+            lines.append(f"sender {sender.fully_qualified_namespace} {sender.entity_name}")
+            lines.append(f"sender id {sender.client_identifier}")
+            await sender.send_messages(ServiceBusMessage("s", session_id="cart-1"))
+        async with client.get_queue_sender(session_queue) as sender:
+            lines.append(f"generated id {sender.client_identifier.split('-')[0]}")
+            await sender.send_messages(ServiceBusMessage("s", session_id="cart-1"))
+        async with client.get_queue_receiver(queue, client_identifier="my-receiver") as receiver:
+            lines.append(f"receiver {receiver.fully_qualified_namespace} {receiver.entity_path}")
+            lines.append(f"receiver id {receiver.client_identifier} session {receiver.session}")
+            for message in await receiver.receive_messages(1, max_wait_time=30):
+                await receiver.complete_message(message)
+        async with client.get_queue_receiver(
+            session_queue, session_id=NEXT_AVAILABLE_SESSION
+        ) as receiver:
+            session = receiver.session
+            lines.append(f"generated id {receiver.client_identifier.split('-')[0]}")
+            lines.append(f"session {session.session_id} {receiver.entity_path}")
+            lines.append(f"locked until {type(session.locked_until_utc).__name__}")
+            lines.append(f"renewed {type(await session.renew_lock()).__name__}")
+            for message in await receiver.receive_messages(1, max_wait_time=30):
+                lines.append(f"{message.session_id}: {message}")
+                await receiver.complete_message(message)
+    return lines
+
+
+async def test_the_sdks_attributes_read_the_same(emu: Emulator, seen: RedisSeenSet) -> None:
+    names = [f"attr-{uuid.uuid4().hex[:6]}", f"attr-s-{uuid.uuid4().hex[:6]}"]
+    for namespace in REGIONS:
+        emu.namespace(namespace).create_queue(names[0])
+        emu.namespace(namespace).create_queue(names[1], requires_session=True)
+    raw = await attributes_program(sdk_client(emu), *names)
+    assert "sender id my-sender" in raw and "generated id SBReceiver" in raw
+    assert await attributes_program(dropin(emu, seen), *names) == raw
+
+
+def taken_not_returned(receiver: Any) -> bool:
+    """Whether a receive call holds messages it has not returned yet (it waits a moment
+    for more): the moment a cancellation is most awkward. georep's internals, read only."""
+    pull = receiver._pull
+    return pull is not None and any(h.handed_out for h in pull._held.values())
+
+
+@pytest.mark.parametrize(
+    "mode", [ServiceBusReceiveMode.PEEK_LOCK, ServiceBusReceiveMode.RECEIVE_AND_DELETE]
+)
+async def test_a_receive_cancelled_mid_call_raises_and_loses_nothing(
+    emu: Emulator, private_queue: Any, seen: RedisSeenSet, mode: ServiceBusReceiveMode
+) -> None:
+    queue = private_queue("cancel-rx")
+    handed: list[str] = []
+    cancelled_holding = 0
+    async with dropin(emu, seen) as client:
+        receiver = client.get_queue_receiver(queue, receive_mode=mode)
+        async with receiver, client.get_queue_sender(queue) as sender:
+            for round_ in range(3):
+                call = asyncio.create_task(receiver.receive_messages(10, max_wait_time=60))
+                await sender.send_messages(ServiceBusMessage(f"m{round_}"))
+                # Spin, one event-loop turn at a time: the call holds a message for only
+                # 0.2 s (waiting for more), and a poll's sleep could miss that.
+                while not call.done() and not taken_not_returned(receiver):  # noqa: ASYNC110
+                    await asyncio.sleep(0)
+                if call.cancel():
+                    with pytest.raises(asyncio.CancelledError):
+                        await call
+                    cancelled_holding += 1
+                else:
+                    handed += [str(m) for m in call.result()]
+            while len(handed) < 3:
+                got = await receiver.receive_messages(10, max_wait_time=30)
+                assert got, f"only {sorted(handed)} came back"
+                handed += [str(m) for m in got]
+                if mode is ServiceBusReceiveMode.PEEK_LOCK:
+                    for message in got:
+                        await receiver.complete_message(message)
+            assert await receiver.receive_messages(10, max_wait_time=2) == []
+    assert cancelled_holding, "no receive was cancelled while it held a message"
+    assert sorted(handed) == ["m0", "m1", "m2"], "each once"
+    assert await eventually(lambda: stored(emu, queue) == 0, within=30), "both copies settled"
+
+
+async def test_a_send_cancelled_mid_call_raises_and_a_retry_is_handed_out_once(
+    emu: Emulator, private_queue: Any, seen: RedisSeenSet
+) -> None:
+    queue = private_queue("cancel-tx")
+    messages = [ServiceBusMessage(f"m{i}") for i in range(3)]
+    async with dropin(emu, seen) as client:
+        async with client.get_queue_sender(queue) as sender:
+            await sender.send_messages(ServiceBusMessage("warm"))  # both links open
+            await fault(
+                emu, "secondary", "latency", 30
+            )  # the primary takes it, not yet the secondary
+            call = asyncio.create_task(sender.send_messages(messages))
+            assert await eventually(
+                lambda: emu.namespace("primary").message_count(queue) == 4, within=30
+            )
+            assert call.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await call
+            await fault(emu, "secondary", "restore")
+            await sender.send_messages(messages)  # the application's retry: the same messages
+        handed: list[str] = []
+        async with client.get_queue_receiver(queue) as receiver:
+            while len(handed) < 4:
+                got = await receiver.receive_messages(10, max_wait_time=30)
+                assert got, f"only {sorted(handed)} were handed out"
+                for message in got:
+                    handed.append(str(message))
+                    await receiver.complete_message(message)
+            assert await receiver.receive_messages(10, max_wait_time=2) == []
+    assert sorted(handed) == ["m0", "m1", "m2", "warm"], "each once"
+    assert await eventually(lambda: stored(emu, queue) == 0, within=30), "every copy settled"
+
+
+async def partitioned_program(client: Any, queue: str) -> list[str]:
+    """Send (one, keyed, a list and a batch of one key), schedule and cancel, peek, receive,
+    defer and receive deferred on a partitioned queue, as SDK code does."""
+    lines = []
+    async with client:
+        async with client.get_queue_sender(queue) as sender:
+            await sender.send_messages(ServiceBusMessage("one"))
+            await sender.send_messages(ServiceBusMessage("keyed", partition_key="k1"))
+            await sender.send_messages(
+                [ServiceBusMessage(f"list {i}", partition_key="k2") for i in range(3)]
+            )
+            batch = await sender.create_message_batch()
+            for i in range(2):
+                batch.add_message(ServiceBusMessage(f"batch {i}", partition_key="k3"))
+            await sender.send_messages(batch)
+            due = datetime.datetime.now(datetime.UTC) + datetime.timedelta(minutes=10)
+            numbers = await sender.schedule_messages(
+                ServiceBusMessage("scheduled", partition_key="k4"), due
+            )
+            await sender.cancel_scheduled_messages(numbers)
+        async with client.get_queue_receiver(queue, max_wait_time=5) as receiver:
+            peeked: list[str] = []
+            while len(peeked) < 7:
+                page = await receiver.peek_messages(10)
+                assert page, f"peeked only {peeked}"
+                peeked += [str(message) for message in page]
+            lines.append(f"peeked {sorted(peeked)}")
+            received, deferred = [], []
+            while len(received) < 7:
+                for message in await receiver.receive_messages(10, max_wait_time=30):
+                    received.append(str(message))
+                    if str(message) == "keyed":
+                        deferred.append(message.sequence_number)
+                        await receiver.defer_message(message)
+                    else:
+                        await receiver.complete_message(message)
+            lines.append(f"received {sorted(received)}")
+            for message in await receiver.receive_deferred_messages(deferred):
+                lines.append(f"deferred {message}")
+                await receiver.complete_message(message)
+    return lines
+
+
+async def test_a_partitioned_queue_is_used_as_the_sdk_uses_it(
+    emu: Emulator, private_queue: Any, seen: RedisSeenSet
+) -> None:
+    raw = await partitioned_program(
+        sdk_client(emu), private_queue("part", enable_partitioning=True)
+    )
+    assert raw[-1] == "deferred keyed"
+    queue = private_queue("part", enable_partitioning=True)
+    assert await partitioned_program(dropin(emu, seen), queue) == raw
+    assert await eventually(lambda: stored(emu, queue) == 0, within=30), "every copy settled"
+    assert scheduled(emu, queue) == {"primary": 0, "secondary": 0}
+
+
+async def receive_all(receiver: Any, count: int, handed: list[str]) -> None:
+    """Receive and complete until ``count`` messages were handed out in all."""
+    while len(handed) < count:
+        got = await receiver.receive_messages(10, max_wait_time=30)
+        assert got, f"only {sorted(handed)} were handed out"
+        for message in got:
+            handed.append(str(message))
+            await receiver.complete_message(message)
+
+
+@pytest.mark.parametrize("mode", [ReplicationMode.ACTIVE, ReplicationMode.PASSIVE])
+async def test_a_blackholed_primary_during_sends_and_pull_receives(
+    emu: Emulator, private_queue: Any, seen: RedisSeenSet, mode: ReplicationMode
+) -> None:
+    queue = private_queue("blackhole", lock_duration=LOCK_SECONDS)
+    handed: list[str] = []
+    client = dropin(emu, seen, mode=mode, policy=FailoverPolicy(attempt_timeout=3))
+    async with (
+        client,
+        client.get_queue_sender(queue) as sender,
+        client.get_queue_receiver(queue) as receiver,
+    ):
+        await sender.send_messages([ServiceBusMessage(f"before {i}") for i in range(4)])
+        (first,) = await receiver.receive_messages(1, max_wait_time=30)
+        handed.append(str(first))
+        await fault(emu, "primary", "blackhole")  # answers nothing, from now on
+        await receiver.complete_message(first)  # a copy of the primary's
+        for i in range(3):
+            await sender.send_messages(ServiceBusMessage(f"during {i}"))
+            assert sender.last_result is not None
+            assert sender.last_result.accepted == ("secondary",)
+        # Passive mode: the unreceived "before" messages are in the silent primary only.
+        await receive_all(receiver, 7 if mode is ReplicationMode.ACTIVE else 4, handed)
+    await fault(emu, "primary", "restore")
+    # The primary answers again: a receiver on the same seen-set hands out what only it
+    # held (passive mode), never again what was completed, and settles those copies.
+    async with dropin(emu, seen) as client, client.get_queue_receiver(queue) as receiver:
+        await receive_all(receiver, 7, handed)
+        # Copies the cut-off receiver had locked come back after the 5 s lock, and go.
+        assert await receiver.receive_messages(10, max_wait_time=LOCK_SECONDS + 3) == []
+    expected = sorted([*(f"before {i}" for i in range(4)), *(f"during {i}" for i in range(3))])
+    assert sorted(handed) == expected, "each once"
+    assert await eventually(lambda: stored(emu, queue) == 0, within=60), "every copy settled"
+
+
+async def test_closing_one_of_two_receivers_during_an_outage_hands_its_messages_to_the_other(
+    emu: Emulator, private_queue: Any, seen: RedisSeenSet
+) -> None:
+    queue = private_queue("two", lock_duration=LOCK_SECONDS)
+    async with dropin(emu, seen) as client, client.get_queue_sender(queue) as sender:
+        await sender.send_messages([ServiceBusMessage(f"m{i}") for i in range(6)])
+    first_client, other_client = dropin(emu, seen), dropin(emu, seen)  # two processes, alike
+    async with first_client, other_client, other_client.get_queue_receiver(queue) as other:
+        first = first_client.get_queue_receiver(queue)
+        held: list[Any] = []
+        async with first:
+            while len(held) < 3:
+                held += await first.receive_messages(3 - len(held), max_wait_time=30)
+            await fault(emu, "primary", "outage")
+        # Closed while its region was down: what it held goes to the other receiver.
+        handed: list[str] = []
+        await receive_all(other, 6, handed)
+        assert sorted(handed) == [f"m{i}" for i in range(6)], "each once, none lost"
+        await fault(emu, "primary", "restore")
+        assert await other.receive_messages(10, max_wait_time=LOCK_SECONDS + 3) == []
+    assert await eventually(lambda: stored(emu, queue) == 0, within=60), "every copy settled"
+
+
+_SESSION_PROCESS = """
+import asyncio, os
+from azure.servicebus import NEXT_AVAILABLE_SESSION
+from azure.servicebus.exceptions import OperationTimeoutError
+from georep.adapters.redis import RedisSeenSet
+from georep.servicebus.aio import ServiceBusClient
+
+async def main():
+    async with RedisSeenSet.from_url(os.environ["REDIS_URL"], group=os.environ["GROUP"]) as seen:
+        client = ServiceBusClient.from_connection_strings(
+            os.environ["PRIMARY"], os.environ["SECONDARY"], seen=seen
+        )
+        async with client:
+            while True:
+                receiver = client.get_queue_receiver(
+                    os.environ["QUEUE"], session_id=NEXT_AVAILABLE_SESSION, max_wait_time=5
+                )
+                try:
+                    async with receiver:
+                        async for message in receiver:
+                            print(receiver.session.session_id, message, flush=True)
+                            await receiver.complete_message(message)
+                except OperationTimeoutError:
+                    return
+
+asyncio.run(main())
+"""
+
+
+async def test_two_processes_share_the_sessions_each_session_to_one_in_order(
+    emu: Emulator, seen: RedisSeenSet
+) -> None:
+    queue = f"sess-{uuid.uuid4().hex[:6]}"
+    for namespace in REGIONS:
+        emu.namespace(namespace).create_queue(queue, requires_session=True, lock_duration=10)
+    async with dropin(emu, seen) as client, client.get_queue_sender(queue) as sender:
+        for index in range(5):
+            await sender.send_messages(
+                [
+                    ServiceBusMessage(f"{n}", session_id=f"cart-{n % 4}")
+                    for n in range(index * 4, index * 4 + 4)
+                ]
+            )
+    group = f"test-{uuid.uuid4().hex[:8]}"
+    children = [
+        await start_child(_SESSION_PROCESS, emu, queue, REDIS_URL=REDIS_URL, GROUP=group)
+        for _ in range(2)
+    ]
+    outputs = [await child.communicate() for child in children]
+    for child, (_, err) in zip(children, outputs, strict=True):
+        assert child.returncode == 0, err.decode()[-3000:]
+    by_session: dict[str, list[tuple[int, int]]] = {}
+    for process, (out, _) in enumerate(outputs):
+        for line in out.decode().splitlines():
+            session, body = line.split()
+            by_session.setdefault(session, []).append((process, int(body)))
+    assert sorted(by_session) == [f"cart-{n}" for n in range(4)]
+    for session, lines in by_session.items():
+        assert len({process for process, _ in lines}) == 1, f"{session} went to both: {lines}"
+        bodies = [body for _, body in lines]
+        assert bodies == sorted(bodies) and len(bodies) == 5, f"{session}: {bodies}"
