@@ -36,7 +36,8 @@ CREATE TABLE IF NOT EXISTS outbox (
     session_id TEXT
 );
 CREATE INDEX IF NOT EXISTS outbox_due ON outbox (channel, not_before, entry_id);
-CREATE INDEX IF NOT EXISTS outbox_session ON outbox (channel, session_id, entry_id)
+CREATE INDEX IF NOT EXISTS outbox_session
+    ON outbox (channel, session_id, not_before, leased_until, region, entry_id)
     WHERE session_id IS NOT NULL;
 CREATE TABLE IF NOT EXISTS outbox_totals (
     singleton INTEGER PRIMARY KEY CHECK (singleton = 1),
@@ -78,23 +79,13 @@ MIGRATIONS: Final = {
     2: (
         "ALTER TABLE outbox ADD COLUMN session_id TEXT",
         "ALTER TABLE outbox_dead ADD COLUMN session_id TEXT",
-        "CREATE INDEX IF NOT EXISTS outbox_session ON outbox (channel, session_id, entry_id)"
+        "CREATE INDEX IF NOT EXISTS outbox_session"
+        " ON outbox (channel, session_id, not_before, leased_until, region, entry_id)"
         " WHERE session_id IS NOT NULL",
     ),
 }
 
 _ENTRY_COLUMNS: Final = "entry_id, channel, region, payload, enqueued_at, attempts, session_id"
-
-# An entry of a session waits while an earlier entry of its session that could reach the
-# same region (the same target, or either of them "any region") is leased or not due: so a
-# session's entries leave in order, and never two drainers hold one session's next entries.
-_SESSION_IN_ORDER: Final = (
-    " AND (o.session_id IS NULL OR NOT EXISTS (SELECT 1 FROM outbox AS e"
-    " WHERE e.channel = o.channel AND e.session_id = o.session_id"
-    " AND e.entry_id < o.entry_id"
-    " AND (e.region IS o.region OR e.region IS NULL OR o.region IS NULL)"
-    " AND (e.not_before > ? OR e.leased_until > ?)))"
-)
 
 
 def schema_statements() -> list[str]:
@@ -198,23 +189,60 @@ def lease_due(
     lease: float,
     owner: str | None,
 ) -> list[OutboxEntry]:
-    """Lease up to ``limit`` due, unleased entries of ``channel`` to ``owner``; a session's
-    entries only behind its earlier ones (:data:`_SESSION_IN_ORDER`)."""
+    """Lease up to ``limit`` due, unleased entries of ``channel`` to ``owner``, oldest
+    first; an entry of a session only while no earlier entry of its session that could
+    reach the same region (the same target, or either of them any region) is leased or not
+    due. So a session's entries leave in order, and never two drainers hold one session's
+    next entries."""
     # IMMEDIATE takes the write lock before reading, so a second process cannot select
     # the same rows between our SELECT and UPDATE.
-    columns = ", ".join(f"o.{column}" for column in _ENTRY_COLUMNS.split(", "))
     with immediate_transaction(connection):
+        due = connection.execute(
+            "SELECT entry_id, region, session_id FROM outbox"
+            " WHERE channel = ? AND not_before <= ? AND leased_until <= ? ORDER BY entry_id",
+            (channel, now, now),
+        )
+        chosen: list[int] = []
+        waiting: dict[str, dict[str | None, int]] = {}
+        # One pass in entry order, stopped at ``limit``: each session's waiting entries are
+        # read once (from the covering index), not once per candidate.
+        for entry_id, region, session_id in due:
+            if session_id is not None:
+                first = waiting.get(session_id)
+                if first is None:
+                    first = waiting[session_id] = _first_waiting(
+                        connection, channel, session_id, now
+                    )
+                if any(
+                    earliest < entry_id and (target is None or region is None or target == region)
+                    for target, earliest in first.items()
+                ):
+                    continue
+            chosen.append(entry_id)
+            if len(chosen) == limit:
+                break
+        due.close()
+        where, ids = id_filter(chosen)
         rows = connection.execute(
-            f"SELECT {columns} FROM outbox AS o"
-            " WHERE o.channel = ? AND o.not_before <= ? AND o.leased_until <= ?"
-            f"{_SESSION_IN_ORDER} ORDER BY o.entry_id LIMIT ?",
-            (channel, now, now, now, now, limit),
+            f"SELECT {_ENTRY_COLUMNS} FROM outbox{where} ORDER BY entry_id", ids
         ).fetchall()
         connection.executemany(
             "UPDATE outbox SET leased_until = ?, leased_by = ? WHERE entry_id = ?",
             [(now + lease, owner, row[0]) for row in rows],
         )
     return [_entry(row) for row in rows]
+
+
+def _first_waiting(
+    connection: sqlite3.Connection, channel: str, session_id: str, now: float
+) -> dict[str | None, int]:
+    """Per target region, the first entry of the session that is leased or not due."""
+    rows = connection.execute(
+        "SELECT region, MIN(entry_id) FROM outbox WHERE channel = ? AND session_id = ?"
+        " AND (not_before > ? OR leased_until > ?) GROUP BY region",
+        (channel, session_id, now, now),
+    )
+    return {region: int(first) for region, first in rows}
 
 
 def extend_leases(
