@@ -12,9 +12,9 @@ from collections.abc import Sequence
 from typing import Any
 
 import pytest
-from _senders import down, queueing, up
+from _senders import down, geo, queueing, regions, up
 
-from georep import ErrorKind, GeoSender, RegionError
+from georep import DrainPolicy, ErrorKind, FailoverPolicy, GeoSender, RegionError
 from georep.exceptions import OutboxUnavailableError
 from georep.testing import FakeClock, FakeMessage, InMemoryOutbox, InMemoryRegionSender, settle
 
@@ -246,3 +246,57 @@ async def test_without_anything_queued_a_session_send_reads_the_outbox_once(
     assert outbox.reads == 1, "what the file held, learned once; no read per send"
     assert len(primary.accepted) == 5
     await sender.aclose()
+
+
+class SlowOnA0(InMemoryRegionSender):
+    """Takes 5 s (of fake time) more over message ``a0``; what any of them accepted goes
+    to one log, in order."""
+
+    log: list[str]  # set by the test: one log for every region
+
+    async def send(self, messages: Any, *, timeout: float) -> None:
+        if any(m.body == b"a0" for m in self.codec.split(messages)):
+            assert self._clock is not None
+            await self._clock.sleep(5.0)
+        await super().send(messages, timeout=timeout)
+        self.log.extend(m.body.decode() for m in self.codec.split(messages))
+
+
+async def test_two_drainers_on_one_outbox_deliver_each_session_in_order(clock: FakeClock) -> None:
+    # Two processes sharing the file (each its own links) drain at once, one entry a
+    # claim. Before the claim's session rule, the second took a1 while the first was
+    # still sending a0 (slow), and a1 reached the region first.
+    outbox = InMemoryOutbox()
+    log: list[str] = []
+    senders = []
+    for _ in range(2):
+        primary, secondary = regions(clock=clock, cls=SlowOnA0)
+        for region in (primary, secondary):
+            region.latency, region.log = 0.5, log
+        senders.append(
+            geo(primary, secondary, outbox=outbox, clock=clock,
+                policy=FailoverPolicy(attempt_timeout=10.0), drain=DrainPolicy(batch_size=1))
+        )  # fmt: skip
+    first, second = senders
+    codec = primary.codec
+    messages = [message(f"{s}{n}", session=s) for n in range(6) for s in "ab"]
+    await outbox.put(
+        first.channel,
+        [(None, codec.encode(m)) for m in messages],
+        now=clock.time(),
+        sessions=[m.session_id for m in messages],
+    )
+
+    rounds = [asyncio.ensure_future(first.drain_outbox())]
+    await clock.advance(0.25)  # the first is sending a0
+    rounds.append(asyncio.ensure_future(second.drain_outbox()))
+    while not all(r.done() for r in rounds):
+        await clock.advance(0.25)
+
+    await first.drain_outbox()  # what the second left while a0 was leased
+    assert await outbox.depth() == 0 and len(log) == 12
+    assert all(r.result() for r in rounds), "both drained"
+    for session in "ab":
+        assert [b for b in log if b.startswith(session)] == [f"{session}{n}" for n in range(6)]
+    await first.aclose()
+    await second.aclose()
