@@ -22,7 +22,7 @@ import asyncio
 import contextlib
 import logging
 import uuid
-from collections.abc import Awaitable, Callable, Collection, Sequence
+from collections.abc import Awaitable, Callable, Collection, Iterable, Sequence
 from typing import TYPE_CHECKING, Any, Final, Protocol
 
 from georep._classify import TRY_LATER_KINDS
@@ -35,6 +35,7 @@ from georep.ports import Clock, ErrorKind, MessageCodec, Outbox, OutboxEntry
 if TYPE_CHECKING:
     from opentelemetry.metrics import MeterProvider
 
+    from georep.outbox.sessions import HeldSessions
     from georep.send.records import SendRecords
 
 __all__ = [
@@ -121,6 +122,28 @@ class DrainTelemetry:
         self._counters["error"].add(1, self._attributes)
 
 
+class _StuckSessions:
+    """The sessions of a drain round whose earlier entry stays queued (and its target)."""
+
+    __slots__ = ("_stuck",)
+
+    def __init__(self) -> None:
+        self._stuck: dict[str, set[str | None]] = {}
+
+    def add(self, entries: Iterable[OutboxEntry]) -> None:
+        for entry in entries:
+            if entry.session_id is not None:
+                self._stuck.setdefault(entry.session_id, set()).add(entry.region)
+
+    def behind(self, entry: OutboxEntry) -> bool:
+        """True when an earlier entry of ``entry``'s session, for a region it could also
+        reach (the same, or either of them any region), stays queued."""
+        regions = None if entry.session_id is None else self._stuck.get(entry.session_id)
+        if not regions:
+            return False
+        return entry.region is None or None in regions or entry.region in regions
+
+
 class OutboxDrainer:
     """Drains one sender's channel of an outbox.
 
@@ -140,6 +163,8 @@ class OutboxDrainer:
         stats: The sender's counters (drained, dead-lettered, expired, depth).
         records: The sender's ledger rows, if it has a ledger (expired messages are
             recorded there, outcome ``expired``).
+        held: The sender's view of the sessions the outbox holds, forgotten whenever the
+            channel is seen empty.
     """
 
     def __init__(
@@ -156,6 +181,7 @@ class OutboxDrainer:
         telemetry: DrainTelemetry,
         stats: DrainStats,
         records: SendRecords | None = None,
+        held: HeldSessions | None = None,
     ) -> None:
         self._outbox = outbox
         self._channel = channel
@@ -168,6 +194,7 @@ class OutboxDrainer:
         self._telemetry = telemetry
         self._stats = stats
         self._records = records
+        self._held = held
         # One owner per drainer: leases it lost to another drainer are never touched again.
         self.owner = f"georep-{uuid.uuid4().hex}"
         self.errors = 0
@@ -230,14 +257,25 @@ class OutboxDrainer:
             delivered += sent
             if any_down:
                 break
-        self._stats.outbox_depth = await self._outbox.depth(self._channel)
+        checkpoint = None if self._held is None else self._held.checkpoint()
+        depth = await self._outbox.depth(self._channel)
+        self._stats.outbox_depth = depth
+        if depth == 0 and self._held is not None:
+            self._held.forget(checkpoint)
         return delivered
 
     async def _round(
         self, entries: Sequence[OutboxEntry], leased_until: float, lease: float
     ) -> tuple[int, bool]:
-        """Send claimed ``entries`` in order; return (delivered, some target was down)."""
+        """Send claimed ``entries`` in order; return (delivered, some target was down).
+
+        An entry whose session has an earlier entry in this round that stays behind (its
+        region down, refused for now, its lease lost) is handed back unsent: a session
+        never overtakes itself. The claim then holds it back until the earlier one is due.
+        """
         pending = list(entries)
+        held_back: list[OutboxEntry] = []
+        stuck = _StuckSessions()
         down: dict[str | None, int] = {}
         delivered = 0
         try:
@@ -251,31 +289,44 @@ class OutboxDrainer:
                         )
                     )
                     leased_until = now + lease
+                    stuck.add(e for e in pending if e.entry_id not in held)
                     pending = [e for e in pending if e.entry_id in held]
                     continue
                 entry = pending[0]
-                if entry.region in down:
+                if stuck.behind(entry):
+                    held_back.append(entry)
+                elif entry.region in down:
                     down[entry.region] = max(down[entry.region], entry.attempts + 1)
                     await self._retry_later(entry, down[entry.region])
+                    stuck.add([entry])
                 else:
-                    delivered += await self._attempt(entry, down)
+                    outcome = await self._attempt(entry, down)
+                    if outcome:
+                        delivered += 1
+                    elif outcome is False:  # still queued: its session waits behind it
+                        stuck.add([entry])
                 pending.pop(0)
         finally:
-            if pending:
+            if pending or held_back:
                 # Stopping, or cancelled: hand the unsent entries back at once (shielded, so
                 # a cancellation does not leave them leased for the whole lease).
-                ids = [e.entry_id for e in pending]
+                ids = [e.entry_id for e in (*held_back, *pending)]
                 with contextlib.suppress(Exception):
                     await asyncio.shield(self._outbox.release(ids, owner=self.owner))
         return delivered, bool(down)
 
-    async def _attempt(self, entry: OutboxEntry, down: dict[str | None, int]) -> int:
-        """Send one entry; settle it in the outbox; return 1 when delivered."""
+    async def _attempt(self, entry: OutboxEntry, down: dict[str | None, int]) -> bool | None:
+        """Send one entry; settle it in the outbox.
+
+        Returns:
+            True when delivered; None when it left the queue undelivered (expired,
+            dead-lettered: its session's next entries go on); False when it stays queued.
+        """
         try:
             message = self._codec.decode(entry.payload)
             if self._expire(entry, message):
                 await self._outbox.delete([entry.entry_id])
-                return 0
+                return None
             await self._deliver(entry.region, message)
         except asyncio.CancelledError:
             raise
@@ -299,11 +350,12 @@ class OutboxDrainer:
                 await self._retry_later(entry, entry.attempts + 1)
             else:
                 await self._dead_letter(entry, exc)
-            return 0
+                return None
+            return False
         # Deleted at once: a crash from here on re-sends nothing that was accepted.
         await self._delete_accepted(entry.entry_id)
         self._stats.drained += 1
-        return 1
+        return True
 
     async def _delete_accepted(self, entry_id: int) -> None:
         """Delete an accepted entry, retrying a few times: one left behind is sent twice."""

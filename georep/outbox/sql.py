@@ -32,9 +32,13 @@ CREATE TABLE IF NOT EXISTS outbox (
     attempts INTEGER NOT NULL DEFAULT 0,
     not_before REAL NOT NULL,
     leased_until REAL NOT NULL DEFAULT 0,
-    leased_by TEXT
+    leased_by TEXT,
+    session_id TEXT
 );
 CREATE INDEX IF NOT EXISTS outbox_due ON outbox (channel, not_before, entry_id);
+CREATE INDEX IF NOT EXISTS outbox_session
+    ON outbox (channel, session_id, not_before, leased_until, region, entry_id)
+    WHERE session_id IS NOT NULL;
 CREATE TABLE IF NOT EXISTS outbox_totals (
     singleton INTEGER PRIMARY KEY CHECK (singleton = 1),
     entries INTEGER NOT NULL,
@@ -59,7 +63,8 @@ CREATE TABLE IF NOT EXISTS outbox_dead (
     enqueued_at REAL NOT NULL,
     attempts INTEGER NOT NULL,
     reason TEXT NOT NULL,
-    dead_at REAL NOT NULL
+    dead_at REAL NOT NULL,
+    session_id TEXT
 );
 """
 
@@ -71,9 +76,16 @@ MIGRATIONS: Final = {
         " channel TEXT NOT NULL, region TEXT, payload BLOB NOT NULL, enqueued_at REAL NOT NULL,"
         " attempts INTEGER NOT NULL, reason TEXT NOT NULL, dead_at REAL NOT NULL)",
     ),
+    2: (
+        "ALTER TABLE outbox ADD COLUMN session_id TEXT",
+        "ALTER TABLE outbox_dead ADD COLUMN session_id TEXT",
+        "CREATE INDEX IF NOT EXISTS outbox_session"
+        " ON outbox (channel, session_id, not_before, leased_until, region, entry_id)"
+        " WHERE session_id IS NOT NULL",
+    ),
 }
 
-_ENTRY_COLUMNS: Final = "entry_id, channel, region, payload, enqueued_at, attempts"
+_ENTRY_COLUMNS: Final = "entry_id, channel, region, payload, enqueued_at, attempts, session_id"
 
 
 def schema_statements() -> list[str]:
@@ -125,8 +137,8 @@ def id_filter(entry_ids: Sequence[int] | None) -> tuple[str, tuple[int, ...]]:
     return f" WHERE entry_id IN ({', '.join('?' * len(ids))})", ids
 
 
-def _entry(row: tuple[int, str, str | None, bytes, float, int]) -> OutboxEntry:
-    entry_id, channel, region, payload, enqueued_at, attempts = row
+def _entry(row: tuple[int, str, str | None, bytes, float, int, str | None]) -> OutboxEntry:
+    entry_id, channel, region, payload, enqueued_at, attempts, session_id = row
     return OutboxEntry(
         entry_id=entry_id,
         channel=channel,
@@ -134,6 +146,7 @@ def _entry(row: tuple[int, str, str | None, bytes, float, int]) -> OutboxEntry:
         payload=bytes(payload),
         enqueued_at=enqueued_at,
         attempts=attempts,
+        session_id=session_id,
     )
 
 
@@ -142,10 +155,10 @@ def _entry(row: tuple[int, str, str | None, bytes, float, int]) -> OutboxEntry:
 
 def insert(
     connection: sqlite3.Connection,
-    rows: Sequence[tuple[str, str | None, bytes, float, float]],
+    rows: Sequence[tuple[str, str | None, bytes, float, float, str | None]],
     check_room: RoomCheck,
 ) -> tuple[list[int], int]:
-    """Store ``(channel, region, payload, enqueued_at, not_before)`` rows.
+    """Store ``(channel, region, payload, enqueued_at, not_before, session_id)`` rows.
 
     Returns:
         Their ids, in order, and the queue's depth after the insert.
@@ -157,8 +170,8 @@ def insert(
         entry_ids: list[int] = []
         for row in rows:
             cursor = connection.execute(
-                "INSERT INTO outbox (channel, region, payload, enqueued_at, not_before)"
-                " VALUES (?, ?, ?, ?, ?)",
+                "INSERT INTO outbox (channel, region, payload, enqueued_at, not_before,"
+                " session_id) VALUES (?, ?, ?, ?, ?, ?)",
                 row,
             )
             assert cursor.lastrowid is not None
@@ -176,21 +189,60 @@ def lease_due(
     lease: float,
     owner: str | None,
 ) -> list[OutboxEntry]:
-    """Lease up to ``limit`` due, unleased entries of ``channel`` to ``owner``."""
+    """Lease up to ``limit`` due, unleased entries of ``channel`` to ``owner``, oldest
+    first; an entry of a session only while no earlier entry of its session that could
+    reach the same region (the same target, or either of them any region) is leased or not
+    due. So a session's entries leave in order, and never two drainers hold one session's
+    next entries."""
     # IMMEDIATE takes the write lock before reading, so a second process cannot select
     # the same rows between our SELECT and UPDATE.
     with immediate_transaction(connection):
+        due = connection.execute(
+            "SELECT entry_id, region, session_id FROM outbox"
+            " WHERE channel = ? AND not_before <= ? AND leased_until <= ? ORDER BY entry_id",
+            (channel, now, now),
+        )
+        chosen: list[int] = []
+        waiting: dict[str, dict[str | None, int]] = {}
+        # One pass in entry order, stopped at ``limit``: each session's waiting entries are
+        # read once (from the covering index), not once per candidate.
+        for entry_id, region, session_id in due:
+            if session_id is not None:
+                first = waiting.get(session_id)
+                if first is None:
+                    first = waiting[session_id] = _first_waiting(
+                        connection, channel, session_id, now
+                    )
+                if any(
+                    earliest < entry_id and (target is None or region is None or target == region)
+                    for target, earliest in first.items()
+                ):
+                    continue
+            chosen.append(entry_id)
+            if len(chosen) == limit:
+                break
+        due.close()
+        where, ids = id_filter(chosen)
         rows = connection.execute(
-            f"SELECT {_ENTRY_COLUMNS} FROM outbox"
-            " WHERE channel = ? AND not_before <= ? AND leased_until <= ?"
-            " ORDER BY entry_id LIMIT ?",
-            (channel, now, now, limit),
+            f"SELECT {_ENTRY_COLUMNS} FROM outbox{where} ORDER BY entry_id", ids
         ).fetchall()
         connection.executemany(
             "UPDATE outbox SET leased_until = ?, leased_by = ? WHERE entry_id = ?",
             [(now + lease, owner, row[0]) for row in rows],
         )
     return [_entry(row) for row in rows]
+
+
+def _first_waiting(
+    connection: sqlite3.Connection, channel: str, session_id: str, now: float
+) -> dict[str | None, int]:
+    """Per target region, the first entry of the session that is leased or not due."""
+    rows = connection.execute(
+        "SELECT region, MIN(entry_id) FROM outbox WHERE channel = ? AND session_id = ?"
+        " AND (not_before > ? OR leased_until > ?) GROUP BY region",
+        (channel, session_id, now, now),
+    )
+    return {region: int(first) for region, first in rows}
 
 
 def extend_leases(
@@ -242,6 +294,24 @@ def unlease(
         connection.executemany(sql, rows)
 
 
+def held_sessions(
+    connection: sqlite3.Connection, channel: str, session_ids: Sequence[str] | None
+) -> set[str]:
+    """The sessions (of ``session_ids``, or all) with an entry queued in ``channel``."""
+    sql = "SELECT DISTINCT session_id FROM outbox WHERE channel = ? AND session_id IS NOT NULL"
+    if session_ids is None:
+        return {row[0] for row in connection.execute(sql, (channel,))}
+    held: set[str] = set()
+    wanted = list(dict.fromkeys(session_ids))
+    # In slices: SQLite bounds the parameters of one statement.
+    for start in range(0, len(wanted), 500):
+        part = wanted[start : start + 500]
+        marks = ", ".join("?" * len(part))
+        rows = connection.execute(f"{sql} AND session_id IN ({marks})", (channel, *part))
+        held.update(row[0] for row in rows)
+    return held
+
+
 def count(connection: sqlite3.Connection, channel: str) -> int:
     """Entries stored for ``channel``, leased ones included."""
     row = connection.execute("SELECT COUNT(*) FROM outbox WHERE channel = ?", (channel,))
@@ -261,8 +331,8 @@ def bury(connection: sqlite3.Connection, entries: Sequence[tuple[int, str]], now
         for entry_id, reason in entries:
             connection.execute(
                 "INSERT OR REPLACE INTO outbox_dead (entry_id, channel, region, payload,"
-                " enqueued_at, attempts, reason, dead_at) SELECT entry_id, channel,"
-                " region, payload, enqueued_at, attempts + 1, ?, ? FROM outbox"
+                " enqueued_at, attempts, reason, dead_at, session_id) SELECT entry_id, channel,"
+                " region, payload, enqueued_at, attempts + 1, ?, ?, session_id FROM outbox"
                 " WHERE entry_id = ?",
                 (reason, now, entry_id),
             )
@@ -310,8 +380,8 @@ def revive(
         check_room(connection, int(moved), int(size))
         connection.execute(
             "INSERT INTO outbox (entry_id, channel, region, payload, enqueued_at,"
-            " attempts, not_before) SELECT entry_id, channel, region, payload,"
-            f" enqueued_at, 0, ? FROM outbox_dead{where}",
+            " attempts, not_before, session_id) SELECT entry_id, channel, region, payload,"
+            f" enqueued_at, 0, ?, session_id FROM outbox_dead{where}",
             (now, *parameters),
         )
         connection.execute(f"DELETE FROM outbox_dead{where}", parameters)

@@ -37,10 +37,11 @@ __all__ = ["OutboxRecord", "SqliteOutbox"]
 _Result = TypeVar("_Result")
 _log = logging.getLogger("georep.outbox")
 
-SCHEMA_VERSION: Final = 2
+SCHEMA_VERSION: Final = 3
 """Stored in ``PRAGMA user_version``; bump it (and migrate) whenever the schema changes.
 
-Version 2 added ``outbox.leased_by`` (the claiming drainer) and the ``outbox_dead`` table.
+Version 2 added ``outbox.leased_by`` (the claiming drainer) and the ``outbox_dead`` table;
+version 3 the entries' ``session_id`` (a session's entries are claimed in order).
 """
 
 BUSY_TIMEOUT_SECONDS: Final = 5.0
@@ -104,6 +105,24 @@ def check_outbox_bounds(*, max_entries: int, max_bytes: int) -> None:
             f"max_bytes must be a positive number of payload bytes, got {max_bytes}; "
             "pass max_bytes >= 1 (the default is 1 GiB)"
         )
+
+
+def item_sessions(
+    items: Sequence[object], sessions: Sequence[str | None] | None
+) -> list[str | None]:
+    """One session id per put item (None for each when ``sessions`` is not given).
+
+    Raises:
+        ConfigurationError: ``sessions`` does not have one id per item.
+    """
+    if sessions is None:
+        return [None] * len(items)
+    if len(sessions) != len(items):
+        raise ConfigurationError(
+            f"put got {len(items)} items and {len(sessions)} session ids: pass one session "
+            "id (or None) per item"
+        )
+    return list(sessions)
 
 
 def check_claim_arguments(*, limit: int, lease: float) -> None:
@@ -193,7 +212,12 @@ class SqliteOutbox(AsyncResource):
         await self._run(lambda connection: None)
 
     async def put(
-        self, channel: str, items: Sequence[tuple[str | None, bytes]], *, now: float
+        self,
+        channel: str,
+        items: Sequence[tuple[str | None, bytes]],
+        *,
+        now: float,
+        sessions: Sequence[str | None] | None = None,
     ) -> list[int]:
         """Store ``(region, payload)`` items in one transaction; return their entry ids.
 
@@ -201,6 +225,7 @@ class SqliteOutbox(AsyncResource):
             channel: The sender they belong to.
             items: ``(region or None, encoded message)`` pairs, kept in this order.
             now: Wall-clock seconds; the entries' enqueue time and first due time.
+            sessions: Each item's session id (None: not in a session); default none.
 
         Returns:
             The new entry ids, in the order of ``items``.
@@ -212,7 +237,11 @@ class SqliteOutbox(AsyncResource):
             OutboxUnavailableError: The file could not be used just now (locked by another
                 process past the busy timeout, I/O error); none is stored.
         """
-        rows = [(channel, region, bytes(payload), now, now) for region, payload in items]
+        session_ids = item_sessions(items, sessions)
+        rows = [
+            (channel, region, bytes(payload), now, now, session)
+            for (region, payload), session in zip(items, session_ids, strict=True)
+        ]
         new_bytes = sum(len(row[2]) for row in rows)
 
         def insert(connection: sqlite3.Connection) -> list[int]:
@@ -247,6 +276,22 @@ class SqliteOutbox(AsyncResource):
         return await self._run(
             partial(sql.lease_due, channel=channel, limit=limit, now=now, lease=lease, owner=owner)
         )
+
+    async def held_sessions(
+        self, channel: str, session_ids: Sequence[str] | None = None
+    ) -> set[str]:
+        """The sessions of ``channel`` with an entry still queued (dead letters not counted),
+        among ``session_ids`` (None: every session).
+
+        Raises:
+            ClosedError: The outbox was closed.
+            OutboxUnavailableError: The file could not be used just now.
+        """
+        ids = None if session_ids is None else list(session_ids)
+        if ids == []:
+            self._check_open()
+            return set()
+        return await self._run(partial(sql.held_sessions, channel=channel, session_ids=ids))
 
     async def renew(
         self, entry_ids: Sequence[int], *, owner: str, now: float, lease: float

@@ -32,6 +32,8 @@ class OutboxEntry:
         payload: The message, encoded by :meth:`MessageCodec.encode`.
         enqueued_at: Wall-clock seconds when it was stored.
         attempts: Failed delivery attempts so far.
+        session_id: The message's session, or None. A session's entries are claimed in
+            order (see :meth:`Outbox.claim`).
     """
 
     entry_id: int
@@ -40,6 +42,7 @@ class OutboxEntry:
     payload: bytes
     enqueued_at: float
     attempts: int
+    session_id: str | None = None
 
 
 @runtime_checkable
@@ -56,9 +59,16 @@ class Outbox(Protocol):
     """
 
     async def put(
-        self, channel: str, items: Sequence[tuple[str | None, bytes]], *, now: float
+        self,
+        channel: str,
+        items: Sequence[tuple[str | None, bytes]],
+        *,
+        now: float,
+        sessions: Sequence[str | None] | None = None,
     ) -> list[int]:
         """Store ``(region, payload)`` items atomically; return their entry ids.
+
+        ``sessions`` gives each item's session id (None: not in a session); default none.
 
         Raises:
             OutboxFullError: Storing them would exceed the outbox's bound (or its disk is
@@ -73,7 +83,19 @@ class Outbox(Protocol):
 
         They stay leased to ``owner`` for ``lease`` seconds, so a second drainer (in this
         process or another) does not send them at the same time.
+
+        A session's entries are claimed in order: an entry is not returned while an
+        earlier entry of its session that could go to the same region (the same
+        ``region``, or either of them None) is leased or not yet due. So one drainer at a
+        time holds a session's next entries, and never one behind another drainer's.
         """
+        ...
+
+    async def held_sessions(
+        self, channel: str, session_ids: Sequence[str] | None = None
+    ) -> set[str]:
+        """The sessions of ``channel`` with an entry still queued (leased or not; the
+        dead-lettered ones do not count), among ``session_ids`` (None: every session)."""
         ...
 
     async def renew(

@@ -8,13 +8,16 @@ metric and the ledger row.
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from opentelemetry.trace import INVALID_SPAN, Span, SpanKind, Status, StatusCode
 
 from georep._telemetry import traceparent_of
 from georep.send.records import SendRecords
 from georep.send.result import PendingSend, SendContext, SendResult
+
+if TYPE_CHECKING:
+    from georep.outbox.enqueue import OutboxLink
 
 __all__ = ["SendFlow"]
 
@@ -28,6 +31,9 @@ class SendFlow:
         context: What the sender's collaborators share (regions, codec, telemetry...).
         path: The active or passive path's ``send``.
         records: The ledger rows (None: no ledger).
+        outbox: The sender's outbox link (None: no outbox). While the outbox holds an
+            earlier message of a send's session, the send is queued behind it rather
+            than sent (docs/sessions.md §5).
     """
 
     def __init__(
@@ -36,10 +42,12 @@ class SendFlow:
         path: Callable[[PendingSend], Awaitable[SendResult]],
         *,
         records: SendRecords | None,
+        outbox: OutboxLink | None = None,
     ) -> None:
         self._context = context
         self._path = path
         self._records = records
+        self._outbox = outbox
 
     async def send(self, message: Any, timeout: float) -> SendResult:
         """Send ``message`` (a message, a list or a batch) with ``timeout`` per attempt."""
@@ -69,7 +77,12 @@ class SendFlow:
             else INVALID_SPAN
         )
         try:
-            result = await self._path(self._pending(message, messages, timeout, span))
+            pending = self._pending(message, messages, timeout, span)
+            outbox = self._outbox
+            if outbox is not None and await outbox.holds_session_of(messages):
+                result = await outbox.queue_behind(pending)
+            else:
+                result = await self._path(pending)
         except BaseException as exc:
             self._failed(span, exc, started, messages, wall_started)
             raise

@@ -75,8 +75,9 @@ class SendRecords:
         """A send that returned ``result``."""
         accepted = result.accepted
         if not result.failed:
-            # Every region tried accepted (the common case): a prebuilt tuple, no allocation.
-            attempts: Sequence[RegionAttempt] = self._all_accepted[accepted]
+            # Every region tried accepted (the common case): a prebuilt tuple, no allocation;
+            # or none was tried (queued behind an earlier message of its session).
+            attempts: Sequence[RegionAttempt] = self._all_accepted[accepted] if accepted else ()
             failover = False
         else:
             attempts, failover = self._attempts(result)

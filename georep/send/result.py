@@ -44,8 +44,10 @@ class SendResult:
         accepted: Regions that accepted the message(s), in the order they answered.
         failed: Each region that failed, with its error.
         failed_over: True when the active region failed and the backup accepted (passive).
-        queued: True when no region accepted and the message(s) went to the durable outbox;
-            the outbox sends them later, so the call still counts as delivered.
+        queued: True when the message(s) went to the durable outbox, because no region
+            accepted (their errors are in ``failed``) or because an earlier message of
+            their session waits there (``failed`` empty); the outbox sends them later, so
+            the call still counts as delivered.
         repair_queued: Regions whose copy went to the outbox for a later resend (active
             mode with ``repair=True``).
         message_ids: The MessageId of every message sent, in order.

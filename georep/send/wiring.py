@@ -15,6 +15,7 @@ from georep._policy import DedupKey, DrainPolicy, FailoverPolicy, ReplicationMod
 from georep._telemetry import SenderTelemetry
 from georep.outbox.drainer import DrainTelemetry, OutboxDrainer
 from georep.outbox.enqueue import OutboxLink
+from georep.outbox.sessions import HeldSessions
 from georep.ports import Clock, Ledger, MessageCodec, Outbox, RegionSender, ScheduleStore
 from georep.roles.state import RoleState
 from georep.send.active import ActivePath
@@ -110,16 +111,26 @@ def wire(
     records = _records(settings, primary, secondary, clock)
     drainer: OutboxDrainer | None = None
     link: OutboxLink | None = None
+    active = settings.mode is ReplicationMode.ACTIVE
     if settings.outbox is not None:
-        drainer = _drainer(settings, deliver, stats, meter_provider, codec, clock, records)
-        link = OutboxLink(context, settings.outbox, channel=settings.channel, wake=drainer.wake)
+        held = HeldSessions(settings.outbox, settings.channel)
+        drainer = _drainer(settings, deliver, stats, meter_provider, codec, clock, records, held)
+        link = OutboxLink(
+            context,
+            settings.outbox,
+            channel=settings.channel,
+            wake=drainer.wake,
+            held=held,
+            # Behind its session: to whichever region accepts (passive), or each region
+            # its copy (active).
+            behind=[primary.region, secondary.region] if active else [None],
+        )
     queue = None if link is None else link.queue
     passive = PassivePath(context, roles=roles, queue=queue)
     path: Callable[[PendingSend], Awaitable[SendResult]] = passive.send
-    if settings.mode is ReplicationMode.ACTIVE:
+    if active:
         path = ActivePath(context, queue=queue, repair=settings.repair).send
-    flow = SendFlow(context, path, records=records)
-    active = settings.mode is ReplicationMode.ACTIVE
+    flow = SendFlow(context, path, records=records, outbox=link)
     scheduler = Scheduler(
         context,
         active=active,
@@ -139,6 +150,7 @@ def _drainer(
     codec: MessageCodec,
     clock: Clock,
     records: SendRecords | None,
+    held: HeldSessions,
 ) -> OutboxDrainer:
     assert settings.outbox is not None
     return OutboxDrainer(
@@ -154,6 +166,7 @@ def _drainer(
         telemetry=DrainTelemetry(entity=settings.entity, meter_provider=meter_provider),
         stats=stats,
         records=records,
+        held=held,
     )
 
 

@@ -10,6 +10,7 @@ from georep.outbox.sqlite import (
     OutboxRecord,
     check_claim_arguments,
     check_outbox_bounds,
+    item_sessions,
     outbox_full_error,
 )
 from georep.ports import OutboxEntry
@@ -55,7 +56,12 @@ class InMemoryOutbox(AsyncResource):
         return len(self._stored)
 
     async def put(
-        self, channel: str, items: Sequence[tuple[str | None, bytes]], *, now: float
+        self,
+        channel: str,
+        items: Sequence[tuple[str | None, bytes]],
+        *,
+        now: float,
+        sessions: Sequence[str | None] | None = None,
     ) -> list[int]:
         """Store ``(region, payload)`` items all or none; return their entry ids.
 
@@ -63,12 +69,14 @@ class InMemoryOutbox(AsyncResource):
             OutboxFullError: Storing them would exceed ``max_entries`` or ``max_bytes``;
                 none is stored.
             ClosedError: The outbox was closed.
+            ConfigurationError: ``sessions`` does not have one id per item.
         """
         self._check_open()
         payloads = [(region, bytes(payload)) for region, payload in items]
+        session_ids = item_sessions(payloads, sessions)
         self._check_room(len(payloads), sum(len(payload) for _, payload in payloads))
         entry_ids: list[int] = []
-        for region, payload in payloads:
+        for (region, payload), session_id in zip(payloads, session_ids, strict=True):
             entry_id = self._next_entry_id
             self._next_entry_id += 1
             self._stored[entry_id] = _StoredEntry(
@@ -79,6 +87,7 @@ class InMemoryOutbox(AsyncResource):
                     payload=payload,
                     enqueued_at=now,
                     attempts=0,
+                    session_id=session_id,
                 ),
                 not_before=now,
             )
@@ -104,7 +113,8 @@ class InMemoryOutbox(AsyncResource):
     async def claim(
         self, channel: str, *, limit: int, now: float, lease: float, owner: str | None = None
     ) -> list[OutboxEntry]:
-        """Lease up to ``limit`` due, unleased entries of ``channel``, oldest first.
+        """Lease up to ``limit`` due, unleased entries of ``channel``, oldest first; a
+        session's entries only behind its earlier ones (as :class:`georep.SqliteOutbox`).
 
         Raises:
             ConfigurationError: ``limit`` is below 1 or ``lease`` is not positive.
@@ -113,18 +123,45 @@ class InMemoryOutbox(AsyncResource):
         self._check_open()
         check_claim_arguments(limit=limit, lease=lease)
         claimed: list[OutboxEntry] = []
+        # (session, region) of the channel's earlier entries that cannot be claimed now.
+        waiting: list[tuple[str, str | None]] = []
         for stored in self._stored.values():
             if len(claimed) == limit:
                 break
-            if (
-                stored.entry.channel == channel
-                and stored.not_before <= now
-                and stored.leased_until <= now
+            entry = stored.entry
+            if entry.channel != channel:
+                continue
+            due = stored.not_before <= now and stored.leased_until <= now
+            session = entry.session_id
+            if session is not None and any(
+                other == session
+                and (region is None or entry.region is None or region == entry.region)
+                for other, region in waiting
             ):
+                due = False
+            elif session is not None and not due:
+                waiting.append((session, entry.region))
+            if due:
                 stored.leased_until = now + lease
                 stored.leased_by = owner
-                claimed.append(stored.entry)
+                claimed.append(entry)
         return claimed
+
+    async def held_sessions(
+        self, channel: str, session_ids: Sequence[str] | None = None
+    ) -> set[str]:
+        """The sessions of ``channel`` with an entry still queued, among ``session_ids``.
+
+        Raises:
+            ClosedError: The outbox was closed.
+        """
+        self._check_open()
+        held = {
+            s.entry.session_id
+            for s in self._stored.values()
+            if s.entry.channel == channel and s.entry.session_id is not None
+        }
+        return held if session_ids is None else held & set(session_ids)
 
     async def renew(
         self, entry_ids: Sequence[int], *, owner: str, now: float, lease: float

@@ -317,3 +317,86 @@ async def test_purge_deletes_dead_letters_all_or_by_id(outbox: Any) -> None:
     assert [r.entry_id for r in await outbox.records(dead=True)] == [ids[0], ids[2]]
     assert await outbox.purge() == 2
     assert await outbox.dead_depth() == 0 and await outbox.depth() == 0
+
+
+# ------------------------------------------------------------- a session's order
+
+
+async def test_held_sessions_names_the_sessions_with_an_entry_queued(outbox: Outbox) -> None:
+    ids = await outbox.put(
+        CHANNEL, [(None, b"a"), (None, b"b"), (None, b"c")], now=0.0, sessions=["s1", None, "s2"]
+    )
+    await outbox.put(OTHER_CHANNEL, [(None, b"x")], now=0.0, sessions=["s3"])
+
+    assert await outbox.held_sessions(CHANNEL) == {"s1", "s2"}
+    assert await outbox.held_sessions(CHANNEL, ["s2", "s3", "s9"]) == {"s2"}
+    assert await outbox.held_sessions(CHANNEL, []) == set()
+    await outbox.claim(CHANNEL, limit=1, now=0.0, lease=LEASE)  # leased still counts
+    await outbox.dead_letter([(ids[2], "InvalidMessageError")], now=1.0)  # dead does not
+    assert await outbox.held_sessions(CHANNEL) == {"s1"}
+    await outbox.delete([ids[0]])
+    assert await outbox.held_sessions(CHANNEL) == set()
+
+
+async def test_a_put_needs_one_session_id_per_item(outbox: Outbox) -> None:
+    with pytest.raises(ConfigurationError, match="one session id"):
+        await outbox.put(CHANNEL, [(None, b"a"), (None, b"b")], now=0.0, sessions=["s1"])
+    assert await outbox.depth() == 0
+
+
+async def test_a_session_entry_waits_while_an_earlier_one_of_its_session_is_leased(
+    outbox: Outbox,
+) -> None:
+    first, second, other = await outbox.put(
+        CHANNEL, [(None, b"s1-1"), (None, b"s1-2"), (None, b"s2-1")], now=0.0,
+        sessions=["s1", "s1", "s2"],
+    )  # fmt: skip
+    [claimed] = await outbox.claim(CHANNEL, limit=1, now=1.0, lease=LEASE, owner="a")
+    assert claimed.entry_id == first and claimed.session_id == "s1"
+
+    # A second drainer gets the other session, never s1's next entry behind the first.
+    taken = await outbox.claim(CHANNEL, limit=10, now=1.0, lease=LEASE, owner="b")
+    assert [e.entry_id for e in taken] == [other]
+
+    await outbox.delete([first])
+    assert [e.entry_id for e in await outbox.claim(CHANNEL, limit=10, now=2.0, lease=LEASE)] == [
+        second
+    ]
+
+
+async def test_a_session_entry_waits_while_an_earlier_one_is_not_due(outbox: Outbox) -> None:
+    first, second, plain = await outbox.put(
+        CHANNEL, [(None, b"s1-1"), (None, b"s1-2"), (None, b"none")], now=0.0,
+        sessions=["s1", "s1", None],
+    )  # fmt: skip
+    await outbox.claim(CHANNEL, limit=1, now=0.0, lease=LEASE, owner="a")
+    await outbox.retry_later([first], not_before=100.0, owner="a")
+
+    assert [e.entry_id for e in await outbox.claim(CHANNEL, limit=10, now=50.0, lease=LEASE)] == [
+        plain
+    ]
+    # Due again (the plain entry's lease ran out too): one claim, in order.
+    due = await outbox.claim(CHANNEL, limit=10, now=100.0, lease=LEASE)
+    assert [e.entry_id for e in due] == [first, second, plain]
+
+
+async def test_a_session_is_ordered_per_region_and_any_region_waits_for_both(
+    outbox: Outbox,
+) -> None:
+    # Active mode queues a copy per region: the secondary's copies of a session do not
+    # wait for the primary's; an entry for any region waits for every earlier one.
+    p1, s1, p2, s2, any3 = await outbox.put(
+        CHANNEL,
+        [("east", b"1"), ("west", b"1"), ("east", b"2"), ("west", b"2"), (None, b"3")],
+        now=0.0,
+        sessions=["s"] * 5,
+    )
+    await outbox.claim(CHANNEL, limit=1, now=0.0, lease=LEASE, owner="a")
+    await outbox.retry_later([p1], not_before=100.0, owner="a")
+
+    taken = await outbox.claim(CHANNEL, limit=10, now=1.0, lease=LEASE)
+    assert [e.entry_id for e in taken] == [s1, s2]
+    await outbox.delete([s1, s2])
+    assert await outbox.claim(CHANNEL, limit=10, now=2.0, lease=LEASE) == []
+    later = await outbox.claim(CHANNEL, limit=10, now=100.0, lease=LEASE)
+    assert [e.entry_id for e in later] == [p1, p2, any3]

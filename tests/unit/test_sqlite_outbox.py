@@ -182,6 +182,8 @@ async def test_a_version_1_file_is_migrated_and_keeps_its_entries(tmp_path: Path
         connection.execute("ALTER TABLE outbox DROP COLUMN leased_by")
         assert "outbox_dead" in MIGRATIONS[1][1]
         connection.execute("DROP TABLE outbox_dead")
+        connection.execute("DROP INDEX outbox_session")
+        connection.execute("ALTER TABLE outbox DROP COLUMN session_id")
         connection.execute(
             "INSERT INTO outbox (channel, region, payload, enqueued_at, not_before)"
             " VALUES (?, NULL, ?, 1.0, 1.0)",
@@ -194,6 +196,34 @@ async def test_a_version_1_file_is_migrated_and_keeps_its_entries(tmp_path: Path
         assert entry.payload == b"old" and await outbox.depth() == 1
         await outbox.dead_letter([(entry.entry_id, "InvalidMessageError")], now=3.0)
         assert await outbox.dead_depth() == 1
+    with contextlib.closing(sqlite3.connect(path)) as connection:
+        assert connection.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
+
+
+async def test_a_version_2_file_is_migrated_and_its_entries_are_in_no_session(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "v2.db"
+    with contextlib.closing(sqlite3.connect(path, isolation_level=None)) as connection:
+        # A file as version 2 left it: today's schema without what migration 2 adds.
+        for statement in schema_statements():
+            connection.execute(statement)
+        assert "session_id" in MIGRATIONS[2][0]
+        connection.execute("DROP INDEX outbox_session")
+        connection.execute("ALTER TABLE outbox DROP COLUMN session_id")
+        connection.execute("ALTER TABLE outbox_dead DROP COLUMN session_id")
+        connection.execute(
+            "INSERT INTO outbox (channel, region, payload, enqueued_at, not_before)"
+            " VALUES (?, NULL, ?, 1.0, 1.0)",
+            (CHANNEL, b"old"),
+        )
+        connection.execute("PRAGMA user_version = 2")
+
+    async with SqliteOutbox(path) as outbox:
+        await outbox.put(CHANNEL, [(None, b"new")], now=1.5, sessions=["s1"])
+        entries = await outbox.claim(CHANNEL, limit=5, now=2.0, lease=LEASE, owner="me")
+        assert [(e.payload, e.session_id) for e in entries] == [(b"old", None), (b"new", "s1")]
+        assert await outbox.held_sessions(CHANNEL) == {"s1"}
     with contextlib.closing(sqlite3.connect(path)) as connection:
         assert connection.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
 
