@@ -108,12 +108,14 @@ def _assert_exactly_once(table: str, ids: list[str]) -> None:
     assert set(rows.values()) == {1}, [i for i, n in rows.items() if n > 1]
 
 
-def _planned_not_committed(staging: Path) -> list[str]:
-    """The MessageIds of the first batch staged beyond the last one committed."""
-    committed = json.loads((staging / "committed.json").read_text())["batch"]
-    planned = [p for p in sorted(staging.glob("batch-*.parquet")) if int(p.stem[6:]) > committed]
-    assert planned, "nothing staged beyond the committed batches"
-    return [str(i) for i in pq.read_table(planned[0]).column("message_id").to_pylist()]
+def _staged_for(config: dict[str, Any], micro_batch: int) -> list[str]:
+    """The MessageIds staged for Spark's ``micro_batch``: the source's offset in Spark's
+    offset log names the staged file."""
+    log = (Path(config["checkpoint"]) / "offsets" / str(micro_batch)).read_text()
+    offset = json.loads(log.splitlines()[-1])
+    offset = json.loads(offset) if isinstance(offset, str) else offset
+    staged = Path(config["staging"]) / f"batch-{int(offset['batch']):012d}.parquet"
+    return [str(i) for i in pq.read_table(staged).column("message_id").to_pylist()]
 
 
 async def test_a_driver_killed_between_staging_and_commit_reads_the_same_batch_again(
@@ -130,7 +132,7 @@ async def test_a_driver_killed_between_staging_and_commit_reads_the_same_batch_a
         assert await eventually(lambda: held.exists() or driver.poll() is not None, within=240)
         assert driver.poll() is None, (tmp_path / "driver.log").read_text()[-3000:]
         # Micro-batch 1 is planned and running, its rows staged; Spark never commits it.
-        staged_ids = _planned_not_committed(Path(config["staging"]))
+        staged_ids = _staged_for(config, 1)
         assert 1 not in table(config["table"]), "the held batch was written"
     finally:
         os.killpg(driver.pid, signal.SIGKILL)  # the driver, its JVM and Python workers
