@@ -5,6 +5,8 @@ allows one session per process, and the rest of the suite runs local mode."""
 from __future__ import annotations
 
 import json
+import os
+import signal
 import subprocess
 import sys
 import uuid
@@ -12,7 +14,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from _helpers import REDIS_URL, REPO, drain_ids, eventually, stored
+from _helpers import REDIS_URL, REPO, drain_ids, eventually, progressing, stored
 from _spark_cluster import SparkCluster, cluster_env, spark_standalone
 from _spark_pipeline import start_driver, table
 from azure.servicebus import ServiceBusMessage
@@ -21,7 +23,7 @@ from georep import GeoSender, ReplicationMode
 from georep.adapters.emulator import Emulator
 from georep.adapters.spark import write_synthetic_ledger
 
-pytestmark = [pytest.mark.integration, pytest.mark.heavy, pytest.mark.timeout(300)]
+pytestmark = [pytest.mark.integration, pytest.mark.heavy, pytest.mark.timeout(600)]
 
 HERE = Path(__file__).resolve().parent
 # What differs between two runs of one audit: where they wrote, and which engine ran.
@@ -37,7 +39,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SparkCluster]:
 def _driver(args: list[str], cluster: SparkCluster) -> subprocess.CompletedProcess[str]:
     result = subprocess.run(
         [sys.executable, *args],
-        capture_output=True, text=True, env=cluster_env(), cwd=REPO, timeout=300, check=False,
+        capture_output=True, text=True, env=cluster_env(), cwd=REPO, timeout=540, check=False,
     )  # fmt: skip
     if result.returncode not in (0, 1):
         raise AssertionError(f"{args} exited {result.returncode}:\n{result.stderr[-3000:]}")
@@ -153,19 +155,26 @@ async def test_the_georep_source_reads_both_regions_on_a_standalone_cluster(
     }
     log = tmp_path / "driver.log"
     driver = start_driver(config, log=log, env=cluster_env())
-    try:
-        assert await eventually(
-            lambda: stored(georep_emulator, queue) == 0 or driver.poll() is not None, within=240
-        ), f"{stored(georep_emulator, queue)} copies left"
+
+    def rows() -> int:
         assert driver.poll() is None, log.read_text()[-3000:]
+        return sum(len(batch) for batch in table(config["table"]).values())
+
+    try:
+        # Executors start on the workers, then each micro-batch adds rows: wait while
+        # the table grows, however slowly the machine runs.
+        assert await progressing(rows, len(ids), stall=180), f"the table holds {rows()}"
+        assert await eventually(lambda: stored(georep_emulator, queue) == 0, within=120), (
+            f"{stored(georep_emulator, queue)} copies were never settled"
+        )
     finally:
         (tmp_path / "stop").touch()
         try:
             driver.wait(timeout=60)
         except subprocess.TimeoutExpired:
-            driver.kill()
+            os.killpg(driver.pid, signal.SIGKILL)  # the driver, its JVM and Python workers
             driver.wait()
-    rows = [i for batch in table(config["table"]).values() for i in batch]
-    assert sorted(rows) == sorted(ids), "lost or repeated rows"
+    read = [i for batch in table(config["table"]).values() for i in batch]
+    assert sorted(read) == sorted(ids), "lost or repeated rows"
     # The staged batches were read by executors on the workers.
     assert "Asked to launch executor" in cluster.logs() or "Launching executor" in cluster.logs()
