@@ -161,7 +161,8 @@ async def run_pipeline(
 
     Raises:
         RuntimeError: The driver exited on its own, or the table stopped growing for
-            ``max(settle_timeout, 120)`` seconds before it held every message.
+            ``max(settle_timeout, 120)`` seconds (not counting a driver's start) before
+            it held every message, or did not in ten times that.
     """
     from georep import ParquetLedger
     from georep.adapters.redis import embedded_redis_url
@@ -202,6 +203,7 @@ async def run_pipeline(
         """Kill the driver once partway, restart it; return once everything is in."""
         nonlocal killed_at
         rows, moved = 0, time.monotonic()
+        cap = moved + 10 * stall  # a driver that starts for ever is stuck too
         while True:
             driver.check()
             ids = await asyncio.to_thread(table.refresh)
@@ -219,10 +221,10 @@ async def run_pipeline(
                 return
             if len(ids) != rows or driver.starting:  # a JVM's start is not a stall
                 rows, moved = len(ids), time.monotonic()
-            elif time.monotonic() - moved > stall:
+            if time.monotonic() - moved > stall or time.monotonic() > cap:
                 raise RuntimeError(
                     f"the table stopped at {rows:,} of {len(run.acknowledged):,} messages "
-                    f"for {stall:.0f} s; see {driver.log}"
+                    f"(for {stall:.0f} s, or {10 * stall:.0f} s in all); see {driver.log}"
                 )
             await asyncio.sleep(0.25)
 
