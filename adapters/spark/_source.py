@@ -76,6 +76,8 @@ _ANONYMOUS = "\x00no-message-id:"
 """Prefix of the key a copy without a MessageId waits under (it has no row identity)."""
 _LANES = 2
 """GeoReceivers over both regions: a micro-batch runs while another lane receives."""
+_FILL_WAIT = 0.05
+"""Seconds a receive that fills a lane's turn waits for more (the entity is busy then)."""
 _SETTLE_TURN = 0.02
 """Seconds without a new arrival after which a receive turn's copies are all in."""
 
@@ -531,7 +533,15 @@ class _Labelled:
         return self._inner.delivery(message, dedup_source, dedup_name)
 
     async def receive(self, max_messages: int, *, max_wait: float) -> list[Any]:
-        messages: list[Any] = await self._inner.receive(max_messages, max_wait=max_wait)
+        messages: list[Any] = list(await self._inner.receive(max_messages, max_wait=max_wait))
+        # One receive returns the first burst that arrived. A lane's turn is all it
+        # receives until its micro-batch is committed, so fill the turn while more is
+        # there: each Spark micro-batch costs about the same whatever it holds.
+        while messages and len(messages) < max_messages:
+            more = await self._inner.receive(max_messages - len(messages), max_wait=_FILL_WAIT)
+            if not more:
+                break
+            messages += more
         for message in messages:
             with contextlib.suppress(AttributeError):
                 setattr(message, _REGION, self.region)
