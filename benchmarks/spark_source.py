@@ -100,9 +100,29 @@ def source_into_parquet(spark: Any, emu: Emulator, queue: str, count: int, batch
             if query.exception() is not None:
                 raise RuntimeError(f"the query failed: {query.exception()}")
             time.sleep(0.05)
-        return time.perf_counter() - started
+        seconds = time.perf_counter() - started
+        _print_phases(query.recentProgress, seconds)
+        return seconds
     finally:
         query.stop()
+
+
+def _print_phases(progress: list[dict[str, Any]], seconds: float) -> None:
+    """Where the source's time went, from Spark's progress reports: the micro-batches
+    with rows, and the seconds of each phase summed over every trigger (``latestOffset``
+    includes the source's receiving and staging; ``addBatch`` the executors' reading and
+    the Parquet writing; ``triggerExecution`` is each trigger whole: what the triggers do
+    not cover of the total is the query's start)."""
+    batches = [p for p in progress if p["numInputRows"]]
+    phases: dict[str, float] = {}
+    for report in progress:
+        for phase, ms in report.get("durationMs", {}).items():
+            phases[phase] = phases.get(phase, 0.0) + ms / 1000
+    shown = ", ".join(f"{name} {value:.1f}" for name, value in sorted(phases.items()))
+    print(
+        f"  {len(batches)} micro-batches with rows, {len(progress)} triggers; seconds per "
+        f"phase over all triggers: {shown} (of {seconds:.1f} s)"
+    )
 
 
 async def purge(emu: Emulator, queue: str) -> None:

@@ -43,6 +43,7 @@ LANES = {
     "spark-a": (
         "test_spark_audit.py",
         "test_georeceiver_sessions.py::test_fifty_sessions_keep_their_order_through_a_primary_failure[passive-outage]",
+        "test_demo.py::test_the_pipeline_demo",
         "test_docs.py::test_the_python_in_each_doc_runs[audit.md]",
     ),
     "spark-b": (

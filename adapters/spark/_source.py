@@ -44,6 +44,7 @@ import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from functools import partial
 from typing import Any
 
 import pyarrow as pa
@@ -73,6 +74,10 @@ _REGION = "_georep_spark_region"
 """The attribute a received copy carries its region's label in (set on receipt)."""
 _ANONYMOUS = "\x00no-message-id:"
 """Prefix of the key a copy without a MessageId waits under (it has no row identity)."""
+_LANES = 2
+"""GeoReceivers over both regions: a micro-batch runs while another lane receives."""
+_FILL_WAIT = 0.05
+"""Seconds a receive that fills a lane's turn waits for more (the entity is busy then)."""
 _SETTLE_TURN = 0.02
 """Seconds without a new arrival after which a receive turn's copies are all in."""
 
@@ -245,9 +250,10 @@ class Intake:
         self._committed = 0
         self._closing = False
         self._receiver: Any = None
+        self._receivers: list[Any] = []
         self._regions: list[Any] = []
         self._seen: Any = None
-        self._running: asyncio.Task[None] | None = None
+        self._running: list[asyncio.Task[None]] = []
         self._arrived: asyncio.Event | None = None
 
     # ------------------------------------------------------------- Spark's calls
@@ -296,27 +302,38 @@ class Intake:
         self._seen = RedisSeenSet.from_url(settings.seen_url, group=settings.seen_group)
         primary, secondary = settings.connection.targets()
         found = settings.entity
-        self._regions = [
-            open_region_receiver(
-                target,
-                region=label,
-                queue_name=found.queue_name,
-                topic_name=found.topic_name,
-                subscription_name=found.subscription_name,
+        # Each lane is a GeoReceiver over both regions. A lane's turn of copies is held
+        # until its batch is committed; with two, one receives the next batch's copies
+        # while Spark runs the batch that holds the other's.
+        for _ in range(_LANES):
+            regions = [
+                open_region_receiver(
+                    target,
+                    region=label,
+                    queue_name=found.queue_name,
+                    topic_name=found.topic_name,
+                    subscription_name=found.subscription_name,
+                )
+                for target, label in ((primary, "primary"), (secondary, "secondary"))
+            ]
+            self._regions += regions
+            self._receivers.append(
+                GeoReceiver(
+                    *(_Labelled(region) for region in regions),
+                    seen=self._seen,
+                    concurrency=settings.max_messages,
+                    lease=settings.lease,
+                    max_wait=settings.max_wait,
+                    dedup_scope=settings.dedup_scope,
+                    owner=self._owner,
+                )
             )
-            for target, label in ((primary, "primary"), (secondary, "secondary"))
-        ]
-        self._receiver = GeoReceiver(
-            *(_Labelled(region) for region in self._regions),
-            seen=self._seen,
-            concurrency=settings.max_messages,
-            lease=settings.lease,
-            max_wait=settings.max_wait,
-            dedup_scope=settings.dedup_scope,
-            owner=self._owner,
-        )
+        self._receiver = self._receivers[0]
         await self._recover()
-        self._running = asyncio.create_task(self._receiver.run(self._handle))
+        self._running = [
+            asyncio.create_task(receiver.run(partial(self._handle, receiver)))
+            for receiver in self._receivers
+        ]
 
     async def _recover(self) -> None:
         """Index the batches staged before a restart; record the committed ones as done."""
@@ -340,8 +357,8 @@ class Intake:
                 self._staging.root,
             )
 
-    async def _handle(self, message: Any) -> None:
-        """The GeoReceiver's handler: wait until the copy's row is in a committed batch."""
+    async def _handle(self, receiver: Any, message: Any) -> None:
+        """A lane's handler: wait until the copy's row is in a committed batch."""
         given = message.message_id
         # A copy without a MessageId cannot be recognised again: its own key, never shared
         # (the GeoReceiver hands each such copy over unchecked: at least once).
@@ -360,7 +377,7 @@ class Intake:
             await asyncio.shield(self._commit_of(batch))
         except _Closing:
             # Not processed: redelivered at once (a restart finds it staged, if it was).
-            await self._receiver.abandon_message(message)
+            await receiver.abandon_message(message)
 
     def _commit_of(self, batch: int) -> asyncio.Future[None]:
         future = self._commits.get(batch)
@@ -448,11 +465,11 @@ class Intake:
         for future in self._commits.values():
             if not future.done():
                 future.set_exception(_Closing())
-        if self._receiver is not None:
-            await self._receiver.aclose()
-        if self._running is not None:
+        for receiver in self._receivers:
+            await receiver.aclose()
+        for running in self._running:
             with contextlib.suppress(Exception):
-                await self._running
+                await running
         for region in self._regions:
             with contextlib.suppress(Exception):
                 await region.close()
@@ -516,7 +533,15 @@ class _Labelled:
         return self._inner.delivery(message, dedup_source, dedup_name)
 
     async def receive(self, max_messages: int, *, max_wait: float) -> list[Any]:
-        messages: list[Any] = await self._inner.receive(max_messages, max_wait=max_wait)
+        messages: list[Any] = list(await self._inner.receive(max_messages, max_wait=max_wait))
+        # One receive returns the first burst that arrived. A lane's turn is all it
+        # receives until its micro-batch is committed, so fill the turn while more is
+        # there: each Spark micro-batch costs about the same whatever it holds.
+        while messages and len(messages) < max_messages:
+            more = await self._inner.receive(max_messages - len(messages), max_wait=_FILL_WAIT)
+            if not more:
+                break
+            messages += more
         for message in messages:
             with contextlib.suppress(AttributeError):
                 setattr(message, _REGION, self.region)

@@ -310,6 +310,14 @@ def demo(
             "reference audit (same report and plots, no Java)."
         ),
     ] = "spark",
+    pipeline: Annotated[
+        bool,
+        typer.Option(
+            "--pipeline",
+            help="Read with a Spark streaming query into a Parquet table (its driver killed "
+            "and restarted partway) and audit the table.",
+        ),
+    ] = False,
 ) -> None:
     """Replication end to end: two regions, an outage, dedup receivers, and a Spark audit.
 
@@ -338,6 +346,7 @@ def demo(
             secondary=secondary,
             redis_url=redis_url,
             sessions=session_count if sessions else 0,
+            pipeline=pipeline,
         )
     except ConfigurationError as exc:
         console.print(f"[red]error[/]: {exc}")

@@ -131,6 +131,10 @@ def run_demo(config: ScenarioConfig, console: Console, *, audit: str = "spark") 
     exit status (1 if anything was lost or processed twice)."""
     console.print(_headline(config))
     log_to(console, config.work_dir / "demo.log")
+    if config.pipeline:
+        from georep.cli._pipeline import run_pipeline_demo
+
+        return run_pipeline_demo(config, console)
     result = asyncio.run(_run_live(config, console))
     out_dir = config.work_dir / "report"
     report = _audit(result, out_dir, console, audit)
@@ -186,7 +190,12 @@ def _headline(config: ScenarioConfig) -> str:
             if config.primary is None
             else "your two namespaces"
         )
-        + f", {config.receivers} receivers with a Redis seen-set, "
+        + (
+            ", a Spark streaming query (its driver killed once) into a Parquet table"
+            if config.pipeline
+            else f", {config.receivers} receivers"
+        )
+        + " with a Redis seen-set, "
         f"{config.messages:,} messages at {config.rate:g}/s"
         + (f" over {config.sessions} sessions" if config.sessions else "")
         + (

@@ -57,6 +57,9 @@ class ScenarioConfig:
         sessions: 0 (default): plain messages. N: the messages go round-robin over N
             sessions of a session-enabled queue, read by GeoReceivers in session mode
             (docs/sessions.md); passive and active modes only.
+        pipeline: Read with a Structured Streaming query (the georep source, in a driver
+            process killed once partway) into a Parquet table instead of GeoReceivers
+            (``_pipeline.py``); passive and active modes, no sessions.
     """
 
     work_dir: Path
@@ -72,8 +75,15 @@ class ScenarioConfig:
     redis_url: str | None = None
     settle_timeout: float = 30.0
     sessions: int = 0
+    pipeline: bool = False
 
     def __post_init__(self) -> None:
+        if self.pipeline and (self.sessions or self.mode not in ("passive", "active")):
+            raise ConfigurationError(
+                "--pipeline needs mode passive or active and no --sessions (the georep "
+                f"Spark source reads neither paired backlogs nor sessions), not {self.mode!r}"
+                + (" with sessions" if self.sessions else "")
+            )
         if self.sessions < 0:
             raise ConfigurationError("sessions must be 0 (none) or more")
         if self.sessions and self.mode not in ("passive", "active"):

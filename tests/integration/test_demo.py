@@ -15,12 +15,12 @@ from _helpers import run_python
 pytestmark = [pytest.mark.integration, pytest.mark.heavy, pytest.mark.timeout(300)]
 
 
-def run_demo(work_dir: Path, *options: str) -> tuple[str, dict[str, Any]]:
+def run_demo(work_dir: Path, *options: str, timeout: float = 300) -> tuple[str, dict[str, Any]]:
     """``georep demo *options`` in ``work_dir``, which must succeed: its output, and the
     audit's report (report/report.json)."""
     completed = run_python(
         "-m", "georep.cli", "demo", *options, "--work-dir", str(work_dir),
-        timeout=300, env={**os.environ, "COLUMNS": "120"},
+        timeout=timeout, env={**os.environ, "COLUMNS": "120"},
     )  # fmt: skip
     output = completed.stdout + completed.stderr
     log = work_dir / "demo.log"
@@ -87,3 +87,22 @@ def test_a_bad_option_is_exit_status_2_and_named(tmp_path: Path, option: str, na
     assert completed.returncode == 2
     assert repr(named) in completed.stdout + completed.stderr
     assert "one of" in completed.stdout  # the valid choices are listed
+
+
+@pytest.mark.timeout(900)  # two driver JVMs start, one after the other
+def test_the_pipeline_demo_kills_the_query_driver_and_the_table_holds_each_message_once(
+    tmp_path: Path,
+) -> None:
+    output, report = run_demo(
+        tmp_path, "--pipeline", "--messages", "300", "--rate", "60", "--outage-at", "1",
+        "--outage-for", "2", timeout=840,
+    )  # fmt: skip
+    assert "OK: nothing lost, nothing twice in the table." in output
+    assert report["acknowledged"] == report["rows"] == 300
+    assert report["lost"] == report["more_than_once"] == report["unexpected"] == 0
+    # The driver was killed partway, with rows in the table and more to come, and ran again.
+    assert report["driver_runs"] == 2 and 0 < report["killed_at_rows"] < 300
+    assert report["failovers"] + report["queued"] >= 1, "the outage hit no send"
+    assert "SharedAccessKey=" not in "".join(
+        p.read_text(errors="replace") for p in tmp_path.glob("driver-*.log")
+    ), "a driver logged a secret"

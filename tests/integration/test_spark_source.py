@@ -3,9 +3,9 @@
 Each source test runs a streaming query that reads a queue's two regions into a Parquet
 table (``_spark_pipeline.py``: one directory per micro-batch) and checks the table holds
 every acknowledged message exactly once, and that both regions end up empty (every copy
-settled). One SparkSession serves the module; the first test kills a driver of its own (a
-subprocess with its own JVM) before it asks for that session, so this module never runs
-two JVMs at once.
+settled). One SparkSession serves the module; the first two tests kill a driver of their
+own (a subprocess with its own JVM), the first before that session starts, the second
+while it idles, so this module never runs two busy JVMs at once.
 """
 
 from __future__ import annotations
@@ -14,8 +14,6 @@ import asyncio
 import json
 import os
 import signal
-import subprocess
-import sys
 import uuid
 from collections import Counter
 from pathlib import Path
@@ -24,7 +22,7 @@ from typing import Any
 import pyarrow.parquet as pq
 import pytest
 from _helpers import REDIS_URL, eventually, fault, on_emulator, progressing, stored
-from _spark_pipeline import ENVIRONMENT, start_query
+from _spark_pipeline import start_driver, start_query, table
 from azure.servicebus import ServiceBusMessage
 from pyspark.sql import SparkSession
 
@@ -33,7 +31,7 @@ from georep.adapters.emulator import Emulator
 from georep.adapters.redis import RedisSeenSet
 from georep.adapters.spark import register, spark_session
 
-pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
 
 HERE = Path(__file__).resolve().parent
 LOCK = 5  # seconds: a copy whose holder died is redelivered this soon
@@ -41,7 +39,9 @@ LOCK = 5  # seconds: a copy whose holder died is redelivered this soon
 
 @pytest.fixture(scope="module")
 def spark() -> SparkSession:
-    session = spark_session("local[2]")
+    # local[2, 2]: a failed task is run once more (local mode's default is never), as on
+    # a cluster (spark.task.maxFailures).
+    session = spark_session("local[2,2]")
     register(session)
     return session
 
@@ -56,27 +56,14 @@ def _config(emu: Emulator, queue: str, root: Path, **extra: Any) -> dict[str, An
         "staging": str(root / "staging"),
         "checkpoint": str(root / "checkpoint"),
         "table": str(root / "table"),
-        "max_per_batch": 20,
+        "max_per_batch": 30,
         "lease": LOCK,
         **extra,
     }
 
 
-def _table(root: str) -> dict[int, list[str]]:
-    """The table's MessageIds by micro-batch (what a reader of the table sees now)."""
-    batches: dict[int, list[str]] = {}
-    for directory in Path(root).glob("batch=*"):
-        try:
-            files = sorted(directory.glob("part-*.parquet"))
-            ids = [i for f in files for i in pq.read_table(f).column("message_id").to_pylist()]
-        except (FileNotFoundError, OSError):  # Spark is rewriting it: read it next time
-            continue
-        batches[int(directory.name.split("=")[1])] = ids
-    return batches
-
-
 def _rows(root: str) -> Counter[str]:
-    return Counter(i for ids in _table(root).values() for i in ids)
+    return Counter(i for ids in table(root).values() for i in ids)
 
 
 async def _until_all_read(query: Any, emu: Emulator, queue: str, config: dict[str, Any], n: int):
@@ -88,7 +75,9 @@ async def _until_all_read(query: Any, emu: Emulator, queue: str, config: dict[st
         assert error is None, error
         return len(_rows(config["table"]))
 
-    assert await progressing(rows, n, stall=60), f"the table holds {rows()} of {n}"
+    # The first rows wait for the query's start (Python processes for the source, the
+    # planner, the workers): seconds each on a loaded machine, without a row to show.
+    assert await progressing(rows, n, stall=180), f"the table holds {rows()} of {n}"
     assert await eventually(lambda: stored(emu, queue) == 0, within=60), (
         f"{stored(emu, queue)} copies were never settled"
     )
@@ -103,29 +92,32 @@ async def _send(emu: Emulator, queue: str, ids: list[str], **options: Any) -> No
             )
 
 
+async def _read_all_once(
+    spark: SparkSession, config: dict[str, Any], emu: Emulator, queue: str, ids: list[str]
+) -> None:
+    """Run the pipeline's query until it has read ``ids``; each must be in the table once."""
+    query = start_query(spark, config)
+    try:
+        await _until_all_read(query, emu, queue, config, len(ids))
+    finally:
+        query.stop()
+    _assert_exactly_once(config["table"], ids)
+
+
 def _assert_exactly_once(table: str, ids: list[str]) -> None:
     rows = _rows(table)
     assert sorted(rows) == sorted(ids), "lost or unexpected MessageIds"
     assert set(rows.values()) == {1}, [i for i, n in rows.items() if n > 1]
 
 
-def _start_driver(config: dict[str, Any], *, log: Path, **hold: Any) -> subprocess.Popen[bytes]:
-    """The pipeline's driver in a process group of its own (its JVM and Python workers
-    with it), holding from micro-batch ``hold["hold_from"]`` on."""
-    environment = {**os.environ, ENVIRONMENT: json.dumps({**config, **hold})}
-    with log.open("w") as output:
-        return subprocess.Popen(
-            [sys.executable, str(HERE / "_spark_pipeline.py")],
-            env=environment, stdout=output, stderr=subprocess.STDOUT, start_new_session=True,
-        )  # fmt: skip
-
-
-def _planned_not_committed(staging: Path) -> list[str]:
-    """The MessageIds of the first batch staged beyond the last one committed."""
-    committed = json.loads((staging / "committed.json").read_text())["batch"]
-    planned = [p for p in sorted(staging.glob("batch-*.parquet")) if int(p.stem[6:]) > committed]
-    assert planned, "nothing staged beyond the committed batches"
-    return [str(i) for i in pq.read_table(planned[0]).column("message_id").to_pylist()]
+def _staged_for(config: dict[str, Any], micro_batch: int) -> list[str]:
+    """The MessageIds staged for Spark's ``micro_batch``: the source's offset in Spark's
+    offset log names the staged file."""
+    log = (Path(config["checkpoint"]) / "offsets" / str(micro_batch)).read_text()
+    offset = json.loads(log.splitlines()[-1])
+    offset = json.loads(offset) if isinstance(offset, str) else offset
+    staged = Path(config["staging"]) / f"batch-{int(offset['batch']):012d}.parquet"
+    return [str(i) for i in pq.read_table(staged).column("message_id").to_pylist()]
 
 
 async def test_a_driver_killed_between_staging_and_commit_reads_the_same_batch_again(
@@ -137,24 +129,51 @@ async def test_a_driver_killed_between_staging_and_commit_reads_the_same_batch_a
     ids = [f"c{i}" for i in range(60)]
     await _send(emu, queue, ids, mode="active")  # two copies of each
 
-    driver = _start_driver(config, hold_from=1, held=str(held), log=tmp_path / "driver.log")
+    driver = start_driver(config, hold_from=1, held=str(held), log=tmp_path / "driver.log")
     try:
         assert await eventually(lambda: held.exists() or driver.poll() is not None, within=240)
         assert driver.poll() is None, (tmp_path / "driver.log").read_text()[-3000:]
         # Micro-batch 1 is planned and running, its rows staged; Spark never commits it.
-        staged_ids = _planned_not_committed(Path(config["staging"]))
-        assert 1 not in _table(config["table"]), "the held batch was written"
+        staged_ids = _staged_for(config, 1)
+        assert 1 not in table(config["table"]), "the held batch was written"
     finally:
         os.killpg(driver.pid, signal.SIGKILL)  # the driver, its JVM and Python workers
         driver.wait()
 
-    query = start_query(request.getfixturevalue("spark"), config)
+    await _read_all_once(request.getfixturevalue("spark"), config, emu, queue, ids)
+    assert sorted(table(config["table"])[1]) == sorted(staged_ids), "batch 1 was not read again"
+
+
+async def test_a_driver_killed_between_commit_and_settle_settles_on_restart_and_repeats_nothing(
+    emu: Emulator, private_queue: Any, tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    queue = private_queue("settle", lock_duration=LOCK)
+    # One micro-batch, then none for an hour: the source settles a committed batch when
+    # Spark asks for the next one, so the first batch stays committed and unsettled.
+    config = _config(emu, queue, tmp_path, trigger="1 hour", max_wait=60)
+    ids = [f"s{i}" for i in range(60)]
+    await _send(emu, queue, ids, mode="active")
+    commits = Path(config["checkpoint"]) / "commits"
+
+    driver = start_driver(config, log=tmp_path / "driver.log")
     try:
-        await _until_all_read(query, emu, queue, config, len(ids))
+        assert await eventually(
+            lambda: (commits / "0").exists() or driver.poll() is not None, within=240
+        )
+        assert driver.poll() is None, (tmp_path / "driver.log").read_text()[-3000:]
+        first = table(config["table"])[0]
+        assert first, "the first micro-batch was empty"
+        # Spark committed it; the source has not recorded it, nor settled a copy.
+        recorded = Path(config["staging"]) / "committed.json"
+        assert not recorded.exists() or json.loads(recorded.read_text())["batch"] == 0
+        assert stored(emu, queue) == 2 * len(ids)
     finally:
-        query.stop()
-    _assert_exactly_once(config["table"], ids)
-    assert sorted(_table(config["table"])[1]) == sorted(staged_ids), "batch 1 was not read again"
+        os.killpg(driver.pid, signal.SIGKILL)
+        driver.wait()
+
+    restart = {**config, "trigger": "200 milliseconds", "max_wait": 1}
+    await _read_all_once(request.getfixturevalue("spark"), restart, emu, queue, ids)
+    assert sorted(table(config["table"])[0]) == sorted(first), "batch 0 was rewritten"
 
 
 async def test_both_regions_copies_of_each_message_become_one_row(
@@ -166,28 +185,24 @@ async def test_both_regions_copies_of_each_message_become_one_row(
     await _send(emu, queue, ids, mode="active")
     assert stored(emu, queue) == 200
 
-    query = start_query(spark, config)
-    try:
-        await _until_all_read(query, emu, queue, config, len(ids))
-    finally:
-        query.stop()
-    _assert_exactly_once(config["table"], ids)
-    table = spark.read.parquet(config["table"])
-    assert {r.region for r in table.select("region").distinct().collect()} <= {
+    await _read_all_once(spark, config, emu, queue, ids)
+    frame = spark.read.parquet(config["table"])
+    assert {r.region for r in frame.select("region").distinct().collect()} <= {
         "primary",
         "secondary",
     }
-    assert {bytes(r.body) for r in table.select("body").collect()} == {
+    assert {bytes(r.body) for r in frame.select("body").collect()} == {
         f"body {i}".encode() for i in ids
     }
 
 
-async def test_an_outage_of_the_primary_mid_stream_loses_and_repeats_nothing(
-    spark: SparkSession, emu: Emulator, private_queue: Any, tmp_path: Path
+@pytest.mark.parametrize("failure", ["outage", "blackhole"])
+async def test_a_failure_of_the_primary_mid_stream_loses_and_repeats_nothing(
+    spark: SparkSession, emu: Emulator, private_queue: Any, tmp_path: Path, failure: str
 ) -> None:
-    queue = private_queue("outage", lock_duration=LOCK)
+    queue = private_queue(failure, lock_duration=LOCK)
     config = _config(emu, queue, tmp_path)
-    waves = [[f"w{wave}-{i}" for i in range(50)] for wave in range(3)]
+    waves = [[f"w{wave}-{i}" for i in range(40)] for wave in range(3)]
     policy = FailoverPolicy(attempt_timeout=3)
     query = start_query(spark, config)
     try:
@@ -195,17 +210,30 @@ async def test_an_outage_of_the_primary_mid_stream_loses_and_repeats_nothing(
             for i in waves[0]:
                 await sender.send_messages(ServiceBusMessage(f"body {i}", message_id=i))
             assert await eventually(lambda: len(_rows(config["table"])) >= 10, within=120)
-            await fault(emu, "primary", "outage")  # copies staged, waiting, locked in it
+            await fault(emu, "primary", failure)  # copies staged, waiting, locked in it
             for i in waves[1]:  # passive: these fail over to the secondary
                 await sender.send_messages(ServiceBusMessage(f"body {i}", message_id=i))
             assert await eventually(lambda: waves[1][-1] in _rows(config["table"]), within=120)
             await fault(emu, "primary", "restore")
             for i in waves[2]:
                 await sender.send_messages(ServiceBusMessage(f"body {i}", message_id=i))
-        await _until_all_read(query, emu, queue, config, 150)
+        await _until_all_read(query, emu, queue, config, 120)
     finally:
         query.stop()
     _assert_exactly_once(config["table"], [i for wave in waves for i in wave])
+
+
+async def test_an_executor_task_that_fails_is_run_again_on_the_same_rows(
+    spark: SparkSession, emu: Emulator, private_queue: Any, tmp_path: Path
+) -> None:
+    queue = private_queue("task", lock_duration=LOCK)
+    failed = tmp_path / "failed"
+    config = _config(emu, queue, tmp_path, fail_marker=str(failed))
+    ids = [f"t{i}" for i in range(60)]
+    await _send(emu, queue, ids)
+
+    await _read_all_once(spark, config, emu, queue, ids)  # each batch's first task fails
+    assert failed.exists(), "no task failed"
 
 
 async def _processed(emu: Emulator, queue: str) -> Counter[str]:

@@ -1,10 +1,12 @@
-"""The audit and the foreachBatch sink on a Spark standalone cluster (a master and two
-workers on loopback), each driver in a process of its own: Spark allows one session per
-process, and the rest of the suite runs local mode."""
+"""The audit, the georep source and sink, and the foreachBatch sink on a Spark standalone
+cluster (a master and two workers on loopback), each driver in a process of its own: Spark
+allows one session per process, and the rest of the suite runs local mode."""
 
 from __future__ import annotations
 
 import json
+import os
+import signal
 import subprocess
 import sys
 import uuid
@@ -12,14 +14,18 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from _helpers import REPO, drain_ids
+from _helpers import REDIS_URL, REPO, drain_ids, eventually, progressing, stored
 from _spark_cluster import SparkCluster, cluster_env, spark_standalone
+from _spark_pipeline import start_driver, table
+from azure.servicebus import ServiceBusMessage
 
+from georep import GeoSender, ReplicationMode
 from georep.adapters.emulator import Emulator
 from georep.adapters.spark import write_synthetic_ledger
 
-pytestmark = [pytest.mark.integration, pytest.mark.heavy, pytest.mark.timeout(300)]
+pytestmark = [pytest.mark.integration, pytest.mark.heavy, pytest.mark.timeout(600)]
 
+HERE = Path(__file__).resolve().parent
 # What differs between two runs of one audit: where they wrote, and which engine ran.
 _RUN_SPECIFIC = {"engine", "plots", "report_path"}
 
@@ -33,7 +39,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SparkCluster]:
 def _driver(args: list[str], cluster: SparkCluster) -> subprocess.CompletedProcess[str]:
     result = subprocess.run(
         [sys.executable, *args],
-        capture_output=True, text=True, env=cluster_env(), cwd=REPO, timeout=300, check=False,
+        capture_output=True, text=True, env=cluster_env(), cwd=REPO, timeout=540, check=False,
     )  # fmt: skip
     if result.returncode not in (0, 1):
         raise AssertionError(f"{args} exited {result.returncode}:\n{result.stderr[-3000:]}")
@@ -68,10 +74,11 @@ def test_the_audit_on_a_standalone_cluster_gives_the_local_report(
 _SINK_JOB = """
 import sys
 from georep import GeoSender
-from georep.adapters.spark import foreach_batch_sink, spark_session
+from georep.adapters.spark import foreach_batch_sink, register, spark_session
 
 master, primary, secondary, queue, source, checkpoint = sys.argv[1:]
 spark = spark_session(master)
+register(spark)
 rows = [(f"k{i}", f"event {i}") for i in range(50)]
 spark.createDataFrame(rows, "key string, body string").repartition(4).write.parquet(source)
 sink = foreach_batch_sink(
@@ -84,6 +91,13 @@ query = (
     .trigger(availableNow=True).start()
 )
 assert query.awaitTermination(120) and query.exception() is None
+# The georep format's batch write: each task (on a worker) sends its rows.
+rows = [(f"id-{i}", f"direct {i}") for i in range(20)]
+spark.createDataFrame(rows, "message_id string, body string").repartition(2).write.format(
+    "georep"
+).options(
+    primaryConnectionString=primary, secondaryConnectionString=secondary, queueName=queue
+).mode("append").save()
 print("executors:", spark.sparkContext.master)
 """
 
@@ -103,4 +117,64 @@ async def test_the_foreach_batch_sink_delivers_every_row_from_a_standalone_clust
     assert result.returncode == 0, result.stderr[-3000:]
     assert f"executors: {cluster.master_url}" in result.stdout
     ids = await drain_ids(georep_emulator, "primary", queue)
-    assert len(ids) == 50 and set(ids.values()) == {1}
+    assert len(ids) == 70 and set(ids.values()) == {1}
+    assert {f"id-{i}" for i in range(20)} <= set(ids)
+
+
+def _new_queue(emulator: Emulator) -> str:
+    queue = f"spark-standalone-{uuid.uuid4().hex[:8]}"
+    for namespace in emulator.namespaces:
+        emulator.namespace(namespace).create_queue(queue)
+    return queue
+
+
+async def test_the_georep_source_reads_both_regions_on_a_standalone_cluster(
+    cluster: SparkCluster, georep_emulator: Emulator, tmp_path: Path
+) -> None:
+    queue = _new_queue(georep_emulator)
+    ids = [f"m{i}" for i in range(60)]
+    async with GeoSender.from_connection_strings(
+        georep_emulator.connection_string("primary"),
+        georep_emulator.connection_string("secondary"),
+        queue_name=queue,
+        mode=ReplicationMode.ACTIVE,
+    ) as sender:
+        await sender.send_messages([ServiceBusMessage(i, message_id=i) for i in ids])
+    config = {
+        "master": cluster.master_url,
+        "primary": georep_emulator.connection_string("primary"),
+        "secondary": georep_emulator.connection_string("secondary"),
+        "queue": queue,
+        "redis": REDIS_URL,
+        "group": f"standalone-{uuid.uuid4().hex[:8]}",
+        "staging": str(tmp_path / "checkpoint" / "georep-staging"),
+        "checkpoint": str(tmp_path / "checkpoint"),
+        "table": str(tmp_path / "table"),
+        "stop_file": str(tmp_path / "stop"),
+        "max_per_batch": 20,
+    }
+    log = tmp_path / "driver.log"
+    driver = start_driver(config, log=log, env=cluster_env())
+
+    def rows() -> int:
+        assert driver.poll() is None, log.read_text()[-3000:]
+        return sum(len(batch) for batch in table(config["table"]).values())
+
+    try:
+        # Executors start on the workers, then each micro-batch adds rows: wait while
+        # the table grows, however slowly the machine runs.
+        assert await progressing(rows, len(ids), stall=180), f"the table holds {rows()}"
+        assert await eventually(lambda: stored(georep_emulator, queue) == 0, within=120), (
+            f"{stored(georep_emulator, queue)} copies were never settled"
+        )
+    finally:
+        (tmp_path / "stop").touch()
+        try:
+            driver.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            os.killpg(driver.pid, signal.SIGKILL)  # the driver, its JVM and Python workers
+            driver.wait()
+    read = [i for batch in table(config["table"]).values() for i in batch]
+    assert sorted(read) == sorted(ids), "lost or repeated rows"
+    # The staged batches were read by executors on the workers.
+    assert "Asked to launch executor" in cluster.logs() or "Launching executor" in cluster.logs()
