@@ -261,3 +261,69 @@ def compare(baseline: Mapping[str, Any], name: str, ratios: Mapping[str, float])
         Verdict(name, ratio, float(stats["mean"]), float(stats["band"]), ratios.get(ratio))
         for ratio, stats in entry["ratios"].items()
     ]
+
+
+# ----------------------------------------------------------------------------- summary
+
+BLOCK_BEGIN = "<!-- benchmark-record:begin (benchmarks/check.py --summary writes this) -->"
+BLOCK_END = "<!-- benchmark-record:end -->"
+
+
+def replace_block(text: str, block: str) -> str:
+    """``text`` with the part between :data:`BLOCK_BEGIN` and :data:`BLOCK_END` (markers
+    included) replaced by ``block`` wrapped in them; appended when the markers are absent.
+
+    Raises:
+        ValueError: Only one of the two markers is present.
+    """
+    wrapped = f"{BLOCK_BEGIN}\n{block.strip()}\n{BLOCK_END}"
+    begin, end = text.find(BLOCK_BEGIN), text.find(BLOCK_END)
+    if begin == end == -1:
+        return text.rstrip("\n") + "\n\n" + wrapped + "\n"
+    if begin == -1 or end < begin:
+        raise ValueError("the benchmark record markers are unbalanced: keep both or neither")
+    return text[:begin] + wrapped + text[end + len(BLOCK_END) :]
+
+
+def summary_block(baseline: Mapping[str, Any], records: Mapping[str, Mapping[str, Any]]) -> str:
+    """Markdown: the quick baseline (mean, runs' range, band per ratio) and the latest full
+    run of each benchmark that has a record, each with the machine it was taken on."""
+    described = baseline.get("machine", {})
+    lines = [
+        "### Regression check: quick runs (`scripts/bench_check.sh`)",
+        "",
+        f"Baseline of {baseline.get('made_by', '?')}, commit {baseline.get('commit', '?')}, "
+        f"{baseline.get('timestamp', '?')}, on {describe_machine(described)} "
+        f"(1-minute load {described.get('load_1min')} when it ended: a shared machine). "
+        "Each ratio is against its baseline measured in the same run (higher is better); "
+        "the check fails a ratio below mean - band.",
+        "",
+        "| benchmark | ratio | mean | runs (min - max) | band | floor |",
+        "|---|---|---|---|---|---|",
+    ]
+    for name, entry in baseline.get("benchmarks", {}).items():
+        for ratio, stats in entry["ratios"].items():
+            runs = stats["runs"]
+            lines.append(
+                f"| {name} | {ratio} | {stats['mean']:.2f} | {min(runs):.2f} - {max(runs):.2f} "
+                f"| {stats['band']:.2f} | {stats['mean'] - stats['band']:.2f} |"
+            )
+    if records:
+        lines += ["", "### Full runs (the latest record of each, `benchmarks/results/<name>.json`)"]
+    for name, record in records.items():
+        ratios = ", ".join(f"{k} {v:.2f}x" for k, v in record.get("ratios", {}).items())
+        lines += [
+            "",
+            f"- **{name}** (`{record.get('command')}`, commit {record.get('commit')}, "
+            f"{record.get('timestamp')}, {describe_machine(record.get('machine', {}))}, "
+            f"load {record.get('machine', {}).get('load_1min')}): {ratios or 'no ratios'}",
+        ]
+        failover = record.get("figures", {}).get("failover_ms")
+        if failover:
+            lines.append(
+                "  - failover p50 / p99 ms: "
+                + "; ".join(
+                    f"{k} {v['p50_ms']:.0f} / {v['p99_ms']:.0f}" for k, v in failover.items()
+                )
+            )
+    return "\n".join(lines)

@@ -11,6 +11,11 @@ regression does. The table shows baseline, band, floor and now side by side.
     scripts/bench_check.sh                       # check (CI runs this after the tests)
     scripts/bench_check.sh --only sender         # one benchmark
     scripts/bench_check.sh --baseline            # re-baseline: five quick runs of each
+    .venv/bin/python benchmarks/check.py --summary   # the figures into SUMMARY.md, README
+
+Re-baseline when a change is meant to move a ratio (say why in its commit), or on a new
+machine: on a quiet machine if you have one, else as it is (the bands then say how noisy
+it is). Commit ``benchmarks/results/baseline.json``, then run ``--summary``.
 
 Not in the quick check: ``audit.py`` and ``spark_source.py`` (Spark: tens of CPU seconds
 to start a JVM and plan the jobs, too much for every push on two cores), and the benchmarks
@@ -37,13 +42,16 @@ from _record import (
     BASELINE,
     HEADER,
     RECORD_DIR_ENV,
+    RESULTS,
     BaselineError,
     Verdict,
     compare,
     git_commit,
     load_baseline,
     machine,
+    replace_block,
     summarise,
+    summary_block,
 )
 
 BENCHMARKS = Path(__file__).resolve().parent
@@ -143,6 +151,20 @@ def record_baseline(names: Sequence[str], runs: int, path: Path) -> None:
     print(f"baseline: {path}")
 
 
+def write_summary(baseline: Mapping[str, Any]) -> None:
+    """The record's block in benchmarks/results/SUMMARY.md and the README's benchmark
+    section, from the baseline and each full run's record."""
+    records = {
+        path.stem: json.loads(path.read_text())
+        for path in sorted(RESULTS.glob("*.json"))
+        if path != BASELINE
+    }
+    block = summary_block(baseline, records)
+    for path in (RESULTS / "SUMMARY.md", REPO / "README.md"):
+        path.write_text(replace_block(path.read_text(), block))
+        print(f"updated {path}")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--only", nargs="+", choices=sorted(QUICK), help="these benchmarks")
@@ -150,9 +172,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--runs", type=int, default=5, help="runs per benchmark (--baseline)")
     parser.add_argument("--retries", type=int, default=1, help="re-runs of a failing benchmark")
     parser.add_argument("--file", type=Path, default=BASELINE, help="the baseline file")
+    parser.add_argument(
+        "--summary", action="store_true", help="write the figures into SUMMARY.md and README.md"
+    )
     args = parser.parse_args(argv)
     names = args.only or list(QUICK)
     try:
+        if args.summary:
+            write_summary(load_baseline(args.file))
+            return 0
         if args.baseline:
             record_baseline(names, args.runs, args.file)
             return 0

@@ -124,3 +124,19 @@ def test_the_command_exits_2_without_a_baseline(
     code = check.main(["--file", str(tmp_path / "none.json")])
 
     assert code == 2 and "no baseline at" in capsys.readouterr().err
+
+
+def test_the_summary_block_is_replaced_in_place_and_kept_by_georep_bench(bench: tuple) -> None:
+    from georep.cli._bench import _record_block
+
+    record, _ = bench
+    first = record.replace_block("# summary\n\nscenarios\n", "old figures")
+    second = record.replace_block(first + "\nafter\n", "new figures")
+
+    assert "old figures" not in second and "new figures" in second
+    assert second.startswith("# summary") and second.rstrip().endswith("after")
+    kept = _record_block(second)
+    assert kept.startswith(record.BLOCK_BEGIN) and kept.endswith(record.BLOCK_END)
+    assert "new figures" in kept
+    with pytest.raises(ValueError, match="unbalanced"):
+        record.replace_block(record.BLOCK_BEGIN + "\nno end\n", "x")
