@@ -109,7 +109,10 @@ async def main() -> None:
     write_record(
         "dropin_receiver",
         quick=args.quick,
-        ratios={"drop-in receiver": figures["drop-in"]["logical_per_s"] / raw_rate},
+        ratios={
+            "drop-in receiver": figures["drop-in"]["logical_per_s"] / raw_rate,
+            "cpu drop-in receiver": cpu_us["raw SDK"] / cpu_us["drop-in"],
+        },
         cpu_per_message_us=cpu_us,
         figures=figures,
     )

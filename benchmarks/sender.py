@@ -10,7 +10,7 @@ One run measures, through the real async SDK on loopback:
 2. Failover time, from the fault to the first send accepted by the backup, over
    ``--trials`` trials each:
    - refused: the primary is down and its connection already known dead, so the send meets
-     a refused connection (the target: under 250 ms p99);
+     a refused connection (the target, issue 30: under 100 ms p99 over 50 trials);
    - dropped: the primary goes ``outage()`` under an open connection (the SDK has to notice
      the connection is gone first);
    - blackhole: the primary accepts bytes and never answers; georep's attempt deadline
@@ -19,7 +19,8 @@ One run measures, through the real async SDK on loopback:
    latency of a normal send), p50 and p99.
 
 Targets (issue 3): passive >= 0.95x raw; active >= 0.6x raw for single sends and >= 0.8x
-for batches; failover after a refused connection < 250 ms p99.
+for batches; failover after a refused connection < 250 ms p99 (issue 30: < 100 ms, as
+for a dropped one: ``--trials 50``).
 
     .venv/bin/python benchmarks/sender.py [--messages 6000] [--batches 120] [--chunks 30]
     .venv/bin/python benchmarks/sender.py --quick   # a few seconds: the regression check's form
@@ -115,7 +116,11 @@ async def throughput(
             rate = total / wall[key]
             cpu_us[f"{workload}: {name}"] = cpu[key] / total * 1e6
             if name != "raw SDK":
-                ratios[f"{workload.split(' (')[0]}: {name}"] = wall[raw_key] / wall[key]
+                short = workload.split(" (")[0]
+                ratios[f"{short}: {name}"] = wall[raw_key] / wall[key]
+                # Client CPU: georep's own cost, and far less moved by a busy machine than
+                # wall time (which waits for the emulator's share of the cores).
+                ratios[f"cpu {short}: {name}"] = cpu[raw_key] / cpu[key]
             print(
                 f"{workload:32} {name:20} {rate:9,.0f} {wall[raw_key] / wall[key]:7.2f}"
                 f" {cpu[raw_key] / cpu[key]:17.2f} {cpu[key] / total * 1e6:11.0f}"

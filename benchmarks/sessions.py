@@ -136,13 +136,21 @@ async def throughput(emu: Emulator, sessions: int, per_session: int, max_session
     raw_queue, geo_queue = _queue(emu), _queue(emu)
     await _fill(emu, raw_queue, sessions, range(per_session))
     await _fill(emu, geo_queue, sessions, range(per_session))
+    cpu_started = time.process_time()
     raw = await _raw(emu, raw_queue, total, max_sessions)
+    raw_cpu = time.process_time() - cpu_started
     geo, _, _ = await _geo(emu, geo_queue, total, max_sessions)
+    geo_cpu = time.process_time() - cpu_started - raw_cpu
     return {
         "messages": total,
         "raw_per_s": round(total / raw),
         "geo_per_s": round(total / geo),
         "ratio": round(raw / geo, 2),
+        "cpu_us_per_message": {
+            "raw": round(raw_cpu / total * 1e6),
+            "geo": round(geo_cpu / total * 1e6),
+        },
+        "cpu_ratio": round(raw_cpu / geo_cpu, 2),
     }
 
 
@@ -217,7 +225,11 @@ async def main() -> None:
     write_record(
         "sessions",
         quick=args.quick,
-        ratios={"session GeoReceiver": result["throughput"]["ratio"]},
+        ratios={
+            "session GeoReceiver": result["throughput"]["ratio"],
+            "cpu session GeoReceiver": result["throughput"]["cpu_ratio"],
+        },
+        cpu_per_message_us=result["throughput"]["cpu_us_per_message"],
         figures=result,
     )
 
