@@ -140,3 +140,31 @@ def test_the_summary_block_is_replaced_in_place_and_kept_by_georep_bench(bench: 
     assert "new figures" in kept
     with pytest.raises(ValueError, match="unbalanced"):
         record.replace_block(record.BLOCK_BEGIN + "\nno end\n", "x")
+
+
+def test_a_quick_run_is_read_back_from_the_record_it_writes(
+    bench: tuple, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    _, check = bench
+    script = tmp_path / "fake_bench.py"
+    script.write_text(
+        f"import sys\nsys.path.insert(0, {str(BENCHMARKS)!r})\n"
+        "from _record import write_record\n"
+        "write_record('fake', quick=True, ratios={'r': 1.5}, figures={'argv': sys.argv[1:]})\n"
+    )
+    monkeypatch.setitem(check.QUICK, "fake", [str(script), "--quick"])
+
+    assert check.run_quick("fake") == {"r": 1.5}
+    assert not (BENCHMARKS / "results" / "quick" / "fake.json").exists()  # a temp dir
+
+
+def test_a_quick_run_that_crashes_is_reported_with_its_output(
+    bench: tuple, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    _, check = bench
+    script = tmp_path / "broken_bench.py"
+    script.write_text("raise SystemExit('no emulator here')\n")
+    monkeypatch.setitem(check.QUICK, "broken", [str(script)])
+
+    with pytest.raises(check.BenchmarkFailed, match="broken exited with 1:\nno emulator here"):
+        check.run_quick("broken")
