@@ -297,8 +297,8 @@ def summary_block(baseline: Mapping[str, Any], records: Mapping[str, Mapping[str
         f"(1-minute load {described.get('load_1min')} when it ended: a shared machine). "
         "Each ratio is against its baseline measured in the same run (higher is better); "
         "the check fails a ratio below mean - band. The last column says whether the band "
-        "is narrow enough to catch a 20 % drop; on a busy shared machine the wall-time "
-        "ratios' often is not, the client-CPU ratios' (`cpu ...`) more often is.",
+        "is narrow enough to catch a 20 % drop. A ratio a quick run reports but the baseline "
+        "lacks (a new one) is not judged until the next `--baseline`.",
         "",
         "| benchmark | ratio | mean | runs (min - max) | band | floor | catches -20 % |",
         "|---|---|---|---|---|---|---|",
