@@ -18,6 +18,8 @@ instead of writing it anew (100M messages take minutes to write).
 
     .venv/bin/python benchmarks/audit.py [--sizes 1000000 10000000] [--dir /tmp/ledgers]
     .venv/bin/python benchmarks/audit.py --sizes 100000000 --dir /var/tmp/ledgers --keep
+
+It writes its figures to ``benchmarks/results/audit.json`` (see ``benchmarks/_record.py``).
 """
 
 from __future__ import annotations
@@ -30,6 +32,8 @@ import shutil
 import tempfile
 import time
 from pathlib import Path
+
+from _record import write_record
 
 from georep.adapters.spark import (
     audit,
@@ -98,7 +102,10 @@ def main() -> None:
     root = Path(args.dir) if args.dir else Path(tempfile.mkdtemp(prefix="georep-audit-"))
     started = time.perf_counter()
     spark_session(MASTER)
-    print(f"Spark session ({MASTER}) started in {time.perf_counter() - started:.1f} s")
+    session_seconds = time.perf_counter() - started
+    print(f"Spark session ({MASTER}) started in {session_seconds:.1f} s")
+    sizes: dict[str, dict[str, object]] = {}
+    speed_ups: dict[str, float] = {}
     print(f"{'messages':>11} {'rows':>11} {'files':>6} {'generate s':>10} {'spark s':>8} "
           f"{'reference s':>11} {'spark/ref':>9} {'jvm MiB':>8} {'py MiB':>7}  agree")  # fmt: skip
     try:
@@ -123,6 +130,17 @@ def main() -> None:
                     k: v for k, v in reference.items() if k != "engine"
                 }
             rows = size + ledger["receive_rows"]
+            sizes[f"{size:,}"] = {
+                "rows": rows,
+                "files": files,
+                "spark_seconds": round(spark_seconds, 2),
+                "reference_seconds": round(reference_seconds, 2),
+                "agree": agree,
+            }
+            if size <= args.reference_max:
+                speed_ups[f"{size:,} messages: Spark vs reference"] = (
+                    reference_seconds / spark_seconds
+                )
             print(
                 f"{size:>11,} {rows:>11,} {files:>6} {generated:>10.1f} {spark_seconds:>8.1f} "
                 f"{reference_seconds:>11.1f} {spark_seconds / reference_seconds:>9.2f} "
@@ -145,6 +163,14 @@ def main() -> None:
     finally:
         if not args.dir:
             shutil.rmtree(root, ignore_errors=True)
+    write_record(
+        "audit",
+        quick=False,
+        # reference seconds / Spark seconds: higher is better, as every recorded ratio
+        ratios=speed_ups,
+        memory_mib={"jvm": round(_jvm_peak_mib(), 1), "driver": round(_driver_peak_mib(), 1)},
+        figures={"master": MASTER, "session_start_seconds": round(session_seconds, 2), **sizes},
+    )
 
 
 if __name__ == "__main__":

@@ -13,6 +13,9 @@ It prints logical messages per second and the ratio drop-in / raw (issue 27's ta
 >= 0.9), timing from the first receive to both regions empty.
 
     .venv/bin/python benchmarks/dropin_receiver.py [--messages 5000]
+    .venv/bin/python benchmarks/dropin_receiver.py --quick   # 500 messages
+
+It writes its figures to ``benchmarks/results/dropin_receiver.json`` (``benchmarks/_record.py``).
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ import uuid
 from typing import Any
 
 from _common import fill_active
+from _record import write_record
 from azure.servicebus.aio import ServiceBusClient as SdkClient
 
 from georep import ReplicationMode
@@ -79,7 +83,12 @@ async def dropin(emu: Emulator, queue: str) -> tuple[float, int]:
 async def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--messages", type=int, default=5_000, help="logical messages")
+    parser.add_argument("--quick", action="store_true", help="500 logical messages")
     args = parser.parse_args()
+    if args.quick:
+        args.messages = 500
+    figures: dict[str, dict[str, float]] = {}
+    cpu_us: dict[str, float] = {}
     print(f"\n{args.messages:,} logical messages, active mode ({2 * args.messages:,} copies)")
     print(f"{'receiver':10} {'seconds':>8} {'logical msg/s':>14} {'x raw':>7} {'handled':>8}")
     with Emulator() as emu:
@@ -89,10 +98,24 @@ async def main() -> None:
             for namespace in emu.namespaces:
                 emu.namespace(namespace).create_queue(queue)
             await fill_active(emu, queue, args.messages)
+            cpu_started = time.process_time()
             seconds, handled = await run(emu, queue)
+            cpu_us[name] = (time.process_time() - cpu_started) / args.messages * 1e6
             rate = args.messages / seconds
             raw_rate = raw_rate or rate
+            figures[name] = {"seconds": round(seconds, 3), "logical_per_s": round(rate)}
             print(f"{name:10} {seconds:8.2f} {rate:14,.0f} {rate / raw_rate:7.2f} {handled:8,}")
+    # CPU: this process's, the emulator (a child process) excluded, per logical message.
+    write_record(
+        "dropin_receiver",
+        quick=args.quick,
+        ratios={
+            "drop-in receiver": figures["drop-in"]["logical_per_s"] / raw_rate,
+            "cpu drop-in receiver": cpu_us["raw SDK"] / cpu_us["drop-in"],
+        },
+        cpu_per_message_us=cpu_us,
+        figures=figures,
+    )
 
 
 if __name__ == "__main__":

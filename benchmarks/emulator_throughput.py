@@ -21,6 +21,7 @@ from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
+from _record import write_record
 from azure.servicebus import ServiceBusMessage, ServiceBusReceiveMode
 from azure.servicebus.aio import ServiceBusClient
 
@@ -200,6 +201,19 @@ def main() -> None:
         print(
             f"{f.phase:32} {f.clients:>7} {f.rate:>9,.0f} {ratio:>10.2f}x {f.emulator_cpu:>11.0%}"
         )
+    write_record(
+        "emulator_throughput",
+        quick=False,
+        # against the rates recorded in BASELINE (this script's reference machine and code)
+        ratios={f"{f.phase}, {f.clients} clients": f.rate / BASELINE[f.phase] for f in figures},
+        figures={
+            f"{f.phase}, {f.clients} clients": {
+                "msg_per_s": round(f.rate),
+                "emulator_cpu": round(f.emulator_cpu, 2),
+            }
+            for f in figures
+        },
+    )
     print("\nTimed from the first client's first message to the last client's last; connection")
     print(
         "setup excluded. Emulator CPU: its process's CPU seconds over that window (1.0 = a core)."

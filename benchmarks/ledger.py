@@ -45,6 +45,7 @@ from typing import Any
 
 import pyarrow.dataset as ds
 from _common import fill_active, interleaved, on_emulator, sdk_senders, send_workload_arguments
+from _record import write_record
 from azure.servicebus import ServiceBusMessage
 
 from georep import GeoReceiver, GeoSender, ParquetLedger, ReplicationMode, RoleState
@@ -75,7 +76,7 @@ async def batch_sends(sender: GeoSender, count: int) -> None:
 
 async def send_throughput(
     emu: Emulator, ledger: ParquetLedger, messages: int, batches: int, chunks: int
-) -> None:
+) -> dict[str, float]:
     async with sdk_senders(emu, "ledger-bench") as (raw_east, raw_west):
         roles = RoleState(raw_east.fully_qualified_namespace)
         variants: dict[str, GeoSender] = {}
@@ -101,14 +102,18 @@ async def send_throughput(
 
     print(f"\nSend throughput, variants interleaved in {chunks} chunks (200-byte bodies)")
     print(f"{'workload':22} {'GeoSender':18} {'msg/s':>9} {'x no ledger':>12} {'CPU x':>7}")
+    ratios: dict[str, float] = {}
     for workload, (total, _) in workloads.items():
         for name in variants:
             key = (workload, name)
             base = (workload, name.removesuffix(" + ledger"))
+            if key != base:
+                ratios[f"send {workload}: {name}"] = wall[base] / wall[key]
             print(
                 f"{workload:22} {name:18} {total / wall[key]:9,.0f}"
                 f" {wall[base] / wall[key]:12.2f} {cpu[base] / cpu[key]:7.2f}"
             )
+    return ratios
 
 
 async def drain_once(emu: Emulator, queue: str, count: int, ledger: ParquetLedger | None) -> float:
@@ -140,7 +145,9 @@ async def drain_once(emu: Emulator, queue: str, count: int, ledger: ParquetLedge
     return elapsed
 
 
-async def receive_throughput(emu: Emulator, ledger: ParquetLedger, count: int, rounds: int) -> None:
+async def receive_throughput(
+    emu: Emulator, ledger: ParquetLedger, count: int, rounds: int
+) -> dict[str, float]:
     queue = f"ledger-rx-{uuid.uuid4().hex[:6]}"
     for namespace in emu.namespaces:
         emu.namespace(namespace).create_queue(queue)
@@ -156,6 +163,7 @@ async def receive_throughput(emu: Emulator, ledger: ParquetLedger, count: int, r
     for name, seconds in times.items():
         rate = rounds * count / seconds
         print(f"{name:16} {rate:9,.0f} {times['without ledger'] / seconds:12.2f}")
+    return {"receive: GeoReceiver with ledger": times["without ledger"] / times["with ledger"]}
 
 
 def sender_at(revision: str) -> Any:
@@ -173,7 +181,9 @@ def sender_at(revision: str) -> Any:
     return module.GeoSender
 
 
-async def hot_path(ledger: ParquetLedger, baseline_rev: str, sends: int, chunks: int) -> None:
+async def hot_path(
+    ledger: ParquetLedger, baseline_rev: str, sends: int, chunks: int
+) -> dict[str, float]:
     def regions() -> tuple[InMemoryRegionSender, InMemoryRegionSender]:
         return InMemoryRegionSender("primary", "east"), InMemoryRegionSender("secondary", "west")
 
@@ -209,6 +219,7 @@ async def hot_path(ledger: ParquetLedger, baseline_rev: str, sends: int, chunks:
     print(f"{'GeoSender':30} {'us/send':>8} {'x before':>9}")
     for name, seconds in medians.items():
         print(f"{name:30} {seconds * 1e6:8.2f} {baseline / seconds:9.2f}")
+    return {name: seconds * 1e6 for name, seconds in medians.items()}
 
 
 def report(ledger: ParquetLedger) -> None:
@@ -238,12 +249,19 @@ async def main() -> None:
     with Emulator() as emu, tempfile.TemporaryDirectory() as scratch:
         ledger = ParquetLedger(Path(scratch) / "ledger", flush_rows=args.flush_rows)
         async with ledger:
-            await send_throughput(emu, ledger, args.messages, args.batches, args.chunks)
+            ratios = await send_throughput(emu, ledger, args.messages, args.batches, args.chunks)
             if args.receive:
-                await receive_throughput(emu, ledger, args.receive, args.rounds)
+                ratios |= await receive_throughput(emu, ledger, args.receive, args.rounds)
+            hot = {}
             if args.hot_sends:
-                await hot_path(ledger, args.baseline_rev, args.hot_sends, args.chunks)
+                hot = await hot_path(ledger, args.baseline_rev, args.hot_sends, args.chunks)
         report(ledger)
+    write_record(
+        "ledger",
+        quick=False,
+        ratios=ratios,
+        cpu_per_message_us={f"hot path: {name}": us for name, us in hot.items()},
+    )
 
 
 if __name__ == "__main__":

@@ -13,6 +13,9 @@ logical messages per second, the ratio GeoReceiver / raw for the same copies (ta
 measured by ``benchmarks/redis_memory.py``.
 
     .venv/bin/python benchmarks/receiver.py [--messages 10000] [--processes 4]
+    .venv/bin/python benchmarks/receiver.py --quick   # 500 messages, 1 and 2 processes
+
+It writes its figures to ``benchmarks/results/receiver.json`` (see ``benchmarks/_record.py``).
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ import uuid
 from pathlib import Path
 
 from _common import fill_active
+from _record import write_record
 
 from georep.adapters.emulator import Emulator
 
@@ -141,7 +145,12 @@ async def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--messages", type=int, default=10_000, help="logical messages")
     parser.add_argument("--processes", type=int, default=4)
+    parser.add_argument("--quick", action="store_true", help="500 messages, 1 and 2 processes")
     args = parser.parse_args()
+    if args.quick:
+        args.messages, args.processes = 500, 2
+    ratios: dict[str, float] = {}
+    figures: dict[str, dict[str, float]] = {}
     print(
         f"\n{args.messages:,} logical messages, active mode ({2 * args.messages:,} copies),"
         " 200-byte bodies; time from the workers' start to empty queues"
@@ -162,11 +171,22 @@ async def main() -> None:
                 rate = args.messages / result["seconds"]
                 raw_rate = raw_rate or rate
                 trips = result["round_trips"] / args.messages if kind == "geo" else float("nan")
+                label = f"{processes} process{'es' if processes > 1 else ''}"
+                figures[f"{label}: {kind}"] = {
+                    "seconds": round(result["seconds"], 3),
+                    "logical_per_s": round(rate),
+                    "handled": int(result["handled"]),
+                    **({"redis_trips_per_message": round(trips, 3)} if kind == "geo" else {}),
+                }
+                if kind == "geo":
+                    ratios[f"{label}: GeoReceiver"] = rate / raw_rate
                 print(
                     f"{processes:>9} {'GeoReceiver' if kind == 'geo' else 'raw SDK':12}"
                     f" {result['seconds']:8.2f} {rate:14,.0f} {rate / raw_rate:7.2f}"
                     f" {int(result['handled']):14,} {trips:16.3f}"
                 )
+    # The receivers are child processes with their own CPU and memory, not counted here.
+    write_record("receiver", quick=args.quick, ratios=ratios, figures=figures)
 
 
 if __name__ == "__main__":

@@ -23,6 +23,8 @@ import time
 import uuid
 from concurrent.futures import ProcessPoolExecutor
 
+from _record import write_record
+
 from georep.adapters.redis import RedisSeenSet, private_redis_cluster, private_redis_server
 from georep.ports import ClaimState
 
@@ -82,6 +84,18 @@ def main() -> None:
     print(f"{'processes':>9} {'1 node':>10} {f'{args.shards} shards':>10} {'ratio':>6}")
     for processes, one, many in rows:
         print(f"{processes:>9} {one:>10,.0f} {many:>10,.0f} {many / one:>6.2f}")
+    write_record(
+        "redis_cluster",
+        quick=False,
+        ratios={
+            f"{processes} processes: {args.shards} shards vs 1 node": many / one
+            for processes, one, many in rows
+        },
+        figures={
+            f"{processes} processes": {"one_node_per_s": round(one), "shards_per_s": round(many)}
+            for processes, one, many in rows
+        },
+    )
 
 
 if __name__ == "__main__":

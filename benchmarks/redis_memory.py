@@ -32,6 +32,7 @@ import uuid
 from collections.abc import Awaitable, Callable
 
 import redis.asyncio
+from _record import write_record
 
 from georep.adapters.redis import RedisSeenSet, private_redis_server
 from georep.adapters.redis._seen import DEFAULT_EXPECTED_IDS
@@ -144,6 +145,17 @@ async def compare(url: str, ids: int, batch: int) -> None:
     for name, per_id in results:
         verdict = "within" if per_id <= TARGET_BYTES_PER_ID else "ABOVE"
         print(f"{name:<48} {per_id:>12.1f}  {verdict}")
+    write_record(
+        "redis_memory",
+        quick=False,
+        # one key per id / this layout, bytes per id: higher is better
+        ratios={name: results[0][1] / per_id for name, per_id in results[1:]},
+        figures={
+            "redis": server["redis_version"],
+            "ids": ids,
+            "bytes_per_id": {name: round(per_id, 1) for name, per_id in results},
+        },
+    )
 
 
 def main() -> None:

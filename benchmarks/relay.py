@@ -29,6 +29,8 @@ import statistics
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 
+from _record import write_record
+
 from georep import FailoverChannel, RelayRequest, RelayResponse
 from georep.adapters.emulator import Emulator
 from georep.adapters.relay import HybridConnectionEndpoint, HybridConnectionListener
@@ -115,7 +117,8 @@ async def latency_samples(
     return samples
 
 
-async def throughput(emu: Emulator, mode: str, requests: int, concurrency: int) -> None:
+async def throughput(emu: Emulator, mode: str, requests: int, concurrency: int) -> float:
+    """Print requests per second of both variants; return FailoverChannel / direct."""
     """Requests per second with ``concurrency`` callers sharing one endpoint or channel."""
     async with variants(emu, mode, timeout=30) as calls:
         elapsed = dict.fromkeys(calls, 0.0)
@@ -130,11 +133,12 @@ async def throughput(emu: Emulator, mode: str, requests: int, concurrency: int) 
     rates = {name: 2 * per_caller * concurrency / seconds for name, seconds in elapsed.items()}
     for name, rate in rates.items():
         print(f"{mode:10} {name:18} {rate:9,.0f} {rate / rates['direct endpoint']:9.2f}")
+    return rates["FailoverChannel"] / rates["direct endpoint"]
 
 
 async def failover(
     emu: Emulator, listener: HybridConnectionListener, mode: str, fault: str, trials: int
-) -> None:
+) -> dict[str, float]:
     times: list[float] = []
     added: list[float] = []
     for trial in range(trials):
@@ -160,6 +164,10 @@ async def failover(
         f" {percentile(times, 0.99) * 1e3:8.1f}"
         f" {statistics.median(added) * 1e3:10.1f} {percentile(added, 0.99) * 1e3:10.1f}"
     )
+    return {
+        "p50_ms": round(statistics.median(times) * 1e3, 1),
+        "p99_ms": round(percentile(times, 0.99) * 1e3, 1),
+    }
 
 
 async def main(requests: int, trials: int, concurrency: int) -> None:
@@ -178,8 +186,12 @@ async def main(requests: int, trials: int, concurrency: int) -> None:
                 await latency(emu, mode, requests)
             print(f"\nThroughput, {requests} requests from {concurrency} concurrent callers")
             print(f"{'mode':10} {'variant':18} {'req/s':>9} {'x direct':>9}")
-            for mode in ("http", "websocket"):
-                await throughput(emu, mode, requests, concurrency)
+            ratios = {
+                f"{mode} FailoverChannel throughput": await throughput(
+                    emu, mode, requests, concurrency
+                )
+                for mode in ("http", "websocket")
+            }
             print(f"\nFailover, {trials} trials per mode (outage -> answer from the backup)")
             print(
                 f"{'mode':10} {'fault':12} {'p50 ms':>8} {'p99 ms':>8} "
@@ -187,12 +199,20 @@ async def main(requests: int, trials: int, concurrency: int) -> None:
             )
             # "no listener" only affects new relayed connections: HTTP mode meets it on
             # every request, WebSocket mode only when it (re)connects.
-            for mode, fault in (
-                ("http", "outage"),
-                ("websocket", "outage"),
-                ("http", "no listener"),
-            ):
-                await failover(emu, listener, mode, fault, trials)
+            failovers = {
+                f"{mode} {fault}": await failover(emu, listener, mode, fault, trials)
+                for mode, fault in (
+                    ("http", "outage"),
+                    ("websocket", "outage"),
+                    ("http", "no listener"),
+                )
+            }
+    write_record(
+        "relay",
+        quick=False,
+        ratios=ratios,
+        figures={"requests": requests, "trials": trials, "failover": failovers},
+    )
 
 
 if __name__ == "__main__":

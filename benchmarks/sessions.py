@@ -18,6 +18,9 @@ real Redis.
    primary's return if later) to its handling: p50, p99 and max.
 
     .venv/bin/python benchmarks/sessions.py [--sessions 50] [--per-session 60]
+    .venv/bin/python benchmarks/sessions.py --quick   # 10 x 30 messages, throughput only
+
+It writes its figures to ``benchmarks/results/sessions.json`` (see ``benchmarks/_record.py``).
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ import uuid
 from typing import Any
 
 from _common import on_emulator
+from _record import write_record
 from azure.servicebus import NEXT_AVAILABLE_SESSION, ServiceBusMessage
 from azure.servicebus.aio import ServiceBusClient
 from azure.servicebus.exceptions import OperationTimeoutError
@@ -132,13 +136,21 @@ async def throughput(emu: Emulator, sessions: int, per_session: int, max_session
     raw_queue, geo_queue = _queue(emu), _queue(emu)
     await _fill(emu, raw_queue, sessions, range(per_session))
     await _fill(emu, geo_queue, sessions, range(per_session))
+    cpu_started = time.process_time()
     raw = await _raw(emu, raw_queue, total, max_sessions)
+    raw_cpu = time.process_time() - cpu_started
     geo, _, _ = await _geo(emu, geo_queue, total, max_sessions)
+    geo_cpu = time.process_time() - cpu_started - raw_cpu
     return {
         "messages": total,
         "raw_per_s": round(total / raw),
         "geo_per_s": round(total / geo),
         "ratio": round(raw / geo, 2),
+        "cpu_us_per_message": {
+            "raw": round(raw_cpu / total * 1e6),
+            "geo": round(geo_cpu / total * 1e6),
+        },
+        "cpu_ratio": round(raw_cpu / geo_cpu, 2),
     }
 
 
@@ -195,15 +207,31 @@ async def main() -> None:
     parser.add_argument("--per-session", type=int, default=60)
     parser.add_argument("--max-sessions", type=int, default=16)
     parser.add_argument("--outage", type=float, default=3.0)
+    parser.add_argument(
+        "--quick", action="store_true", help="10 sessions x 30 messages, throughput only"
+    )
     args = parser.parse_args()
+    if args.quick:
+        args.sessions, args.per_session, args.max_sessions = 10, 30, 8
     with Emulator() as emu:
         result = {
             "throughput": await throughput(emu, args.sessions, args.per_session, args.max_sessions),
-            "order_restoration": await restoration(
-                emu, args.sessions, args.per_session, args.outage
-            ),
         }
+        if not args.quick:
+            result["order_restoration"] = await restoration(
+                emu, args.sessions, args.per_session, args.outage
+            )
     print(json.dumps(result, indent=2))
+    write_record(
+        "sessions",
+        quick=args.quick,
+        ratios={
+            "session GeoReceiver": result["throughput"]["ratio"],
+            "cpu session GeoReceiver": result["throughput"]["cpu_ratio"],
+        },
+        cpu_per_message_us=result["throughput"]["cpu_us_per_message"],
+        figures=result,
+    )
 
 
 if __name__ == "__main__":

@@ -17,6 +17,8 @@ Prints messages per second and the ratios (targets: source >= 0.8x raw, sink >= 
 helper). Needs Redis (``REDIS_URL``, default redis://127.0.0.1:6379/0).
 
     .venv/bin/python benchmarks/spark_source.py [--messages 2000] [--batch 500] [--rows 2000]
+
+It writes its figures to ``benchmarks/results/spark_source.json`` (``benchmarks/_record.py``).
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 from _common import fill_active
+from _record import write_record
 from azure.servicebus.aio import ServiceBusClient
 
 from georep import GeoSender
@@ -189,6 +192,23 @@ def main() -> None:
         print(f"  foreach_batch_sink      {args.rows / driver:8.0f} msg/s  ({driver:.1f} s)")
         print(f"  format('georep') write  {args.rows / sink:8.0f} msg/s  ({sink:.1f} s)")
         print(f"  ratio                   {driver / sink:8.2f}x (target >= 1.0)")
+    write_record(
+        "spark_source",
+        quick=False,
+        ratios={
+            "source vs raw SDK + pyarrow": raw / source,
+            "sink vs foreach_batch_sink": driver / sink,
+        },
+        figures={
+            "master": "local[2]",
+            "messages": args.messages,
+            "rows": args.rows,
+            "source_per_s": round(args.messages / source),
+            "raw_per_s": round(args.messages / raw),
+            "sink_per_s": round(args.rows / sink),
+            "foreach_batch_sink_per_s": round(args.rows / driver),
+        },
+    )
 
 
 if __name__ == "__main__":

@@ -191,5 +191,19 @@ def run_bench(
                 on_result(name, report)
         finally:
             shutil.rmtree(work, ignore_errors=True)
-    (out / "SUMMARY.md").write_text(_summary(reports, command))
+    summary = out / "SUMMARY.md"
+    kept = _record_block(summary.read_text()) if summary.exists() else ""
+    summary.write_text(_summary(reports, command) + (f"\n{kept}\n" if kept else ""))
     return reports
+
+
+def _record_block(text: str) -> str:
+    """The benchmark record's block of a SUMMARY.md (``benchmarks/check.py --summary``
+    writes it between these markers), which a new scenario summary keeps; or ``""``."""
+    begin, end = (
+        text.find("<!-- benchmark-record:begin"),
+        text.find("<!-- benchmark-record:end -->"),
+    )
+    if begin == -1 or end < begin:
+        return ""
+    return text[begin : end + len("<!-- benchmark-record:end -->")]
