@@ -150,6 +150,7 @@ class RegionLoop:
         self.owner = owner
         self._settlements = settlements
         self._seen = context.seen
+        self._recent = context.recent
         self._decisions = context.decisions
         self._stats = context.stats
         self._metrics = context.metrics
@@ -310,18 +311,25 @@ class RegionLoop:
         ``on_claimed`` is told which copies go to the handler, once the claim answered.
         """
         checked, repeats = first_of_each_key(copies)
-        states = await self._claim(checked, copies)
+        held = copies
+        known: list[tuple[Copy, ClaimState, str | None]] = []
+        if self._recent:  # outcomes this receiver recorded: settled as twins, not claimed
+            checked, known = self._known_outcomes(checked)
+            settling = {id(copy) for copy, _, _ in known}
+            copies = [c for c in copies if id(c) not in settling]
+        states = await self._claim(checked, held)
         turn = sort_by_claim(copies, checked, repeats, states)
+        turn.twins += known
         parked, unchecked = turn.parked, turn.unchecked
         self._stats.unchecked += len(unchecked)
         if on_claimed is not None:
             on_claimed(turn.to_process + unchecked)
         for copy, state, reason in turn.twins:  # the duplicates: settled, never processed
             await self._settlements.settle_twin(copy, state, reason)
-        await self._process(handler, turn.to_process, unchecked, held=copies)
+        await self._process(handler, turn.to_process, unchecked, held=held)
         for copy in parked:
             copy.parked_turns += 1
-        if parked and len(parked) == len(copies):
+        if parked and len(parked) == len(held):
             # Nothing else to do this turn: give the other holder a moment before the
             # next claim instead of spinning on the store (receive() waits when idle, but
             # not while copies are parked and the entity is busy).
@@ -329,6 +337,22 @@ class RegionLoop:
         if parked:
             await self._renew_locks(parked)
         return parked
+
+    def _known_outcomes(
+        self, checked: list[Copy]
+    ) -> tuple[list[Copy], list[tuple[Copy, ClaimState, str | None]]]:
+        """The copies to claim, and those whose outcome this receiver recorded lately
+        (with it, and its dead-letter reason)."""
+        prefix = self._policy.scope_prefix
+        unknown: list[Copy] = []
+        known: list[tuple[Copy, ClaimState, str | None]] = []
+        for copy in checked:
+            outcome = self._recent.get(prefix + str(copy.delivery.key))
+            if outcome is None:
+                unknown.append(copy)
+            else:
+                known.append((copy, *outcome))
+        return unknown, known
 
     async def _claim(self, checked: list[Copy], held: list[Copy]) -> list[ClaimState] | None:
         if not checked:
@@ -538,7 +562,12 @@ class RegionLoop:
         if state is None:
             return partial(self._seen.release, keys, owner=self.owner)
         reasons = [d.reason for _, d in members] if state is ClaimState.DEAD_LETTERED else None
-        return partial(self._seen.commit, keys, owner=self.owner, outcome=state, reasons=reasons)
+
+        async def commit() -> None:
+            await self._seen.commit(keys, owner=self.owner, outcome=state, reasons=reasons)
+            self._recent.add(keys, state, reasons)
+
+        return commit
 
     # ----------------------------------------------------------------- renewals
 
