@@ -44,13 +44,18 @@ class World(ReceiverWorld):
         )
         self.calls: Counter[str] = Counter()
 
-    async def start(self, handler: Any = None) -> asyncio.Task[None]:
+    async def twin_later(self, handler: Any = None, *, gap: float = 3.0) -> None:
+        """Run the receiver: message "a" in the primary, its twin in the secondary ``gap``
+        seconds later; then close it."""
+
         async def count(message: Any) -> None:
             self.calls[message.message_id] += 1
 
-        return asyncio.create_task(self.geo.run(handler or count))
-
-    async def stop(self, task: asyncio.Task[None]) -> None:
+        task = asyncio.create_task(self.geo.run(handler or count))
+        self.primary.put(FakeMessage(b"x", "a"))
+        await self.clock.advance(gap)
+        self.secondary.put(FakeMessage(b"x", "a"))
+        await self.clock.advance(2)
         closing = asyncio.create_task(self.geo.aclose())
         await self.clock.advance(5)
         await asyncio.wait_for(closing, 1)
@@ -59,12 +64,7 @@ class World(ReceiverWorld):
 
 async def test_a_twin_of_a_message_this_receiver_committed_is_completed_without_a_claim() -> None:
     world = World()
-    task = await world.start()
-    world.primary.put(FakeMessage(b"x", "a"))
-    await world.clock.advance(3)
-    world.secondary.put(FakeMessage(b"x", "a"))
-    await world.clock.advance(3)
-    await world.stop(task)
+    await world.twin_later()
 
     assert world.calls == Counter({"a": 1})
     assert len(world.primary.completed) == len(world.secondary.completed) == 1
@@ -78,12 +78,7 @@ async def test_a_twin_of_a_message_dead_lettered_here_gets_its_reason_without_a_
     async def poison(message: Any) -> None:
         await world.geo.dead_letter_message(message, reason="bad")
 
-    task = await world.start(poison)
-    world.primary.put(FakeMessage(b"x", "a"))
-    await world.clock.advance(3)
-    world.secondary.put(FakeMessage(b"x", "a"))
-    await world.clock.advance(3)
-    await world.stop(task)
+    await world.twin_later(poison)
 
     [twin] = world.secondary.dead_lettered
     assert twin.dead_letter_reason == "georep:twin:bad"
@@ -93,12 +88,7 @@ async def test_a_twin_of_a_message_dead_lettered_here_gets_its_reason_without_a_
 async def test_a_twin_after_half_the_window_is_claimed_again() -> None:
     # Kept for half the window only: the store answers for the rest of it.
     world = World(window=10.0)
-    task = await world.start()
-    world.primary.put(FakeMessage(b"x", "a"))
-    await world.clock.advance(6)
-    world.secondary.put(FakeMessage(b"x", "a"))
-    await world.clock.advance(2)
-    await world.stop(task)
+    await world.twin_later(gap=6)
 
     assert world.calls == Counter({"a": 1})  # the store still said DONE
     assert list(world.seen.claimed.values()) == [2]
@@ -111,12 +101,7 @@ async def test_a_deferred_outcome_is_not_remembered() -> None:
     async def defer(message: Any) -> None:
         await world.geo.defer_message(message)
 
-    task = await world.start(defer)
-    world.primary.put(FakeMessage(b"x", "a"))
-    await world.clock.advance(3)
-    world.secondary.put(FakeMessage(b"x", "a"))
-    await world.clock.advance(3)
-    await world.stop(task)
+    await world.twin_later(defer)
 
     assert len(world.secondary.deferred) == 1
     assert list(world.seen.claimed.values()) == [2]
