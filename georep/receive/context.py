@@ -8,16 +8,16 @@ The region loops, the session loops and the settlers each take the one
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from opentelemetry import trace
 
 from georep._telemetry import ReceiverMetrics
-from georep.ports import Clock, Ledger, SeenStore
+from georep.ports import ClaimState, Clock, Ledger, SeenStore
 from georep.receive.outcomes import Decisions
 
-__all__ = ["ReceiveContext", "ReceiverStats"]
+__all__ = ["ReceiveContext", "ReceiverStats", "RecentOutcomes"]
 
 
 @dataclass(slots=True)
@@ -59,6 +59,58 @@ class ReceiverStats:
     store_errors: int = 0
 
 
+class RecentOutcomes:
+    """The outcomes this GeoReceiver recorded in the seen-set itself, for a while.
+
+    A message's twin in the other region is mostly received by this receiver's other
+    region loop moments after the first copy was committed: its outcome is known here, and
+    the twin is settled the same way without a claim round trip (one of the three a
+    message otherwise costs). Only ``DONE`` and ``DEAD_LETTERED`` are kept: they stay
+    final for the seen-set's window, while a deferred key is completed later.
+
+    An entry lasts half the seen-set's ``window`` (at most ``max_age`` seconds, on the
+    receiver's clock), well inside the time the store itself keeps the outcome; a store
+    that does not say its window (no ``window`` attribute) gets no entries.
+
+    Args:
+        clock: Time source.
+        window: The seen-set's window in seconds, or None if unknown.
+        limit: Keys kept, the most recent.
+        max_age: Seconds an entry lasts at most.
+    """
+
+    def __init__(
+        self, clock: Clock, window: float | None, *, limit: int = 16_384, max_age: float = 300.0
+    ) -> None:
+        self._clock = clock
+        self._ttl = 0.0 if window is None else min(window / 2, max_age)
+        self._limit = limit
+        self._entries: dict[str, tuple[float, ClaimState, str | None]] = {}
+
+    def add(self, keys: Sequence[str], state: ClaimState, reasons: Sequence[str] | None) -> None:
+        """``keys`` (seen-set keys) were just committed with outcome ``state``."""
+        if self._ttl <= 0 or state not in (ClaimState.DONE, ClaimState.DEAD_LETTERED):
+            return
+        entries = self._entries
+        until = self._clock.monotonic() + self._ttl
+        for index, key in enumerate(keys):
+            entries.pop(key, None)  # re-inserted last: the oldest stay first
+            entries[key] = (until, state, None if reasons is None else reasons[index])
+        while len(entries) > self._limit:
+            del entries[next(iter(entries))]
+
+    def get(self, key: str) -> tuple[ClaimState, str | None] | None:
+        """The outcome recorded for seen-set key ``key`` (and its dead-letter reason), if
+        known here."""
+        entry = self._entries.get(key)
+        if entry is None or entry[0] <= self._clock.monotonic():
+            return None
+        return entry[1], entry[2]
+
+    def __bool__(self) -> bool:
+        return bool(self._entries)
+
+
 @dataclass(frozen=True, slots=True)
 class ReceiveContext:
     """One GeoReceiver's state, as its loops and settlers share it.
@@ -74,6 +126,7 @@ class ReceiveContext:
         stopping: Set when the receiver closes.
         tracer: The receiver's tracer.
         tracing: Whether spans are recorded now.
+        recent: The outcomes this receiver committed lately (twins settled without a claim).
     """
 
     entity: str
@@ -86,3 +139,4 @@ class ReceiveContext:
     stopping: asyncio.Event
     tracer: trace.Tracer
     tracing: Callable[[], bool]
+    recent: RecentOutcomes

@@ -115,6 +115,11 @@ class RecordingSeenSet:
         self.inner = inner
         self._on_recorded = on_recorded
 
+    @property
+    def window(self) -> float | None:
+        """The shared seen-set's window in seconds, if it says."""
+        return getattr(self.inner, "window", None)
+
     async def claim(self, keys: Sequence[str], *, owner: str, lease: float) -> list[ClaimState]:
         return await self.inner.claim(keys, owner=owner, lease=lease)
 

@@ -26,7 +26,7 @@ from georep._region_wrap import open_pair, wrap_pair
 from georep._telemetry import ReceiverMetrics, TracingGate
 from georep.exceptions import ConfigurationError, SettlementError
 from georep.ports import Clock, Ledger, RegionReceiver, RegionSessions, SeenStore, SessionStateStore
-from georep.receive.context import ReceiveContext, ReceiverStats
+from georep.receive.context import ReceiveContext, ReceiverStats, RecentOutcomes
 from georep.receive.outcomes import (
     ABANDON,
     COMPLETE,
@@ -202,6 +202,7 @@ class GeoReceiver(FromNamespaces, AsyncResource):
             stopping=asyncio.Event(),
             tracer=trace.get_tracer("georep", None, tracer_provider),
             tracing=TracingGate(tracer_provider, self._clock.monotonic),
+            recent=RecentOutcomes(self._clock, _window_of(self.seen)),
         )
 
     def _session_policy(
@@ -500,6 +501,14 @@ class GeoReceiver(FromNamespaces, AsyncResource):
             SettlementError: ``message`` is not being handled now, or was decided already.
         """
         self._context.decisions.decide(message, dead_letter_decision(reason, error_description))
+
+
+def _window_of(seen: SeenStore) -> float | None:
+    """The seen-set's window in seconds, if it says (``RedisSeenSet``, ``InMemorySeenSet``)."""
+    window = getattr(seen, "window", None)
+    if isinstance(window, int | float) and not isinstance(window, bool) and window > 0:
+        return float(window)
+    return None
 
 
 def _dedup_scope(regions: Sequence[RegionReceiver], override: str | None) -> str:

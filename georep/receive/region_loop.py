@@ -27,7 +27,7 @@ import logging
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from functools import partial
-from typing import TYPE_CHECKING, Any, Final, Literal
+from typing import TYPE_CHECKING, Any, Final, Literal, TypeVar
 
 from opentelemetry.trace import Status, StatusCode
 
@@ -69,6 +69,7 @@ before georep gives up on it: the SDK alone can wait forever on a lost link."""
 
 Handler = Callable[[Any], Awaitable[object]]
 StorePolicy = Literal["pause", "process"]
+_T = TypeVar("_T")
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,6 +98,14 @@ class LoopPolicy:
         """The seen-set keys of ``copies`` (those with a dedup key), in this scope."""
         prefix = self.scope_prefix
         return [prefix + c.delivery.key for c in copies if c.delivery.key is not None]
+
+
+async def _all_waiting(queue: asyncio.Queue[_T]) -> list[_T]:
+    """The items in ``queue``: the first waited for, then every one already there."""
+    items = [await queue.get()]
+    while not queue.empty():
+        items.append(queue.get_nowait())
+    return items
 
 
 class _Stopping(Exception):
@@ -141,6 +150,7 @@ class RegionLoop:
         self.owner = owner
         self._settlements = settlements
         self._seen = context.seen
+        self._recent = context.recent
         self._decisions = context.decisions
         self._stats = context.stats
         self._metrics = context.metrics
@@ -303,18 +313,25 @@ class RegionLoop:
         ``on_claimed`` is told which copies go to the handler, once the claim answered.
         """
         checked, repeats = first_of_each_key(copies)
-        states = await self._claim(checked, copies)
+        held = copies
+        known: list[tuple[Copy, ClaimState, str | None]] = []
+        if self._recent:  # outcomes this receiver recorded: settled as twins, not claimed
+            checked, known = self._known_outcomes(checked)
+            settling = {id(copy) for copy, _, _ in known}
+            copies = [c for c in copies if id(c) not in settling]
+        states = await self._claim(checked, held)
         turn = sort_by_claim(copies, checked, repeats, states)
+        turn.twins += known
         parked, unchecked = turn.parked, turn.unchecked
         self._stats.unchecked += len(unchecked)
         if on_claimed is not None:
             on_claimed(turn.to_process + unchecked)
         for copy, state, reason in turn.twins:  # the duplicates: settled, never processed
             await self._settlements.settle_twin(copy, state, reason)
-        await self._process(handler, turn.to_process, unchecked, held=copies)
+        await self._process(handler, turn.to_process, unchecked, held=held)
         for copy in parked:
             copy.parked_turns += 1
-        if parked and len(parked) == len(copies):
+        if parked and len(parked) == len(held):
             # Nothing else to do this turn: give the other holder a moment before the
             # next claim instead of spinning on the store (receive() waits when idle, but
             # not while copies are parked and the entity is busy).
@@ -322,6 +339,22 @@ class RegionLoop:
         if parked:
             await self._renew_locks(parked)
         return parked
+
+    def _known_outcomes(
+        self, checked: list[Copy]
+    ) -> tuple[list[Copy], list[tuple[Copy, ClaimState, str | None]]]:
+        """The copies to claim, and those whose outcome this receiver recorded lately
+        (with it, and its dead-letter reason)."""
+        prefix = self._policy.scope_prefix
+        unknown: list[Copy] = []
+        known: list[tuple[Copy, ClaimState, str | None]] = []
+        for copy in checked:
+            outcome = self._recent.get(prefix + str(copy.delivery.key))
+            if outcome is None:
+                unknown.append(copy)
+            else:
+                known.append((copy, *outcome))
+        return unknown, known
 
     async def _claim(self, checked: list[Copy], held: list[Copy]) -> list[ClaimState] | None:
         if not checked:
@@ -391,37 +424,26 @@ class RegionLoop:
 
         A slow handler must not hold back its turn-mates: they are recorded and settled
         while it runs (batched with whatever else finished meanwhile), so a crash loses
-        at most the work still running.
+        at most the work still running. Recording and settling are two stages: a copy is
+        settled only after its outcome is recorded, but the next batch's outcome is
+        recorded while the broker settles the one before (a puller that completes one
+        message at a time waits for the seen-set, not for the previous settlement too).
         """
         copies = claimed + unchecked
         if not copies:
             return
         checked = {id(c) for c in claimed}
-        finished: asyncio.Queue[tuple[Copy, Decision]] = asyncio.Queue()
         self._stats.in_flight += len(copies)
-
-        async def one(copy: Copy) -> None:
-            finished.put_nowait((copy, await self._handle(handler, copy)))
-
-        async def settle_as_they_finish() -> None:
-            remaining = len(copies)
-            while remaining:
-                batch = [await finished.get()]
-                while not finished.empty():
-                    batch.append(finished.get_nowait())
-                remaining -= len(batch)
-                await self._finish(batch, checked, held)
-
         done = asyncio.Event()
         renewer = start_task(
             self._keep_alive(held, claimed, done), name=f"georep-renew {self.region.region}"
         )
         try:
             if len(copies) == 1:  # no tasks to spread over: the common case when idle-ish
-                await one(copies[0])
-                await settle_as_they_finish()
+                batch = [(copies[0], await self._handle(handler, copies[0]))]
+                await self._settle_recorded(await self._record(batch, checked, held))
             else:
-                await asyncio.gather(settle_as_they_finish(), *(one(copy) for copy in copies))
+                await self._process_concurrently(handler, copies, checked, held)
         finally:
             # Told as well as cancelled: an SDK call can swallow a cancellation (Python
             # 3.11's asyncio.wait_for returns a result that raced it, cpython gh-86296),
@@ -430,6 +452,42 @@ class RegionLoop:
             # stop_task: bounded, and a cancellation of this loop that arrives meanwhile
             # goes on (awaiting the cancelled renewer under suppress swallowed it).
             await stop_task(renewer, clock=self._clock)
+
+    async def _process_concurrently(
+        self, handler: Handler, copies: list[Copy], checked: set[int], held: list[Copy]
+    ) -> None:
+        """:meth:`_process` for several copies: a task per handler, a recording stage and
+        a settling stage, each taking what the stage before it finished meanwhile."""
+        finished: asyncio.Queue[tuple[Copy, Decision]] = asyncio.Queue()
+        recorded: asyncio.Queue[list[tuple[Copy, Decision, bool]]] = asyncio.Queue()
+
+        async def one(copy: Copy) -> None:
+            finished.put_nowait((copy, await self._handle(handler, copy)))
+
+        async def record_as_they_finish() -> None:
+            remaining = len(copies)
+            while remaining:
+                batch = await _all_waiting(finished)
+                remaining -= len(batch)
+                recorded.put_nowait(await self._record(batch, checked, held))
+
+        async def settle_as_recorded() -> None:
+            remaining = len(copies)
+            while remaining:
+                for members in await _all_waiting(recorded):
+                    remaining -= len(members)
+                    await self._settle_recorded(members)
+
+        stages = [
+            asyncio.ensure_future(stage)
+            for stage in (settle_as_recorded(), record_as_they_finish(), *map(one, copies))
+        ]
+        try:
+            await asyncio.gather(*stages)
+        finally:
+            # A stage that failed must not leave the others waiting on its queue for ever.
+            for stage in stages:
+                stage.cancel()
 
     async def _handle(self, handler: Handler, copy: Copy) -> Decision:
         """Run the handler on one copy; what it decided (or the default for how it ended).
@@ -468,10 +526,11 @@ class RegionLoop:
         self._settlements.count(decision)
         return decision
 
-    async def _finish(
+    async def _record(
         self, batch: list[tuple[Copy, Decision]], checked: set[int], held: list[Copy]
-    ) -> None:
-        """Record the batch's outcomes in the seen-set (one call per outcome), then settle.
+    ) -> list[tuple[Copy, Decision, bool]]:
+        """Record the batch's outcomes in the seen-set (one call per outcome); each copy
+        with its decision and whether it may be settled so.
 
         A copy whose outcome could not be recorded (closing with the store unreachable) is
         abandoned instead: settling it for good would hide it from its twin.
@@ -483,8 +542,15 @@ class RegionLoop:
         recorded: dict[ClaimState | None, bool] = {}
         for state, members in groups.items():
             recorded[state] = await self._store_call(held, self._record_call(state, members))
-        for copy, decision in batch:
-            kept = id(copy) not in checked or recorded[decision.state]
+        return [
+            (copy, decision, id(copy) not in checked or recorded[decision.state])
+            for copy, decision in batch
+        ]
+
+    async def _settle_recorded(self, batch: list[tuple[Copy, Decision, bool]]) -> None:
+        """Settle copies whose outcome :meth:`_record` recorded (abandon those it could
+        not), and write their ledger rows."""
+        for copy, decision, kept in batch:
             settled = await self._settlements.settle(copy, decision if kept else ABANDON)
             # A handler that succeeded counts as processed even if its commit could not be
             # made and the copy was abandoned: its effects happened.
@@ -498,7 +564,12 @@ class RegionLoop:
         if state is None:
             return partial(self._seen.release, keys, owner=self.owner)
         reasons = [d.reason for _, d in members] if state is ClaimState.DEAD_LETTERED else None
-        return partial(self._seen.commit, keys, owner=self.owner, outcome=state, reasons=reasons)
+
+        async def commit() -> None:
+            await self._seen.commit(keys, owner=self.owner, outcome=state, reasons=reasons)
+            self._recent.add(keys, state, reasons)
+
+        return commit
 
     # ----------------------------------------------------------------- renewals
 
