@@ -17,6 +17,11 @@ when:
    further into the session until it has it, and hands it on first);
 3. or ``order_wait`` ran out (gap ``timeout``).
 
+Meanwhile, while no consumer is on the predecessor, the worker also browses its own region
+every few seconds, whatever the other region holds: a predecessor found there behind the
+message (stored late, or handed back while its successors were handed over) is received
+further into the session and handed on first, not waited for until ``order_wait`` runs out.
+
 Cases 2 and 3 are visible: a warning, ``georep.sessions.order_gaps`` and the ledger's
 ``order_gap`` column. Each message then goes through the region loop's usual
 claim → process → commit → settle (so the seen-set still suppresses the twin copy), one at
@@ -63,6 +68,9 @@ _KEEPER_TICK: Final = 1.0
 _KEEPER_IDLE: Final = 0.5
 """Seconds a session lock keeper waits when there is nothing to keep, or a renewal
 failed."""
+_OWN_LOOK: Final = 2.0
+"""Seconds between browses of its own region for the predecessor a session's head waits
+for, while whether the other region holds it is unknown."""
 _READ_AHEAD: Final = 256
 """Copies a session worker holds in hand at most while it receives ahead for a
 predecessor stored behind its successor (as many as browsing for one looks at)."""
@@ -452,6 +460,7 @@ class SessionRegionLoop:
         if prev_key in self._finished:
             return _Verdict.GO
         started = self._clock.monotonic()
+        next_look = started  # when to browse this region for the predecessor next
         delay = 0.05
         while True:
             if self._stopping.is_set():
@@ -461,17 +470,26 @@ class SessionRegionLoop:
                 self._finished.add(prev_key)
                 break
             waited = self._clock.monotonic() - started
-            if state is None and self._absent_elsewhere(held, stamp.prev, stamp, started):
+            # Nobody is on the predecessor (or the seen-set does not say): it may be behind
+            # this copy in this very region, which is looked at whatever the other region
+            # holds (it cannot be taken for absent until that is known, though).
+            absent_elsewhere = state is None and self._absent_elsewhere(
+                held, stamp.prev, stamp, started
+            )
+            now = self._clock.monotonic()
+            if (state is None or state == _UNKNOWN) and (absent_elsewhere or now >= next_look):
+                next_look = now + _OWN_LOOK
                 if await loop.may_hold(stamp.prev):
                     # Behind it in this very region: stored after it (the durable outbox
-                    # sent it late), or still locked by a receiver that lost the session.
+                    # sent it late), handed back (released) while its successors were
+                    # handed over, or still locked by a receiver that lost the session.
                     # The broker hands a session out in sequence order, and releasing the
                     # session would count a delivery of every copy in hand until the broker
                     # dead-letters them: receive further instead, to hand it on first.
                     found = await self._read_ahead(held, loop, copy)
                     if found is not None:
                         return _Verdict.AGAIN if found else _Verdict.STOP
-                elif not await self._other_may_hold(held, stamp.prev):
+                elif absent_elsewhere and not await self._other_may_hold(held, stamp.prev):
                     self._gap(copy, "absent", waited)
                     break
             if waited >= self._policy.order_wait:

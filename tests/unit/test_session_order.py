@@ -452,3 +452,26 @@ async def test_a_crashed_ask_by_name_is_logged_when_it_crashes(
     await h.run_until(lambda: "ended with RuntimeError" in caplog.text)
     assert "background task georep-session accept" in caplog.text
     await h.stop()
+
+
+async def test_a_predecessor_behind_its_successor_is_fetched_while_the_other_is_unknown() -> None:
+    # Soak seed 7: in the primary, m2 and m3 came in one batch without m1 (m1, handed back by
+    # the SDK between receive calls, was on its way back when the batch was handed over), so
+    # m1 sat behind them. Another receiver held the session in the secondary: whether that
+    # region held m1 was unknown, and m2 waited the whole order_wait before its own region
+    # was browsed, then went on without m1 (which came 31 s later, first delivery).
+    h = Harness(order_wait=60.0, concurrency=2)
+    h.secondary.lock_duration = 1000.0
+    stream = Stream()
+    m1, m2, m3 = (stream.message("S", f"m{i}") for i in range(1, 4))
+    for message in (m2, m3, m1):
+        h.primary.put(message)
+    other = await h.secondary.accept("S", max_wait=0.0)  # another process holds it there
+    assert other is not None
+    h.start()
+    took = await h.run_until(lambda: len(h.handled) == 3)
+    assert h.ids("S") == ["m1", "m2", "m3"]
+    assert h.receiver.stats.order_gaps == 0
+    assert took < 10.0  # not order_wait
+    assert [m.delivery_count for m in h.primary.completed] == [1] * 3  # never released
+    await h.stop()
