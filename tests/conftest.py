@@ -213,7 +213,7 @@ def _live_spark_handler(handler: Any) -> bool:
     thread (cancel its jobs, then KeyboardInterrupt) and that context still runs: a Spark
     lane's session lives as long as its worker. Left behind by a stopped context, it is a
     leak like any other."""
-    if getattr(handler, "__qualname__", "") != "SparkContext.__init__.<locals>.signal_handler":
+    if not getattr(handler, "__qualname__", "").startswith("SparkContext."):
         return False
     from pyspark import SparkContext
 
