@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -17,7 +18,18 @@ import pytest
 from georep.cli.soak.runner import SoakConfig, run_soak
 from georep.cli.soak.schedule import FAULT_KINDS
 
-pytestmark = [pytest.mark.integration, pytest.mark.heavy, pytest.mark.timeout(600)]
+pytestmark = [
+    pytest.mark.integration,
+    pytest.mark.heavy,
+    pytest.mark.timeout(600),
+    # Fifteen processes for two minutes, at the start of a suite already short of CPU: it
+    # timed the suite's Spark and Redis Cluster tests out. CI runs the same soak, longer
+    # (scripts/soak.sh 60), right after the suite, alone on the machine.
+    pytest.mark.skipif(
+        os.environ.get("GEOREP_SOAK_IN_SUITE") != "1",
+        reason="CI runs scripts/soak.sh 60 after the suite; GEOREP_SOAK_IN_SUITE=1 runs it here",
+    ),
+]
 
 
 def test_a_short_soak_with_every_fault_loses_nothing_and_goes_quiet(tmp_path: Path) -> None:
