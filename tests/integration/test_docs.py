@@ -20,6 +20,9 @@ def _runs_code(path: Path) -> bool:
     return any(block.skip is None for block in blocks(path.read_text()))
 
 
+# The hang guard above the doc's own 240 s bound (pytest's default, 120 s, cut the runbook
+# and the receiver page off on a loaded machine while they were still making progress).
+@pytest.mark.timeout(300)
 @pytest.mark.parametrize("path", [p for p in DOCS if _runs_code(p)], ids=lambda p: p.name)
 def test_the_python_in_each_doc_runs(path: Path) -> None:
     completed = run_python(str(REPO / "tests" / "docs" / "run_doc.py"), str(path), timeout=240)

@@ -31,7 +31,14 @@ from georep.adapters.redis import PrivateRedisCluster, RedisSeenSet
 from georep.adapters.redis._embedded import _free_port
 from georep.ports import ClaimState
 
-pytestmark = [pytest.mark.integration, pytest.mark.redis_cluster, pytest.mark.heavy]
+# A hang guard, not a budget: four receiver processes on a six-node cluster ran 126 s
+# on a loaded machine, past pytest's default 120 s, while still making progress.
+pytestmark = [
+    pytest.mark.integration,
+    pytest.mark.redis_cluster,
+    pytest.mark.heavy,
+    pytest.mark.timeout(300),
+]
 
 
 queue = queue_fixture("cluster", lock_duration=5, max_delivery_count=10)
