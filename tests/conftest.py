@@ -5,8 +5,8 @@ workers than cores; what it must not do is start many Java virtual machines at o
 Spark start costs seconds of CPU, and on two cores a burst of them starves the tests that
 time an outage. So:
 
-- the tests that run Spark form three **lanes** (:data:`LANES`), each run in order by one
-  worker, from the start: never more than three Spark jobs at a time, and the in-process
+- the tests that run Spark form two **lanes** (:data:`LANES`), each run in order by one
+  worker, from the start: never more than two Spark jobs at a time, and the in-process
   Spark session of a lane is started once;
 - every other module is a unit that one worker runs (its module fixtures, an emulator or a
   Redis Cluster, start once), except the modules in :data:`SPLIT`, whose tests are
@@ -48,11 +48,9 @@ LANES = {
     ),
     "spark-b": (
         "test_spark_standalone.py",
+        "test_spark_source.py",
         "test_docs.py::test_the_python_in_each_doc_runs[spark.md]",
     ),
-    # The source's kill, failure and outage tests: minutes of Spark, in a lane of their
-    # own so that neither other lane waits behind them.
-    "spark-c": ("test_spark_source.py",),
 }
 
 #: Modules whose tests are independent and each worth a worker of its own.
