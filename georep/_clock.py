@@ -55,13 +55,27 @@ class Deadline:
         traceback: TracebackType | None,
     ) -> bool | None:
         self.done = True
-        if self.expired and self.task is not None:
+        task = self.task
+        if task is None:
+            return None
+        if self.expired:
             # Our cancellation, not the caller's: take it back and report a timeout, as
             # asyncio.timeout does (a caller's own cancel keeps its count and propagates).
-            cancels = self.task.uncancel()
-            if cancels <= self.cancelling and exc_type is asyncio.CancelledError:
-                raise TimeoutError(f"no answer within {self.seconds:g} s") from exc
-        return None
+            cancels = task.uncancel()
+            if cancels <= self.cancelling:
+                if exc_type is asyncio.CancelledError:
+                    raise TimeoutError(f"no answer within {self.seconds:g} s") from exc
+                return None
+        elif task.cancelling() <= self.cancelling:
+            return None
+        # The caller was cancelled while the body ran, and the body did not end by it: it
+        # swallowed the cancellation (Python 3.11's ``asyncio.wait_for``, which the SDK's
+        # AMQP layer uses, returns a result that arrived with the cancellation). Raise it
+        # here, whatever the body did: a cancelled call's outcome is unknown to its caller
+        # either way, and a send retried with the same messages is deduplicated.
+        if exc_type is not None and issubclass(exc_type, asyncio.CancelledError):
+            return None
+        raise asyncio.CancelledError() from exc
 
     def expire(self) -> None:
         if not self.done and not self.expired and self.task is not None:
