@@ -12,7 +12,13 @@ time an outage. So:
   Redis Cluster, start once), except the modules in :data:`SPLIT`, whose tests are
   independent and each a unit of its own, so that a long module is spread over workers;
 - units go out longest first: the lanes, then :data:`EARLY` (long, timed runs), then the
-  other integration units in collection order; the unit tests, quick, fill the gaps.
+  other integration units in collection order; the unit tests, quick, fill the gaps;
+- at most :data:`HEAVY_AT_ONCE` units with a test marked ``heavy`` (many processes, or
+  thousands of messages through the emulator) are handed out at once, besides the lanes:
+  a worker that would get one while that many run gets the next light unit instead. Ten
+  heavy units at once (the first wave, before) made the machine run each of them three to
+  five times slower than alone, and timed waits inside them (a lock renewed, a session's
+  predecessor awaited, a doc's 240 s) ran out.
 
 With ``pytest -n N --dist-units --no-loadscope-reorder`` (what scripts/test.sh runs) the
 scheduler below (xdist's module scheduler, told what a unit is) hands units out in
@@ -45,11 +51,15 @@ LANES = {
         "test_georeceiver_sessions.py::test_fifty_sessions_keep_their_order_through_a_primary_failure[passive-outage]",
         "test_demo.py::test_the_pipeline_demo",
         "test_docs.py::test_the_python_in_each_doc_runs[audit.md]",
+        # From lane b, to even the lanes out (they set the suite's wall time: 380 s and
+        # 540 s on a quiet machine before). Not the source's executor-failure test: it
+        # needs lane b's local[2,2] session (a failed task is run again).
+        "test_spark_source.py::test_the_sink_sends_a_replayed_batch_once",
+        "test_docs.py::test_the_python_in_each_doc_runs[spark.md]",
     ),
     "spark-b": (
         "test_spark_standalone.py",
         "test_spark_source.py",
-        "test_docs.py::test_the_python_in_each_doc_runs[spark.md]",
     ),
 }
 
@@ -94,6 +104,13 @@ EARLY = (
 )
 
 
+#: Units marked ``heavy`` out at once, besides the Spark lanes (GEOREP_TEST_HEAVY).
+HEAVY_AT_ONCE = int(os.environ.get("GEOREP_TEST_HEAVY", "3"))
+
+#: Where the workers tell the scheduler which units are heavy (set by the controller).
+_UNITS_DIR = "GEOREP_TEST_UNITS_DIR"
+
+
 def _short(nodeid: str) -> str:
     return nodeid.removeprefix("tests/integration/")
 
@@ -136,6 +153,34 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         key=lambda unit: _rank(unit[0], unit[1][0]),
     )  # stable: the rest keep collection order
     items[:] = [item for _, tests in ordered for item in tests]
+    _tell_heavy_units(units)
+
+
+def _tell_heavy_units(units: dict[str, list[pytest.Item]]) -> None:
+    """In a worker: write the units holding a ``heavy`` test for the controller's
+    scheduler (every worker collects the same; the last write wins, whole)."""
+    directory = os.environ.get(_UNITS_DIR)
+    if not directory or "PYTEST_XDIST_WORKER" not in os.environ:
+        return
+    heavy = sorted(
+        name
+        for name, tests in units.items()
+        if name not in LANES and any(t.get_closest_marker("heavy") for t in tests)
+    )
+    path = os.path.join(directory, "heavy.json")
+    partial = f"{path}.{os.environ['PYTEST_XDIST_WORKER']}"
+    with open(partial, "w", encoding="utf-8") as out:
+        json.dump(heavy, out)
+    os.replace(partial, path)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    if hasattr(config, "workerinput") or not config.getoption("dist_units", False):
+        return
+    import tempfile
+
+    # Inherited by the workers, which xdist starts after this.
+    os.environ[_UNITS_DIR] = tempfile.mkdtemp(prefix="georep-units-")
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -159,9 +204,42 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
     from xdist.scheduler import LoadScopeScheduling
 
     class UnitScheduling(LoadScopeScheduling):  # type: ignore[misc]
+        _heavy: frozenset[str] | None = None
+
         def _split_scope(self, nodeid: str) -> str:
             _used.add("split")
             return unit_of(nodeid)
+
+        def _heavy_units(self) -> frozenset[str]:
+            if self._heavy is None:
+                path = os.path.join(os.environ.get(_UNITS_DIR, ""), "heavy.json")
+                try:
+                    with open(path, encoding="utf-8") as units:
+                        self._heavy = frozenset(json.load(units))
+                except FileNotFoundError:
+                    self._heavy = frozenset()
+            return self._heavy
+
+        def _heavy_out(self) -> int:
+            heavy = self._heavy_units()
+            return sum(
+                1
+                for work in self.assigned_work.values()
+                for unit, tests in work.items()
+                if unit in heavy and not all(tests.values())
+            )
+
+        def _assign_work_unit(self, node: Any) -> None:
+            """The first unit in order, but while HEAVY_AT_ONCE heavy units are out, the
+            first light one (a heavy one only when none is left: an xdist worker runs its
+            last test only once it has another, or is shut down, so a node is never left
+            without work)."""
+            if self._heavy_out() >= HEAVY_AT_ONCE:
+                heavy = self._heavy_units()
+                light = next((u for u in self.workqueue if u not in heavy), None)
+                if light is not None:
+                    self.workqueue.move_to_end(light, last=False)
+            super()._assign_work_unit(node)
 
     _used.add("made")
     return UnitScheduling(config, log)

@@ -20,10 +20,23 @@ def _runs_code(path: Path) -> bool:
     return any(block.skip is None for block in blocks(path.read_text()))
 
 
+#: Pages that start many processes (the runbook's commands) or outages with receivers:
+#: heavy, so the scheduler runs only a few such units at once (tests/conftest.py).
+HEAVY_PAGES = frozenset({"operations.md", "receiver.md", "README.md"})
+
+
 # The hang guard above the doc's own 240 s bound (pytest's default, 120 s, cut the runbook
 # and the receiver page off on a loaded machine while they were still making progress).
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize("path", [p for p in DOCS if _runs_code(p)], ids=lambda p: p.name)
+@pytest.mark.parametrize(
+    "path",
+    [
+        pytest.param(p, marks=[pytest.mark.heavy] if p.name in HEAVY_PAGES else [])
+        for p in DOCS
+        if _runs_code(p)
+    ],
+    ids=lambda p: p.name,
+)
 def test_the_python_in_each_doc_runs(path: Path) -> None:
     completed = run_python(str(REPO / "tests" / "docs" / "run_doc.py"), str(path), timeout=240)
     output = f"stdout:\n{completed.stdout[-3000:]}\nstderr:\n{completed.stderr[-5000:]}"

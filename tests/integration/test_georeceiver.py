@@ -97,6 +97,7 @@ async def test_duplicate_reception_after_a_lost_response_is_processed_once(
     assert {r.message_ids[0] for r in results} <= set(processed)
 
 
+@pytest.mark.heavy  # four processes: the scheduler runs few heavy units at once
 async def test_four_receiver_processes_process_every_id_exactly_once(
     emu: Emulator, queue: str
 ) -> None:
