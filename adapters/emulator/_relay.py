@@ -42,6 +42,7 @@ import datetime
 import json
 import logging
 import random
+import socket
 import ssl
 import time
 import uuid
@@ -54,6 +55,7 @@ from aiohttp import WSCloseCode, WSMsgType, web
 
 from ._namespace_host import NamespaceHost
 from ._sas import LISTEN, SEND, SasGrant
+from ._sockets import bind_loopback
 
 __all__ = ["RelayServer"]
 
@@ -121,6 +123,7 @@ class RelayServer:
         self._accepts: dict[str, asyncio.Future[tuple[web.WebSocketResponse, asyncio.Event]]] = {}
         self._sockets: set[web.WebSocketResponse] = set()
         self._runner: web.AppRunner | None = None
+        self._reserved: socket.socket | None = None
         self.requests = 0
 
     # -- lifecycle ---------------------------------------------------------------------
@@ -134,16 +137,34 @@ class RelayServer:
         app.router.add_route("*", "/{path:.*}", self._http)
         runner = web.AppRunner(app, access_log=None, shutdown_timeout=1.0)
         await runner.setup()
-        site = web.TCPSite(
-            runner, "127.0.0.1", self.port, ssl_context=self._ssl, reuse_address=True
-        )
-        await site.start()
-        sockets = site._server.sockets if site._server is not None else []  # type: ignore[attr-defined]
-        self.port = sockets[0].getsockname()[1]
+        # Bound while an outage's reservation still holds the port (bind_loopback), which
+        # is let go only once this listens.
+        sock = bind_loopback(self.port)
+        try:
+            site = web.SockSite(runner, sock, ssl_context=self._ssl)
+            await site.start()
+        except BaseException:
+            sock.close()
+            await runner.cleanup()
+            raise
+        self.port = sock.getsockname()[1]
         self._runner = runner
+        if self._reserved is not None:
+            self._reserved.close()
+            self._reserved = None
 
-    async def stop(self) -> None:
-        """Close every websocket with 1001 (going away) and stop listening."""
+    async def stop(self, *, hold_port: bool = False) -> None:
+        """Close every websocket with 1001 (going away) and stop listening; with
+        ``hold_port`` (an outage) keep the port bound, refusing connections, for
+        :meth:`start` to listen on again."""
+        if hold_port and self._runner is not None and self._reserved is None:
+            try:
+                self._reserved = bind_loopback(self.port)
+            except OSError as exc:  # start() binds again, and says so if it cannot
+                _LOG.warning("relay on port %d: could not hold it while down: %s", self.port, exc)
+        elif not hold_port and self._reserved is not None:
+            self._reserved.close()
+            self._reserved = None
         sockets = list(self._sockets)
         self._sockets.clear()
         for channels in self._channels.values():
@@ -394,9 +415,9 @@ class RelayServer:
         for task in done:
             if not task.cancelled() and task.exception() is None:
                 code = task.result()
-        for socket in (sender, listener):
-            if not socket.closed:
-                await socket.close(code=code)
+        for peer in (sender, listener):
+            if not peer.closed:
+                await peer.close(code=code)
         for task in pending:
             task.cancel()
         await asyncio.gather(*pending, return_exceptions=True)

@@ -41,6 +41,7 @@ from ._sas import (
     resource_path,
     verify,
 )
+from ._sockets import bind_loopback
 from ._websocket import WEBSOCKET_PATH, websocket_server
 
 __all__ = [
@@ -225,15 +226,7 @@ class NamespaceServer:
         )
 
     def _bind(self) -> socket.socket:
-        # SO_REUSEPORT lets an outage bind the port's reservation while the listener still
-        # holds it: the port is never free for another process to take (with ten test
-        # workers opening connections, one did, and restore could not listen again).
-        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        if hasattr(socket, "SO_REUSEPORT"):
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
-        sock.bind(("127.0.0.1", self.port))
-        return sock
+        return bind_loopback(self.port)
 
     async def stop_listening(self) -> None:
         if self._accept_task is not None:
@@ -318,7 +311,7 @@ class NamespaceServer:
         await self.stop_listening()
         self._drop_connections()
         if self.relay is not None:
-            await self.relay.stop()
+            await self.relay.stop(hold_port=True)
 
     async def restore(self) -> None:
         """Clear every fault and listen again on the same port."""

@@ -145,16 +145,26 @@ async def test_outage_refuses_connections_keeps_data_and_restore_recovers(emu: E
 def test_a_namespace_holds_its_port_while_down_so_restore_can_listen_on_it(emu: Emulator) -> None:
     # Another process binding a free port (every test's emulator does) must not get the port
     # of a namespace in outage, or restore() could not listen on it again.
+    # The same for the relay's port (a full suite run once lost it to a worker's
+    # ephemeral client port while the namespace was down).
     control = emu.namespace("primary")
+    ports = {"amqp": control.port, "relay": control.relay_port}
+    assert all(ports.values()), ports
     control.outage()
-    with socket.socket() as intruder:
-        with pytest.raises(OSError) as taken:
-            intruder.bind(("127.0.0.1", control.port))
-        assert taken.value.errno == errno.EADDRINUSE
-    with socket.socket() as client, pytest.raises(ConnectionRefusedError):
-        client.connect(("127.0.0.1", control.port))
+    for name, port in ports.items():
+        with socket.socket() as intruder:
+            with pytest.raises(OSError) as taken:
+                intruder.bind(("127.0.0.1", port))
+            assert taken.value.errno == errno.EADDRINUSE, name
+        with socket.socket() as client, pytest.raises(ConnectionRefusedError):
+            client.connect(("127.0.0.1", port))
     control.restore()
-    socket.create_connection(("127.0.0.1", control.port), timeout=5).close()
+    for port in ports.values():
+        socket.create_connection(("127.0.0.1", port), timeout=5).close()
+    control.outage()  # and again: the reservation is let go once listening, and taken anew
+    control.restore()
+    for port in ports.values():
+        socket.create_connection(("127.0.0.1", port), timeout=5).close()
 
 
 async def test_blackhole_times_out_existing_and_new_connections(emu: Emulator) -> None:
