@@ -12,6 +12,7 @@ import contextlib
 import json
 import logging
 import os
+import random
 import shutil
 import signal
 import socket
@@ -119,10 +120,25 @@ class SoakResult:
 # -- the processes ---------------------------------------------------------------------------
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+def _restartable_port() -> int:
+    """A free loopback port below the kernel's ephemeral range: the Redis server is
+    SIGKILLed and started again on it, and a port inside the range can be taken meanwhile
+    as the local port of any outgoing connection on the machine (the emulator's restore
+    once lost its port so)."""
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range", encoding="ascii") as ranges:
+            low = int(ranges.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        low = 32768
+    rng = random.Random()
+    for _ in range(200):
+        port = rng.randrange(10_000, max(low, 10_001))
+        with socket.socket() as probe, contextlib.suppress(OSError):
+            probe.bind(("127.0.0.1", port))
+            return port
+    with socket.socket() as probe:  # every try taken: any free port
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
 
 
 class RedisServer:
@@ -131,7 +147,7 @@ class RedisServer:
 
     def __init__(self, directory: Path) -> None:
         self.directory = directory
-        self.port = _free_port()
+        self.port = _restartable_port()
         self.process: subprocess.Popen[bytes] | None = None
         self.restarts = 0
 
