@@ -12,5 +12,6 @@ if [[ "$seed" == "random" ]]; then
     seed="$(date +%s)"
 fi
 shift $(( $# > 2 ? 2 : $# ))
+unset PYTHONDONTWRITEBYTECODE  # its workers start and restart often: compile once
 exec .venv/bin/georep soak --seconds "$seconds" --seed "$seed" --faults all \
     --report "${GEOREP_SOAK_REPORT:-soak-report}" "$@"

@@ -15,6 +15,10 @@ source "$(dirname "$0")/redis.sh"
 # handle kilobytes: the client compiler alone and the serial collector halve the CPU they
 # take to start (the two Spark modules: 63 s of CPU down to 36 s), and CPU is what two cores
 # run short of. The audit's benchmarks run without this.
+# Bytecode is cached (this machine's environment sets PYTHONDONTWRITEBYTECODE): without it
+# each of the ten workers rewrote and compiled every test module again (collection took
+# 11 s of CPU per worker instead of 4.6), and every subprocess compiled georep again.
+unset PYTHONDONTWRITEBYTECODE
 export JAVA_TOOL_OPTIONS="${JAVA_TOOL_OPTIONS:--XX:TieredStopAtLevel=1 -XX:+UseSerialGC}"
 if [[ "${GEOREP_TEST_WORKERS:-10}" == "0" ]]; then
     exec .venv/bin/python -m pytest -p no:cacheprovider "$@"
