@@ -182,6 +182,43 @@ def _retrieve(task: asyncio.Future[Any]) -> None:
         _log.debug("a stopped task ended with %s", type(error).__name__)
 
 
+async def finish_task(
+    task: asyncio.Future[Any] | None,
+    *,
+    timeout: float,
+    clock: Clock | None = None,
+) -> bool:
+    """Wait at most ``timeout`` s for ``task`` (one the caller owns, already told to end)
+    to end by itself, then stop it (:func:`stop_task`).
+
+    The ``wait_for`` + ``suppress(CancelledError)`` it replaces swallowed the caller's own
+    cancellation (a Ctrl-C while a demo closed). What the task raised is retrieved and
+    logged at debug level, never raised: its owner is closing it.
+
+    Returns:
+        True when it ended by itself within ``timeout``.
+
+    Raises:
+        CancelledError: The caller was cancelled (the task was stopped first).
+    """
+    if task is None:
+        return True
+    try:
+        if clock is None:
+            await asyncio.wait([task], timeout=timeout)
+        else:
+            with contextlib.suppress(TimeoutError), clock.deadline(timeout):
+                await asyncio.wait([task])
+    except BaseException:
+        await stop_task(task, clock=clock)
+        raise
+    if task.done():
+        _retrieve(task)
+        return True
+    await stop_task(task, clock=clock)
+    return False
+
+
 async def stop_task(
     task: asyncio.Future[Any] | None,
     *,
@@ -297,6 +334,7 @@ async def close_in_order(
             continue
         try:
             await step()
+        # cancellation: raised again once every step ran
         except asyncio.CancelledError as exc:
             cancelled = exc
         except Exception as exc:

@@ -430,6 +430,7 @@ class GeoReceiver(_Blocking):
             with contextlib.suppress(Exception):
                 future.result()
             raise
+        # cancellation: a thread's future, not a task: the run was cancelled by close()
         except concurrent.futures.CancelledError:
             return
 

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import contextlib
 import logging
 import secrets
 import socket
@@ -230,10 +229,11 @@ class NamespaceServer:
 
     async def stop_listening(self) -> None:
         if self._accept_task is not None:
-            self._accept_task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._accept_task
-            self._accept_task = None
+            task, self._accept_task = self._accept_task, None
+            task.cancel()
+            # asyncio.wait, not an await inside suppress(CancelledError): that would
+            # swallow the caller's own cancellation too.
+            await asyncio.wait([task])
         if self._listener is not None:
             self._listener.close()
             self._listener = None

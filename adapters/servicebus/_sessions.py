@@ -159,6 +159,7 @@ class ServiceBusRegionSessions(RegionLabels):
         except asyncio.CancelledError:
             # The caller gave up waiting (another region found a session first): a link
             # still opening must not go on to lock a session nobody reads.
+            # cancellation: the caller's own is raised again below, once the link is closed
             with contextlib.suppress(Exception, asyncio.CancelledError):
                 await asyncio.wait_for(asyncio.shield(receiver.close()), _CLOSE_SECONDS)
             raise

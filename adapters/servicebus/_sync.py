@@ -151,6 +151,7 @@ class RegionWorker:
                 continue  # its caller gave up before it started: never run it late
             try:
                 result = function()
+            # cancellation: a worker thread hands whatever its job raised to the job's future
             except BaseException as exc:  # handed to the awaiting coroutine
                 future.set_exception(exc)
             else:

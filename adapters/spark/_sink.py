@@ -303,6 +303,7 @@ def run_sync(coroutine: Coroutine[Any, Any, _T]) -> _T:
     def target() -> None:
         try:
             outcome["value"] = asyncio.run(coroutine)
+        # cancellation: the thread hands it to the calling thread, which raises it
         except BaseException as exc:  # handed to the calling thread below
             outcome["error"] = exc
 

@@ -428,6 +428,8 @@ async def _run_syphon(worker: Any, *, report_every: float, long_poll: float) -> 
     """Run ``worker`` until SIGINT/SIGTERM, printing its stats every ``report_every`` s."""
     import signal
 
+    from georep._lifecycle import finish_task
+
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -443,8 +445,7 @@ async def _run_syphon(worker: Any, *, report_every: float, long_poll: float) -> 
             f"billed operations {stats.billed_operations + stats.receive_calls}"
         )
     await worker.aclose()
-    with contextlib.suppress(asyncio.CancelledError):
-        await asyncio.wait_for(task, long_poll + 30)
+    await finish_task(task, timeout=long_poll + 30)
     console.print("syphon stopped")
 
 

@@ -11,7 +11,6 @@ strings are given (no fault can be injected there, so the outage is skipped).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 import uuid
@@ -21,6 +20,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from georep._lifecycle import finish_task
 from georep.exceptions import ConfigurationError, GeoReplicationError
 from georep.ports import RegionAttempt, SendRecord
 
@@ -370,9 +370,7 @@ class _Sender:
     async def close(self) -> None:
         if self._syphon is not None:
             await self._syphon.aclose()
-            if self._syphon_task is not None:
-                with contextlib.suppress(asyncio.CancelledError, GeoReplicationError):
-                    await asyncio.wait_for(self._syphon_task, 10)
+            await finish_task(self._syphon_task, timeout=10)
         if self._impl is not None:
             if self.config.mode == "raw":
                 await self._impl.close()
@@ -589,7 +587,6 @@ class _Run:
         for receiver in self.receivers:
             await receiver.aclose()
         for task in self.receiver_tasks:
-            with contextlib.suppress(asyncio.CancelledError, GeoReplicationError):
-                await asyncio.wait_for(task, 15)
+            await finish_task(task, timeout=15)
         await self.ledger.aclose()
         await self.topology.stop()

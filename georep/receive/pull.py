@@ -38,7 +38,7 @@ from typing import Any, Final
 
 from georep._channel import CALL_SECONDS, bounded_call
 from georep._clock import SystemClock
-from georep._lifecycle import AsyncResource, close_all
+from georep._lifecycle import AsyncResource, close_all, stop_tasks
 from georep.exceptions import (
     AlreadySettledError,
     ClosedError,
@@ -858,7 +858,4 @@ class PullReceiver(AsyncResource):
         if late:
             _log.warning("closing: %d %s(s) did not finish within %g s", len(late), what, seconds)
             if cancel:
-                for task in late:
-                    task.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await asyncio.gather(*late, return_exceptions=True)
+                await stop_tasks(late, clock=self._clock)

@@ -12,6 +12,7 @@ from georep._lifecycle import (
     AsyncResource,
     close_all,
     close_in_order,
+    finish_task,
     start_task,
     stop_task,
 )
@@ -239,3 +240,42 @@ async def test_close_all_returns_when_a_stuck_close_swallows_its_cancellation(
     assert "did not end within" in caplog.text
     let_go.set()
     await settle()
+
+
+async def test_finish_task_waits_for_a_task_that_ends_by_itself_and_keeps_its_error_quiet() -> None:
+    clock = FakeClock()
+    release = asyncio.Event()
+
+    async def ends_with_an_error() -> None:
+        await release.wait()
+        raise RuntimeError("its own business")
+
+    owned = asyncio.create_task(ends_with_an_error())
+    finishing = asyncio.create_task(finish_task(owned, timeout=10, clock=clock))
+    await settle()
+    release.set()
+    assert await finishing is True
+    assert isinstance(owned.exception(), RuntimeError)
+
+
+async def test_finish_task_stops_a_task_still_running_at_its_timeout() -> None:
+    clock = FakeClock()
+    owned = asyncio.create_task(asyncio.Event().wait())
+    finishing = asyncio.create_task(finish_task(owned, timeout=10, clock=clock))
+    await settle()
+    await clock.advance(10)
+    assert await finishing is False
+    assert owned.cancelled()
+
+
+async def test_finish_task_never_swallows_the_callers_own_cancellation() -> None:
+    """What it replaces, ``suppress(CancelledError)`` around ``wait_for(task, n)``, ate a
+    Ctrl-C that arrived while the demo closed."""
+    clock = FakeClock()
+    owned = asyncio.create_task(asyncio.Event().wait())
+    caller = asyncio.create_task(finish_task(owned, timeout=10, clock=clock))
+    await settle()
+    caller.cancel()
+    await settle()
+    assert caller.cancelled(), "the caller's cancellation must propagate"
+    assert owned.cancelled(), "and the task it owned was stopped"
