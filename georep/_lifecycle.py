@@ -182,6 +182,17 @@ def _retrieve(task: asyncio.Future[Any]) -> None:
         _log.debug("a stopped task ended with %s", type(error).__name__)
 
 
+async def wait_within(awaitable: Awaitable[_T], seconds: float) -> _T:
+    """``await awaitable``, raising ``TimeoutError`` after ``seconds`` (it is cancelled).
+
+    ``asyncio.wait_for`` does the same, but on Python 3.11 it returns a result that arrives
+    together with the caller's cancellation, which is then lost; ``asyncio.timeout`` keeps
+    it. georep's code uses this (tests/unit/test_cancellation_shape.py checks).
+    """
+    async with asyncio.timeout(seconds):
+        return await awaitable
+
+
 async def finish_task(
     task: asyncio.Future[Any] | None,
     *,

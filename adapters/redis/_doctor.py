@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import asyncio
 from typing import Any
 
 import redis.asyncio
 from redis.exceptions import RedisError, ResponseError
 
 from georep._doctor import Finding
+from georep._lifecycle import wait_within
 
 __all__ = ["check_seen_set_redis"]
 
@@ -112,8 +112,8 @@ async def check_seen_set_redis(url: str, *, timeout: float = 5.0) -> list[Findin
         ]
     where = _where(client)
     try:
-        await asyncio.wait_for(client.ping(), timeout)
-        cluster = await asyncio.wait_for(client.info("cluster"), timeout)
+        await wait_within(client.ping(), timeout)
+        cluster = await wait_within(client.info("cluster"), timeout)
         if str(cluster.get("cluster_enabled", "0")) == "1":
             return await _check_cluster(client, where, timeout)
         return await _check_node(client, where, timeout)
@@ -133,9 +133,9 @@ def _unusable(where: str, exc: BaseException) -> Finding:
 
 async def _check_node(client: redis.asyncio.Redis, where: str, timeout: float) -> list[Finding]:
     """One Redis (or one master of a cluster): version, eviction policy, persistence."""
-    policy = await asyncio.wait_for(_policy(client), timeout)
-    info = await asyncio.wait_for(client.info("server"), timeout)
-    persistence = await asyncio.wait_for(_persistence(client), timeout)
+    policy = await wait_within(_policy(client), timeout)
+    info = await wait_within(client.info("server"), timeout)
+    persistence = await wait_within(_persistence(client), timeout)
     findings = [Finding.ok("redis", f"{where} answers (Redis {info.get('redis_version')})")]
     if policy == _SAFE_POLICY:
         findings.append(Finding.ok("redis", "maxmemory-policy noeviction: ids are never evicted"))
@@ -157,7 +157,7 @@ async def _check_node(client: redis.asyncio.Redis, where: str, timeout: float) -
 async def _check_cluster(client: redis.asyncio.Redis, where: str, timeout: float) -> list[Finding]:
     """A Redis Cluster (the node of the URL says ``cluster_enabled``): its state, and each
     master that owns slots checked as a single Redis (the seen-set's keys live there)."""
-    state = await asyncio.wait_for(client.execute_command("CLUSTER INFO"), timeout)  # type: ignore[no-untyped-call]
+    state = await wait_within(client.execute_command("CLUSTER INFO"), timeout)  # type: ignore[no-untyped-call]
     if isinstance(state, dict):  # redis-py parses the answer into its fields
         fields = {_text(k): _text(v) for k, v in state.items()}
     else:
@@ -184,7 +184,7 @@ async def _check_cluster(client: redis.asyncio.Redis, where: str, timeout: float
                 "(redis-cli --cluster check / fix)",
             )
         )
-    slots = await asyncio.wait_for(client.execute_command("CLUSTER SLOTS"), timeout)  # type: ignore[no-untyped-call]
+    slots = await wait_within(client.execute_command("CLUSTER SLOTS"), timeout)  # type: ignore[no-untyped-call]
     masters = sorted({(_text(entry[2][0]), int(entry[2][1])) for entry in slots})
     connection = client.connection_pool.connection_kwargs
     for host, port in masters:
@@ -199,7 +199,7 @@ async def _check_cluster(client: redis.asyncio.Redis, where: str, timeout: float
         )
         label = f"{host}:{port}"
         try:
-            await asyncio.wait_for(node.ping(), timeout)
+            await wait_within(node.ping(), timeout)
             findings += await _check_node(node, f"cluster master {label}", timeout)
         except (RedisError, OSError, TimeoutError) as exc:
             findings.append(_unusable(f"cluster master {label}", exc))

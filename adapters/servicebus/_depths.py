@@ -25,6 +25,7 @@ from azure.servicebus import ServiceBusMessageState
 from azure.servicebus.aio import ServiceBusClient
 from azure.servicebus.aio.management import ServiceBusAdministrationClient
 
+from georep._lifecycle import wait_within
 from georep.paired.options import backlog_queue_path
 
 from ._doctor import _certificate_error
@@ -99,7 +100,7 @@ class RegionDepths:
 
 
 async def _bounded(operation: Awaitable[_T], timeout: float) -> _T:
-    return await asyncio.wait_for(operation, timeout)
+    return await wait_within(operation, timeout)
 
 
 def _unreachable(

@@ -18,6 +18,7 @@ from azure.servicebus.aio import ServiceBusClient
 from azure.servicebus.aio.management import ServiceBusAdministrationClient
 
 from georep._doctor import Finding
+from georep._lifecycle import wait_within
 from georep.exceptions import ConfigurationError
 from georep.paired.options import backlog_queue_path
 from georep.ports import ErrorKind
@@ -95,7 +96,7 @@ class _Inventory:
 
 
 async def _bounded(operation: Awaitable[_T], timeout: float) -> _T:
-    return await asyncio.wait_for(operation, timeout)
+    return await wait_within(operation, timeout)
 
 
 async def _inventory(

@@ -51,6 +51,7 @@ import pyarrow as pa
 from pyspark.sql.datasource import DataSourceStreamReader, InputPartition
 from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadLimit, ReadMaxRows
 
+from georep._lifecycle import wait_within
 from georep._sync_runtime import LoopRuntime
 from georep.exceptions import StoreUnavailableError
 
@@ -416,7 +417,7 @@ class Intake:
         if not self._waiting:
             self._arrived.clear()
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._arrived.wait(), self._settings.max_wait)
+                await wait_within(self._arrived.wait(), self._settings.max_wait)
         # A receive turn's handlers start together: wait until no more arrive.
         count = -1
         while count != len(self._waiting) and len(self._waiting) < most:

@@ -428,7 +428,7 @@ async def _run_syphon(worker: Any, *, report_every: float, long_poll: float) -> 
     """Run ``worker`` until SIGINT/SIGTERM, printing its stats every ``report_every`` s."""
     import signal
 
-    from georep._lifecycle import finish_task
+    from georep._lifecycle import finish_task, wait_within
 
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
@@ -437,7 +437,7 @@ async def _run_syphon(worker: Any, *, report_every: float, long_poll: float) -> 
     task = asyncio.create_task(worker.run())
     while not stop.is_set() and not task.done():
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(stop.wait(), report_every)
+            await wait_within(stop.wait(), report_every)
         stats = worker.stats
         console.print(
             f"moved {stats.moved}  dead-lettered {stats.dead_lettered}  "

@@ -32,6 +32,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from georep._lifecycle import wait_within
+
 __all__ = ["WorkerSpec", "main"]
 
 _log = logging.getLogger("georep.soak.worker")
@@ -365,7 +367,7 @@ async def _serve(
         await beat
         await owner.aclose()
         with contextlib.suppress(Exception):
-            await asyncio.wait_for(task, 15)
+            await wait_within(task, 15)
     if task.done() and not task.cancelled() and (error := task.exception()) is not None:
         raise error
 
