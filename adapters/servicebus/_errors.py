@@ -67,6 +67,9 @@ _ARGUMENT_CONDITIONS = frozenset(
     {"com.microsoft:argument-error", "com.microsoft:argument-out-of-range"}
 )
 
+#: What the SDK's ValueError says when its handler was closed under a call.
+_SHUT_DOWN = "handler has already been shutdown"
+
 _HINTS = {
     ErrorKind.AUTHENTICATION: "check SharedAccessKeyName and SharedAccessKey for this namespace",
     ErrorKind.ENTITY_NOT_FOUND: "create the queue or topic in this namespace",
@@ -103,6 +106,10 @@ def error_kind(exc: BaseException) -> ErrorKind | None:
         if condition in _ARGUMENT_CONDITIONS or not getattr(exc, "_retryable", False):
             return ErrorKind.INVALID_ARGUMENT
         return ErrorKind.SERVICE_ERROR
+    if isinstance(exc, ValueError) and _SHUT_DOWN in str(exc):
+        # The SDK's receiver or sender was closed under the call (a receiver closing during
+        # an outage hands back what it holds after its link is gone): not a wrong request.
+        return ErrorKind.CONNECTION
     if isinstance(exc, ValueError | TypeError):
         return ErrorKind.INVALID_ARGUMENT
     return None

@@ -170,3 +170,18 @@ def test_every_consumer_reads_the_one_table() -> None:
     assert UNAVAILABLE_KINDS <= DEFAULT_RELAY_FAILOVER_KINDS
     source: Any = inspect.getsource(_paired_sender) + inspect.getsource(_syphon)
     assert "frozenset(\n    {ErrorKind" not in source, "a private copy of the table is back"
+
+
+def test_the_sdks_closed_handler_is_a_connection_failure_and_other_value_errors_are_not() -> None:
+    """A receiver closing during an outage hands back what it holds after the SDK closed its
+    link: its ValueError ("The handler has already been shutdown...") is not a wrong
+    request, and saying "fix it and send again" misled (issue 27)."""
+    closed = ValueError(
+        "Failed to abandon the message as the handler has already been shutdown."
+        "Please use ServiceBusClient to create a new instance."
+    )
+    shut = translate_error(closed, region="primary", namespace="east")
+    assert shut is not None and shut.kind is ErrorKind.CONNECTION
+    assert "fix it and send again" not in str(shut)
+    wrong = translate_error(ValueError("bad id"), region="primary", namespace="east")
+    assert wrong is not None and wrong.kind is ErrorKind.INVALID_ARGUMENT
