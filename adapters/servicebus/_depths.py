@@ -10,10 +10,10 @@ namespace is named by its host, an error by its kind.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
-from typing import Any, Final, TypeVar
+from typing import Any, Final
 
 from azure.core.exceptions import (
     ClientAuthenticationError,
@@ -33,7 +33,6 @@ from ._sender import namespace_of
 
 __all__ = ["PEEKED", "EntityDepth", "RegionDepths", "read_depths"]
 
-_T = TypeVar("_T")
 
 PEEKED: Final = 10
 """Messages peeked per entity to find the oldest *active* one: a peek starts at the lowest
@@ -97,10 +96,6 @@ class RegionDepths:
     reachable: bool
     error: str = ""
     entities: tuple[EntityDepth, ...] = field(default_factory=tuple)
-
-
-async def _bounded(operation: Awaitable[_T], timeout: float) -> _T:
-    return await wait_within(operation, timeout)
 
 
 def _unreachable(
@@ -177,7 +172,7 @@ async def _oldest(client: ServiceBusClient, depth: EntityDepth, timeout: float) 
         receiver = client.get_queue_receiver(depth.path)
     try:
         async with receiver:
-            peeked = await _bounded(receiver.peek_messages(max_message_count=PEEKED), timeout)
+            peeked = await wait_within(receiver.peek_messages(max_message_count=PEEKED), timeout)
     except Exception as exc:  # a session entity, a key without Listen, a slow link...
         note = f"not peeked ({type(exc).__name__})"
         return replace(depth, note=note)
@@ -211,7 +206,7 @@ async def _listed(
 
     try:
         async with _admin(connection_string, connection_verify) as admin:
-            return await _bounded(names(admin), timeout)
+            return await wait_within(names(admin), timeout)
     except (HttpResponseError, ServiceRequestError, OSError, TimeoutError):
         return []
 
@@ -229,7 +224,7 @@ async def _region(
     try:
         async with _admin(connection_string, connection_verify) as admin:
             for name in entities:
-                rows += await _bounded(_counts(admin, name), timeout)
+                rows += await wait_within(_counts(admin, name), timeout)
     except (HttpResponseError, ServiceRequestError, OSError, TimeoutError) as exc:
         # ClientAuthenticationError is an HttpResponseError.
         return _unreachable(region, namespace, exc, connection_verify)

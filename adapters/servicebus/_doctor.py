@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import asyncio
 import ssl
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import Any
 
 from azure.core.exceptions import (
     ClientAuthenticationError,
@@ -28,7 +28,6 @@ from ._sender import check_connection_string, namespace_of
 
 __all__ = ["QUEUE_SETTINGS", "SUBSCRIPTION_SETTINGS", "TOPIC_SETTINGS", "check_namespaces"]
 
-_T = TypeVar("_T")
 
 #: Settings that must match between the two regions, per entity kind: a receiver written for
 #: one region's lock duration, delivery count or sessions misbehaves in the other, and a
@@ -95,10 +94,6 @@ class _Inventory:
     readable: bool = True
 
 
-async def _bounded(operation: Awaitable[_T], timeout: float) -> _T:
-    return await wait_within(operation, timeout)
-
-
 async def _inventory(
     region: str,
     connection_string: str,
@@ -126,7 +121,7 @@ async def _inventory(
                     async for subscription in admin.list_subscriptions(topic.name):
                         inventory.subscriptions[f"{topic.name}/{subscription.name}"] = subscription
 
-            await _bounded(read(), timeout)
+            await wait_within(read(), timeout)
     except ClientAuthenticationError:
         inventory.readable = False
         findings.append(Finding.warning(region, _REFUSED, _MANAGE_FIX))
@@ -250,11 +245,11 @@ async def _probe(
                     client.get_queue_sender(name) if is_queue else client.get_topic_sender(name)
                 )
                 async with sender:
-                    await _bounded(sender.create_message_batch(), timeout)
+                    await wait_within(sender.create_message_batch(), timeout)
                 if is_queue and name not in session_queues:
                     receiver = client.get_queue_receiver(name)
                     async with receiver:
-                        await _bounded(receiver.peek_messages(max_message_count=1), timeout)
+                        await wait_within(receiver.peek_messages(max_message_count=1), timeout)
             except Exception as exc:
                 error = translate_error(exc, region=region, namespace=namespace)
                 if error is None:
