@@ -11,14 +11,14 @@ source "$(dirname "$0")/redis.sh"
 # emulator or Spark session starts once; or a single test of a long module whose tests are
 # independent) and hands out the longest first. GEOREP_TEST_WORKERS=0 runs it in this
 # process. Arguments (e.g. a path, -k or -m "not heavy") go to pytest.
-# The suite's Java virtual machines (Spark drivers, a standalone cluster) live seconds and
-# handle kilobytes: the client compiler alone and the serial collector halve the CPU they
-# take to start (the two Spark modules: 63 s of CPU down to 36 s), and CPU is what two cores
-# run short of. The audit's benchmarks run without this.
 # Bytecode is cached (this machine's environment sets PYTHONDONTWRITEBYTECODE): without it
 # each of the ten workers rewrote and compiled every test module again (collection took
 # 11 s of CPU per worker instead of 4.6), and every subprocess compiled georep again.
 unset PYTHONDONTWRITEBYTECODE
+# The suite's Java virtual machines (Spark drivers, a standalone cluster) live seconds and
+# handle kilobytes: the client compiler alone and the serial collector halve the CPU they
+# take to start (the two Spark modules: 63 s of CPU down to 36 s), and CPU is what two cores
+# run short of. The audit's benchmarks run without this.
 export JAVA_TOOL_OPTIONS="${JAVA_TOOL_OPTIONS:--XX:TieredStopAtLevel=1 -XX:+UseSerialGC}"
 if [[ "${GEOREP_TEST_WORKERS:-10}" == "0" ]]; then
     exec .venv/bin/python -m pytest -p no:cacheprovider "$@"

@@ -181,6 +181,16 @@ def pytest_configure(config: pytest.Config) -> None:
     os.environ[_UNITS_DIR] = tempfile.mkdtemp(prefix="georep-units-")
 
 
+def pytest_unconfigure(config: pytest.Config) -> None:
+    """The controller removes the directory :func:`pytest_configure` made."""
+    directory = os.environ.get(_UNITS_DIR)
+    if directory and not hasattr(config, "workerinput"):
+        import shutil
+
+        shutil.rmtree(directory, ignore_errors=True)
+        del os.environ[_UNITS_DIR]
+
+
 def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption(
         "--dist-units",
