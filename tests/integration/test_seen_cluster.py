@@ -57,6 +57,12 @@ def masters(cluster: PrivateRedisCluster) -> list[int]:
     return sorted({port for _, port in slot_owners(cluster).values()})
 
 
+#: The store's bound on one call in the tests of where calls go (not how fast): the first
+#: call to a new cluster (its slot map, a connection per master) took over the default 2 s
+#: in a full run's first minutes on two cores.
+ROUTING_TIMEOUT = 30.0
+
+
 def keys_on(port: int, prefix: str) -> int:
     with redis.Redis(port=port) as node:
         return sum(1 for _ in node.scan_iter(match=f"{prefix}*", count=1000))
@@ -67,7 +73,9 @@ async def test_a_batch_spreads_over_every_shard_in_one_round_trip_per_call(
 ) -> None:
     prefix = f"spread:{uuid.uuid4().hex[:8]}:"
     keys = [f"id-{n}" for n in range(1_000)]
-    async with RedisSeenSet.from_url(redis_cluster.url, cluster=True, prefix=prefix) as store:
+    async with RedisSeenSet.from_url(
+        redis_cluster.url, cluster=True, prefix=prefix, operation_timeout=ROUTING_TIMEOUT
+    ) as store:
         await store.claim(["warm-up"], owner="alice", lease=30)  # loads the script
         before = store.round_trips
 
@@ -110,7 +118,9 @@ async def test_slots_moved_under_the_client_are_followed(
 ) -> None:
     cluster = own_redis_cluster
     keys = [f"id-{n}" for n in range(500)]
-    async with RedisSeenSet.from_url(cluster.url, cluster=True, prefix="moved:") as store:
+    async with RedisSeenSet.from_url(
+        cluster.url, cluster=True, prefix="moved:", operation_timeout=ROUTING_TIMEOUT
+    ) as store:
         await store.claim(["warm-up"], owner="alice", lease=30)  # caches the slot map
         await store.release(["warm-up"], owner="alice")
         # Every slot the store uses moves to one master (they are empty: no keys to
