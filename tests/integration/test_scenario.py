@@ -35,8 +35,9 @@ async def test_an_outage_loses_nothing_and_processes_nothing_twice(
     assert len(result.outage_windows) == 1
     assert result.failover_seconds is not None
     if mode == "active":
-        # Copies sent to both regions before the outage were suppressed on one side.
-        assert sum(result.progress.suppressed.values()) >= 50
+        # Copies sent to both regions before the outage were suppressed on one side (how
+        # many were sent before it depends on the machine's load: 39 of 450 in one CI run).
+        assert sum(result.progress.suppressed.values()) > 0
     else:
         assert result.progress.accepted["secondary"] > 0, "backlog queues took the outage"
     assert (tmp_path / "ledger" / "sends").is_dir()
