@@ -332,6 +332,87 @@ async def test_a_partitioned_queue_is_used_as_the_sdk_uses_it(
     assert scheduled(emu, queue) == {"primary": 0, "secondary": 0}
 
 
+_DEFERRED_PROCESS = """
+import asyncio, json, os
+from georep.adapters.redis import RedisSeenSet
+from georep.servicebus.aio import ServiceBusClient
+
+async def main():
+    async with RedisSeenSet.from_url(os.environ["REDIS_URL"], group=os.environ["GROUP"]) as seen:
+        client = ServiceBusClient.from_connection_strings(
+            os.environ["PRIMARY"], os.environ["SECONDARY"], seen=seen
+        )
+        async with client, client.get_queue_receiver(os.environ["QUEUE"]) as receiver:
+            for number in json.loads(os.environ["NUMBERS"]):
+                got = await receiver.receive_deferred_messages(number)
+                print(json.dumps([str(m) for m in got]), flush=True)
+                for message in got:
+                    await receiver.complete_message(message)
+
+asyncio.run(main())
+"""
+
+
+async def schedule_raw(emu: Emulator, region: str, queue: str, *bodies: str) -> list[int]:
+    """Schedule ``bodies`` in one region with the raw SDK, due at once; their numbers."""
+    due = datetime.datetime.now(datetime.UTC) - datetime.timedelta(seconds=1)
+    async with (
+        SdkClient.from_connection_string(emu.connection_string(region)) as client,
+        client.get_queue_sender(queue) as sender,
+    ):
+        messages = [ServiceBusMessage(body, message_id=body) for body in bodies]
+        return list(await sender.schedule_messages(messages, due))
+
+
+async def test_deferred_numbers_that_collide_across_regions_round_trip_in_another_process(
+    emu: Emulator, private_queue: Any
+) -> None:
+    """Each region numbers its own copies, so "x" stored only in the primary and "y" only
+    in the secondary can carry the same number (as after a passive failover on Azure, where
+    each entity numbers from 1). Deferred by one process, each is received by its number in
+    another, and only it."""
+    queue, filler = private_queue("defer"), private_queue("filler")
+    # Bring both regions' next numbers level (a namespace numbers all its entities here).
+    (primary,) = await schedule_raw(emu, "primary", filler, "p")
+    (secondary,) = await schedule_raw(emu, "secondary", filler, "s")
+    behind = "primary" if primary < secondary else "secondary"
+    gap = abs(primary - secondary)
+    if gap:
+        await schedule_raw(emu, behind, filler, *(f"f{i}" for i in range(gap)))
+    (x,) = await schedule_raw(emu, "primary", queue, "x")
+    (y,) = await schedule_raw(emu, "secondary", queue, "y")
+    assert x == y, "the premise: one number in both regions"
+
+    group = f"test-{uuid.uuid4().hex[:8]}"
+    numbers: dict[str, int] = {}
+    async with (
+        RedisSeenSet.from_url(REDIS_URL, group=group) as seen,
+        dropin(emu, seen) as client,
+        client.get_queue_receiver(queue, max_wait_time=10) as receiver,
+    ):
+        while len(numbers) < 2:
+            got = await receiver.receive_messages(10, max_wait_time=30)
+            assert got, f"only {sorted(numbers)} were handed out"
+            for message in got:
+                assert message.sequence_number is not None
+                numbers[str(message)] = message.sequence_number
+                await receiver.defer_message(message)
+    assert numbers["x"] != numbers["y"], "each handed-out number names one message"
+
+    child = await start_child(
+        _DEFERRED_PROCESS,
+        emu,
+        queue,
+        REDIS_URL=REDIS_URL,
+        GROUP=group,
+        NUMBERS=json.dumps([numbers["y"], numbers["x"]]),
+    )
+    out, err = await child.communicate()
+    assert child.returncode == 0, err.decode()[-3000:]
+    assert [json.loads(line) for line in out.decode().splitlines()] == [["y"], ["x"]]
+    assert await eventually(lambda: stored(emu, queue) == 0, within=30), "both completed"
+
+
 async def receive_all(receiver: Any, count: int, handed: list[str]) -> None:
     """Receive and complete until ``count`` messages were handed out in all."""
     while len(handed) < count:

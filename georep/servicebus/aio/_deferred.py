@@ -1,17 +1,19 @@
 """``receive_deferred_messages`` across two regions: the numbers handed out round-trip.
 
 A deferred message is retrieved by its sequence number, and each region numbers its copies
-itself. So the client keeps, per entity, a :class:`DeferredBook`: for each number it handed
-out and the application deferred, the region it came from; and for each key whose twin
-georep deferred (the copy in the other region, deferred because this one was), that copy's
-region and number. ``receive_deferred_messages(numbers)`` fetches each number from its
-region; settling what it returns records the outcome in the seen-set, settles the copy, and
-settles the deferred twin the same way, so neither region keeps a deferred copy the raw
-SDK run would not.
+itself; the numbers the client hands out name their region (:mod:`._numbers`), so
+``receive_deferred_messages(numbers)`` asks each number's region for it, from any process.
+The client also keeps, per entity, a :class:`DeferredBook`: the dedup key of each message
+it handed out and the application deferred, and for each key whose twin georep deferred
+(the copy in the other region, deferred because this one was), that copy's region and
+number. When a number's region is down, its twin is fetched instead. Settling what it
+returns records the outcome in the seen-set, settles the copy, and settles the deferred
+twin the same way, so neither region keeps a deferred copy the raw SDK run would not.
 
 The book lives in the client (any receiver the client makes for the entity reads it), in
-memory: numbers deferred by another process or before a restart are looked for in the
-primary, then the secondary; a twin deferred elsewhere stays deferred in its region.
+memory: a number deferred by another process or before a restart is fetched from its region
+only, and a twin deferred elsewhere stays deferred in its region (settled by a later
+sweep once its key is final).
 """
 
 from __future__ import annotations
@@ -23,10 +25,12 @@ from functools import partial
 from typing import Any, Final
 
 from georep._channel import bounded_call
-from georep.exceptions import RegionError, SettlementError
+from georep.exceptions import ConfigurationError, RegionError, SettlementError
 from georep.ports import ClaimState, Clock
 from georep.receive.outcomes import Decision, Settle, twin_reason
 from georep.receive.pull import PullReceiver, SettleProbe
+
+from ._numbers import handed_out, mark, own_number, region_of
 
 __all__ = ["DeferredBook", "DeferredMessages", "settle_found"]
 
@@ -39,44 +43,38 @@ _TWIN_WAIT: Final = 5.0
 
 
 class DeferredBook:
-    """Where the deferred messages of one entity are, as this client knows it."""
+    """What this client knows of the deferred messages of one entity: the dedup key of each
+    number it handed out and the application deferred, and where georep deferred each
+    key's twin (the copy in the other region, deferred because this one was)."""
 
     def __init__(self) -> None:
-        self._numbers: OrderedDict[int, list[tuple[str, int, str | None]]] = OrderedDict()
+        self._keys: OrderedDict[int, str | None] = OrderedDict()
         self._twins: OrderedDict[str, tuple[str, int]] = OrderedDict()
 
-    def deferred(self, number: int, region: str, key: str | None) -> None:
-        """The application deferred the message (dedup key ``key``) it was handed out as
-        ``number``, from ``region``."""
-        places = self._numbers.setdefault(number, [])
-        if all(place[0] != region for place in places):
-            places.append((region, number, key))
-        self._numbers.move_to_end(number)
-        _trim(self._numbers)
+    def deferred(self, number: int, key: str | None) -> None:
+        """The application deferred the message (dedup key ``key``) handed out as ``number``."""
+        self._keys[number] = key
+        self._keys.move_to_end(number)
+        _trim(self._keys)
 
     def twin_deferred(self, key: str, region: str, message: Any) -> None:
         """georep deferred ``message`` in ``region`` because its key ``key`` was deferred."""
         number = getattr(message, "sequence_number", None)
         if number is not None:
-            self._twins[key] = (region, int(number))
+            self._twins[key] = (region, own_number(int(number)))
             _trim(self._twins)
 
-    def places(self, number: int) -> list[tuple[str, int, str | None]]:
-        """Where the message handed out as ``number`` is: (region, its number there, its
-        dedup key)."""
-        return list(self._numbers.get(number, ()))
+    def key(self, number: int) -> str | None:
+        """The dedup key of the message handed out as ``number``, if this client deferred it."""
+        return self._keys.get(number)
 
     def twin(self, key: str) -> tuple[str, int] | None:
-        """Where georep deferred the twin of ``key``, if this client saw it."""
+        """Where georep deferred the twin of ``key`` (region, its number there), if this
+        client saw it."""
         return self._twins.get(key)
 
-    def forget(self, number: int, region: str) -> None:
-        places = self._numbers.get(number)
-        if places is None:
-            return
-        places[:] = [p for p in places if p[0] != region]
-        if not places:
-            del self._numbers[number]
+    def forget(self, number: int) -> None:
+        self._keys.pop(number, None)
 
     def take_twin(self, key: str) -> tuple[str, int] | None:
         """The deferred twin of ``key`` (forgotten: it is being settled)."""
@@ -108,18 +106,21 @@ class DeferredMessages:
     async def receive(self, numbers: Sequence[int], timeout: float | None) -> list[Any]:
         """The deferred messages handed out (and deferred) as ``numbers``, locked.
 
+        A number names its region (:mod:`._numbers`); each is asked for once.
+
         Raises:
             RegionError: A region refused (no such deferred message) or did not answer.
         """
         probes = {probe.region: probe for probe in self._pull.regions}
         plan: dict[str, list[tuple[int, str | None]]] = {}
-        unknown: list[int] = []
-        for number in numbers:
-            places = self._book.places(number)
-            if not places:
-                unknown.append(number)
-            for region, own, key in places:
-                plan.setdefault(region, []).append((own, key))
+        for number in dict.fromkeys(numbers):
+            region = region_of(number)
+            if region not in probes:
+                raise ConfigurationError(
+                    f"receive_deferred_messages: {number} is not a number this client hands "
+                    f"out (no {region} region)"
+                )
+            plan.setdefault(region, []).append((own_number(number), self._book.key(number)))
         messages: list[Any] = []
         for region, entries in plan.items():
             try:
@@ -128,8 +129,6 @@ class DeferredMessages:
                 # The region it was deferred in is down: its twin, deferred by georep in
                 # the other region, is the same message.
                 messages += await self._twins_of(region, entries, exc, timeout)
-        for number in unknown:
-            messages += await self._find(number, timeout)
         return messages
 
     async def _twins_of(
@@ -166,21 +165,6 @@ class DeferredMessages:
                 return None
             await clock.sleep(0.1)
 
-    async def _find(self, number: int, timeout: float | None) -> list[Any]:
-        """A number this client did not hand out: the primary's, else the secondary's."""
-        error: RegionError | None = None
-        for probe in self._pull.regions:
-            try:
-                found = await self._fetch(probe, [number], timeout)
-            except RegionError as exc:
-                error = error or exc
-                continue
-            if found:
-                return found
-        if error is not None:
-            raise error
-        return []
-
     async def _fetch(
         self, probe: SettleProbe, numbers: list[int], timeout: float | None
     ) -> list[Any]:
@@ -197,7 +181,9 @@ class DeferredMessages:
         policy = self._pull.geo.dedup_key
         for message in messages:
             key = probe.delivery(message, policy.source, policy.name).key
-            self._held[id(message)] = (probe, key, int(message.sequence_number))
+            own = int(message.sequence_number)
+            self._held[id(message)] = (probe, key, handed_out(probe.region, own))
+            mark(message, probe.region)
         return messages
 
     async def settle(self, message: Any, decision: Decision, operation: str) -> None:
@@ -240,7 +226,7 @@ class DeferredMessages:
                 exc,
             )
         if final:
-            self._book.forget(number, probe.region)
+            self._book.forget(number)
             if key is not None and state is not None:
                 await self._settle_twin(key, probe.region, twin_reason(state, decision.reason))
 

@@ -12,6 +12,8 @@ from georep._channel import bounded_call
 from georep.exceptions import AllRegionsUnavailableError, RegionError
 from georep.receive.pull import PullReceiver, SettleProbe
 
+from ._numbers import mark, own_number
+
 __all__ = ["MergedPeek"]
 
 _log = logging.getLogger("georep.servicebus")
@@ -31,7 +33,8 @@ class MergedPeek:
     copy of the region that answered first in that order), and each cursor moves past what
     was shown or skipped as a copy. A ``sequence_number`` that continues the previous page
     (the last message's number + 1, as SDK code pages) keeps the cursors; any other number
-    starts both regions there.
+    starts both regions there. Messages are shown with the numbers the client hands out
+    (:mod:`._numbers`).
     """
 
     def __init__(self, pull: PullReceiver) -> None:
@@ -48,7 +51,8 @@ class MergedPeek:
         """
         if sequence_number and sequence_number != self._continue_at:
             # Browsing from a number of the caller's choice: a new walk through the entity.
-            self._cursors = {probe.region: sequence_number for probe in self._pull.regions}
+            start = own_number(sequence_number)
+            self._cursors = {probe.region: start for probe in self._pull.regions}
             self._recent.clear()
         shown: list[Any] = []
         # A region's answer may be mostly copies already shown (a page of the other
@@ -116,7 +120,7 @@ class MergedPeek:
                 self._recent[key] = None
                 if len(self._recent) > _REMEMBERED:
                     self._recent.popitem(last=False)
-            shown.append(message)
+            shown.append(mark(message, region))
         return shown
 
     async def _browse(self, probe: SettleProbe, count: int, timeout: float | None) -> list[Any]:

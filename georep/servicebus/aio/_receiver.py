@@ -17,6 +17,7 @@ from georep.receive.outcomes import dead_letter_decision as _dead_letter_decisio
 from georep.receive.pull import Handout, PullReceiver
 
 from ._deferred import DeferredBook, DeferredMessages
+from ._numbers import mark
 from ._peek import MergedPeek
 
 if TYPE_CHECKING:
@@ -36,15 +37,17 @@ _REASON: Final = b"DeadLetterReason"
 
 class ServiceBusReceiver(ClosedOnAsyncExit):
     """Receives from a queue or subscription in two regions, with
-    ``azure.servicebus.aio.ServiceBusReceiver``'s methods, arguments and results.
+        ``azure.servicebus.aio.ServiceBusReceiver``'s methods, arguments and results.
 
-    Made by :meth:`georep.servicebus.aio.ServiceBusClient.get_queue_receiver` (or
-    ``get_subscription_receiver``). Each logical message is handed out once across both
-    regions and every process sharing the seen-set; settling it settles its copy in the
-    other region too. The messages are the SDK's ``ServiceBusReceivedMessage`` objects of
-    the region they came from (their ``sequence_number`` is that region's). Their locks are
-    renewed by georep until they are settled (an ``AutoLockRenewer`` is not needed, and
-    works).
+        Made by :meth:`georep.servicebus.aio.ServiceBusClient.get_queue_receiver` (or
+        ``get_subscription_receiver``). Each logical message is handed out once across both
+        regions and every process sharing the seen-set; settling it settles its copy in the
+        other region too. The messages are the SDK's ``ServiceBusReceivedMessage`` objects of
+        the region they came from; their ``sequence_number`` is that region's, with bit 62 set for
+    the secondary's (:mod:`georep.servicebus.aio._numbers`), so each number names one message
+    and ``receive_deferred_messages`` finds it from any process. Their locks are
+        renewed by georep until they are settled (an ``AutoLockRenewer`` is not needed, and
+        works).
     """
 
     def __init__(
@@ -178,7 +181,7 @@ class ServiceBusReceiver(ClosedOnAsyncExit):
         return [self._hand_out(handout) for handout in handouts]
 
     def _hand_out(self, handout: Handout) -> ServiceBusReceivedMessage:
-        message: ServiceBusReceivedMessage = handout.message
+        message: ServiceBusReceivedMessage = mark(handout.message, handout.region)
         if self._dead_letter:
             _show_original_reason(message)
         if (
@@ -279,7 +282,7 @@ class ServiceBusReceiver(ClosedOnAsyncExit):
         """
         handout = await self._settle(message, Decision(Settle.DEFER), "defer_message")
         if handout is not None and message.sequence_number is not None:
-            self._book.deferred(int(message.sequence_number), handout.region, handout.key)
+            self._book.deferred(int(message.sequence_number), handout.key)
 
     async def dead_letter_message(
         self,
