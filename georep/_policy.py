@@ -129,6 +129,13 @@ class ReplicationMode(enum.StrEnum):
     """Every message to both regions at once, one MessageId for both copies; success when
     at least one accepted (SPEC §2.1). Twice the operations."""
 
+    @classmethod
+    def _missing_(cls, value: object) -> ReplicationMode:
+        raise ConfigurationError(
+            f"mode must be one of {', '.join(repr(m.value) for m in cls)} "
+            f"(ReplicationMode.PASSIVE, ReplicationMode.ACTIVE), not {value!r}"
+        )
+
 
 @dataclass(frozen=True, kw_only=True)
 class Corroboration:

@@ -18,13 +18,14 @@ from azure.servicebus.aio import ServiceBusClient
 from azure.servicebus.aio.management import ServiceBusAdministrationClient
 
 from georep._doctor import Finding
+from georep._endpoint import check_connection_string
 from georep._lifecycle import wait_within
 from georep.exceptions import ConfigurationError
 from georep.paired.options import backlog_queue_path
 from georep.ports import ErrorKind
 
 from ._errors import translate_error
-from ._sender import check_connection_string, namespace_of
+from ._sender import namespace_of
 
 __all__ = ["QUEUE_SETTINGS", "SUBSCRIPTION_SETTINGS", "TOPIC_SETTINGS", "check_namespaces"]
 

@@ -14,7 +14,7 @@ from azure.servicebus import ServiceBusMessageBatch
 from azure.servicebus.aio import ServiceBusClient, ServiceBusSender
 from azure.servicebus.exceptions import MessageNotFoundError
 
-from georep._endpoint import NamespaceEndpoint, Target
+from georep._endpoint import NamespaceEndpoint, Target, check_connection_string
 from georep.exceptions import ConfigurationError, GeoReplicationError, RegionError
 from georep.ports import RegionSlot
 
@@ -113,41 +113,6 @@ class ServiceBusRegionSender(SdkRegion):
         except RegionError as exc:
             if not isinstance(exc.__cause__, MessageNotFoundError):
                 raise
-
-
-def check_connection_string(connection_string: str, region: str) -> None:
-    """Reject a malformed connection string without ever echoing it (it holds the key)."""
-    if not isinstance(connection_string, str) or not connection_string.strip():
-        raise ConfigurationError(
-            f"the {region} connection string is empty: copy it from the namespace's "
-            "'Shared access policies' page"
-        )
-    parts = dict(
-        part.split("=", 1)
-        for part in connection_string.strip().rstrip(";").split(";")
-        if "=" in part
-    )
-    keys = {key.lower() for key in parts}
-    missing = [
-        name
-        for name, present in (
-            ("Endpoint", "endpoint" in keys),
-            (
-                "SharedAccessKeyName/SharedAccessKey or SharedAccessSignature",
-                {"sharedaccesskeyname", "sharedaccesskey"} <= keys
-                or "sharedaccesssignature" in keys,
-            ),
-        )
-        if not present
-    ]
-    malformed = any("=" not in part for part in connection_string.strip().rstrip(";").split(";"))
-    if missing or malformed:
-        problem = f"lacks {' and '.join(missing)}" if missing else "is malformed"
-        raise ConfigurationError(
-            f"the {region} connection string {problem}: expected "
-            "'Endpoint=sb://NAME.servicebus.windows.net/;SharedAccessKeyName=...;"
-            "SharedAccessKey=...' (copy it from the namespace's 'Shared access policies')"
-        )
 
 
 def namespace_of(connection_string: str) -> str:

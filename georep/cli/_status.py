@@ -181,7 +181,7 @@ def _regions(primary: str | None, secondary: str | None) -> dict[str, str] | Non
         strings[region] = value
     if from_environment:
         _note(f"regions: connection strings from {' and '.join(from_environment)}")
-    from georep.adapters.servicebus._sender import check_connection_string
+    from georep._endpoint import check_connection_string
     from georep.exceptions import ConfigurationError
 
     for region, value in strings.items():

@@ -90,8 +90,8 @@ class ClientConstructors:
                 ``mode``, ``seen``, ``outbox``, ``policy``, ``role_store``, ``ledger``...
 
         Raises:
-            ConfigurationError: An unknown option. (A malformed connection string is
-                reported when a sender or receiver is made; never with its key.)
+            ConfigurationError: A malformed connection string (the message names what
+                it lacks, never the key), an unknown option or ``mode``.
         """
         return cls(primary, secondary, **options)
 

@@ -22,6 +22,31 @@ def test_an_unknown_option_is_refused_by_name() -> None:
     assert "client_options" in str(raised.value)
 
 
+@pytest.mark.parametrize(
+    ("primary", "secondary", "names"),
+    [
+        ("hello", SECONDARY, "primary connection string lacks Endpoint"),
+        (PRIMARY, "Endpoint=sb://west.example.net/", "secondary connection string lacks Shared"),
+        ("", SECONDARY, "primary connection string is empty"),
+    ],
+)
+@pytest.mark.parametrize("client", [georep.servicebus, georep.servicebus.aio])
+def test_a_malformed_connection_string_is_refused_at_construction_as_the_sdks(
+    client: object, primary: str, secondary: str, names: str
+) -> None:
+    """The SDK's from_connection_string raises ValueError at once: so does georep's."""
+    with pytest.raises(ValueError, match=names) as raised:
+        client.ServiceBusClient.from_connection_strings(primary, secondary)  # type: ignore[attr-defined]
+    assert "c2VjcmV0" not in str(raised.value), "never the key"
+
+
+def test_a_mode_that_is_not_one_is_refused_at_construction_naming_the_choices() -> None:
+    with pytest.raises(ConfigurationError, match="mode must be one of 'passive', 'active'"):
+        ServiceBusClient.from_connection_strings(PRIMARY, SECONDARY, mode="geo")
+    client = ServiceBusClient.from_connection_strings(PRIMARY, SECONDARY, mode="ACTIVE".lower())
+    assert client.fully_qualified_namespace == "east.example.net"
+
+
 async def test_receiving_without_a_seen_set_says_what_to_pass() -> None:
     async with ServiceBusClient.from_connection_strings(PRIMARY, SECONDARY) as client:
         with pytest.raises(ConfigurationError, match="seen="):

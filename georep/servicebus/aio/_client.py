@@ -14,9 +14,11 @@ from georep._clock import SystemClock
 from georep._endpoint import (
     NamespaceEndpoint,
     Target,
+    check_connection_string,
     with_client_options_pair,
 )
 from georep._lifecycle import ClosedOnAsyncExit
+from georep._policy import ReplicationMode
 from georep._region_wrap import open_pair
 from georep.exceptions import ClosedError, ConfigurationError
 from georep.ports import ScheduleStore
@@ -73,11 +75,17 @@ class ServiceBusClient(ClientConstructors, ClosedOnAsyncExit):
         **options: georep's options (:class:`georep.servicebus.ClientOptions`).
 
     Raises:
-        ConfigurationError: An unknown option.
+        ConfigurationError: A malformed connection string (naming what it lacks, never
+            the key), an unknown option, or a ``mode`` that is not one.
     """
 
     def __init__(self, primary: Target, secondary: Target, **options: Unpack[ClientOptions]):
         checked = checked_options(options)
+        for target, region in ((primary, "primary"), (secondary, "secondary")):
+            if isinstance(target, str):  # as the SDK, a malformed one is refused here
+                check_connection_string(target, region)
+        if "mode" in checked:
+            checked["mode"] = ReplicationMode(checked["mode"])
         client_options = checked.pop("client_options", None)
         self._primary, self._secondary = with_client_options_pair(
             primary, secondary, client_options
