@@ -49,6 +49,7 @@ __all__ = [
     "CLASSIFICATION",
     "CLIENT_FAULT_KINDS",
     "MESSAGE_FAULT_KINDS",
+    "MISCONFIGURED_KINDS",
     "PAIRED_FAILOVER_KINDS",
     "RELAY_FAILOVER_KINDS",
     "RETRYABLE_KINDS",
@@ -124,6 +125,13 @@ that one entry later, never dead-letter it, and never hold up the entries behind
 CLIENT_FAULT_KINDS: frozenset[ErrorKind] = frozenset({ErrorKind.AUTHENTICATION})
 """Kinds that mean a client is unusable (not an outage, not the message's fault): the
 syphon closes that side's partner after ``partner_close_timeout`` (SPEC §3)."""
+
+MISCONFIGURED_KINDS: frozenset[ErrorKind] = frozenset(
+    {ErrorKind.AUTHENTICATION, ErrorKind.ENTITY_NOT_FOUND, ErrorKind.ENTITY_DISABLED}
+)
+"""Kinds that mean the receiver's own settings are wrong for that namespace (key, entity
+name): a pull receiver whose every region answers one raises it to the application, as the
+SDK's receiver raises, instead of waiting for messages that cannot come."""
 
 RELAY_FAILOVER_KINDS: frozenset[ErrorKind] = UNAVAILABLE_KINDS | {
     ErrorKind.SERVICE_ERROR,

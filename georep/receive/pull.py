@@ -37,6 +37,7 @@ from functools import partial
 from typing import Any, Final
 
 from georep._channel import CALL_SECONDS, bounded_call
+from georep._classify import MISCONFIGURED_KINDS
 from georep._clock import SystemClock
 from georep._lifecycle import AsyncResource, close_all, stop_tasks
 from georep.exceptions import (
@@ -256,6 +257,9 @@ class _Fetch:
     held: Counter[str] = field(default_factory=Counter)
     """Seen-set keys of the copies this receiver holds in the region (locked by it until
     their turn ends): a receive passes over them."""
+    refused: RegionError | None = None
+    """The region's answer to its last receive when it said the receiver is misconfigured
+    for it (a key it refuses, an entity it lacks); None once a receive succeeds."""
 
 
 class PullReceiver(AsyncResource):
@@ -382,6 +386,8 @@ class PullReceiver(AsyncResource):
         Raises:
             ClosedError: The receiver was closed.
             ConfigurationError: ``max_count`` is below 1.
+            RegionError: Every region refused the receiver's settings (its key, its
+                entity) and none had a message for it.
         """
         self._check_open()
         if max_count < 1:
@@ -396,6 +402,8 @@ class PullReceiver(AsyncResource):
         self._wake_fetchers()
         try:
             while len(got) < max_count and not self._closing:
+                if not got:
+                    self._raise_if_refused()
                 now = clock.monotonic()
                 gap_end = None if last is None else last + BATCH_GAP
                 limits = [t for t in (deadline, gap_end) if t is not None]
@@ -421,6 +429,19 @@ class PullReceiver(AsyncResource):
             for handout in got:
                 handout.decided.set_result(COMPLETE)
         return got
+
+    def _raise_if_refused(self) -> None:
+        """Raise the first region's refusal when every region refused this receiver's
+        settings (its key, its entity): the SDK's receiver raises it too.
+
+        Raises:
+            RegionError: The primary's refusal (an ``AuthenticationError``,
+                ``EntityNotFoundError``..., each also the SDK's class).
+        """
+        refusals = [fetch.refused for fetch in self._fetches.values()]
+        first = refusals[0] if refusals else None
+        if first is not None and all(refusal is not None for refusal in refusals):
+            raise first.with_traceback(None)
 
     def _put_back(self, handouts: list[Handout]) -> None:
         for handout in reversed(handouts):
@@ -628,9 +649,13 @@ class PullReceiver(AsyncResource):
                 elif not self._sweep or not await self._sweep_once(fetch):
                     await self._idle(fetch, self.poll)
                 failures = 0
+                fetch.refused = None
             except (RegionError, StoreUnavailableError) as exc:
                 if isinstance(exc, RegionError):
                     self._set_dry(fetch, True)
+                    if exc.kind in MISCONFIGURED_KINDS:
+                        fetch.refused = exc
+                        self._notify()  # a receive waiting may have to raise it
                 failures += 1
                 _log.warning("receive from %s failed: %s", fetch.probe.region, exc)
                 await self._idle(fetch, min(0.1 * 2**failures, _BACKOFF_MAX), wake=False)

@@ -14,10 +14,13 @@ from __future__ import annotations
 import contextlib
 from typing import Any, Final
 
+from georep.send.schedule import SECONDARY_FLAG
+
 __all__ = ["SECONDARY_MARK", "handed_out", "mark", "own_number", "region_of"]
 
-SECONDARY_MARK: Final = 1 << 62
-"""The bit set on the numbers of the secondary's messages."""
+SECONDARY_MARK: Final = SECONDARY_FLAG
+"""The bit set on the numbers of the secondary's messages: the one the sender's scheduled
+numbers carry (:data:`georep.send.schedule.SECONDARY_FLAG`)."""
 _SECONDARY: Final = "secondary"
 _SEQUENCE_NUMBER: Final = b"x-opt-sequence-number"
 

@@ -1,0 +1,84 @@
+"""A drop-in receiver whose settings a region refuses (an entity it lacks, a key it does not
+accept) raises what the SDK's receiver raises, when every region refuses; with one region
+refusing, it reads the other."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import pytest
+from azure.servicebus import ServiceBusMessage
+from azure.servicebus.exceptions import (
+    MessagingEntityNotFoundError,
+    ServiceBusAuthenticationError,
+    ServiceBusError,
+)
+
+import georep.servicebus
+from georep import ReplicationMode
+from georep.adapters.emulator import Emulator
+from georep.adapters.redis import RedisSeenSet
+from georep.servicebus.aio import ServiceBusClient
+
+pytestmark = pytest.mark.integration
+
+REGIONS = ("primary", "secondary")
+
+
+def wrong_key(connection_string: str) -> str:
+    return re.sub(r"SharedAccessKey=[^;]+", "SharedAccessKey=d3Jvbmc=", connection_string)
+
+
+def client_of(emu: Emulator, seen: RedisSeenSet, *, keys: Any = None) -> ServiceBusClient:
+    strings = [emu.connection_string(region) for region in REGIONS]
+    if keys is not None:
+        strings = [keys(s) for s in strings]
+    return ServiceBusClient.from_connection_strings(
+        *strings, seen=seen, mode=ReplicationMode.ACTIVE
+    )
+
+
+async def test_receiving_from_an_entity_no_region_has_raises_the_sdks_not_found(
+    emu: Emulator, seen: RedisSeenSet
+) -> None:
+    async with client_of(emu, seen) as client, client.get_queue_receiver("nope") as receiver:
+        with pytest.raises(MessagingEntityNotFoundError, match="'nope' could not be found"):
+            await receiver.receive_messages(max_wait_time=30)
+        with pytest.raises(ServiceBusError):  # again, and by the base class old code names
+            async for _ in receiver:
+                pass
+
+
+async def test_receiving_with_a_key_every_region_refuses_raises_the_sdks_auth_error(
+    emu: Emulator, private_queue: Any, seen: RedisSeenSet
+) -> None:
+    queue = private_queue("key")
+    client = client_of(emu, seen, keys=wrong_key)
+    async with client, client.get_queue_receiver(queue) as receiver:
+        with pytest.raises(ServiceBusAuthenticationError) as raised:
+            await receiver.receive_messages(max_wait_time=30)
+    assert "d3Jvbmc=" not in str(raised.value), "never the key"
+
+
+def test_a_sync_receiver_raises_the_same(emu: Emulator, seen: RedisSeenSet) -> None:
+    strings = [emu.connection_string(region) for region in REGIONS]
+    with (
+        georep.servicebus.ServiceBusClient.from_connection_strings(*strings, seen=seen) as client,
+        client.get_queue_receiver("nope") as receiver,
+        pytest.raises(MessagingEntityNotFoundError),
+    ):
+        receiver.receive_messages(max_wait_time=30)
+
+
+async def test_an_entity_one_region_lacks_is_read_from_the_other(
+    emu: Emulator, seen: RedisSeenSet
+) -> None:
+    emu.namespace("primary").create_queue("only-east")
+    async with client_of(emu, seen) as client:
+        async with client.get_queue_sender("only-east") as sender:
+            await sender.send_messages(ServiceBusMessage("east"))  # active: one region took it
+        async with client.get_queue_receiver("only-east") as receiver:
+            got = await receiver.receive_messages(max_wait_time=30)
+            assert [str(m) for m in got] == ["east"]
+            await receiver.complete_message(got[0])
