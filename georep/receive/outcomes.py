@@ -67,11 +67,15 @@ class Decision:
         settle: What to do with the copy at the broker.
         reason: The DeadLetterReason (``DEAD_LETTER`` only).
         description: The DeadLetterErrorDescription (``DEAD_LETTER`` only).
+        returned: Handed back unprocessed (``ABANDON`` only): a pull receiver closing
+            with the copy never handed to the application. Not a failed attempt, so it
+            never counts towards ``max_attempts``.
     """
 
     settle: Settle
     reason: str = ""
     description: str = ""
+    returned: bool = False
 
     @property
     def state(self) -> ClaimState | None:
@@ -92,6 +96,8 @@ class Decision:
 
 COMPLETE: Final = Decision(Settle.COMPLETE)
 ABANDON: Final = Decision(Settle.ABANDON)
+RETURNED: Final = Decision(Settle.ABANDON, returned=True)
+"""Abandoned without having been processed (see :attr:`Decision.returned`)."""
 
 
 def twin_reason(state: ClaimState, reason: str | None) -> Decision:

@@ -49,7 +49,7 @@ from georep.exceptions import (
     StoreUnavailableError,
 )
 from georep.ports import FINAL_STATES, ClaimState, Clock, Delivery, RegionReceiver, SeenStore
-from georep.receive.outcomes import ABANDON, COMPLETE, Decision, Settle
+from georep.receive.outcomes import ABANDON, COMPLETE, RETURNED, Decision, Settle
 from georep.receive.receiver import GeoReceiver
 from georep.receive.region_loop import RECEIVE_GRACE, RegionLoop
 from georep.receive.settlement import Copy
@@ -612,12 +612,14 @@ class PullReceiver(AsyncResource):
         )
         self._held[id(message)] = handout
         if self._closing:
-            handout.decided.set_result(ABANDON)
+            handout.decided.set_result(RETURNED)
         else:
             self._buffer.append(handout)
             self._notify()
         decision = await handout.decided
-        if decision.settle is Settle.ABANDON:
+        if decision.returned:
+            await self.geo.hand_back(message)
+        elif decision.settle is Settle.ABANDON:
             await self.geo.abandon_message(message)
         elif decision.settle is Settle.DEFER:
             await self.geo.defer_message(message)
@@ -820,7 +822,9 @@ class PullReceiver(AsyncResource):
         self._buffer.clear()
         for handout in pending:
             if not handout.decided.done():
-                handout.decided.set_result(ABANDON)
+                # One the application has is abandoned as the SDK's lock would lapse (a
+                # delivery); one it never got goes back without counting as an attempt.
+                handout.decided.set_result(ABANDON if handout.handed_out else RETURNED)
         self._stop_fetching.set()
         fetchers = [f.task for f in self._fetches.values() if f.task is not None]
         await self._bounded(fetchers, self.poll + RECEIVE_GRACE, "fetcher")

@@ -30,6 +30,7 @@ from georep.receive.context import ReceiveContext, ReceiverStats, RecentOutcomes
 from georep.receive.outcomes import (
     ABANDON,
     COMPLETE,
+    RETURNED,
     Decision,
     Decisions,
     Settle,
@@ -473,6 +474,15 @@ class GeoReceiver(FromNamespaces, AsyncResource):
             SettlementError: ``message`` is not being handled now, or was decided already.
         """
         self._context.decisions.decide(message, ABANDON)
+
+    async def hand_back(self, message: Any) -> None:
+        """Decide to abandon ``message`` unprocessed: redelivered, and not a failed attempt
+        (the drop-in receiver's, for a copy the application never got).
+
+        Raises:
+            SettlementError: ``message`` is not being handled now, or was decided already.
+        """
+        self._context.decisions.decide(message, RETURNED)
 
     async def defer_message(self, message: Any) -> None:
         """Decide to defer ``message``; its twin in the other region is deferred too.

@@ -517,7 +517,7 @@ class RegionLoop:
             span.end()
             self._stats.in_flight -= 1
         decision = decided or (COMPLETE if error is None else ABANDON)
-        if decision.settle is Settle.ABANDON:
+        if decision.settle is Settle.ABANDON and not decision.returned:
             self._stats.failed += 1
             self._metrics.copy("failed", self.region.region)
             max_attempts = self._policy.max_attempts

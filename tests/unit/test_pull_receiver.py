@@ -246,3 +246,34 @@ async def test_a_receive_cancelled_after_taking_a_message_hands_it_out_again(
     await world.clock.advance(1)
     await world.close(pull)
     assert [m.message_id for m in world.primary.completed] == ["a"]
+
+
+async def test_copies_handed_back_unseen_at_close_never_count_as_failed_attempts(
+    world: World,
+) -> None:
+    """A program that opens a receiver, cancels its receive before a message reached it and
+    closes, again and again (a worker restarted, a request timed out): the copies the
+    receiver held go back each time, and are never dead-lettered as failed attempts, which
+    the program never made."""
+    world.both("a")
+    for _ in range(5):
+        pull = world.pull(receiver_options={"lease": 10.0, "max_attempts": 2})
+        task = asyncio.ensure_future(pull.receive(10, 30))
+        for _ in range(300):
+            if any(handout.handed_out for handout in pull._held.values()):
+                break
+            await world.clock.advance(0.01)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        await world.close(pull)
+    assert world.primary.dead_lettered == world.secondary.dead_lettered == []
+
+    pull = world.pull(receiver_options={"lease": 10.0, "max_attempts": 2})
+    (handout,) = await world.run(pull.receive(1, 5))
+    assert handout.message.message_id == "a"
+    assert handout.message.delivery_count > 2, "handed back more often than max_attempts"
+    await world.run(pull.settle(handout.message, COMPLETE, "complete_message"))
+    await world.clock.advance(3)
+    await world.close(pull)
+    assert world.primary.pending == world.secondary.pending == 0
