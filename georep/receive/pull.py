@@ -41,6 +41,7 @@ from georep._classify import MISCONFIGURED_KINDS
 from georep._clock import SystemClock
 from georep._lifecycle import AsyncResource, close_all, stop_tasks
 from georep.exceptions import (
+    AllRegionsUnavailableError,
     AlreadySettledError,
     ClosedError,
     ConfigurationError,
@@ -257,9 +258,16 @@ class _Fetch:
     held: Counter[str] = field(default_factory=Counter)
     """Seen-set keys of the copies this receiver holds in the region (locked by it until
     their turn ends): a receive passes over them."""
-    refused: RegionError | None = None
-    """The region's answer to its last receive when it said the receiver is misconfigured
-    for it (a key it refuses, an entity it lacks); None once a receive succeeds."""
+    failing: RegionError | None = None
+    """The region's answer to its last receive when that failed; None once one succeeds."""
+    failures: int = 0
+    """Receives from the region failed in a row."""
+
+    @property
+    def refused(self) -> bool:
+        """Its last receive said the receiver is misconfigured for the region (a key it
+        refuses, an entity it lacks)."""
+        return self.failing is not None and self.failing.kind in MISCONFIGURED_KINDS
 
 
 class PullReceiver(AsyncResource):
@@ -388,6 +396,8 @@ class PullReceiver(AsyncResource):
             ConfigurationError: ``max_count`` is below 1.
             RegionError: Every region refused the receiver's settings (its key, its
                 entity) and none had a message for it.
+            AllRegionsUnavailableError: Nothing was received and every region's receives
+                kept failing (both regions down).
         """
         self._check_open()
         if max_count < 1:
@@ -425,6 +435,8 @@ class PullReceiver(AsyncResource):
             raise
         finally:
             self._wanted -= asked
+        if not got and not self._closing:
+            self._raise_if_unavailable()
         if self.receive_and_delete:
             for handout in got:
                 handout.decided.set_result(COMPLETE)
@@ -438,10 +450,25 @@ class PullReceiver(AsyncResource):
             RegionError: The primary's refusal (an ``AuthenticationError``,
                 ``EntityNotFoundError``..., each also the SDK's class).
         """
-        refusals = [fetch.refused for fetch in self._fetches.values()]
-        first = refusals[0] if refusals else None
-        if first is not None and all(refusal is not None for refusal in refusals):
+        fetches = list(self._fetches.values())
+        first = fetches[0].failing if fetches else None
+        if first is not None and all(fetch.refused for fetch in fetches):
             raise first.with_traceback(None)
+
+    def _raise_if_unavailable(self) -> None:
+        """After a receive that got nothing: raise when every region's receives have failed
+        (twice in a row at least, so a region that failed once while the call began is
+        not an outage), as the SDK's receiver raises when its namespace is down.
+
+        Raises:
+            AllRegionsUnavailableError: With each region's last error (also the SDK's
+                ``ServiceBusConnectionError``).
+        """
+        fetches = list(self._fetches.values())
+        if not fetches or not all(f.failing is not None and f.failures >= 2 for f in fetches):
+            return
+        causes = {f.probe.region: f.failing for f in fetches if f.failing is not None}
+        raise AllRegionsUnavailableError(f"no region could receive from {self.entity!r}", causes)
 
     def _put_back(self, handouts: list[Handout]) -> None:
         for handout in reversed(handouts):
@@ -651,12 +678,13 @@ class PullReceiver(AsyncResource):
                 elif not self._sweep or not await self._sweep_once(fetch):
                     await self._idle(fetch, self.poll)
                 failures = 0
-                fetch.refused = None
+                fetch.failing, fetch.failures = None, 0
             except (RegionError, StoreUnavailableError) as exc:
                 if isinstance(exc, RegionError):
                     self._set_dry(fetch, True)
-                    if exc.kind in MISCONFIGURED_KINDS:
-                        fetch.refused = exc
+                    fetch.failing = exc
+                    fetch.failures += 1
+                    if fetch.refused:
                         self._notify()  # a receive waiting may have to raise it
                 failures += 1
                 _log.warning("receive from %s failed: %s", fetch.probe.region, exc)

@@ -1,6 +1,6 @@
 """A drop-in receiver whose settings a region refuses (an entity it lacks, a key it does not
-accept) raises what the SDK's receiver raises, when every region refuses; with one region
-refusing, it reads the other."""
+accept), or whose regions are both down, raises what the SDK's receiver raises; with one
+region refusing or down, it reads the other."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ from azure.servicebus import ServiceBusMessage
 from azure.servicebus.exceptions import (
     MessagingEntityNotFoundError,
     ServiceBusAuthenticationError,
+    ServiceBusConnectionError,
     ServiceBusError,
 )
 
@@ -82,3 +83,23 @@ async def test_an_entity_one_region_lacks_is_read_from_the_other(
             got = await receiver.receive_messages(max_wait_time=30)
             assert [str(m) for m in got] == ["east"]
             await receiver.complete_message(got[0])
+
+
+async def test_receiving_while_both_regions_are_down_raises_the_sdks_connection_error(
+    emu: Emulator, private_queue: Any, seen: RedisSeenSet
+) -> None:
+    queue = private_queue("down")
+    async with client_of(emu, seen) as client, client.get_queue_receiver(queue) as receiver:
+        for region in REGIONS:
+            emu.namespace(region).outage()
+        try:
+            with pytest.raises(ServiceBusConnectionError, match="no region could receive"):
+                await receiver.receive_messages(max_wait_time=30)
+        finally:
+            for region in REGIONS:
+                emu.namespace(region).restore()
+        async with client.get_queue_sender(queue) as sender:
+            await sender.send_messages(ServiceBusMessage("back"))
+        got = await receiver.receive_messages(max_wait_time=30)
+        assert [str(m) for m in got] == ["back"], "the same receiver reads on once they are back"
+        await receiver.complete_message(got[0])

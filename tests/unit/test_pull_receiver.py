@@ -8,12 +8,15 @@ from typing import Any, TypeVar
 
 import pytest
 from _receivers import ReceiverWorld
+from azure.servicebus import exceptions as azure_exceptions
 from azure.servicebus.exceptions import MessageAlreadySettled
 
 from georep import ClaimState, ConfigurationError, SettlementError
+from georep.exceptions import AllRegionsUnavailableError, RegionUnavailableError
+from georep.ports import ErrorKind
 from georep.receive.outcomes import ABANDON, COMPLETE, dead_letter_decision
 from georep.receive.pull import PullReceiver
-from georep.testing import FakeMessage
+from georep.testing import FakeMessage, InMemoryRegionReceiver
 
 _T = TypeVar("_T")
 
@@ -277,3 +280,46 @@ async def test_copies_handed_back_unseen_at_close_never_count_as_failed_attempts
     await world.clock.advance(3)
     await world.close(pull)
     assert world.primary.pending == world.secondary.pending == 0
+
+
+class Switchable(InMemoryRegionReceiver):
+    """A fake region whose receives fail while it is ``down``."""
+
+    down = False
+
+    async def receive(self, max_messages: int, *, max_wait: float) -> list[Any]:
+        if self.down:
+            await self._clock.sleep(0.05)  # a refused connection answers at once
+            raise RegionUnavailableError(
+                f"{self.region} is down", region=self.region, kind=ErrorKind.CONNECTION
+            )
+        return await super().receive(max_messages, max_wait=max_wait)
+
+
+async def test_a_receive_while_every_region_is_down_raises_as_the_sdks_does(
+    world: World,
+) -> None:
+    """The SDK's receive_messages raises ServiceBusConnectionError when its namespace is
+    down; with both regions down, so does a pull receiver (one region down: the other is
+    read)."""
+    world.primary = Switchable("primary", "east", clock=world.clock)
+    world.secondary = Switchable("secondary", "west", clock=world.clock)
+    world.secondary.put(FakeMessage(b"x", "a"))
+    pull = world.pull()
+    world.primary.down = True
+    (handout,) = await world.run(pull.receive(1, 5))
+    assert handout.message.message_id == "a", "one region down: the other is read"
+    await world.run(pull.settle(handout.message, COMPLETE, "complete_message"))
+
+    world.secondary.down = True
+    with pytest.raises(AllRegionsUnavailableError) as raised:
+        await world.run(pull.receive(1, 5), 10)
+    assert sorted(raised.value.causes) == ["primary", "secondary"]
+    assert isinstance(raised.value, azure_exceptions.ServiceBusConnectionError)
+
+    world.primary.down = world.secondary.down = False
+    world.primary.put(FakeMessage(b"x", "b"))
+    (again,) = await world.run(pull.receive(1, 10), 15)
+    assert again.message.message_id == "b", "the regions are back: receiving resumes"
+    await world.run(pull.settle(again.message, COMPLETE, "complete_message"))
+    await world.close(pull)
