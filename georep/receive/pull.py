@@ -547,9 +547,16 @@ class PullReceiver(AsyncResource):
         ref = self._settled_messages.get(id(message))
         return ref is not None and ref() is message
 
-    async def settle(self, message: Any, decision: Decision, operation: str) -> Handout:
+    async def settle(
+        self, message: Any, decision: Decision, operation: str, *, applied: bool = False
+    ) -> Handout:
         """Settle a message this receiver handed out: record ``decision`` in the seen-set,
-        then in its region. Returns once it is recorded (see the module doc).
+        then in its region. Returns once it is recorded (see the module doc), or with
+        ``applied`` once its region settled it too (or failed to).
+
+        ``applied`` is for a decision the application may act on at the broker next: a
+        deferred message is received by its number, which the region knows only once it
+        deferred it.
 
         Returns:
             The message's handout (its region).
@@ -570,6 +577,10 @@ class PullReceiver(AsyncResource):
         # Once recorded, the decision is the message's (the region's settlement follows,
         # and a copy it misses gets the outcome when redelivered): no need to wait more.
         await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+        if applied and not handout.settled.done():
+            # The region's call has its own deadline; this bound is for a loop that ended.
+            with contextlib.suppress(TimeoutError), self._clock.deadline(CALL_SECONDS + 1.0):
+                await asyncio.wait([handout.settled])
         if not handout.settled.done():
             return handout
         error = handout.settled.result()

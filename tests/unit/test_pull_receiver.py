@@ -14,7 +14,7 @@ from azure.servicebus.exceptions import MessageAlreadySettled
 from georep import ClaimState, ConfigurationError, SettlementError
 from georep.exceptions import AllRegionsUnavailableError, RegionUnavailableError
 from georep.ports import ErrorKind
-from georep.receive.outcomes import ABANDON, COMPLETE, dead_letter_decision
+from georep.receive.outcomes import ABANDON, COMPLETE, Decision, Settle, dead_letter_decision
 from georep.receive.pull import PullReceiver
 from georep.testing import FakeMessage, InMemoryRegionReceiver
 
@@ -322,4 +322,25 @@ async def test_a_receive_while_every_region_is_down_raises_as_the_sdks_does(
     (again,) = await world.run(pull.receive(1, 10), 15)
     assert again.message.message_id == "b", "the regions are back: receiving resumes"
     await world.run(pull.settle(again.message, COMPLETE, "complete_message"))
+    await world.close(pull)
+
+
+class SlowToDefer(InMemoryRegionReceiver):
+    """A fake region that takes two seconds to defer a copy."""
+
+    async def defer(self, message: Any) -> None:
+        await self._clock.sleep(2.0)
+        await super().defer(message)
+
+
+async def test_a_defer_returns_once_the_region_deferred_the_copy(world: World) -> None:
+    """The SDK's defer_message returns once the broker deferred the message, and programs
+    ask for it by number next: the drop-in receiver's defer waits for its region too (a
+    completion returns once the seen-set has it)."""
+    world.primary = SlowToDefer("primary", "east", clock=world.clock)
+    world.primary.put(FakeMessage(b"x", "a"))
+    pull = world.pull()
+    (handout,) = await world.run(pull.receive(1, 5))
+    await world.run(pull.settle(handout.message, Decision(Settle.DEFER), "defer", applied=True))
+    assert [m.message_id for m in world.primary.deferred] == ["a"]
     await world.close(pull)

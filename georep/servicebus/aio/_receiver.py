@@ -246,7 +246,12 @@ class ServiceBusReceiver(ClosedOnAsyncExit):
     # ------------------------------------------------------------------- settling
 
     async def _settle(
-        self, message: ServiceBusReceivedMessage, decision: Decision, operation: str
+        self,
+        message: ServiceBusReceivedMessage,
+        decision: Decision,
+        operation: str,
+        *,
+        applied: bool = False,
     ) -> Handout | None:
         """Settle a message this receiver handed out (or a deferred one it returned)."""
         pull = await self._opened()
@@ -255,7 +260,7 @@ class ServiceBusReceiver(ClosedOnAsyncExit):
                 raise ConfigurationError(f"{operation}: not supported in RECEIVE_AND_DELETE mode")
             await self._deferred.settle(message, decision, operation)
             return None
-        return await pull.settle(message, decision, operation)
+        return await pull.settle(message, decision, operation, applied=applied)
 
     async def complete_message(self, message: ServiceBusReceivedMessage) -> None:
         """Complete the message, and its copy in the other region.
@@ -275,12 +280,17 @@ class ServiceBusReceiver(ClosedOnAsyncExit):
         await self._settle(message, ABANDON, "abandon_message")
 
     async def defer_message(self, message: ServiceBusReceivedMessage) -> None:
-        """Defer the message, and its copy in the other region.
+        """Defer the message, and its copy in the other region. Returns once its region
+        deferred it (or failed to: then the copy is deferred when it is delivered again,
+        and ``receive_deferred_messages`` finds the twin georep deferred in the other
+        region).
 
         Raises:
             SettlementError, ConfigurationError: As :meth:`complete_message`.
         """
-        handout = await self._settle(message, Decision(Settle.DEFER), "defer_message")
+        # As the SDK's, it returns once the region deferred it (or could not): the next
+        # call may be receive_deferred_messages with its number.
+        handout = await self._settle(message, Decision(Settle.DEFER), "defer_message", applied=True)
         if handout is not None and message.sequence_number is not None:
             self._book.deferred(int(message.sequence_number), handout.key)
 
