@@ -212,6 +212,20 @@ class ServiceBusRegionReceiver(SdkRegion):
     async def abandon(self, message: ServiceBusReceivedMessage) -> None:
         await self._call(lambda: self._receiver_of(message).abandon_message(message))
 
+    async def release(self, message: ServiceBusReceivedMessage) -> None:
+        """Hand the copy back unseen: the AMQP ``released`` outcome on its link, which the
+        broker does not count as a delivery. The SDK settles the messages that reach its
+        buffer outside a receive call this way; it has no public method for it, so this
+        uses its link as its own code does, and abandons where that is not reachable."""
+        receiver = self._receiver_of(message)
+        settle = getattr(getattr(receiver, "_handler", None), "settle_messages_async", None)
+        delivery_id = getattr(message, "_delivery_id", None)
+        delivery_tag = getattr(message, "_delivery_tag", None)
+        if settle is None or delivery_id is None or delivery_tag is None:
+            await self.abandon(message)
+            return
+        await self._call(lambda: settle(delivery_id, delivery_tag, "released"))
+
     async def dead_letter(
         self, message: ServiceBusReceivedMessage, reason: str, description: str
     ) -> None:

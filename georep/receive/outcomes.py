@@ -87,7 +87,13 @@ class Decision:
         if self.settle is Settle.COMPLETE:
             await region.complete(message)
         elif self.settle is Settle.ABANDON:
-            await region.abandon(message)
+            # A copy handed back unseen is released where the region can (AMQP
+            # ``released``: not a delivery attempt, as the SDK hands back its buffer).
+            release = getattr(region, "release", None) if self.returned else None
+            if release is not None:
+                await release(message)
+            else:
+                await region.abandon(message)
         elif self.settle is Settle.DEFER:
             await region.defer(message)
         else:

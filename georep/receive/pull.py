@@ -214,6 +214,12 @@ class SettleProbe:
     async def abandon(self, message: Any) -> None:
         await self._settle(message, "abandon", partial(self.inner.abandon, message))
 
+    async def release(self, message: Any) -> None:
+        """Hand the copy back unseen where the region can (not a delivery attempt there),
+        else abandon it."""
+        release = getattr(self.inner, "release", None) or self.inner.abandon
+        await self._settle(message, "abandon", partial(release, message))
+
     async def dead_letter(self, message: Any, reason: str, description: str) -> None:
         dead_letter = partial(self.inner.dead_letter, message, reason, description)
         await self._settle(message, "dead_letter", dead_letter)

@@ -542,3 +542,34 @@ async def test_two_processes_share_the_sessions_each_session_to_one_in_order(
         assert len({process for process, _ in lines}) == 1, f"{session} went to both: {lines}"
         bodies = [body for _, body in lines]
         assert bodies == sorted(bodies) and len(bodies) == 5, f"{session}: {bodies}"
+
+
+async def test_copies_fetched_ahead_go_back_unseen_without_counting_a_delivery(
+    emu: Emulator, private_queue: Any, seen: RedisSeenSet
+) -> None:
+    """A receiver with a prefetch holds copies the program never got; closing it hands
+    them back as the SDK hands back its buffer (AMQP ``released``), so a program that
+    opens a receiver, takes one message and closes, again and again, never has the
+    others dead-lettered for deliveries it never saw."""
+    queue = private_queue("ahead", max_delivery_count=2)
+    async with dropin(emu, seen) as client:
+        async with client.get_queue_sender(queue) as sender:
+            await sender.send_messages([ServiceBusMessage(f"m{i}") for i in range(8)])
+        handled: list[str] = []
+        for _ in range(4):
+            async with client.get_queue_receiver(queue, prefetch_count=5) as receiver:
+                (message,) = await receiver.receive_messages(1, max_wait_time=30)
+                handled.append(str(message))
+                assert message.delivery_count == 0, f"{message} was counted as delivered before"
+                await receiver.complete_message(message)
+                assert await eventually(
+                    lambda receiver=receiver: sum(receiver.stats.received.values()) >= 6,
+                    within=30,
+                ), "the prefetch filled"
+        dead = {region: emu.namespace(region).entities()[queue] for region in REGIONS}
+        assert all(counts["dead_letter_message_count"] == 0 for counts in dead.values())
+        async with client.get_queue_receiver(queue, max_wait_time=5) as receiver:
+            async for message in receiver:
+                handled.append(str(message))
+                await receiver.complete_message(message)
+    assert sorted(handled) == [f"m{i}" for i in range(8)]
