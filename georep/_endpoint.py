@@ -58,6 +58,14 @@ def check_connection_string(connection_string: str, region: str) -> None:
             f"the {region} connection string is empty: copy it from the namespace's "
             "'Shared access policies' page"
         )
+    if "=" not in connection_string:
+        raise ConfigurationError(
+            f"the {region} connection string has no 'Name=value' parts: for a namespace "
+            "name (NAME.servicebus.windows.net) and a credential, use "
+            "from_namespaces(primary, secondary, credential); for connection strings, "
+            "'Endpoint=sb://NAME.servicebus.windows.net/;SharedAccessKeyName=...;"
+            "SharedAccessKey=...' (copy it from the namespace's 'Shared access policies')"
+        )
     parts = dict(
         part.split("=", 1)
         for part in connection_string.strip().rstrip(";").split(";")

@@ -25,7 +25,9 @@ def test_an_unknown_option_is_refused_by_name() -> None:
 @pytest.mark.parametrize(
     ("primary", "secondary", "names"),
     [
-        ("hello", SECONDARY, "primary connection string lacks Endpoint"),
+        ("hello", SECONDARY, "primary connection string has no 'Name=value' parts"),
+        ("east.servicebus.windows.net", SECONDARY, "use from_namespaces"),
+        ("Endpoint=sb://east.example.net/", SECONDARY, "primary connection string lacks Shared"),
         (PRIMARY, "Endpoint=sb://west.example.net/", "secondary connection string lacks Shared"),
         ("", SECONDARY, "primary connection string is empty"),
     ],
