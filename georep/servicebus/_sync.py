@@ -21,6 +21,7 @@ from azure.servicebus import ServiceBusSession as _SdkSession
 from georep._endpoint import Target
 from georep._lifecycle import ClosedOnExit
 from georep._sync_runtime import RUNTIME, LoopUser, built
+from georep.exceptions import ClosedError
 from georep.receive.context import ReceiverStats
 from georep.send.sender import GeoSender, SendResult
 
@@ -52,7 +53,7 @@ class ServiceBusClient(ClientConstructors, ClosedOnExit):
         return self._core.fully_qualified_namespace
 
     def __enter__(self) -> Self:
-        self._core._check_open()
+        self._check_open()
         return self
 
     def close(self) -> None:
@@ -73,7 +74,18 @@ class ServiceBusClient(ClientConstructors, ClosedOnExit):
         return self._sender(partial(self._core.get_topic_sender, topic_name, **arguments))
 
     def _sender(self, get: Callable[[], aio.ServiceBusSender]) -> ServiceBusSender:
+        self._check_open()
         return ServiceBusSender(_call(built(get)))
+
+    def _check_open(self) -> None:
+        """Raises ClosedError: this client was closed (unlike the SDK's blocking client, it
+        closed the resources it was given with it, so it cannot be used again)."""
+        if self._core._closed:
+            raise ClosedError(
+                "this ServiceBusClient is closed, and the blocking client closes for good "
+                "(with the seen-set and other resources it was given): create a new one, or "
+                "keep one client open for the program's life (docs/migration.md)"
+            )
 
     def get_queue_receiver(
         self, queue_name: str, **arguments: Unpack[ReceiverArguments]
@@ -94,6 +106,7 @@ class ServiceBusClient(ClientConstructors, ClosedOnExit):
         self, get: Callable[..., aio.ServiceBusReceiver], arguments: ReceiverArguments
     ) -> ServiceBusReceiver:
         # The sync AutoLockRenewer stays on this side: it calls this blocking receiver.
+        self._check_open()
         core_arguments = {k: v for k, v in arguments.items() if k != "auto_lock_renewer"}
         core = _call(built(lambda: get(**core_arguments)))
         return ServiceBusReceiver(core, arguments.get("auto_lock_renewer"))

@@ -139,3 +139,18 @@ def test_every_public_name_of_the_sdks_classes_is_there(sdk: type, dropin: type)
 def test_the_sdks_one_namespace_constructor_names_the_two_namespace_one(module: object) -> None:
     with pytest.raises(ValueError, match="from_connection_strings"):
         module.ServiceBusClient.from_connection_string(PRIMARY)  # type: ignore[attr-defined]
+
+
+def test_a_closed_blocking_client_says_it_closes_for_good() -> None:
+    """The SDK's blocking client can be used again after close; georep's closes the
+    resources it was given with it, so it says so, instead of a loop-thread error."""
+    client = georep.servicebus.ServiceBusClient.from_connection_strings(PRIMARY, SECONDARY)
+    with client:
+        pass
+    for use in (
+        lambda: client.get_queue_sender("orders"),
+        lambda: client.get_queue_receiver("orders"),
+        client.__enter__,
+    ):
+        with pytest.raises(ValueError, match="closes for good"):
+            use()
