@@ -37,17 +37,17 @@ _REASON: Final = b"DeadLetterReason"
 
 class ServiceBusReceiver(ClosedOnAsyncExit):
     """Receives from a queue or subscription in two regions, with
-        ``azure.servicebus.aio.ServiceBusReceiver``'s methods, arguments and results.
+    ``azure.servicebus.aio.ServiceBusReceiver``'s methods, arguments and results.
 
-        Made by :meth:`georep.servicebus.aio.ServiceBusClient.get_queue_receiver` (or
-        ``get_subscription_receiver``). Each logical message is handed out once across both
-        regions and every process sharing the seen-set; settling it settles its copy in the
-        other region too. The messages are the SDK's ``ServiceBusReceivedMessage`` objects of
-        the region they came from; their ``sequence_number`` is that region's, with bit 62 set for
-    the secondary's (:mod:`georep.servicebus.aio._numbers`), so each number names one message
-    and ``receive_deferred_messages`` finds it from any process. Their locks are
-        renewed by georep until they are settled (an ``AutoLockRenewer`` is not needed, and
-        works).
+    Made by :meth:`georep.servicebus.aio.ServiceBusClient.get_queue_receiver` (or
+    ``get_subscription_receiver``). Each logical message is handed out once across both
+    regions and every process sharing the seen-set; settling it settles its copy in the
+    other region too. The messages are the SDK's ``ServiceBusReceivedMessage`` objects of
+    the region they came from; their ``sequence_number`` is that region's, with bit 62 set
+    for the secondary's (:mod:`georep.servicebus.aio._numbers`), so each number names one
+    message and ``receive_deferred_messages`` finds it from any process. Their locks are
+    renewed by georep until they are settled (an ``AutoLockRenewer`` is not needed, and
+    works).
     """
 
     def __init__(
