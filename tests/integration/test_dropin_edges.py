@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import datetime
 import json
+import textwrap
 import uuid
 from typing import Any
 
@@ -45,22 +46,39 @@ def scheduled(emu: Emulator, queue: str) -> dict[str, int]:
     }
 
 
-_CANCEL_PROCESS = """
-import asyncio, json, os
-from georep.adapters.redis import RedisSeenSet
-from georep.servicebus.aio import ServiceBusClient
+def child_program(body: str) -> str:
+    """A child process's program: ``body`` runs with ``client``, a drop-in client on the
+    two regions (``$PRIMARY``, ``$SECONDARY``) and the seen-set group ``$GROUP``, open;
+    ``json`` and ``os`` are imported."""
+    return (
+        textwrap.dedent(
+            """
+            import asyncio, json, os
+            from georep.adapters.redis import RedisSeenSet
+            from georep.servicebus.aio import ServiceBusClient
 
-async def main():
-    async with RedisSeenSet.from_url(os.environ["REDIS_URL"], group=os.environ["GROUP"]) as seen:
-        client = ServiceBusClient.from_connection_strings(
-            os.environ["PRIMARY"], os.environ["SECONDARY"], seen=seen
+            async def main():
+                async with RedisSeenSet.from_url(
+                    os.environ["REDIS_URL"], group=os.environ["GROUP"]
+                ) as seen:
+                    client = ServiceBusClient.from_connection_strings(
+                        os.environ["PRIMARY"], os.environ["SECONDARY"], seen=seen
+                    )
+                    async with client:
+            """
         )
-        async with client, client.get_queue_sender(os.environ["QUEUE"]) as sender:
-            await sender.cancel_scheduled_messages(json.loads(os.environ["NUMBERS"]))
-    print("CANCELLED", flush=True)
+        + textwrap.indent(textwrap.dedent(body).strip(), " " * 12)
+        + "\n\nasyncio.run(main())\n"
+    )
 
-asyncio.run(main())
-"""
+
+_CANCEL_PROCESS = child_program(
+    """
+    async with client.get_queue_sender(os.environ["QUEUE"]) as sender:
+        await sender.cancel_scheduled_messages(json.loads(os.environ["NUMBERS"]))
+    print("CANCELLED", flush=True)
+    """
+)
 
 
 @pytest.mark.parametrize("mode", [ReplicationMode.ACTIVE, ReplicationMode.PASSIVE])
@@ -332,25 +350,16 @@ async def test_a_partitioned_queue_is_used_as_the_sdk_uses_it(
     assert scheduled(emu, queue) == {"primary": 0, "secondary": 0}
 
 
-_DEFERRED_PROCESS = """
-import asyncio, json, os
-from georep.adapters.redis import RedisSeenSet
-from georep.servicebus.aio import ServiceBusClient
-
-async def main():
-    async with RedisSeenSet.from_url(os.environ["REDIS_URL"], group=os.environ["GROUP"]) as seen:
-        client = ServiceBusClient.from_connection_strings(
-            os.environ["PRIMARY"], os.environ["SECONDARY"], seen=seen
-        )
-        async with client, client.get_queue_receiver(os.environ["QUEUE"]) as receiver:
-            for number in json.loads(os.environ["NUMBERS"]):
-                got = await receiver.receive_deferred_messages(number)
-                print(json.dumps([str(m) for m in got]), flush=True)
-                for message in got:
-                    await receiver.complete_message(message)
-
-asyncio.run(main())
-"""
+_DEFERRED_PROCESS = child_program(
+    """
+    async with client.get_queue_receiver(os.environ["QUEUE"]) as receiver:
+        for number in json.loads(os.environ["NUMBERS"]):
+            got = await receiver.receive_deferred_messages(number)
+            print(json.dumps([str(m) for m in got]), flush=True)
+            for message in got:
+                await receiver.complete_message(message)
+    """
+)
 
 
 async def schedule_raw(emu: Emulator, region: str, queue: str, *bodies: str) -> list[int]:
