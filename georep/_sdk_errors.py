@@ -61,6 +61,9 @@ except ImportError:
             """Stands in for the SDK's class of that name (a ValueError, not a
             ServiceBusError, as in the SDK)."""
 
+        class MessageNotFoundError(ServiceBusError):
+            """Stands in for the SDK's class of that name."""
+
         class MessageLockLostError(ServiceBusError):
             """Stands in for the SDK's class of that name."""
 

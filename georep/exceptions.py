@@ -22,6 +22,7 @@ georep class                    also an instance of (``azure.servicebus.exceptio
 ``QuotaExceededError``          ``ServiceBusQuotaExceededError``
 ``LockLostError``               ``MessageLockLostError``, ``SessionLockLostError``
 ``InvalidArgumentError``        ``ServiceBusError``, ``ValueError``
+``MessageNotFoundError``        ``MessageNotFoundError`` + those of ``InvalidArgumentError``
 ``OutboxFullError``             ``ServiceBusQuotaExceededError``
 ``OutboxUnavailableError``      ``ServiceBusError``
 ``StoreUnavailableError``       ``ServiceBusError``
@@ -70,6 +71,7 @@ __all__ = [
     "InvalidMessageError",
     "LockLostError",
     "MessageExpiredError",
+    "MessageNotFoundError",
     "MessageTooLargeError",
     "OutboxFullError",
     "OutboxUnavailableError",
@@ -455,6 +457,12 @@ class InvalidArgumentError(RegionError, ValueError):
 
     Also a ``ServiceBusError`` and a ``ValueError``, as the SDK raises for these.
     """
+
+
+class MessageNotFoundError(InvalidArgumentError, sdk.MessageNotFoundError):
+    """The region has no message with that sequence number (``receive_deferred_messages``
+    of a number it never deferred, or settled since): the SDK's ``MessageNotFoundError``.
+    Kind ``INVALID_ARGUMENT``: asking again, or another region, finds nothing either."""
 
 
 class AllRegionsUnavailableError(

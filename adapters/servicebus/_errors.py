@@ -30,6 +30,7 @@ from azure.servicebus.exceptions import (
     SessionLockLostError,
 )
 
+from georep import exceptions as georep_errors
 from georep.exceptions import GeoReplicationError, RegionError, region_error
 from georep.ports import ErrorKind
 
@@ -65,6 +66,12 @@ SDK_ERROR_KINDS: tuple[tuple[type[BaseException], ErrorKind], ...] = (
 # request itself is wrong: retrying, or another region, would not help.
 _ARGUMENT_CONDITIONS = frozenset(
     {"com.microsoft:argument-error", "com.microsoft:argument-out-of-range"}
+)
+
+#: SDK classes more specific than their kind's georep class says: raised as the georep
+#: class that is also theirs.
+_SPECIFIC: tuple[tuple[type[BaseException], type[RegionError]], ...] = (
+    (MessageNotFoundError, georep_errors.MessageNotFoundError),
 )
 
 #: What the SDK's ValueError says when its handler was closed under a call.
@@ -131,4 +138,7 @@ def translate_error(exc: BaseException, *, region: str, namespace: str) -> Regio
     detail = str(exc).strip() or type(exc).__name__
     hint = _HINTS.get(kind)
     message = f"{region} ({namespace}): {detail}" + (f"; {hint}" if hint else "")
+    for sdk_class, specific in _SPECIFIC:
+        if isinstance(exc, sdk_class):
+            return specific(message, region=region, kind=kind, inner_exception=exc)
     return region_error(message, region=region, kind=kind, inner_exception=exc)

@@ -6,17 +6,19 @@ does and checks that it does the same over two emulated regions."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import datetime
 import json
 import textwrap
 import uuid
+from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
 from _helpers import REDIS_URL, eventually, fault, start_child, stored
 from azure.servicebus import NEXT_AVAILABLE_SESSION, ServiceBusMessage, ServiceBusReceiveMode
 from azure.servicebus.aio import ServiceBusClient as SdkClient
-from azure.servicebus.exceptions import MessageAlreadySettled
+from azure.servicebus.exceptions import MessageAlreadySettled, MessageNotFoundError
 
 from georep import FailoverPolicy, ReplicationMode
 from georep.adapters.emulator import Emulator
@@ -214,6 +216,78 @@ async def test_the_sdks_attributes_read_the_same(emu: Emulator, seen: RedisSeenS
     raw = await attributes_program(sdk_client(emu), *names)
     assert "sender id my-sender" in raw and "generated id SBReceiver" in raw
     assert await attributes_program(dropin(emu, seen), *names) == raw
+
+
+async def browse_program(client: Any, queue: str, aside: Any = None) -> list[str]:
+    """Peek around receives, receive a number that was never deferred, and settle what is
+    not a received message: what SDK programs print for each. ``aside()`` (an async
+    context manager) is around the first receiver."""
+    lines = []
+
+    async def peeked(receiver: Any) -> str:
+        return " ".join(str(m) for m in await receiver.peek_messages(max_message_count=10))
+
+    async with client:
+        async with client.get_queue_sender(queue) as sender:
+            await sender.send_messages([ServiceBusMessage(f"m{i}") for i in range(4)])
+        async with (
+            aside() if aside else contextlib.nullcontext(),
+            client.get_queue_receiver(queue) as receiver,
+        ):
+            lines.append(f"before: {await peeked(receiver)}")
+            taken: list[Any] = []
+            while len(taken) < 2:  # the SDK may return fewer than asked for
+                taken += await receiver.receive_messages(2 - len(taken), max_wait_time=10)
+            for message in taken:
+                await receiver.complete_message(message)
+            # The SDK browses on after the last message received; completed ones are gone.
+            lines.append(f"after two: {await peeked(receiver)}")
+        async with client.get_queue_receiver(queue) as receiver:
+            lines.append(f"new receiver: {await peeked(receiver)}")
+            rest: list[Any] = []
+            while len(rest) < 2:
+                rest += await receiver.receive_messages(2 - len(rest), max_wait_time=10)
+            for message in rest:
+                await receiver.complete_message(message)
+        async with client.get_queue_receiver(queue) as receiver:
+            lines.append(f"all completed: {await peeked(receiver)!r}")
+            try:
+                await receiver.receive_deferred_messages([123_456])
+            except MessageNotFoundError:
+                lines.append("never deferred: MessageNotFoundError")
+            try:
+                await receiver.complete_message("not a message")
+            except TypeError:
+                lines.append("settling a str: TypeError")
+    return lines
+
+
+async def test_browsing_around_receives_shows_what_the_sdk_shows(
+    emu: Emulator, private_queue: Any, seen: RedisSeenSet
+) -> None:
+    raw = await browse_program(sdk_client(emu), private_queue("browse"))
+    assert raw == [
+        "before: m0 m1 m2 m3",
+        "after two: m2 m3",
+        "new receiver: m2 m3",
+        "all completed: ''",
+        "never deferred: MessageNotFoundError",
+        "settling a str: TypeError",
+    ]
+
+    @contextlib.asynccontextmanager
+    async def secondary_down() -> AsyncIterator[None]:
+        # The first receiver reads the primary only; the twins of the two it completes
+        # stay in the secondary (active mode) until a receiver meets them: the new
+        # receiver's first peek must not show them.
+        await fault(emu, "secondary", "outage")
+        try:
+            yield
+        finally:
+            await fault(emu, "secondary", "restore")
+
+    queue = private_queue("browse")
+    assert await browse_program(dropin(emu, seen), queue, secondary_down) == raw
 
 
 def taken_not_returned(receiver: Any) -> bool:

@@ -53,6 +53,7 @@ MAPPING: dict[type[errors.GeoReplicationError], tuple[tuple[type, ...], tuple[ty
     errors.QuotaExceededError: ((sdk.ServiceBusQuotaExceededError,), ()),
     errors.LockLostError: ((sdk.MessageLockLostError, sdk.SessionLockLostError), ()),
     errors.InvalidArgumentError: ((sdk.ServiceBusError,), (ValueError,)),
+    errors.MessageNotFoundError: ((sdk.MessageNotFoundError, sdk.ServiceBusError), (ValueError,)),
     errors.OutboxFullError: ((sdk.ServiceBusQuotaExceededError,), ()),
     errors.OutboxUnavailableError: ((sdk.ServiceBusError,), ()),
     errors.StoreUnavailableError: ((sdk.ServiceBusError,), ()),
@@ -74,13 +75,17 @@ CLASSES = sorted(MAPPING, key=lambda cls: cls.__name__)
 
 
 def _kind_of(cls: type[errors.RegionError]) -> ErrorKind:
-    return next(kind for kind in ErrorKind if errors.error_type(kind) is cls)
+    """The kind raised as ``cls``, or as its nearest base (a class more specific than its
+    kind, such as MessageNotFoundError, chosen by the adapter)."""
+    return next(
+        kind for base in cls.__mro__ for kind in ErrorKind if errors.error_type(kind) is base
+    )
 
 
 def build(cls: type[errors.GeoReplicationError], text: str) -> errors.GeoReplicationError:
     """One instance of ``cls``, made the way georep makes it."""
     if issubclass(cls, errors.RegionError):
-        return errors.region_error(text, region="primary", kind=_kind_of(cls))
+        return cls(text, region="primary", kind=_kind_of(cls))
     if cls is errors.AllRegionsUnavailableError:
         causes = {
             "primary": errors.region_error(
@@ -147,9 +152,7 @@ def test_each_error_has_the_sdks_attributes(cls: type[errors.GeoReplicationError
         assert missing == []
     given = ValueError("given")
     if issubclass(cls, errors.RegionError):
-        explicit = errors.region_error(
-            "x", region="primary", kind=_kind_of(cls), inner_exception=given
-        )
+        explicit = cls("x", region="primary", kind=_kind_of(cls), inner_exception=given)
     elif cls is errors.AllRegionsUnavailableError:
         explicit = errors.AllRegionsUnavailableError("x", {}, inner_exception=given)
     else:

@@ -9,7 +9,8 @@ from collections import OrderedDict
 from typing import Any, Final
 
 from georep._channel import bounded_call
-from georep.exceptions import AllRegionsUnavailableError, RegionError
+from georep.exceptions import AllRegionsUnavailableError, RegionError, StoreUnavailableError
+from georep.ports import FINAL_STATES
 from georep.receive.pull import PullReceiver, SettleProbe
 
 from ._numbers import mark, own_number
@@ -20,6 +21,8 @@ _log = logging.getLogger("georep.servicebus")
 
 _MAX_ROUNDS: Final = 8
 """Browses per region for one ``peek_messages`` call at most."""
+_ACTIVE: Final = 0
+"""``ServiceBusMessageState.ACTIVE``: neither deferred nor scheduled."""
 _REMEMBERED: Final = 10_000
 """Keys of messages returned lately: a region lagging behind the other returns them again
 on a later page, and they are not shown twice."""
@@ -30,11 +33,13 @@ class MergedPeek:
 
     Each region is browsed from its own cursor (sequence numbers are per region); the
     answers are merged by enqueued time, a message both regions hold is shown once (the
-    copy of the region that answered first in that order), and each cursor moves past what
-    was shown or skipped as a copy. A ``sequence_number`` that continues the previous page
-    (the last message's number + 1, as SDK code pages) keeps the cursors; any other number
-    starts both regions there. Messages are shown with the numbers the client hands out
-    (:mod:`._numbers`).
+    copy of the region that answered first in that order), a copy whose message is settled
+    already (a twin georep has yet to remove; the seen-set says) is not shown, and each
+    cursor moves past what was shown or skipped. A ``sequence_number`` that continues the
+    previous page (the last message's number + 1, as SDK code pages) keeps the cursors; any
+    other number starts both regions there; a message received from a region moves that
+    region's cursor after it (as the SDK's receiver browses on after the last message it
+    received). Messages are shown with the numbers the client hands out (:mod:`._numbers`).
     """
 
     def __init__(self, pull: PullReceiver) -> None:
@@ -42,6 +47,14 @@ class MergedPeek:
         self._cursors: dict[str, int] = {}
         self._continue_at: int | None = None
         self._recent: OrderedDict[str, None] = OrderedDict()
+
+    def received(self, region: str, sequence_number: int | None) -> None:
+        """A message of ``region`` was received: as the SDK's receiver, a later
+        ``peek_messages`` without a number browses that region from the next one."""
+        if sequence_number is not None:
+            self._cursors[region] = int(sequence_number) + 1
+            self._recent.clear()  # a new walk from there: what it shows again is shown
+            self._continue_at = None
 
     async def peek(self, count: int, sequence_number: int, timeout: float | None) -> list[Any]:
         """Up to ``count`` messages, not locked.
@@ -61,7 +74,7 @@ class MergedPeek:
         for _ in range(_MAX_ROUNDS):
             asked = count - len(shown)
             merged, more = await self._browse_all(asked, timeout)
-            shown += self._page(merged, asked)
+            shown += self._page(merged, asked, await self._settled(merged))
             if len(shown) >= count or not more:
                 break
         if shown:
@@ -104,16 +117,46 @@ class MergedPeek:
         merged.sort(key=lambda item: (item[0], item[1]))
         return merged, more
 
-    def _page(self, merged: list[tuple[float, int, str, Any]], count: int) -> list[Any]:
-        shown: list[Any] = []
+    def _key(self, region: str, message: Any) -> str | None:
         policy = self._pull.geo.dedup_key
-        probes = {probe.region: probe for probe in self._pull.regions}
+        probe = next(p for p in self._pull.regions if p.region == region)
+        return probe.delivery(message, policy.source, policy.name).key
+
+    async def _settled(self, merged: list[tuple[float, int, str, Any]]) -> frozenset[str]:
+        """The keys of the active copies in ``merged`` whose message is settled already
+        (from the other region): twins georep has yet to remove, which a one-region
+        program would no longer see. Empty if the seen-set does not answer."""
+        keys = {
+            key
+            for _, _, region, message in merged
+            if int(getattr(message, "state", _ACTIVE)) == _ACTIVE
+            and (key := self._key(region, message)) is not None
+        }
+        if not keys:
+            return frozenset()
+        geo = self._pull.geo
+        ordered = sorted(keys)
+        try:
+            states = await geo.seen.peek([geo.seen_key(key) for key in ordered])
+        except StoreUnavailableError as error:
+            _log.warning("peek_messages: settled twins are shown (seen-set: %s)", error)
+            return frozenset()
+        return frozenset(
+            k for k, state in zip(ordered, states, strict=True) if state in FINAL_STATES
+        )
+
+    def _page(
+        self, merged: list[tuple[float, int, str, Any]], count: int, settled: frozenset[str]
+    ) -> list[Any]:
+        shown: list[Any] = []
         for _, _, region, message in merged:
             if len(shown) == count:
                 break
             sequence = int(message.sequence_number)
             self._cursors[region] = max(self._cursors.get(region, 1), sequence + 1)
-            key = probes[region].delivery(message, policy.source, policy.name).key
+            key = self._key(region, message)
+            if key in settled and int(getattr(message, "state", _ACTIVE)) == _ACTIVE:
+                continue  # a twin of a settled message, on its way out
             if key is not None:
                 if key in self._recent:
                     continue

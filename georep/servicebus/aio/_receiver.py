@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any, Final, Self
 from azure.servicebus import ServiceBusReceivedMessage, ServiceBusReceiveMode
 
 from georep._lifecycle import ClosedOnAsyncExit
-from georep.exceptions import ClosedError, ConfigurationError
+from georep.exceptions import ClosedError, ConfigurationError, InvalidMessageError
 from georep.receive.context import ReceiverStats
 from georep.receive.outcomes import ABANDON, COMPLETE, TWIN_REASON_PREFIX, Decision, Settle
 from georep.receive.outcomes import dead_letter_decision as _dead_letter_decision
@@ -181,6 +181,8 @@ class ServiceBusReceiver(ClosedOnAsyncExit):
         return [self._hand_out(handout) for handout in handouts]
 
     def _hand_out(self, handout: Handout) -> ServiceBusReceivedMessage:
+        if self._peek is not None:
+            self._peek.received(handout.region, handout.message.sequence_number)
         message: ServiceBusReceivedMessage = mark(handout.message, handout.region)
         if self._dead_letter:
             _show_original_reason(message)
@@ -197,7 +199,8 @@ class ServiceBusReceiver(ClosedOnAsyncExit):
     ) -> list[ServiceBusReceivedMessage]:
         """Browse both regions: up to ``max_message_count`` messages, one copy of each.
 
-        Each call continues where the previous one ended (as the SDK's); a
+        Without a ``sequence_number``, a call continues where the previous one ended, or
+        after the last message received from that region (as the SDK's); a
         ``sequence_number`` that continues the previous page keeps that walk, any other
         starts both regions at it. Not locked, not settleable.
 
@@ -254,6 +257,7 @@ class ServiceBusReceiver(ClosedOnAsyncExit):
         applied: bool = False,
     ) -> Handout | None:
         """Settle a message this receiver handed out (or a deferred one it returned)."""
+        _check_message(message, operation)
         pull = await self._opened()
         if self._deferred is not None and self._deferred.holds(message):
             if self._receive_mode is ServiceBusReceiveMode.RECEIVE_AND_DELETE:
@@ -323,6 +327,7 @@ class ServiceBusReceiver(ClosedOnAsyncExit):
                 "Renewing message lock is an invalid operation when working with sessions. "
                 "Please renew the session lock instead."
             )
+        _check_message(message, "renew_message_lock")
         pull = await self._opened()
         if self._deferred is not None and self._deferred.holds(message):
             expiry = await self._deferred.renew_lock(message)
@@ -343,3 +348,12 @@ def _show_original_reason(message: ServiceBusReceivedMessage) -> None:
         return
     original = reason.removeprefix(TWIN_REASON_PREFIX)
     properties[_REASON] = original.encode()
+
+
+def _check_message(message: object, operation: str) -> None:
+    """Raises InvalidMessageError (a ``TypeError``, as the SDK's): not a received message."""
+    if not isinstance(message, ServiceBusReceivedMessage):
+        raise InvalidMessageError(
+            f"{operation}: the message must be a ServiceBusReceivedMessage this receiver "
+            f"handed out, got {type(message).__name__}"
+        )
