@@ -127,11 +127,17 @@ CLIENT_FAULT_KINDS: frozenset[ErrorKind] = frozenset({ErrorKind.AUTHENTICATION})
 syphon closes that side's partner after ``partner_close_timeout`` (SPEC §3)."""
 
 MISCONFIGURED_KINDS: frozenset[ErrorKind] = frozenset(
-    {ErrorKind.AUTHENTICATION, ErrorKind.ENTITY_NOT_FOUND, ErrorKind.ENTITY_DISABLED}
+    {
+        ErrorKind.AUTHENTICATION,
+        ErrorKind.ENTITY_NOT_FOUND,
+        ErrorKind.ENTITY_DISABLED,
+        ErrorKind.INVALID_ARGUMENT,
+    }
 )
 """Kinds that mean the receiver's own settings are wrong for that namespace (key, entity
-name): a pull receiver whose every region answers one raises it to the application, as the
-SDK's receiver raises, instead of waiting for messages that cannot come."""
+name, a receiver without a session on an entity that requires sessions): a pull receiver
+whose every region answers one raises it to the application, as the SDK's receiver raises,
+instead of waiting for messages that cannot come."""
 
 RELAY_FAILOVER_KINDS: frozenset[ErrorKind] = UNAVAILABLE_KINDS | {
     ErrorKind.SERVICE_ERROR,

@@ -103,3 +103,23 @@ async def test_receiving_while_both_regions_are_down_raises_the_sdks_connection_
         got = await receiver.receive_messages(max_wait_time=30)
         assert [str(m) for m in got] == ["back"], "the same receiver reads on once they are back"
         await receiver.complete_message(got[0])
+
+
+@pytest.mark.parametrize(
+    "session", [False, True], ids=["plain-on-session-queue", "session-on-plain-queue"]
+)
+async def test_a_receiver_of_the_wrong_kind_for_its_entity_raises_as_the_sdks(
+    emu: Emulator, seen: RedisSeenSet, session: bool
+) -> None:
+    """The SDK raises at once (a ``ServiceBusError``, ``amqp:not-allowed``) for a receiver
+    without a session on an entity that requires sessions, and for the reverse; georep
+    raised its ``AllRegionsUnavailableError`` (or waited) for what every region refuses."""
+    queue = f"kind-{'plain' if session else 'sessions'}"
+    for region in REGIONS:
+        emu.namespace(region).create_queue(queue, requires_session=not session)
+    arguments = {"session_id": "cart-1"} if session else {}
+    async with client_of(emu, seen) as client:
+        with pytest.raises(ServiceBusError, match="session") as raised:
+            async with client.get_queue_receiver(queue, max_wait_time=5, **arguments) as receiver:
+                await receiver.receive_messages(max_wait_time=30)
+    assert not isinstance(raised.value, ServiceBusConnectionError), "not an outage"
