@@ -683,6 +683,9 @@ class PullReceiver(AsyncResource):
         """One region's fetcher: receive what is asked for; sweep while idle."""
         failures = 0
         while not self._stop_fetching.is_set():
+            # Cleared before the shortfall is read, not when idling starts: a request that
+            # comes while this turn receives or sweeps then ends the idle at once.
+            fetch.wake.clear()
             shortfall = self._wanted + self.prefetch - len(self._buffer) - fetch.arriving
             try:
                 if shortfall > 0 and self._may_receive(fetch):
@@ -731,8 +734,8 @@ class PullReceiver(AsyncResource):
                 self._wake_fetchers()
 
     async def _idle(self, fetch: _Fetch, seconds: float, *, wake: bool = True) -> None:
-        """Wait ``seconds``, less when stopping (or, with ``wake``, when asked for more)."""
-        fetch.wake.clear()
+        """Wait ``seconds``, less when stopping (or, with ``wake``, when asked for more
+        since this turn of the fetcher began)."""
         events = [self._stop_fetching.wait()]
         if wake:
             events.append(fetch.wake.wait())

@@ -344,3 +344,44 @@ async def test_a_defer_returns_once_the_region_deferred_the_copy(world: World) -
     await world.run(pull.settle(handout.message, Decision(Settle.DEFER), "defer", applied=True))
     assert [m.message_id for m in world.primary.deferred] == ["a"]
     await world.close(pull)
+
+
+async def test_a_receive_asked_for_during_a_sweep_is_served_without_waiting_a_poll(
+    world: World,
+) -> None:
+    """A fetcher that was sweeping (browsing its region's head) when the application asked
+    for a message used to clear the request's wake-up as it began to idle, and wait out
+    the poll interval (1 s) before receiving: an ``async for`` loop ran at a few messages
+    a second."""
+    world.primary.put(FakeMessage(b"x", "a"))
+    pull = world.pull(poll=5.0)
+    (first,) = await world.run(pull.receive(1, 5))
+    await world.run(pull.settle(first.message, COMPLETE, "complete_message"))
+    browsing, release = asyncio.Event(), asyncio.Event()
+    browse = world.primary.peek
+
+    async def slow_browse(count: int) -> list[Any]:
+        browsing.set()
+        await release.wait()
+        return await browse(count)
+
+    world.primary.peek = slow_browse  # type: ignore[method-assign]
+    for _ in range(60):  # the fetchers idle (at most a poll), then sweep
+        if browsing.is_set():
+            break
+        await world.clock.advance(0.1)
+    assert browsing.is_set(), "the primary's fetcher never swept"
+    world.primary.put(FakeMessage(b"x", "b"))
+    asked = asyncio.ensure_future(pull.receive(1, 30))
+    for _ in range(5):
+        await asyncio.sleep(0)  # the request reaches the fetchers while one browses
+    release.set()
+    for _ in range(10):  # one second of virtual time: a fifth of the poll
+        if asked.done():
+            break
+        await world.clock.advance(0.1)
+    assert asked.done(), "the request waited for the poll interval"
+    (second,) = asked.result()
+    assert second.message.message_id == "b"
+    await world.run(pull.settle(second.message, COMPLETE, "complete_message"))
+    await world.close(pull)
