@@ -16,7 +16,12 @@ from typing import Any
 
 import pytest
 from _helpers import REDIS_URL, eventually, fault, start_child, stored
-from azure.servicebus import NEXT_AVAILABLE_SESSION, ServiceBusMessage, ServiceBusReceiveMode
+from azure.servicebus import (
+    NEXT_AVAILABLE_SESSION,
+    ServiceBusMessage,
+    ServiceBusMessageState,
+    ServiceBusReceiveMode,
+)
 from azure.servicebus.aio import ServiceBusClient as SdkClient
 from azure.servicebus.exceptions import MessageAlreadySettled, MessageNotFoundError
 
@@ -24,6 +29,7 @@ from georep import FailoverPolicy, ReplicationMode
 from georep.adapters.emulator import Emulator
 from georep.adapters.redis import RedisSeenSet
 from georep.servicebus.aio import ServiceBusClient
+from georep.servicebus.aio._numbers import region_of
 
 pytestmark = pytest.mark.integration
 
@@ -494,6 +500,67 @@ async def test_deferred_numbers_that_collide_across_regions_round_trip_in_anothe
     assert child.returncode == 0, err.decode()[-3000:]
     assert [json.loads(line) for line in out.decode().splitlines()] == [["y"], ["x"]]
     assert await eventually(lambda: stored(emu, queue) == 0, within=30), "both completed"
+
+
+async def deferred_in(emu: Emulator, region: str, queue: str) -> int:
+    """How many deferred messages ``queue`` holds in ``region`` (browsed with the SDK)."""
+    async with (
+        SdkClient.from_connection_string(emu.connection_string(region)) as client,
+        client.get_queue_receiver(queue) as browser,
+    ):
+        peeked = await browser.peek_messages(max_message_count=50)
+        return sum(1 for m in peeked if m.state == ServiceBusMessageState.DEFERRED)
+
+
+async def test_a_deferred_message_is_found_through_its_twin_by_another_process(
+    emu: Emulator, private_queue: Any
+) -> None:
+    """One process defers a message (active mode: georep defers its copy in the other
+    region too); its region goes down; another process sharing the seen-set asks for the
+    number it was handed out with, and gets the twin, as the deferring process would."""
+    queue = private_queue("twin")
+    group = f"test-{uuid.uuid4().hex[:8]}"
+    async with (
+        RedisSeenSet.from_url(REDIS_URL, group=group) as seen,
+        dropin(emu, seen) as client,
+    ):
+        async with client.get_queue_sender(queue) as sender:
+            await sender.send_messages(ServiceBusMessage("d"))
+        async with client.get_queue_receiver(queue, max_wait_time=10) as receiver:
+            (message,) = await receiver.receive_messages(1, max_wait_time=30)
+            await receiver.defer_message(message)
+            number = message.sequence_number
+            assert number is not None
+            both = await eventually(lambda: all_deferred(emu, queue), within=30)
+            assert both, "georep deferred the twin in the other region"
+    down = region_of(number)
+    await fault(emu, down, "outage")
+    try:
+        child = await start_child(
+            _DEFERRED_PROCESS,
+            emu,
+            queue,
+            REDIS_URL=REDIS_URL,
+            GROUP=group,
+            NUMBERS=json.dumps([number]),
+        )
+        out, err = await child.communicate()
+    finally:
+        await fault(emu, down, "restore")
+    assert child.returncode == 0, err.decode()[-3000:]
+    assert [json.loads(line) for line in out.decode().splitlines()] == [["d"]]
+    # Its deferred copy in the region that was down is settled by a receiver's sweep.
+    async with (
+        RedisSeenSet.from_url(REDIS_URL, group=group) as seen,
+        dropin(emu, seen) as client,
+        client.get_queue_receiver(queue) as receiver,
+    ):
+        assert await receiver.receive_messages(1, max_wait_time=2) == []
+        assert await eventually(lambda: stored(emu, queue) == 0, within=30), "both settled"
+
+
+async def all_deferred(emu: Emulator, queue: str) -> bool:
+    return all([await deferred_in(emu, region, queue) == 1 for region in REGIONS])
 
 
 async def receive_all(receiver: Any, count: int, handed: list[str]) -> None:

@@ -112,6 +112,7 @@ class ServiceBusClient(ClientConstructors, ClosedOnAsyncExit):
         ``async with client:`` or ``get_queue_sender`` works. Idempotent."""
         handlers, self._handlers = list(self._handlers), set()
         results = await asyncio.gather(*(h.close() for h in handlers), return_exceptions=True)
+        await asyncio.gather(*(book.aclose() for book in self._deferred.values()))
         for result in results:
             if isinstance(result, BaseException):
                 _log.warning("closing a sender or receiver failed: %s", type(result).__name__)
@@ -249,7 +250,14 @@ class ServiceBusClient(ClientConstructors, ClosedOnAsyncExit):
         )
         if sub is not None:
             entity += "/$DeadLetterQueue"
-        book = self._deferred.setdefault(entity.lower(), DeferredBook())
+        book = self._deferred.get(entity.lower())
+        if book is None:
+            seen = self._options.get("seen")
+            book = self._deferred[entity.lower()] = DeferredBook(
+                seen if isinstance(seen, ScheduleStore) else None,
+                f"{_namespace(self._primary)} {_namespace(self._secondary)} {entity.lower()}",
+                self._options.get("clock"),
+            )
         options["on_twin_deferred"] = book.twin_deferred
         options["settle_deferred"] = partial(
             settle_found, self._options.get("clock") or SystemClock()

@@ -10,23 +10,33 @@ number. When a number's region is down, its twin is fetched instead. Settling wh
 returns records the outcome in the seen-set, settles the copy, and settles the deferred
 twin the same way, so neither region keeps a deferred copy the raw SDK run would not.
 
-The book lives in the client (any receiver the client makes for the entity reads it), in
-memory: a number deferred by another process or before a restart is fetched from its region
-only, and a twin deferred elsewhere stays deferred in its region (settled by a later
-sweep once its key is final).
+The book lives in the client (any receiver the client makes for the entity reads it) and,
+when the seen-set can keep it (``RedisSeenSet``, ``InMemorySeenSet``: a
+:class:`georep.ports.ScheduleStore`), in the seen-set too: a number deferred by another
+process sharing the seen-set, or before a restart, is found through its twin as well. With
+a seen-set that cannot, a number deferred elsewhere is fetched from its region only. A twin
+that is not fetched stays deferred in its region until a sweep settles it (its key final).
 """
 
 from __future__ import annotations
 
+import asyncio
+import hashlib
 import logging
 from collections import OrderedDict
 from collections.abc import Sequence
 from functools import partial
 from typing import Any, Final
 
-from georep._channel import bounded_call
-from georep.exceptions import ConfigurationError, RegionError, SettlementError
-from georep.ports import ClaimState, Clock
+from georep._channel import CALL_SECONDS, bounded_call
+from georep._clock import SystemClock
+from georep.exceptions import (
+    ConfigurationError,
+    RegionError,
+    SettlementError,
+    StoreUnavailableError,
+)
+from georep.ports import ClaimState, Clock, ScheduleStore
 from georep.receive.outcomes import Decision, Settle, twin_reason
 from georep.receive.pull import PullReceiver, SettleProbe
 
@@ -38,6 +48,9 @@ _log = logging.getLogger("georep.servicebus")
 
 _KEPT: Final = 100_000
 """Entries a book keeps at most (oldest forgotten first)."""
+SHARED_DAYS: Final = 14
+"""Days a deferred message's entries are kept in the store (unless it is settled first):
+Service Bus's default message time-to-live."""
 _TWIN_WAIT: Final = 5.0
 """Seconds to wait for georep to defer a twin whose original's region is down."""
 
@@ -45,40 +58,124 @@ _TWIN_WAIT: Final = 5.0
 class DeferredBook:
     """What this client knows of the deferred messages of one entity: the dedup key of each
     number it handed out and the application deferred, and where georep deferred each
-    key's twin (the copy in the other region, deferred because this one was)."""
+    key's twin (the copy in the other region, deferred because this one was).
 
-    def __init__(self) -> None:
+    With a ``store`` (the seen-set, when it is a :class:`georep.ports.ScheduleStore`, as
+    ``RedisSeenSet`` is) both are also kept there, for :data:`SHARED_DAYS` days or until
+    the message is settled, so that any process sharing the seen-set (or this one after a
+    restart) finds a deferred message through its twin while its own region is down.
+
+    Args:
+        store: Where every process of the application keeps them (None: this client only).
+        scope: The entity and its namespaces, naming the book in ``store``.
+        clock: Wall-clock time for the entries' expiry.
+    """
+
+    def __init__(
+        self, store: ScheduleStore | None = None, scope: str = "", clock: Clock | None = None
+    ) -> None:
         self._keys: OrderedDict[int, str | None] = OrderedDict()
         self._twins: OrderedDict[str, tuple[str, int]] = OrderedDict()
+        self._store = store
+        self._scope = scope
+        self._clock = clock or SystemClock()
+        self._writes: set[asyncio.Task[None]] = set()
 
-    def deferred(self, number: int, key: str | None) -> None:
+    async def deferred(self, number: int, key: str | None) -> None:
         """The application deferred the message (dedup key ``key``) handed out as ``number``."""
         self._keys[number] = key
         self._keys.move_to_end(number)
         _trim(self._keys)
+        if key is not None:
+            await self._keep("keys", {number: key.encode()})
 
     def twin_deferred(self, key: str, region: str, message: Any) -> None:
         """georep deferred ``message`` in ``region`` because its key ``key`` was deferred."""
         number = getattr(message, "sequence_number", None)
-        if number is not None:
-            self._twins[key] = (region, own_number(int(number)))
-            _trim(self._twins)
+        if number is None:
+            return
+        own = own_number(int(number))
+        self._twins[key] = (region, own)
+        _trim(self._twins)
+        if self._store is not None:  # told from a settlement's callback: written aside
+            entry = f"{region}\n{own}\n{key}".encode()
+            write = asyncio.ensure_future(self._keep("twins", {_slot(key): entry}))
+            self._writes.add(write)
+            write.add_done_callback(self._writes.discard)
 
-    def key(self, number: int) -> str | None:
-        """The dedup key of the message handed out as ``number``, if this client deferred it."""
-        return self._keys.get(number)
+    async def key(self, number: int) -> str | None:
+        """The dedup key of the message handed out as ``number``, if this client (or, with
+        a store, any process) deferred it."""
+        if number in self._keys:
+            return self._keys[number]
+        found = await self._find("keys", number)
+        return None if found is None else found.decode("utf-8", "replace")
 
-    def twin(self, key: str) -> tuple[str, int] | None:
+    async def twin(self, key: str) -> tuple[str, int] | None:
         """Where georep deferred the twin of ``key`` (region, its number there), if this
-        client saw it."""
-        return self._twins.get(key)
+        client (or, with a store, any process) saw it."""
+        twin = self._twins.get(key)
+        if twin is not None:
+            return twin
+        found = await self._find("twins", _slot(key))
+        if found is None:
+            return None
+        region, number, stored_key = found.decode("utf-8", "replace").split("\n", 2)
+        return (region, int(number)) if stored_key == key else None
 
-    def forget(self, number: int) -> None:
+    async def forget(self, number: int) -> None:
+        """The message handed out as ``number`` was settled."""
         self._keys.pop(number, None)
+        await self._drop("keys", number)
 
-    def take_twin(self, key: str) -> tuple[str, int] | None:
+    async def take_twin(self, key: str) -> tuple[str, int] | None:
         """The deferred twin of ``key`` (forgotten: it is being settled)."""
-        return self._twins.pop(key, None)
+        twin = self._twins.pop(key, None) or await self.twin(key)
+        await self._drop("twins", _slot(key))
+        return twin
+
+    async def aclose(self) -> None:
+        """Wait (bounded) for the entries still being written to the store."""
+        if self._writes:
+            await asyncio.wait(list(self._writes), timeout=CALL_SECONDS)
+
+    async def _keep(self, kind: str, entries: dict[int, bytes]) -> None:
+        if self._store is None:
+            return
+        expires_at = self._clock.time() + SHARED_DAYS * 86_400
+        try:
+            await self._store.keep_schedules(
+                f"{kind} {self._scope}", entries, expires_at=expires_at
+            )
+        except StoreUnavailableError as exc:
+            _log.warning(
+                "deferred messages: the seen-set did not keep an entry (%s); only this "
+                "client finds the message through its twin",
+                exc,
+            )
+
+    async def _find(self, kind: str, number: int) -> bytes | None:
+        if self._store is None:
+            return None
+        try:
+            (found,) = await self._store.find_schedules(f"{kind} {self._scope}", [number])
+        except StoreUnavailableError as exc:
+            _log.warning("deferred messages: the seen-set did not answer (%s)", exc)
+            return None
+        return found
+
+    async def _drop(self, kind: str, number: int) -> None:
+        if self._store is None:
+            return
+        try:
+            await self._store.drop_schedules(f"{kind} {self._scope}", [number])
+        except StoreUnavailableError as exc:  # it expires by itself
+            _log.debug("deferred messages: an entry was not dropped (%s)", exc)
+
+
+def _slot(key: str) -> int:
+    """The number a twin's entry is kept under in the store: from its dedup key."""
+    return int.from_bytes(hashlib.sha256(key.encode()).digest()[:8], "big") >> 2
 
 
 def _trim(entries: OrderedDict[Any, Any]) -> None:
@@ -112,7 +209,7 @@ class DeferredMessages:
             RegionError: A region refused (no such deferred message) or did not answer.
         """
         probes = {probe.region: probe for probe in self._pull.regions}
-        plan: dict[str, list[tuple[int, str | None]]] = {}
+        plan: dict[str, list[tuple[int, int]]] = {}
         for number in dict.fromkeys(numbers):
             region = region_of(number)
             if region not in probes:
@@ -120,7 +217,7 @@ class DeferredMessages:
                     f"receive_deferred_messages: {number} is not a number this client hands "
                     f"out (no {region} region)"
                 )
-            plan.setdefault(region, []).append((own_number(number), self._book.key(number)))
+            plan.setdefault(region, []).append((own_number(number), number))
         messages: list[Any] = []
         for region, entries in plan.items():
             try:
@@ -134,7 +231,7 @@ class DeferredMessages:
     async def _twins_of(
         self,
         region: str,
-        entries: list[tuple[int, str | None]],
+        entries: list[tuple[int, int]],
         error: RegionError,
         timeout: float | None,
     ) -> list[Any]:
@@ -145,7 +242,8 @@ class DeferredMessages:
         """
         probes = {probe.region: probe for probe in self._pull.regions}
         messages: list[Any] = []
-        for _, key in entries:
+        for _, number in entries:
+            key = await self._book.key(number)
             twin = None if key is None else await self._twin(key, region)
             if twin is None or twin[0] not in probes:
                 raise error
@@ -158,7 +256,7 @@ class DeferredMessages:
         clock = self._pull.clock
         deadline = clock.monotonic() + _TWIN_WAIT
         while True:
-            twin = self._book.twin(key)
+            twin = await self._book.twin(key)
             if twin is not None and twin[0] != region:
                 return twin
             if clock.monotonic() >= deadline:
@@ -226,12 +324,12 @@ class DeferredMessages:
                 exc,
             )
         if final:
-            self._book.forget(number)
+            await self._book.forget(number)
             if key is not None and state is not None:
                 await self._settle_twin(key, probe.region, twin_reason(state, decision.reason))
 
     async def _settle_twin(self, key: str, region: str, decision: Decision) -> None:
-        twin = self._book.take_twin(key)
+        twin = await self._book.take_twin(key)
         if twin is None or twin[0] == region:
             return
         probes = {probe.region: probe for probe in self._pull.regions}

@@ -296,7 +296,7 @@ class ServiceBusReceiver(ClosedOnAsyncExit):
         # call may be receive_deferred_messages with its number.
         handout = await self._settle(message, Decision(Settle.DEFER), "defer_message", applied=True)
         if handout is not None and message.sequence_number is not None:
-            self._book.deferred(int(message.sequence_number), handout.key)
+            await self._book.deferred(int(message.sequence_number), handout.key)
 
     async def dead_letter_message(
         self,
