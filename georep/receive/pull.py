@@ -10,12 +10,13 @@ settle, the twin's outcome, lock and lease renewal and the ``max_attempts`` rule
 of :mod:`georep.receive.region_loop`.
 
 Fetching. Each region has a fetcher task that receives while the application waits for
-messages (as many as it still lacks, plus ``prefetch``), from both regions at once. While
+messages (as many as it still lacks, plus ``prefetch``, plus up to :data:`READ_AHEAD` while
+the application keeps up), from both regions at once. While
 nothing is asked for, it sweeps: copies at the head of its region whose key is already
 final (the twins of messages settled from the other region) are received and settled, so a
 program that stops receiving leaves no copy behind that its one-region run would not.
 Copies received beyond what was asked for wait in the buffer, claimed and with their locks
-renewed, for the next call (or are abandoned when the receiver closes).
+renewed, for the next call (or go back unseen when the receiver closes).
 
 Settling. A decision returns once the seen-set recorded it (or, for a copy without a dedup
 key, once the region loop settled it): from then on the outcome is the message's, and the
@@ -65,6 +66,15 @@ SETTLED_REMEMBERED: Final = 10_000
 BATCH_GAP: Final = 0.2
 """Seconds a receive call keeps collecting after a message arrived (the SDK's
 further-pull window): it returns once no more arrived for this long."""
+READ_AHEAD: Final = 8
+"""Copies fetched at most beyond what was asked for (and ``prefetch``) while the
+application asks again at once each time it is given what it asked for (an ``async for``
+loop that keeps up): each message then comes from the buffer instead of a round trip to
+its region and the seen-set. A call that comes later than :data:`KEEPING_UP` after the
+previous one returned stops it (a slow consumer holds no more locks than it asked for)."""
+KEEPING_UP: Final = 0.05
+"""Seconds between a receive's return and the next call under which the application
+counts as keeping up."""
 BUSY_POLL: Final = 0.1
 """Seconds a receive waits on an empty region while this receiver holds copies there."""
 _SWEEP_PEEK: Final = 32
@@ -346,6 +356,10 @@ class PullReceiver(AsyncResource):
         self._recording: dict[str, Handout] = {}
         self.receive_and_delete = receive_and_delete
         self.prefetch = prefetch
+        self.read_ahead = 0
+        """Copies fetched now beyond what is asked for and ``prefetch`` (see
+        :data:`READ_AHEAD`)."""
+        self._returned_at: float | None = None
         self.poll = poll
         self._sweep = sweep
         self._ordered = ordered
@@ -409,6 +423,7 @@ class PullReceiver(AsyncResource):
         if max_count < 1:
             raise ConfigurationError(f"max_message_count must be 1 or more, not {max_count}")
         self._start_fetching()
+        self._pace()
         got = self._take(max_count)
         clock = self._clock
         deadline = None if max_wait is None else clock.monotonic() + max(max_wait, 0.0)
@@ -441,12 +456,23 @@ class PullReceiver(AsyncResource):
             raise
         finally:
             self._wanted -= asked
+            self._returned_at = clock.monotonic()
         if not got and not self._closing:
             self._raise_if_unavailable()
         if self.receive_and_delete:
             for handout in got:
                 handout.decided.set_result(COMPLETE)
         return got
+
+    def _pace(self) -> None:
+        """Adjust :attr:`read_ahead` as a receive call begins: doubled (up to
+        :data:`READ_AHEAD`) when the application came back at once to an empty buffer,
+        dropped when it came back late."""
+        returned = self._returned_at
+        if returned is None or self._clock.monotonic() - returned > KEEPING_UP:
+            self.read_ahead = 0
+        elif not self._buffer:
+            self.read_ahead = min(max(1, 2 * self.read_ahead), READ_AHEAD)
 
     def _raise_if_refused(self) -> None:
         """Raise the first region's refusal when every region refused this receiver's
@@ -686,7 +712,9 @@ class PullReceiver(AsyncResource):
             # Cleared before the shortfall is read, not when idling starts: a request that
             # comes while this turn receives or sweeps then ends the idle at once.
             fetch.wake.clear()
-            shortfall = self._wanted + self.prefetch - len(self._buffer) - fetch.arriving
+            shortfall = (
+                self._wanted + self.prefetch + self.read_ahead - len(self._buffer) - fetch.arriving
+            )
             try:
                 if shortfall > 0 and self._may_receive(fetch):
                     received = await self._receive_into(fetch, shortfall)

@@ -15,7 +15,7 @@ from georep import ClaimState, ConfigurationError, SettlementError
 from georep.exceptions import AllRegionsUnavailableError, RegionUnavailableError
 from georep.ports import ErrorKind
 from georep.receive.outcomes import ABANDON, COMPLETE, Decision, Settle, dead_letter_decision
-from georep.receive.pull import PullReceiver
+from georep.receive.pull import KEEPING_UP, READ_AHEAD, PullReceiver
 from georep.testing import FakeMessage, InMemoryRegionReceiver
 
 _T = TypeVar("_T")
@@ -384,4 +384,45 @@ async def test_a_receive_asked_for_during_a_sweep_is_served_without_waiting_a_po
     (second,) = asked.result()
     assert second.message.message_id == "b"
     await world.run(pull.settle(second.message, COMPLETE, "complete_message"))
+    await world.close(pull)
+
+
+async def _take_one_by_one(world: World, pull: PullReceiver, count: int, gap: float) -> int:
+    """Receive and complete ``count`` messages one call at a time, coming back ``gap``
+    virtual seconds after each call returned; the most copies the primary had locked
+    beyond the one the application held."""
+    ahead = 0
+    for _ in range(count):
+        # Without moving virtual time: the fake regions and seen-set answer at once.
+        (handout,) = await asyncio.wait_for(pull.receive(1, 5), 1)
+        ahead = max(ahead, len(world.primary._locked) - 1)
+        await asyncio.wait_for(pull.settle(handout.message, COMPLETE, "complete_message"), 1)
+        await world.clock.advance(gap)
+    return ahead
+
+
+async def test_an_application_that_keeps_up_is_served_from_copies_read_ahead(
+    world: World,
+) -> None:
+    for number in range(40):
+        world.primary.put(FakeMessage(b"x", f"m{number}"))
+    pull = world.pull()
+    ahead = await _take_one_by_one(world, pull, 20, gap=0.0)
+    # It grows while calls find the buffer empty: here the fake region answers at once, so
+    # one copy ahead keeps up.
+    assert 1 <= pull.read_ahead <= READ_AHEAD
+    assert ahead >= 1, "copies were fetched ahead of the calls"
+    # It slows down: the next call stops the read-ahead.
+    await world.clock.advance(KEEPING_UP * 4)
+    await _take_one_by_one(world, pull, 1, gap=0.0)
+    assert pull.read_ahead == 0
+    await world.close(pull)
+
+
+async def test_a_slow_application_holds_no_more_copies_than_it_asked_for(world: World) -> None:
+    for number in range(10):
+        world.primary.put(FakeMessage(b"x", f"m{number}"))
+    pull = world.pull()
+    assert await _take_one_by_one(world, pull, 6, gap=1.0) == 0
+    assert pull.read_ahead == 0
     await world.close(pull)
