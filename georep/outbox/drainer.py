@@ -422,6 +422,9 @@ class OutboxDrainer:
         idle = as_seconds(self._policy.idle_interval)
         failures = 0
         while not self._stopping:
+            # Cleared before the drain, not after: an entry queued while it drains (its
+            # wake() then) is drained next, not after the idle interval.
+            self._has_work.clear()
             try:
                 await self.drain_once()
                 failures, pause = 0, idle
@@ -435,6 +438,7 @@ class OutboxDrainer:
                 _log.exception("outbox drainer failed; retrying in %.1f s", pause)
             if self._stopping:
                 break
-            self._has_work.clear()
+            if failures:
+                self._has_work.clear()  # a failed drain backs off, whatever was queued
             with contextlib.suppress(TimeoutError), self._clock.deadline(pause):
                 await self._has_work.wait()

@@ -522,3 +522,47 @@ async def test_stopping_the_drainer_never_swallows_the_callers_cancellation(
     handing_back.set()
     await settle()
     assert not drainer.running and await outbox.depth() == 2
+
+
+class GatedOutbox(InMemoryOutbox):
+    """An outbox whose next ``depth()`` (a drain round's last call) waits for ``gate``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.gate: asyncio.Event | None = None
+        self.at_gate = asyncio.Event()
+
+    async def depth(self, channel: str | None = None) -> int:
+        gate, self.gate = self.gate, None
+        if gate is not None:
+            self.at_gate.set()
+            await gate.wait()
+        return await super().depth(channel)
+
+
+async def test_an_entry_queued_while_the_drainer_drains_is_drained_next_not_after_idling(
+    clock: FakeClock,
+) -> None:
+    """The drainer cleared its wake-up after a round, dropping the wake() of an entry queued
+    at the round's end: that entry waited the idle interval (1 s) for the next round."""
+    primary, secondary = slow_pair(clock, latency=0.1)
+    outbox = GatedOutbox()
+    sender = geo(primary, secondary, outbox=outbox, clock=clock)
+    codec = primary.codec
+    drainer = sender._drainer
+    assert drainer is not None
+    await outbox.put(sender.channel, [(None, codec.encode(FakeMessage(b"first")))], now=0)
+    outbox.gate = gate = asyncio.Event()
+    drainer.start()
+    for _ in range(10):  # the first round sends "first", then ends at the gate
+        if outbox.at_gate.is_set():
+            break
+        await clock.advance(0.1)
+    assert outbox.at_gate.is_set() and [m.body for m in primary.accepted] == [b"first"]
+    await outbox.put(sender.channel, [(None, codec.encode(FakeMessage(b"second")))], now=1)
+    drainer.wake()  # as queueing does
+    gate.set()
+    for _ in range(5):  # half the idle interval
+        await clock.advance(0.1)
+    assert [m.body for m in primary.accepted] == [b"first", b"second"]
+    await sender.aclose()
