@@ -16,6 +16,7 @@ It prints logical messages per second and the ratios drop-in / raw (issue 27's t
 
     .venv/bin/python benchmarks/dropin_receiver.py [--messages 5000]
     .venv/bin/python benchmarks/dropin_receiver.py --quick   # 500 messages
+    .venv/bin/python benchmarks/dropin_receiver.py --loop iterate   # async for
 
 It writes its figures to ``benchmarks/results/dropin_receiver.json`` (``benchmarks/_record.py``).
 """
@@ -58,10 +59,20 @@ async def fill_one(emu: Emulator, queue: str, count: int) -> None:
             )
 
 
+LOOP = "batch"
+"""How the program pulls (``--loop``): ``batch`` (``receive_messages(50)``) or ``iterate``
+(``async for``, the receiver's ``max_wait_time`` ending it)."""
+
+
 async def pull(receiver: Any, emu: Emulator, queue: str) -> int:
     """Receive and complete until both regions are empty; the messages handled."""
     handled = 0
     while stored(emu, queue):
+        if LOOP == "iterate":
+            async for message in receiver:
+                handled += 1
+                await receiver.complete_message(message)
+            continue
         for message in await receiver.receive_messages(max_message_count=50, max_wait_time=0.5):
             handled += 1
             await receiver.complete_message(message)
@@ -71,7 +82,7 @@ async def pull(receiver: Any, emu: Emulator, queue: str) -> int:
 async def one_namespace(emu: Emulator, queue: str) -> tuple[float, int]:
     async with (
         SdkClient.from_connection_string(emu.connection_string("primary")) as east,
-        east.get_queue_receiver(queue) as receiver,
+        east.get_queue_receiver(queue, max_wait_time=0.5) as receiver,
     ):
         started = time.perf_counter()
         handled = await pull(receiver, emu, queue)
@@ -82,8 +93,8 @@ async def raw(emu: Emulator, queue: str) -> tuple[float, int]:
     async with (
         SdkClient.from_connection_string(emu.connection_string("primary")) as east,
         SdkClient.from_connection_string(emu.connection_string("secondary")) as west,
-        east.get_queue_receiver(queue) as first,
-        west.get_queue_receiver(queue) as second,
+        east.get_queue_receiver(queue, max_wait_time=0.5) as first,
+        west.get_queue_receiver(queue, max_wait_time=0.5) as second,
     ):
         started = time.perf_counter()
         handled = await asyncio.gather(pull(first, emu, queue), pull(second, emu, queue))
@@ -99,7 +110,7 @@ async def dropin(emu: Emulator, queue: str) -> tuple[float, int]:
             seen=seen,
             mode=ReplicationMode.ACTIVE,
         )
-        async with client, client.get_queue_receiver(queue) as receiver:
+        async with client, client.get_queue_receiver(queue, max_wait_time=0.5) as receiver:
             started = time.perf_counter()
             handled = await pull(receiver, emu, queue)
             return time.perf_counter() - started, handled
@@ -109,12 +120,23 @@ async def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--messages", type=int, default=5_000, help="logical messages")
     parser.add_argument("--quick", action="store_true", help="500 logical messages")
+    parser.add_argument(
+        "--loop",
+        choices=("batch", "iterate"),
+        default="batch",
+        help="receive_messages(50) per call (default), or async for, one message at a time",
+    )
     args = parser.parse_args()
+    global LOOP
+    LOOP = args.loop
     if args.quick:
         args.messages = 500
     figures: dict[str, dict[str, float]] = {}
     cpu_us: dict[str, float] = {}
-    print(f"\n{args.messages:,} logical messages, active mode ({2 * args.messages:,} copies)")
+    print(
+        f"\n{args.messages:,} logical messages, active mode ({2 * args.messages:,} copies), "
+        f"{args.loop} loop"
+    )
     print(f"{'receiver':13} {'seconds':>8} {'logical msg/s':>14} {'x raw':>7} {'handled':>8}")
     with Emulator() as emu:
         raw_rate = 0.0
@@ -137,7 +159,7 @@ async def main() -> None:
             print(f"{name:13} {seconds:8.2f} {rate:14,.0f} {ratio} {handled:8,}")
     # CPU: this process's, the emulator (a child process) excluded, per logical message.
     write_record(
-        "dropin_receiver",
+        "dropin_receiver" if args.loop == "batch" else "dropin_receiver_iterate",
         quick=args.quick,
         ratios={
             "drop-in receiver": figures["drop-in"]["logical_per_s"] / raw_rate,
