@@ -32,7 +32,10 @@ PROCESSES = 8
 
 
 async def record_of(app: str, entity: str) -> RoleRecord | None:
-    async with RedisRoleStore.from_url(REDIS_URL, app=app) as store:
+    # The test's own probe: 5 s to answer, not the default 0.5 s. Under the load of eight
+    # senders and the rest of the suite, a fresh-clone run once failed on this probe's
+    # connection (StoreUnavailableError), not on the roles it looks at.
+    async with RedisRoleStore.from_url(REDIS_URL, app=app, operation_timeout=5.0) as store:
         return await store.read(entity)
 
 
