@@ -30,6 +30,7 @@ from typing import Any, Final
 
 from georep._channel import CALL_SECONDS, bounded_call
 from georep._clock import SystemClock
+from georep._lifecycle import start_task
 from georep.exceptions import (
     ConfigurationError,
     RegionError,
@@ -99,7 +100,9 @@ class DeferredBook:
         _trim(self._twins)
         if self._store is not None:  # told from a settlement's callback: written aside
             entry = f"{region}\n{own}\n{key}".encode()
-            write = asyncio.ensure_future(self._keep("twins", {_slot(key): entry}))
+            write = start_task(
+                self._keep("twins", {_slot(key): entry}), name=f"georep-deferred {self._scope}"
+            )
             self._writes.add(write)
             write.add_done_callback(self._writes.discard)
 

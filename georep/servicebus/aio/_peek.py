@@ -44,6 +44,7 @@ class MergedPeek:
 
     def __init__(self, pull: PullReceiver) -> None:
         self._pull = pull
+        self._probes = {probe.region: probe for probe in pull.regions}
         self._cursors: dict[str, int] = {}
         self._continue_at: int | None = None
         self._recent: OrderedDict[str, None] = OrderedDict()
@@ -119,8 +120,7 @@ class MergedPeek:
 
     def _key(self, region: str, message: Any) -> str | None:
         policy = self._pull.geo.dedup_key
-        probe = next(p for p in self._pull.regions if p.region == region)
-        return probe.delivery(message, policy.source, policy.name).key
+        return self._probes[region].delivery(message, policy.source, policy.name).key
 
     async def _settled(self, merged: list[tuple[float, int, str, Any]]) -> frozenset[str]:
         """The keys of the active copies in ``merged`` whose message is settled already
