@@ -71,7 +71,14 @@ _CaFile = Annotated[
     str | None,
     typer.Option(envvar="GEOREP_CA_FILE", help="CA bundle for the management endpoint."),
 ]
-_Timeout = Annotated[float, typer.Option(min=0.1, help="Seconds each network step may take.")]
+_Timeout = Annotated[
+    float,
+    typer.Option(
+        min=0.1,
+        help="Seconds each network step may take (the seen-set scan included: a scan "
+        "that runs out reports 'at least').",
+    ),
+]
 
 
 def status(
@@ -211,7 +218,9 @@ async def _read(
     whose messages are counted), then the regions."""
     names = list(entities)
     if redis_url:
-        names = await _read_redis(report, redis_url, app_name, entities, seen_group) or names
+        names = (
+            await _read_redis(report, redis_url, app_name, entities, seen_group, timeout) or names
+        )
     if outbox is not None:
         report["outbox"] = await _outbox_report(outbox)
     if regions is not None:
@@ -227,6 +236,7 @@ async def _read_redis(
     app_name: str,
     entities: list[str],
     seen_group: str | None,
+    scan_seconds: float = 5.0,
 ) -> list[str]:
     """The roles (and seen-set) into ``report``; the entities with a record."""
     from redis.exceptions import RedisError
@@ -260,7 +270,7 @@ async def _read_redis(
         }
         if seen_group is not None:
             try:
-                report["seen"] = await _seen_ids(store, seen_group)
+                report["seen"] = await _seen_ids(store, seen_group, scan_seconds)
             except (RedisError, OSError) as exc:  # it answered a moment ago
                 redis.update(
                     reachable=False, error=f"the seen-set scan failed ({type(exc).__name__})"
@@ -302,7 +312,7 @@ def _region_json(depth: Any) -> dict[str, Any]:
 _SEEN_HASH = re.compile(rb"^(\{[^}]*\}:\d+):(c|r|\d+)$", re.DOTALL)
 
 
-async def _seen_ids(store: Any, group: str, budget: float = 1.0) -> dict[str, Any]:
+async def _seen_ids(store: Any, group: str, budget: float = 5.0) -> dict[str, Any]:
     """The ids the seen-set of ``group`` holds, the claims in flight and who holds them
     (SCAN, at most ``budget`` seconds; ``complete`` False when it ran out).
 

@@ -214,9 +214,9 @@ async def test_status_counts_the_ids_of_a_seen_set_group_not_its_keys(app: str) 
         seen._wall_clock_ms = lambda: now + 60_000
         await seen.commit(ids[:10], owner="r1", outcome=ClaimState.DEFERRED)
 
-    code, out = await asyncio.to_thread(
-        cli, "status", "--json", "--seen-group", group, "--redis", REDIS_URL, "--app", app
-    )
+    # The scan reads the whole keyspace, which the rest of the suite fills: give it room.
+    where = ("--seen-group", group, "--redis", REDIS_URL, "--app", app, "--timeout", "120")
+    code, out = await asyncio.to_thread(cli, "status", "--json", *where)
     assert code == 0, out
     seen_report = json.loads(out)["seen"]
     assert seen_report["receivers"] == {"r1": {"claims": 50, "expired": 0}}
@@ -225,9 +225,7 @@ async def test_status_counts_the_ids_of_a_seen_set_group_not_its_keys(app: str) 
         50,
         True,
     )
-    code, out = await asyncio.to_thread(
-        cli, "status", "--seen-group", group, "--redis", REDIS_URL, "--app", app
-    )
+    code, out = await asyncio.to_thread(cli, "status", *where)
     assert f"seen-set {group}: 100 ids held, 50 in flight (claimed) by 1 receiver" in out
 
 
