@@ -11,7 +11,8 @@ map their client's exceptions to an :class:`~georep.ports.ErrorKind`
 for a kind is :func:`georep.exceptions.region_error`'s choice (one class per kind, each
 also the SDK's class for that failure).
 
-This module is pure data about kinds: it imports only :mod:`georep.ports`, so
+This module is data about kinds (and :func:`every_region_refused`, the one rule that reads
+a set of regions' answers with them): it imports only :mod:`georep.ports`, so
 :mod:`georep.exceptions` can read it (imports run downward: ports, this table, the errors).
 
 Decisions, and why:
@@ -40,8 +41,9 @@ Decisions, and why:
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from types import MappingProxyType
-from typing import NamedTuple
+from typing import NamedTuple, TypeVar
 
 from georep.ports import ErrorKind
 
@@ -56,7 +58,10 @@ __all__ = [
     "TRY_LATER_KINDS",
     "UNAVAILABLE_KINDS",
     "Classification",
+    "every_region_refused",
 ]
+
+_E = TypeVar("_E", bound=BaseException)
 
 
 class Classification(NamedTuple):
@@ -149,3 +154,30 @@ a gateway answer (HTTP 502/503/504, handshake 500, close 1011), ENTITY_NOT_FOUND
 listener", AUTHENTICATION a refused handshake. The other endpoint lives in another
 namespace with its own listener and key, and a relayed request carries no message that a
 second try could duplicate in a queue, so each is worth one try there."""
+
+
+def every_region_refused(answers: Sequence[_E | None]) -> _E | None:
+    """The first region's answer, as a fresh exception to raise, when every region answered
+    with a refusal of the client's own settings (a kind in :data:`MISCONFIGURED_KINDS`: its
+    key, its entity, a receiver of the wrong kind); else None.
+
+    The SDK's receiver raises its namespace's refusal; a drop-in receiver raises the
+    primary's once both refused. The answers are kept (a region's last error), so the one
+    raised is a copy: raising a kept exception again chains each caller's frames to it
+    through its traceback for as long as it is kept, and shares one object (its
+    ``__context__``, its traceback) between callers.
+
+    Args:
+        answers: Each region's last error (None: it answered), primary first.
+    """
+    if not answers or not all(
+        answer is not None and getattr(answer, "kind", None) in MISCONFIGURED_KINDS
+        for answer in answers
+    ):
+        return None
+    first = answers[0]
+    assert first is not None
+    copy = type(first).__new__(type(first))  # not __init__: its arguments are the class's
+    copy.args = first.args  # (set, not passed: OSError's __new__ ignores them then)
+    copy.__dict__.update(first.__dict__)
+    return copy

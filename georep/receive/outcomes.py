@@ -19,6 +19,7 @@ from georep.ports import FINAL_STATES, ClaimState
 __all__ = [
     "MAX_ATTEMPTS_REASON",
     "PING_CONTENT_TYPE",
+    "TWIN_DESCRIPTION",
     "Decision",
     "Decisions",
     "Settle",
@@ -39,6 +40,15 @@ TWIN_REASON_PREFIX: Final = "georep:twin:"
 
 REASON_LIMIT: Final = 256
 """Characters of a dead-letter reason kept in the seen-set (the twin's reason names it)."""
+
+DESCRIPTION_LIMIT: Final = 1024
+"""Characters of a dead-letter description kept in the seen-set, for the twin's."""
+
+_DESCRIPTION_MARK: Final = "\x1f"
+"""Between a recorded reason and its description (an ASCII unit separator)."""
+
+TWIN_DESCRIPTION: Final = "georep: another copy of this message (same dedup key: its twin from the "
+"""How the description georep gives a twin whose original had none begins."""
 
 
 class Settle(enum.StrEnum):
@@ -82,6 +92,15 @@ class Decision:
         """What the seen-set records for it (None: release the claim)."""
         return _STATES[self.settle]
 
+    @property
+    def recorded_reason(self) -> str:
+        """What the seen-set keeps of a dead-letter decision: its reason and, after a
+        separator, its description (bounded), so that the twin gets both
+        (:func:`twin_reason`)."""
+        if not self.description:
+            return self.reason
+        return f"{self.reason}{_DESCRIPTION_MARK}{self.description[:DESCRIPTION_LIMIT]}"
+
     async def apply(self, region: Any, message: Any) -> None:
         """Settle ``message`` this way with ``region`` (the region receiver it came from)."""
         if self.settle is Settle.COMPLETE:
@@ -106,18 +125,25 @@ RETURNED: Final = Decision(Settle.ABANDON, returned=True)
 """Abandoned without having been processed (see :attr:`Decision.returned`)."""
 
 
-def twin_reason(state: ClaimState, reason: str | None) -> Decision:
-    """The decision for a copy whose twin was settled with ``state`` already."""
+def twin_reason(state: ClaimState, recorded: str | None) -> Decision:
+    """The decision for a copy whose twin was settled with ``state`` already.
+
+    A dead-lettered twin gets the original's reason after :data:`TWIN_REASON_PREFIX`, and
+    the original's description (``recorded`` is :attr:`Decision.recorded_reason`), or one
+    that says why when the original had none.
+    """
     if state is ClaimState.DEFERRED:
         return Decision(Settle.DEFER)
     if state is ClaimState.DEAD_LETTERED:
+        reason, _, description = (recorded or "").partition(_DESCRIPTION_MARK)
         original = reason or "(none given)"
         return Decision(
             Settle.DEAD_LETTER,
             reason=f"{TWIN_REASON_PREFIX}{original}"[:REASON_LIMIT],
-            description=(
-                "georep: another copy of this message (same dedup key: its twin from the "
-                f"other region, or an earlier copy) was dead-lettered with reason {original!r}"
+            description=description
+            or (
+                f"{TWIN_DESCRIPTION}other region, or an earlier copy) was dead-lettered with "
+                f"reason {original!r}"
             ),
         )
     return COMPLETE

@@ -38,7 +38,7 @@ from functools import partial
 from typing import Any, Final
 
 from georep._channel import CALL_SECONDS, bounded_call
-from georep._classify import MISCONFIGURED_KINDS
+from georep._classify import every_region_refused
 from georep._clock import SystemClock
 from georep._lifecycle import AsyncResource, close_all, stop_tasks
 from georep.exceptions import (
@@ -278,12 +278,9 @@ class _Fetch:
     """The region's answer to its last receive when that failed; None once one succeeds."""
     failures: int = 0
     """Receives from the region failed in a row."""
-
-    @property
-    def refused(self) -> bool:
-        """Its last receive said the receiver is misconfigured for the region (a key it
-        refuses, an entity it lacks)."""
-        return self.failing is not None and self.failing.kind in MISCONFIGURED_KINDS
+    failed_total: int = 0
+    """Receives from the region that failed, ever (a receive call tells the failures that
+    came while it waited from those before it)."""
 
 
 class PullReceiver(AsyncResource):
@@ -425,6 +422,7 @@ class PullReceiver(AsyncResource):
         self._start_fetching()
         self._pace()
         got = self._take(max_count)
+        failed_before = {label: f.failed_total for label, f in self._fetches.items()}
         clock = self._clock
         deadline = None if max_wait is None else clock.monotonic() + max(max_wait, 0.0)
         last = clock.monotonic() if got else None
@@ -435,6 +433,7 @@ class PullReceiver(AsyncResource):
             while len(got) < max_count and not self._closing:
                 if not got:
                     self._raise_if_refused()
+                    self._raise_if_unavailable(failed_before)
                 now = clock.monotonic()
                 gap_end = None if last is None else last + BATCH_GAP
                 limits = [t for t in (deadline, gap_end) if t is not None]
@@ -482,15 +481,16 @@ class PullReceiver(AsyncResource):
             RegionError: The primary's refusal (an ``AuthenticationError``,
                 ``EntityNotFoundError``..., each also the SDK's class).
         """
-        fetches = list(self._fetches.values())
-        first = fetches[0].failing if fetches else None
-        if first is not None and all(fetch.refused for fetch in fetches):
-            raise first.with_traceback(None)
+        refusal = every_region_refused([fetch.failing for fetch in self._fetches.values()])
+        if refusal is not None:
+            raise refusal
 
-    def _raise_if_unavailable(self) -> None:
-        """After a receive that got nothing: raise when every region's receives have failed
-        (twice in a row at least, so a region that failed once while the call began is
-        not an outage), as the SDK's receiver raises when its namespace is down.
+    def _raise_if_unavailable(self, failed_before: Mapping[str, int] | None = None) -> None:
+        """Raise when every region's receives have failed (twice in a row at least, so a
+        region that failed once while the call began is not an outage), as the SDK's
+        receiver raises when its namespace is down: after a receive that got nothing, or
+        while it waits once each region failed again since ``failed_before`` (each fetch's
+        ``failed_total`` when the call began), not only when its ``max_wait_time`` ends.
 
         Raises:
             AllRegionsUnavailableError: With each region's last error (also the SDK's
@@ -499,6 +499,10 @@ class PullReceiver(AsyncResource):
         fetches = list(self._fetches.values())
         if not fetches or not all(f.failing is not None and f.failures >= 2 for f in fetches):
             return
+        if failed_before is not None and any(
+            f.failed_total <= failed_before.get(label, 0) for label, f in self._fetches.items()
+        ):
+            return  # a region has not failed since the call began: it may answer it
         causes = {f.probe.region: f.failing for f in fetches if f.failing is not None}
         raise AllRegionsUnavailableError(f"no region could receive from {self.entity!r}", causes)
 
@@ -732,8 +736,8 @@ class PullReceiver(AsyncResource):
                     self._set_dry(fetch, True)
                     fetch.failing = exc
                     fetch.failures += 1
-                    if fetch.refused:
-                        self._notify()  # a receive waiting may have to raise it
+                    fetch.failed_total += 1
+                    self._notify()  # a receive waiting may have to raise it
                 failures += 1
                 _log.warning("receive from %s failed: %s", fetch.probe.region, exc)
                 await self._idle(fetch, min(0.1 * 2**failures, _BACKOFF_MAX), wake=False)

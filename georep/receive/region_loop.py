@@ -563,7 +563,9 @@ class RegionLoop:
         keys = self._policy.keys([copy for copy, _ in members])
         if state is None:
             return partial(self._seen.release, keys, owner=self.owner)
-        reasons = [d.reason for _, d in members] if state is ClaimState.DEAD_LETTERED else None
+        reasons = (
+            [d.recorded_reason for _, d in members] if state is ClaimState.DEAD_LETTERED else None
+        )
 
         async def commit() -> None:
             await self._seen.commit(keys, owner=self.owner, outcome=state, reasons=reasons)

@@ -14,6 +14,7 @@ from georep._classify import (
     PAIRED_FAILOVER_KINDS,
     RETRYABLE_KINDS,
     UNAVAILABLE_KINDS,
+    every_region_refused,
 )
 from georep.adapters.servicebus._errors import translate_error
 from georep.exceptions import ClosedError, RegionUnavailableError, region_error
@@ -184,3 +185,38 @@ def test_the_sdks_closed_handler_is_a_connection_failure_and_other_value_errors_
     assert "fix it and send again" not in str(shut)
     wrong = translate_error(ValueError("bad id"), region="primary", namespace="east")
     assert wrong is not None and wrong.kind is ErrorKind.INVALID_ARGUMENT
+
+
+def test_a_refusal_of_every_region_is_raised_as_a_copy_that_holds_no_caller() -> None:
+    """What each region last answered is kept; the error raised from it is a fresh copy of
+    the primary's, so raising it again and again neither chains the callers' frames to
+    the kept one nor shares one object between callers."""
+    refusals = [
+        region_error("wrong key", region=label, kind=ErrorKind.AUTHENTICATION)
+        for label in ("primary", "secondary")
+    ]
+
+    def caller() -> None:
+        refusal = every_region_refused(refusals)
+        assert refusal is not None
+        raise refusal
+
+    raised = []
+    for _ in range(2):
+        with pytest.raises(sdk.ServiceBusAuthenticationError) as info:
+            caller()
+        raised.append(info.value)
+    first, second = raised
+    assert first is not second and first is not refusals[0]
+    assert (type(first), str(first), first.region, first.kind) == (
+        type(refusals[0]),
+        str(refusals[0]),
+        "primary",
+        ErrorKind.AUTHENTICATION,
+    )
+    assert refusals[0].__traceback__ is None, "the kept error holds no caller's frames"
+
+    outage = region_error("down", region="secondary", kind=ErrorKind.CONNECTION)
+    assert every_region_refused([refusals[0], outage]) is None, "one region is only down"
+    assert every_region_refused([refusals[0], None]) is None, "one region answers"
+    assert every_region_refused([]) is None

@@ -325,6 +325,30 @@ async def test_a_receive_while_every_region_is_down_raises_as_the_sdks_does(
     await world.close(pull)
 
 
+async def test_a_long_wait_raises_once_both_regions_failed_not_when_it_ends(
+    world: World,
+) -> None:
+    """The SDK's receive_messages(max_wait_time=60) raises once its namespace fails (after
+    its retries), not a minute later: so does a pull receiver once each region failed
+    twice during the call. A call that begins after the regions came back is not failed
+    by what they answered before it."""
+    world.primary = Switchable("primary", "east", clock=world.clock)
+    world.secondary = Switchable("secondary", "west", clock=world.clock)
+    pull = world.pull()
+    world.primary.down = world.secondary.down = True
+    started = world.clock.monotonic()
+    with pytest.raises(AllRegionsUnavailableError):
+        await world.run(pull.receive(1, 60), 61)
+    assert world.clock.monotonic() - started < 5, "raised as the regions failed"
+
+    world.primary.down = world.secondary.down = False
+    world.primary.put(FakeMessage(b"x", "b"))
+    (again,) = await world.run(pull.receive(1, 60), 61)
+    assert again.message.message_id == "b"
+    await world.run(pull.settle(again.message, COMPLETE, "complete_message"))
+    await world.close(pull)
+
+
 class SlowToDefer(InMemoryRegionReceiver):
     """A fake region that takes two seconds to defer a copy."""
 

@@ -17,7 +17,14 @@ from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 
 from georep import ConfigurationError, GeoReceiver, SettlementError, receiver
-from georep.receive.outcomes import PING_CONTENT_TYPE
+from georep.ports import ClaimState
+from georep.receive.outcomes import (
+    PING_CONTENT_TYPE,
+    TWIN_DESCRIPTION,
+    Settle,
+    dead_letter_decision,
+    twin_reason,
+)
 from georep.testing import (
     FakeClock,
     FakeMessage,
@@ -149,6 +156,20 @@ def test_the_default_scope_is_the_lower_cased_entity_path(world: World) -> None:
 # ------------------------------------------------------------------ handler decisions
 
 
+def test_a_twin_is_dead_lettered_with_the_originals_reason_and_description() -> None:
+    """What the seen-set keeps of a dead-letter decision gives the twin both the reason
+    (marked as a twin's) and the description; one without a description gets georep's."""
+    for description, expected in (("no customer", "no customer"), (None, TWIN_DESCRIPTION)):
+        original = dead_letter_decision("invalid-order", description)
+        twin = twin_reason(ClaimState.DEAD_LETTERED, original.recorded_reason)
+        assert (twin.settle, twin.reason) == (Settle.DEAD_LETTER, "georep:twin:invalid-order")
+        assert twin.description.startswith(expected)
+    long = dead_letter_decision("r", "d" * 5000)
+    twin = twin_reason(ClaimState.DEAD_LETTERED, long.recorded_reason)
+    assert twin.description == "d" * 1024, "the kept description is bounded"
+    assert twin_reason(ClaimState.DEAD_LETTERED, None).reason == "georep:twin:(none given)"
+
+
 async def test_a_dead_lettered_message_is_dead_lettered_in_the_other_region_too(
     world: World,
 ) -> None:
@@ -173,7 +194,9 @@ async def test_a_dead_lettered_message_is_dead_lettered_in_the_other_region_too(
         "invalid-order",
     ]
     [twin] = [m for m in dead if m.dead_letter_reason == "georep:twin:invalid-order"]
-    assert "'invalid-order'" in (twin.dead_letter_error_description or "")
+    # The twin carries the original's description: whichever copy a dead-letter reader
+    # gets, it says why (the reason's prefix marks the twin).
+    assert twin.dead_letter_error_description == "no customer"
     [original] = [m for m in dead if m.dead_letter_reason == "invalid-order"]
     assert original.dead_letter_error_description == "no customer"
     assert pair.primary.pending == pair.secondary.pending == 0

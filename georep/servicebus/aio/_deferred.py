@@ -310,7 +310,7 @@ class DeferredMessages:
         final = decision.settle in (Settle.COMPLETE, Settle.DEAD_LETTER)
         state = decision.state
         if final and key is not None and state is not None:
-            reasons = [decision.reason] if state is ClaimState.DEAD_LETTERED else None
+            reasons = [decision.recorded_reason] if state is ClaimState.DEAD_LETTERED else None
             await geo.seen.commit(
                 [geo.seen_key(key)], owner=geo.owner, outcome=state, reasons=reasons
             )
@@ -329,7 +329,9 @@ class DeferredMessages:
         if final:
             await self._book.forget(number)
             if key is not None and state is not None:
-                await self._settle_twin(key, probe.region, twin_reason(state, decision.reason))
+                await self._settle_twin(
+                    key, probe.region, twin_reason(state, decision.recorded_reason)
+                )
 
     async def _settle_twin(self, key: str, region: str, decision: Decision) -> None:
         twin = await self._book.take_twin(key)

@@ -12,7 +12,14 @@ from azure.servicebus import ServiceBusReceivedMessage, ServiceBusReceiveMode
 from georep._lifecycle import ClosedOnAsyncExit
 from georep.exceptions import ClosedError, ConfigurationError, InvalidMessageError
 from georep.receive.context import ReceiverStats
-from georep.receive.outcomes import ABANDON, COMPLETE, TWIN_REASON_PREFIX, Decision, Settle
+from georep.receive.outcomes import (
+    ABANDON,
+    COMPLETE,
+    TWIN_DESCRIPTION,
+    TWIN_REASON_PREFIX,
+    Decision,
+    Settle,
+)
 from georep.receive.outcomes import dead_letter_decision as _dead_letter_decision
 from georep.receive.pull import Handout, PullReceiver
 
@@ -33,6 +40,7 @@ DEFAULT_RECEIVE_WAIT: Final = 60.0
 SDK's default)."""
 
 _REASON: Final = b"DeadLetterReason"
+_DESCRIPTION: Final = b"DeadLetterErrorDescription"
 
 
 class ServiceBusReceiver(ClosedOnAsyncExit):
@@ -341,13 +349,18 @@ class ServiceBusReceiver(ClosedOnAsyncExit):
 
 def _show_original_reason(message: ServiceBusReceivedMessage) -> None:
     """A dead-lettered copy that is the twin of one dead-lettered in the other region shows
-    the original's reason (georep dead-lettered it with ``georep:twin:`` + that reason)."""
+    the original's reason and description, as the SDK would show the original: georep
+    dead-lettered it with ``georep:twin:`` + that reason, and the original's description
+    (or, when it had none, one of georep's that says why)."""
     properties = message.application_properties
     reason = message.dead_letter_reason
     if properties is None or not reason or not reason.startswith(TWIN_REASON_PREFIX):
         return
     original = reason.removeprefix(TWIN_REASON_PREFIX)
     properties[_REASON] = original.encode()
+    description = message.dead_letter_error_description
+    if description is not None and description.startswith(TWIN_DESCRIPTION):
+        properties.pop(_DESCRIPTION, None)
 
 
 def _check_message(message: object, operation: str) -> None:

@@ -23,7 +23,7 @@ from azure.servicebus.aio import ServiceBusSession
 from azure.servicebus.exceptions import OperationTimeoutError, SessionCannotBeLockedError
 
 from georep._channel import bounded_call
-from georep._classify import MISCONFIGURED_KINDS
+from georep._classify import every_region_refused
 from georep._clock import SystemClock
 from georep._region_identity import RegionLabels
 from georep.exceptions import (
@@ -295,14 +295,11 @@ def _no_session(
     entities: Sequence[RegionSessions], errors: dict[str, BaseException], session_id: str | None
 ) -> NoReturn:
     if len(errors) == len(entities):
-        refusals = [errors[entity.region] for entity in entities]
-        if all(
-            isinstance(error, RegionError) and error.kind in MISCONFIGURED_KINDS
-            for error in refusals
-        ):
-            # Every region refused the receiver itself (its key, its entity, a session
-            # receiver on an entity without sessions): the primary's refusal, as the SDK's.
-            raise refusals[0].with_traceback(None)
+        # Every region refused the receiver itself (its key, its entity, a session
+        # receiver on an entity without sessions): the primary's refusal, as the SDK's.
+        refusal = every_region_refused([errors[entity.region] for entity in entities])
+        if refusal is not None:
+            raise refusal
         raise AllRegionsUnavailableError("no region could lock a session", errors)
     if session_id is None:
         raise OperationTimeoutError(message="no session was available in either region")

@@ -26,7 +26,12 @@ async def run_async(client: Any, names: Any, checkpoint: Any) -> None:
         )
         async with dlq:
             for msg in await dlq.receive_messages(max_message_count=10, max_wait_time=5):
-                print("dead-lettered:", str(msg), msg.dead_letter_reason)
+                print(
+                    "dead-lettered:",
+                    str(msg),
+                    msg.dead_letter_reason,
+                    msg.dead_letter_error_description,
+                )
                 await dlq.complete_message(msg)
 
 
@@ -48,5 +53,10 @@ def run(client: Any, names: Any, checkpoint: Any) -> None:
         )
         with dlq:
             for msg in dlq.receive_messages(max_message_count=10, max_wait_time=5):
-                print("dead-lettered:", str(msg), msg.dead_letter_reason)
+                print(
+                    "dead-lettered:",
+                    str(msg),
+                    msg.dead_letter_reason,
+                    msg.dead_letter_error_description,
+                )
                 dlq.complete_message(msg)
