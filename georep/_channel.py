@@ -338,20 +338,26 @@ async def learn_max_sizes(
 async def batch_size(
     regions: RegionPair[RegionSender], timeout: float, requested: int | None
 ) -> int:
-    """The size of a new batch: the smallest of both regions' limits (asked now where not
-    known yet) and of ``requested``.
+    """The size of a new batch: ``requested``, or the smallest of both regions' limits
+    (asked now where not known yet). As the SDK's, 0 means "not given".
 
     Raises:
-        ConfigurationError: ``requested`` is not greater than 0.
+        ConfigurationError: ``requested`` is negative, or larger than a region's limit (a
+            ``ValueError``, as the SDK raises for a size over its link's).
         AllRegionsUnavailableError: No region could tell its limit and none was requested.
     """
     missing = [region for region in regions if region.max_size is None]
     errors = await learn_max_sizes(missing, timeout) if missing else {}
     learned = regions.size_limit()
     sizes = [] if learned is None else [learned]
-    if requested is not None:
-        if requested <= 0:
-            raise ConfigurationError("max_size_in_bytes must be greater than 0")
+    if requested:
+        if requested < 0:
+            raise ConfigurationError(f"max_size_in_bytes must be greater than 0, not {requested}")
+        if learned is not None and requested > learned:
+            raise ConfigurationError(
+                f"Max message size: {requested} is too large, acceptable max batch size is: "
+                f"{learned} bytes (the smaller of the two regions' limits)."
+            )
         sizes.append(requested)
     if not sizes:
         raise AllRegionsUnavailableError(

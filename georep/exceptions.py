@@ -249,11 +249,14 @@ class EmulatorError(GeoReplicationError, RuntimeError):
     """
 
 
-class InvalidMessageError(GeoReplicationError, ValueError, TypeError):
+class InvalidMessageError(GeoReplicationError, sdk.ServiceBusError, ValueError, TypeError):
     """A message (or the way it was passed) cannot be sent; the text says what to change.
 
-    Also a ``ValueError`` and a ``TypeError``: the SDK raises the first for a bad field and
-    the second for a message of the wrong type, and georep raises this class for both.
+    Also a ``ValueError``, a ``TypeError`` and the SDK's ``ServiceBusError``: the SDK raises
+    the first for a bad field, the second for a message of the wrong type, and the third
+    for an argument it fails to encode (a schedule time that is not a datetime, a sequence
+    number that is not an int); georep raises this class for all three, so that whichever
+    an application catches, it catches this.
     """
 
 

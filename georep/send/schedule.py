@@ -8,7 +8,7 @@ import contextlib
 import json
 import logging
 from collections import OrderedDict
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any, Final
 
@@ -24,7 +24,7 @@ from georep.roles.state import RoleState
 from georep.send.passive import PassivePath
 from georep.send.result import SendContext
 
-__all__ = ["SECONDARY_FLAG", "ScheduleBook", "Scheduler"]
+__all__ = ["SECONDARY_FLAG", "ScheduleBook", "Scheduler", "sequence_number"]
 
 _log = logging.getLogger("georep.sender")
 
@@ -38,7 +38,13 @@ number names its region by itself, in every process: below the flag, the primary
 with it, the secondary's."""
 
 
-def _number(value: Any) -> int:
+def sequence_number(value: Any) -> int:
+    """``value``, a sequence number given back by the application.
+
+    Raises:
+        InvalidMessageError: Not an int (the SDK raises a ``ServiceBusError`` when it
+            cannot encode one; georep's error is that too).
+    """
     if isinstance(value, bool) or not isinstance(value, int):
         raise InvalidMessageError(
             f"a sequence number is an int, got {type(value).__name__} {value!r}"
@@ -95,9 +101,9 @@ class ScheduleBook:
     async def remember(self, by_region: Mapping[str, Sequence[int]], due: float) -> list[int]:
         """Record one schedule (region label -> numbers); return the numbers to hand back."""
         if self._primary in by_region:
-            returned = [_number(n) for n in by_region[self._primary]]
+            returned = [sequence_number(n) for n in by_region[self._primary]]
         else:
-            returned = [_number(n) | SECONDARY_FLAG for n in by_region[self._secondary]]
+            returned = [sequence_number(n) | SECONDARY_FLAG for n in by_region[self._secondary]]
         if len(by_region) < 2:
             return returned  # the number says it all
         shared: dict[int, bytes] = {}
@@ -130,7 +136,7 @@ class ScheduleBook:
         found: dict[int, dict[str, int]] = {}
         unknown = []
         for value in numbers:
-            number = _number(value)
+            number = sequence_number(value)
             entry = self._entries.get(number)
             if entry is not None:
                 found[number] = entry[1]
@@ -228,6 +234,11 @@ class Scheduler:
         self, messages: Any, schedule_time_utc: datetime, timeout: float | None
     ) -> dict[str, list[int]]:
         """``GeoSender.schedule_messages_by_region``."""
+        if not isinstance(schedule_time_utc, datetime):
+            raise InvalidMessageError(
+                "schedule_messages: schedule_time_utc must be a datetime (UTC, or naive "
+                f"read as UTC), not {type(schedule_time_utc).__name__}"
+            )
         attempt_timeout = self._policy.attempt_seconds if timeout is None else timeout
         batch = self._context.codec.split(messages)
         if not batch:
@@ -272,10 +283,19 @@ class Scheduler:
                 "; ".join(f"{region}: {error}" for region, error in errors.items()),
             )
         if not scheduled:
+            self._raise_a_refusal(errors.values())
             raise AllRegionsUnavailableError(
                 f"no region scheduled the messages for {self._context.entity!r}", errors
             )
         return scheduled
+
+    def _raise_a_refusal(self, errors: Iterable[BaseException]) -> None:
+        """Raise the first region error that is not an outage (a bad argument, a wrong key:
+        each region refused the call itself), as the SDK raises its namespace's; else
+        nothing (every region was unavailable)."""
+        for error in errors:
+            if isinstance(error, RegionError) and error.kind not in self._policy.fail_over_on:
+                raise error
 
     async def _schedule_passive(
         self, batch: Sequence[Any], when: datetime, timeout: float
@@ -332,6 +352,7 @@ class Scheduler:
         if len(errors) == 1:
             raise errors[0]
         if errors:
+            self._raise_a_refusal(errors)
             raise AllRegionsUnavailableError(
                 f"no region cancelled its scheduled messages for {self._context.entity!r}",
                 {error.region: error for error in errors},

@@ -5,6 +5,7 @@ from __future__ import annotations
 import azure.servicebus
 import azure.servicebus.aio
 import pytest
+from azure.servicebus.exceptions import ServiceBusError
 
 import georep.servicebus
 import georep.servicebus.aio
@@ -68,6 +69,17 @@ async def test_the_sdk_argument_errors_are_value_errors() -> None:
                 auto_lock_renewer=renewer,
             )
         await renewer.close()
+
+
+async def test_a_deferred_number_that_is_not_an_int_is_refused_before_any_call() -> None:
+    """The SDK raises a ServiceBusError for it; georep raised a bare TypeError (from its
+    number arithmetic) that an SDK program's ``except ServiceBusError`` missed."""
+    seen = InMemorySeenSet()
+    async with ServiceBusClient.from_connection_strings(PRIMARY, SECONDARY, seen=seen) as client:
+        receiver = client.get_queue_receiver("orders")
+        with pytest.raises(ServiceBusError, match="a sequence number is an int, got str"):
+            await receiver.receive_deferred_messages(["1"])  # type: ignore[list-item]
+        await receiver.close()
 
 
 async def test_a_session_receiver_refuses_what_the_sdks_refuses() -> None:

@@ -61,8 +61,8 @@ MAPPING: dict[type[errors.GeoReplicationError], tuple[tuple[type, ...], tuple[ty
     errors.AlreadySettledError: ((sdk.MessageAlreadySettled,), (ValueError, RuntimeError)),
     errors.ClosedError: ((), (ValueError, RuntimeError)),
     errors.ForkedProcessError: ((), (errors.ClosedError, ValueError, RuntimeError)),
-    errors.InvalidMessageError: ((), (ValueError, TypeError)),
-    errors.MessageExpiredError: ((), (ValueError, TypeError)),
+    errors.InvalidMessageError: ((sdk.ServiceBusError,), (ValueError, TypeError)),
+    errors.MessageExpiredError: ((sdk.ServiceBusError,), (ValueError, TypeError)),
     errors.OversizeMessageError: ((sdk.MessageSizeExceededError,), (ValueError, TypeError)),
     errors.ConfigurationError: ((), (ValueError,)),
     # Not a Service Bus operation: an application's `except ServiceBusError` must not hide

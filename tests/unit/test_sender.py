@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 from _senders import down, geo, queueing, regions, up
+from azure.servicebus import exceptions as azure_exceptions
 
 from georep import (
     DEFAULT_FAILOVER_KINDS,
@@ -573,6 +574,38 @@ async def test_cancelling_something_not_a_number_raises_and_cancels_nothing() ->
     assert primary.scheduled == {} and secondary.scheduled == {}
 
 
+async def test_a_schedule_time_that_is_not_a_datetime_is_refused_before_any_call() -> None:
+    """The SDK raises a ServiceBusError for it (it cannot encode the time); georep's error
+    is that too, and a TypeError and a ValueError, and names the fix."""
+    primary, secondary = regions()
+    sender = geo(primary, secondary, mode="active")
+    with pytest.raises(InvalidMessageError, match="must be a datetime") as raised:
+        await sender.schedule_messages(FakeMessage(b"a"), "tomorrow")  # type: ignore[arg-type]
+    assert isinstance(raised.value, azure_exceptions.ServiceBusError)
+    assert isinstance(raised.value, TypeError) and isinstance(raised.value, ValueError)
+    assert primary.attempts == secondary.attempts == 0
+
+
+@pytest.mark.parametrize("operation", ["schedule", "cancel"])
+async def test_a_call_both_regions_refuse_raises_the_refusal_not_an_outage(operation: str) -> None:
+    """Active mode: when both regions refuse a schedule or a cancel itself (a wrong key, a
+    bad argument), the primary's refusal is raised, as the SDK raises its namespace's:
+    not AllRegionsUnavailableError (a ServiceBusConnectionError) for regions that answered."""
+    primary, secondary = regions()
+    sender = geo(primary, secondary, mode="active")
+    when = datetime(2030, 1, 1, tzinfo=UTC)
+    numbers = await sender.schedule_messages(FakeMessage(b"a"), when)
+    for region in (primary, secondary):
+        region.fail_with(ErrorKind.AUTHENTICATION)
+    with pytest.raises(AuthenticationError) as raised:
+        if operation == "schedule":
+            await sender.schedule_messages(FakeMessage(b"b"), when)
+        else:
+            await sender.cancel_scheduled_messages(numbers)
+    assert raised.value.region == "primary"
+    assert not isinstance(raised.value, azure_exceptions.ServiceBusConnectionError)
+
+
 async def test_per_region_numbers_and_the_deprecated_mapping_form() -> None:
     primary, secondary = regions()
     sender = geo(primary, secondary, mode="active")
@@ -627,3 +660,17 @@ async def test_a_region_that_refuses_the_message_itself_is_raised_never_queued(m
     assert await outbox.depth() == 0 and sender.stats.queued == 0
     assert sender.active_region == "primary"
     await sender.aclose()
+
+
+async def test_a_batch_larger_than_a_regions_limit_is_refused_as_the_sdk_refuses_it() -> None:
+    """The SDK's create_message_batch raises ValueError for a size over its link's limit;
+    georep's did not, and handed out a smaller batch than asked for."""
+    primary = InMemoryRegionSender("primary", "east", max_message_size=1000)
+    secondary = InMemoryRegionSender("secondary", "west", max_message_size=600)
+    sender = geo(primary, secondary, mode="active")
+    with pytest.raises(ValueError, match="601 is too large, acceptable max batch size is: 600"):
+        await sender.create_message_batch(max_size_in_bytes=601)
+    assert (await sender.create_message_batch(max_size_in_bytes=600)).max_size_in_bytes == 600
+    assert (await sender.create_message_batch(max_size_in_bytes=0)).max_size_in_bytes == 600
+    with pytest.raises(ConfigurationError, match="greater than 0"):
+        await sender.create_message_batch(max_size_in_bytes=-1)

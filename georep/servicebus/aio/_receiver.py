@@ -22,6 +22,7 @@ from georep.receive.outcomes import (
 )
 from georep.receive.outcomes import dead_letter_decision as _dead_letter_decision
 from georep.receive.pull import Handout, PullReceiver
+from georep.send.schedule import sequence_number
 
 from ._deferred import DeferredBook, DeferredMessages
 from ._numbers import mark
@@ -236,10 +237,12 @@ class ServiceBusReceiver(ClosedOnAsyncExit):
 
         Raises:
             RegionError: A region refused (no such deferred message) or did not answer.
+            InvalidMessageError: A number is not an int (nothing was received).
         """
         if timeout is not None and timeout <= 0:
             raise ConfigurationError("timeout must be greater than 0")
         numbers = [sequence_numbers] if isinstance(sequence_numbers, int) else sequence_numbers
+        numbers = [sequence_number(number) for number in numbers]
         if not numbers:
             return []
         await self._opened()
