@@ -132,6 +132,10 @@ async def test_the_async_client_applies_changes_to_both(emu: Emulator) -> None:
         await admin.create_rule(topic, "s", "eu", filter=SqlRuleFilter("region = 'eu'"))
         rules = {r.name: r for r in await admin.list_rules(topic, "s")}
         assert set(rules["eu"].georep_regions) == set(REGIONS)
+        # As SDK code reads the async SDK's AsyncItemPaged: async for, and by pages.
+        assert sorted([r.name async for r in admin.list_rules(topic, "s")]) == ["$Default", "eu"]
+        pages = [[q.name async for q in page] async for page in admin.list_topics().by_page()]
+        assert any(topic in page for page in pages)
         for region in REGIONS:
             assert f"{topic}/Subscriptions/s" in entities(emu, region), region
         await admin.delete_topic(topic)

@@ -26,6 +26,7 @@ from georep._sync_runtime import RUNTIME, LoopUser
 from georep.exceptions import ClosedError
 from georep.servicebus._admin import TwoNamespaces
 from georep.servicebus.aio.management import ServiceBusAdministrationClient as _AsyncAdmin
+from georep.servicebus.aio.management._client import Listing
 
 __all__ = ["ServiceBusAdministrationClient"]
 
@@ -49,6 +50,11 @@ class _OnWorkerThread:
 async def _listed(call: Callable[..., Any], *args: Any, **kwargs: Any) -> AsyncIterator[Any]:
     for item in await asyncio.to_thread(lambda: list(call(*args, **kwargs))):
         yield item
+
+
+async def _whole(listing: Listing[_T]) -> list[_T]:
+    """A listing of the async client, read whole (on georep's loop)."""
+    return await listing
 
 
 class ServiceBusAdministrationClient(TwoNamespaces, ClosedOnExit):
@@ -106,11 +112,11 @@ class ServiceBusAdministrationClient(TwoNamespaces, ClosedOnExit):
 
     def list_queues(self, **kwargs: Any) -> list[sdk.QueueProperties]:
         """Every queue of either namespace, each annotated with the regions that have it."""
-        return self._call(self._core.list_queues(**kwargs))
+        return self._call(_whole(self._core.list_queues(**kwargs)))
 
     def list_queues_runtime_properties(self, **kwargs: Any) -> list[sdk.QueueRuntimeProperties]:
         """Every queue's runtime properties, each annotated with both regions'."""
-        return self._call(self._core.list_queues_runtime_properties(**kwargs))
+        return self._call(_whole(self._core.list_queues_runtime_properties(**kwargs)))
 
     def create_topic(self, topic_name: str, **kwargs: Any) -> sdk.TopicProperties:
         """Create the topic in both namespaces (the SDK's arguments)."""
@@ -136,11 +142,11 @@ class ServiceBusAdministrationClient(TwoNamespaces, ClosedOnExit):
 
     def list_topics(self, **kwargs: Any) -> list[sdk.TopicProperties]:
         """Every topic of either namespace, each annotated with the regions that have it."""
-        return self._call(self._core.list_topics(**kwargs))
+        return self._call(_whole(self._core.list_topics(**kwargs)))
 
     def list_topics_runtime_properties(self, **kwargs: Any) -> list[sdk.TopicRuntimeProperties]:
         """Every topic's runtime properties, each annotated with both regions'."""
-        return self._call(self._core.list_topics_runtime_properties(**kwargs))
+        return self._call(_whole(self._core.list_topics_runtime_properties(**kwargs)))
 
     def create_subscription(
         self, topic_name: str, subscription_name: str, **kwargs: Any
@@ -179,13 +185,15 @@ class ServiceBusAdministrationClient(TwoNamespaces, ClosedOnExit):
         self, topic_name: str, **kwargs: Any
     ) -> list[sdk.SubscriptionProperties]:
         """Every subscription of either namespace, each annotated with the regions that have it."""
-        return self._call(self._core.list_subscriptions(topic_name, **kwargs))
+        return self._call(_whole(self._core.list_subscriptions(topic_name, **kwargs)))
 
     def list_subscriptions_runtime_properties(
         self, topic_name: str, **kwargs: Any
     ) -> list[sdk.SubscriptionRuntimeProperties]:
         """Every subscription's runtime properties, each annotated with both regions'."""
-        return self._call(self._core.list_subscriptions_runtime_properties(topic_name, **kwargs))
+        return self._call(
+            _whole(self._core.list_subscriptions_runtime_properties(topic_name, **kwargs))
+        )
 
     def create_rule(
         self, topic_name: str, subscription_name: str, rule_name: str, **kwargs: Any
@@ -221,7 +229,7 @@ class ServiceBusAdministrationClient(TwoNamespaces, ClosedOnExit):
         self, topic_name: str, subscription_name: str, **kwargs: Any
     ) -> list[sdk.RuleProperties]:
         """Every rule of the subscription in either namespace, annotated."""
-        return self._call(self._core.list_rules(topic_name, subscription_name, **kwargs))
+        return self._call(_whole(self._core.list_rules(topic_name, subscription_name, **kwargs)))
 
     def get_namespace_properties(self, **kwargs: Any) -> sdk.NamespaceProperties:
         """The primary namespace's properties, annotated with both."""

@@ -4,14 +4,17 @@ As ``azure.servicebus.aio.management.ServiceBusAdministrationClient``: every cre
 and delete is applied to both namespaces (the paired-namespace guidance: every entity in
 both, with the same settings); gets and lists answer with the primary's properties,
 annotated with ``georep_regions`` and ``georep_differences`` (see
-:mod:`georep.servicebus._admin`). Lists are returned as lists, not pages.
+:mod:`georep.servicebus._admin`). A list is a :class:`Listing`: iterated with ``async for``
+as the SDK's ``AsyncItemPaged`` (one page: both namespaces are read whole, then merged), or
+awaited for a plain list.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Mapping
-from typing import Any, cast
+from collections.abc import AsyncIterator, Callable, Coroutine, Generator, Mapping
+from functools import partial
+from typing import Any, Generic, TypeVar, cast
 
 from azure.servicebus.aio.management import ServiceBusAdministrationClient as _SdkAdmin
 from azure.servicebus.management import (
@@ -29,7 +32,37 @@ from georep._lifecycle import ClosedOnAsyncExit
 from georep.exceptions import AllRegionsUnavailableError
 from georep.servicebus._admin import REGIONS, TwoNamespaces, changed, merge_listed, read
 
-__all__ = ["ServiceBusAdministrationClient"]
+__all__ = ["Listing", "ServiceBusAdministrationClient"]
+
+_T = TypeVar("_T")
+
+
+class Listing(Generic[_T]):
+    """What a ``list_*`` method returns: ``async for item in admin.list_queues():`` as with
+    the SDK's ``AsyncItemPaged`` (and ``by_page()``, one page), or ``await`` it for a list.
+
+    Nothing is read until it is iterated or awaited; each iteration reads again.
+    """
+
+    def __init__(self, read: Callable[[], Coroutine[Any, Any, list[_T]]]) -> None:
+        self._read = read
+
+    def __aiter__(self) -> AsyncIterator[_T]:
+        return self._items()
+
+    async def _items(self) -> AsyncIterator[_T]:
+        for item in await self._read():
+            yield item
+
+    def by_page(self, continuation_token: str | None = None) -> AsyncIterator[AsyncIterator[_T]]:
+        """The items as pages, as ``AsyncItemPaged.by_page``: one page holding them all."""
+        return self._pages()
+
+    async def _pages(self) -> AsyncIterator[AsyncIterator[_T]]:
+        yield self._items()
+
+    def __await__(self) -> Generator[Any, None, list[_T]]:
+        return self._read().__await__()
 
 
 class ServiceBusAdministrationClient(TwoNamespaces, ClosedOnAsyncExit):
@@ -106,13 +139,13 @@ class ServiceBusAdministrationClient(TwoNamespaces, ClosedOnAsyncExit):
         """Delete the queue in both namespaces."""
         await self._change("delete_queue", queue_name, **kwargs)
 
-    async def list_queues(self, **kwargs: Any) -> list[QueueProperties]:
+    def list_queues(self, **kwargs: Any) -> Listing[QueueProperties]:
         """Every queue of either namespace, each annotated with the regions that have it."""
-        return await self._list("list_queues", **kwargs)
+        return Listing(partial(self._list, "list_queues", **kwargs))
 
-    async def list_queues_runtime_properties(self, **kwargs: Any) -> list[QueueRuntimeProperties]:
+    def list_queues_runtime_properties(self, **kwargs: Any) -> Listing[QueueRuntimeProperties]:
         """Every queue's runtime properties, each annotated with both regions'."""
-        return await self._list("list_queues_runtime_properties", **kwargs)
+        return Listing(partial(self._list, "list_queues_runtime_properties", **kwargs))
 
     async def create_topic(self, topic_name: str, **kwargs: Any) -> TopicProperties:
         """Create the topic in both namespaces (the SDK's arguments)."""
@@ -139,13 +172,13 @@ class ServiceBusAdministrationClient(TwoNamespaces, ClosedOnAsyncExit):
         """Delete the topic in both namespaces."""
         await self._change("delete_topic", topic_name, **kwargs)
 
-    async def list_topics(self, **kwargs: Any) -> list[TopicProperties]:
+    def list_topics(self, **kwargs: Any) -> Listing[TopicProperties]:
         """Every topic of either namespace, each annotated with the regions that have it."""
-        return await self._list("list_topics", **kwargs)
+        return Listing(partial(self._list, "list_topics", **kwargs))
 
-    async def list_topics_runtime_properties(self, **kwargs: Any) -> list[TopicRuntimeProperties]:
+    def list_topics_runtime_properties(self, **kwargs: Any) -> Listing[TopicRuntimeProperties]:
         """Every topic's runtime properties, each annotated with both regions'."""
-        return await self._list("list_topics_runtime_properties", **kwargs)
+        return Listing(partial(self._list, "list_topics_runtime_properties", **kwargs))
 
     async def create_subscription(
         self, topic_name: str, subscription_name: str, **kwargs: Any
@@ -191,17 +224,17 @@ class ServiceBusAdministrationClient(TwoNamespaces, ClosedOnAsyncExit):
         """Delete the subscription in both namespaces."""
         await self._change("delete_subscription", topic_name, subscription_name, **kwargs)
 
-    async def list_subscriptions(
-        self, topic_name: str, **kwargs: Any
-    ) -> list[SubscriptionProperties]:
+    def list_subscriptions(self, topic_name: str, **kwargs: Any) -> Listing[SubscriptionProperties]:
         """Every subscription of either namespace, each annotated with the regions that have it."""
-        return await self._list("list_subscriptions", topic_name, **kwargs)
+        return Listing(partial(self._list, "list_subscriptions", topic_name, **kwargs))
 
-    async def list_subscriptions_runtime_properties(
+    def list_subscriptions_runtime_properties(
         self, topic_name: str, **kwargs: Any
-    ) -> list[SubscriptionRuntimeProperties]:
+    ) -> Listing[SubscriptionRuntimeProperties]:
         """Every subscription's runtime properties, each annotated with both regions'."""
-        return await self._list("list_subscriptions_runtime_properties", topic_name, **kwargs)
+        return Listing(
+            partial(self._list, "list_subscriptions_runtime_properties", topic_name, **kwargs)
+        )
 
     async def create_rule(
         self, topic_name: str, subscription_name: str, rule_name: str, **kwargs: Any
@@ -237,11 +270,11 @@ class ServiceBusAdministrationClient(TwoNamespaces, ClosedOnAsyncExit):
         """Delete the rule in both namespaces."""
         await self._change("delete_rule", topic_name, subscription_name, rule_name, **kwargs)
 
-    async def list_rules(
+    def list_rules(
         self, topic_name: str, subscription_name: str, **kwargs: Any
-    ) -> list[RuleProperties]:
+    ) -> Listing[RuleProperties]:
         """Every rule of the subscription in either namespace, annotated."""
-        return await self._list("list_rules", topic_name, subscription_name, **kwargs)
+        return Listing(partial(self._list, "list_rules", topic_name, subscription_name, **kwargs))
 
     async def get_namespace_properties(self, **kwargs: Any) -> NamespaceProperties:
         """The primary namespace's properties, annotated with both."""
