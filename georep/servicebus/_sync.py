@@ -4,12 +4,16 @@ There is no second implementation: every object here drives its :mod:`georep.ser
 counterpart on georep's one event-loop thread (:data:`georep._sync_runtime.RUNTIME`, as
 :mod:`georep.sync` does), so sync and async clients behave alike. The async resources a
 sync caller passes (``seen``, ``outbox``, ``ledger``, ``role_store``) live on that loop and
-are closed when the last sync object using them closes (a sync caller cannot await their
-``aclose``).
+are closed when the last sync object using them lets go (a sync caller cannot await their
+``aclose``): a :class:`ServiceBusClient` once it is garbage-collected or at exit (its
+``close`` leaves it usable, as the SDK's), with every sender and receiver it made.
 """
 
 from __future__ import annotations
 
+import logging
+import threading
+import weakref
 from collections.abc import Callable, Coroutine, Iterator, Sequence
 from datetime import datetime
 from functools import partial
@@ -18,6 +22,7 @@ from typing import Any, Generic, Self, TypeVar, Unpack
 from azure.servicebus import ServiceBusReceivedMessage
 from azure.servicebus import ServiceBusSession as _SdkSession
 
+from georep import _fork
 from georep._endpoint import Target
 from georep._lifecycle import ClosedOnExit
 from georep._sync_runtime import RUNTIME, LoopUser, built
@@ -31,6 +36,7 @@ from .aio._session import GeoSession
 
 __all__ = ["ServiceBusClient", "ServiceBusReceiver", "ServiceBusSender", "ServiceBusSession"]
 
+_log = logging.getLogger("georep.servicebus")
 _T = TypeVar("_T")
 _Core = TypeVar("_Core", aio.ServiceBusSender, aio.ServiceBusReceiver)
 
@@ -44,8 +50,11 @@ class ServiceBusClient(ClientConstructors, ClosedOnExit):
     :class:`georep.servicebus.aio.ServiceBusClient`, built the same way."""
 
     def __init__(self, primary: Target, secondary: Target, **options: Unpack[ClientOptions]):
-        self._use = LoopUser(options)
-        self._core = self._use.build(lambda: aio.ServiceBusClient(primary, secondary, **options))
+        use = self._use = LoopUser(options)
+        self._core = core = use.build(lambda: aio.ServiceBusClient(primary, secondary, **options))
+        # The loop and the resources it was given are let go with the client object (or at
+        # the interpreter's exit): close() leaves it usable, as the SDK's blocking client.
+        self._release = weakref.finalize(self, _release, use, core, _fork.fork_count())
 
     @property
     def fully_qualified_namespace(self) -> str:
@@ -57,9 +66,14 @@ class ServiceBusClient(ClientConstructors, ClosedOnExit):
         return self
 
     def close(self) -> None:
-        """Close every sender and receiver this client made, and the async resources it
-        was given that no other sync object uses. Idempotent."""
-        self._use.close(self._core._shutdown)
+        """Close every sender and receiver this client made (using one afterwards raises
+        the SDK's ``ValueError``). As the SDK's blocking client, this one can be used
+        again: a new ``with client:`` or ``get_queue_sender`` works. The ``seen``,
+        ``outbox``, ``ledger`` and ``role_store`` it was given stay open while the client
+        object lives: they are closed (those no other ``georep.sync`` object uses) once it
+        is garbage-collected, or at the interpreter's exit. Idempotent."""
+        if not self._use.closed:
+            _call(self._core.close())
 
     def get_queue_sender(
         self, queue_name: str, **arguments: Unpack[SenderArguments]
@@ -75,17 +89,14 @@ class ServiceBusClient(ClientConstructors, ClosedOnExit):
 
     def _sender(self, get: Callable[[], aio.ServiceBusSender]) -> ServiceBusSender:
         self._check_open()
-        return ServiceBusSender(_call(built(get)))
+        sender = ServiceBusSender(_call(built(get)))
+        sender._client = self  # the client's resources live as long as what it made
+        return sender
 
     def _check_open(self) -> None:
-        """Raises ClosedError: this client was closed (unlike the SDK's blocking client, it
-        closed the resources it was given with it, so it cannot be used again)."""
-        if self._core._closed:
-            raise ClosedError(
-                "this ServiceBusClient is closed, and the blocking client closes for good "
-                "(with the seen-set and other resources it was given): create a new one, or "
-                "keep one client open for the program's life (docs/migration.md)"
-            )
+        """Raises ClosedError: the interpreter is exiting (the client's resources closed)."""
+        if self._use.closed:
+            raise ClosedError("this ServiceBusClient's resources were closed at exit")
 
     def get_queue_receiver(
         self, queue_name: str, **arguments: Unpack[ReceiverArguments]
@@ -109,7 +120,23 @@ class ServiceBusClient(ClientConstructors, ClosedOnExit):
         self._check_open()
         core_arguments = {k: v for k, v in arguments.items() if k != "auto_lock_renewer"}
         core = _call(built(lambda: get(**core_arguments)))
-        return ServiceBusReceiver(core, arguments.get("auto_lock_renewer"))
+        receiver = ServiceBusReceiver(core, arguments.get("auto_lock_renewer"))
+        receiver._client = self  # the client's resources live as long as what it made
+        return receiver
+
+
+def _release(use: LoopUser, core: aio.ServiceBusClient, forks: int) -> None:
+    """Let go of a blocking client's loop and resources (its garbage collection or the
+    interpreter's exit). In a forked child they are the parent's: left alone."""
+    if forks != _fork.fork_count():
+        return
+    if threading.current_thread() is RUNTIME.thread:  # collected on the loop: not from here
+        threading.Thread(target=_release, args=(use, core, forks), daemon=True).start()
+        return
+    try:
+        use.close(core._shutdown)
+    except Exception as error:  # at exit or in the collector there is no caller to tell
+        _log.warning("closing a ServiceBusClient's resources failed: %s", type(error).__name__)
 
 
 class _OverCore(ClosedOnExit, Generic[_Core]):
@@ -117,6 +144,8 @@ class _OverCore(ClosedOnExit, Generic[_Core]):
     closing closes it, on georep's loop."""
 
     _core: _Core
+    _client: ServiceBusClient | None = None
+    """The client that made it: kept alive (its resources open) while this is used."""
 
     def __enter__(self) -> Self:
         _call(self._core.__aenter__())

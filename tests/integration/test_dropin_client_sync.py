@@ -13,6 +13,7 @@ import time
 import uuid
 from collections.abc import Callable
 from types import ModuleType
+from typing import Any
 
 import pytest
 from _dropin import (
@@ -28,7 +29,7 @@ from _dropin import (
     sample_id,
 )
 from _helpers import REDIS_URL
-from azure.servicebus import NEXT_AVAILABLE_SESSION, ServiceBusSubQueue
+from azure.servicebus import NEXT_AVAILABLE_SESSION, ServiceBusMessage, ServiceBusSubQueue
 from azure.servicebus import ServiceBusClient as SdkClient
 from azure.servicebus.exceptions import OperationTimeoutError
 
@@ -65,7 +66,7 @@ def raw_run(
 @pytest.fixture
 def group() -> str:
     """A seen-set group of the test's own (each client gets its own RedisSeenSet on it,
-    closed by the sync client with itself)."""
+    closed with the sync client object)."""
     return f"dropin-sync-{uuid.uuid4().hex[:8]}"
 
 
@@ -182,3 +183,42 @@ def test_a_sync_program_finishes_through_a_primary_outage(
     assert all_left_as(emu, names, raw_left), {
         region: leftovers(emu, region, names) for region in REGIONS
     }
+
+
+def reuse_program(client: Any, queue: str) -> list[str]:
+    """A blocking program that uses its client again after the client's with-block and
+    after ``close()``, as the SDK's blocking client allows."""
+    out: list[str] = []
+
+    def send(body: str) -> None:
+        with client.get_queue_sender(queue) as sender:
+            sender.send_messages(ServiceBusMessage(body))
+
+    def receive() -> None:
+        with client.get_queue_receiver(queue, max_wait_time=5) as receiver:
+            for message in receiver.receive_messages(max_message_count=1, max_wait_time=5):
+                out.append(str(message))
+                receiver.complete_message(message)
+
+    with client:
+        send("one")
+    with client:  # again, after the with-block closed it
+        receive()
+    client.close()
+    send("two")  # and without one, after close()
+    receive()
+    client.close()
+    return out
+
+
+def test_a_blocking_client_is_used_again_after_close_as_the_sdks(emu: Emulator, group: str) -> None:
+    names = make_names(emu, REGIONS)
+    raw = reuse_program(
+        SdkClient.from_connection_string(emu.connection_string("primary")), names.queue
+    )
+    assert raw == ["one", "two"]
+    assert reuse_program(georep_client(emu, group), names.queue) == raw
+    empty = {region: (0, 0, 0) for region in REGIONS}
+    assert wait_until(
+        lambda: {r: leftovers(emu, r, names)["QUEUE"] for r in REGIONS} == empty, within=20
+    ), {region: leftovers(emu, region, names) for region in REGIONS}

@@ -4,6 +4,7 @@ refuses to start, naming the region and the entity."""
 
 from __future__ import annotations
 
+import gc
 import logging
 import threading
 import uuid
@@ -24,6 +25,10 @@ def only_in_primary(emu: Emulator) -> str:
 
 
 def loop_threads() -> list[threading.Thread]:
+    """georep's loop thread, if something still uses it. Collected first: a closed
+    blocking drop-in client of an earlier test in this worker holds the loop until it is
+    garbage-collected (a test's raised exception keeps it in a reference cycle)."""
+    gc.collect()
     return [t for t in threading.enumerate() if t.name == "georep-sync-loop"]
 
 

@@ -6,6 +6,7 @@ The real azure-servicebus sync SDK against the two-region emulator, a real Redis
 from __future__ import annotations
 
 import asyncio
+import gc
 import signal
 import sys
 import threading
@@ -75,6 +76,9 @@ def new_seen() -> RedisSeenSet:
 
 
 def georep_threads() -> list[str]:
+    # Collected first: a closed blocking drop-in client of an earlier test in this worker
+    # holds georep's loop until it is garbage-collected.
+    gc.collect()
     return [t.name for t in threading.enumerate() if t.name.startswith(GEOREP_THREADS)]
 
 

@@ -153,16 +153,26 @@ def test_the_sdks_one_namespace_constructor_names_the_two_namespace_one(module: 
         module.ServiceBusClient.from_connection_string(PRIMARY)  # type: ignore[attr-defined]
 
 
-def test_a_closed_blocking_client_says_it_closes_for_good() -> None:
-    """The SDK's blocking client can be used again after close; georep's closes the
-    resources it was given with it, so it says so, instead of a loop-thread error."""
-    client = georep.servicebus.ServiceBusClient.from_connection_strings(PRIMARY, SECONDARY)
+def test_a_closed_blocking_client_can_be_used_again_and_keeps_its_resources() -> None:
+    """As the SDK's blocking client: after ``with client:`` (or ``close()``) a new sender,
+    receiver or ``with`` works; the seen-set it was given stays open while the client
+    lives, and is closed once the client and what it made are gone."""
+    import gc
+
+    seen = InMemorySeenSet()
+    client = georep.servicebus.ServiceBusClient.from_connection_strings(
+        PRIMARY, SECONDARY, seen=seen
+    )
     with client:
         pass
-    for use in (
-        lambda: client.get_queue_sender("orders"),
-        lambda: client.get_queue_receiver("orders"),
-        client.__enter__,
-    ):
-        with pytest.raises(ValueError, match="closes for good"):
-            use()
+    client.close()  # idempotent
+    with client:
+        receiver = client.get_queue_receiver("orders")
+        client.get_queue_sender("orders")
+    assert not seen.closed
+    del client
+    gc.collect()
+    assert not seen.closed, "a receiver the client made still holds its resources"
+    del receiver
+    gc.collect()
+    assert seen.closed

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import threading
 from collections.abc import Iterator
 
@@ -15,12 +16,14 @@ from georep.testing import FakeMessage, InMemoryOutbox, InMemoryRegionSender
 
 
 def loop_threads() -> list[threading.Thread]:
+    gc.collect()  # a closed blocking drop-in client holds the loop until it is collected
     return [t for t in threading.enumerate() if t.name == "georep-sync-loop"]
 
 
 @pytest.fixture
 def regions() -> Iterator[tuple[InMemoryRegionSender, InMemoryRegionSender]]:
     yield InMemoryRegionSender("primary"), InMemoryRegionSender("secondary")
+    gc.collect()  # a closed blocking drop-in client holds the loop until it is collected
     assert RUNTIME.thread is None, "a test left a georep.sync object open"
 
 
