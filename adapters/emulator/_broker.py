@@ -511,11 +511,17 @@ class Entity:
             run.append(message)
         return run
 
-    def cancel_scheduled(self, sequence_numbers: list[int]) -> None:
+    def cancel_scheduled(self, sequence_numbers: list[int]) -> list[int]:
+        """Remove the scheduled messages with these numbers; the numbers none has (never
+        scheduled here, cancelled already, or enqueued since)."""
+        missing = []
         for seq in sequence_numbers:
             message = self.scheduled.get(seq)
             if message is not None:
                 self._remove(message)
+            else:
+                missing.append(seq)
+        return missing
 
     def receive_deferred(
         self, sequence_numbers: list[int], receive_and_delete: bool, session_id: str | None = None
@@ -1064,11 +1070,25 @@ class Namespace:
                 subscription.enqueue(message)
 
     def cancel_scheduled(self, target: Entity | Topic, sequence_numbers: list[int]) -> None:
+        """Cancel scheduled messages. As the service, a number that is not a scheduled
+        message (never scheduled, cancelled already, or enqueued since) is refused:
+        ``com.microsoft:message-not-found``, "Messages not found. Missing sequence numbers"
+        (the others are cancelled). A topic's copies wait in its subscriptions here: a
+        number is missing when no subscription has it (a topic without subscriptions
+        kept nothing to cancel, and refuses nothing)."""
         if isinstance(target, Topic):
-            for subscription in target.subscriptions.values():
-                subscription.cancel_scheduled(sequence_numbers)
+            subscriptions = list(target.subscriptions.values())
+            missing = set(sequence_numbers) if subscriptions else set()
+            for subscription in subscriptions:
+                missing &= set(subscription.cancel_scheduled(sequence_numbers))
         else:
-            target.cancel_scheduled(sequence_numbers)
+            missing = set(target.cancel_scheduled(sequence_numbers))
+        if missing:
+            numbers = ", ".join(str(n) for n in sequence_numbers if n in missing)
+            raise BrokerError(
+                "com.microsoft:message-not-found",
+                f"Messages not found. Missing sequence numbers: {numbers}",
+            )
 
     # -- timers -------------------------------------------------------------------------
     def add_timer(self, deadline: float, kind: int, target: TimerTarget, payload: Any) -> None:

@@ -16,6 +16,7 @@ from georep._channel import RegionChannel
 from georep.exceptions import (
     AllRegionsUnavailableError,
     InvalidMessageError,
+    MessageNotFoundError,
     RegionError,
     StoreUnavailableError,
 )
@@ -337,6 +338,7 @@ class Scheduler:
             )
         attempt_timeout = self._policy.attempt_seconds if timeout is None else timeout
         errors: list[RegionError] = []
+        cancelled = 0
         for label, numbers in sequence_numbers.items():
             region = self._regions.by_label.get(label)
             if region is None:
@@ -347,8 +349,15 @@ class Scheduler:
                 continue
             try:
                 await region.call(attempt_timeout, region.client.cancel_scheduled, list(numbers))
+                cancelled += 1
             except RegionError as exc:
                 errors.append(exc)
+        if cancelled:
+            # A region that no longer has its copy while another cancelled its own: the
+            # copy went in an earlier call that failed in the other region (a retry after
+            # an outage), so the message is cancelled now. The service refuses a number
+            # it does not hold ("Messages not found"); a number no region holds still is.
+            errors = [e for e in errors if not isinstance(e, MessageNotFoundError)]
         if len(errors) == 1:
             raise errors[0]
         if errors:

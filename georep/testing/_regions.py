@@ -11,7 +11,7 @@ from typing import Any, Self
 
 from georep._region_identity import RegionLabels
 from georep._slot import RegionSlot
-from georep.exceptions import region_error
+from georep.exceptions import MessageNotFoundError, region_error
 from georep.ports import Delivery, ErrorKind
 from georep.testing._clock import FakeClock
 from georep.testing._faults import FaultSwitch
@@ -112,9 +112,17 @@ class InMemoryRegionSender(FaultSwitch, FakeLabels):
         return numbers
 
     async def cancel_scheduled(self, sequence_numbers: Sequence[int], *, timeout: float) -> None:
+        """Cancel the numbers this region holds; as the service, refuse those it does not
+        (``MessageNotFoundError``: never scheduled, or cancelled already)."""
         await self._check()
-        for number in sequence_numbers:
-            self.scheduled.pop(number, None)
+        missing = [n for n in sequence_numbers if self.scheduled.pop(n, None) is None]
+        if missing:
+            raise MessageNotFoundError(
+                f"{self._region}: Messages not found. Missing sequence numbers: "
+                + ", ".join(str(n) for n in missing),
+                region=self._region,
+                kind=ErrorKind.INVALID_ARGUMENT,
+            )
 
     async def max_message_size(self, *, timeout: float) -> int:
         await self._check()

@@ -21,7 +21,7 @@ from azure.servicebus import (
     ServiceBusSubQueue,
 )
 from azure.servicebus.aio import ServiceBusClient
-from azure.servicebus.exceptions import MessageLockLostError
+from azure.servicebus.exceptions import MessageLockLostError, MessageNotFoundError
 
 from georep.adapters.emulator import Emulator
 
@@ -183,6 +183,27 @@ async def test_schedule_and_cancel(
         assert got[0].sequence_number == kept
         await receiver.complete_message(got[0])
         assert await receiver.receive_messages(max_wait_time=2) == []
+
+
+async def test_cancelling_a_number_that_is_no_longer_scheduled_is_refused(
+    georep_emulator: Emulator, queue: str
+) -> None:
+    """As the service: "Messages not found. Missing sequence numbers: N" for a number that
+    is not a scheduled message (cancelled already); the others in the call are cancelled.
+    (The SDK retries the refusal with its retry policy: none here.)"""
+    connection = georep_emulator.connection_string("primary")
+    async with (
+        ServiceBusClient.from_connection_string(connection, retry_total=0) as client,
+        client.get_queue_sender(queue) as sender,
+    ):
+        first, second = await sender.schedule_messages(
+            [ServiceBusMessage("a"), ServiceBusMessage("b")], _utc_in(3600)
+        )
+        await sender.cancel_scheduled_messages(first)
+        with pytest.raises(MessageNotFoundError, match=f"Missing sequence numbers: {first}'"):
+            await sender.cancel_scheduled_messages([first, second])
+    counts = georep_emulator.namespace("primary").entities()[queue]
+    assert counts["scheduled_message_count"] == 0, "the one still scheduled was cancelled"
 
 
 async def test_lock_expiry_redelivers_with_higher_delivery_count(

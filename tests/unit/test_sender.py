@@ -23,9 +23,11 @@ from georep import (
     FailoverPolicy,
     GeoSender,
     InvalidMessageError,
+    MessageNotFoundError,
     MessageTooLargeError,
     OutboxFullError,
     RegionError,
+    RegionUnavailableError,
     ReplicationMode,
     RoleState,
 )
@@ -604,6 +606,26 @@ async def test_a_call_both_regions_refuse_raises_the_refusal_not_an_outage(opera
             await sender.cancel_scheduled_messages(numbers)
     assert raised.value.region == "primary"
     assert not isinstance(raised.value, azure_exceptions.ServiceBusConnectionError)
+
+
+async def test_a_cancel_that_failed_in_one_region_can_be_retried_until_it_succeeds() -> None:
+    """Active mode: a cancel during the secondary's outage cancels the primary's copy and
+    raises the secondary's error. The service refuses a number it no longer holds
+    ("Messages not found"), so a retry once the secondary is back used to fail on the
+    primary's copy, for ever. The retry now succeeds, and the message is gone from both;
+    a number no region holds any more is still refused, as the SDK refuses it."""
+    primary, secondary = regions()
+    sender = geo(primary, secondary, mode="active")
+    [number] = await sender.schedule_messages(FakeMessage(b"a"), datetime(2030, 1, 1, tzinfo=UTC))
+    secondary.fail_with(ErrorKind.CONNECTION)
+    with pytest.raises(RegionUnavailableError):
+        await sender.cancel_scheduled_messages(number)
+    assert primary.scheduled == {} and len(secondary.scheduled) == 1
+    secondary.restore()
+    await sender.cancel_scheduled_messages(number)
+    assert primary.scheduled == {} and secondary.scheduled == {}
+    with pytest.raises(MessageNotFoundError):
+        await sender.cancel_scheduled_messages(number)
 
 
 async def test_per_region_numbers_and_the_deprecated_mapping_form() -> None:
