@@ -278,6 +278,10 @@ class _Fetch:
     """The region's answer to its last receive when that failed; None once one succeeds."""
     failures: int = 0
     """Receives from the region failed in a row."""
+    swept_in_vain: bool = False
+    """A sweep's receive took a copy nobody asked for (handed back): the final copies at
+    the head are locked by another receiver, and sweeping again at once would take the
+    same copies again."""
     failed_total: int = 0
     """Receives from the region that failed, ever (a receive call tells the failures that
     came while it waited from those before it)."""
@@ -670,8 +674,15 @@ class PullReceiver(AsyncResource):
             if key is not None:
                 self._on_twin_deferred(key, probe.region, message)
 
-    async def _handle(self, fetch: _Fetch, message: Any) -> None:
-        """The GeoReceiver's handler: hand the message out, wait for the decision."""
+    async def _handle(self, fetch: _Fetch, message: Any, *, sweeping: bool = False) -> None:
+        """The GeoReceiver's handler: hand the message out, wait for the decision.
+
+        A copy a sweep took whose key was not final (the final ones at the head were
+        locked by another receiver, and the receive took the next ones) is handed back
+        unseen unless the application has room for it: a sweep settles twins, it does not
+        claim messages nobody asked for (three competing receivers each held 100 to 200
+        claims that way, all waiting for their lease after a crash).
+        """
         batch = self._arrivals.pop(id(message), None)
         if batch is not None:
             batch.arrived([id(message)])
@@ -685,7 +696,8 @@ class PullReceiver(AsyncResource):
             key=fetch.probe.delivery(message, policy.source, policy.name).key,
         )
         self._held[id(message)] = handout
-        if self._closing:
+        if self._closing or (sweeping and not self._has_room()):
+            fetch.swept_in_vain = fetch.swept_in_vain or sweeping
             handout.decided.set_result(RETURNED)
         else:
             self._buffer.append(handout)
@@ -699,6 +711,11 @@ class PullReceiver(AsyncResource):
             await self.geo.defer_message(message)
         elif decision.settle is Settle.DEAD_LETTER:
             await self.geo.dead_letter_message(message, decision.reason, decision.description)
+
+    def _has_room(self) -> bool:
+        """Whether the buffer holds less than what is asked for, ``prefetch`` and the
+        read-ahead."""
+        return len(self._buffer) < self._wanted + self.prefetch + self.read_ahead
 
     # ------------------------------------------------------------------- fetching
 
@@ -782,7 +799,7 @@ class PullReceiver(AsyncResource):
                 wait.cancel()
             await asyncio.gather(*waits, return_exceptions=True)
 
-    async def _receive_into(self, fetch: _Fetch, count: int) -> int:
+    async def _receive_into(self, fetch: _Fetch, count: int, *, sweeping: bool = False) -> int:
         """Receive up to ``count`` copies and start taking them to their outcomes.
 
         Returns:
@@ -796,10 +813,12 @@ class PullReceiver(AsyncResource):
         wait = min(self.poll, BUSY_POLL) if fetch.held else self.poll
         copies = await fetch.loop.receive_copies(count, wait)
         if copies:
-            self._start_turns(fetch, copies)
+            self._start_turns(fetch, copies, sweeping=sweeping)
         return len(copies)
 
-    def _start_turns(self, fetch: _Fetch, copies: list[Copy]) -> asyncio.Task[bool]:
+    def _start_turns(
+        self, fetch: _Fetch, copies: list[Copy], *, sweeping: bool = False
+    ) -> asyncio.Task[bool]:
         batch = _Batch(fetch, {id(c.message) for c in copies})
         fetch.arriving += len(batch.expected)
         held = [self.geo.seen_key(c.delivery.key) for c in copies if c.delivery.key is not None]
@@ -814,7 +833,7 @@ class PullReceiver(AsyncResource):
                 self._arrivals.pop(message_id, None)
             batch.arrived(others)
 
-        handler = partial(self._handle, fetch)
+        handler = partial(self._handle, fetch, sweeping=sweeping)
         task = asyncio.ensure_future(fetch.loop.process_copies(handler, copies, on_claimed=claimed))
         self._turns.add(task)
 
@@ -845,7 +864,17 @@ class PullReceiver(AsyncResource):
         count = await self._final_at_head(fetch)
         if not count:
             return False
-        return await self._receive_into(fetch, count) > 0
+        if not await self._receive_into(fetch, count, sweeping=True):
+            return False
+        # Final copies at the head may be locked by another receiver (its twins, parked
+        # there): the receive then took later copies, handed back at once. Pauses keep
+        # such a sweep from taking them again and again (a request ends them at once):
+        # a short one, then the poll interval once a copy went back.
+        await self._idle(fetch, BUSY_POLL)
+        if fetch.swept_in_vain:
+            fetch.swept_in_vain = False
+            await self._idle(fetch, self.poll)
+        return True
 
     async def _final_at_head(self, fetch: _Fetch) -> int:
         """How many receivable copies at the head of the region have a final key.

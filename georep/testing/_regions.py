@@ -171,6 +171,7 @@ class InMemoryRegionReceiver(FakeLabels):
     Attributes:
         completed: Copies completed, in order.
         abandoned: Copies abandoned, in order.
+        released: Copies handed back unseen (``release``: no delivery counted), in order.
         deferred: Copies deferred, in order.
         dead_lettered: Messages dead-lettered (by a receiver, with its reason and
             description, or after ``max_delivery_count`` deliveries).
@@ -196,6 +197,7 @@ class InMemoryRegionReceiver(FakeLabels):
         self._locked: dict[int, FakeReceivedMessage] = {}
         self.completed: list[FakeReceivedMessage] = []
         self.abandoned: list[FakeReceivedMessage] = []
+        self.released: list[FakeReceivedMessage] = []
         self.dead_lettered: list[FakeReceivedMessage] = []
         self.deferred: list[FakeReceivedMessage] = []
         self.closed = False
@@ -280,6 +282,14 @@ class InMemoryRegionReceiver(FakeLabels):
         del self._locked[held.lock_token]
         self.abandoned.append(held)
         self._redeliver(held)
+
+    async def release(self, message: Any) -> None:
+        """Hand the copy back unseen (AMQP ``released``): not a delivery attempt."""
+        held = self._held(message)
+        del self._locked[held.lock_token]
+        self.released.append(held)
+        self._available.append(held)
+        self._available.sort(key=lambda m: m.sequence_number)
 
     async def dead_letter(self, message: Any, reason: str, description: str) -> None:
         held = self._held(message)
