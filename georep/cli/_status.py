@@ -236,7 +236,7 @@ async def _read_redis(
     app_name: str,
     entities: list[str],
     seen_group: str | None,
-    scan_seconds: float = 5.0,
+    scan_seconds: float,
 ) -> list[str]:
     """The roles (and seen-set) into ``report``; the entities with a record."""
     from redis.exceptions import RedisError

@@ -47,7 +47,7 @@ DESCRIPTION_LIMIT: Final = 1024
 _DESCRIPTION_MARK: Final = "\x1f"
 """Between a recorded reason and its description (an ASCII unit separator)."""
 
-TWIN_DESCRIPTION: Final = "georep: another copy of this message (same dedup key: its twin from the "
+TWIN_DESCRIPTION: Final = "georep: another copy of this message"
 """How the description georep gives a twin whose original had none begins."""
 
 
@@ -142,8 +142,8 @@ def twin_reason(state: ClaimState, recorded: str | None) -> Decision:
             reason=f"{TWIN_REASON_PREFIX}{original}"[:REASON_LIMIT],
             description=description
             or (
-                f"{TWIN_DESCRIPTION}other region, or an earlier copy) was dead-lettered with "
-                f"reason {original!r}"
+                f"{TWIN_DESCRIPTION} (same dedup key: its twin from the other region, or an "
+                f"earlier copy) was dead-lettered with reason {original!r}"
             ),
         )
     return COMPLETE

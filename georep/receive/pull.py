@@ -696,8 +696,9 @@ class PullReceiver(AsyncResource):
             key=fetch.probe.delivery(message, policy.source, policy.name).key,
         )
         self._held[id(message)] = handout
-        if self._closing or (sweeping and not self._has_room()):
-            fetch.swept_in_vain = fetch.swept_in_vain or sweeping
+        unasked = sweeping and self._room() <= 0
+        fetch.swept_in_vain |= unasked
+        if self._closing or unasked:
             handout.decided.set_result(RETURNED)
         else:
             self._buffer.append(handout)
@@ -712,10 +713,10 @@ class PullReceiver(AsyncResource):
         elif decision.settle is Settle.DEAD_LETTER:
             await self.geo.dead_letter_message(message, decision.reason, decision.description)
 
-    def _has_room(self) -> bool:
-        """Whether the buffer holds less than what is asked for, ``prefetch`` and the
-        read-ahead."""
-        return len(self._buffer) < self._wanted + self.prefetch + self.read_ahead
+    def _room(self) -> int:
+        """How many copies the buffer lacks of what is asked for, ``prefetch`` and the
+        read-ahead (0 or less: none)."""
+        return self._wanted + self.prefetch + self.read_ahead - len(self._buffer)
 
     # ------------------------------------------------------------------- fetching
 
@@ -733,9 +734,7 @@ class PullReceiver(AsyncResource):
             # Cleared before the shortfall is read, not when idling starts: a request that
             # comes while this turn receives or sweeps then ends the idle at once.
             fetch.wake.clear()
-            shortfall = (
-                self._wanted + self.prefetch + self.read_ahead - len(self._buffer) - fetch.arriving
-            )
+            shortfall = self._room() - fetch.arriving
             try:
                 if shortfall > 0 and self._may_receive(fetch):
                     received = await self._receive_into(fetch, shortfall)

@@ -226,8 +226,11 @@ class InMemoryRegionReceiver(FakeLabels):
         if message.delivery_count > self.max_delivery_count:
             self.dead_lettered.append(message)
         else:
-            self._available.append(message)
-            self._available.sort(key=lambda m: m.sequence_number)
+            self._make_available(message)
+
+    def _make_available(self, message: FakeReceivedMessage) -> None:
+        self._available.append(message)
+        self._available.sort(key=lambda m: m.sequence_number)
 
     def delivery(self, message: Any, dedup_source: str, dedup_name: str | None) -> Delivery:
         return Delivery(
@@ -288,8 +291,7 @@ class InMemoryRegionReceiver(FakeLabels):
         held = self._held(message)
         del self._locked[held.lock_token]
         self.released.append(held)
-        self._available.append(held)
-        self._available.sort(key=lambda m: m.sequence_number)
+        self._make_available(held)
 
     async def dead_letter(self, message: Any, reason: str, description: str) -> None:
         held = self._held(message)

@@ -247,7 +247,7 @@ class ServiceBusReceiver(ClosedOnAsyncExit):
             return []
         await self._opened()
         assert self._deferred is not None
-        messages = await self._deferred.receive(list(numbers), timeout)
+        messages = await self._deferred.receive(numbers, timeout)
         if self._receive_mode is ServiceBusReceiveMode.RECEIVE_AND_DELETE:
             for message in messages:
                 await self._deferred.settle(message, COMPLETE, "receive_deferred_messages")

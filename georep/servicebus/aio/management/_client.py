@@ -100,7 +100,11 @@ class ServiceBusAdministrationClient(TwoNamespaces, ClosedOnAsyncExit):
         """The primary's answer to ``operation``, annotated with both (see :func:`read`)."""
         return read(operation, await self._both(operation, *args, **kwargs))
 
-    async def _list(self, operation: str, *args: Any, **kwargs: Any) -> list[Any]:
+    def _list(self, operation: str, *args: Any, **kwargs: Any) -> Listing[Any]:
+        """``operation``'s items in both namespaces, read when iterated or awaited."""
+        return Listing(partial(self._read_list, operation, *args, **kwargs))
+
+    async def _read_list(self, operation: str, *args: Any, **kwargs: Any) -> list[Any]:
         async def listed(client: _SdkAdmin) -> list[Any]:
             return [item async for item in getattr(client, operation)(*args, **kwargs)]
 
@@ -141,11 +145,11 @@ class ServiceBusAdministrationClient(TwoNamespaces, ClosedOnAsyncExit):
 
     def list_queues(self, **kwargs: Any) -> Listing[QueueProperties]:
         """Every queue of either namespace, each annotated with the regions that have it."""
-        return Listing(partial(self._list, "list_queues", **kwargs))
+        return self._list("list_queues", **kwargs)
 
     def list_queues_runtime_properties(self, **kwargs: Any) -> Listing[QueueRuntimeProperties]:
         """Every queue's runtime properties, each annotated with both regions'."""
-        return Listing(partial(self._list, "list_queues_runtime_properties", **kwargs))
+        return self._list("list_queues_runtime_properties", **kwargs)
 
     async def create_topic(self, topic_name: str, **kwargs: Any) -> TopicProperties:
         """Create the topic in both namespaces (the SDK's arguments)."""
@@ -174,11 +178,11 @@ class ServiceBusAdministrationClient(TwoNamespaces, ClosedOnAsyncExit):
 
     def list_topics(self, **kwargs: Any) -> Listing[TopicProperties]:
         """Every topic of either namespace, each annotated with the regions that have it."""
-        return Listing(partial(self._list, "list_topics", **kwargs))
+        return self._list("list_topics", **kwargs)
 
     def list_topics_runtime_properties(self, **kwargs: Any) -> Listing[TopicRuntimeProperties]:
         """Every topic's runtime properties, each annotated with both regions'."""
-        return Listing(partial(self._list, "list_topics_runtime_properties", **kwargs))
+        return self._list("list_topics_runtime_properties", **kwargs)
 
     async def create_subscription(
         self, topic_name: str, subscription_name: str, **kwargs: Any
@@ -226,15 +230,13 @@ class ServiceBusAdministrationClient(TwoNamespaces, ClosedOnAsyncExit):
 
     def list_subscriptions(self, topic_name: str, **kwargs: Any) -> Listing[SubscriptionProperties]:
         """Every subscription of either namespace, each annotated with the regions that have it."""
-        return Listing(partial(self._list, "list_subscriptions", topic_name, **kwargs))
+        return self._list("list_subscriptions", topic_name, **kwargs)
 
     def list_subscriptions_runtime_properties(
         self, topic_name: str, **kwargs: Any
     ) -> Listing[SubscriptionRuntimeProperties]:
         """Every subscription's runtime properties, each annotated with both regions'."""
-        return Listing(
-            partial(self._list, "list_subscriptions_runtime_properties", topic_name, **kwargs)
-        )
+        return self._list("list_subscriptions_runtime_properties", topic_name, **kwargs)
 
     async def create_rule(
         self, topic_name: str, subscription_name: str, rule_name: str, **kwargs: Any
@@ -274,7 +276,7 @@ class ServiceBusAdministrationClient(TwoNamespaces, ClosedOnAsyncExit):
         self, topic_name: str, subscription_name: str, **kwargs: Any
     ) -> Listing[RuleProperties]:
         """Every rule of the subscription in either namespace, annotated."""
-        return Listing(partial(self._list, "list_rules", topic_name, subscription_name, **kwargs))
+        return self._list("list_rules", topic_name, subscription_name, **kwargs)
 
     async def get_namespace_properties(self, **kwargs: Any) -> NamespaceProperties:
         """The primary namespace's properties, annotated with both."""
