@@ -579,6 +579,8 @@ class AmqpConnection(asyncio.Protocol):
         entity = consumer.entity
         if self.server.faults.paused:
             return
+        if self.server.faults.take_lost_settlement():
+            return  # lost on the way: never applied, never answered; the lock runs out
         try:
             if remote_state == Delivery.ACCEPTED:
                 entity.complete(token)

@@ -17,7 +17,9 @@ Routes (JSON in, JSON out):
 - ``POST /namespaces/{ns}/faults/{fault}``     one row of :data:`FAULTS`: ``outage``,
   ``restore``, ``blackhole``,
   ``latency`` (``{"seconds": 0.2}``), ``reject-sends`` (``{"condition": "server-busy"}``),
-  ``drop-dispositions`` (``{"count": 3}``), ``disaster``, ``fragment-down`` and
+  ``drop-dispositions`` (``{"count": 3}``: sends stored, never answered),
+  ``lose-settlements`` (``{"count": 3}``: receivers' settlements lost), ``disaster``,
+  ``fragment-down`` and
   ``fragment-up`` (``{"entity": "orders", "index": 3}``, partitioned entities),
   ``session-lock-lost`` (``{"entity": "orders"}``: every session lock on it is lost now;
   the answer adds ``session_locks_lost``, how many were held)
@@ -269,6 +271,10 @@ FAULTS: dict[str, FaultKind] = {
     ),
     "drop-dispositions": FaultKind(
         _setting("dropped_dispositions", "count"),
+        (Argument("count", "<int >= 0>", _at_least_zero(int)),),
+    ),
+    "lose-settlements": FaultKind(
+        _setting("lost_settlements", "count"),
         (Argument("count", "<int >= 0>", _at_least_zero(int)),),
     ),
     "disaster": FaultKind(_disaster),

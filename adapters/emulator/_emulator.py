@@ -171,6 +171,13 @@ class NamespaceControl:
         """
         self._fault("drop-dispositions", {"count": count})
 
+    def lose_settlements(self, count: int) -> None:
+        """Lose the next ``count`` settlements receivers send (complete, abandon, defer,
+        dead-letter): never applied, never answered, as a disposition frame lost on the
+        way. The message stays locked until its lock runs out and is then delivered again
+        (a session's, once its session lock is released or runs out)."""
+        self._fault("lose-settlements", {"count": count})
+
     def fragment_down(self, entity: str, index: int) -> None:
         """Take fragment ``index`` (0..15) of the partitioned queue or topic ``entity`` down.
 

@@ -38,6 +38,7 @@ class Faults:
     latency: float = 0.0
     reject_sends: str | None = None
     dropped_dispositions: int = 0
+    lost_settlements: int = 0
 
     def reject_condition(self) -> tuple[str, str]:
         assert self.reject_sends is not None
@@ -49,6 +50,12 @@ class Faults:
             return True
         return False
 
+    def take_lost_settlement(self) -> bool:
+        if self.lost_settlements > 0:
+            self.lost_settlements -= 1
+            return True
+        return False
+
     def as_dict(self) -> dict[str, Any]:
         return {
             "down": self.down,
@@ -56,4 +63,5 @@ class Faults:
             "latency": self.latency,
             "reject_sends": self.reject_sends,
             "dropped_dispositions": self.dropped_dispositions,
+            "lost_settlements": self.lost_settlements,
         }

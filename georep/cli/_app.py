@@ -128,6 +128,7 @@ _FAULT_OPTIONS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     "latency": (("--seconds",), ()),
     "reject-sends": (("--condition",), ()),
     "drop-dispositions": ((), ("--count",)),
+    "lose-settlements": ((), ("--count",)),
     "disaster": ((), ()),
     "relay-no-listener": (("--path",), ("--off",)),
     "session-lock-lost": (("--entity",), ()),
@@ -166,7 +167,7 @@ def _fault_body(action: str, given: dict[str, Any]) -> dict[str, object]:
         _print_error(f"error: {action} takes {takes}, not {', '.join(extra)}")
         raise typer.Exit(2)
     body = {name.removeprefix("--"): value for name, value in given.items() if value is not None}
-    if action == "drop-dispositions":
+    if action in ("drop-dispositions", "lose-settlements"):
         body.setdefault("count", 1)
     if action == "relay-no-listener":
         body = {"path": given["--path"], "on": not given["--off"]}
@@ -194,7 +195,11 @@ def fault(
     ] = None,
     condition: _FaultCondition = None,
     count: Annotated[
-        int | None, typer.Option(help="For drop-dispositions: how many sends (default 1).")
+        int | None,
+        typer.Option(
+            help="For drop-dispositions: how many sends; for lose-settlements: how many "
+            "settlements (default 1)."
+        ),
     ] = None,
     path: Annotated[
         str | None, typer.Option(help="For relay-no-listener (needed): the hybrid connection.")

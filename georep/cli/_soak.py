@@ -99,6 +99,8 @@ def soak(
             f"after a kill), out of order {verdict.out_of_order}",
             highlight=False,
         )
+    for line in _hang_evidence(result.hung, report):
+        console.print(line, highlight=False, soft_wrap=True)
     quiet = result.seconds_to_quiet
     console.print(
         f"quiet {quiet:.1f} s after the faults" if quiet is not None else "NOT quiet",
@@ -109,3 +111,18 @@ def soak(
         highlight=False,
     )
     raise typer.Exit(0 if result.passed else 1)
+
+
+def _hang_evidence(hung: list[str], report: Path, *, lines: int = 80) -> list[str]:
+    """What a hung process was doing, for a terminal (or a CI log) that shows only the end:
+    each hung process and the last lines of its newest stack dump."""
+    evidence: list[str] = []
+    for entry in hung:
+        evidence.append(f"hung: {entry}")
+        name = entry.split(" ", 1)[0]
+        dumps = sorted(
+            (report / "stacks").glob(f"{name}.*.txt"), key=lambda path: path.stat().st_mtime
+        )
+        text = dumps[-1].read_text(errors="replace").splitlines() if dumps else []
+        evidence.extend(f"  {line}" for line in text[-lines:])
+    return evidence

@@ -29,7 +29,12 @@ from georep._classify import TRY_LATER_KINDS
 from georep._lifecycle import start_task, stop_task
 from georep._policy import DrainPolicy, as_seconds
 from georep._telemetry import Instruments, InstrumentSpec
-from georep.exceptions import AllRegionsUnavailableError, RegionError
+from georep.exceptions import (
+    AllRegionsUnavailableError,
+    OutboxFullError,
+    OutboxUnavailableError,
+    RegionError,
+)
 from georep.ports import Clock, ErrorKind, MessageCodec, Outbox, OutboxEntry
 
 if TYPE_CHECKING:
@@ -430,12 +435,17 @@ class OutboxDrainer:
                 failures, pause = 0, idle
             except asyncio.CancelledError:
                 raise
-            except Exception:  # never let the drainer die: it holds acknowledged messages
+            except Exception as exc:  # never let the drainer die: it holds acknowledged messages
                 failures += 1
                 pause = self._policy.backoff(failures)
                 self.errors += 1
                 self._telemetry.error()
-                _log.exception("outbox drainer failed; retrying in %.1f s", pause)
+                if isinstance(exc, OutboxFullError | OutboxUnavailableError):
+                    # A full disk, a file locked by another process: the store's own words
+                    # say what and what to do; a traceback adds nothing.
+                    _log.warning("outbox drainer paused: %s; retrying in %.1f s", exc, pause)
+                else:
+                    _log.exception("outbox drainer failed; retrying in %.1f s", pause)
             if self._stopping:
                 break
             if failures:

@@ -656,9 +656,9 @@ def _named_error(path: Path, error: sqlite3.Error) -> OutboxFullError | OutboxUn
     # SQLite's messages ("database or disk is full", "database is locked") hold no row data.
     if _primary_code(error) == sqlite3.SQLITE_FULL:
         return OutboxFullError(
-            f"outbox {path}: the disk is full ({error}); this call stored nothing. Free "
-            "space on that disk or move the outbox to a larger one; entries already stored "
-            "keep draining"
+            f"outbox {path}: the disk is full ({error}); this call stored and changed "
+            "nothing. Free space on that disk or move the outbox to a larger one; the "
+            "entries already stored are kept, and drain once there is room"
         )
     return OutboxUnavailableError(
         f"outbox {path} could not be used just now ({error}); this call stored and changed "

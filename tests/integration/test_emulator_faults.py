@@ -24,6 +24,7 @@ from azure.core.credentials import AzureSasCredential
 from azure.servicebus import ServiceBusMessage
 from azure.servicebus.aio import ServiceBusClient
 from azure.servicebus.exceptions import (
+    MessageLockLostError,
     MessageSizeExceededError,
     MessagingEntityNotFoundError,
     OperationTimeoutError,
@@ -230,6 +231,31 @@ async def test_drop_dispositions_stores_but_never_answers(emu: Emulator) -> None
     assert control.message_count("q") == 2
 
 
+async def test_a_lost_settlement_leaves_the_message_to_come_again_when_its_lock_runs_out(
+    emu: Emulator,
+) -> None:
+    control = emu.namespace("primary")
+    control.create_queue("short", lock_duration=1)
+    async with sdk_sender(emu.connection_string("primary"), "short") as sender:
+        await sender.send_messages([ServiceBusMessage("a"), ServiceBusMessage("b")])
+    # The receiver's timeout: how long the SDK waits for a settlement's outcome (60 s by
+    # default) before it settles through the management link instead.
+    async with (
+        ServiceBusClient.from_connection_string(emu.connection_string("primary")) as client,
+        client.get_queue_receiver("short", timeout=3) as receiver,
+    ):
+        first = await receiver.receive_messages(max_message_count=2, max_wait_time=5)
+        assert [str(m) for m in first] == ["a", "b"]
+        await receiver.complete_message(first[1])
+        control.lose_settlements(1)
+        with pytest.raises(MessageLockLostError):  # never answered; by then the lock ran out
+            await receiver.complete_message(first[0])
+        again = await receiver.receive_messages(max_message_count=2, max_wait_time=10)
+        assert [(str(m), m.delivery_count) for m in again] == [("a", 1)]
+        await receiver.complete_message(again[0])
+    assert control.message_count("short") == 0
+
+
 async def test_disaster_loses_the_data_of_that_namespace_only(emu: Emulator) -> None:
     for namespace in emu.namespaces:
         await _send(emu.connection_string(namespace), "q")
@@ -338,7 +364,11 @@ def test_cli_injects_faults_into_a_running_emulator(emu: Emulator) -> None:
     assert emu.namespace("primary").faults()["down"] is True
     assert cli("primary", "restore").returncode == 0
     cleared = {"down": False, "blackhole": False, "latency": 0.0, "reject_sends": None}
-    assert emu.namespace("primary").faults() == {**cleared, "dropped_dispositions": 0}
+    assert emu.namespace("primary").faults() == {
+        **cleared,
+        "dropped_dispositions": 0,
+        "lost_settlements": 0,
+    }
     bad = cli("primary", "meteor")
     assert bad.returncode == 2 and "unknown fault" in bad.stdout
 

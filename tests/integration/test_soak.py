@@ -1,7 +1,7 @@
 """``georep soak`` end to end: a short soak with every fault kind, checked.
 
 Every sender, receiver and the syphon run in their own processes against a two-region
-emulator, with their own Redis; the nemesis draws all thirteen kinds of fault over 20
+emulator, with their own Redis; the nemesis draws every kind of fault over 20
 seconds (seed 28, issue 28); the checker must find nothing lost, nothing processed twice
 (but after a kill), nothing out of session order, and the system quiet afterwards.
 """

@@ -50,8 +50,8 @@ async def test_an_unknown_fault_is_refused_naming_every_known_one(server: Namesp
     assert refused.status == 404
     assert refused.message == (
         "unknown fault 'meteor'; one of outage, restore, blackhole, latency, reject-sends, "
-        "drop-dispositions, disaster, fragment-down, fragment-up, session-lock-lost, "
-        "relay-no-listener"
+        "drop-dispositions, lose-settlements, disaster, fragment-down, fragment-up, "
+        "session-lock-lost, relay-no-listener"
     )
 
 
@@ -64,6 +64,7 @@ async def test_an_unknown_fault_is_refused_naming_every_known_one(server: Namesp
         ("latency", {"seconds": -0.5}, "latency seconds must be >= 0"),
         ("drop-dispositions", {}, "drop-dispositions needs {'count': <int >= 0>}"),
         ("drop-dispositions", {"count": -2}, "drop-dispositions count must be >= 0"),
+        ("lose-settlements", {}, "lose-settlements needs {'count': <int >= 0>}"),
         (
             "reject-sends",
             {"condition": "meteor"},

@@ -46,6 +46,7 @@ def test_a_missing_or_foreign_option_is_refused_before_the_emulator_is_contacted
     [
         ("latency", "--seconds", "0.2"),
         ("drop-dispositions",),
+        ("lose-settlements", "--count", "2"),
         ("relay-no-listener", "--path", "svc", "--off"),
         ("fragment-down", "--entity", "p", "--index", "3"),
         ("outage",),

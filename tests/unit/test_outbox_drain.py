@@ -23,7 +23,7 @@ from georep import (
     MessageTooLargeError,
     OutboxUnavailableError,
 )
-from georep.exceptions import AuthenticationError, RegionError
+from georep.exceptions import AuthenticationError, OutboxFullError, RegionError
 from georep.outbox.drainer import DrainTelemetry, OutboxDrainer
 from georep.testing import (
     FakeClock,
@@ -236,20 +236,31 @@ def _counter(reader: InMemoryMetricReader, name: str) -> float:
 class FlakyOutbox(InMemoryOutbox):
     """An outbox whose ``depth`` fails ``failures`` times (a file briefly unopenable)."""
 
-    def __init__(self, failures: int) -> None:
+    def __init__(self, failures: int, error: Exception | None = None) -> None:
         super().__init__()
         self.failures = failures
+        self.error = error or OutboxUnavailableError("outbox could not be used (injected)")
 
     async def depth(self, channel: str | None = None) -> int:
         if self.failures:
             self.failures -= 1
-            raise OutboxUnavailableError("outbox could not be used just now (injected)")
+            raise self.error
         return await super().depth(channel)
 
 
-async def test_the_drainer_survives_a_transient_outbox_error_and_drains(clock: FakeClock) -> None:
+@pytest.mark.parametrize(
+    "error",
+    [
+        OutboxUnavailableError("outbox could not be used just now (injected)"),
+        OutboxFullError("outbox x: the disk is full (injected)"),
+    ],
+    ids=["unavailable", "disk-full"],
+)
+async def test_the_drainer_survives_a_transient_outbox_error_and_drains(
+    clock: FakeClock, error: Exception, caplog: pytest.LogCaptureFixture
+) -> None:
     primary, secondary = regions()
-    outbox = FlakyOutbox(failures=0)
+    outbox = FlakyOutbox(failures=0, error=error)
     drain = DrainPolicy(initial_backoff=1, max_backoff=2)
     sender = geo(primary, secondary, outbox=outbox, clock=clock, drain=drain)
     down(primary, secondary)
@@ -269,6 +280,11 @@ async def test_the_drainer_survives_a_transient_outbox_error_and_drains(clock: F
         assert len(primary.accepted) == 5
         assert second._drainer is not None and second._drainer.errors == 3
     assert _counter(reader, "georep.outbox.drainer_errors") == 3
+    # The store's own words, once per failure, without a traceback: they are expected.
+    said = [r for r in caplog.records if "outbox drainer" in r.getMessage()]
+    assert len(said) == 3
+    assert all(r.levelname == "WARNING" and r.exc_info is None for r in said)
+    assert all(str(error) in r.getMessage() for r in said)
 
 
 async def test_aclose_closes_everything_even_when_the_drainer_failed(clock: FakeClock) -> None:

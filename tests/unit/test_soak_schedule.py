@@ -79,11 +79,35 @@ class _Targets:
     def restart(self, name: str) -> None:
         self.calls.append((self.clock.monotonic(), name, "restart"))
 
+    def outbox_disk_full(self, full: bool) -> int:
+        self.calls.append((self.clock.monotonic(), "disk", "fill" if full else "empty"))
+        return 4096 if full else 0
+
+    def stop(self, index: int) -> tuple[str, float | None]:
+        self.calls.append((self.clock.monotonic(), f"any-{index}", "stop"))
+        return f"any-{index}", None if index == 13 else 2.5
+
     def roles(self) -> Any:
         raise RuntimeError("the store is down")
 
     def redis(self) -> Any:
         return _Namespace("redis", self.calls, self.clock)
+
+
+def _play(schedule: list[Fault], targets: _Targets, clock: FakeClock) -> Nemesis:
+    """Play ``schedule`` on the fake clock for 10 s, every blocking call made directly."""
+
+    async def direct(function: Any, *args: Any) -> Any:
+        return function(*args)
+
+    async def play() -> Nemesis:
+        nemesis = Nemesis(schedule, targets, clock=clock.monotonic, sleep=clock.sleep, call=direct)
+        run = asyncio.create_task(nemesis.run())
+        await clock.advance(10)
+        await run
+        return nemesis
+
+    return asyncio.run(play())
 
 
 def test_the_nemesis_ends_an_overlapped_fault_by_restoring_and_injecting_the_rest_again() -> None:
@@ -96,17 +120,7 @@ def test_the_nemesis_ends_an_overlapped_fault_by_restoring_and_injecting_the_res
         Fault(at=3.5, kind="failover", length=1),
     ]
 
-    async def direct(function: Any, *args: Any) -> Any:
-        return function(*args)
-
-    async def play() -> Nemesis:
-        nemesis = Nemesis(schedule, targets, clock=clock.monotonic, sleep=clock.sleep, call=direct)
-        run = asyncio.create_task(nemesis.run())
-        await clock.advance(10)
-        await run
-        return nemesis
-
-    nemesis = asyncio.run(play())
+    nemesis = _play(schedule, targets, clock)
     primary = [(t, name) for t, region, name in targets.calls if region == "primary"]
     # reject-sends ends at 4: restore, then the outage (still running) again; at 6 restore.
     assert primary == [
@@ -162,3 +176,33 @@ def test_a_report_directory_with_other_files_is_refused_not_emptied(tmp_path: An
     with pytest.raises(ConfigurationError, match="not empty and holds no earlier soak report"):
         asyncio.run(run_soak(config))
     assert (tmp_path / "notes.txt").read_text() == "mine"
+
+
+def test_a_stop_fault_logs_how_long_the_process_took_to_exit_and_starts_it_again() -> None:
+    clock = FakeClock()
+    targets = _Targets(clock)
+    schedule = [
+        Fault(at=1, kind="stop-worker", length=3, target=2),
+        Fault(at=2, kind="stop-worker", length=3, target=13),
+    ]
+
+    nemesis = _play(schedule, targets, clock)
+    assert [(t, name, what) for t, name, what in targets.calls] == [
+        (1, "any-2", "stop"),
+        (2, "any-13", "stop"),
+        (4, "any-2", "restart"),
+        (5, "any-13", "restart"),
+    ]
+    assert [(e["process"], e["exit_seconds"]) for e in nemesis.log] == [
+        ("any-2", 2.5),
+        ("any-13", None),
+    ]
+
+
+def test_a_full_outbox_disk_fault_fills_the_disk_and_gives_the_space_back_when_it_ends() -> None:
+    clock = FakeClock()
+    targets = _Targets(clock)
+
+    nemesis = _play([Fault(at=2, kind="full-outbox-disk", length=4)], targets, clock)
+    assert targets.calls == [(2, "disk", "fill"), (6, "disk", "empty")]
+    assert nemesis.log[0]["bytes"] == 4096

@@ -22,6 +22,9 @@ __all__ = ["Nemesis", "Targets"]
 
 _log = logging.getLogger("georep.soak.nemesis")
 
+#: Faults of a number of operations (the next 1-5 sends or settlements), not of a time.
+_COUNTED_FAULTS = ("drop-send-answers", "lose-settlements")
+
 #: The session queue whose locks ``session-lock-lost`` takes.
 SESSION_QUEUE = "soak-sessions"
 
@@ -36,13 +39,20 @@ class Targets(Protocol):
         """SIGKILL process ``index`` (modulo) of ``group`` (``sender``/``receiver``); its name."""
 
     def restart(self, name: str) -> None:
-        """Start the killed process ``name`` again."""
+        """Start the killed (or stopped) process ``name`` again."""
+
+    def stop(self, index: int) -> tuple[str, float | None]:
+        """SIGTERM process ``index`` (modulo) of every live one and wait, bounded, for it to
+        exit: its name and the seconds it took (None: it did not exit and was killed)."""
 
     def roles(self) -> Any:
         """A ``RoleCommands`` on the soak's role store."""
 
     def redis(self) -> Any:
         """The soak's Redis server (``restart``, ``pause``, ``resume``)."""
+
+    def outbox_disk_full(self, full: bool) -> int:
+        """Fill the senders' outbox disk (the bytes it took), or give its space back."""
 
 
 @dataclass
@@ -86,7 +96,7 @@ class Nemesis:
     async def _begin(self, fault: Fault, entry: dict[str, Any]) -> Callable[[], Any] | None:
         """Inject ``fault``; the coroutine function that ends it (None: nothing to end)."""
         targets, kind = self.targets, fault.kind
-        if kind in NAMESPACE_FAULTS or kind == "drop-send-answers":
+        if kind in NAMESPACE_FAULTS or kind in _COUNTED_FAULTS:
             return await self._namespace_fault(fault)
         if kind == "session-lock-lost":
             control = targets.namespace(fault.region)
@@ -100,6 +110,14 @@ class Nemesis:
                 targets.restart(name)
 
             return restart
+        if kind == "stop-worker":
+            name, seconds = await self.call(targets.stop, fault.target)
+            entry["process"], entry["exit_seconds"] = name, seconds
+
+            async def start_again() -> None:
+                targets.restart(name)
+
+            return start_again
         if kind in ("failover", "failback", "pin"):
             return await self._operator(fault, entry)
         if kind == "redis-restart":
@@ -112,6 +130,13 @@ class Nemesis:
                 targets.redis().resume()
 
             return resume
+        if kind == "full-outbox-disk":
+            entry["bytes"] = await self.call(targets.outbox_disk_full, True)
+
+            async def give_back() -> None:
+                await self.call(targets.outbox_disk_full, False)
+
+            return give_back
         raise ValueError(f"the nemesis cannot inject {kind!r}")
 
     async def _namespace_fault(self, fault: Fault) -> Callable[[], Any]:
@@ -126,7 +151,7 @@ class Nemesis:
                 control = self.targets.namespace(region)
                 await self.call(control.restore)
                 for other in self._running[region]:
-                    if other.kind != "drop-send-answers":
+                    if other.kind not in _COUNTED_FAULTS:  # spent, or still counting
                         await self.call(self._inject, other)
 
         return end
@@ -141,6 +166,8 @@ class Nemesis:
             control.reject_sends("server-busy")
         elif fault.kind == "latency":
             control.latency(fault.amount)
+        elif fault.kind == "lose-settlements":
+            control.lose_settlements(1 + fault.target % 5)
         else:  # drop-send-answers
             control.drop_dispositions(1 + fault.target % 5)
 

@@ -30,6 +30,7 @@ from typing import Any
 from georep.exceptions import ConfigurationError
 
 from .checker import EntityVerdict, check_run, read_history
+from .disk import OutboxDisk
 from .nemesis import SESSION_QUEUE, Nemesis
 from .schedule import FAULT_KINDS, Fault, check_kinds, draw_schedule
 from .worker import APP, PAIRED_OPTIONS, WorkerSpec
@@ -54,6 +55,8 @@ HUNG_SECONDS = 20.0
 #: A worker that has not exited this long after SIGTERM hangs (closing takes seconds on
 #: a busy machine: a sender closes its regions, outbox, role store and ledger).
 STOP_SECONDS = 60.0
+#: Seconds a process stopped mid-fault (``stop-worker``) has to exit.
+GRACEFUL_SECONDS = 30.0
 #: A worker that wrote no status this long after its start hangs (imports on two busy
 #: cores take a while).
 STARTUP_SECONDS = 180.0
@@ -320,6 +323,9 @@ class _Soak:
     workers: list[Worker] = field(default_factory=list)
     role_store: Any = None
     commands: Any = None
+    #: Processes a ``stop-worker`` fault's SIGTERM did not end within ``GRACEFUL_SECONDS``.
+    stuck_on_stop: list[str] = field(default_factory=list)
+    outbox_disk: OutboxDisk | None = None
 
     # Targets of the nemesis -------------------------------------------------------------
     def namespace(self, region: str) -> Any:
@@ -333,6 +339,22 @@ class _Soak:
         worker.kill()
         return worker.spec.name
 
+    def stop(self, index: int) -> tuple[str, float | None]:
+        candidates = [w for w in self.workers if w.alive]
+        if not candidates:
+            raise RuntimeError("no live process to stop")
+        worker = candidates[index % len(candidates)]
+        assert worker.process is not None
+        pid, began = worker.process.pid, time.monotonic()
+        if worker.stop(GRACEFUL_SECONDS):
+            return worker.spec.name, time.monotonic() - began
+        worker.killed_pids.append(pid)  # its stacks were dumped, then it was SIGKILLed
+        self.stuck_on_stop.append(
+            f"{worker.spec.name} (did not exit {GRACEFUL_SECONDS:g} s after SIGTERM, "
+            "during the faults)"
+        )
+        return worker.spec.name, None
+
     def restart(self, name: str) -> None:
         for worker in self.workers:
             if worker.spec.name == name and not worker.alive:
@@ -345,6 +367,14 @@ class _Soak:
         assert self.redis_server is not None
         return self.redis_server
 
+    def outbox_disk_full(self, full: bool) -> int:
+        if self.outbox_disk is None:
+            raise RuntimeError("the soak has no outbox disk of its own")
+        if full:
+            return self.outbox_disk.fill()
+        self.outbox_disk.empty()
+        return 0
+
     # Set-up ------------------------------------------------------------------------------
     async def start(self) -> None:
         from georep.adapters.emulator import Emulator
@@ -353,6 +383,10 @@ class _Soak:
 
         for sub in ("history", "status", "stacks", "logs", "outbox", "ledger", "check"):
             (self.run_dir / sub).mkdir(parents=True, exist_ok=True)
+        if "full-outbox-disk" in check_kinds(list(self.config.kinds)):
+            self.outbox_disk = OutboxDisk(self.run_dir / "outbox")
+            if not self.outbox_disk.mount():
+                _log.warning("full-outbox-disk cannot be injected: %s", self.outbox_disk.why_not)
         self.redis_server = RedisServer(self.run_dir / "redis")
         await asyncio.to_thread(self.redis_server.start)
         self.emulator = Emulator(namespaces=("primary", "secondary"))
@@ -594,6 +628,9 @@ async def run_soak(
             await asyncio.to_thread(soak.emulator.stop)
         if soak.redis_server is not None:
             soak.redis_server.stop()
+        if soak.outbox_disk is not None:
+            soak.outbox_disk.unmount()
+    hung = soak.stuck_on_stop + hung
     progress(f"checking the ledger ({config.engine})")
     history = read_history(run_dir / "history")
     killed = [pid for worker in soak.workers for pid in worker.killed_pids]
@@ -634,6 +671,7 @@ def _clear(run_dir: Path) -> None:
                 f"--report {run_dir} is not empty and holds no earlier soak report: "
                 "give a new or empty directory"
             )
+        OutboxDisk.release_stale(run_dir / "outbox")
         shutil.rmtree(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
 

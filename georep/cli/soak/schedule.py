@@ -33,13 +33,16 @@ FAULT_KINDS: Final[dict[str, str]] = {
     "reject-sends": "a region rejects every send (server-busy)",
     "latency": "a region answers everything 0.3-1.5 s late",
     "drop-send-answers": "a region stores the next sends but never answers them",
+    "lose-settlements": "a region loses the next receivers' settlements (never applied)",
     "session-lock-lost": "every session lock on the session queue is lost, in one region",
     "kill-sender": "SIGKILL of a sender process; the soak restarts it",
     "kill-receiver": "SIGKILL of a receiver process (or the syphon); the soak restarts it",
+    "stop-worker": "SIGTERM of any process mid-fault: it must exit within 30 s; restarted",
     "failover": "operator: `georep failover --to secondary` for the passive senders' entities",
     "failback": "operator: failover to secondary, then `georep failback` mid-fault",
     "pin": "operator: `georep pin` to a region for a while, then unpin",
     "redis-restart": "the Redis server (seen-set and roles, with AOF) is killed and restarted",
+    "full-outbox-disk": "the senders' outbox disk is full (a ballast takes its free space)",
     "redis-unreachable": "the Redis server stops answering for a while (SIGSTOP, then SIGCONT)",
 }
 
