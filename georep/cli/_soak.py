@@ -113,9 +113,10 @@ def soak(
     raise typer.Exit(0 if result.passed else 1)
 
 
-def _hang_evidence(hung: list[str], report: Path, *, lines: int = 80) -> list[str]:
+def _hang_evidence(hung: list[str], report: Path, *, lines: int = 60) -> list[str]:
     """What a hung process was doing, for a terminal (or a CI log) that shows only the end:
-    each hung process and the last lines of its newest stack dump."""
+    each hung process and its newest stack dump (from the asyncio tasks the worker wrote
+    when it had not exited 20 s after SIGTERM, if it did; else the end of the file)."""
     evidence: list[str] = []
     for entry in hung:
         evidence.append(f"hung: {entry}")
@@ -124,5 +125,7 @@ def _hang_evidence(hung: list[str], report: Path, *, lines: int = 80) -> list[st
             (report / "stacks").glob(f"{name}.*.txt"), key=lambda path: path.stat().st_mtime
         )
         text = dumps[-1].read_text(errors="replace").splitlines() if dumps else []
-        evidence.extend(f"  {line}" for line in text[-lines:])
+        marks = [i for i, line in enumerate(text) if line.startswith("--- still running")]
+        shown = text[marks[-1] :][:lines] if marks else text[-lines:]
+        evidence.extend(f"  {line}" for line in shown)
     return evidence

@@ -50,6 +50,11 @@ PAIRED_OPTIONS: dict[str, Any] = {
 APP = "soak"
 
 
+#: Seconds after SIGTERM at which a worker that has not exited writes its threads' and
+#: tasks' stacks (well before the runner gives up on it).
+EXIT_WATCH_SECONDS = 20.0
+
+
 @dataclass
 class WorkerSpec:
     """What one worker process does.
@@ -100,6 +105,8 @@ class _Worker:
         self.run_dir = Path(spec.run_dir)
         tag = f"{spec.name}.{spec.incarnation}"
         self.stop = threading.Event()
+        #: The event loops the worker's code runs on (the exit watch lists their tasks).
+        self.loops: list[asyncio.AbstractEventLoop] = []
         self.status: dict[str, Any] = {"name": spec.name, "pid": os.getpid(), "errors": 0}
         self._history = os.open(
             self.run_dir / "history" / f"{tag}.jsonl", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600
@@ -111,8 +118,32 @@ class _Worker:
         signal.signal(signal.SIGINT, self._stopping)
 
     def _stopping(self, *_: object) -> None:
-        self.status.setdefault("stopping", time.time())
+        if "stopping" not in self.status:
+            self.status["stopping"] = time.time()
+            threading.Thread(target=self._watch_exit, name="soak-exit-watch", daemon=True).start()
         self.stop.set()
+
+    def _watch_exit(self, after: float = EXIT_WATCH_SECONDS) -> None:
+        """Still here ``after`` seconds after SIGTERM: write what every thread and every
+        asyncio task is doing (a thread's stack alone shows an event loop in ``select``,
+        not the task that keeps it from ending)."""
+        time.sleep(after)
+        out = _STACK_FILES[-1]
+        out.write(f"--- still running {after:g} s after SIGTERM\n")
+        from georep._sync_runtime import RUNTIME
+
+        sync_loop = RUNTIME._loop  # georep.sync's loop thread, in a sync worker
+        for loop in [*self.loops, *([sync_loop] if sync_loop is not None else [])]:
+            try:
+                tasks = list(asyncio.all_tasks(loop))
+            except RuntimeError:  # the set changed while it was read: once more
+                tasks = list(asyncio.all_tasks(loop))
+            out.write(f"--- {len(tasks)} asyncio task(s) left on {loop!r}\n")
+            for task in tasks:
+                with contextlib.suppress(Exception):
+                    task.print_stack(limit=12, file=out)
+        out.flush()
+        faulthandler.dump_traceback(file=out, all_threads=True)
 
     def record(self, event: str, **values: Any) -> None:
         line = json.dumps({"ev": event, "t": time.time(), "pid": os.getpid(), **values})
@@ -190,6 +221,8 @@ _STACK_FILES: list[Any] = []
 
 async def _send_async(worker: _Worker) -> None:
     from georep import FailoverPolicy, GeoSender, PairedNamespaceOptions, PairedSender
+
+    worker.loops.append(asyncio.get_running_loop())
 
     spec = worker.spec
     names = _entity_names(spec)
@@ -331,6 +364,8 @@ def _handled(worker: _Worker, message: Any) -> None:
 async def _receive_async(worker: _Worker) -> None:
     from georep import GeoReceiver
 
+    worker.loops.append(asyncio.get_running_loop())
+
     options = _receiver_options(worker)
     ledger, seen = options["ledger"], options["seen"]
     receiver = GeoReceiver.from_connection_strings(
@@ -402,6 +437,8 @@ def _receiver_stats(receiver: Any) -> dict[str, Any]:
 
 async def _syphon(worker: _Worker) -> None:
     from georep import PairedNamespaceOptions, Syphon
+
+    worker.loops.append(asyncio.get_running_loop())
 
     spec = worker.spec
     syphon = Syphon.from_connection_strings(

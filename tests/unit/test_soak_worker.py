@@ -1,0 +1,63 @@
+"""The soak worker's exit watch: a worker still running after SIGTERM writes what each
+thread and each asyncio task is doing (a thread's stack shows only ``select``)."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+from pathlib import Path
+
+from georep.cli.soak.worker import WorkerSpec, _Worker
+
+
+def test_a_worker_slow_to_exit_writes_the_stack_of_the_task_that_holds_it(tmp_path: Path) -> None:
+    for sub in ("history", "stacks", "status"):
+        (tmp_path / sub).mkdir()
+    spec = WorkerSpec(
+        name="receive-q-0", role="receiver", entity="q", run_dir=str(tmp_path),
+        primary="", secondary="", redis_url="",
+    )  # fmt: skip
+    previous = signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT)
+    try:
+        worker = _Worker(spec)
+
+        async def stuck_closing() -> None:
+            await asyncio.Event().wait()
+
+        async def scenario() -> None:
+            worker.loops.append(asyncio.get_running_loop())
+            task = asyncio.create_task(stuck_closing(), name="stuck")
+            await asyncio.sleep(0)
+            # From another thread, as the watch runs; the loop waits meanwhile.
+            await asyncio.to_thread(worker._watch_exit, 0)
+            task.cancel()
+
+        asyncio.run(scenario())
+    finally:
+        signal.signal(signal.SIGTERM, previous[0])
+        signal.signal(signal.SIGINT, previous[1])
+    dump = (tmp_path / "stacks" / "receive-q-0.0.txt").read_text()
+    assert "still running 0 s after SIGTERM" in dump
+    assert "asyncio task(s) left" in dump
+    assert "in stuck_closing" in dump  # the task's own frame, not just the loop's select
+    assert "Current thread" in dump or "Thread 0x" in dump  # every thread's stack too
+
+
+def test_the_soak_prints_a_hung_process_with_its_tasks_from_the_exit_watch(tmp_path: Path) -> None:
+    from georep.cli._soak import _hang_evidence
+
+    (tmp_path / "stacks").mkdir()
+    (tmp_path / "stacks" / "send-paired.0.txt").write_text(
+        "an earlier dump\n--- still running 20 s after SIGTERM\n"
+        "--- 1 asyncio task(s) left on <loop>\n  File 'x.py', line 3, in stuck_closing\n"
+    )
+    lines = _hang_evidence(
+        ["send-paired (did not exit 60 s after SIGTERM)", "syphon (exited 1)"], tmp_path
+    )
+    assert lines == [
+        "hung: send-paired (did not exit 60 s after SIGTERM)",
+        "  --- still running 20 s after SIGTERM",
+        "  --- 1 asyncio task(s) left on <loop>",
+        "    File 'x.py', line 3, in stuck_closing",
+        "hung: syphon (exited 1)",
+    ]
