@@ -104,6 +104,9 @@ def test_every_change_lands_in_both_and_gets_say_where_they_differ(emu: Emulator
             raw.create_queue(f"{queue}-only")
         listed = {q.name: q for q in admin.list_queues()}
         assert set(listed[queue].georep_regions) == set(REGIONS)
+        # As SDK code reads the SDK's ItemPaged: by pages too.
+        paged = [q.name for page in admin.list_queues().by_page() for q in page]
+        assert sorted(paged) == sorted(listed)
         assert set(listed[f"{queue}-only"].georep_regions) == {"secondary"}
         admin.create_queue(f"{queue}-only")  # there already in the secondary: made in the primary
         assert f"{queue}-only" in entities(emu, "primary")

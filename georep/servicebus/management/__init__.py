@@ -8,6 +8,6 @@ from __future__ import annotations
 from georep.servicebus._models import *  # noqa: F403 - the SDK's models, re-exported
 from georep.servicebus._models import __all__ as _models
 
-from ._client import ServiceBusAdministrationClient
+from ._client import Paged, ServiceBusAdministrationClient
 
-__all__ = [*_models, "ServiceBusAdministrationClient"]
+__all__ = [*_models, "Paged", "ServiceBusAdministrationClient"]

@@ -4,7 +4,8 @@ As ``azure.servicebus.management.ServiceBusAdministrationClient``: every create,
 and delete is applied to both namespaces (the paired-namespace guidance: every entity in
 both, with the same settings); gets and lists answer with the primary's properties,
 annotated with ``georep_regions`` and ``georep_differences`` (see
-:mod:`georep.servicebus._admin`). Lists are returned as lists, not pages.
+:mod:`georep.servicebus._admin`). A list is read whole and returned as a :class:`Paged`:
+a list that also pages, as the SDK's ``ItemPaged`` does (``by_page()``: one page).
 
 There is no second implementation: every call drives the async client
 (:mod:`georep.servicebus.aio.management`) on georep's event-loop thread
@@ -15,7 +16,7 @@ messaging client), and the async client calls the sync SDK clients on worker thr
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Callable, Coroutine, Mapping
+from collections.abc import AsyncIterator, Callable, Coroutine, Iterator, Mapping
 from functools import partial
 from typing import Any, TypeVar, cast
 
@@ -28,7 +29,7 @@ from georep.servicebus._admin import TwoNamespaces
 from georep.servicebus.aio.management import ServiceBusAdministrationClient as _AsyncAdmin
 from georep.servicebus.aio.management._client import Listing
 
-__all__ = ["ServiceBusAdministrationClient"]
+__all__ = ["Paged", "ServiceBusAdministrationClient"]
 
 _T = TypeVar("_T")
 
@@ -52,9 +53,19 @@ async def _listed(call: Callable[..., Any], *args: Any, **kwargs: Any) -> AsyncI
         yield item
 
 
-async def _whole(listing: Listing[_T]) -> list[_T]:
+class Paged(list[_T]):
+    """What a ``list_*`` method returns: the items, read whole. Iterated, indexed and
+    counted as a list; paged as the SDK's ``ItemPaged``: ``by_page()`` yields one page
+    holding every item."""
+
+    def by_page(self, continuation_token: str | None = None) -> Iterator[Iterator[_T]]:
+        """The items as pages, as ``ItemPaged.by_page``: one page (the whole list)."""
+        return iter([iter(self)])
+
+
+async def _whole(listing: Listing[_T]) -> Paged[_T]:
     """A listing of the async client, read whole (on georep's loop)."""
-    return await listing
+    return Paged(await listing)
 
 
 class ServiceBusAdministrationClient(TwoNamespaces, ClosedOnExit):
@@ -110,11 +121,11 @@ class ServiceBusAdministrationClient(TwoNamespaces, ClosedOnExit):
         """Delete the queue in both namespaces."""
         self._call(self._core.delete_queue(queue_name, **kwargs))
 
-    def list_queues(self, **kwargs: Any) -> list[sdk.QueueProperties]:
+    def list_queues(self, **kwargs: Any) -> Paged[sdk.QueueProperties]:
         """Every queue of either namespace, each annotated with the regions that have it."""
         return self._call(_whole(self._core.list_queues(**kwargs)))
 
-    def list_queues_runtime_properties(self, **kwargs: Any) -> list[sdk.QueueRuntimeProperties]:
+    def list_queues_runtime_properties(self, **kwargs: Any) -> Paged[sdk.QueueRuntimeProperties]:
         """Every queue's runtime properties, each annotated with both regions'."""
         return self._call(_whole(self._core.list_queues_runtime_properties(**kwargs)))
 
@@ -140,11 +151,11 @@ class ServiceBusAdministrationClient(TwoNamespaces, ClosedOnExit):
         """Delete the topic in both namespaces."""
         self._call(self._core.delete_topic(topic_name, **kwargs))
 
-    def list_topics(self, **kwargs: Any) -> list[sdk.TopicProperties]:
+    def list_topics(self, **kwargs: Any) -> Paged[sdk.TopicProperties]:
         """Every topic of either namespace, each annotated with the regions that have it."""
         return self._call(_whole(self._core.list_topics(**kwargs)))
 
-    def list_topics_runtime_properties(self, **kwargs: Any) -> list[sdk.TopicRuntimeProperties]:
+    def list_topics_runtime_properties(self, **kwargs: Any) -> Paged[sdk.TopicRuntimeProperties]:
         """Every topic's runtime properties, each annotated with both regions'."""
         return self._call(_whole(self._core.list_topics_runtime_properties(**kwargs)))
 
@@ -183,13 +194,13 @@ class ServiceBusAdministrationClient(TwoNamespaces, ClosedOnExit):
 
     def list_subscriptions(
         self, topic_name: str, **kwargs: Any
-    ) -> list[sdk.SubscriptionProperties]:
+    ) -> Paged[sdk.SubscriptionProperties]:
         """Every subscription of either namespace, each annotated with the regions that have it."""
         return self._call(_whole(self._core.list_subscriptions(topic_name, **kwargs)))
 
     def list_subscriptions_runtime_properties(
         self, topic_name: str, **kwargs: Any
-    ) -> list[sdk.SubscriptionRuntimeProperties]:
+    ) -> Paged[sdk.SubscriptionRuntimeProperties]:
         """Every subscription's runtime properties, each annotated with both regions'."""
         return self._call(
             _whole(self._core.list_subscriptions_runtime_properties(topic_name, **kwargs))
@@ -227,7 +238,7 @@ class ServiceBusAdministrationClient(TwoNamespaces, ClosedOnExit):
 
     def list_rules(
         self, topic_name: str, subscription_name: str, **kwargs: Any
-    ) -> list[sdk.RuleProperties]:
+    ) -> Paged[sdk.RuleProperties]:
         """Every rule of the subscription in either namespace, annotated."""
         return self._call(_whole(self._core.list_rules(topic_name, subscription_name, **kwargs)))
 
