@@ -55,8 +55,9 @@ HUNG_SECONDS = 20.0
 #: A worker that has not exited this long after SIGTERM hangs (closing takes seconds on
 #: a busy machine: a sender closes its regions, outbox, role store and ledger).
 STOP_SECONDS = 60.0
-#: Seconds a process stopped mid-fault (``stop-worker``) has to exit.
-GRACEFUL_SECONDS = 30.0
+#: Seconds a process stopped mid-fault (``stop-worker``) has to exit: the final stop's
+#: bound (a receiver may wait a lease for its handlers, then close its regions).
+GRACEFUL_SECONDS = STOP_SECONDS
 #: A worker that wrote no status this long after its start hangs (imports on two busy
 #: cores take a while).
 STARTUP_SECONDS = 180.0

@@ -37,7 +37,7 @@ FAULT_KINDS: Final[dict[str, str]] = {
     "session-lock-lost": "every session lock on the session queue is lost, in one region",
     "kill-sender": "SIGKILL of a sender process; the soak restarts it",
     "kill-receiver": "SIGKILL of a receiver process (or the syphon); the soak restarts it",
-    "stop-worker": "SIGTERM of any process mid-fault: it must exit within 30 s; restarted",
+    "stop-worker": "SIGTERM of any process mid-fault: it must exit within 60 s; restarted",
     "failover": "operator: `georep failover --to secondary` for the passive senders' entities",
     "failback": "operator: failover to secondary, then `georep failback` mid-fault",
     "pin": "operator: `georep pin` to a region for a while, then unpin",
