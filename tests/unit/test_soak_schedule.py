@@ -206,3 +206,28 @@ def test_a_full_outbox_disk_fault_fills_the_disk_and_gives_the_space_back_when_i
     nemesis = _play([Fault(at=2, kind="full-outbox-disk", length=4)], targets, clock)
     assert targets.calls == [(2, "disk", "fill"), (6, "disk", "empty")]
     assert nemesis.log[0]["bytes"] == 4096
+
+
+def test_overlapping_disk_faults_give_the_disk_back_when_the_last_one_ends(tmp_path: Any) -> None:
+    from georep.cli.soak.runner import SoakConfig, _Soak
+
+    class Disk:
+        def __init__(self) -> None:
+            self.calls: list[str] = []
+
+        def fill(self) -> int:
+            self.calls.append("fill")
+            return 1 if self.calls.count("fill") == 1 else 0  # the second finds it full
+
+        def empty(self) -> None:
+            self.calls.append("empty")
+
+    soak = _Soak(SoakConfig(seconds=10, seed=1, report_dir=tmp_path), tmp_path)
+    disk = Disk()
+    soak.outbox_disk = disk  # type: ignore[assignment]
+    assert soak.outbox_disk_full(True) == 1
+    assert soak.outbox_disk_full(True) == 0
+    soak.outbox_disk_full(False)
+    assert disk.calls == ["fill", "fill"]  # the other fault still runs: still full
+    soak.outbox_disk_full(False)
+    assert disk.calls == ["fill", "fill", "empty"]

@@ -327,6 +327,7 @@ class _Soak:
     #: Processes a ``stop-worker`` fault's SIGTERM did not end within ``GRACEFUL_SECONDS``.
     stuck_on_stop: list[str] = field(default_factory=list)
     outbox_disk: OutboxDisk | None = None
+    disk_faults: int = 0
 
     # Targets of the nemesis -------------------------------------------------------------
     def namespace(self, region: str) -> Any:
@@ -369,11 +370,15 @@ class _Soak:
         return self.redis_server
 
     def outbox_disk_full(self, full: bool) -> int:
+        # Overlapping faults share the disk: it is given back when the last of them ends.
         if self.outbox_disk is None:
             raise RuntimeError("the soak has no outbox disk of its own")
         if full:
+            self.disk_faults += 1
             return self.outbox_disk.fill()
-        self.outbox_disk.empty()
+        self.disk_faults -= 1
+        if self.disk_faults == 0:
+            self.outbox_disk.empty()
         return 0
 
     # Set-up ------------------------------------------------------------------------------
