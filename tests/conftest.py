@@ -18,7 +18,12 @@ time an outage. So:
   a worker that would get one while that many run gets the next light unit instead. Ten
   heavy units at once (the first wave, before) made the machine run each of them three to
   five times slower than alone, and timed waits inside them (a lock renewed, a session's
-  predecessor awaited, a doc's 240 s) ran out.
+  predecessor awaited, a doc's 240 s) ran out;
+- a worker that runs anything but a lane runs it at a lower priority (:data:`BESIDE_LANES`,
+  a nice value): a lane's processes get the CPU first. Spark gives the Python process it
+  starts for a data source's planning ten seconds (hard-coded) to connect back; on a
+  fresh clone of the suite, two slow cores and ten workers starting at once, it took
+  longer, and three Spark source tests failed on "Python worker failed to connect back".
 
 With ``pytest -n N --dist-units --no-loadscope-reorder`` (what scripts/test.sh runs) the
 scheduler below (xdist's module scheduler, told what a unit is) hands units out in
@@ -100,6 +105,22 @@ EARLY = (
     "test_emulator_messaging.py::test_defer_then_receive_deferred_and_complete",
     "test_docs.py::test_the_python_in_each_doc_runs[README.md]",
 )
+
+
+#: The nice value a worker takes for the tests of any unit but a Spark lane (once taken,
+#: kept: a process cannot lower its own nice value again without privilege).
+BESIDE_LANES = 3
+
+_niced = False
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    """Under xdist: run every unit but a Spark lane at :data:`BESIDE_LANES`."""
+    global _niced
+    if _niced or "PYTEST_XDIST_WORKER" not in os.environ or unit_of(item.nodeid) in LANES:
+        return
+    _niced = True
+    os.nice(BESIDE_LANES)
 
 
 #: Units marked ``heavy`` out at once, besides the Spark lanes (GEOREP_TEST_HEAVY).

@@ -439,18 +439,24 @@ async def _run_syphon(worker: Any, *, report_every: float, long_poll: float) -> 
     stop = asyncio.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
-    task = asyncio.create_task(worker.run())
-    while not stop.is_set() and not task.done():
-        with contextlib.suppress(TimeoutError):
-            await wait_within(stop.wait(), report_every)
+
+    def report() -> None:
         stats = worker.stats
         console.print(
             f"moved {stats.moved}  dead-lettered {stats.dead_lettered}  "
             f"retries {stats.retries}  receive calls {stats.receive_calls}  "
             f"billed operations {stats.billed_operations + stats.receive_calls}"
         )
+
+    task = asyncio.create_task(worker.run())
+    while not stop.is_set() and not task.done():
+        with contextlib.suppress(TimeoutError):
+            await wait_within(stop.wait(), report_every)
+        if not stop.is_set():
+            report()
     await worker.aclose()
     await finish_task(task, timeout=long_poll + 30)
+    report()  # the final figures: a move in flight at the signal has finished by now
     console.print("syphon stopped")
 
 

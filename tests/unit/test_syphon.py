@@ -7,6 +7,8 @@ import contextlib
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
+import pytest
+
 from georep import ErrorKind, PairedNamespaceOptions, Syphon
 from georep.exceptions import InvalidMessageError, MessageExpiredError
 from georep.testing import (
@@ -206,3 +208,42 @@ async def test_aclose_stops_the_partner_closer_timer() -> None:
     await settle()  # no time passes: the timer (5 s) is stopped, not waited for
     assert task.done() and task.exception() is None
     assert other_tasks() == []
+
+
+def test_the_syphon_command_reports_a_move_that_finished_after_the_signal(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """`georep syphon` printed its figures before it closed the syphon: a move in flight at
+    SIGTERM finished afterwards, and the last figures said 'moved 0'."""
+    import os
+    import signal
+    from types import SimpleNamespace
+
+    from georep.cli._app import _run_syphon
+
+    class InFlight:
+        def __init__(self) -> None:
+            self.stats = SimpleNamespace(
+                moved=0, dead_lettered=0, retries=0, receive_calls=1, billed_operations=0
+            )
+            self.closing = asyncio.Event()
+
+        async def run(self) -> None:
+            await self.closing.wait()
+            self.stats.moved = 1  # the move in flight completes its backlog copy
+
+        async def aclose(self) -> None:
+            self.closing.set()
+
+    async def scenario() -> None:
+        running = asyncio.create_task(_run_syphon(InFlight(), report_every=3600, long_poll=1))
+        await asyncio.sleep(0)  # its signal handlers are in place
+        os.kill(os.getpid(), signal.SIGTERM)
+        await running
+
+    asyncio.run(scenario())
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[-2:] == [
+        "moved 1  dead-lettered 0  retries 0  receive calls 1  billed operations 1",
+        "syphon stopped",
+    ]
