@@ -45,14 +45,16 @@ class Faults:
         return SEND_REJECT_CONDITIONS[self.reject_sends]
 
     def take_dropped_disposition(self) -> bool:
-        if self.dropped_dispositions > 0:
-            self.dropped_dispositions -= 1
-            return True
-        return False
+        return self._spend("dropped_dispositions")
 
     def take_lost_settlement(self) -> bool:
-        if self.lost_settlements > 0:
-            self.lost_settlements -= 1
+        return self._spend("lost_settlements")
+
+    def _spend(self, counter: str) -> bool:
+        """Count one off a counted fault; False when none is left."""
+        left: int = getattr(self, counter)
+        if left > 0:
+            setattr(self, counter, left - 1)
             return True
         return False
 

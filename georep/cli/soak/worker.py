@@ -134,10 +134,7 @@ class _Worker:
 
         sync_loop = RUNTIME._loop  # georep.sync's loop thread, in a sync worker
         for loop in [*self.loops, *([sync_loop] if sync_loop is not None else [])]:
-            try:
-                tasks = list(asyncio.all_tasks(loop))
-            except RuntimeError:  # the set changed while it was read: once more
-                tasks = list(asyncio.all_tasks(loop))
+            tasks = list(asyncio.all_tasks(loop))  # it retries a set changed mid-read
             out.write(f"--- {len(tasks)} asyncio task(s) left on {loop!r}\n")
             for task in tasks:
                 with contextlib.suppress(Exception):
