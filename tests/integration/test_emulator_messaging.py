@@ -170,15 +170,17 @@ async def test_schedule_and_cancel(
     client: ServiceBusClient, queue: str, georep_emulator: Emulator
 ) -> None:
     async with client.get_queue_sender(queue) as sender:
-        [kept] = await sender.schedule_messages(ServiceBusMessage("later"), _utc_in(3))
-        [cancelled] = await sender.schedule_messages(ServiceBusMessage("never"), _utc_in(3))
+        # Due in 10 s: the check below that nothing is due yet must come before it, and on
+        # a loaded machine a 3 s margin ran out first (the message was already due).
+        [kept] = await sender.schedule_messages(ServiceBusMessage("later"), _utc_in(10))
+        [cancelled] = await sender.schedule_messages(ServiceBusMessage("never"), _utc_in(10))
         assert kept != cancelled
         await sender.cancel_scheduled_messages(cancelled)
     counts = georep_emulator.namespace("primary").entities()[queue]
     assert counts["scheduled_message_count"] == 1
     async with client.get_queue_receiver(queue) as receiver:
         assert await receiver.receive_messages(max_wait_time=0.5) == []
-        got = await receiver.receive_messages(max_message_count=5, max_wait_time=5)
+        got = await receiver.receive_messages(max_message_count=5, max_wait_time=20)
         assert [str(m) for m in got] == ["later"]
         assert got[0].sequence_number == kept
         await receiver.complete_message(got[0])
