@@ -645,9 +645,24 @@ class RedisSeenSet(_SeenSetBase):
         # the calls that got it. On a cluster the pipeline sends each node its calls, all
         # nodes at once.
         for attempt in range(2):
-            pipe = self._redis.pipeline(transaction=False)
             bucket = self._wall_clock_ms() // self._window_ms
             check_layout = attempt == 0 and bucket != self._layout_bucket
+            if len(pending) == 1 and not check_layout and not self._cluster:
+                # One call (a single key's commit, the usual batch on one Redis): sent as
+                # it is, without a pipeline's objects (a third of the call's client CPU).
+                self.round_trips += 1
+                try:
+                    results[pending[0]] = await self._redis.execute_command(
+                        "EVALSHA", *calls[pending[0]]
+                    )
+                    break
+                except NoScriptError:
+                    if attempt:
+                        raise
+                self.round_trips += 1
+                await self._redis.script_load(_SCRIPT)
+                continue
+            pipe = self._redis.pipeline(transaction=False)
             if check_layout:  # SET NX, then GET: SET's NX and GET go together on 7.0+ only
                 pipe.set(*self._layout, nx=True, px=3 * self._window_ms)
                 pipe.get(self._layout[0])

@@ -17,7 +17,7 @@ from georep._telemetry import ReceiverMetrics
 from georep.ports import ClaimState, Clock, Ledger, SeenStore
 from georep.receive.outcomes import Decisions
 
-__all__ = ["ReceiveContext", "ReceiverStats", "RecentOutcomes"]
+__all__ = ["HeldHere", "ReceiveContext", "ReceiverStats", "RecentOutcomes"]
 
 
 @dataclass(slots=True)
@@ -111,6 +111,60 @@ class RecentOutcomes:
         return bool(self._entries)
 
 
+class HeldHere:
+    """The keys one of this GeoReceiver's loops holds a claim on now, and which loop.
+
+    A message's two copies reach the receiver's two region loops moments apart: the loop
+    that claims second finds the key in flight and parks its copy until the first one's
+    outcome is recorded. Asking the seen-set again and again for an outcome that this
+    process will record itself cost three claims of a key per copy (a pull receiver
+    completing one message at a time); a loop asks here first, and a copy whose key a
+    sibling loop holds waits for the sibling to let it go (:meth:`released`), then takes
+    the outcome from :class:`RecentOutcomes` or, failing that, from a claim.
+    """
+
+    def __init__(self) -> None:
+        # key -> (the loop holding it, futures of copies waiting for it to let go)
+        self._holders: dict[str, tuple[str, list[asyncio.Future[None]]]] = {}
+
+    def hold(self, keys: Sequence[str], owner: str) -> None:
+        """``owner`` (a loop) claimed ``keys`` (seen-set keys) and processes them now."""
+        for key in keys:
+            entry = self._holders.get(key)
+            if entry is None or entry[0] != owner:
+                self._holders[key] = (owner, [])
+
+    def release(self, keys: Sequence[str], owner: str) -> None:
+        """``owner`` let go of ``keys`` (recorded an outcome, released, or gave up): the
+        copies waiting for them go on. Keys another loop holds are left alone."""
+        for key in keys:
+            entry = self._holders.get(key)
+            if entry is not None and entry[0] == owner:
+                del self._holders[key]
+                for waiter in entry[1]:
+                    if not waiter.done():
+                        waiter.set_result(None)
+
+    def elsewhere(self, key: str, owner: str) -> bool:
+        """Whether a loop of this receiver other than ``owner`` holds ``key``."""
+        entry = self._holders.get(key)
+        return entry is not None and entry[0] != owner
+
+    def wake(self, keys: Sequence[str], waiter: asyncio.Future[None]) -> None:
+        """Resolve ``waiter`` once the first of ``keys`` is let go (at once if one is not
+        held any more)."""
+        for key in keys:
+            entry = self._holders.get(key)
+            if entry is None:
+                if not waiter.done():
+                    waiter.set_result(None)
+                return
+            entry[1].append(waiter)
+
+    def __bool__(self) -> bool:
+        return bool(self._holders)
+
+
 @dataclass(frozen=True, slots=True)
 class ReceiveContext:
     """One GeoReceiver's state, as its loops and settlers share it.
@@ -127,6 +181,7 @@ class ReceiveContext:
         tracer: The receiver's tracer.
         tracing: Whether spans are recorded now.
         recent: The outcomes this receiver committed lately (twins settled without a claim).
+        held_here: The keys this receiver's loops hold now (twins wait without a claim).
     """
 
     entity: str
@@ -140,3 +195,4 @@ class ReceiveContext:
     tracer: trace.Tracer
     tracing: Callable[[], bool]
     recent: RecentOutcomes
+    held_here: HeldHere = field(default_factory=HeldHere)

@@ -26,7 +26,6 @@ import dataclasses
 import logging
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
-from functools import partial
 from typing import TYPE_CHECKING, Any, Final, Literal, TypeVar
 
 from opentelemetry.trace import Status, StatusCode
@@ -151,6 +150,7 @@ class RegionLoop:
         self._settlements = settlements
         self._seen = context.seen
         self._recent = context.recent
+        self._held_here = context.held_here
         self._decisions = context.decisions
         self._stats = context.stats
         self._metrics = context.metrics
@@ -319,26 +319,65 @@ class RegionLoop:
             checked, known = self._known_outcomes(checked)
             settling = {id(copy) for copy, _, _ in known}
             copies = [c for c in copies if id(c) not in settling]
+        # Keys a sibling loop of this receiver holds: their outcome is recorded here, so the
+        # copy waits for it (parked) instead of asking the seen-set again each turn.
+        waiting: list[Copy] = []
+        if self._held_here:
+            checked, waiting = self._held_by_siblings(checked)
         states = await self._claim(checked, held)
         turn = sort_by_claim(copies, checked, repeats, states)
         turn.twins += known
-        parked, unchecked = turn.parked, turn.unchecked
-        self._stats.unchecked += len(unchecked)
-        if on_claimed is not None:
-            on_claimed(turn.to_process + unchecked)
-        for copy, state, reason in turn.twins:  # the duplicates: settled, never processed
-            await self._settlements.settle_twin(copy, state, reason)
-        await self._process(handler, turn.to_process, unchecked, held=held)
+        turn.parked += waiting
+        claimed = self._policy.keys(turn.to_process)
+        self._held_here.hold(claimed, self.owner)
+        try:
+            parked, unchecked = turn.parked, turn.unchecked
+            self._stats.unchecked += len(unchecked)
+            if on_claimed is not None:
+                on_claimed(turn.to_process + unchecked)
+            for copy, state, reason in turn.twins:  # the duplicates: settled, never processed
+                await self._settlements.settle_twin(copy, state, reason)
+            await self._process(handler, turn.to_process, unchecked, held=held)
+        finally:
+            # Recorded (or released) by now, or never will be by this turn: the twins
+            # waiting for these keys go on.
+            self._held_here.release(claimed, self.owner)
         for copy in parked:
             copy.parked_turns += 1
         if parked and len(parked) == len(held):
             # Nothing else to do this turn: give the other holder a moment before the
             # next claim instead of spinning on the store (receive() waits when idle, but
-            # not while copies are parked and the entity is busy).
-            await self._clock.sleep(min(0.05 * 2 ** min(parked[0].parked_turns, 5), 1.0))
+            # not while copies are parked and the entity is busy); a sibling's outcome
+            # ends the wait at once.
+            pause = min(0.05 * 2 ** min(parked[0].parked_turns, 5), 1.0)
+            await self._wait_parked(waiting, pause)
         if parked:
             await self._renew_locks(parked)
         return parked
+
+    def _held_by_siblings(self, checked: list[Copy]) -> tuple[list[Copy], list[Copy]]:
+        """The copies to claim, and those whose key a sibling loop holds (they stay
+        parked, their keys unclaimed)."""
+        prefix = self._policy.scope_prefix
+        to_claim: list[Copy] = []
+        waiting: list[Copy] = []
+        for copy in checked:
+            held = self._held_here.elsewhere(prefix + str(copy.delivery.key), self.owner)
+            (waiting if held else to_claim).append(copy)
+        return to_claim, waiting
+
+    async def _wait_parked(self, waiting: list[Copy], seconds: float) -> None:
+        """Wait ``seconds``, less once a sibling lets go of the key of one of ``waiting``."""
+        if not waiting:
+            await self._clock.sleep(seconds)
+            return
+        waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._held_here.wake(self._policy.keys(waiting), waiter)
+        try:
+            with contextlib.suppress(TimeoutError), self._clock.deadline(seconds):
+                await waiter
+        finally:
+            waiter.cancel()
 
     def _known_outcomes(
         self, checked: list[Copy]
@@ -562,7 +601,12 @@ class RegionLoop:
         """The seen-set call that records ``members``' outcome ``state`` (None: release)."""
         keys = self._policy.keys([copy for copy, _ in members])
         if state is None:
-            return partial(self._seen.release, keys, owner=self.owner)
+
+            async def release() -> None:
+                await self._seen.release(keys, owner=self.owner)
+                self._held_here.release(keys, self.owner)
+
+            return release
         reasons = (
             [d.recorded_reason for _, d in members] if state is ClaimState.DEAD_LETTERED else None
         )
@@ -570,6 +614,7 @@ class RegionLoop:
         async def commit() -> None:
             await self._seen.commit(keys, owner=self.owner, outcome=state, reasons=reasons)
             self._recent.add(keys, state, reasons)
+            self._held_here.release(keys, self.owner)
 
         return commit
 

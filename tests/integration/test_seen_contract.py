@@ -835,6 +835,13 @@ async def test_redis_store_reloads_its_script_after_a_flush(
         await store.commit(["m2"], owner=BOB)
         assert store.round_trips == before + 4
 
+        # A single call (one key, sent without a pipeline) reloads it the same way.
+        async with redis.asyncio.Redis.from_url(url) as admin:
+            await admin.script_flush()
+        assert await store.claim(["m3"], owner=BOB, lease=LONG_LEASE) == [ClaimState.CLAIMED]
+        assert store.round_trips == before + 7
+        assert await store.peek(["m2", "m3"]) == [ClaimState.DONE, ClaimState.IN_FLIGHT]
+
 
 def test_embedded_redis_url_prefers_redis_url(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("REDIS_URL", "redis://example.invalid:6380/2")

@@ -16,6 +16,18 @@ class ReceiverWorld:
         self.clock = FakeClock()
         self.seen = InMemorySeenSet(clock=self.clock)
 
+    def count_claims(self) -> list[str]:
+        """From now on, every key claimed in the seen-set is appended to the list returned."""
+        claimed: list[str] = []
+        claim = self.seen.claim
+
+        async def counting_claim(keys: Any, **terms: Any) -> Any:
+            claimed.extend(keys)
+            return await claim(keys, **terms)
+
+        self.seen.claim = counting_claim  # type: ignore[method-assign]
+        return claimed
+
     def regions(self) -> tuple[InMemoryRegionReceiver, InMemoryRegionReceiver]:
         """A primary (east) and a secondary (west) region on this world's clock."""
         return (

@@ -477,3 +477,27 @@ async def test_a_slow_application_holds_no_more_copies_than_it_asked_for(world: 
     assert await _take_one_by_one(world, pull, 6, gap=1.0) == 0
     assert pull.read_ahead == 0
     await world.close(pull)
+
+
+async def test_a_twin_waits_for_its_sibling_region_without_asking_the_seen_set_again(
+    world: World,
+) -> None:
+    # Both regions hold both copies; the application keeps the messages 3 s before it
+    # completes them. The copy each region loop lost the claim race for is this receiver's
+    # own message in flight: it waits for the sibling's outcome here instead of claiming
+    # again every parked turn (three claims of a key per copy, before), and it is settled
+    # as soon as that outcome is recorded, without a parked turn's pause.
+    claimed = world.count_claims()
+    world.both("a", "b", "c")
+    pull = world.pull()
+    got = await world.run(pull.receive(3, 5))
+    assert sorted(h.message.message_id for h in got) == ["a", "b", "c"]
+    await world.clock.advance(3)
+    for handout in got:
+        await world.run(pull.settle(handout.message, COMPLETE, "complete_message"), 0)
+    for _ in range(20):  # the twins' turns run; virtual time stands still
+        await asyncio.sleep(0)
+
+    assert world.primary.pending == world.secondary.pending == 0
+    assert all(claimed.count(pull.geo.seen_key(m)) <= 2 for m in "abc"), claimed
+    await world.close(pull)

@@ -444,3 +444,33 @@ async def test_a_crashed_lock_renewer_is_logged_and_the_loop_goes_on(
     await world.clock.advance(5)
     await asyncio.wait_for(closing, 1)
     await asyncio.wait_for(running, 1)
+
+
+async def test_a_twin_waits_for_its_sibling_region_without_asking_the_seen_set_again(
+    world: World,
+) -> None:
+    # The handler holds message "a" for 5 s. Its copy in the other region belongs to this
+    # receiver's own message in flight: it is not claimed again every parked turn (once a
+    # second, before), and is settled by the next turn once the outcome is recorded.
+    claimed = world.count_claims()
+    release = asyncio.Event()
+
+    async def slow(message: Any) -> None:
+        await release.wait()
+        world.processed[message.message_id] += 1
+
+    world.both("a")
+    geo = world.receiver()
+    task = asyncio.create_task(geo.run(slow))
+    await world.clock.advance(5)
+    assert geo.stats.parked == 1 and world.processed == Counter()
+    release.set()
+    await world.clock.advance(1)  # the loop's receive (max_wait 1 s), then its turn
+
+    assert world.processed == Counter({"a": 1})
+    assert world.primary.pending == world.secondary.pending == 0
+    assert claimed.count(geo.seen_key("a")) <= 2, claimed
+    closing = asyncio.create_task(geo.aclose())
+    await world.clock.advance(5)
+    await closing
+    await task
