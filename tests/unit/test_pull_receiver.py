@@ -501,3 +501,47 @@ async def test_a_twin_waits_for_its_sibling_region_without_asking_the_seen_set_a
     assert world.primary.pending == world.secondary.pending == 0
     assert all(claimed.count(pull.geo.seen_key(m)) <= 2 for m in "abc"), claimed
     await world.close(pull)
+
+
+async def test_two_concurrent_completions_of_one_message_settle_it_once(world: World) -> None:
+    world.both("a")
+    pull = world.pull()
+    (handout,) = await world.run(pull.receive(1, 5))
+    gate = asyncio.Event()
+    commit = world.seen.commit
+
+    async def slow_commit(keys: Any, **terms: Any) -> None:
+        await gate.wait()
+        await commit(keys, **terms)
+
+    world.seen.commit = slow_commit  # type: ignore[method-assign]
+    first = asyncio.ensure_future(pull.settle(handout.message, COMPLETE, "complete_message"))
+    await asyncio.sleep(0)  # the first is recording its decision now
+    with pytest.raises(MessageAlreadySettled, match="complete_message"):
+        await pull.settle(handout.message, COMPLETE, "complete_message")
+    gate.set()
+    await world.run(first)
+    await world.clock.advance(2)
+    await world.close(pull)
+    assert len(world.primary.completed) == len(world.secondary.completed) == 1
+
+
+async def test_a_completion_while_the_seen_set_is_down_returns_once_it_is_back(
+    world: World,
+) -> None:
+    world.both("a")
+    pull = world.pull()
+    (handout,) = await world.run(pull.receive(1, 5))
+    world.seen.unavailable = True
+    completing = asyncio.ensure_future(
+        pull.settle(handout.message, COMPLETE, "complete_message")
+    )
+    await world.clock.advance(3)
+    assert not completing.done() and world.primary.completed == []
+    world.seen.unavailable = False
+    await world.run(completing, 10)
+
+    assert await world.seen.peek([pull.geo.seen_key("a")]) == [ClaimState.DONE]
+    await world.clock.advance(2)
+    await world.close(pull)
+    assert world.primary.pending == world.secondary.pending == 0
