@@ -533,9 +533,7 @@ async def test_a_completion_while_the_seen_set_is_down_returns_once_it_is_back(
     pull = world.pull()
     (handout,) = await world.run(pull.receive(1, 5))
     world.seen.unavailable = True
-    completing = asyncio.ensure_future(
-        pull.settle(handout.message, COMPLETE, "complete_message")
-    )
+    completing = asyncio.ensure_future(pull.settle(handout.message, COMPLETE, "complete_message"))
     await world.clock.advance(3)
     assert not completing.done() and world.primary.completed == []
     world.seen.unavailable = False
