@@ -159,7 +159,10 @@ class HeldHere:
                 if not waiter.done():
                     waiter.set_result(None)
                 return
-            entry[1].append(waiter)
+            waiters = entry[1]
+            if waiters and waiters[0].done():  # those of earlier waits that timed out
+                waiters[:] = [w for w in waiters if not w.done()]
+            waiters.append(waiter)
 
     def __bool__(self) -> bool:
         return bool(self._holders)

@@ -12,7 +12,7 @@ from typing import Any
 from _receivers import ReceiverWorld
 
 from georep import ClaimState, GeoReceiver
-from georep.receive.context import RecentOutcomes
+from georep.receive.context import HeldHere, RecentOutcomes
 from georep.testing import FakeClock, FakeMessage, InMemorySeenSet
 
 
@@ -120,3 +120,26 @@ def test_only_the_most_recent_keys_are_kept() -> None:
     assert recent.get("a") is None
     assert recent.get("b") == (ClaimState.DONE, None)
     assert recent.get("c") == (ClaimState.DEAD_LETTERED, "why")
+
+
+async def test_held_here_wakes_the_waiters_of_a_key_when_its_holder_lets_it_go() -> None:
+    held = HeldHere()
+    held.hold(["k1", "k2"], "east")
+    assert held.elsewhere("k1", "west") and not held.elsewhere("k1", "east")
+    assert not held.elsewhere("k3", "west")
+
+    loop = asyncio.get_running_loop()
+    timed_out, waiting = loop.create_future(), loop.create_future()
+    held.wake(["k1"], timed_out)
+    timed_out.cancel()  # a wait that ran out: dropped at the next wait on the key
+    held.wake(["k1", "k2"], waiting)
+    held.release(["k1"], "west")  # not west's: nothing changes
+    assert not waiting.done() and held.elsewhere("k1", "west")
+
+    held.release(["k1"], "east")
+    assert waiting.done() and not held.elsewhere("k1", "west")
+    already = loop.create_future()
+    held.wake(["k1"], already)  # let go before the wait began: at once
+    assert already.done() and bool(held)
+    held.release(["k2"], "east")
+    assert not held
