@@ -185,7 +185,9 @@ async def test_next_available_session_times_out_after_max_wait_time(
             session_queue, session_id=NEXT_AVAILABLE_SESSION, max_wait_time=2
         ) as receiver:
             await receiver.receive_messages(max_wait_time=2)
-    assert 1.5 < time.monotonic() - started < 8
+    # Not at once, and not never: the upper bound is loose, for a loaded machine's
+    # connection set-up (seconds under ten parallel workers on two cores).
+    assert 1.5 < time.monotonic() - started < 30
 
 
 # -- refusals -------------------------------------------------------------------------------
@@ -214,8 +216,9 @@ async def test_a_session_receiver_on_a_plain_queue_is_refused_at_once(
     started = time.monotonic()
     with pytest.raises(ServiceBusError, match="does not require sessions"):
         async with emu_client.get_queue_receiver("plain", session_id="s") as receiver:
-            await receiver.receive_messages(max_wait_time=5)
-    assert time.monotonic() - started < 5
+            await receiver.receive_messages(max_wait_time=60)
+    # At once: well before the 60 s wait would end, whatever the machine's load.
+    assert time.monotonic() - started < 30
 
 
 async def test_a_locked_session_cannot_be_locked_by_a_second_receiver_until_released(

@@ -290,7 +290,8 @@ async def test_a_drainer_stopped_mid_drain_loses_nothing(
             await asyncio.sleep(0.1)
     if how == "graceful":
         # Handed back, not left leased: the next drainer needs no lease to run out (30 s).
-        assert time.monotonic() - started < 15
+        # (25 s, not less: a loaded two-core machine drains the rest in seconds, not 30.)
+        assert time.monotonic() - started < 25
 
     delivered = await drain_all_ids(emu, queue)
     assert set(delivered) == ids, "nothing lost"

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import random
+from collections import Counter
 from collections.abc import AsyncIterator, Coroutine
 from typing import Any, TypeVar
 
@@ -543,3 +545,70 @@ async def test_a_completion_while_the_seen_set_is_down_returns_once_it_is_back(
     await world.clock.advance(2)
     await world.close(pull)
     assert world.primary.pending == world.secondary.pending == 0
+
+
+@pytest.mark.parametrize("seed", range(24))
+async def test_random_receives_and_settlements_hand_each_message_out_until_it_is_final(
+    world: World, seed: int
+) -> None:
+    """A seeded random program: messages in both regions or in one (a failed copy), arriving
+    while it runs; receive calls of random sizes; each message completed, dead-lettered or
+    abandoned (handed out again later) at random, sometimes settled late, in random order.
+    Then it drains. Each message gets exactly one final outcome from the program, and
+    neither region keeps a copy."""
+    rng = random.Random(seed)
+    ids = [f"m{seed}-{i}" for i in range(rng.randint(1, 24))]
+    where = {i: rng.choice(["both", "both", "both", "primary", "secondary"]) for i in ids}
+    late = set(rng.sample(ids, k=len(ids) // 3))
+
+    def put(message_id: str) -> None:
+        for region, name in ((world.primary, "primary"), (world.secondary, "secondary")):
+            if where[message_id] in ("both", name):
+                region.put(FakeMessage(b"x", message_id))
+
+    for message_id in ids:
+        if message_id not in late:
+            put(message_id)
+    pull = world.pull(receiver_options={"lease": 10.0, "max_attempts": 100})
+    final: Counter[str] = Counter()
+    held: list[Any] = []
+
+    async def settle(handout: Any, ending: bool) -> None:
+        roll = rng.random()
+        message_id = handout.message.message_id
+        if roll < 0.15 and not ending:
+            await world.run(pull.settle(handout.message, ABANDON, "abandon_message"))
+        elif roll < 0.25:
+            decision = dead_letter_decision("bad", "random")
+            await world.run(pull.settle(handout.message, decision, "dead_letter_message"))
+            final[message_id] += 1
+        else:
+            await world.run(pull.settle(handout.message, COMPLETE, "complete_message"))
+            final[message_id] += 1
+
+    for _ in range(40):
+        if late and rng.random() < 0.3:
+            put(late.pop())
+        got = await world.run(pull.receive(rng.randint(1, 6), rng.choice([0.2, 1.0])), 2)
+        held += got
+        rng.shuffle(held)
+        keep = rng.randint(0, min(2, len(held)))  # some are settled on a later step
+        while len(held) > keep:
+            await settle(held.pop(), ending=False)
+        await world.clock.advance(rng.choice([0.0, 0.1, 0.5]))
+    for message_id in late:
+        put(message_id)
+    for handout in held:
+        await settle(handout, ending=True)
+    for _ in range(30):  # drain: complete whatever is still handed out
+        got = await world.run(pull.receive(10, 1.0), 2)
+        for handout in got:
+            await settle(handout, ending=True)
+        if not got and sum(final.values()) == len(ids):
+            break
+    await world.clock.advance(3)  # the last twins are swept
+    await world.close(pull)
+
+    assert final == Counter(ids), f"seed {seed}: each message one final outcome"
+    for region in (world.primary, world.secondary):
+        assert region.pending == 0, f"seed {seed}: {region.region} keeps a copy"
