@@ -3,10 +3,11 @@
 
 from __future__ import annotations
 
+import random
 from typing import Any
 
 from georep import GeoReceiver
-from georep.testing import FakeClock, InMemoryRegionReceiver, InMemorySeenSet
+from georep.testing import FakeClock, FakeMessage, InMemoryRegionReceiver, InMemorySeenSet
 
 
 class ReceiverWorld:
@@ -40,3 +41,40 @@ class ReceiverWorld:
         options.setdefault("max_wait", 1.0)
         options.setdefault("lease", 10.0)
         return GeoReceiver(primary, secondary, seen=self.seen, clock=self.clock, **options)
+
+
+class RandomMessages:
+    """A seeded random set of messages for two regions: ``ids``, where each one's copies
+    are (``where``: both regions, mostly, or one, as when a copy's send failed), and a third
+    of them that arrive ``late`` (put while the test runs).
+
+    Args:
+        rng: The test's seeded random source.
+        prefix: Each id's prefix (the seed, say).
+        most: At most this many messages (at least one).
+    """
+
+    def __init__(self, rng: random.Random, prefix: str, most: int) -> None:
+        self.ids = [f"{prefix}-{i}" for i in range(rng.randint(1, most))]
+        choices = ["both", "both", "both", "primary", "secondary"]
+        self.where = {i: rng.choice(choices) for i in self.ids}
+        self.late = rng.sample(self.ids, k=len(self.ids) // 3)
+
+    @property
+    def copies(self) -> int:
+        """How many copies the regions get in all."""
+        return sum(2 if self.where[i] == "both" else 1 for i in self.ids)
+
+    def put(
+        self, primary: InMemoryRegionReceiver, secondary: InMemoryRegionReceiver, message_id: str
+    ) -> None:
+        """Put ``message_id``'s copies in its regions."""
+        for region, name in ((primary, "primary"), (secondary, "secondary")):
+            if self.where[message_id] in ("both", name):
+                region.put(FakeMessage(b"x", message_id))
+
+    def put_early(self, primary: InMemoryRegionReceiver, secondary: InMemoryRegionReceiver) -> None:
+        """Put every message that is not late."""
+        for message_id in self.ids:
+            if message_id not in self.late:
+                self.put(primary, secondary, message_id)

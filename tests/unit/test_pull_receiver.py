@@ -9,7 +9,7 @@ from collections.abc import AsyncIterator, Coroutine
 from typing import Any, TypeVar
 
 import pytest
-from _receivers import ReceiverWorld
+from _receivers import RandomMessages, ReceiverWorld
 from azure.servicebus import exceptions as azure_exceptions
 from azure.servicebus.exceptions import MessageAlreadySettled
 
@@ -557,18 +557,13 @@ async def test_random_receives_and_settlements_hand_each_message_out_until_it_is
     Then it drains. Each message gets exactly one final outcome from the program, and
     neither region keeps a copy."""
     rng = random.Random(seed)
-    ids = [f"m{seed}-{i}" for i in range(rng.randint(1, 24))]
-    where = {i: rng.choice(["both", "both", "both", "primary", "secondary"]) for i in ids}
-    late = set(rng.sample(ids, k=len(ids) // 3))
+    messages = RandomMessages(rng, f"m{seed}", 24)
+    ids, late = messages.ids, list(messages.late)
+    messages.put_early(world.primary, world.secondary)
 
     def put(message_id: str) -> None:
-        for region, name in ((world.primary, "primary"), (world.secondary, "secondary")):
-            if where[message_id] in ("both", name):
-                region.put(FakeMessage(b"x", message_id))
+        messages.put(world.primary, world.secondary, message_id)
 
-    for message_id in ids:
-        if message_id not in late:
-            put(message_id)
     pull = world.pull(receiver_options={"lease": 10.0, "max_attempts": 100})
     final: Counter[str] = Counter()
     held: list[Any] = []

@@ -9,7 +9,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import pytest
-from _receivers import ReceiverWorld
+from _receivers import RandomMessages, ReceiverWorld
 
 from georep import ClaimState, ConfigurationError, GeoReceiver, receiver
 from georep._lifecycle import STOP_TIMEOUT
@@ -486,18 +486,9 @@ async def test_random_handlers_process_each_message_once_and_leave_no_copy(
     again) or dead-letters at random. Each message reaches exactly one final outcome and
     neither region keeps a copy."""
     rng = random.Random(seed)
-    ids = [f"m{seed}-{i}" for i in range(rng.randint(1, 30))]
-    where = {i: rng.choice(["both", "both", "both", "primary", "secondary"]) for i in ids}
-    late = rng.sample(ids, k=len(ids) // 3)
-
-    def put(message_id: str) -> None:
-        for region, name in ((world.primary, "primary"), (world.secondary, "secondary")):
-            if where[message_id] in ("both", name):
-                region.put(FakeMessage(b"x", message_id))
-
-    for message_id in ids:
-        if message_id not in late:
-            put(message_id)
+    messages = RandomMessages(rng, f"m{seed}", 30)
+    ids = messages.ids
+    messages.put_early(world.primary, world.secondary)
     geo = world.receiver(concurrency=rng.randint(1, 8), max_attempts=100)
     final: Counter[str] = Counter()
     failures = 0
@@ -514,9 +505,9 @@ async def test_random_handlers_process_each_message_once_and_leave_no_copy(
         final[message.message_id] += 1
 
     task = asyncio.create_task(geo.run(handler))
-    for message_id in late:
+    for message_id in messages.late:
         await world.clock.advance(rng.choice([0.1, 0.5, 1.0]))
-        put(message_id)
+        messages.put(world.primary, world.secondary, message_id)
     for _ in range(120):
         if (
             sum(final.values()) == len(ids)
@@ -533,5 +524,4 @@ async def test_random_handlers_process_each_message_once_and_leave_no_copy(
     assert world.primary.pending == world.secondary.pending == 0, f"seed {seed}: a copy left"
     # Each copy received once, plus once more per failure: none came again because its
     # lock ran out while it waited (a copy a loop forgot to keep).
-    copies = sum(2 if where[i] == "both" else 1 for i in ids)
-    assert sum(geo.stats.received.values()) == copies + failures, f"seed {seed}"
+    assert sum(geo.stats.received.values()) == messages.copies + failures, f"seed {seed}"
