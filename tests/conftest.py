@@ -76,6 +76,7 @@ SPLIT = frozenset(
         "test_dropin_client.py",
         "test_dropin_client_sync.py",
         "test_dropin_edges.py",
+        "test_dropin_random.py",
         "test_emulator_faults.py",
         "test_emulator_messaging.py",
         "test_emulator_robustness.py",
