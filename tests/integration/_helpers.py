@@ -31,6 +31,10 @@ from georep.adapters.redis import PrivateRedisCluster, private_redis_cluster
 from georep.adapters.servicebus import ensure_backlog_queues
 
 REDIS_URL = os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0")
+LOADED = 5.0
+"""``operation_timeout`` of the Redis stores that tests use for what they store, not for
+how fast: the role store's default (0.5 s) once ran out connecting to the shared Redis
+while ten workers loaded two cores (test_role_store, a fresh-clone CI run)."""
 REPO = Path(__file__).resolve().parents[2]
 
 

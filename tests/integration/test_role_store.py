@@ -11,7 +11,7 @@ from collections.abc import AsyncIterator
 from urllib.parse import urlsplit
 
 import pytest
-from _helpers import REDIS_URL, eventually
+from _helpers import LOADED, REDIS_URL, eventually
 
 from georep import ErrorKind, GeoSender, StoreUnavailableError
 from georep.adapters.redis import RedisRoleStore
@@ -24,7 +24,9 @@ async def store(request: pytest.FixtureRequest) -> AsyncIterator[RoleStore]:
     if request.param == "memory":
         yield InMemoryRoleStore()
         return
-    async with RedisRoleStore.from_url(REDIS_URL, app=f"test-{uuid.uuid4().hex[:8]}") as redis:
+    async with RedisRoleStore.from_url(
+        REDIS_URL, app=f"test-{uuid.uuid4().hex[:8]}", operation_timeout=LOADED
+    ) as redis:
         yield redis
 
 
@@ -139,7 +141,9 @@ async def test_the_mode_is_kept_from_the_creation_through_changes(store: RoleSto
 
 
 async def test_a_redis_record_written_before_the_mode_was_kept_reads_as_unknown() -> None:
-    async with RedisRoleStore.from_url(REDIS_URL, app=f"test-{uuid.uuid4().hex[:8]}") as redis:
+    async with RedisRoleStore.from_url(
+        REDIS_URL, app=f"test-{uuid.uuid4().hex[:8]}", operation_timeout=LOADED
+    ) as redis:
         # The hash an earlier georep wrote: six fields, no 'mode'.
         await redis.client.hset(
             redis.key("orders"),

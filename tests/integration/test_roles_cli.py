@@ -7,7 +7,7 @@ import json
 import uuid
 
 import pytest
-from _helpers import REDIS_URL, run_python
+from _helpers import LOADED, REDIS_URL, run_python
 from azure.servicebus import ServiceBusClient, ServiceBusMessage
 from typer.testing import CliRunner
 
@@ -130,7 +130,7 @@ def cli(*args: str, **env: str | None) -> tuple[int, str]:
 
 
 async def record_of(app: str, entity: str) -> RoleRecord | None:
-    async with RedisRoleStore.from_url(REDIS_URL, app=app) as store:
+    async with RedisRoleStore.from_url(REDIS_URL, app=app, operation_timeout=LOADED) as store:
         return await store.read(entity)
 
 
@@ -138,7 +138,7 @@ def test_a_misspelt_entity_is_refused_and_forget_deletes_a_record(app: str) -> N
     where = ("--redis", REDIS_URL, "--app", app)
 
     async def a_sender_shared(entity: str) -> None:
-        async with RedisRoleStore.from_url(REDIS_URL, app=app) as store:
+        async with RedisRoleStore.from_url(REDIS_URL, app=app, operation_timeout=LOADED) as store:
             await store.create(entity, RoleRecord(active="primary", mode="passive"))
 
     asyncio.run(a_sender_shared("order-events"))
@@ -169,7 +169,7 @@ def test_a_misspelt_entity_is_refused_and_forget_deletes_a_record(app: str) -> N
 async def test_failover_and_pin_refuse_an_active_mode_entity_and_say_why(app: str) -> None:
     where = ("--redis", REDIS_URL, "--app", app)
     async with (
-        RedisRoleStore.from_url(REDIS_URL, app=app) as store,
+        RedisRoleStore.from_url(REDIS_URL, app=app, operation_timeout=LOADED) as store,
         GeoSender(
             InMemoryRegionSender("primary", "east.example", "orders"),
             InMemoryRegionSender("secondary", "west.example", "orders"),

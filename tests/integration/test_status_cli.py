@@ -14,7 +14,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
-from _helpers import REDIS_URL
+from _helpers import LOADED, REDIS_URL
 from azure.servicebus import ServiceBusMessage
 from azure.servicebus.aio import ServiceBusClient
 from typer.testing import CliRunner
@@ -86,7 +86,7 @@ def test_status_counts_each_regions_messages_and_lag_for_the_entities_with_a_rol
     emu: Emulator, app: str
 ) -> None:
     async def a_sender_shared(entity: str) -> None:
-        async with RedisRoleStore.from_url(REDIS_URL, app=app) as store:
+        async with RedisRoleStore.from_url(REDIS_URL, app=app, operation_timeout=LOADED) as store:
             await store.create(entity, RoleRecord(active="primary", mode="passive"))
 
     asyncio.run(a_sender_shared("orders"))

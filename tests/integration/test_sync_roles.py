@@ -7,7 +7,7 @@ import uuid
 from collections.abc import Callable
 
 import pytest
-from _helpers import REDIS_URL
+from _helpers import LOADED, REDIS_URL
 from azure.servicebus import ServiceBusMessage
 
 from georep import sync
@@ -21,7 +21,9 @@ def test_a_failover_seen_by_one_sync_sender_moves_the_other(
     emu: Emulator, private_queue: Callable[..., str]
 ) -> None:
     queue = private_queue("sync-roles")
-    store = RedisRoleStore.from_url(REDIS_URL, app=f"sync-{uuid.uuid4().hex[:8]}")
+    store = RedisRoleStore.from_url(
+        REDIS_URL, app=f"sync-{uuid.uuid4().hex[:8]}", operation_timeout=LOADED
+    )
     regions = (emu.connection_string("primary"), emu.connection_string("secondary"))
     with (
         sync.GeoSender.from_connection_strings(*regions, queue_name=queue, role_store=store) as a,
