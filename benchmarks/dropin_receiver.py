@@ -16,11 +16,11 @@ It prints logical messages per second and the ratios drop-in / raw (issue 27's t
 
     .venv/bin/python benchmarks/dropin_receiver.py [--messages 5000]
     .venv/bin/python benchmarks/dropin_receiver.py --quick   # 1,500 messages
+    .venv/bin/python benchmarks/dropin_receiver.py --loop iterate   # async for
 
 The quick form (the regression check's) takes 1,500: with 500 the one-namespace run
 lasted a quarter of a second, and its ratio moved by more than its five-run band between
 two checks of the same commit.
-    .venv/bin/python benchmarks/dropin_receiver.py --loop iterate   # async for
 
 It writes its figures to ``benchmarks/results/dropin_receiver.json`` (``benchmarks/_record.py``).
 """

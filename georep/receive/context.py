@@ -119,7 +119,7 @@ class HeldHere:
     outcome is recorded. Asking the seen-set again and again for an outcome that this
     process will record itself cost three claims of a key per copy (a pull receiver
     completing one message at a time); a loop asks here first, and a copy whose key a
-    sibling loop holds waits for the sibling to let it go (:meth:`released`), then takes
+    sibling loop holds waits for the sibling to let it go (:meth:`release`), then takes
     the outcome from :class:`RecentOutcomes` or, failing that, from a claim.
     """
 

@@ -4,10 +4,24 @@
 from __future__ import annotations
 
 import random
+from collections import Counter
+from collections.abc import Sequence
 from typing import Any
 
-from georep import GeoReceiver
+from georep import ClaimState, GeoReceiver
 from georep.testing import FakeClock, FakeMessage, InMemoryRegionReceiver, InMemorySeenSet
+
+
+class CountingSeenSet(InMemorySeenSet):
+    """The in-memory seen-set, counting the claims of each (scoped) key."""
+
+    def __init__(self, **options: Any) -> None:
+        super().__init__(**options)
+        self.claimed: Counter[str] = Counter()
+
+    async def claim(self, keys: Sequence[str], *, owner: str, lease: float) -> list[ClaimState]:
+        self.claimed.update(keys)
+        return await super().claim(keys, owner=owner, lease=lease)
 
 
 class ReceiverWorld:
@@ -15,19 +29,7 @@ class ReceiverWorld:
 
     def __init__(self) -> None:
         self.clock = FakeClock()
-        self.seen = InMemorySeenSet(clock=self.clock)
-
-    def count_claims(self) -> list[str]:
-        """From now on, every key claimed in the seen-set is appended to the list returned."""
-        claimed: list[str] = []
-        claim = self.seen.claim
-
-        async def counting_claim(keys: Any, **terms: Any) -> Any:
-            claimed.extend(keys)
-            return await claim(keys, **terms)
-
-        self.seen.claim = counting_claim  # type: ignore[method-assign]
-        return claimed
+        self.seen = CountingSeenSet(clock=self.clock)
 
     def regions(self) -> tuple[InMemoryRegionReceiver, InMemoryRegionReceiver]:
         """A primary (east) and a secondary (west) region on this world's clock."""

@@ -489,7 +489,6 @@ async def test_a_twin_waits_for_its_sibling_region_without_asking_the_seen_set_a
     # own message in flight: it waits for the sibling's outcome here instead of claiming
     # again every parked turn (three claims of a key per copy, before), and it is settled
     # as soon as that outcome is recorded, without a parked turn's pause.
-    claimed = world.count_claims()
     world.both("a", "b", "c")
     pull = world.pull()
     got = await world.run(pull.receive(3, 5))
@@ -501,7 +500,8 @@ async def test_a_twin_waits_for_its_sibling_region_without_asking_the_seen_set_a
         await asyncio.sleep(0)
 
     assert world.primary.pending == world.secondary.pending == 0
-    assert all(claimed.count(pull.geo.seen_key(m)) <= 2 for m in "abc"), claimed
+    claimed = world.seen.claimed
+    assert all(claimed[pull.geo.seen_key(m)] <= 2 for m in "abc"), claimed
     await world.close(pull)
 
 

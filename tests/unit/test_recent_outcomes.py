@@ -6,26 +6,13 @@ from __future__ import annotations
 
 import asyncio
 from collections import Counter
-from collections.abc import Sequence
 from typing import Any
 
-from _receivers import ReceiverWorld
+from _receivers import CountingSeenSet, ReceiverWorld
 
 from georep import ClaimState, GeoReceiver
 from georep.receive.context import HeldHere, RecentOutcomes
-from georep.testing import FakeClock, FakeMessage, InMemorySeenSet
-
-
-class CountingSeenSet(InMemorySeenSet):
-    """The in-memory seen-set, counting the claims of each (scoped) key."""
-
-    def __init__(self, **options: Any) -> None:
-        super().__init__(**options)
-        self.claimed: Counter[str] = Counter()
-
-    async def claim(self, keys: Sequence[str], *, owner: str, lease: float) -> list[ClaimState]:
-        self.claimed.update(keys)
-        return await super().claim(keys, owner=owner, lease=lease)
+from georep.testing import FakeClock, FakeMessage
 
 
 class World(ReceiverWorld):
