@@ -8,7 +8,7 @@ how the band is made from five runs). A benchmark with a failing ratio is run on
 judged on the better of its two runs per ratio: noise seldom strikes twice in a row, a
 regression does. The table shows baseline, band, floor and now side by side.
 
-    scripts/bench_check.sh                       # check (CI runs this after the tests)
+    scripts/bench_check.sh                       # check
     scripts/bench_check.sh --only sender         # one benchmark
     scripts/bench_check.sh --baseline            # re-baseline: five quick runs of each
     .venv/bin/python benchmarks/check.py --summary   # the figures into SUMMARY.md, README

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The benchmark regression check: the quick form of each benchmark, its ratios against
 # benchmarks/results/baseline.json (see benchmarks/check.py). Arguments go to check.py:
-#   scripts/bench_check.sh                 check (CI runs this after the tests)
+#   scripts/bench_check.sh                 check
 #   scripts/bench_check.sh --only sender   one benchmark
 #   scripts/bench_check.sh --baseline      re-baseline: five quick runs of each benchmark
 # Under flock, so that two timed runs on this machine never overlap. Not exec'd: a
