@@ -6,12 +6,13 @@ import atexit
 import contextlib
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import tempfile
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -157,13 +158,41 @@ class PrivateRedisCluster:
     url: str
     ports: list[int]
     processes: dict[int, subprocess.Popen[bytes]] = field(default_factory=dict)
+    #: Starts the node of a port with its options, in its directory (set by the factory).
+    _launch: Callable[[int], subprocess.Popen[bytes]] | None = field(default=None, repr=False)
 
     def kill(self, port: int) -> None:
         """Kill the node on ``port`` (SIGKILL, as a crash): its replica takes over after the
         cluster's node timeout."""
         process = self.processes.pop(port)
+        process.send_signal(signal.SIGCONT)  # a paused node dies as well
         process.kill()
         process.wait(timeout=10)
+
+    def restart(self, port: int, *, timeout: float = 30.0) -> None:
+        """Kill the node on ``port`` if it runs, and start it again on the same port from its
+        directory: its ``nodes.conf`` (it rejoins as the same node) and, when the cluster
+        was started with ``--appendonly yes``, its append-only file.
+
+        Raises:
+            TimeoutError: It did not listen again within ``timeout`` seconds.
+        """
+        if self._launch is None:
+            raise RuntimeError("this cluster was not started by private_redis_cluster")
+        if port in self.processes:
+            self.kill(port)
+        self.processes[port] = self._launch(port)
+        _wait_for_port(port, timeout)
+
+    def pause(self, port: int) -> None:
+        """Stop the node on ``port`` from answering (SIGSTOP) until :meth:`resume`."""
+        if port in self.processes:
+            self.processes[port].send_signal(signal.SIGSTOP)
+
+    def resume(self, port: int) -> None:
+        """Let a paused node answer again (SIGCONT)."""
+        if port in self.processes:
+            self.processes[port].send_signal(signal.SIGCONT)
 
 
 @contextlib.contextmanager
@@ -173,49 +202,60 @@ def private_redis_cluster(
     replicas: int = 1,
     node_timeout: float = 1.0,
     start_timeout: float = 30.0,
+    ports: Sequence[int] | None = None,
 ) -> Iterator[PrivateRedisCluster]:
     """A throw-away Redis Cluster on free loopback ports, for benchmarks and tests.
 
     Starts ``masters * (1 + replicas)`` ``redis-server`` processes in cluster mode
-    (persistence off, each in its own temporary directory), joins them with
-    ``redis-cli --cluster create``, and waits until every node reports ``cluster_state:ok``
-    and every replica is in sync. On exit it stops each process it started and removes
-    the directories. ``node_timeout`` (seconds) is ``cluster-node-timeout``: how long a
-    silent master goes before its replica takes over.
+    (persistence off unless ``config`` turns it on, e.g. ``"--appendonly", "yes"``; each in
+    its own temporary directory), joins them with ``redis-cli --cluster create``, and
+    waits until every node reports ``cluster_state:ok`` and every replica is in sync. On
+    exit it stops each process it started and removes the directories. ``node_timeout``
+    (seconds) is ``cluster-node-timeout``: how long a silent master goes before its replica
+    takes over. ``ports`` chooses the nodes' ports (each with its bus port, +10000, free),
+    e.g. ports below the kernel's ephemeral range for a node that is restarted.
 
     Raises:
         TimeoutError: The cluster was not ready within ``start_timeout`` seconds.
+        ValueError: ``ports`` does not hold one port per node.
     """
     count = masters * (1 + replicas)
-    ports: list[int] = []
-    while len(ports) < count:
+    chosen: list[int] = list(ports or [])
+    if ports is not None and len(chosen) != count:
+        raise ValueError(f"ports: {count} nodes need {count} ports, not {len(chosen)}")
+    while len(chosen) < count:
         port = _free_port(bus=True)
-        if port not in ports and port + 10000 not in ports and port - 10000 not in ports:
-            ports.append(port)
-    cluster = PrivateRedisCluster(f"redis://127.0.0.1:{ports[0]}/0", ports)
+        if port not in chosen and port + 10000 not in chosen and port - 10000 not in chosen:
+            chosen.append(port)
     node_ms = str(max(1, int(node_timeout * 1000)))
     with tempfile.TemporaryDirectory(prefix="georep-redis-cluster-") as data_dir:
+
+        def launch(port: int) -> subprocess.Popen[bytes]:
+            node_dir = os.path.join(data_dir, str(port))
+            os.makedirs(node_dir, exist_ok=True)
+            # A replica's first sync starts at once (diskless sync waits 5 s by default).
+            options = ("--cluster-enabled", "yes", "--cluster-node-timeout", node_ms,
+                       "--repl-diskless-sync-delay", "0", *config)  # fmt: skip
+            return _start_server(port, node_dir, options)
+
+        cluster = PrivateRedisCluster(f"redis://127.0.0.1:{chosen[0]}/0", chosen, _launch=launch)
         try:
-            for port in ports:
-                node_dir = os.path.join(data_dir, str(port))
-                os.mkdir(node_dir)
-                # A replica's first sync starts at once (diskless sync waits 5 s by default).
-                options = ("--cluster-enabled", "yes", "--cluster-node-timeout", node_ms,
-                           "--repl-diskless-sync-delay", "0", *config)  # fmt: skip
-                cluster.processes[port] = _start_server(port, node_dir, options)
+            for port in chosen:
+                cluster.processes[port] = launch(port)
             deadline = time.monotonic() + start_timeout
-            for port in ports:
+            for port in chosen:
                 _wait_for_port(port, start_timeout)
             subprocess.run(
                 [_redis_binary("redis-cli"), "--cluster", "create",
-                 *(f"127.0.0.1:{port}" for port in ports),
+                 *(f"127.0.0.1:{port}" for port in chosen),
                  "--cluster-replicas", str(replicas), "--cluster-yes"],
                 check=True, capture_output=True, timeout=start_timeout,
             )  # fmt: skip
-            _wait_for_cluster(ports, replicas * masters, deadline)
+            _wait_for_cluster(chosen, replicas * masters, deadline)
             yield cluster
         finally:
             for process in cluster.processes.values():
+                process.send_signal(signal.SIGCONT)
                 process.terminate()
             for process in cluster.processes.values():
                 process.wait(timeout=10)

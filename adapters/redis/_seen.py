@@ -643,8 +643,11 @@ class RedisSeenSet(_SeenSetBase):
         # SCRIPT EXISTS round trip to every pipeline. A NOSCRIPT answer (new or restarted
         # server, a replica that took over, SCRIPT FLUSH) loads the script and reruns only
         # the calls that got it. On a cluster the pipeline sends each node its calls, all
-        # nodes at once.
-        for attempt in range(2):
+        # nodes at once; a call whose pooled connection the node dropped (a master
+        # restarted since) is sent once more on a new one, like the single server's client
+        # does (each operation is idempotent for its owner: a rerun changes nothing more).
+        reloaded = resent = False
+        for attempt in range(3):
             bucket = self._wall_clock_ms() // self._window_ms
             check_layout = attempt == 0 and bucket != self._layout_bucket
             if len(pending) == 1 and not check_layout and not self._cluster:
@@ -657,8 +660,9 @@ class RedisSeenSet(_SeenSetBase):
                     )
                     break
                 except NoScriptError:
-                    if attempt:
+                    if reloaded:
                         raise
+                reloaded = True
                 self.round_trips += 1
                 await self._redis.script_load(_SCRIPT)
                 continue
@@ -676,18 +680,25 @@ class RedisSeenSet(_SeenSetBase):
                 self._layout_bucket = bucket
                 answers = answers[3:]
             missing: list[int] = []
+            dropped: list[int] = []
             for index, answer in zip(pending, answers, strict=True):
-                if isinstance(answer, NoScriptError) and attempt == 0:
+                if isinstance(answer, NoScriptError) and not reloaded:
                     missing.append(index)
+                elif isinstance(answer, RedisConnectionError) and not resent and self._cluster:
+                    dropped.append(index)
                 elif isinstance(answer, Exception):
                     raise answer
                 else:
                     results[index] = answer
-            if not missing:
+            if not missing and not dropped:
                 break
-            self.round_trips += 1
-            await self._redis.script_load(_SCRIPT)  # on a cluster: on every master
-            pending = missing
+            if dropped:
+                resent = True
+            if missing:
+                reloaded = True
+                self.round_trips += 1
+                await self._redis.script_load(_SCRIPT)  # on a cluster: on every master
+            pending = sorted(missing + dropped)
         return results
 
     def _check_layout(self, recorded: Any) -> None:

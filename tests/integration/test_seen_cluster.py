@@ -105,6 +105,18 @@ def slot_owners(
     return owners
 
 
+def cluster_ok(cluster: PrivateRedisCluster) -> bool:
+    """Every node says ``cluster_state:ok``."""
+    for port in cluster.processes:
+        try:
+            with redis.Redis(port=port, socket_timeout=1) as node:
+                if node.cluster("INFO").get("cluster_state") != "ok":
+                    return False
+        except redis.RedisError:
+            return False
+    return True
+
+
 def moved_answers(cluster: PrivateRedisCluster) -> int:
     total = 0
     for port in cluster.processes:
@@ -236,3 +248,33 @@ async def test_doctor_checks_every_master_of_a_cluster_from_one_node_url(
     checked = {t.split()[2] for t in text if t.startswith("cluster master") and "answers" in t}
     assert checked == {f"127.0.0.1:{port}" for port in masters(redis_cluster)}, text
     assert all(f.severity is not Severity.PROBLEM for f in findings), text
+
+
+async def test_a_master_restarted_from_its_append_only_file_keeps_what_it_answered() -> None:
+    """The soak's cluster (``--seen-set cluster``): no replicas, every write in the
+    append-only file before the answer. A master killed and started again on its port
+    rejoins as itself, and every id committed before the kill is still done; while it is
+    down the store says so (StoreUnavailableError), it does not answer wrongly."""
+    from georep.adapters.redis import private_redis_cluster
+    from georep.exceptions import StoreUnavailableError
+
+    keys = [f"id-{n}" for n in range(300)]
+    with private_redis_cluster(
+        3, "--appendonly", "yes", "--appendfsync", "always", replicas=0, node_timeout=1.0
+    ) as cluster:
+        async with RedisSeenSet.from_url(
+            cluster.url, cluster=True, operation_timeout=ROUTING_TIMEOUT
+        ) as store:
+            await store.claim(keys, owner="alice", lease=30)
+            await store.commit(keys, owner="alice")
+            victim = masters(cluster)[1]
+            cluster.kill(victim)
+            down = RedisSeenSet.from_url(cluster.url, cluster=True, operation_timeout=3.0)
+            with pytest.raises(StoreUnavailableError):
+                async with down:
+                    await down.claim(keys, owner="bob", lease=30)
+            cluster.restart(victim)
+            assert await eventually(lambda: cluster_ok(cluster), within=60)
+            states = await store.claim(keys, owner="bob", lease=30)
+    assert states == [ClaimState.DONE] * len(keys)
+    assert set(cluster.ports) == {*cluster.processes}  # every node ran until the end
