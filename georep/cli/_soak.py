@@ -48,6 +48,21 @@ def soak(
     audit: Annotated[
         str, typer.Option(help="The checker's audit: pyarrow (fast) or spark.")
     ] = "pyarrow",
+    seen_set: Annotated[
+        str,
+        typer.Option(
+            help="The receivers' seen-set: redis (the soak's server) or cluster (a Redis "
+            "Cluster of three masters)."
+        ),
+    ] = "redis",
+    spark: Annotated[
+        bool | None,
+        typer.Option(
+            "--spark/--no-spark",
+            help="Run the Spark sink as a sender (default: when PySpark and Java are there).",
+            show_default=False,
+        ),
+    ] = None,
 ) -> None:
     """Soak georep: senders and receivers in separate processes, a nemesis injecting faults
     from a seeded schedule, then a quiet period and a checker over the ledger.
@@ -78,6 +93,8 @@ def soak(
             rate=rate,
             quiet_timeout=quiet_timeout,
             engine=audit,
+            seen_set=seen_set,
+            spark=spark,
         )
     except ConfigurationError as exc:
         console.print(f"[red]error[/]: {exc}", highlight=False)

@@ -53,12 +53,20 @@ def test_an_unknown_kind_or_a_run_too_short_is_refused_with_the_fix() -> None:
 
 
 class _Namespace:
-    def __init__(self, region: str, calls: list[tuple[float, str, str]], clock: FakeClock) -> None:
+    def __init__(
+        self,
+        region: str,
+        calls: list[tuple[float, str, str]],
+        clock: FakeClock,
+        arguments: list[tuple[Any, ...]] | None = None,
+    ) -> None:
         self.region, self.calls, self.clock = region, calls, clock
+        self.arguments = arguments if arguments is not None else []
 
     def __getattr__(self, name: str) -> Any:
         def call(*args: Any) -> int:
             self.calls.append((self.clock.monotonic(), self.region, name))
+            self.arguments.append(args)
             return 0
 
         return call
@@ -67,10 +75,14 @@ class _Namespace:
 class _Targets:
     def __init__(self, clock: FakeClock) -> None:
         self.calls: list[tuple[float, str, str]] = []
+        self.arguments: list[tuple[Any, ...]] = []
         self.clock = clock
 
     def namespace(self, region: str) -> _Namespace:
-        return _Namespace(region, self.calls, self.clock)
+        return _Namespace(region, self.calls, self.clock, self.arguments)
+
+    def fragment(self, target: int) -> tuple[str, int]:
+        return "orders", target % 16
 
     def kill(self, group: str, index: int) -> str:
         self.calls.append((self.clock.monotonic(), group, "kill"))
@@ -90,8 +102,10 @@ class _Targets:
     def roles(self) -> Any:
         raise RuntimeError("the store is down")
 
-    def redis(self) -> Any:
-        return _Namespace("redis", self.calls, self.clock)
+    def redis(self, target: int) -> Any:
+        server = _Namespace(f"redis-{target % 4}", self.calls, self.clock)
+        server.name = f"redis-{target % 4}"
+        return server
 
 
 def _play(schedule: list[Fault], targets: _Targets, clock: FakeClock) -> Nemesis:
@@ -133,6 +147,45 @@ def test_the_nemesis_ends_an_overlapped_fault_by_restoring_and_injecting_the_res
     assert (3, "sender", "kill") in targets.calls and (4, "sender-4", "restart") in targets.calls
     failover = next(entry for entry in nemesis.log if entry["kind"] == "failover")
     assert failover["error"] == "RuntimeError: the store is down"
+
+
+def test_a_fragment_down_is_taken_down_again_when_an_overlapping_fault_restores_its_region() -> (
+    None
+):
+    clock = FakeClock()
+    targets = _Targets(clock)
+    schedule = [
+        Fault(at=1, kind="outage", length=2, region="secondary"),
+        Fault(at=2, kind="fragment-down", length=3, region="secondary", target=21),
+    ]
+
+    nemesis = _play(schedule, targets, clock)
+    assert [(t, name) for t, _, name in targets.calls] == [
+        (1, "outage"),
+        (2, "fragment_down"),
+        (3, "restore"),  # the outage ends: every fault of the region ends with it...
+        (3, "fragment_down"),  # ...and the fragment, still down by the schedule, again
+        (5, "restore"),
+    ]
+    assert targets.arguments[1] == targets.arguments[3] == ("orders", 5)
+    entry = next(e for e in nemesis.log if e["kind"] == "fragment-down")
+    assert (entry["entity"], entry["fragment"]) == ("orders", 5)
+
+
+def test_a_fragment_down_hits_every_fragment_of_the_queue_or_one_a_session_lives_in(
+    tmp_path: Any,
+) -> None:
+    import zlib
+
+    from georep.cli.soak.runner import QUEUE, SESSION_QUEUE, SESSIONS, SoakConfig, _Soak
+
+    soak = _Soak(SoakConfig(seconds=10, seed=1, report_dir=tmp_path), tmp_path)
+    hit = [soak.fragment(target) for target in range(1_000)]
+    assert {index for entity, index in hit if entity == QUEUE} == set(range(16))
+    sessions = [s for group in SESSIONS.values() for s in group]
+    in_use = {zlib.crc32(s.encode()) % 16 for s in sessions}
+    assert {index for entity, index in hit if entity == SESSION_QUEUE} == in_use
+    assert {entity for entity, _ in hit} == {QUEUE, SESSION_QUEUE}
 
 
 @pytest.mark.parametrize(
@@ -231,3 +284,35 @@ def test_overlapping_disk_faults_give_the_disk_back_when_the_last_one_ends(tmp_p
     assert disk.calls == ["fill", "fill"]  # the other fault still runs: still full
     soak.outbox_disk_full(False)
     assert disk.calls == ["fill", "fill", "empty"]
+
+
+def test_redis_faults_hit_the_server_their_target_names_and_log_which() -> None:
+    clock = FakeClock()
+    targets = _Targets(clock)
+    schedule = [
+        Fault(at=1, kind="redis-unreachable", length=2, target=6),
+        Fault(at=2, kind="redis-restart", length=1, target=3),
+    ]
+
+    nemesis = _play(schedule, targets, clock)
+    assert [(t, server, what) for t, server, what in targets.calls] == [
+        (1, "redis-2", "pause"),
+        (2, "redis-3", "restart"),
+        (3, "redis-2", "resume"),
+    ]
+    assert [e["server"] for e in nemesis.log] == ["redis-2", "redis-3"]
+
+
+def test_the_replay_command_gives_the_kinds_as_the_cli_takes_them_and_the_seen_set(
+    tmp_path: Any,
+) -> None:
+    from georep.cli.soak.report import replay_command
+    from georep.cli.soak.runner import SoakConfig, SoakResult
+
+    config = SoakConfig(
+        seconds=30, seed=9, report_dir=tmp_path, kinds=("outage", "kill-sender"), seen_set="cluster"
+    )
+    result = SoakResult(config, [], [], [], {}, {}, None)
+    command = replay_command(result)
+    assert "--faults outage,kill-sender --seen-set cluster" in command
+    assert command.startswith("georep soak --seconds 30 --seed 9 ")

@@ -1,9 +1,11 @@
 """The soak worker's exit watch: a worker still running after SIGTERM writes what each
-thread and each asyncio task is doing (a thread's stack shows only ``select``)."""
+thread and each asyncio task is doing (a thread's stack shows only ``select``); the Spark
+sender acknowledges the rows of committed micro-batches."""
 
 from __future__ import annotations
 
 import asyncio
+import json
 import signal
 from pathlib import Path
 
@@ -61,3 +63,25 @@ def test_the_soak_prints_a_hung_process_with_its_tasks_from_the_exit_watch(tmp_p
         "    File 'x.py', line 3, in stuck_closing",
         "hung: syphon (exited 1)",
     ]
+
+
+def test_a_spark_senders_rows_are_acknowledged_by_the_batches_its_checkpoint_committed(
+    tmp_path: Path,
+) -> None:
+    from georep.cli.soak.worker import _committed_files
+
+    checkpoint = tmp_path / "checkpoint"
+    assert _committed_files(checkpoint) == set()  # the query has not started yet
+    (checkpoint / "commits").mkdir(parents=True)
+    (checkpoint / "sources" / "0").mkdir(parents=True)
+    for batch in (0, 1):
+        (checkpoint / "commits" / str(batch)).write_text("v1\n{}\n")
+    inbox = tmp_path / "in box"  # a space: Spark logs the path URL-quoted
+    for batch, names in {0: ["a.json"], 1: ["b.json", "c.json"], 2: ["d.json"]}.items():
+        lines = [
+            json.dumps({"path": (inbox / n).as_uri(), "timestamp": 1, "batchId": batch})
+            for n in names
+        ]
+        (checkpoint / "sources" / "0" / str(batch)).write_text("\n".join(["v1", *lines]))
+    (checkpoint / "sources" / "0" / ".2.tmp").write_text("v1\n{not json")
+    assert _committed_files(checkpoint) == {str(inbox / n) for n in ("a.json", "b.json", "c.json")}

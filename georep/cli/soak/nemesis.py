@@ -45,11 +45,16 @@ class Targets(Protocol):
         """SIGTERM process ``index`` (modulo) of every live one and wait, bounded, for it to
         exit: its name and the seconds it took (None: it did not exit and was killed)."""
 
+    def fragment(self, target: int) -> tuple[str, int]:
+        """The partitioned entity and the fragment (0-15) a ``fragment-down`` fault of
+        ``target`` takes down."""
+
     def roles(self) -> Any:
         """A ``RoleCommands`` on the soak's role store."""
 
-    def redis(self) -> Any:
-        """The soak's Redis server (``restart``, ``pause``, ``resume``)."""
+    def redis(self, target: int) -> Any:
+        """The Redis server a fault of ``target`` hits (``name``, ``restart``, ``pause``,
+        ``resume``): the soak's own, or a node of the seen-set's cluster."""
 
     def outbox_disk_full(self, full: bool) -> int:
         """Fill the senders' outbox disk (the bytes it took), or give its space back."""
@@ -96,6 +101,8 @@ class Nemesis:
     async def _begin(self, fault: Fault, entry: dict[str, Any]) -> Callable[[], Any] | None:
         """Inject ``fault``; the coroutine function that ends it (None: nothing to end)."""
         targets, kind = self.targets, fault.kind
+        if kind == "fragment-down":
+            entry["entity"], entry["fragment"] = targets.fragment(fault.target)
         if kind in NAMESPACE_FAULTS or kind in _COUNTED_FAULTS:
             return await self._namespace_fault(fault)
         if kind == "session-lock-lost":
@@ -121,13 +128,17 @@ class Nemesis:
         if kind in ("failover", "failback", "pin"):
             return await self._operator(fault, entry)
         if kind == "redis-restart":
-            await self.call(targets.redis().restart)
+            server = targets.redis(fault.target)
+            entry["server"] = server.name
+            await self.call(server.restart)
             return None
         if kind == "redis-unreachable":
-            targets.redis().pause()
+            server = targets.redis(fault.target)
+            entry["server"] = server.name
+            server.pause()
 
             async def resume() -> None:
-                targets.redis().resume()
+                server.resume()
 
             return resume
         if kind == "full-outbox-disk":
@@ -166,6 +177,8 @@ class Nemesis:
             control.reject_sends("server-busy")
         elif fault.kind == "latency":
             control.latency(fault.amount)
+        elif fault.kind == "fragment-down":
+            control.fragment_down(*self.targets.fragment(fault.target))
         elif fault.kind == "lose-settlements":
             control.lose_settlements(1 + fault.target % 5)
         else:  # drop-send-answers

@@ -67,10 +67,13 @@ def _closing(run_dir: Path) -> dict[str, float]:
 
 def replay_command(result: SoakResult) -> str:
     config = result.config
-    kinds = " ".join(config.kinds)
+    kinds = ",".join(config.kinds)
+    seen = f" --seen-set {config.seen_set}" if config.seen_set != "redis" else ""
+    seen += "" if config.spark is None else (" --spark" if config.spark else " --no-spark")
     return (
         f"georep soak --seconds {config.seconds:g} --seed {config.seed} --processes "
-        f"{config.processes} --rate {config.rate:g} --faults {kinds} --report {config.report_dir}"
+        f"{config.processes} --rate {config.rate:g} --faults {kinds}{seen} "
+        f"--report {config.report_dir}"
     )
 
 

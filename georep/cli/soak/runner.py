@@ -20,6 +20,7 @@ import sqlite3
 import subprocess
 import sys
 import time
+import zlib
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
@@ -37,12 +38,24 @@ from .worker import APP, PAIRED_OPTIONS, WorkerSpec
 
 __all__ = ["SoakConfig", "SoakResult", "run_soak"]
 
+#: Fragments of a partitioned entity (Standard tier), as the emulator routes keys to them.
+PARTITION_COUNT = 16
+
 _log = logging.getLogger("georep.soak")
 
 QUEUE = "soak-queue"
 PAIRED_QUEUE = "soak-paired"
 TOPIC = "soak-topic"
 SUBSCRIPTIONS = ("audit", "billing")
+#: Partitioned in both regions (``fragment-down`` takes one of their fragments down): the
+#: queue's sends carry no key (a down fragment is skipped, its stored messages wait), the
+#: session queue's carry their SessionId (a send to a down fragment times out).
+PARTITIONED = (QUEUE, SESSION_QUEUE)
+#: The sessions each session sender writes (it is their one writer).
+SESSIONS = {
+    "send-sessions-async": tuple(f"a{i}" for i in range(4)),
+    "send-sessions-sync": tuple(f"s{i}" for i in range(4)),
+}
 #: A short lock: a copy held by a killed receiver comes back within it.
 LOCK_SECONDS = 5
 #: The session queue's: with 5 s, on two cores at a load of 20, session locks expired
@@ -76,6 +89,10 @@ class SoakConfig:
         rate: Messages per second of each sender process.
         quiet_timeout: Seconds after the faults end by which the system must be quiet.
         engine: The checker's audit: ``pyarrow`` (default) or ``spark``.
+        seen_set: The receivers' seen-set: ``redis`` (the soak's Redis server, beside the
+            roles) or ``cluster`` (a Redis Cluster of three masters of its own).
+        spark: Run the Spark sink as a sender (a streaming query in a process of its own);
+            None: when PySpark and a Java runtime are installed.
     """
 
     seconds: float
@@ -86,6 +103,8 @@ class SoakConfig:
     rate: float = 4.0
     quiet_timeout: float = 120.0
     engine: str = "pyarrow"
+    seen_set: str = "redis"
+    spark: bool | None = None
 
     def __post_init__(self) -> None:
         if self.processes < 1:
@@ -96,7 +115,29 @@ class SoakConfig:
             raise ConfigurationError("--quiet-timeout must be more than 0 seconds")
         if self.engine not in ("pyarrow", "spark"):
             raise ConfigurationError(f"--audit must be pyarrow or spark, not {self.engine!r}")
+        if self.seen_set not in ("redis", "cluster"):
+            raise ConfigurationError(f"--seen-set must be redis or cluster, not {self.seen_set!r}")
         check_kinds(list(self.kinds))
+        if self.spark and not spark_installed():
+            raise ConfigurationError(
+                "--spark needs PySpark and a Java runtime: pip install 'georep[spark]' and "
+                "Java 17+ (or run without --spark)"
+            )
+
+    @property
+    def with_spark(self) -> bool:
+        return spark_installed() if self.spark is None else self.spark
+
+
+def spark_installed() -> bool:
+    """PySpark importable and a ``java`` to start it with."""
+    import importlib.util
+
+    home = os.environ.get("JAVA_HOME")
+    java = bool(home and os.path.exists(os.path.join(home, "bin", "java"))) or bool(
+        shutil.which("java")
+    )
+    return java and importlib.util.find_spec("pyspark") is not None
 
 
 @dataclass
@@ -124,21 +165,30 @@ class SoakResult:
 # -- the processes ---------------------------------------------------------------------------
 
 
-def _restartable_port() -> int:
+def _restartable_port(*, bus: bool = False, taken: tuple[int, ...] = ()) -> int:
     """A free loopback port below the kernel's ephemeral range: the Redis server is
     SIGKILLed and started again on it, and a port inside the range can be taken meanwhile
     as the local port of any outgoing connection on the machine (the emulator's restore
-    once lost its port so)."""
+    once lost its port so). With ``bus``, its cluster bus port (+10000) is free and below
+    the range too."""
     try:
         with open("/proc/sys/net/ipv4/ip_local_port_range", encoding="ascii") as ranges:
             low = int(ranges.read().split()[0])
     except (OSError, ValueError, IndexError):
         low = 32768
+    top = low - 10_000 if bus else low
     rng = random.Random()
     for _ in range(200):
-        port = rng.randrange(10_000, max(low, 10_001))
-        with socket.socket() as probe, contextlib.suppress(OSError):
-            probe.bind(("127.0.0.1", port))
+        port = rng.randrange(10_000, max(top, 10_001))
+        wanted = (port, port + 10_000) if bus else (port,)
+        if any(p in taken or p + 10_000 in taken or p - 10_000 in taken for p in wanted):
+            continue
+        with contextlib.ExitStack() as probes:
+            try:
+                for each in wanted:
+                    probes.enter_context(socket.socket()).bind(("127.0.0.1", each))
+            except OSError:
+                continue
             return port
     with socket.socket() as probe:  # every try taken: any free port
         probe.bind(("127.0.0.1", 0))
@@ -149,8 +199,9 @@ class RedisServer:
     """A ``redis-server`` on a free loopback port, every write in its append-only file
     (``appendfsync always``: a restart loses nothing acknowledged)."""
 
-    def __init__(self, directory: Path) -> None:
+    def __init__(self, directory: Path, name: str = "redis") -> None:
         self.directory = directory
+        self.name = name
         self.port = _restartable_port()
         self.process: subprocess.Popen[bytes] | None = None
         self.restarts = 0
@@ -228,6 +279,71 @@ class RedisServer:
             process.wait(10)
 
 
+class SeenCluster:
+    """The seen-set's Redis Cluster (``--seen-set cluster``): three masters and no replicas,
+    on ports below the ephemeral range, each writing every command to its append-only file
+    (``appendfsync always``) before it answers.
+
+    No replicas on purpose. Redis replicates asynchronously: a master killed after it
+    answered a commit, before its replica had it, loses that commit when the replica takes
+    over, and the copy is processed again (docs/scaling.md). That is Redis's promise, not
+    georep's, and no checker could tell the two apart. A master killed and restarted from
+    its own file loses nothing it answered; meanwhile its slots are down, and so (with
+    ``cluster-require-full-coverage``) is the cluster: receivers pause, as on a restart of a
+    single server.
+    """
+
+    MASTERS = 3
+
+    def __init__(self) -> None:
+        self._stack = contextlib.ExitStack()
+        self.cluster: Any = None
+
+    def start(self) -> None:
+        from georep.adapters.redis import private_redis_cluster
+
+        ports: list[int] = []
+        for _ in range(self.MASTERS):
+            ports.append(_restartable_port(bus=True, taken=tuple(ports)))
+        self.cluster = self._stack.enter_context(
+            private_redis_cluster(
+                self.MASTERS, "--appendonly", "yes", "--appendfsync", "always",
+                replicas=0, node_timeout=2.0, start_timeout=60.0, ports=ports,
+            )
+        )  # fmt: skip
+
+    @property
+    def url(self) -> str:
+        return str(self.cluster.url)
+
+    def nodes(self) -> list[ClusterNode]:
+        return [ClusterNode(self.cluster, port) for port in self.cluster.ports]
+
+    def stop(self) -> None:
+        self._stack.close()
+
+
+@dataclass
+class ClusterNode:
+    """One master of the :class:`SeenCluster`, as the nemesis hits it."""
+
+    cluster: Any
+    port: int
+
+    @property
+    def name(self) -> str:
+        return f"seen-set cluster node {self.port}"
+
+    def restart(self) -> None:
+        self.cluster.restart(self.port)
+
+    def pause(self) -> None:
+        self.cluster.pause(self.port)
+
+    def resume(self) -> None:
+        self.cluster.resume(self.port)
+
+
 class Worker:
     """One worker process, started again after each kill."""
 
@@ -250,6 +366,9 @@ class Worker:
             stderr=log,
             stdin=subprocess.DEVNULL,
             env={**os.environ, "PYTHONUNBUFFERED": "1"},
+            # Its own process group: a kill takes what it started too (the Spark sender's
+            # JVM and Python workers), as a crash of its machine would.
+            start_new_session=True,
         )
         log.close()
 
@@ -260,7 +379,8 @@ class Worker:
     def kill(self) -> None:
         if self.process is not None and self.alive:
             self.killed_pids.append(self.process.pid)
-            self.process.kill()
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.process.pid, signal.SIGKILL)
             self.process.wait(10)
 
     def restart(self) -> None:
@@ -307,7 +427,8 @@ class Worker:
         except subprocess.TimeoutExpired:
             self.dump_stacks()
             time.sleep(1.0)
-            self.process.kill()
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.process.pid, signal.SIGKILL)
             self.process.wait(10)
             return False
 
@@ -321,6 +442,7 @@ class _Soak:
     run_dir: Path
     emulator: Any = None
     redis_server: RedisServer | None = None
+    seen_cluster: SeenCluster | None = None
     workers: list[Worker] = field(default_factory=list)
     role_store: Any = None
     commands: Any = None
@@ -362,12 +484,28 @@ class _Soak:
             if worker.spec.name == name and not worker.alive:
                 worker.restart()
 
+    def fragment(self, target: int) -> tuple[str, int]:
+        """Even targets: a fragment of the queue; odd: the fragment one of the sessions
+        lives in (a down fragment no session uses would only delay unkeyed copies)."""
+        if target % 2 == 0:
+            return QUEUE, target // 2 % PARTITION_COUNT
+        sessions = [session for group in SESSIONS.values() for session in group]
+        session = sessions[target // 2 % len(sessions)]
+        return SESSION_QUEUE, zlib.crc32(session.encode("utf-8")) % PARTITION_COUNT
+
     def roles(self) -> Any:
         return self.commands
 
-    def redis(self) -> RedisServer:
+    def redis(self, target: int = 0) -> Any:
+        """The Redis server a fault of ``target`` hits: the soak's server (roles, and the
+        seen-set unless it is on the cluster) or one node of the seen-set's cluster."""
+        servers = self.redis_servers()
+        return servers[target % len(servers)]
+
+    def redis_servers(self) -> list[Any]:
         assert self.redis_server is not None
-        return self.redis_server
+        nodes = self.seen_cluster.nodes() if self.seen_cluster is not None else []
+        return [self.redis_server, *nodes]
 
     def outbox_disk_full(self, full: bool) -> int:
         # Overlapping faults share the disk: it is given back when the last of them ends.
@@ -393,8 +531,14 @@ class _Soak:
             self.outbox_disk = OutboxDisk(self.run_dir / "outbox")
             if not self.outbox_disk.mount():
                 _log.warning("full-outbox-disk cannot be injected: %s", self.outbox_disk.why_not)
-        self.redis_server = RedisServer(self.run_dir / "redis")
+        cluster = self.config.seen_set == "cluster"
+        self.redis_server = RedisServer(
+            self.run_dir / "redis", "redis (roles)" if cluster else "redis (roles, seen-set)"
+        )
         await asyncio.to_thread(self.redis_server.start)
+        if cluster:
+            self.seen_cluster = SeenCluster()
+            await asyncio.to_thread(self.seen_cluster.start)
         self.emulator = Emulator(namespaces=("primary", "secondary"))
         await asyncio.to_thread(self.emulator.start)
         await asyncio.to_thread(self._create_entities)
@@ -407,10 +551,13 @@ class _Soak:
     def _create_entities(self) -> None:
         for region in ("primary", "secondary"):
             control = self.emulator.namespace(region)
-            control.create_queue(QUEUE, lock_duration=LOCK_SECONDS)
+            control.create_queue(QUEUE, lock_duration=LOCK_SECONDS, enable_partitioning=True)
             control.create_queue(PAIRED_QUEUE, lock_duration=LOCK_SECONDS)
             control.create_queue(
-                SESSION_QUEUE, lock_duration=SESSION_LOCK_SECONDS, requires_session=True
+                SESSION_QUEUE,
+                lock_duration=SESSION_LOCK_SECONDS,
+                requires_session=True,
+                enable_partitioning=True,
             )
             control.create_topic(TOPIC)
             with self.emulator.admin_client(region) as admin:
@@ -440,17 +587,25 @@ class _Soak:
         return {QUEUE: QUEUE, PAIRED_QUEUE: PAIRED_QUEUE, SESSION_QUEUE: SESSION_QUEUE, **topic}
 
     def make_workers(self) -> None:
+        assert self.redis_server is not None
         base = {
             "run_dir": str(self.run_dir),
             "primary": self.emulator.connection_string("primary"),
             "secondary": self.emulator.connection_string("secondary"),
-            "redis_url": self.redis().url,
+            "redis_url": self.redis_server.url,
+            "seen_url": self.seen_cluster.url if self.seen_cluster else self.redis_server.url,
+            "seen_cluster": self.seen_cluster is not None,
             "primary_namespace": self.primary_namespace,
             "rate": self.config.rate,
         }
         senders = [
-            WorkerSpec(name="send-passive-async", role="sender", entity=QUEUE, **base),
-            WorkerSpec(name="send-passive-sync", role="sender", entity=QUEUE, sync=True, **base),
+            WorkerSpec(
+                name="send-passive-async", role="sender", entity=QUEUE, partitioned=True, **base
+            ),
+            WorkerSpec(
+                name="send-passive-sync", role="sender", entity=QUEUE, sync=True,
+                partitioned=True, **base,
+            ),
             WorkerSpec(
                 name="send-active-async", role="sender", entity=TOPIC, mode="active",
                 topic=True, **base,
@@ -464,13 +619,17 @@ class _Soak:
             ),
             WorkerSpec(
                 name="send-sessions-async", role="sender", entity=SESSION_QUEUE,
-                sessions=[f"a{i}" for i in range(4)], **base,
+                sessions=list(SESSIONS["send-sessions-async"]), partitioned=True, **base,
             ),
             WorkerSpec(
                 name="send-sessions-sync", role="sender", entity=SESSION_QUEUE, sync=True,
-                sessions=[f"s{i}" for i in range(4)], **base,
+                sessions=list(SESSIONS["send-sessions-sync"]), partitioned=True, **base,
             ),
         ]  # fmt: skip
+        if self.config.with_spark:
+            senders.append(
+                WorkerSpec(name="send-spark", role="sender", entity=QUEUE, spark=True, **base)
+            )
         self.workers = [Worker(spec, "sender") for spec in senders]
         for entity in self.received_entities():
             for index in range(self.config.processes):
@@ -533,7 +692,11 @@ class _Soak:
         }
         wrong_region = []
         for worker in self.workers:
-            if worker.spec.role == "sender" and worker.spec.mode == "passive":
+            if (
+                worker.spec.role == "sender"
+                and worker.spec.mode == "passive"
+                and not worker.spec.spark
+            ):
                 region = worker.status().get("active_region")
                 expected = records.get(worker.spec.entity, "primary")
                 if region != expected:
@@ -546,15 +709,17 @@ class _Soak:
             for w in self.workers
             if not w.alive or w.hung(now)
         ]
-        starting = [
+        starting = [  # no status of its own yet, or its sender or receiver not open yet
             w.spec.name
             for w in self.workers
-            if w.alive and w.process is not None and w.status().get("pid") != w.process.pid
+            if w.alive
+            and w.process is not None
+            and (w.status().get("pid") != w.process.pid or not w.status().get("ready"))
         ]
-        still_sending = [
+        still_sending = [  # or, the Spark sender, with input rows not yet committed
             w.spec.name
             for w in self.workers
-            if w.spec.role == "sender" and w.status().get("sending")
+            if w.spec.role == "sender" and (w.status().get("sending") or w.status().get("pending"))
         ]
         return {
             "outboxes_not_empty": {k: v for k, v in outboxes.items() if v["pending"]},
@@ -634,6 +799,8 @@ async def run_soak(
             await asyncio.to_thread(soak.emulator.stop)
         if soak.redis_server is not None:
             soak.redis_server.stop()
+        if soak.seen_cluster is not None:
+            soak.seen_cluster.stop()
         if soak.outbox_disk is not None:
             soak.outbox_disk.unmount()
     hung = soak.stuck_on_stop + hung
@@ -700,7 +867,9 @@ async def _end_faults(soak: _Soak) -> None:
     """Whatever the schedule left: every region restored, Redis answering, every process up."""
     for region in ("primary", "secondary"):
         await asyncio.to_thread(soak.namespace(region).restore)
-    soak.redis().resume()
+    if soak.redis_server is not None:
+        for server in soak.redis_servers():
+            server.resume()
     for worker in soak.workers:
         if not worker.alive:
             worker.restart()

@@ -24,7 +24,7 @@ __all__ = [
 ]
 
 #: Faults the emulator injects into one namespace (region), as long as they last.
-NAMESPACE_FAULTS: Final = ("outage", "blackhole", "reject-sends", "latency")
+NAMESPACE_FAULTS: Final = ("outage", "blackhole", "reject-sends", "latency", "fragment-down")
 
 #: Every fault kind the nemesis knows, with what it does.
 FAULT_KINDS: Final[dict[str, str]] = {
@@ -35,6 +35,8 @@ FAULT_KINDS: Final[dict[str, str]] = {
     "drop-send-answers": "a region stores the next sends but never answers them",
     "lose-settlements": "a region loses the next receivers' settlements (never applied)",
     "session-lock-lost": "every session lock on the session queue is lost, in one region",
+    "fragment-down": "one fragment of a partitioned queue is down in one region (keyed sends "
+    "to it time out, its stored messages wait)",
     "kill-sender": "SIGKILL of a sender process; the soak restarts it",
     "kill-receiver": "SIGKILL of a receiver process (or the syphon); the soak restarts it",
     "stop-worker": "SIGTERM of any process mid-fault: it must exit within 60 s; restarted",

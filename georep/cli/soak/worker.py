@@ -31,6 +31,7 @@ from collections.abc import Callable, Coroutine
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
+from urllib.parse import unquote, urlparse
 
 from georep._lifecycle import wait_within
 
@@ -66,13 +67,17 @@ class WorkerSpec:
             received from.
         run_dir: The run's directory.
         primary, secondary: The regions' connection strings.
-        redis_url: The soak's Redis (seen-set and role store).
+        redis_url: The soak's Redis (the role store; the seen-set too, unless ``seen_url``).
+        seen_url: The receivers' seen-set Redis (a node of it, with ``seen_cluster``).
+        seen_cluster: ``seen_url`` is a node of a Redis Cluster.
         primary_namespace: The primary's namespace name (paired mode's backlog paths).
         topic: A sender's ``entity`` is a topic.
         mode: A sender's ``passive``, ``active`` or ``paired``.
         sync: Use :mod:`georep.sync` (a blocking sender, a sync handler).
-        sessions: A sender: the sessions it writes (it is their one writer), round robin;
-            a receiver: read in session mode.
+        sessions: A sender: the sessions it writes (it is their one writer), round robin.
+        receive_sessions: A receiver: read in session mode.
+        partitioned: A sender: the entity is partitioned in both regions.
+        spark: A sender: the georep Spark sink of a streaming query (passive mode).
         rate: A sender's messages per second.
         incarnation: How many times this worker was started before.
     """
@@ -84,12 +89,16 @@ class WorkerSpec:
     primary: str
     secondary: str
     redis_url: str
+    seen_url: str = ""
+    seen_cluster: bool = False
     primary_namespace: str = ""
     topic: bool = False
     mode: str = "passive"
     sync: bool = False
     sessions: list[str] = field(default_factory=list)
     receive_sessions: bool = False
+    partitioned: bool = False
+    spark: bool = False
     rate: float = 5.0
     incarnation: int = 0
 
@@ -217,7 +226,7 @@ _STACK_FILES: list[Any] = []
 
 
 async def _send_async(worker: _Worker) -> None:
-    from georep import FailoverPolicy, GeoSender, PairedNamespaceOptions, PairedSender
+    from georep import GeoSender, PairedNamespaceOptions, PairedSender
 
     worker.loops.append(asyncio.get_running_loop())
 
@@ -239,7 +248,8 @@ async def _send_async(worker: _Worker) -> None:
             spec.primary,
             spec.secondary,
             mode=spec.mode,
-            policy=FailoverPolicy(attempt_timeout=5.0),
+            policy=_policy(),
+            partitioned=spec.partitioned,
             outbox=outbox,
             ledger=ledger,
             role_store=roles,
@@ -285,7 +295,6 @@ async def _send_loop_async(worker: _Worker, sender: Any) -> None:
 
 def _send_sync(worker: _Worker) -> None:
     import georep.sync
-    from georep import FailoverPolicy
     from georep.adapters.redis import RedisRoleStore
 
     spec = worker.spec
@@ -293,7 +302,8 @@ def _send_sync(worker: _Worker) -> None:
         spec.primary,
         spec.secondary,
         mode=spec.mode,
-        policy=FailoverPolicy(attempt_timeout=5.0),
+        policy=_policy(),
+        partitioned=spec.partitioned,
         outbox=worker.outbox(),
         ledger=worker.ledger(),
         role_store=RedisRoleStore.from_url(spec.redis_url, app=APP, operation_timeout=1.0),
@@ -327,6 +337,138 @@ def _send_sync(worker: _Worker) -> None:
     beat.join(5)
 
 
+def _policy() -> Any:
+    """5 s per attempt: the soak's faults last 2 to 8 s, and its senders should meet them
+    by failing over. On a partitioned entity the sender warns (once, in its log) that
+    Service Bus recommends more than 15 s, so that a fragment failing over inside its region
+    is not taken for an outage; the soak's ``fragment-down`` is meant to be met by failing
+    over."""
+    from georep import FailoverPolicy
+
+    return FailoverPolicy(attempt_timeout=5.0)
+
+
+#: Rows of a Spark sender's input file, a file every ``_SPARK_FILE_SECONDS``.
+_SPARK_FILE_SECONDS = 2.0
+
+
+def _send_spark(worker: _Worker) -> None:
+    """The Spark sink as a sender, as a user streams with it.
+
+    The worker writes a JSON file of ``rate * 2`` rows every 2 s into an input directory; a
+    streaming query reads them (one file per micro-batch) and writes them with
+    ``writeStream.format("georep")`` (passive mode) to the queue. A row is acknowledged
+    when its micro-batch commits (``commits/N`` in the checkpoint): from then on Spark never
+    sends it again. A batch cut short by a kill or a failed send is sent again, by this
+    query or by the next incarnation's on the same checkpoint, with the same MessageIds
+    (the rows' ``message_id``), and the receivers' seen-set processes each once. A failed
+    query (both regions refusing, say) is started again from its checkpoint, as an
+    application's supervisor would.
+    """
+    from georep.adapters.spark import register, spark_session
+
+    spec = worker.spec
+    base = Path(spec.run_dir) / "spark" / spec.name
+    inbox, staging, checkpoint = base / "inbox", base / "staging", base / "checkpoint"
+    for directory in (inbox, staging, checkpoint):
+        directory.mkdir(parents=True, exist_ok=True)
+    # The heartbeat first: Spark takes a while to start on a busy machine. Rows an earlier
+    # incarnation wrote that no batch committed keep the system from being quiet.
+    beat = worker.heartbeat_thread()
+    worker.status["pending"] = len(_input_files(inbox) - _committed_files(checkpoint))
+    spark: Any = None
+    query: Any = None
+    acked_files: set[str] = set()
+    number, written, started = 0, 0, time.monotonic()
+    try:
+        spark = spark_session(
+            "local[1, 3]",  # one core, and a failed task tried up to 3 times
+            app_name=f"georep-soak-{spec.name}",
+            config={
+                # The file source's log uncompacted: the batch of each file stays readable.
+                "spark.sql.streaming.fileSource.log.compactInterval": "1000000",
+                "spark.sql.shuffle.partitions": "1",
+            },
+        )
+        register(spark)
+        while not worker.stop.is_set():
+            if query is None or not query.isActive:
+                if query is not None:
+                    worker.status["errors"] += 1
+                    worker.status["last_error"] = str(query.exception())[:300]
+                    time.sleep(1.0)
+                query = _start_spark_query(spark, spec, inbox, checkpoint)
+                worker.status["ready"] = True
+            if worker.sending() and time.monotonic() >= started + written * _SPARK_FILE_SECONDS:
+                rows = max(1, round(spec.rate * _SPARK_FILE_SECONDS))
+                lines = []
+                for _ in range(rows):
+                    _, body = _message(spec, number)
+                    row = {"message_id": body["id"], "body": json.dumps(body)}
+                    lines.append(json.dumps(row))
+                    number += 1
+                name = f"{spec.incarnation:04d}-{written:06d}.json"
+                (staging / name).write_text("\n".join(lines) + "\n")
+                os.replace(staging / name, inbox / name)  # whole, or not there
+                written += 1
+            for path in _committed_files(checkpoint) - acked_files:
+                for line in Path(path).read_text().splitlines():
+                    body = json.loads(json.loads(line)["body"])
+                    worker.record("ack", entity=spec.entity, mode="passive", queued=False, **body)
+                acked_files.add(path)
+            waiting = _input_files(inbox) - acked_files
+            worker.status.update(acked_files=len(acked_files), pending=len(waiting))
+            time.sleep(0.2)
+    finally:
+        worker.stop.set()
+        if query is not None:
+            with contextlib.suppress(Exception):
+                query.stop()
+        if spark is not None:
+            spark.stop()
+        beat.join(5)
+
+
+def _start_spark_query(spark: Any, spec: WorkerSpec, inbox: Path, checkpoint: Path) -> Any:
+    return (
+        spark.readStream.schema("message_id string, body string")
+        .option("maxFilesPerTrigger", 1)
+        .json(str(inbox))
+        .writeStream.format("georep")
+        .options(
+            primaryConnectionString=spec.primary,
+            secondaryConnectionString=spec.secondary,
+            queueName=spec.entity,
+            mode="passive",
+            attemptTimeoutSeconds="5",
+        )
+        .option("checkpointLocation", str(checkpoint))
+        .trigger(processingTime="1 second")
+        .start()
+    )
+
+
+def _input_files(inbox: Path) -> set[str]:
+    return {str(path) for path in inbox.glob("*.json")}
+
+
+def _committed_files(checkpoint: Path) -> set[str]:
+    """The input files of the micro-batches the checkpoint says committed (local paths)."""
+    with contextlib.suppress(OSError):
+        committed = {int(p.name) for p in (checkpoint / "commits").iterdir() if p.name.isdigit()}
+        files: set[str] = set()
+        for log in (checkpoint / "sources" / "0").iterdir():
+            if not log.name.split(".")[0].isdigit():
+                continue
+            for line in log.read_text(errors="replace").splitlines()[1:]:  # after "v1"
+                with contextlib.suppress(ValueError, KeyError, TypeError):
+                    entry = json.loads(line)
+                    if entry["batchId"] in committed:
+                        files.add(unquote(urlparse(entry["path"]).path))
+        return files
+    return set()
+
+
 def _entity_names(spec: WorkerSpec) -> dict[str, Any]:
     if "/Subscriptions/" in spec.entity:
         topic, subscription = spec.entity.split("/Subscriptions/")
@@ -338,7 +480,12 @@ def _receiver_options(worker: _Worker) -> dict[str, Any]:
     from georep.adapters.redis import RedisSeenSet
 
     spec = worker.spec
-    seen = RedisSeenSet.from_url(spec.redis_url, group=spec.entity.replace("/", ":"), window=3600)
+    seen = RedisSeenSet.from_url(
+        spec.seen_url or spec.redis_url,
+        cluster=spec.seen_cluster,
+        group=spec.entity.replace("/", ":"),
+        window=3600,
+    )
     options: dict[str, Any] = {
         "seen": seen,
         "concurrency": 8,
@@ -455,7 +602,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     worker = _Worker(spec)
     worker.write_status(started=time.time())
-    if spec.role == "sender" and spec.sync:
+    if spec.role == "sender" and spec.spark:
+        _send_spark(worker)
+    elif spec.role == "sender" and spec.sync:
         _send_sync(worker)
     elif spec.role == "sender":
         asyncio.run(_send_async(worker))
