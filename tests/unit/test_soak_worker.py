@@ -68,10 +68,11 @@ def test_the_soak_prints_a_hung_process_with_its_tasks_from_the_exit_watch(tmp_p
 def test_a_spark_senders_rows_are_acknowledged_by_the_batches_its_checkpoint_committed(
     tmp_path: Path,
 ) -> None:
-    from georep.cli.soak.worker import _committed_files
+    from georep.cli.soak.worker import _CommittedFiles
 
     checkpoint = tmp_path / "checkpoint"
-    assert _committed_files(checkpoint) == set()  # the query has not started yet
+    committed_files = _CommittedFiles(checkpoint)
+    assert committed_files() == set()  # the query has not started yet
     (checkpoint / "commits").mkdir(parents=True)
     (checkpoint / "sources" / "0").mkdir(parents=True)
     for batch in (0, 1):
@@ -84,4 +85,10 @@ def test_a_spark_senders_rows_are_acknowledged_by_the_batches_its_checkpoint_com
         ]
         (checkpoint / "sources" / "0" / str(batch)).write_text("\n".join(["v1", *lines]))
     (checkpoint / "sources" / "0" / ".2.tmp").write_text("v1\n{not json")
-    assert _committed_files(checkpoint) == {str(inbox / n) for n in ("a.json", "b.json", "c.json")}
+    assert committed_files() == {str(inbox / n) for n in ("a.json", "b.json", "c.json")}
+    # Batch 2 commits; batch 3's files are only in a compacted log.
+    (checkpoint / "commits" / "2").write_text("v1\n{}\n")
+    (checkpoint / "commits" / "3").write_text("v1\n{}\n")
+    entry = {"path": (inbox / "e.json").as_uri(), "timestamp": 1, "batchId": 3}
+    (checkpoint / "sources" / "0" / "3.compact").write_text("v1\n" + json.dumps(entry))
+    assert committed_files() == {str(inbox / f"{n}.json") for n in "abcde"}

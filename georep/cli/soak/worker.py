@@ -375,7 +375,8 @@ def _send_spark(worker: _Worker) -> None:
     # The heartbeat first: Spark takes a while to start on a busy machine. Rows an earlier
     # incarnation wrote that no batch committed keep the system from being quiet.
     beat = worker.heartbeat_thread()
-    worker.status["pending"] = len(_input_files(inbox) - _committed_files(checkpoint))
+    committed_files = _CommittedFiles(checkpoint)
+    worker.status["pending"] = len(_input_files(inbox) - committed_files())
     spark: Any = None
     query: Any = None
     acked_files: set[str] = set()
@@ -411,14 +412,14 @@ def _send_spark(worker: _Worker) -> None:
                 (staging / name).write_text("\n".join(lines) + "\n")
                 os.replace(staging / name, inbox / name)  # whole, or not there
                 written += 1
-            for path in _committed_files(checkpoint) - acked_files:
+            for path in committed_files() - acked_files:
                 for line in Path(path).read_text().splitlines():
                     body = json.loads(json.loads(line)["body"])
                     worker.record("ack", entity=spec.entity, mode="passive", queued=False, **body)
                 acked_files.add(path)
             waiting = _input_files(inbox) - acked_files
             worker.status.update(acked_files=len(acked_files), pending=len(waiting))
-            time.sleep(0.2)
+            time.sleep(0.5)
     finally:
         worker.stop.set()
         if query is not None:
@@ -452,21 +453,38 @@ def _input_files(inbox: Path) -> set[str]:
     return {str(path) for path in inbox.glob("*.json")}
 
 
-def _committed_files(checkpoint: Path) -> set[str]:
-    """The input files of the micro-batches the checkpoint says committed (local paths)."""
-    with contextlib.suppress(OSError):
-        committed = {int(p.name) for p in (checkpoint / "commits").iterdir() if p.name.isdigit()}
-        files: set[str] = set()
-        for log in (checkpoint / "sources" / "0").iterdir():
-            if not log.name.split(".")[0].isdigit():
-                continue
-            for line in log.read_text(errors="replace").splitlines()[1:]:  # after "v1"
-                with contextlib.suppress(ValueError, KeyError, TypeError):
-                    entry = json.loads(line)
-                    if entry["batchId"] in committed:
-                        files.add(unquote(urlparse(entry["path"]).path))
+class _CommittedFiles:
+    """The input files of the micro-batches a checkpoint says committed (local paths),
+    read incrementally: a batch's source log is written once, so each is parsed once (a
+    30-minute soak leaves about a thousand)."""
+
+    def __init__(self, checkpoint: Path) -> None:
+        self.checkpoint = checkpoint
+        self._files: dict[int, list[str]] = {}
+
+    def __call__(self) -> set[str]:
+        with contextlib.suppress(OSError):
+            commits = (self.checkpoint / "commits").iterdir()
+            committed = {int(p.name) for p in commits if p.name.isdigit()}
+            for batch in sorted(committed - set(self._files)):
+                self._files[batch] = self._read(batch)
+            return {path for batch in committed for path in self._files.get(batch, ())}
+        return set()
+
+    def _read(self, batch: int) -> list[str]:
+        """The files of ``batch``, from its own log or the compacted one that holds it."""
+        logs = self.checkpoint / "sources" / "0"
+        files = []
+        for log in (logs / str(batch), *sorted(logs.glob("*.compact"))):
+            with contextlib.suppress(OSError):
+                for line in log.read_text(errors="replace").splitlines()[1:]:  # after "v1"
+                    with contextlib.suppress(ValueError, KeyError, TypeError):
+                        entry = json.loads(line)
+                        if entry["batchId"] == batch:
+                            files.append(unquote(urlparse(entry["path"]).path))
+            if files:
+                break
         return files
-    return set()
 
 
 def _entity_names(spec: WorkerSpec) -> dict[str, Any]:
