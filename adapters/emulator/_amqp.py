@@ -230,6 +230,15 @@ class AmqpConnection(asyncio.Protocol):
         assert isinstance(transport, asyncio.Transport)
         self.transport = transport
         self.server.connections.add(self)
+        # A connection accepted before a fault and set up after it (its socket was being
+        # handed to the loop while outage() dropped the others, or blackhole() paused them)
+        # meets the fault as the others did: it must not outlive an outage or answer in a
+        # blackhole.
+        faults = self.server.faults
+        if faults.down:
+            transport.abort()
+        elif faults.paused:
+            self.paused = True
 
     def data_received(self, data: bytes) -> None:
         if self.paused:

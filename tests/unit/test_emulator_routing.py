@@ -38,3 +38,27 @@ def test_other_http_is_the_admin_api(server: NamespaceServer) -> None:
 @pytest.mark.parametrize("partial", [b"AM", b"GET /$servicebus/web"])
 def test_waits_until_the_bytes_decide(server: NamespaceServer, partial: bytes) -> None:
     assert server._after_tls(partial) is None
+
+
+class _Transport(asyncio.Transport):
+    def __init__(self) -> None:
+        super().__init__()
+        self.aborted = False
+
+    def abort(self) -> None:
+        self.aborted = True
+
+
+@pytest.mark.parametrize("fault", ["none", "down", "paused"])
+def test_a_connection_set_up_after_a_fault_began_meets_it_as_the_others_did(
+    server: NamespaceServer, fault: str
+) -> None:
+    """Accepted before ``outage()``/``blackhole()`` and handed to the loop after it swept the
+    connections: it must not outlive the outage or answer in the blackhole."""
+    server.faults.down = fault == "down"
+    server.faults.paused = fault == "paused"
+    connection, transport = AmqpConnection(server), _Transport()
+
+    connection.connection_made(transport)
+    assert transport.aborted == (fault == "down")
+    assert connection.paused == (fault == "paused")
