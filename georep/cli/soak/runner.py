@@ -551,13 +551,15 @@ class _Soak:
     def _create_entities(self) -> None:
         for region in ("primary", "secondary"):
             control = self.emulator.namespace(region)
-            control.create_queue(QUEUE, lock_duration=LOCK_SECONDS, enable_partitioning=True)
-            control.create_queue(PAIRED_QUEUE, lock_duration=LOCK_SECONDS)
+            for name in (QUEUE, PAIRED_QUEUE):
+                control.create_queue(
+                    name, lock_duration=LOCK_SECONDS, enable_partitioning=name in PARTITIONED
+                )
             control.create_queue(
                 SESSION_QUEUE,
                 lock_duration=SESSION_LOCK_SECONDS,
                 requires_session=True,
-                enable_partitioning=True,
+                enable_partitioning=SESSION_QUEUE in PARTITIONED,
             )
             control.create_topic(TOPIC)
             with self.emulator.admin_client(region) as admin:
