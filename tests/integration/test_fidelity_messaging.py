@@ -215,17 +215,25 @@ def _async_client(emu: Emulator) -> None:
 
 @check("`AutoLockRenewer` on messages")
 def _auto_lock_renewer(emu: Emulator) -> None:
-    # A 5 s lock: the SDK's renewer thread lags on a loaded machine, and 2 s expired once.
-    queue = make_queue(emu, lock_duration=5)
+    # A 10 s lock, the messages registered as they are received (the receiver's
+    # auto_lock_renewer): the SDK's renewer thread renews every half second, but with a
+    # 5 s lock and the messages registered after all three arrived, it fell behind a lock
+    # on a loaded machine (fresh-clone CI, 10 workers on two cores).
+    queue = make_queue(emu, lock_duration=10)
     send(emu, queue, *(ServiceBusMessage(f"m{i}") for i in range(3)))
-    with client_for(emu) as client, client.get_queue_receiver(queue) as receiver:
+    with (
+        client_for(emu) as client,
+        AutoLockRenewer(max_lock_renewal_duration=60) as renewer,
+        client.get_queue_receiver(queue, auto_lock_renewer=renewer) as receiver,
+    ):
         messages = receive_all(receiver, 3)
-        with AutoLockRenewer(max_lock_renewal_duration=30) as renewer:
-            for message in messages:
-                renewer.register(receiver, message)
-            time.sleep(6)  # beyond the 5 s lock: only renewal keeps the locks
-            for message in messages:
-                receiver.complete_message(message)
+        first_lock = max(m.locked_until_utc for m in messages)
+        # Until every first lock has run out: only renewal keeps them.
+        while dt.datetime.now(dt.UTC) < first_lock + dt.timedelta(seconds=1):
+            time.sleep(0.2)
+        assert all(m.locked_until_utc > first_lock for m in messages), "renewed"
+        for message in messages:
+            receiver.complete_message(message)
     assert emu.namespace("primary").message_count(queue) == 0
 
 

@@ -81,8 +81,11 @@ async def test_a_handler_that_fails_once_is_processed_once_after_redelivery(
 async def test_duplicate_reception_after_a_lost_response_is_processed_once(
     emu: Emulator, queue: str, seen: RedisSeenSet
 ) -> None:
+    # 5 s per attempt: the dropped answer costs one wait before the failover; with 1 s,
+    # the secondary's answer came later than that on a loaded machine too (fresh-clone CI,
+    # ten workers on two cores) and the send failed in both regions.
     async with on_emulator(
-        GeoSender, emu, queue, policy=FailoverPolicy(attempt_timeout=1.0)
+        GeoSender, emu, queue, policy=FailoverPolicy(attempt_timeout=5.0)
     ) as sender:
         await sender.send_messages(ServiceBusMessage("warm-up"))
         await asyncio.to_thread(emu.namespace("primary").drop_dispositions, 5)
