@@ -348,7 +348,7 @@ class Intake:
             for message_id in ids:
                 self._staged[message_id] = batch
         if done:
-            await self._seen.commit([self._receiver.seen_key(i) for i in done], owner=self._owner)
+            await self._commit([self._receiver.seen_key(i) for i in done])
         await asyncio.to_thread(self._staging.drop_through, self._committed)
         if self._batch_ids:
             _log.info(
@@ -437,8 +437,7 @@ class Intake:
         ids = [message_id for b in batches for message_id in self._batch_ids[b]]
         try:
             if ids:
-                keys = [self._receiver.seen_key(message_id) for message_id in ids]
-                await self._seen.commit(keys, owner=self._owner)
+                await self._commit([self._receiver.seen_key(message_id) for message_id in ids])
         except StoreUnavailableError as exc:
             _log.warning(
                 "georep source: the seen-set did not answer (%s); batches up to %d are "
@@ -457,6 +456,14 @@ class Intake:
             if not future.done():
                 future.set_result(None)
         await asyncio.to_thread(self._staging.drop_through, batch)
+
+    async def _commit(self, keys: list[str]) -> None:
+        """Record ``keys`` as done in the seen-set, and tell every lane: their twins are
+        then settled without a claim, and a handler still waiting on one is not reported
+        as having lost its claim."""
+        await self._seen.commit(keys, owner=self._owner)
+        for receiver in self._receivers:
+            receiver.record_outcomes(keys)
 
     async def _close(self) -> None:
         self._closing = True

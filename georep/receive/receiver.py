@@ -25,7 +25,15 @@ from georep._policy import DedupKey, Seconds, count, positive_seconds, seconds
 from georep._region_wrap import open_pair, wrap_pair
 from georep._telemetry import ReceiverMetrics, TracingGate
 from georep.exceptions import ConfigurationError, SettlementError
-from georep.ports import Clock, Ledger, RegionReceiver, RegionSessions, SeenStore, SessionStateStore
+from georep.ports import (
+    ClaimState,
+    Clock,
+    Ledger,
+    RegionReceiver,
+    RegionSessions,
+    SeenStore,
+    SessionStateStore,
+)
 from georep.receive.context import ReceiveContext, ReceiverStats, RecentOutcomes
 from georep.receive.outcomes import (
     ABANDON,
@@ -451,6 +459,18 @@ class GeoReceiver(FromNamespaces, AsyncResource):
     def seen_key(self, value: str) -> str:
         """The seen-set key this receiver uses for the dedup key ``value`` (its scope + it)."""
         return self._scope_prefix + value
+
+    def record_outcomes(self, keys: Sequence[str], state: ClaimState = ClaimState.DONE) -> None:
+        """Tell this receiver that its owner committed ``keys`` (seen-set keys, see
+        :meth:`seen_key`) with ``state`` itself, outside the receiver (the Spark source
+        commits a micro-batch's ids when Spark commits the batch, while the copies'
+        handlers still wait for it).
+
+        The receiver then settles their twins without a claim, as it does for outcomes it
+        recorded, and does not report a running handler's key as a lost claim when the
+        lease renewal finds it already committed.
+        """
+        self._context.recent.add(keys, state, None)
 
     # ------------------------------------------------------------ handler decisions
 

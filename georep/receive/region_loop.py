@@ -651,7 +651,9 @@ class RegionLoop:
         except StoreUnavailableError:
             return
         for key, ok in zip(keys, kept, strict=True):
-            if not ok:
+            # A key its owner committed outside the receiver (record_outcomes) is done,
+            # not lost to another consumer.
+            if not ok and self._recent.get(key) is None:
                 _log.warning(
                     "lost the claim on %s in %s while its handler ran: another consumer "
                     "may process it too (raise lease= above the handler's run time)",

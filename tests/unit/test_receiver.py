@@ -175,6 +175,34 @@ async def test_a_released_or_expired_claim_elsewhere_is_claimed_again(world: Wor
     assert world.processed["k"] == 1 and world.primary.pending == 0
 
 
+@pytest.mark.parametrize("told", [True, False])
+async def test_a_key_committed_by_its_owner_outside_the_receiver_is_no_lost_claim(
+    world: World, told: bool, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The Spark source commits a batch's ids itself while their handlers still wait; a
+    lease renewal then finds them done. Told (record_outcomes), the receiver does not warn
+    that another consumer may process them; and their twins need no claim."""
+    world.primary.put(FakeMessage(b"x", "a"))
+    geo = world.receiver(lease=3)
+    claims_before_twin: list[int] = []  # claims made until the twin arrives
+
+    async def committed_outside(message: Any) -> None:
+        key = geo.seen_key(message.message_id)
+        await world.seen.commit([key], owner=geo.owner)
+        if told:
+            geo.record_outcomes([key])
+        await world.clock.sleep(4)  # the lease is renewed each second meanwhile
+        claims_before_twin.append(sum(world.seen.claimed.values()))
+        world.secondary.put(FakeMessage(b"x", "a"))
+
+    await world.run_for(geo, 10, committed_outside)
+    lost = "lost the claim on" in caplog.text
+    assert lost != told
+    assert len(world.secondary.completed) == 1, "the twin was settled as one"
+    if told:
+        assert sum(world.seen.claimed.values()) == claims_before_twin[0], "the twin took no claim"
+
+
 async def test_a_long_handler_keeps_its_lock_and_its_lease(world: World) -> None:
     world.primary.lock_duration = 4
     world.primary.put(FakeMessage(b"x", "slow"))
