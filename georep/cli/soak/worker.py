@@ -386,8 +386,13 @@ def _send_spark(worker: _Worker) -> None:
             "local[1, 3]",  # one core, and a failed task tried up to 3 times
             app_name=f"georep-soak-{spec.name}",
             config={
-                # The file source's log uncompacted: the batch of each file stays readable.
+                # The file source's log uncompacted, and no batch's logs purged (Spark keeps
+                # the last 100 by default): the batch of each file, and whether it
+                # committed, stay readable for a restarted incarnation (a 30-minute soak
+                # runs about 900 batches; with the default, every file older than the last
+                # 100 batches looked uncommitted to it, and the run never went quiet).
                 "spark.sql.streaming.fileSource.log.compactInterval": "1000000",
+                "spark.sql.streaming.minBatchesToRetain": "1000000",
                 "spark.sql.shuffle.partitions": "1",
             },
         )
