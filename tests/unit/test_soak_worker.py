@@ -9,6 +9,8 @@ import json
 import signal
 from pathlib import Path
 
+import pytest
+
 from georep.cli.soak.worker import WorkerSpec, _Worker
 
 
@@ -66,9 +68,9 @@ def test_the_soak_prints_a_hung_process_with_its_tasks_from_the_exit_watch(tmp_p
 
 
 def test_a_spark_senders_rows_are_acknowledged_by_the_batches_its_checkpoint_committed(
-    tmp_path: Path,
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from georep.cli.soak.worker import _CommittedFiles
+    from georep.cli.soak.worker import _CommittedFiles, _input_files
 
     checkpoint = tmp_path / "checkpoint"
     committed_files = _CommittedFiles(checkpoint)
@@ -92,3 +94,10 @@ def test_a_spark_senders_rows_are_acknowledged_by_the_batches_its_checkpoint_com
     entry = {"path": (inbox / "e.json").as_uri(), "timestamp": 1, "batchId": 3}
     (checkpoint / "sources" / "0" / "3.compact").write_text("v1\n" + json.dumps(entry))
     assert committed_files() == {str(inbox / f"{n}.json") for n in "abcde"}
+    # The files written, found from a relative directory (CI's report is `soak-report`),
+    # are the ones Spark's logs name: none is left pending once every batch committed.
+    inbox.mkdir()
+    for name in "abcde":
+        (inbox / f"{name}.json").write_text("{}")
+    monkeypatch.chdir(tmp_path)
+    assert _input_files(Path("in box")) - committed_files() == set()

@@ -455,7 +455,9 @@ def _start_spark_query(spark: Any, spec: WorkerSpec, inbox: Path, checkpoint: Pa
 
 
 def _input_files(inbox: Path) -> set[str]:
-    return {str(path) for path in inbox.glob("*.json")}
+    """The input files written so far, as absolute real paths: Spark's logs name them so,
+    and the soak's report directory may be given relative (``soak-report``, as CI runs it)."""
+    return {os.path.realpath(path) for path in inbox.glob("*.json")}
 
 
 class _CommittedFiles:
@@ -486,7 +488,7 @@ class _CommittedFiles:
                     with contextlib.suppress(ValueError, KeyError, TypeError):
                         entry = json.loads(line)
                         if entry["batchId"] == batch:
-                            files.append(unquote(urlparse(entry["path"]).path))
+                            files.append(os.path.realpath(unquote(urlparse(entry["path"]).path)))
             if files:
                 break
         return files
