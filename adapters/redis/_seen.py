@@ -643,8 +643,8 @@ class RedisSeenSet(_SeenSetBase):
         # SCRIPT EXISTS round trip to every pipeline. A NOSCRIPT answer (new or restarted
         # server, a replica that took over, SCRIPT FLUSH) loads the script and reruns only
         # the calls that got it. On a cluster the pipeline sends each node its calls, all
-        # nodes at once; a call whose pooled connection the node dropped (a master
-        # restarted since) is sent once more on a new one, like the single server's client
+        # nodes at once; a pipeline that met a pooled connection a node dropped (a master
+        # restarted since) is sent once more on new ones, like the single server's client
         # does (each operation is idempotent for its owner: a rerun changes nothing more).
         reloaded = resent = False
         for attempt in range(3):
@@ -675,30 +675,31 @@ class RedisSeenSet(_SeenSetBase):
                 pipe.execute_command("EVALSHA", *calls[index])
             self.round_trips += 1
             answers = await pipe.execute(raise_on_error=False)
+            if (
+                self._cluster
+                and not resent
+                and any(isinstance(answer, RedisConnectionError) for answer in answers)
+            ):
+                resent = True  # the whole pipeline once more, layout check and all
+                continue
             if check_layout:
                 self._check_layout(answers[1])
                 self._layout_bucket = bucket
                 answers = answers[3:]
             missing: list[int] = []
-            dropped: list[int] = []
             for index, answer in zip(pending, answers, strict=True):
                 if isinstance(answer, NoScriptError) and not reloaded:
                     missing.append(index)
-                elif isinstance(answer, RedisConnectionError) and not resent and self._cluster:
-                    dropped.append(index)
                 elif isinstance(answer, Exception):
                     raise answer
                 else:
                     results[index] = answer
-            if not missing and not dropped:
+            if not missing:
                 break
-            if dropped:
-                resent = True
-            if missing:
-                reloaded = True
-                self.round_trips += 1
-                await self._redis.script_load(_SCRIPT)  # on a cluster: on every master
-            pending = sorted(missing + dropped)
+            reloaded = True
+            self.round_trips += 1
+            await self._redis.script_load(_SCRIPT)  # on a cluster: on every master
+            pending = missing
         return results
 
     def _check_layout(self, recorded: Any) -> None:
