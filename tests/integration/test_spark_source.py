@@ -294,3 +294,41 @@ async def test_the_sink_sends_a_replayed_batch_once(
     handled = await _processed(emu, queue)
     assert len(handled) == 50 and set(handled.values()) == {1}
     assert {f"id-{i}" for i in range(10)} <= set(handled)
+
+
+def test_a_query_killed_while_writing_its_first_offsets_starts_again_once_the_leftovers_go(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    """The soak's Spark sender, as a supervisor: Spark refuses a checkpoint with no offsets
+    but a leftover ``offsets/.0.<uuid>.tmp`` (a kill mid-write); without it, it starts."""
+    from georep.cli.soak.worker import discard_interrupted_writes
+
+    inbox, checkpoint = tmp_path / "inbox", tmp_path / "checkpoint"
+    inbox.mkdir()
+    (inbox / "a.json").write_text('{"message_id": "a"}\n')
+
+    def start() -> Any:
+        return (
+            spark.readStream.schema("message_id string")
+            .json(str(inbox))
+            .writeStream.format("parquet")
+            .option("path", str(tmp_path / "out"))
+            .option("checkpointLocation", str(checkpoint))
+            .start()
+        )
+
+    (checkpoint / "offsets").mkdir(parents=True)
+    (checkpoint / "offsets" / f".0.{uuid.uuid4()}.tmp").write_text("v1\n{")
+    (checkpoint / "offsets" / f"..0.{uuid.uuid4()}.tmp.crc").write_bytes(b"crc")
+    with pytest.raises(Exception, match="STATE_STORE_CHECKPOINT_LOCATION_NOT_EMPTY"):
+        start().awaitTermination(120)
+
+    assert len(discard_interrupted_writes(checkpoint)) == 2
+    query = start()
+    try:
+        query.processAllAvailable()
+        assert query.exception() is None
+        assert pq.read_table(tmp_path / "out").column("message_id").to_pylist() == ["a"]
+        assert (checkpoint / "commits" / "0").exists()
+    finally:
+        query.stop()
