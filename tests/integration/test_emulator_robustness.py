@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -148,8 +149,15 @@ def test_threads_settling_on_one_sync_receiver(
 
 
 def test_sync_auto_lock_renewer_with_many_messages(
-    sync_client: SyncClient, make_queue: Callable[..., str], georep_emulator: Emulator
+    sync_client: SyncClient,
+    make_queue: Callable[..., str],
+    georep_emulator: Emulator,
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
+    # Failed once in a full run, unexplained: the SDK's handler was closed under the
+    # renewer's threads before any error-level line. The SDK's own debug log is kept for
+    # the next time, and the renewals' errors are checked before the completions.
+    caplog.set_level(logging.DEBUG, logger="azure.servicebus")
     # A 20 s lock: the renewer renews once a lock has under 10 s left, so a 10 s lock left
     # its threads no slack, and on a loaded machine one lagged past the expiry.
     queue = _send_sync(sync_client, make_queue(lock_duration=20), COUNT)
@@ -172,6 +180,7 @@ def test_sync_auto_lock_renewer_with_many_messages(
         for message in messages:
             renewer.register(receiver, message)
         time.sleep(23)  # beyond the lock: only renewals keep it
+        assert failures == []
         for message in messages:
             receiver.complete_message(message)
     assert failures == []
