@@ -115,7 +115,10 @@ async def test_gathered_settlements_of_every_kind(
 async def test_auto_lock_renewer_with_many_messages(
     client: ServiceBusClient, make_queue: Callable[..., str], georep_emulator: Emulator
 ) -> None:
-    queue = await _send(client, make_queue(lock_duration=5), COUNT)
+    # A 20 s lock, the locks running out 0.5 s apart: the renewer renews 10 s before a lock
+    # runs out, and a 5 s lock renewed at one instant for all 12 lost one under the suite's
+    # load (a fresh-clone run), as the sync test below did.
+    queue = await _send(client, make_queue(lock_duration=20), COUNT)
     failures: list[BaseException | None] = []
 
     async def on_failure(_renewable: object, error: BaseException | None) -> None:
@@ -127,8 +130,11 @@ async def test_auto_lock_renewer_with_many_messages(
     ):
         messages = await _receive(receiver, COUNT)
         for message in messages:
+            await receiver.renew_message_lock(message)
+            await asyncio.sleep(0.5)
+        for message in messages:
             renewer.register(receiver, message)
-        await asyncio.sleep(8)  # past the lock duration: only renewal keeps the locks
+        await asyncio.sleep(23)  # past every lock: only renewal keeps the locks
         await asyncio.gather(*(receiver.complete_message(m) for m in messages))
     assert failures == []
     assert georep_emulator.namespace("primary").message_count(queue) == 0
