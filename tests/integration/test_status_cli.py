@@ -241,8 +241,10 @@ def test_one_namespace_variable_alone_is_not_a_pair_and_says_so(app: str) -> Non
 async def test_status_names_the_receivers_holding_claims_and_the_expired_ones(app: str) -> None:
     group = f"status-{uuid.uuid4().hex[:8]}"
     async with RedisSeenSet.from_url(REDIS_URL, group=group, window=60) as seen:
-        await seen.claim(["a", "b"], owner="web-1:42:aaaa/primary", lease=30)
-        await seen.claim(["c"], owner="web-2:7:bbbb/secondary", lease=30)
+        # An hour's lease: web-1's claim must still be live when status reads it, however
+        # long a loaded machine takes to get there (30 s ran out once in CI).
+        await seen.claim(["a", "b"], owner="web-1:42:aaaa/primary", lease=3600)
+        await seen.claim(["c"], owner="web-2:7:bbbb/secondary", lease=3600)
         await seen.commit(["b"], owner="web-1:42:aaaa/primary")
         # web-2 crashed: its claim's deadline passed (set in the past rather than waited).
         claims = [key async for key in seen._redis.scan_iter(match=f"georep:seen:{group}:*:c")]
