@@ -126,6 +126,18 @@ class ServiceBusRegionReceiver(SdkRegion):
     def _locked_until(self, message: Any) -> Any:
         return message.locked_until_utc
 
+    async def open(self) -> None:
+        """Open the receiver's link now (the SDK's ``async with receiver`` does), so that
+        the first receive does not wait for it. Idempotent.
+
+        Raises:
+            RegionError: The region refused or could not be reached.
+        """
+        if self._link_open:
+            return
+        await self._call(self._receiver.__aenter__)
+        self._link_open = True
+
     async def receive(self, max_messages: int, *, max_wait: float) -> list[Any]:
         started = time.monotonic()
         try:

@@ -40,7 +40,7 @@ from typing import Any, Final
 from georep._channel import CALL_SECONDS, bounded_call
 from georep._classify import every_region_refused
 from georep._clock import SystemClock
-from georep._lifecycle import AsyncResource, close_all, stop_tasks
+from georep._lifecycle import AsyncResource, close_all, start_task, stop_tasks
 from georep.exceptions import (
     AllRegionsUnavailableError,
     AlreadySettledError,
@@ -75,6 +75,9 @@ previous one returned stops it (a slow consumer holds no more locks than it aske
 KEEPING_UP: Final = 0.05
 """Seconds between a receive's return and the next call under which the application
 counts as keeping up."""
+OPEN_WAIT: Final = 5.0
+"""Seconds :meth:`PullReceiver.open` waits at most for a region's link to open (a region
+still opening then goes on in the background)."""
 BUSY_POLL: Final = 0.1
 """Seconds a receive waits on an empty region while this receiver holds copies there."""
 _SWEEP_PEEK: Final = 32
@@ -386,6 +389,7 @@ class PullReceiver(AsyncResource):
         self._closing = False
         self._stop_fetching = asyncio.Event()
         self._started = False
+        self._opening: list[asyncio.Task[bool]] = []
 
     @property
     def entity(self) -> str:
@@ -403,6 +407,45 @@ class PullReceiver(AsyncResource):
         return list(self._probes)
 
     # ------------------------------------------------------------------- receiving
+
+    async def open(self, wait: float = OPEN_WAIT) -> None:
+        """Open both regions' links now, as the SDK's ``async with receiver`` opens its
+        one, so that the first receive does not wait for them. Idempotent.
+
+        Returns once a region's link is open, every region failed, or ``wait`` seconds
+        passed: a region that is down or slow does not hold the caller up, and goes on
+        opening in the background (its first receive waits for it). Nothing is raised
+        here: a receive raises what the regions answered, as it would without this call.
+
+        Raises:
+            ClosedError: The receiver was closed.
+        """
+        self._check_open()
+        if self._opening:
+            return
+        self._opening = [
+            start_task(self._open_region(fetch), name=f"georep-open {label}")
+            for label, fetch in self._fetches.items()
+        ]
+        pending: set[asyncio.Task[bool]] = set(self._opening)
+        with contextlib.suppress(TimeoutError), self._clock.deadline(wait):
+            while pending:
+                done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+                if any(task.result() for task in done):
+                    return
+
+    async def _open_region(self, fetch: _Fetch) -> bool:
+        """Open one region's link (bounded); whether it opened."""
+        opener = getattr(fetch.probe.inner, "open", None)
+        if opener is None:
+            return True  # a receiver without links to open (a test double)
+        try:
+            with bounded_call(self._clock, fetch.probe.region, "opening the link"):
+                await fetch.probe.call(lambda _: opener())
+        except RegionError as exc:
+            _log.debug("opening %s's link failed: %s", fetch.probe.region, exc)
+            return False
+        return True
 
     async def receive(self, max_count: int, max_wait: float | None) -> list[Handout]:
         """Up to ``max_count`` messages, waiting at most ``max_wait`` seconds for the first
@@ -934,6 +977,7 @@ class PullReceiver(AsyncResource):
                 # delivery); one it never got goes back without counting as an attempt.
                 handout.decided.set_result(ABANDON if handout.handed_out else RETURNED)
         self._stop_fetching.set()
+        await stop_tasks([task for task in self._opening if not task.done()], clock=self._clock)
         fetchers = [f.task for f in self._fetches.values() if f.task is not None]
         await self._bounded(fetchers, self.poll + RECEIVE_GRACE, "fetcher")
         settling = [h.settled for h in pending]

@@ -607,3 +607,75 @@ async def test_random_receives_and_settlements_hand_each_message_out_until_it_is
     assert final == Counter(ids), f"seed {seed}: each message one final outcome"
     for region in (world.primary, world.secondary):
         assert region.pending == 0, f"seed {seed}: {region.region} keeps a copy"
+
+
+class _Opening:
+    """A region receiver's ``open`` that ends when told to (or fails)."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+        self.outcome: asyncio.Future[BaseException | None] | None = None
+
+    async def __call__(self) -> None:
+        self.calls += 1
+        self.outcome = asyncio.get_running_loop().create_future()
+        error = await self.outcome
+        if error is not None:
+            raise error
+
+
+def _with_open(region: InMemoryRegionReceiver) -> _Opening:
+    opening = _Opening()
+    region.open = opening  # type: ignore[attr-defined]
+    return opening
+
+
+async def _start_opening(
+    world: World, wait: float | None = None
+) -> tuple[_Opening, _Opening, PullReceiver, asyncio.Future[None]]:
+    """Both regions' ``open`` held, and ``pull.open()`` started: the openings, the pull
+    receiver and the call."""
+    first, second = _with_open(world.primary), _with_open(world.secondary)
+    pull = world.pull()
+    opened = asyncio.ensure_future(pull.open() if wait is None else pull.open(wait=wait))
+    for _ in range(5):  # a few loop turns: the opening tasks start
+        await asyncio.sleep(0)
+    return first, second, pull, opened
+
+
+async def test_open_returns_once_one_region_is_open_and_the_other_goes_on_opening(
+    world: World,
+) -> None:
+    first, second, pull, opened = await _start_opening(world)
+    assert first.calls == second.calls == 1 and not opened.done()
+    assert second.outcome is not None
+    second.outcome.set_result(None)
+    await asyncio.wait_for(opened, 1)
+    assert first.outcome is not None and not first.outcome.done()  # still opening
+    await pull.open()  # idempotent: not opened again
+    assert first.calls == second.calls == 1
+    first.outcome.set_result(None)
+    world.both("a")
+    (handout,) = await world.run(pull.receive(1, 5))
+    assert handout.message.message_id == "a"
+    await world.close(pull)
+
+
+async def test_open_waits_at_most_its_bound_for_regions_that_do_not_answer(world: World) -> None:
+    _, _, pull, opened = await _start_opening(world, wait=2.0)
+    await world.clock.advance(1.9)
+    assert not opened.done()
+    await world.clock.advance(0.2)
+    await asyncio.wait_for(opened, 1)
+    await world.close(pull)  # stops the openings still running
+
+
+async def test_open_raises_nothing_when_every_region_fails_to_open(world: World) -> None:
+    first, second, pull, opened = await _start_opening(world)
+    for region, opening in (("primary", first), ("secondary", second)):
+        assert opening.outcome is not None
+        opening.outcome.set_result(
+            RegionUnavailableError("down", region=region, kind=ErrorKind.CONNECTION)
+        )
+    await asyncio.wait_for(opened, 1)
+    await world.close(pull)

@@ -134,7 +134,9 @@ class ServiceBusReceiver(ClosedOnAsyncExit):
     # ------------------------------------------------------------------- lifecycle
 
     async def __aenter__(self) -> Self:
-        (await self._opened())._check_open()
+        """Open the receiver: its links in both regions, as the SDK's opens its one (a
+        region that is down does not hold it up: see :meth:`PullReceiver.open`)."""
+        await (await self._opened()).open()
         return self
 
     async def close(self) -> None:
