@@ -11,10 +11,11 @@ of :mod:`georep.receive.region_loop`.
 
 Fetching. Each region has a fetcher task that receives while the application waits for
 messages (as many as it still lacks, plus ``prefetch``, plus up to :data:`READ_AHEAD` while
-the application keeps up), from both regions at once. While
-nothing is asked for, it sweeps: copies at the head of its region whose key is already
+the application keeps up), from both regions at once. Once nothing has been asked for
+:data:`SWEEP_AFTER`, it sweeps: copies at the head of its region whose key is already
 final (the twins of messages settled from the other region) are received and settled, so a
-program that stops receiving leaves no copy behind that its one-region run would not.
+program that stops receiving leaves no copy behind that its one-region run would not
+(while the program keeps asking, the receives take those twins anyway).
 Copies received beyond what was asked for wait in the buffer, claimed and with their locks
 renewed, for the next call (or go back unseen when the receiver closes).
 
@@ -78,6 +79,11 @@ counts as keeping up."""
 OPEN_WAIT: Final = 5.0
 """Seconds :meth:`PullReceiver.open` waits at most for a region's link to open (a region
 still opening then goes on in the background)."""
+SWEEP_AFTER: Final = 1.0
+"""Seconds after a receive call returned before an idle region is swept (unordered): while
+the application keeps asking, both regions' fetchers receive, and so settle, the twins at
+their heads anyway, and a sweep's browse (32 messages decoded, their keys looked up) took a
+tenth of the client's CPU in ``benchmarks/dropin_receiver.py``."""
 BUSY_POLL: Final = 0.1
 """Seconds a receive waits on an empty region while this receiver holds copies there."""
 _SWEEP_PEEK: Final = 32
@@ -786,7 +792,7 @@ class PullReceiver(AsyncResource):
                         # Nothing new, and copies of ours there wait to be settled: leave
                         # the region's lock to them a moment before receiving again.
                         await self._idle(fetch, BUSY_POLL, wake=False)
-                elif not self._sweep or not await self._sweep_once(fetch):
+                elif not self._may_sweep() or not await self._sweep_once(fetch):
                     await self._idle(fetch, self.poll)
                 failures = 0
                 fetch.failing, fetch.failures = None, 0
@@ -805,6 +811,17 @@ class PullReceiver(AsyncResource):
                 failures += 1
                 _log.exception("the %s fetcher failed; retrying", fetch.probe.region)
                 await self._idle(fetch, min(0.1 * 2**failures, _BACKOFF_MAX), wake=False)
+
+    def _may_sweep(self) -> bool:
+        """Whether an idle fetcher sweeps now: not while the application is between two
+        receive calls (within :data:`SWEEP_AFTER` of the last one's return), unless the
+        regions are read one at a time (``ordered``: the others are only swept)."""
+        if not self._sweep:
+            return False
+        returned = self._returned_at
+        if self._ordered or returned is None:
+            return True
+        return self._clock.monotonic() - returned >= SWEEP_AFTER
 
     def _may_receive(self, fetch: _Fetch) -> bool:
         """Whether ``fetch`` may receive what is asked for now (``ordered``: every region

@@ -17,7 +17,7 @@ from georep import ClaimState, ConfigurationError, SettlementError
 from georep.exceptions import AllRegionsUnavailableError, RegionUnavailableError
 from georep.ports import ErrorKind
 from georep.receive.outcomes import ABANDON, COMPLETE, Decision, Settle, dead_letter_decision
-from georep.receive.pull import KEEPING_UP, READ_AHEAD, PullReceiver
+from georep.receive.pull import KEEPING_UP, READ_AHEAD, SWEEP_AFTER, PullReceiver
 from georep.testing import FakeMessage, InMemoryRegionReceiver
 
 _T = TypeVar("_T")
@@ -83,6 +83,39 @@ async def test_an_idle_receiver_sweeps_the_twins_of_what_it_completed(world: Wor
     await world.clock.advance(3)  # idle: the fetchers sweep
 
     assert world.primary.pending == world.secondary.pending == 0
+    await world.close(pull)
+
+
+async def test_no_region_is_browsed_for_twins_while_the_application_keeps_asking(
+    world: World,
+) -> None:
+    for number in range(6):
+        world.primary.put(FakeMessage(b"x", f"m{number}"))
+    browses: Counter[str] = Counter()
+    for region in (world.primary, world.secondary):
+        browse = region.peek
+
+        async def counted(count: int, browse: Any = browse, label: str = region.region) -> Any:
+            browses[label] += 1
+            return await browse(count)
+
+        region.peek = counted  # type: ignore[method-assign]
+    pull = world.pull()
+    (first,) = await world.run(pull.receive(1, 5))
+    await world.run(pull.settle(first.message, COMPLETE, "complete_message"))
+    browses.clear()
+    # A program that settles each message and asks again half a second later: its fetchers
+    # receive what it asks for, and browse nothing in between.
+    for _ in range(5):
+        await world.clock.advance(SWEEP_AFTER / 2)
+        (handout,) = await world.run(pull.receive(1, 5))
+        await world.run(pull.settle(handout.message, COMPLETE, "complete_message"))
+    assert browses == {}
+    # It stops asking, and the twin of m0 arrives: the idle fetchers sweep it.
+    world.secondary.put(FakeMessage(b"x", "m0"))
+    await world.clock.advance(SWEEP_AFTER + pull.poll + 1)
+    assert browses["secondary"] >= 1
+    assert world.secondary.pending == 0
     await world.close(pull)
 
 
