@@ -260,6 +260,8 @@ class _Batch:
 
     fetch: _Fetch
     expected: set[int]
+    keys: dict[int, str | None] = field(default_factory=dict)
+    """The copies' dedup keys, by ``id()`` of the message (read once, when received)."""
 
     def arrived(self, message_ids: Iterable[int]) -> None:
         for message_id in message_ids:
@@ -735,14 +737,14 @@ class PullReceiver(AsyncResource):
         batch = self._arrivals.pop(id(message), None)
         if batch is not None:
             batch.arrived([id(message)])
+        if batch is not None and id(message) in batch.keys:
+            key = batch.keys[id(message)]
+        else:
+            policy = self.geo.dedup_key
+            key = fetch.probe.delivery(message, policy.source, policy.name).key
         loop = asyncio.get_running_loop()
-        policy = self.geo.dedup_key
         handout = Handout(
-            message,
-            fetch.probe.region,
-            loop.create_future(),
-            loop.create_future(),
-            key=fetch.probe.delivery(message, policy.source, policy.name).key,
+            message, fetch.probe.region, loop.create_future(), loop.create_future(), key=key
         )
         self._held[id(message)] = handout
         unasked = sweeping and self._room() <= 0
@@ -878,7 +880,9 @@ class PullReceiver(AsyncResource):
     def _start_turns(
         self, fetch: _Fetch, copies: list[Copy], *, sweeping: bool = False
     ) -> asyncio.Task[bool]:
-        batch = _Batch(fetch, {id(c.message) for c in copies})
+        batch = _Batch(
+            fetch, {id(c.message) for c in copies}, {id(c.message): c.delivery.key for c in copies}
+        )
         fetch.arriving += len(batch.expected)
         held = [self.geo.seen_key(c.delivery.key) for c in copies if c.delivery.key is not None]
         fetch.held.update(held)
