@@ -207,7 +207,7 @@ async def test_status_counts_the_ids_of_a_seen_set_group_not_its_keys(app: str) 
     group = f"cli-{uuid.uuid4().hex[:8]}"
     ids = [f"order-{n}" for n in range(150)]
     async with RedisSeenSet.from_url(REDIS_URL, group=group, window=60) as seen:
-        await seen.claim(ids, owner="r1", lease=3600)  # live however long the scan waits
+        await seen.claim(ids, owner="r1", lease=3600)  # live however long status takes
         await seen.commit(ids[:100], owner="r1")
         # Ten recorded again a window later: each is then in two buckets of its hash.
         now = seen._wall_clock_ms()
