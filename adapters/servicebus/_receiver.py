@@ -141,12 +141,10 @@ class ServiceBusRegionReceiver(SdkRegion):
     async def receive(self, max_messages: int, *, max_wait: float) -> list[Any]:
         started = time.monotonic()
         try:
-            if not self._link_open:
-                # Open the link with the SDK's own open timeouts first: receive_messages
-                # bounds the open by max_wait_time too, and a short idle wait on a busy
-                # machine would then never get a link open at all.
-                await self._receiver.__aenter__()
-                self._link_open = True
+            # Open the link with the SDK's own open timeouts first: receive_messages
+            # bounds the open by max_wait_time too, and a short idle wait on a busy
+            # machine would then never get a link open at all.
+            await self.open()
             return list(
                 await self._receiver.receive_messages(
                     max_message_count=max_messages, max_wait_time=max_wait
@@ -211,9 +209,7 @@ class ServiceBusRegionReceiver(SdkRegion):
 
     async def receive_deferred(self, sequence_numbers: list[int]) -> list[Any]:
         """The deferred messages with these sequence numbers of this region, locked."""
-        if not self._link_open:
-            await self._call(self._receiver.__aenter__)
-            self._link_open = True
+        await self.open()
         return list(
             await self._call(lambda: self._receiver.receive_deferred_messages(sequence_numbers))
         )
