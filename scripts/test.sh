@@ -20,6 +20,7 @@ unset PYTHONDONTWRITEBYTECODE
 # take to start (the two Spark modules: 63 s of CPU down to 36 s), and CPU is what two cores
 # run short of. The audit's benchmarks run without this.
 export JAVA_TOOL_OPTIONS="${JAVA_TOOL_OPTIONS:--XX:TieredStopAtLevel=1 -XX:+UseSerialGC}"
+source "$(dirname "$0")/spark_cds.sh"
 if [[ "${GEOREP_TEST_WORKERS:-10}" == "0" ]]; then
     exec .venv/bin/python -m pytest -p no:cacheprovider "$@"
 fi
