@@ -10,7 +10,10 @@ time an outage. So:
   Spark session of a lane is started once;
 - every other module is a unit that one worker runs (its module fixtures, an emulator or a
   Redis Cluster, start once), except the modules in :data:`SPLIT`, whose tests are
-  independent and each a unit of its own, so that a long module is spread over workers;
+  independent and each a unit of its own, so that a long module is spread over workers,
+  and those in :data:`BY_PARAMETER`, whose tests with one parameter form a unit (the
+  drop-in client's: a sample program's raw run, module-scoped, is then made once for the
+  two tests that compare with it);
 - units go out longest first: the lanes, then :data:`EARLY` (long, timed runs), then the
   other integration units in collection order; the unit tests, quick, fill the gaps;
 - at most :data:`HEAVY_AT_ONCE` units with a test marked ``heavy`` (many processes, or
@@ -73,8 +76,6 @@ SPLIT = frozenset(
         "test_demo.py",
         "test_docs.py",
         "test_doctor.py",
-        "test_dropin_client.py",
-        "test_dropin_client_sync.py",
         "test_dropin_edges.py",
         "test_dropin_random.py",
         "test_emulator_faults.py",
@@ -85,6 +86,9 @@ SPLIT = frozenset(
         "test_outbox_chaos.py",
     }
 )
+
+#: Modules whose tests with the same parameters form a unit each.
+BY_PARAMETER = frozenset({"test_dropin_client.py", "test_dropin_client_sync.py"})
 
 #: Long units without Spark, to start right after the lanes (node id prefixes).
 EARLY = (
@@ -145,12 +149,16 @@ def _lane(nodeid: str) -> tuple[str, int] | None:
 
 def unit_of(nodeid: str) -> str:
     """The unit of work a test belongs to: its lane, its own node id (a module in
-    :data:`SPLIT`), or its module's path."""
+    :data:`SPLIT`), its module and parameters (:data:`BY_PARAMETER`), or its module's
+    path."""
     lane = _lane(nodeid)
     if lane is not None:
         return lane[0]
     module = nodeid.split("::")[0]
-    return nodeid if module.rsplit("/", 1)[-1] in SPLIT else module
+    name = module.rsplit("/", 1)[-1]
+    if name in BY_PARAMETER and nodeid.endswith("]"):
+        return module + nodeid[nodeid.index("[") :]
+    return nodeid if name in SPLIT or name in BY_PARAMETER else module
 
 
 def _rank(unit: str, first: pytest.Item) -> tuple[int, int]:

@@ -7,8 +7,10 @@ Imported as ``from _dropin import ...`` by ``test_dropin_client.py`` and
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import io
+import time
 import uuid
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
@@ -16,6 +18,8 @@ from datetime import timedelta
 from types import ModuleType
 from typing import Any
 
+from azure.servicebus import NEXT_AVAILABLE_SESSION, ServiceBusSubQueue
+from azure.servicebus.exceptions import OperationTimeoutError
 from samples import (
     abandon,
     amqp_annotated,
@@ -31,7 +35,10 @@ from samples import (
     topic_subscription,
 )
 
+from georep import ReplicationMode
 from georep.adapters.emulator import Emulator
+from georep.adapters.redis import RedisSeenSet
+from georep.servicebus.aio import ServiceBusClient
 
 SAMPLES: tuple[ModuleType, ...] = (
     abandon,
@@ -100,6 +107,90 @@ def make_names(emu: Emulator, namespaces: Sequence[str]) -> Names:
 
 
 Left = dict[str, tuple[int, int, int]]
+
+SESSIONS = 4
+"""Sessions the verifying receiver takes at most (the samples use two)."""
+
+
+class Outage:
+    """The checkpoint that takes the primary down, once, and notes when: every lock the
+    program's receivers held in the primary was taken before that moment."""
+
+    def __init__(self, emu: Emulator) -> None:
+        self._emu = emu
+        self.started: float | None = None
+        """``time.monotonic()`` when the primary went down; None until the checkpoint."""
+
+    def _note(self) -> bool:
+        if self.started is not None:
+            return False
+        self.started = time.monotonic()
+        return True
+
+    async def __call__(self) -> None:
+        if self._note():
+            await asyncio.to_thread(self._emu.namespace("primary").outage)
+
+    def sync(self) -> None:
+        if self._note():
+            self._emu.namespace("primary").outage()
+
+    def locks_lapsed_by(self) -> float:
+        """When every lock the primary held at the outage has lapsed, with a margin: a
+        copy locked for a receiver the outage cut off is delivered again by then."""
+        assert self.started is not None, "the program never reached its checkpoint"
+        return self.started + LOCK_SECONDS + 2
+
+
+_LEAST_WAIT = 3.0
+"""The least a verifying receive waits: long enough to attach to both regions and for the
+restored primary's copies to arrive."""
+
+
+async def handed_out_again(
+    emu: Emulator, names: Names, seen: RedisSeenSet, *, until: float
+) -> list[str]:
+    """What a new client on the same seen-set hands out of every entity (and dead-letter
+    queue) the program used, receiving until ``until`` (a ``time.monotonic()``, see
+    :meth:`Outage.locks_lapsed_by`) and at least a few seconds; then closes it (settling
+    the copies it found settled). Every entity, and up to :data:`SESSIONS` sessions, at
+    once."""
+    found: list[str] = []
+    wait = max(_LEAST_WAIT, until - time.monotonic())
+    client = ServiceBusClient.from_connection_strings(
+        emu.connection_string("primary"),
+        emu.connection_string("secondary"),
+        seen=seen,
+        mode=ReplicationMode.ACTIVE,
+    )
+    async with client:
+        receivers = [
+            client.get_queue_receiver(names.queue),
+            client.get_queue_receiver(names.lock_queue),
+            client.get_subscription_receiver(names.topic, names.subscription),
+            client.get_queue_receiver(names.queue, sub_queue=ServiceBusSubQueue.DEAD_LETTER),
+            client.get_subscription_receiver(
+                names.topic, names.subscription, sub_queue=ServiceBusSubQueue.DEAD_LETTER
+            ),
+        ]
+
+        async def drain(receiver: Any) -> None:
+            async with receiver:
+                for msg in await receiver.receive_messages(100, max_wait_time=wait):
+                    found.append(f"{receiver.entity_path}: {msg}")
+                    await receiver.abandon_message(msg)
+
+        async def drain_a_session() -> None:
+            receiver = client.get_queue_receiver(
+                names.session_queue, session_id=NEXT_AVAILABLE_SESSION, max_wait_time=wait
+            )
+            with contextlib.suppress(OperationTimeoutError):  # no session with messages
+                await drain(receiver)
+
+        await asyncio.gather(
+            *(drain_a_session() for _ in range(SESSIONS)), *(drain(r) for r in receivers)
+        )
+    return found
 
 
 def leftovers(emu: Emulator, namespace: str, names: Names) -> Left:

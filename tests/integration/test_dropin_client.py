@@ -13,25 +13,23 @@ from __future__ import annotations
 
 import asyncio
 from types import ModuleType
-from typing import Any
 
 import pytest
 from _dropin import (
-    LOCK_SECONDS,
     REGIONS,
     SAMPLES,
     Left,
     Names,
+    Outage,
     capture_async,
+    handed_out_again,
     leftovers,
     make_names,
     nothing,
     sample_id,
 )
 from _helpers import eventually, fault
-from azure.servicebus import NEXT_AVAILABLE_SESSION, ServiceBusSubQueue
 from azure.servicebus.aio import ServiceBusClient as SdkClient
-from azure.servicebus.exceptions import OperationTimeoutError
 
 from georep import ReplicationMode
 from georep.adapters.emulator import Emulator
@@ -41,8 +39,6 @@ from georep.servicebus.aio import ServiceBusClient
 pytestmark = pytest.mark.integration
 
 _RUN_SECONDS = 120
-_SESSIONS = 4
-"""Sessions the verifying receiver takes at most (the sample uses two)."""
 
 
 @pytest.fixture(scope="module")
@@ -85,48 +81,6 @@ async def all_left_as(emu: Emulator, names: Names, expected: Left) -> bool:
     return await eventually(matches, within=20)
 
 
-async def handed_out_again(emu: Emulator, names: Names, seen: RedisSeenSet) -> list[str]:
-    """What a new client on the same seen-set hands out of every entity (and dead-letter
-    queue) the program used, waiting past the lock duration (copies locked for receivers
-    the outage cut off come back meanwhile); then closes it (settling the copies it
-    found settled)."""
-    found: list[str] = []
-    async with georep_client(emu, seen) as client:
-        receivers = [
-            client.get_queue_receiver(names.queue),
-            client.get_queue_receiver(names.lock_queue),
-            client.get_subscription_receiver(names.topic, names.subscription),
-        ]
-        receivers += [
-            client.get_queue_receiver(names.queue, sub_queue=ServiceBusSubQueue.DEAD_LETTER),
-            client.get_subscription_receiver(
-                names.topic, names.subscription, sub_queue=ServiceBusSubQueue.DEAD_LETTER
-            ),
-        ]
-
-        async def drain(receiver: Any) -> None:
-            async with receiver:
-                wait = LOCK_SECONDS + 2
-                for msg in await receiver.receive_messages(100, max_wait_time=wait):
-                    found.append(f"{receiver.entity_path}: {msg}")
-                    await receiver.abandon_message(msg)
-
-        async def drain_sessions() -> None:
-            for _ in range(_SESSIONS):
-                receiver = client.get_queue_receiver(
-                    names.session_queue,
-                    session_id=NEXT_AVAILABLE_SESSION,
-                    max_wait_time=LOCK_SECONDS + 2,
-                )
-                try:
-                    await drain(receiver)
-                except OperationTimeoutError:  # no session left with messages
-                    return
-
-        await asyncio.gather(drain_sessions(), *(drain(receiver) for receiver in receivers))
-    return found
-
-
 @pytest.mark.parametrize("sample", SAMPLES, ids=sample_id)
 async def test_a_program_prints_the_same_over_two_regions(
     emu: Emulator,
@@ -158,12 +112,7 @@ async def test_a_program_finishes_through_a_primary_outage(
     expected, raw_left = await raw_run(emu, sample, raw_runs)
     names = make_names(emu, REGIONS)
     client = georep_client(emu, seen)
-    taken_down: list[bool] = []
-
-    async def outage() -> None:
-        if not taken_down:
-            taken_down.append(True)
-            await fault(emu, "primary", "outage")
+    outage = Outage(emu)
 
     try:
         output = await asyncio.wait_for(
@@ -172,9 +121,9 @@ async def test_a_program_finishes_through_a_primary_outage(
     finally:
         await fault(emu, "primary", "restore")
 
-    assert taken_down, "the program never reached its checkpoint"
+    assert outage.started is not None, "the program never reached its checkpoint"
     assert output == expected
-    assert await handed_out_again(emu, names, seen) == []
+    assert await handed_out_again(emu, names, seen, until=outage.locks_lapsed_by()) == []
     assert await all_left_as(emu, names, raw_left), {
         region: leftovers(emu, region, names) for region in REGIONS
     }

@@ -8,7 +8,7 @@ leftovers, and through a primary outage taken partway, nothing completed handed 
 
 from __future__ import annotations
 
-import threading
+import asyncio
 import time
 import uuid
 from collections.abc import Callable
@@ -17,21 +17,21 @@ from typing import Any
 
 import pytest
 from _dropin import (
-    LOCK_SECONDS,
     REGIONS,
     SAMPLES,
     Left,
     Names,
+    Outage,
     capture,
+    handed_out_again,
     leftovers,
     make_names,
     nothing_sync,
     sample_id,
 )
 from _helpers import REDIS_URL
-from azure.servicebus import NEXT_AVAILABLE_SESSION, ServiceBusMessage, ServiceBusSubQueue
 from azure.servicebus import ServiceBusClient as SdkClient
-from azure.servicebus.exceptions import OperationTimeoutError
+from azure.servicebus import ServiceBusMessage
 
 from georep import ReplicationMode
 from georep.adapters.emulator import Emulator
@@ -39,9 +39,6 @@ from georep.adapters.redis import RedisSeenSet
 from georep.servicebus import ServiceBusClient
 
 pytestmark = pytest.mark.integration
-
-_SESSIONS = 4
-"""Sessions the verifying receiver takes at most (the sample uses two)."""
 
 
 @pytest.fixture(scope="module")
@@ -95,47 +92,15 @@ def all_left_as(emu: Emulator, names: Names, expected: Left) -> bool:
     )
 
 
-def handed_out_again(emu: Emulator, names: Names, group: str) -> list[str]:
-    """What a new client on the same seen-set hands out of every entity the program used,
-    waiting past the lock duration; then closes it."""
-    found: list[str] = []
-    with georep_client(emu, group) as client:
-        receivers = [
-            client.get_queue_receiver(names.queue),
-            client.get_queue_receiver(names.lock_queue),
-            client.get_subscription_receiver(names.topic, names.subscription),
-            client.get_queue_receiver(names.queue, sub_queue=ServiceBusSubQueue.DEAD_LETTER),
-            client.get_subscription_receiver(
-                names.topic, names.subscription, sub_queue=ServiceBusSubQueue.DEAD_LETTER
-            ),
-        ]
-
-        def drain(receiver: object) -> None:
-            with receiver:  # type: ignore[attr-defined]
-                wait = LOCK_SECONDS + 2
-                for msg in receiver.receive_messages(100, max_wait_time=wait):  # type: ignore[attr-defined]
-                    found.append(f"{receiver.entity_path}: {msg}")  # type: ignore[attr-defined]
-                    receiver.abandon_message(msg)  # type: ignore[attr-defined]
-
-        def drain_sessions() -> None:
-            for _ in range(_SESSIONS):
-                receiver = client.get_queue_receiver(
-                    names.session_queue,
-                    session_id=NEXT_AVAILABLE_SESSION,
-                    max_wait_time=LOCK_SECONDS + 2,
-                )
-                try:
-                    drain(receiver)
-                except OperationTimeoutError:  # no session left with messages
-                    return
-
-        threads = [threading.Thread(target=drain, args=(r,)) for r in receivers]
-        threads.append(threading.Thread(target=drain_sessions))
-        for thread in threads:
-            thread.start()
-        for thread in threads:
-            thread.join(60)
-    return found
+async def handed_out_again_on(emu: Emulator, names: Names, group: str, outage: Outage) -> list[str]:
+    """:func:`handed_out_again` through the async client on the test's seen-set group
+    (what a completed message left behind is in the regions and the seen-set, whichever
+    client looks)."""
+    seen = RedisSeenSet(REDIS_URL, group=group, window=600)
+    try:
+        return await handed_out_again(emu, names, seen, until=outage.locks_lapsed_by())
+    finally:
+        await seen.aclose()
 
 
 @pytest.mark.parametrize("sample", SAMPLES, ids=sample_id)
@@ -165,21 +130,16 @@ def test_a_sync_program_finishes_through_a_primary_outage(
 ) -> None:
     expected, raw_left = raw_run(emu, sample, raw_runs)
     names = make_names(emu, REGIONS)
-    taken_down: list[bool] = []
-
-    def outage() -> None:
-        if not taken_down:
-            taken_down.append(True)
-            emu.namespace("primary").outage()
+    outage = Outage(emu)
 
     try:
-        output = capture(lambda: sample.run(georep_client(emu, group), names, outage))
+        output = capture(lambda: sample.run(georep_client(emu, group), names, outage.sync))
     finally:
         emu.namespace("primary").restore()
 
-    assert taken_down, "the program never reached its checkpoint"
+    assert outage.started is not None, "the program never reached its checkpoint"
     assert output == expected
-    assert handed_out_again(emu, names, group) == []
+    assert asyncio.run(handed_out_again_on(emu, names, group, outage)) == []
     assert all_left_as(emu, names, raw_left), {
         region: leftovers(emu, region, names) for region in REGIONS
     }
