@@ -8,63 +8,123 @@ from typing import TYPE_CHECKING, Any
 
 __version__ = "0.1.0"
 
-from georep._policy import (
-    DEFAULT_FAILOVER_KINDS,
-    Corroboration,
-    DedupKey,
-    DrainPolicy,
-    FailoverPolicy,
-    ReplicationMode,
-)
-from georep.exceptions import (
-    AllRegionsUnavailableError,
-    AlreadySettledError,
-    AuthenticationError,
-    ClosedError,
-    ConfigurationError,
-    EntityDisabledError,
-    EntityNotFoundError,
-    ForkedProcessError,
-    GeoReplicationError,
-    InvalidArgumentError,
-    InvalidMessageError,
-    LockLostError,
-    MessageExpiredError,
-    MessageNotFoundError,
-    MessageTooLargeError,
-    OutboxFullError,
-    OutboxUnavailableError,
-    OversizeMessageError,
-    QuotaExceededError,
-    RegionError,
-    RegionTimeoutError,
-    RegionUnavailableError,
-    ServerBusyError,
-    SettlementError,
-    StoreUnavailableError,
-)
-from georep.ledger.parquet import ParquetLedger
-from georep.outbox.sqlite import SqliteOutbox
-from georep.paired.options import PairedNamespaceOptions, backlog_queue_path
-from georep.paired.sender import PairedSender
-from georep.paired.syphon import Syphon, SyphonStats
-from georep.ports import (
-    ClaimState,
-    ErrorKind,
-    RelayRequest,
-    RelayResponse,
-    RoleRecord,
-    RoleStore,
-)
-from georep.receive.receiver import GeoReceiver, ReceiverHandler, ReceiverStats, receiver
-from georep.relay.channel import (
-    DEFAULT_RELAY_FAILOVER_KINDS,
-    FailoverChannel,
-    RelayChannelStats,
-    RelayPolicy,
-)
-from georep.roles.state import RoleState
-from georep.send.sender import GeoSender, SenderStats, SendResult
+if TYPE_CHECKING:
+    from georep._policy import (
+        DEFAULT_FAILOVER_KINDS,
+        Corroboration,
+        DedupKey,
+        DrainPolicy,
+        FailoverPolicy,
+        ReplicationMode,
+    )
+    from georep.exceptions import (
+        AllRegionsUnavailableError,
+        AlreadySettledError,
+        AuthenticationError,
+        ClosedError,
+        ConfigurationError,
+        EntityDisabledError,
+        EntityNotFoundError,
+        ForkedProcessError,
+        GeoReplicationError,
+        InvalidArgumentError,
+        InvalidMessageError,
+        LockLostError,
+        MessageExpiredError,
+        MessageNotFoundError,
+        MessageTooLargeError,
+        OutboxFullError,
+        OutboxUnavailableError,
+        OversizeMessageError,
+        QuotaExceededError,
+        RegionError,
+        RegionTimeoutError,
+        RegionUnavailableError,
+        ServerBusyError,
+        SettlementError,
+        StoreUnavailableError,
+    )
+    from georep.ledger.parquet import ParquetLedger
+    from georep.outbox.sqlite import SqliteOutbox
+    from georep.paired.options import PairedNamespaceOptions, backlog_queue_path
+    from georep.paired.sender import PairedSender
+    from georep.paired.syphon import Syphon, SyphonStats
+    from georep.ports import (
+        ClaimState,
+        ErrorKind,
+        RelayRequest,
+        RelayResponse,
+        RoleRecord,
+        RoleStore,
+    )
+    from georep.receive.receiver import GeoReceiver, ReceiverHandler, ReceiverStats, receiver
+    from georep.relay.channel import (
+        DEFAULT_RELAY_FAILOVER_KINDS,
+        FailoverChannel,
+        RelayChannelStats,
+        RelayPolicy,
+    )
+    from georep.roles.state import RoleState
+    from georep.send.sender import GeoSender, SenderStats, SendResult
+
+_WHERE: dict[str, str] = {
+    "AllRegionsUnavailableError": "georep.exceptions",
+    "AlreadySettledError": "georep.exceptions",
+    "AuthenticationError": "georep.exceptions",
+    "ClaimState": "georep.ports",
+    "ClosedError": "georep.exceptions",
+    "ConfigurationError": "georep.exceptions",
+    "Corroboration": "georep._policy",
+    "DEFAULT_FAILOVER_KINDS": "georep._policy",
+    "DEFAULT_RELAY_FAILOVER_KINDS": "georep.relay.channel",
+    "DedupKey": "georep._policy",
+    "DrainPolicy": "georep._policy",
+    "EntityDisabledError": "georep.exceptions",
+    "EntityNotFoundError": "georep.exceptions",
+    "ErrorKind": "georep.ports",
+    "FailoverChannel": "georep.relay.channel",
+    "FailoverPolicy": "georep._policy",
+    "ForkedProcessError": "georep.exceptions",
+    "GeoReceiver": "georep.receive.receiver",
+    "GeoReplicationError": "georep.exceptions",
+    "GeoSender": "georep.send.sender",
+    "InvalidArgumentError": "georep.exceptions",
+    "InvalidMessageError": "georep.exceptions",
+    "LockLostError": "georep.exceptions",
+    "MessageExpiredError": "georep.exceptions",
+    "MessageNotFoundError": "georep.exceptions",
+    "MessageTooLargeError": "georep.exceptions",
+    "OutboxFullError": "georep.exceptions",
+    "OutboxUnavailableError": "georep.exceptions",
+    "OversizeMessageError": "georep.exceptions",
+    "PairedNamespaceOptions": "georep.paired.options",
+    "PairedSender": "georep.paired.sender",
+    "ParquetLedger": "georep.ledger.parquet",
+    "QuotaExceededError": "georep.exceptions",
+    "ReceiverHandler": "georep.receive.receiver",
+    "ReceiverStats": "georep.receive.receiver",
+    "RegionError": "georep.exceptions",
+    "RegionTimeoutError": "georep.exceptions",
+    "RegionUnavailableError": "georep.exceptions",
+    "RelayChannelStats": "georep.relay.channel",
+    "RelayPolicy": "georep.relay.channel",
+    "RelayRequest": "georep.ports",
+    "RelayResponse": "georep.ports",
+    "ReplicationMode": "georep._policy",
+    "RoleRecord": "georep.ports",
+    "RoleState": "georep.roles.state",
+    "RoleStore": "georep.ports",
+    "SendResult": "georep.send.sender",
+    "SenderStats": "georep.send.sender",
+    "ServerBusyError": "georep.exceptions",
+    "SettlementError": "georep.exceptions",
+    "SqliteOutbox": "georep.outbox.sqlite",
+    "StoreUnavailableError": "georep.exceptions",
+    "Syphon": "georep.paired.syphon",
+    "SyphonStats": "georep.paired.syphon",
+    "backlog_queue_path": "georep.paired.options",
+    "receiver": "georep.receive.receiver",
+}
 
 __all__ = [
     "DEFAULT_FAILOVER_KINDS",
@@ -134,9 +194,16 @@ _MOVED: dict[str, tuple[str, str]] = {
     "peek_all": ("georep.receive.peek", "peek_all"),
 }
 
-if not TYPE_CHECKING:  # type checkers report the old names as missing: that is the point
+if not TYPE_CHECKING:  # type checkers see the imports above; old names are missing to them
 
     def __getattr__(name: str) -> Any:
+        """A public name from its module, imported on first use: a process that needs
+        one part of georep (the emulator, a CLI command, a Spark worker) does not pay for
+        importing all of it."""
+        if name in _WHERE:
+            value = getattr(importlib.import_module(_WHERE[name]), name)
+            globals()[name] = value
+            return value
         if name not in _MOVED:
             raise AttributeError(f"module 'georep' has no attribute {name!r}")
         module, attribute = _MOVED[name]
@@ -154,3 +221,6 @@ if not TYPE_CHECKING:  # type checkers report the old names as missing: that is 
         value = getattr(importlib.import_module(module), attribute)
         globals()[name] = value  # warned once (``from georep import x`` looks twice)
         return value
+
+    def __dir__() -> list[str]:
+        return sorted(set(globals()) | set(__all__))

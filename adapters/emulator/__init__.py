@@ -15,12 +15,27 @@ Example::
 
 from __future__ import annotations
 
+import importlib
+from typing import TYPE_CHECKING, Any
+
 from georep._extras import require_extra
 
 require_extra("georep.adapters.emulator", "emulator", "proton", "lark")
 
-from ._emulator import Emulator, NamespaceControl, SendRejection
-from ._entra import AsyncEmulatorTokenCredential, EmulatorTokenCredential
+if TYPE_CHECKING:
+    from ._emulator import Emulator, NamespaceControl, SendRejection
+    from ._entra import AsyncEmulatorTokenCredential, EmulatorTokenCredential
+
+# Imported on first use: the emulator's own process (``python -m georep.adapters.emulator``,
+# started for every Emulator()) runs the server and needs none of the client side, which
+# imports georep's errors and with them the azure-servicebus SDK.
+_WHERE = {
+    "AsyncEmulatorTokenCredential": "._entra",
+    "Emulator": "._emulator",
+    "EmulatorTokenCredential": "._entra",
+    "NamespaceControl": "._emulator",
+    "SendRejection": "._emulator",
+}
 
 __all__ = [
     "AsyncEmulatorTokenCredential",
@@ -29,3 +44,15 @@ __all__ = [
     "NamespaceControl",
     "SendRejection",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _WHERE:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(_WHERE[name], __name__), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

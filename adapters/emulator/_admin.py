@@ -31,8 +31,6 @@ from urllib.parse import unquote
 
 from aiohttp import web
 
-from georep.exceptions import GeoReplicationError
-
 from ._atom import (
     AtomContext,
     AtomError,
@@ -79,7 +77,7 @@ class EntityKind(StrEnum):
     SUBSCRIPTION = "subscription"
 
 
-class AdminError(GeoReplicationError):
+class AdminError(Exception):
     """Raised by an :class:`AdminBackend`; the message becomes the error body's ``Detail``.
 
     Messages are sent to the client, so they must never contain keys or tokens.

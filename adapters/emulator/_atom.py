@@ -27,8 +27,6 @@ from enum import Enum
 from typing import Any, Final
 from urllib.parse import quote
 
-from georep.exceptions import GeoReplicationError
-
 from ._rules import CORRELATION_FIELDS, Rule, RuleAction, RuleFilter
 
 __all__ = [
@@ -69,7 +67,7 @@ _DURATION_RE = re.compile(
 _US_PER: Final = {"days": 86_400_000_000, "hours": 3_600_000_000, "minutes": 60_000_000}
 
 
-class AtomError(GeoReplicationError, ValueError):
+class AtomError(ValueError):
     """A request body is not a description this emulator understands; the message says why."""
 
 

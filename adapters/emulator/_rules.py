@@ -22,8 +22,6 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any, Final, TypeVar
 
-from georep.exceptions import GeoReplicationError
-
 from ._codec import (
     SECTION_APPLICATION_PROPERTIES,
     SECTION_PROPERTIES,
@@ -71,7 +69,7 @@ CORRELATION_FIELDS: Final[dict[str, str]] = {
 }
 
 
-class RuleError(GeoReplicationError, ValueError):
+class RuleError(ValueError):
     """A rule operation the service refuses; ``status`` is the HTTP status it answers."""
 
     status: int = 400

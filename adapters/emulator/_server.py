@@ -23,8 +23,6 @@ from typing import Any
 
 from cryptography.hazmat.primitives.asymmetric import ec
 
-from georep._lifecycle import wait_within
-
 from ._amqp import AmqpConnection
 from ._broker import EntityProperties, Namespace
 from ._entra import looks_like_jwt, verify_token
@@ -255,7 +253,8 @@ class NamespaceServer:
     async def _route(self, client: socket.socket) -> None:
         loop = asyncio.get_running_loop()
         try:
-            first = await wait_within(_peek(client), 30)
+            async with asyncio.timeout(30):
+                first = await _peek(client)
         except (TimeoutError, OSError):
             client.close()
             return
