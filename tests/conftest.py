@@ -10,12 +10,14 @@ time an outage. So:
   Spark session of a lane is started once;
 - every other module is a unit that one worker runs (its module fixtures, an emulator or a
   Redis Cluster, start once), except the modules in :data:`SPLIT`, whose tests are
-  independent and each a unit of its own, so that a long module is spread over workers,
+  independent and spread over workers (a unit per test, or a few units each),
   and those in :data:`BY_PARAMETER`, whose tests with one parameter form a unit (the
   drop-in client's: a sample program's raw run, module-scoped, is then made once for the
   two tests that compare with it);
-- units go out longest first: the lanes, then :data:`EARLY` (long, timed runs), then the
-  other integration units in collection order; the unit tests, quick, fill the gaps;
+- units go out longest first: the lanes, then the others by the seconds they took in a
+  recent run (:data:`DURATIONS`, ``tests/durations.json``), so that no long unit starts
+  last and leaves the other workers idle at the end (a long module handed out in
+  collection order, late, made a tail of 70 s with one or two workers busy);
 - at most :data:`HEAVY_AT_ONCE` units with a test marked ``heavy`` (many processes, or
   thousands of messages through the emulator) are handed out at once, besides the lanes:
   a worker that would get one while that many run gets the next light unit instead. Ten
@@ -46,7 +48,9 @@ import os
 import resource
 import signal
 import time
+import zlib
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -70,46 +74,36 @@ LANES = {
 }
 
 #: Modules whose tests are independent and each worth a worker of its own.
-SPLIT = frozenset(
-    {
-        "test_classify_surface.py",
-        "test_demo.py",
-        "test_docs.py",
-        "test_doctor.py",
-        "test_dropin_edges.py",
-        "test_dropin_random.py",
-        "test_emulator_faults.py",
-        "test_emulator_messaging.py",
-        "test_emulator_robustness.py",
-        "test_fidelity_messaging.py",
-        "test_georeceiver_sessions.py",
-        "test_outbox_chaos.py",
-    }
-)
+SPLIT: dict[str, int] = {
+    # Each test a unit of its own: no private emulator, or tests of a minute.
+    "test_demo.py": 0,
+    "test_docs.py": 0,
+    "test_emulator_messaging.py": 0,
+    "test_emulator_robustness.py": 0,
+    "test_georeceiver_sessions.py": 0,
+    # Dealt into this many units: each starts the module's private emulator once.
+    "test_classify_surface.py": 3,
+    "test_dropin_edges.py": 8,
+    "test_dropin_random.py": 3,
+    "test_emulator_faults.py": 3,
+    "test_fidelity_messaging.py": 2,
+    "test_outbox_chaos.py": 4,
+}
+"""Modules whose tests are independent, spread over workers: each test a unit of its own
+(0), or the module's tests dealt into that many units by a hash of their names. A module's
+private emulator (the ``emu`` fixture, module-scoped) starts once per unit, about half a
+CPU-second each: with a unit per test, the suite started 165 of them."""
 
 #: Modules whose tests with the same parameters form a unit each.
 BY_PARAMETER = frozenset({"test_dropin_client.py", "test_dropin_client_sync.py"})
 
-#: Long units without Spark, to start right after the lanes (node id prefixes).
-EARLY = (
-    "test_demo.py::test_the_sessions_demo",  # no Spark: its audit is the pyarrow one
-    "test_matrix.py",
-    "test_outbox_chaos.py::test_a_drainer_stopped_mid_drain_loses_nothing[sigkill]",
-    "test_seen_cluster.py",
-    "test_docs.py::test_the_python_in_each_doc_runs[receiver.md]",
-    "test_docs.py::test_the_python_in_each_doc_runs[operations.md]",  # the runbook: ~25 s
-    "test_outbox_chaos.py::test_a_full_disk",
-    "test_fleet_roles.py",
-    "test_georeceiver_sessions.py::test_two_processes_compete",
-    "test_georeceiver_sessions.py::test_the_old_region_never_returning",
-    # A second wave: one per worker, behind the first.
-    "test_georeceiver_sessions.py::test_fifty_sessions_keep_their_order_through_a_primary_failure[passive-blackhole]",
-    "test_demo.py::test_passive_demo",  # Spark only for its last seconds
-    "test_georeceiver_sessions.py::test_fifty_sessions_keep_their_order_through_a_primary_failure[active-outage]",
-    "test_emulator_robustness.py::test_sync_auto_lock_renewer_with_many_messages",
-    "test_emulator_messaging.py::test_defer_then_receive_deferred_and_complete",
-    "test_docs.py::test_the_python_in_each_doc_runs[README.md]",
+#: Seconds each unit took in a recent run (scripts/test_durations.py writes the file).
+DURATIONS: dict[str, float] = json.loads(
+    (Path(__file__).with_name("durations.json")).read_text(encoding="utf-8")
 )
+
+#: The guess for a unit missing from :data:`DURATIONS` (a new module): integration, unit.
+GUESS = (10.0, 1.0)
 
 
 #: The nice value a worker takes for the tests of any unit but a Spark lane (once taken,
@@ -148,9 +142,9 @@ def _lane(nodeid: str) -> tuple[str, int] | None:
 
 
 def unit_of(nodeid: str) -> str:
-    """The unit of work a test belongs to: its lane, its own node id (a module in
-    :data:`SPLIT`), its module and parameters (:data:`BY_PARAMETER`), or its module's
-    path."""
+    """The unit of work a test belongs to: its lane, its own node id or one of its module's
+    few units (a module in :data:`SPLIT`), its module and parameters
+    (:data:`BY_PARAMETER`), or its module's path."""
     lane = _lane(nodeid)
     if lane is not None:
         return lane[0]
@@ -158,16 +152,18 @@ def unit_of(nodeid: str) -> str:
     name = module.rsplit("/", 1)[-1]
     if name in BY_PARAMETER and nodeid.endswith("]"):
         return module + nodeid[nodeid.index("[") :]
+    if SPLIT.get(name):
+        units = SPLIT[name]
+        return f"{module}#{zlib.crc32(nodeid.encode()) % units + 1}of{units}"
     return nodeid if name in SPLIT or name in BY_PARAMETER else module
 
 
-def _rank(unit: str, first: pytest.Item) -> tuple[int, int]:
+def _rank(unit: str, first: pytest.Item) -> tuple[int, float]:
+    """The lanes first, then the other units longest first (:data:`DURATIONS`)."""
     if unit in LANES:
-        return 0, 0
-    for position, prefix in enumerate(EARLY):
-        if _short(first.nodeid).startswith(prefix):
-            return 1, position
-    return (2 if "integration" in first.path.parts else 3), 0
+        return 0, 0.0
+    guess = GUESS[0] if "integration" in first.path.parts else GUESS[1]
+    return 1, -DURATIONS.get(unit, guess)
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -179,7 +175,7 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     ordered = sorted(
         ((name, tests) for name, tests in units.items() if tests),
         key=lambda unit: _rank(unit[0], unit[1][0]),
-    )  # stable: the rest keep collection order
+    )  # stable: units of equal rank keep collection order
     items[:] = [item for _, tests in ordered for item in tests]
     _tell_heavy_units(units)
 
