@@ -12,7 +12,7 @@ source "$(dirname "$0")/redis.sh"
 # independent) and hands out the longest first. GEOREP_TEST_WORKERS=0 runs it in this
 # process. Arguments (e.g. a path, -k or -m "not heavy") go to pytest.
 # Bytecode is cached (this machine's environment sets PYTHONDONTWRITEBYTECODE): without it
-# each of the ten workers rewrote and compiled every test module again (collection took
+# each of the workers rewrote and compiled every test module again (collection took
 # 11 s of CPU per worker instead of 4.6), and every subprocess compiled georep again.
 unset PYTHONDONTWRITEBYTECODE
 # The suite's Java virtual machines (Spark drivers, a standalone cluster) live seconds and
@@ -21,8 +21,8 @@ unset PYTHONDONTWRITEBYTECODE
 # run short of. The audit's benchmarks run without this.
 export JAVA_TOOL_OPTIONS="${JAVA_TOOL_OPTIONS:--XX:TieredStopAtLevel=1 -XX:+UseSerialGC}"
 source "$(dirname "$0")/spark_cds.sh"
-if [[ "${GEOREP_TEST_WORKERS:-10}" == "0" ]]; then
+if [[ "${GEOREP_TEST_WORKERS:-12}" == "0" ]]; then
     exec .venv/bin/python -m pytest -p no:cacheprovider "$@"
 fi
-exec .venv/bin/python -m pytest -p no:cacheprovider -n "${GEOREP_TEST_WORKERS:-10}" \
+exec .venv/bin/python -m pytest -p no:cacheprovider -n "${GEOREP_TEST_WORKERS:-12}" \
     --dist-units --no-loadscope-reorder "$@"

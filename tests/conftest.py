@@ -10,7 +10,7 @@ time an outage. So:
   Spark session of a lane is started once;
 - every other module is a unit that one worker runs (its module fixtures, an emulator or a
   Redis Cluster, start once), except the modules in :data:`SPLIT`, whose tests are
-  independent and spread over workers (a unit per test, or a few units each),
+  independent and each a unit of its own, so that a long module is spread over workers,
   and those in :data:`BY_PARAMETER`, whose tests with one parameter form a unit (the
   drop-in client's: a sample program's raw run, module-scoped, is then made once for the
   two tests that compare with it);
@@ -48,7 +48,6 @@ import os
 import resource
 import signal
 import time
-import zlib
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -74,25 +73,21 @@ LANES = {
 }
 
 #: Modules whose tests are independent and each worth a worker of its own.
-SPLIT: dict[str, int] = {
-    # Each test a unit of its own: no private emulator, or tests of a minute.
-    "test_demo.py": 0,
-    "test_docs.py": 0,
-    "test_emulator_messaging.py": 0,
-    "test_emulator_robustness.py": 0,
-    "test_georeceiver_sessions.py": 0,
-    # Dealt into this many units: each starts the module's private emulator once.
-    "test_classify_surface.py": 3,
-    "test_dropin_edges.py": 8,
-    "test_dropin_random.py": 3,
-    "test_emulator_faults.py": 3,
-    "test_fidelity_messaging.py": 2,
-    "test_outbox_chaos.py": 4,
-}
-"""Modules whose tests are independent, spread over workers: each test a unit of its own
-(0), or the module's tests dealt into that many units by a hash of their names. A module's
-private emulator (the ``emu`` fixture, module-scoped) starts once per unit, about half a
-CPU-second each: with a unit per test, the suite started 165 of them."""
+SPLIT = frozenset(
+    {
+        "test_classify_surface.py",
+        "test_demo.py",
+        "test_docs.py",
+        "test_dropin_edges.py",
+        "test_dropin_random.py",
+        "test_emulator_faults.py",
+        "test_emulator_messaging.py",
+        "test_emulator_robustness.py",
+        "test_fidelity_messaging.py",
+        "test_georeceiver_sessions.py",
+        "test_outbox_chaos.py",
+    }
+)
 
 #: Modules whose tests with the same parameters form a unit each.
 BY_PARAMETER = frozenset({"test_dropin_client.py", "test_dropin_client_sync.py"})
@@ -142,9 +137,9 @@ def _lane(nodeid: str) -> tuple[str, int] | None:
 
 
 def unit_of(nodeid: str) -> str:
-    """The unit of work a test belongs to: its lane, its own node id or one of its module's
-    few units (a module in :data:`SPLIT`), its module and parameters
-    (:data:`BY_PARAMETER`), or its module's path."""
+    """The unit of work a test belongs to: its lane, its own node id (a module in
+    :data:`SPLIT`), its module and parameters (:data:`BY_PARAMETER`), or its module's
+    path."""
     lane = _lane(nodeid)
     if lane is not None:
         return lane[0]
@@ -152,9 +147,6 @@ def unit_of(nodeid: str) -> str:
     name = module.rsplit("/", 1)[-1]
     if name in BY_PARAMETER and nodeid.endswith("]"):
         return module + nodeid[nodeid.index("[") :]
-    if SPLIT.get(name):
-        units = SPLIT[name]
-        return f"{module}#{zlib.crc32(nodeid.encode()) % units + 1}of{units}"
     return nodeid if name in SPLIT or name in BY_PARAMETER else module
 
 

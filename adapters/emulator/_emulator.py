@@ -504,6 +504,12 @@ class Emulator:
     def pid(self) -> int:
         return int(self._require()["pid"])
 
+    @property
+    def running(self) -> bool:
+        """Whether the emulator's process was started by :meth:`start` and has not exited
+        (a process killed from outside counts as stopped)."""
+        return self._process is not None and self._process.poll() is None
+
     def namespace(self, name: str) -> NamespaceControl:
         self._require()
         try:

@@ -45,12 +45,34 @@ async def client(georep_emulator: Emulator) -> AsyncIterator[ServiceBusClient]:
         yield sb
 
 
+@pytest.fixture(scope="session")
+def _faults_emulator() -> Iterator[list[Emulator]]:
+    """The emulator :func:`emu` lends out in this worker (in a list: replaced when gone)."""
+    held: list[Emulator] = []
+    yield held
+    for emulator in held:
+        emulator.stop()
+
+
 @pytest.fixture(scope="module")
-def emu() -> Iterator[Emulator]:
-    """A private two-region emulator for one module: its tests inject faults, which must
-    not reach the session's emulator."""
-    with Emulator() as emulator:
-        yield emulator
+def emu(_faults_emulator: list[Emulator]) -> Iterator[Emulator]:
+    """A two-region emulator apart from the session's, for a module whose tests inject
+    faults (which must not reach the session's emulator): one per worker, lent to one
+    module at a time (a worker runs one test at a time), with every fault lifted when the
+    module is done, and started again should a module have stopped it. Each start costs
+    about half a CPU-second, and the suite's modules and units asked for over a hundred.
+    Tests name their entities uniquely, as everywhere in the suite."""
+    if _faults_emulator and not _faults_emulator[0].running:
+        _faults_emulator.pop().stop()
+    if not _faults_emulator:
+        emulator = Emulator()
+        emulator.start()
+        _faults_emulator.append(emulator)
+    emulator = _faults_emulator[0]
+    yield emulator
+    if emulator.running:
+        for namespace in emulator.namespaces:
+            emulator.namespace(namespace).restore()
 
 
 @pytest.fixture
