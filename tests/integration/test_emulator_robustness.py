@@ -12,6 +12,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
+import signal
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -286,3 +288,21 @@ def test_abandon_up_to_max_delivery_count_minus_one_sync(
     runtime = georep_emulator.namespace("primary").entities()[queue]
     assert runtime["dead_letter_message_count"] == 0
     assert runtime["active_message_count"] == 0
+
+
+def test_running_says_whether_the_emulator_process_is_up() -> None:
+    """What the suite's shared ``emu`` checks before lending the emulator to a module: a
+    process killed from outside is not running, and stop() then still succeeds."""
+    emulator = Emulator()
+    assert not emulator.running
+    emulator.start()
+    try:
+        assert emulator.running
+        os.kill(emulator.pid, signal.SIGKILL)
+        deadline = time.monotonic() + 10
+        while emulator.running and time.monotonic() < deadline:
+            time.sleep(0.02)  # until the killed process is gone
+        assert not emulator.running
+    finally:
+        emulator.stop()
+    assert not emulator.running
