@@ -17,7 +17,8 @@ georep_spark_cds() {
         rm -f .venv/spark-cds-*
         # The driver's JVM dumps the classes it loaded when it exits; spark-submit returns
         # only then (a PySpark session started from Python lets its JVM exit after Python).
-        if PATH="$PWD/.venv/bin:$PATH" PYSPARK_PYTHON="$PWD/.venv/bin/python" SPARK_LOCAL_IP=127.0.0.1 timeout 300 .venv/bin/spark-submit --master 'local[2]' \
+        if PATH="$PWD/.venv/bin:$PATH" PYSPARK_PYTHON="$PWD/.venv/bin/python" \
+            SPARK_LOCAL_IP=127.0.0.1 timeout 300 .venv/bin/spark-submit --master 'local[2]' \
             --conf spark.ui.enabled=false --conf spark.driver.host=127.0.0.1 \
             --conf spark.driver.bindAddress=127.0.0.1 \
             --driver-java-options "-XX:ArchiveClassesAtExit=$archive.partial -Xlog:cds*=off" \
