@@ -8,6 +8,8 @@ from typing import TYPE_CHECKING, Any
 
 __version__ = "0.1.0"
 
+from georep._extras import import_on_first_use
+
 if TYPE_CHECKING:
     from georep._policy import (
         DEFAULT_FAILOVER_KINDS,
@@ -201,9 +203,7 @@ if not TYPE_CHECKING:  # type checkers see the imports above; old names are miss
         one part of georep (the emulator, a CLI command, a Spark worker) does not pay for
         importing all of it."""
         if name in _WHERE:
-            value = getattr(importlib.import_module(_WHERE[name]), name)
-            globals()[name] = value
-            return value
+            return import_on_first_use(globals(), _WHERE[name], name)
         if name not in _MOVED:
             raise AttributeError(f"module 'georep' has no attribute {name!r}")
         module, attribute = _MOVED[name]

@@ -15,10 +15,9 @@ Example::
 
 from __future__ import annotations
 
-import importlib
 from typing import TYPE_CHECKING, Any
 
-from georep._extras import require_extra
+from georep._extras import import_on_first_use, require_extra
 
 require_extra("georep.adapters.emulator", "emulator", "proton", "lark")
 
@@ -49,9 +48,7 @@ __all__ = [
 def __getattr__(name: str) -> Any:
     if name not in _WHERE:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(_WHERE[name], __name__), name)
-    globals()[name] = value
-    return value
+    return import_on_first_use(globals(), _WHERE[name], name)
 
 
 def __dir__() -> list[str]:

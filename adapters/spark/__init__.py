@@ -11,10 +11,9 @@ reference and the plots there as well cost every such process over a second.
 
 from __future__ import annotations
 
-import importlib
 from typing import TYPE_CHECKING, Any
 
-from georep._extras import require_extra
+from georep._extras import import_on_first_use, require_extra
 
 require_extra("georep.adapters.spark", "spark", "pyarrow", "pyspark")
 
@@ -76,9 +75,7 @@ def __getattr__(name: str) -> Any:
     module = _WHERE.get(name)
     if module is None:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(f".{module}", __name__), name)
-    globals()[name] = value
-    return value
+    return import_on_first_use(globals(), f".{module}", name)
 
 
 def __dir__() -> list[str]:
