@@ -7,6 +7,8 @@ from __future__ import annotations
 import asyncio
 import json
 import signal
+import threading
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -14,7 +16,9 @@ import pytest
 from georep.cli.soak.worker import WorkerSpec, _Worker
 
 
-def test_a_worker_slow_to_exit_writes_the_stack_of_the_task_that_holds_it(tmp_path: Path) -> None:
+@pytest.fixture
+def worker(tmp_path: Path) -> Iterator[_Worker]:
+    """A soak worker in ``tmp_path``; the signal handlers it installs are put back after."""
     for sub in ("history", "stacks", "status"):
         (tmp_path / sub).mkdir()
     spec = WorkerSpec(
@@ -23,23 +27,27 @@ def test_a_worker_slow_to_exit_writes_the_stack_of_the_task_that_holds_it(tmp_pa
     )  # fmt: skip
     previous = signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT)
     try:
-        worker = _Worker(spec)
-
-        async def stuck_closing() -> None:
-            await asyncio.Event().wait()
-
-        async def scenario() -> None:
-            worker.loops.append(asyncio.get_running_loop())
-            task = asyncio.create_task(stuck_closing(), name="stuck")
-            await asyncio.sleep(0)
-            # From another thread, as the watch runs; the loop waits meanwhile.
-            await asyncio.to_thread(worker._watch_exit, 0)
-            task.cancel()
-
-        asyncio.run(scenario())
+        yield _Worker(spec, exit_watch=3600.0)
     finally:
         signal.signal(signal.SIGTERM, previous[0])
         signal.signal(signal.SIGINT, previous[1])
+
+
+def test_a_worker_slow_to_exit_writes_the_stack_of_the_task_that_holds_it(
+    worker: _Worker, tmp_path: Path
+) -> None:
+    async def stuck_closing() -> None:
+        await asyncio.Event().wait()
+
+    async def scenario() -> None:
+        worker.loops.append(asyncio.get_running_loop())
+        task = asyncio.create_task(stuck_closing(), name="stuck")
+        await asyncio.sleep(0)
+        # From another thread, as the watch runs; the loop waits meanwhile.
+        await asyncio.to_thread(worker._watch_exit, 0)
+        task.cancel()
+
+    asyncio.run(scenario())
     dump = (tmp_path / "stacks" / "receive-q-0.0.txt").read_text()
     assert "still running 0 s after SIGTERM" in dump
     assert "asyncio task(s) left" in dump
@@ -101,3 +109,34 @@ def test_a_spark_senders_rows_are_acknowledged_by_the_batches_its_checkpoint_com
         (inbox / f"{name}.json").write_text("{}")
     monkeypatch.chdir(tmp_path)
     assert _input_files(Path("in box")) - committed_files() == set()
+
+
+def test_a_signal_arriving_while_the_stop_flags_lock_is_held_still_stops_the_worker(
+    worker: _Worker,
+) -> None:
+    """The seed-28 soak hang: a second SIGTERM interrupted the first one's handler inside
+    ``Event.set`` and the nested handler waited for the lock its own thread held. Here the
+    handler runs while its thread holds that lock, as a signal would find it."""
+    handler = signal.getsignal(signal.SIGTERM)
+    assert callable(handler)
+
+    def interrupted_inside_set() -> None:
+        with worker.stop._cond:  # type: ignore[attr-defined]  # what Event.set holds
+            handler(signal.SIGTERM, None)
+            handler(signal.SIGINT, None)
+
+    victim = threading.Thread(target=interrupted_inside_set, daemon=True)
+    victim.start()
+    victim.join(10)
+    assert not victim.is_alive(), "the signal handler waited for a lock its thread held"
+    assert worker.stop.wait(10)
+    assert "stopping" in worker.status
+
+
+def test_signals_raised_back_to_back_stop_the_worker_once(worker: _Worker) -> None:
+    first: list[float] = []
+    for sig in (signal.SIGTERM, signal.SIGTERM, signal.SIGINT):
+        signal.raise_signal(sig)  # the handler runs now, on this (the main) thread
+        if worker.stop.wait(10) and not first:
+            first.append(worker.status["stopping"])
+    assert worker.status["stopping"] == first[0]  # stopped once, not once per signal

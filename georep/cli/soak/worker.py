@@ -109,8 +109,9 @@ class WorkerSpec:
 class _Worker:
     """What every worker shares: its files, its stop flag, its status."""
 
-    def __init__(self, spec: WorkerSpec) -> None:
+    def __init__(self, spec: WorkerSpec, exit_watch: float = EXIT_WATCH_SECONDS) -> None:
         self.spec = spec
+        self._exit_watch = exit_watch
         self.run_dir = Path(spec.run_dir)
         tag = f"{spec.name}.{spec.incarnation}"
         self.stop = threading.Event()
@@ -123,16 +124,37 @@ class _Worker:
         # Never closed: a dump may be asked for while the interpreter shuts down.
         _STACK_FILES.append((self.run_dir / "stacks" / f"{tag}.txt").open("w"))
         faulthandler.register(signal.SIGUSR1, file=_STACK_FILES[-1], all_threads=True)
-        signal.signal(signal.SIGTERM, self._stopping)
-        signal.signal(signal.SIGINT, self._stopping)
+        # A signal handler runs in the main thread between two of its bytecodes, maybe while
+        # that thread holds the lock inside ``self.stop`` (in Event.set or Event.wait, or in a
+        # first handler interrupted by a second signal): a handler taking that lock waits for
+        # itself forever. So the handler only writes a byte, and a thread does the stopping.
+        self._signals, wake = os.pipe()
+        os.set_blocking(wake, False)
+        self._wake = wake
+        threading.Thread(target=self._await_signal, name="soak-signals", daemon=True).start()
+        signal.signal(signal.SIGTERM, self._signalled)
+        signal.signal(signal.SIGINT, self._signalled)
 
-    def _stopping(self, *_: object) -> None:
+    def _signalled(self, *_: object) -> None:
+        with contextlib.suppress(BlockingIOError):  # full: a byte is already waiting
+            os.write(self._wake, b"\0")
+
+    def _await_signal(self) -> None:
+        os.read(self._signals, 1)
+        self._stopping()
+
+    def _stopping(self) -> None:
         if "stopping" not in self.status:
             self.status["stopping"] = time.time()
-            threading.Thread(target=self._watch_exit, name="soak-exit-watch", daemon=True).start()
+            threading.Thread(
+                target=self._watch_exit,
+                args=(self._exit_watch,),
+                name="soak-exit-watch",
+                daemon=True,
+            ).start()
         self.stop.set()
 
-    def _watch_exit(self, after: float = EXIT_WATCH_SECONDS) -> None:
+    def _watch_exit(self, after: float) -> None:
         """Still here ``after`` seconds after SIGTERM: write what every thread and every
         asyncio task is doing (a thread's stack alone shows an event loop in ``select``,
         not the task that keeps it from ending)."""
