@@ -277,11 +277,15 @@ async def backlog_queues(
 ) -> tuple[str, list[str]]:
     """Create the backlog queues ``options`` asks for in the secondary namespace.
 
+    Backlog queues belong to a primary namespace, not to an entity: every paired sender of
+    that namespace shares them. So the default name is a new one each call, which the
+    test hands its senders (``primary_namespace=``): a module that borrows the emulator
+    after another finds none of the other's backlog messages.
+
     Returns:
-        The primary's name they are for (default: the emulator's primary ``host:port``)
-        and their paths.
+        The primary's name they are for and their paths.
     """
-    name = primary_name or f"127.0.0.1:{emu.namespace('primary').port}"
+    name = primary_name or f"paired{uuid.uuid4().hex[:8]}"
     async with emu.async_admin_client("secondary") as admin:
         return name, await ensure_backlog_queues(admin, name, options)
 

@@ -259,8 +259,13 @@ def send_sync(cell: Cell, emu: Emulator, pacer: Pacer) -> None:
                 break
 
 
+#: The primary namespace's name for the backlog queues: this run's own (the emulator may
+#: have served another module's paired senders, whose backlog queues the syphon would read).
+_PRIMARY_NAME = f"matrix{uuid.uuid4().hex[:8]}"
+
+
 def primary_name(emu: Emulator) -> str:
-    return f"127.0.0.1:{emu.namespace('primary').port}"
+    return _PRIMARY_NAME
 
 
 # -------------------------------------------------------------------------- receivers

@@ -53,7 +53,9 @@ async def test_outage_sends_go_to_backlog_queues_until_a_ping_succeeds(emu: Emul
     primary_name, paths = await backlog_queues(emu, options)
     assert paths == [backlog_queue_path(primary_name, i) for i in range(2)]
 
-    async with on_emulator(PairedSender, emu, queue, options=options) as sender:
+    async with on_emulator(
+        PairedSender, emu, queue, options=options, primary_namespace=primary_name
+    ) as sender:
         assert await sender.send_messages(ServiceBusMessage("before")) == "primary"
         await asyncio.to_thread(emu.namespace("primary").outage)
         with pytest.raises(RegionError):
@@ -84,7 +86,9 @@ async def test_the_syphon_brings_backlog_messages_home_and_each_is_received_once
     options = quick_paired_options(3)
     primary_name, _ = await backlog_queues(emu, options)
 
-    async with on_emulator(PairedSender, emu, queue, options=options) as sender:
+    async with on_emulator(
+        PairedSender, emu, queue, options=options, primary_namespace=primary_name
+    ) as sender:
         await asyncio.to_thread(emu.namespace("primary").outage)
         when = datetime.now(UTC) + timedelta(seconds=2)
         sent = [

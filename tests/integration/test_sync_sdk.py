@@ -267,8 +267,10 @@ def test_sync_paired_sender_sends_to_the_backlog_queues_during_an_outage(
     options = PairedNamespaceOptions(
         backlog_queue_count=2, failover_interval=0, ping_primary_interval=1, ping_timeout=5
     )
-    _, paths = asyncio.run(backlog_queues(emu, options))
-    with on_emulator(georep.sync.PairedSender, emu, queue, options=options) as sender:
+    name, paths = asyncio.run(backlog_queues(emu, options))
+    with on_emulator(
+        georep.sync.PairedSender, emu, queue, options=options, primary_namespace=name
+    ) as sender:
         assert sender.send_messages(ServiceBusMessage("before")) == "primary"
         emu.namespace("primary").outage()
         places = [sender.send_messages(ServiceBusMessage(f"during-{i}")) for i in range(3)]
