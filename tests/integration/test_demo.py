@@ -60,7 +60,7 @@ def test_the_sessions_demo_keeps_fifty_sessions_in_order_through_an_outage(
     # The audit by the pyarrow reference (the same report): the passive demo above runs
     # the Spark one, and a second Java VM here would cost the suite half a minute of CPU.
     output, report = run_demo(
-        tmp_path, "--sessions", "--messages", "1000", "--rate", "0", "--outage-at", "1",
+        tmp_path, "--sessions", "--messages", "1000", "--rate", "250", "--outage-at", "1",
         "--outage-for", "3", "--audit", "pyarrow",
     )  # fmt: skip
     assert report["engine"] == "pyarrow"
@@ -68,10 +68,12 @@ def test_the_sessions_demo_keeps_fifty_sessions_in_order_through_an_outage(
     assert report["sent"] == report["processed"] == 1000 and report["lost"] == 0
     assert report["sessions"]["sessions"] == 50
     assert report["sessions"]["out_of_order"] == 0
-    # The outage hit sends in flight: they failed over, or (the emulator, one process for
-    # both regions, busy dropping the primary's hundred session links on a loaded machine,
-    # let the secondary miss the 5 s attempt deadline) were queued in the outbox and
-    # delivered later. Both keep the promise checked above; which one is the machine's.
+    # Sending lasts four seconds (1,000 at 250/s; flat out, a quiet machine had sent them
+    # all before the outage began), so the outage hits sends: they failed over, or (the
+    # emulator, one process for both regions, busy dropping the primary's hundred session
+    # links on a loaded machine, let the secondary miss the 5 s attempt deadline) were
+    # queued in the outbox and delivered later. Both keep the promise checked above; which
+    # one is the machine's.
     queued = re.findall(r"queued in outbox (\d+)", output)
     assert report["failover"]["sends"] + (int(queued[-1]) if queued else 0) >= 1, output[-2000:]
 
