@@ -17,7 +17,6 @@ import os
 import re
 import secrets
 import shlex
-import signal
 import sys
 import tempfile
 from collections.abc import Callable, Iterable, Sequence
@@ -25,6 +24,8 @@ from pathlib import Path
 from typing import Any, Final
 
 from aiohttp import web
+
+from georep._signals import stop_on_signals
 
 from ._admin import build_admin_app
 from ._admin_backend import NamespaceAdminBackend
@@ -293,15 +294,13 @@ async def serve(
     server = EmulatorServer(specs, control_port=control_port, control_token=control_token)
     await server.start()
     stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
     watcher: asyncio.Task[None] | None = None
     if stop_on_stdin_eof:
         watcher = asyncio.create_task(_wait_for_stdin_eof(stop))
     try:
-        on_ready(server.describe())
-        await stop.wait()
+        with stop_on_signals(stop):
+            on_ready(server.describe())
+            await stop.wait()
     finally:
         if watcher is not None:
             watcher.cancel()

@@ -431,14 +431,10 @@ def syphon(
 
 async def _run_syphon(worker: Any, *, report_every: float, long_poll: float) -> None:
     """Run ``worker`` until SIGINT/SIGTERM, printing its stats every ``report_every`` s."""
-    import signal
-
     from georep._lifecycle import finish_task, wait_within
+    from georep._signals import stop_on_signals
 
-    loop = asyncio.get_running_loop()
     stop = asyncio.Event()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
 
     def report() -> None:
         stats = worker.stats
@@ -448,14 +444,15 @@ async def _run_syphon(worker: Any, *, report_every: float, long_poll: float) -> 
             f"billed operations {stats.billed_operations + stats.receive_calls}"
         )
 
-    task = asyncio.create_task(worker.run())
-    while not stop.is_set() and not task.done():
-        with contextlib.suppress(TimeoutError):
-            await wait_within(stop.wait(), report_every)
-        if not stop.is_set():
-            report()
-    await worker.aclose()
-    await finish_task(task, timeout=long_poll + 30)
+    with stop_on_signals(stop):
+        task = asyncio.create_task(worker.run())
+        while not stop.is_set() and not task.done():
+            with contextlib.suppress(TimeoutError):
+                await wait_within(stop.wait(), report_every)
+            if not stop.is_set():
+                report()
+        await worker.aclose()
+        await finish_task(task, timeout=long_poll + 30)
     report()  # the final figures: a move in flight at the signal has finished by now
     console.print("syphon stopped")
 

@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
+import signal
 from collections.abc import AsyncIterator, Callable
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -210,40 +213,59 @@ async def test_aclose_stops_the_partner_closer_timer() -> None:
     assert other_tasks() == []
 
 
+class _InFlight:
+    """A syphon whose move in flight completes once it is asked to close."""
+
+    def __init__(self) -> None:
+        self.stats = SimpleNamespace(
+            moved=0, dead_lettered=0, retries=0, receive_calls=1, billed_operations=0
+        )
+        self.closing = asyncio.Event()
+
+    async def run(self) -> None:
+        await self.closing.wait()
+        self.stats.moved = 1  # the move in flight completes its backlog copy
+
+    async def aclose(self) -> None:
+        self.closing.set()
+
+
+def _syphon_command_until_sigterm() -> None:
+    """`georep syphon`'s loop over an :class:`_InFlight`, until this process gets SIGTERM."""
+    from georep.cli._app import _run_syphon
+
+    async def scenario() -> None:
+        running = asyncio.create_task(_run_syphon(_InFlight(), report_every=3600, long_poll=1))
+        await asyncio.sleep(0)  # its signal handlers are in place
+        os.kill(os.getpid(), signal.SIGTERM)
+        await asyncio.wait_for(running, 40)
+
+    asyncio.run(scenario())
+
+
 def test_the_syphon_command_reports_a_move_that_finished_after_the_signal(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     """`georep syphon` printed its figures before it closed the syphon: a move in flight at
     SIGTERM finished afterwards, and the last figures said 'moved 0'."""
-    import os
-    import signal
-    from types import SimpleNamespace
-
-    from georep.cli._app import _run_syphon
-
-    class InFlight:
-        def __init__(self) -> None:
-            self.stats = SimpleNamespace(
-                moved=0, dead_lettered=0, retries=0, receive_calls=1, billed_operations=0
-            )
-            self.closing = asyncio.Event()
-
-        async def run(self) -> None:
-            await self.closing.wait()
-            self.stats.moved = 1  # the move in flight completes its backlog copy
-
-        async def aclose(self) -> None:
-            self.closing.set()
-
-    async def scenario() -> None:
-        running = asyncio.create_task(_run_syphon(InFlight(), report_every=3600, long_poll=1))
-        await asyncio.sleep(0)  # its signal handlers are in place
-        os.kill(os.getpid(), signal.SIGTERM)
-        await running
-
-    asyncio.run(scenario())
+    _syphon_command_until_sigterm()
     lines = capsys.readouterr().out.splitlines()
     assert lines[-2:] == [
         "moved 1  dead-lettered 0  retries 0  receive calls 1  billed operations 1",
         "syphon stopped",
     ]
+
+
+def test_the_syphon_command_leaves_an_ignored_sigint_ignored(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """`georep syphon` under nohup (SIGINT ignored), stopped by SIGTERM: the first
+    fresh-clone run of this session, started in the background, found SIGINT set to
+    ``default_int_handler`` after it (the loop's removal of its handler sets that)."""
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        _syphon_command_until_sigterm()
+        assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    assert capsys.readouterr().out.splitlines()[-1] == "syphon stopped"

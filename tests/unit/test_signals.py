@@ -1,0 +1,67 @@
+"""stop_on_signals: a command's loop stops on SIGINT/SIGTERM, a signal the process was told to
+ignore stays ignored, and every handler is as it was once the block ends (the loop's own
+removal would leave SIGINT on default_int_handler and SIGTERM on SIG_DFL)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from georep._signals import stop_on_signals
+
+
+@pytest.fixture
+def handlers() -> Iterator[None]:
+    """Put SIGINT's and SIGTERM's handlers back after the test, whatever it did."""
+    found = signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, found[0])
+        signal.signal(signal.SIGTERM, found[1])
+
+
+def _mine(signum: int, frame: Any) -> None:
+    raise AssertionError("the block's handler should have had the signal")
+
+
+@pytest.mark.usefixtures("handlers")
+def test_a_signal_sets_stop_and_the_handlers_found_are_back_after() -> None:
+    signal.signal(signal.SIGINT, _mine)
+    signal.signal(signal.SIGTERM, _mine)
+
+    async def scenario() -> bool:
+        stop = asyncio.Event()
+        with stop_on_signals(stop):
+            os.kill(os.getpid(), signal.SIGTERM)
+            await asyncio.wait_for(stop.wait(), 10)
+        return stop.is_set()
+
+    assert asyncio.run(scenario())
+    assert signal.getsignal(signal.SIGINT) is _mine
+    assert signal.getsignal(signal.SIGTERM) is _mine
+
+
+@pytest.mark.usefixtures("handlers")
+def test_an_ignored_signal_stays_ignored_during_and_after_the_block() -> None:
+    """A job started with nohup: Ctrl-C in its terminal must not stop it."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+    async def scenario() -> tuple[bool, object]:
+        stop = asyncio.Event()
+        with stop_on_signals(stop):
+            during = signal.getsignal(signal.SIGINT)
+            os.kill(os.getpid(), signal.SIGINT)  # ignored: nothing happens
+            await asyncio.sleep(0)
+            return stop.is_set(), during
+
+    stopped, during = asyncio.run(scenario())
+    assert not stopped and during is signal.SIG_IGN
+    assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
