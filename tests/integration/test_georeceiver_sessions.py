@@ -280,9 +280,16 @@ def test_two_processes_compete_for_sessions_and_one_is_killed(
         for consumer in consumers:
             assert consumer.stdout is not None and consumer.stdout.readline() == "ready\n"
         total = sessions * per_session
-        deadline = time.monotonic() + 20
-        while _handled_lines(out) < total // 4 and time.monotonic() < deadline:
+
+        def victim_mid_stream() -> bool:
+            """The victim handles sessions (a loaded machine had its first receive come
+            after the survivor's 120th message) and a quarter of the messages are done."""
+            return str(victim.pid) in _pids(out) and _handled_lines(out) >= total // 4
+
+        deadline = time.monotonic() + 60
+        while not victim_mid_stream() and time.monotonic() < deadline:
             time.sleep(0.05)
+        assert str(victim.pid) in _pids(out), "the victim never got a session in 60 s"
         victim.send_signal(signal.SIGKILL)  # mid-stream, holding sessions in both regions
         victim.wait(10)
         killed_at = _handled_lines(out)
@@ -325,9 +332,20 @@ def test_two_processes_compete_for_sessions_and_one_is_killed(
 
 
 def _handled(out: Path) -> set[str]:
+    return {fields[2] for fields in _lines(out)}
+
+
+def _pids(out: Path) -> set[str]:
+    """The consumers that handled a message so far."""
+    return {fields[1] for fields in _lines(out)}
+
+
+def _lines(out: Path) -> list[list[str]]:
+    """``time pid body`` per line the consumers wrote (a line still being written, read
+    half, is left for the next look)."""
     if not out.exists():
-        return set()
-    return {line.split()[2] for line in out.read_text().splitlines() if line.strip()}
+        return []
+    return [f for f in (line.split() for line in out.read_text().splitlines()) if len(f) == 3]
 
 
 def _handled_lines(out: Path) -> int:
