@@ -30,19 +30,25 @@ def _mine(signum: int, frame: Any) -> None:
     raise AssertionError("the block's handler should have had the signal")
 
 
+def _stopped_by(sig: int) -> bool:
+    """Whether ``sig``, sent to this process inside the block, set the block's stop."""
+
+    async def scenario() -> bool:
+        stop = asyncio.Event()
+        with stop_on_signals(stop):
+            os.kill(os.getpid(), sig)
+            await asyncio.wait_for(stop.wait(), 10)
+        return stop.is_set()
+
+    return asyncio.run(scenario())
+
+
 @pytest.mark.usefixtures("handlers")
 def test_a_signal_sets_stop_and_the_handlers_found_are_back_after() -> None:
     signal.signal(signal.SIGINT, _mine)
     signal.signal(signal.SIGTERM, _mine)
 
-    async def scenario() -> bool:
-        stop = asyncio.Event()
-        with stop_on_signals(stop):
-            os.kill(os.getpid(), signal.SIGTERM)
-            await asyncio.wait_for(stop.wait(), 10)
-        return stop.is_set()
-
-    assert asyncio.run(scenario())
+    assert _stopped_by(signal.SIGTERM)
     assert signal.getsignal(signal.SIGINT) is _mine
     assert signal.getsignal(signal.SIGTERM) is _mine
 
@@ -54,13 +60,6 @@ def test_an_ignored_signal_stops_the_block_and_is_ignored_again_after_it() -> No
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
-    async def scenario() -> bool:
-        stop = asyncio.Event()
-        with stop_on_signals(stop):
-            os.kill(os.getpid(), signal.SIGINT)
-            await asyncio.wait_for(stop.wait(), 10)
-        return stop.is_set()
-
-    assert asyncio.run(scenario())
+    assert _stopped_by(signal.SIGINT)
     assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
     assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
