@@ -38,3 +38,6 @@ if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
     .venv/bin/python -m pip install -q --disable-pip-version-check -e ".[$1]"
     touch "$stamp"
 fi
+# Spark's Python workers import PySpark from a zip of sources: give it bytecode, once
+# (scripts/_pyspark_bytecode.py says why; without pyspark installed it does nothing).
+.venv/bin/python -W ignore scripts/_pyspark_bytecode.py

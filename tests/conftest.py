@@ -170,6 +170,7 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     )  # stable: units of equal rank keep collection order
     items[:] = [item for _, tests in ordered for item in tests]
     _tell_heavy_units(units)
+    _scale_timeouts(items)
 
 
 def _tell_heavy_units(units: dict[str, list[pytest.Item]]) -> None:
@@ -190,7 +191,66 @@ def _tell_heavy_units(units: dict[str, list[pytest.Item]]) -> None:
     os.replace(partial, path)
 
 
+#: Seconds a 2,000,000-step Python loop (in a function) takes on the machines the suite's
+#: bounds were set on (0.03 s to 0.045 s): how much longer this machine takes is
+#: :func:`pace` (0.135 s, a pace of 3, on one where the suite took 11 minutes, not 5).
+REFERENCE_LOOP = 0.045
+
+#: The most :func:`pace` scales a bound by (a hang must still end the run).
+MAX_PACE = 5.0
+
+_PACE = "GEOREP_TEST_PACE"
+
+
+def _measured_pace() -> float:
+    """This machine's Python speed against :data:`REFERENCE_LOOP` (best of three, so a
+    moment's noise does not count), at least 1 and at most :data:`MAX_PACE`."""
+    best = float("inf")
+    for _ in range(3):
+        started, total = time.perf_counter(), 0
+        for step in range(2_000_000):
+            total += step
+        best = min(best, time.perf_counter() - started)
+    return round(min(MAX_PACE, max(1.0, best / REFERENCE_LOOP)), 2)
+
+
+def pace() -> float:
+    """How much the suite's time bounds stretch on this machine (``GEOREP_TEST_PACE``, set
+    by the controlling process before the workers start, or measured here): 1 on the
+    machines the bounds were set on, 3 where Python runs three times slower (seen: a
+    machine on which the whole suite took 12 minutes instead of 5, and a doc's 240 s bound
+    and pytest-timeout's cut off runs that were slow, not stuck). Bounds that detect a hang
+    scale with it; what a test asserts about time does not (timing belongs in benchmarks)."""
+    if _PACE not in os.environ:
+        os.environ[_PACE] = str(_measured_pace())
+    return float(os.environ[_PACE])
+
+
+def _scale_timeouts(items: list[pytest.Item]) -> None:
+    """Stretch each test's pytest-timeout bound (its mark's, else the configured one) by
+    :func:`pace`."""
+    factor = pace()
+    if factor <= 1.0:
+        return
+    for item in items:
+        marker = item.get_closest_marker("timeout")
+        args: tuple[Any, ...] = ()
+        kwargs: dict[str, Any] = {}
+        if marker is not None and (marker.args or "timeout" in marker.kwargs):
+            seconds = marker.args[0] if marker.args else marker.kwargs["timeout"]
+            args = marker.args[1:]
+            kwargs = {k: v for k, v in marker.kwargs.items() if k != "timeout"}
+        else:
+            given = item.config.getoption("timeout", None)
+            seconds = given if given is not None else item.config.getini("timeout")
+        if seconds and float(seconds) > 0:
+            stretched = pytest.mark.timeout(float(seconds) * factor, *args, **kwargs)
+            item.add_marker(stretched, append=False)
+
+
 def pytest_configure(config: pytest.Config) -> None:
+    if not hasattr(config, "workerinput"):
+        pace()  # measured once, on a quiet machine, and inherited by the workers
     if hasattr(config, "workerinput") or not config.getoption("dist_units", False):
         return
     import tempfile

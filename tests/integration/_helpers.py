@@ -36,17 +36,22 @@ LOADED = 5.0
 how fast: the role store's default (0.5 s) once ran out connecting to the shared Redis
 while ten workers loaded two cores (test_role_store, a fresh-clone CI run)."""
 REPO = Path(__file__).resolve().parents[2]
+PACE = float(os.environ.get("GEOREP_TEST_PACE", "1"))
+"""How much this machine stretches the bounds that detect a hang (tests/conftest.py's
+``pace``): :func:`run_python`, :func:`eventually` and :func:`progressing` wait that many
+times longer before they give up."""
 
 
 def run_python(*args: str, timeout: float, **options: Any) -> subprocess.CompletedProcess[str]:
     """``python *args`` in a new process from the checkout's root, its output captured as
-    text; the exit status is the caller's to check."""
+    text; the exit status is the caller's to check. ``timeout`` is stretched by
+    :data:`PACE`."""
     return subprocess.run(
         [sys.executable, *args],
         cwd=REPO,
         capture_output=True,
         text=True,
-        timeout=timeout,
+        timeout=timeout * PACE,
         check=False,
         **options,
     )
@@ -131,13 +136,13 @@ async def fault_all(emu: Emulator, action: str) -> None:
 
 async def eventually(condition: Callable[[], bool | Awaitable[bool]], within: float) -> bool:
     """Wait until ``condition()`` holds (it is changed by tasks and processes we observe);
-    ``condition`` may be a coroutine function."""
+    ``condition`` may be a coroutine function. ``within`` is stretched by :data:`PACE`."""
 
     async def holds() -> bool:
         result = condition()
         return await result if inspect.isawaitable(result) else result
 
-    deadline = time.monotonic() + within
+    deadline = time.monotonic() + within * PACE
     while not await holds():
         if time.monotonic() > deadline:
             return False
@@ -151,7 +156,9 @@ async def progressing(
     """Wait until ``measure()`` reaches ``target`` for as long as it keeps moving: False
     once it has not grown for ``stall`` seconds (the system is stuck, not slow), or after
     ``cap`` seconds in all. A loaded machine is slower, not stuck: tests that wait for a
-    whole workload to finish use this rather than one budget for all of it."""
+    whole workload to finish use this rather than one budget for all of it. Both bounds
+    are stretched by :data:`PACE`."""
+    stall, cap = stall * PACE, cap * PACE
     last, moved = measure(), time.monotonic()
     ends = moved + cap
     while (now := measure()) < target:
