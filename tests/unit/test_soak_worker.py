@@ -111,6 +111,38 @@ def test_a_spark_senders_rows_are_acknowledged_by_the_batches_its_checkpoint_com
     assert _input_files(Path("in box")) - committed_files() == set()
 
 
+def test_a_spark_senders_files_are_acknowledged_by_the_log_entries_its_batches_read(
+    tmp_path: Path,
+) -> None:
+    """After a kill between the file source's log entry and the batch's offsets, the next
+    incarnation's batches run one behind the log: batch 2 reads entries 2 and 3, and batch
+    3 entry 4 (seen in CI's soak: the last file stayed pending and the run never went
+    quiet)."""
+    from georep.cli.soak.worker import _CommittedFiles
+
+    checkpoint = tmp_path / "checkpoint"
+    for directory in ("commits", "offsets", "sources/0"):
+        (checkpoint / directory).mkdir(parents=True)
+    inbox = tmp_path / "inbox"
+    for entry in range(5):
+        line = json.dumps({"path": (inbox / f"{entry}.json").as_uri(), "batchId": entry})
+        (checkpoint / "sources" / "0" / str(entry)).write_text(f"v1\n{line}")
+    committed_files = _CommittedFiles(checkpoint)
+
+    def commit(batch: int, log_offset: int) -> set[str]:
+        (checkpoint / "offsets" / str(batch)).write_text(
+            'v1\n{"batchWatermarkMs":0}\n' + json.dumps({"logOffset": log_offset})
+        )
+        (checkpoint / "commits" / str(batch)).write_text("v1\n{}\n")
+        return {p.rsplit("/", 1)[-1] for p in committed_files()}
+
+    assert commit(0, 0) == {"0.json"}
+    assert commit(1, 1) == {"0.json", "1.json"}
+    # Killed after logging entry 2; the next incarnation's batch 2 reads entries 2 and 3.
+    assert commit(2, 3) == {"0.json", "1.json", "2.json", "3.json"}
+    assert commit(3, 4) == {f"{entry}.json" for entry in range(5)}
+
+
 def test_a_signal_arriving_while_the_stop_flags_lock_is_held_still_stops_the_worker(
     worker: _Worker,
 ) -> None:

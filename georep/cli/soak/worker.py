@@ -505,8 +505,15 @@ def _input_files(inbox: Path) -> set[str]:
 
 class _CommittedFiles:
     """The input files of the micro-batches a checkpoint says committed (local paths),
-    read incrementally: a batch's source log is written once, so each is parsed once (a
-    30-minute soak leaves about a thousand)."""
+    read incrementally: a file source log entry is written once, so each is parsed once (a
+    30-minute soak leaves about a thousand).
+
+    A micro-batch's offsets (``offsets/N``) name the last file source log entry it read
+    (``logOffset``); the two numbers are not the same: a query killed after its file
+    source logged a batch's file and before it wrote the batch's offsets leaves an entry
+    that the next incarnation's first batch reads along with the next one, and from then
+    on the batch numbers run one behind. Mapping batch N to log entry N left the last
+    file "pending" for ever (CI's soak, seed 28, never went quiet)."""
 
     def __init__(self, checkpoint: Path) -> None:
         self.checkpoint = checkpoint
@@ -515,23 +522,36 @@ class _CommittedFiles:
     def __call__(self) -> set[str]:
         with contextlib.suppress(OSError):
             commits = (self.checkpoint / "commits").iterdir()
-            committed = {int(p.name) for p in commits if p.name.isdigit()}
-            for batch in sorted(committed - set(self._files)):
-                self._files[batch] = self._read(batch)
-            return {path for batch in committed for path in self._files.get(batch, ())}
+            committed = [int(p.name) for p in commits if p.name.isdigit()]
+            if not committed:
+                return set()
+            last = self._log_offset(max(committed))
+            for entry in range(last + 1):
+                if entry not in self._files:
+                    self._files[entry] = self._read(entry)
+            return {path for entry in range(last + 1) for path in self._files[entry]}
         return set()
 
-    def _read(self, batch: int) -> list[str]:
-        """The files of ``batch``, from its own log or the compacted one that holds it."""
+    def _log_offset(self, batch: int) -> int:
+        """The last file source log entry ``batch`` read (``batch`` itself when its offsets
+        cannot be read)."""
+        with contextlib.suppress(OSError):
+            for line in (self.checkpoint / "offsets" / str(batch)).read_text().splitlines()[2:]:
+                with contextlib.suppress(ValueError, KeyError, TypeError):
+                    return int(json.loads(line)["logOffset"])
+        return batch
+
+    def _read(self, entry: int) -> list[str]:
+        """The files of log ``entry``, from its own file or the compacted one that holds it."""
         logs = self.checkpoint / "sources" / "0"
         files = []
-        for log in (logs / str(batch), *sorted(logs.glob("*.compact"))):
+        for log in (logs / str(entry), *sorted(logs.glob("*.compact"))):
             with contextlib.suppress(OSError):
                 for line in log.read_text(errors="replace").splitlines()[1:]:  # after "v1"
                     with contextlib.suppress(ValueError, KeyError, TypeError):
-                        entry = json.loads(line)
-                        if entry["batchId"] == batch:
-                            files.append(os.path.realpath(unquote(urlparse(entry["path"]).path)))
+                        record = json.loads(line)
+                        if record["batchId"] == entry:
+                            files.append(os.path.realpath(unquote(urlparse(record["path"]).path)))
             if files:
                 break
         return files
