@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from _helpers import eventually, fault_all, on_emulator, start_child
+from _helpers import PACE, eventually, fault_all, on_emulator, start_child
 from azure.servicebus import ServiceBusMessage, ServiceBusReceiveMode
 from azure.servicebus.aio import ServiceBusClient
 
@@ -86,7 +86,9 @@ async def test_a_session_sent_through_an_outage_reaches_the_broker_in_order(
             emu,
             queue,
             outbox=outbox,
-            policy=FailoverPolicy(attempt_timeout=1.0),
+            # 1 s, stretched on a slower machine: there the primary, up and loaded, did not
+            # answer the first send within 1 s and it was queued.
+            policy=FailoverPolicy(attempt_timeout=1.0 * PACE),
             drain=DrainPolicy(initial_backoff=HOLD, max_backoff=HOLD, idle_interval=0.1),
         ) as sender,
     ):
@@ -170,7 +172,7 @@ async def test_a_new_process_sends_a_session_behind_what_a_killed_one_left_queue
     async with (
         SqliteOutbox(path) as outbox,
         on_emulator(
-            GeoSender, emu, queue, outbox=outbox, policy=FailoverPolicy(attempt_timeout=5.0)
+            GeoSender, emu, queue, outbox=outbox, policy=FailoverPolicy(attempt_timeout=5.0 * PACE)
         ) as sender,
     ):
         behind = await sender.send_messages(ServiceBusMessage("s:3", session_id="s"))
