@@ -461,7 +461,9 @@ async def run_matrix(emu: Emulator, cells: list[Cell]) -> dict[str, float]:
         ]
         await asyncio.gather(outage(), *sends)
         sent = time.monotonic()
-        deadline = sent + 90
+        # Stretched on a slower machine: there, the last few sends of the three paired sync
+        # cells, syphoned from the backlog queues, had not been processed after 90 s.
+        deadline = sent + 90 * PACE
         while not caught_up(cells) and time.monotonic() < deadline:  # noqa: ASYNC110 - polls counters other threads update
             await asyncio.sleep(0.5)
         caught = time.monotonic()
