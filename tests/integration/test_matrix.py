@@ -67,6 +67,9 @@ OUTAGE_AT, OUTAGE_FOR = 1.5, 3.0
 LOCK_SECONDS = 5
 #: When the outage began and ended (monotonic seconds), for failure messages.
 OUTAGE: dict[str, float] = {}
+#: Set when the cells did not all catch up: the messages each region still stored, per
+#: entity not caught up and per backlog queue (late, if any; lost, if none).
+LEFT: dict[str, int] = {}
 SUBSCRIPTIONS = ("billing", "shipping")
 ENTITIES = ("queue", "topic", "partitioned")
 MODES = ("active", "passive", "paired")
@@ -405,6 +408,23 @@ def sync_style(cell: Cell, path_index: int) -> str:
 # ------------------------------------------------------------------------------- run
 
 
+def _left(emu: Emulator, cells: list[Cell], backlogs: list[str]) -> dict[str, int]:
+    """What each region still stores of the entities not caught up, and of the backlog
+    queues (the secondary's)."""
+    behind = [
+        path
+        for cell in cells
+        for path in cell.paths
+        if not cell.acknowledged <= set(cell.processed.get(path, ()))
+    ]
+    left: dict[str, int] = {}
+    for namespace, path in [*((n, p) for p in behind for n in emu.namespaces),
+                            *(("secondary", q) for q in backlogs)]:  # fmt: skip
+        with contextlib.suppress(Exception):
+            left[f"{namespace}:{path}"] = emu.namespace(namespace).message_count(path)
+    return left
+
+
 def caught_up(cells: list[Cell]) -> bool:
     return all(
         cell.acknowledged <= set(cell.processed.get(path, ()))
@@ -418,7 +438,7 @@ async def run_matrix(emu: Emulator, cells: list[Cell]) -> dict[str, float]:
     # Sync cells and barrier waits each hold a thread for the whole run: the default
     # executor (cores + 4 threads) would deadlock at the barrier.
     asyncio.get_running_loop().set_default_executor(ThreadPoolExecutor(max_workers=64))
-    await backlog_queues(emu, PAIRED, primary_name(emu))
+    _, backlogs = await backlog_queues(emu, PAIRED, primary_name(emu))
     syphon = Syphon.from_connection_strings(
         emu.connection_string("primary"),
         emu.connection_string("secondary"),
@@ -467,6 +487,8 @@ async def run_matrix(emu: Emulator, cells: list[Cell]) -> dict[str, float]:
         while not caught_up(cells) and time.monotonic() < deadline:  # noqa: ASYNC110 - polls counters other threads update
             await asyncio.sleep(0.5)
         caught = time.monotonic()
+        if not caught_up(cells):
+            LEFT.update(await asyncio.to_thread(_left, emu, cells, backlogs))
         # Late copies (the twin of an active send, a redelivery) get a moment to arrive
         # and be suppressed, so a second processing would show in the counts.
         await asyncio.sleep(3)
@@ -537,7 +559,7 @@ def test_nothing_lost_nothing_twice(matrix: dict[str, Cell], cell_id: str) -> No
     for index, path in enumerate(cell.paths):
         processed = cell.processed.get(path, Counter())
         lost = cell.acknowledged - set(processed)
-        assert not lost, f"{path}: {len(lost)} lost"
+        assert not lost, f"{path}: {len(lost)} lost; still stored: {LEFT}"
         assert max(processed.values()) == 1, f"{path}: processed twice"
         report = audit(cell, index)
         assert report["sent"] == MESSAGES, (path, report["sent"])
