@@ -408,29 +408,30 @@ def sync_style(cell: Cell, path_index: int) -> str:
 # ------------------------------------------------------------------------------- run
 
 
-def _left(emu: Emulator, cells: list[Cell], backlogs: list[str]) -> dict[str, int]:
-    """What each region still stores of the entities not caught up, and of the backlog
-    queues (the secondary's)."""
-    behind = [
+def behind(cells: list[Cell]) -> list[str]:
+    """The entities (and subscriptions) that have not processed every acknowledged send."""
+    return [
         path
         for cell in cells
         for path in cell.paths
         if not cell.acknowledged <= set(cell.processed.get(path, ()))
     ]
-    left: dict[str, int] = {}
-    for namespace, path in [*((n, p) for p in behind for n in emu.namespaces),
-                            *(("secondary", q) for q in backlogs)]:  # fmt: skip
-        with contextlib.suppress(Exception):
-            left[f"{namespace}:{path}"] = emu.namespace(namespace).message_count(path)
-    return left
 
 
 def caught_up(cells: list[Cell]) -> bool:
-    return all(
-        cell.acknowledged <= set(cell.processed.get(path, ()))
-        for cell in cells
-        for path in cell.paths
-    )
+    return not behind(cells)
+
+
+def _left(emu: Emulator, cells: list[Cell], backlogs: list[str]) -> dict[str, int]:
+    """What each region still stores of the entities :func:`behind`, and of the backlog
+    queues (the secondary's)."""
+    places = [(n, path) for path in behind(cells) for n in emu.namespaces]
+    places += [("secondary", queue) for queue in backlogs]
+    left: dict[str, int] = {}
+    for namespace, path in places:
+        with contextlib.suppress(Exception):
+            left[f"{namespace}:{path}"] = emu.namespace(namespace).message_count(path)
+    return left
 
 
 async def run_matrix(emu: Emulator, cells: list[Cell]) -> dict[str, float]:
