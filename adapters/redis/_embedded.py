@@ -152,13 +152,11 @@ def private_redis_server(*config: str, start_timeout: float = 10.0) -> Iterator[
     port = _free_port()
     with tempfile.TemporaryDirectory(prefix="georep-redis-") as data_dir:
         process = _start_server(port, data_dir, config)
-        watchdog = _Watchdog(process.pid, data_dir)
         try:
             _wait_for_port(port, start_timeout)
             yield f"redis://127.0.0.1:{port}/0"
         finally:
-            watchdog.dismiss()
-            process.terminate()
+            _stop_server(process)
             process.wait(timeout=10)
 
 
@@ -186,12 +184,35 @@ def _free_port(*, bus: bool = False) -> int:
                 return port
 
 
-def _start_server(port: int, data_dir: str, config: tuple[str, ...]) -> subprocess.Popen[bytes]:
-    return subprocess.Popen(
+_WATCHDOGS: dict[int, _Watchdog] = {}
+"""The watchdog of each server process :func:`_start_server` started, by its pid."""
+
+
+def _start_server(
+    port: int, data_dir: str, config: tuple[str, ...], *, remove: str | None = None
+) -> subprocess.Popen[bytes]:
+    """Start a ``redis-server`` with a watchdog that stops it (and removes ``remove``, by
+    default ``data_dir``) should this process die without :func:`_stop_server`."""
+    process = subprocess.Popen(
         [_redis_binary("redis-server"), "--bind", "127.0.0.1", "--port", str(port),
          "--save", "", "--appendonly", "no", "--dir", data_dir, *config],
         stdout=subprocess.DEVNULL,
     )  # fmt: skip
+    _WATCHDOGS[process.pid] = _Watchdog(process.pid, remove or data_dir)
+    return process
+
+
+def _stop_server(process: subprocess.Popen[bytes], *, kill: bool = False) -> None:
+    """Dismiss the server's watchdog, then end it: SIGTERM, or SIGKILL (a crash) with
+    ``kill`` (a paused server is resumed, so that it ends). Does not wait for it."""
+    watchdog = _WATCHDOGS.pop(process.pid, None)
+    if watchdog is not None:
+        watchdog.dismiss()
+    process.send_signal(signal.SIGCONT)
+    if kill:
+        process.kill()
+    else:
+        process.terminate()
 
 
 @dataclass
@@ -215,8 +236,7 @@ class PrivateRedisCluster:
         """Kill the node on ``port`` (SIGKILL, as a crash): its replica takes over after the
         cluster's node timeout."""
         process = self.processes.pop(port)
-        process.send_signal(signal.SIGCONT)  # a paused node dies as well
-        process.kill()
+        _stop_server(process, kill=True)  # a paused node dies as well
         process.wait(timeout=10)
 
     def restart(self, port: int, *, timeout: float = 30.0) -> None:
@@ -286,7 +306,7 @@ def private_redis_cluster(
             # A replica's first sync starts at once (diskless sync waits 5 s by default).
             options = ("--cluster-enabled", "yes", "--cluster-node-timeout", node_ms,
                        "--repl-diskless-sync-delay", "0", *config)  # fmt: skip
-            return _start_server(port, node_dir, options)
+            return _start_server(port, node_dir, options, remove=data_dir)
 
         cluster = PrivateRedisCluster(f"redis://127.0.0.1:{chosen[0]}/0", chosen, _launch=launch)
         try:
@@ -305,8 +325,7 @@ def private_redis_cluster(
             yield cluster
         finally:
             for process in cluster.processes.values():
-                process.send_signal(signal.SIGCONT)
-                process.terminate()
+                _stop_server(process)
             for process in cluster.processes.values():
                 process.wait(timeout=10)
 

@@ -30,6 +30,10 @@ if sys.argv[1] == "embedded":
     if sys.argv[2] == "exit":
         sys.exit(0)
     time.sleep(120)
+elif sys.argv[1] == "cluster":
+    with _embedded.private_redis_cluster(3, replicas=0) as cluster:
+        print(json.dumps({"ports": cluster.ports}), flush=True)
+        time.sleep(120)
 else:
     with private_redis_server() as url:
         print(json.dumps({"url": url}), flush=True)
@@ -98,13 +102,14 @@ async def test_the_embedded_server_and_its_watchdog_go_on_a_normal_exit() -> Non
     assert await eventually(lambda: not any(_alive(w) for w in watchdogs), within=10)
 
 
-async def test_a_private_server_stops_when_its_process_is_killed() -> None:
-    child, _ = _start("private")
-    servers = [p for p in _children_of(child.pid) if "redis-server" in _cmdline(p)]
-    assert len(servers) == 1, servers
+@pytest.mark.parametrize(("kind", "servers"), [("private", 1), ("cluster", 3)])
+async def test_private_servers_stop_when_their_process_is_killed(kind: str, servers: int) -> None:
+    child, _ = _start(kind)
+    started = [p for p in _children_of(child.pid) if "redis-server" in _cmdline(p)]
+    assert len(started) == servers, started
     child.kill()
     child.wait(timeout=30)
-    assert await eventually(lambda: not _alive(servers[0]), within=10)
+    assert await eventually(lambda: not any(map(_alive, started)), within=10)
 
 
 def _cmdline(pid: int) -> str:
