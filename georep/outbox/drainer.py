@@ -3,7 +3,9 @@
 One :class:`OutboxDrainer` per GeoSender. Its promises (docs/sender.md, "The outbox"):
 
 * An entry is deleted as soon as a region accepted it, so a crash re-sends at most the
-  entry in flight.
+  entry in flight. One whose delete fails (a full disk, a file locked by another process)
+  is never sent again by this drainer: it stays leased to it, and each later drain deletes
+  it before sending anything else.
 * Before every send the lease on the entries still to send is renewed so that it outlives
   the send: a second drainer on the same file never takes over an entry this one is
   sending (unless this process stalls for longer than the lease).
@@ -207,6 +209,9 @@ class OutboxDrainer:
         self._stopping = False
         self._has_work = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
+        self._undeleted: set[int] = set()
+        """Entries a region accepted whose delete failed: deleted before the next send,
+        never sent again."""
 
     @property
     def running(self) -> bool:
@@ -251,6 +256,7 @@ class OutboxDrainer:
         # Twice the send budget at least: renewed whenever less than one budget is left, a
         # renewal always leaves room for the next send.
         lease = max(as_seconds(policy.lease), 2 * self._send_budget)
+        await self._delete_undeleted()
         while not self._stopping:
             now = self._clock.time()
             entries = await self._outbox.claim(
@@ -258,6 +264,9 @@ class OutboxDrainer:
             )
             if not entries:
                 break
+            if self._undeleted:  # claimed again once its lease ran out: deleted, not sent
+                await self._delete_undeleted()
+                entries = [e for e in entries if e.entry_id not in self._undeleted]
             sent, any_down = await self._round(entries, now + lease, lease)
             delivered += sent
             if any_down:
@@ -314,8 +323,11 @@ class OutboxDrainer:
         finally:
             if pending or held_back:
                 # Stopping, or cancelled: hand the unsent entries back at once (shielded, so
-                # a cancellation does not leave them leased for the whole lease).
-                ids = [e.entry_id for e in (*held_back, *pending)]
+                # a cancellation does not leave them leased for the whole lease). An entry
+                # accepted but not deleted stays leased: nobody may send it again.
+                ids = [
+                    e.entry_id for e in (*held_back, *pending) if e.entry_id not in self._undeleted
+                ]
                 with contextlib.suppress(Exception):
                     await asyncio.shield(self._outbox.release(ids, owner=self.owner))
         return delivered, bool(down)
@@ -357,16 +369,20 @@ class OutboxDrainer:
                 await self._dead_letter(entry, exc)
                 return None
             return False
+        self._stats.drained += 1
         # Deleted at once: a crash from here on re-sends nothing that was accepted.
         await self._delete_accepted(entry.entry_id)
-        self._stats.drained += 1
         return True
 
     async def _delete_accepted(self, entry_id: int) -> None:
-        """Delete an accepted entry, retrying a few times: one left behind is sent twice."""
+        """Delete an accepted entry, retrying a few times: one left behind would be sent
+        twice. Should the store still refuse, the entry is remembered (never sent again by
+        this drainer, deleted first by the next drain) and the store's error raised: the
+        drain pauses until the store answers (a full disk, a locked file)."""
+        self._undeleted.add(entry_id)
         for pause in (0.05, 0.2, 1.0):
             try:
-                await self._outbox.delete([entry_id])
+                await self._delete_undeleted()
                 return
             except Exception as exc:
                 _log.warning(
@@ -376,7 +392,17 @@ class OutboxDrainer:
                     pause,
                 )
                 await self._clock.sleep(pause)
-        await self._outbox.delete([entry_id])
+        await self._delete_undeleted()
+
+    async def _delete_undeleted(self) -> None:
+        """Delete the accepted entries whose delete failed before.
+
+        Raises:
+            Exception: The store's error; they stay remembered.
+        """
+        if self._undeleted:
+            await self._outbox.delete(sorted(self._undeleted))
+            self._undeleted.clear()
 
     def _expire(self, entry: OutboxEntry, message: Any) -> bool:
         """Shorten the message's time-to-live by its wait; True when nothing is left."""

@@ -582,3 +582,33 @@ async def test_an_entry_queued_while_the_drainer_drains_is_drained_next_not_afte
         await clock.advance(0.1)
     assert [m.body for m in primary.accepted] == [b"first", b"second"]
     await sender.aclose()
+
+
+async def test_an_accepted_entry_whose_delete_keeps_failing_is_never_sent_again(
+    clock: FakeClock,
+) -> None:
+    # The disk stays full past the drainer's retries of the delete: the drain pauses with
+    # the store's error. Before, the entry went back to the queue and, once the disk had
+    # room again, was sent a second time (test_outbox_chaos's full-disk test, 1 in 10).
+    outbox = DeleteFailsOnce()
+    sender, outbox, primary, _ = queueing(outbox, clock=clock)
+    outbox.delete_failures = 5  # the drainer's four tries, then the next drain's first
+    for body in (b"a", b"b"):
+        encoded = primary.codec.encode(FakeMessage(body, message_id=body.decode()))
+        await outbox.put(sender.channel, [(None, encoded)], now=clock.time())
+
+    for _ in range(2):
+        draining = asyncio.ensure_future(sender.drain_outbox())
+        await clock.advance(5)
+        with pytest.raises(OutboxUnavailableError):
+            await draining
+    assert outbox.delete_failures == 0
+    assert [m.message_id for m in primary.accepted] == ["a"], "nothing sent while paused"
+    # The store answers again: the accepted entry is deleted first, never re-sent.
+    draining = asyncio.ensure_future(sender.drain_outbox())
+    await clock.advance(5)
+    await draining
+    assert [m.message_id for m in primary.accepted] == ["a", "b"]
+    assert await outbox.depth() == 0
+    assert sender.stats.drained == 2
+    await sender.aclose()
