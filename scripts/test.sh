@@ -21,13 +21,13 @@ unset PYTHONDONTWRITEBYTECODE
 # run short of. The audit's benchmarks run without this.
 export JAVA_TOOL_OPTIONS="${JAVA_TOOL_OPTIONS:--XX:TieredStopAtLevel=1 -XX:+UseSerialGC}"
 source "$(dirname "$0")/spark_cds.sh"
-if [[ "${GEOREP_TEST_WORKERS:-12}" == "0" ]]; then
+if [[ "${GEOREP_TEST_WORKERS:-14}" == "0" ]]; then
     exec .venv/bin/python -m pytest -p no:cacheprovider "$@"
 fi
 # On a fresh clone nothing is compiled yet: each worker would compile georep and rewrite
-# every test module itself, twelve at once. One collection here writes the bytecode once
+# every test module itself, fourteen at once. One collection here writes the bytecode once
 # (about 3 s); a fresh clone's pytest took 366 s without it and 338 s with it. A module
 # that fails to import is reported by the run below, not here.
 .venv/bin/python -m pytest -p no:cacheprovider --collect-only -q >/dev/null 2>&1 || true
-exec .venv/bin/python -m pytest -p no:cacheprovider -n "${GEOREP_TEST_WORKERS:-12}" \
+exec .venv/bin/python -m pytest -p no:cacheprovider -n "${GEOREP_TEST_WORKERS:-14}" \
     --dist-units --no-loadscope-reorder "$@"
