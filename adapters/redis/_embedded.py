@@ -61,10 +61,6 @@ class _Watchdog:
             start_new_session=True,
         )
 
-    @property
-    def pid(self) -> int:
-        return self._process.pid
-
     def dismiss(self) -> None:
         """The owner stops the server itself: the watchdog leaves without acting."""
         stdin = self._process.stdin

@@ -264,9 +264,6 @@ class OutboxDrainer:
             )
             if not entries:
                 break
-            if self._undeleted:  # claimed again once its lease ran out: deleted, not sent
-                await self._delete_undeleted()
-                entries = [e for e in entries if e.entry_id not in self._undeleted]
             sent, any_down = await self._round(entries, now + lease, lease)
             delivered += sent
             if any_down:

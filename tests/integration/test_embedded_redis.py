@@ -1,6 +1,7 @@
-"""The throw-away Redis servers (``embedded_redis_url``, ``private_redis_server``) end with
-the process that started them, however it ends: a process killed outright runs no exit
-hooks, and each such kill used to leave a ``redis-server`` and its directory behind."""
+"""The throw-away Redis servers (``embedded_redis_url``, ``private_redis_server``,
+``private_redis_cluster``) end with the process that started them, however it ends: a
+process killed outright runs no exit hooks, and each such kill used to leave a
+``redis-server`` and its directory behind."""
 
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ from _helpers import eventually
 pytestmark = pytest.mark.integration
 
 # Prints the embedded server's pid and directories, then waits to be killed (or, given
-# "exit", exits normally); or starts a private server and waits.
+# "exit", exits normally); or starts a private cluster or server and waits.
 _CHILD = """
 import json, sys, time
 from georep.adapters.redis import _embedded, embedded_redis_url, private_redis_server

@@ -589,9 +589,8 @@ async def test_an_accepted_entry_whose_delete_keeps_failing_is_never_sent_again(
 ) -> None:
     # The disk stays full past the drainer's retries of the delete: the drain pauses with
     # the store's error. Before, the entry went back to the queue and, once the disk had
-    # room again, was sent a second time (test_outbox_chaos's full-disk test, 1 in 10).
-    outbox = DeleteFailsOnce()
-    sender, outbox, primary, _ = queueing(outbox, clock=clock)
+    # room again, was sent a second time (test_outbox_chaos's full-disk test, once).
+    sender, outbox, primary, _ = queueing(DeleteFailsOnce(), clock=clock)
     outbox.delete_failures = 5  # the drainer's four tries, then the next drain's first
     for body in (b"a", b"b"):
         encoded = primary.codec.encode(FakeMessage(body, message_id=body.decode()))
