@@ -42,9 +42,13 @@ from redis.asyncio.cluster import RedisCluster
 from redis.asyncio.retry import Retry
 from redis.backoff import ExponentialBackoff, NoBackoff
 from redis.crc import key_slot
-from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import NoScriptError, RedisClusterException, RedisError
-from redis.exceptions import TimeoutError as RedisTimeoutError
+from redis.exceptions import (
+    ConnectionError as RedisConnectionError,
+    NoScriptError,
+    RedisClusterException,
+    RedisError,
+    TimeoutError as RedisTimeoutError,
+)
 
 from georep._policy import count, positive_seconds
 from georep.exceptions import ConfigurationError, StoreUnavailableError

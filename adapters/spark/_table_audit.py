@@ -18,8 +18,7 @@ from typing import Any
 from urllib.parse import unquote, urlparse
 
 import pyarrow.parquet as pq
-from pyspark.sql import SparkSession
-from pyspark.sql import functions as F
+from pyspark.sql import SparkSession, functions as F
 
 from ._audit import _read_ledger
 from ._report import ACKNOWLEDGED

@@ -44,8 +44,13 @@ from georep.receive.outcomes import (
     Settle,
     dead_letter_decision,
 )
-from georep.receive.region_loop import RECEIVE_GRACE as RECEIVE_GRACE
-from georep.receive.region_loop import Handler, LoopPolicy, RegionLoop, StorePolicy
+from georep.receive.region_loop import (
+    RECEIVE_GRACE as RECEIVE_GRACE,
+    Handler,
+    LoopPolicy,
+    RegionLoop,
+    StorePolicy,
+)
 from georep.receive.session_loop import SessionPolicy, SessionRegionLoop
 from georep.receive.wiring import region_loop, session_loops
 

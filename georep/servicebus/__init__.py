@@ -20,19 +20,19 @@ from georep._extras import require_extra
 
 require_extra("georep.servicebus", "servicebus", "azure.servicebus")
 
-from azure.servicebus import AutoLockRenewer, ServiceBusSession, parse_connection_string
+from azure.servicebus import (
+    AutoLockRenewer as AutoLockRenewer,
+    ServiceBusSession as ServiceBusSession,
+    parse_connection_string as parse_connection_string,
+)
 
 from georep.servicebus._sdk_names import *  # noqa: F403 - the SDK's names, re-exported
-from georep.servicebus._sdk_names import __all__ as _sdk_names
+from georep.servicebus._sdk_names import PACKAGE_NAMES, __all__ as _sdk_names
 
-from ._sync import ServiceBusClient, ServiceBusReceiver, ServiceBusSender
+from ._sync import (
+    ServiceBusClient as ServiceBusClient,
+    ServiceBusReceiver as ServiceBusReceiver,
+    ServiceBusSender as ServiceBusSender,
+)
 
-__all__ = [
-    *_sdk_names,
-    "AutoLockRenewer",
-    "ServiceBusClient",
-    "ServiceBusReceiver",
-    "ServiceBusSender",
-    "ServiceBusSession",
-    "parse_connection_string",
-]
+__all__ = [*_sdk_names, *PACKAGE_NAMES, "parse_connection_string"]

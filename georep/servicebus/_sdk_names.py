@@ -33,3 +33,12 @@ __all__ = [
     "ServiceBusSubQueue",
     "TransportType",
 ]
+
+# Each drop-in package defines these itself, over two regions (its __all__ adds them).
+PACKAGE_NAMES = (
+    "AutoLockRenewer",
+    "ServiceBusClient",
+    "ServiceBusReceiver",
+    "ServiceBusSender",
+    "ServiceBusSession",
+)

@@ -19,8 +19,7 @@ from datetime import datetime
 from functools import partial
 from typing import Any, Generic, Self, TypeVar, Unpack
 
-from azure.servicebus import ServiceBusReceivedMessage
-from azure.servicebus import ServiceBusSession as _SdkSession
+from azure.servicebus import ServiceBusReceivedMessage, ServiceBusSession as _SdkSession
 
 from georep import _fork
 from georep._endpoint import Target

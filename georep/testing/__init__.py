@@ -17,8 +17,10 @@ Nothing here does I/O or sleeps for real:
 from __future__ import annotations
 
 from georep.roles.store import InMemoryRoleStore
-from georep.testing._clock import FakeClock
-from georep.testing._clock import settle as settle  # tests wait for ready tasks with it
+from georep.testing._clock import (
+    FakeClock,
+    settle as settle,  # tests wait for ready tasks with it
+)
 from georep.testing._ledger import InMemoryLedger
 from georep.testing._messages import FakeBatch, FakeCodec, FakeMessage
 from georep.testing._outbox import InMemoryOutbox

@@ -10,8 +10,7 @@ from typing import Any
 
 import pytest
 from azure.core.exceptions import ResourceNotFoundError
-from azure.servicebus.management import ServiceBusAdministrationClient as SdkAdmin
-from azure.servicebus.management import SqlRuleFilter
+from azure.servicebus.management import ServiceBusAdministrationClient as SdkAdmin, SqlRuleFilter
 
 from georep.adapters.emulator import Emulator
 from georep.servicebus.aio.management import ServiceBusAdministrationClient as AsyncAdmin

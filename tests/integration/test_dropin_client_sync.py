@@ -30,8 +30,7 @@ from _dropin import (
     sample_id,
 )
 from _helpers import REDIS_URL
-from azure.servicebus import ServiceBusClient as SdkClient
-from azure.servicebus import ServiceBusMessage
+from azure.servicebus import ServiceBusClient as SdkClient, ServiceBusMessage
 
 from georep import ReplicationMode
 from georep.adapters.emulator import Emulator

@@ -12,8 +12,6 @@ from typing import Any
 import pytest
 from azure.servicebus import (
     ServiceBusClient as SyncClient,
-)
-from azure.servicebus import (
     ServiceBusMessage,
     ServiceBusMessageState,
     ServiceBusReceivedMessage,

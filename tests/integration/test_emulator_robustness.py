@@ -20,9 +20,12 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import pytest
-from azure.servicebus import AutoLockRenewer as SyncAutoLockRenewer
-from azure.servicebus import ServiceBusClient as SyncClient
-from azure.servicebus import ServiceBusMessage, ServiceBusReceivedMessage
+from azure.servicebus import (
+    AutoLockRenewer as SyncAutoLockRenewer,
+    ServiceBusClient as SyncClient,
+    ServiceBusMessage,
+    ServiceBusReceivedMessage,
+)
 from azure.servicebus.aio import AutoLockRenewer, ServiceBusClient
 
 from georep.adapters.emulator import Emulator

@@ -17,14 +17,13 @@ from _helpers import queue_fixture
 from azure.servicebus import (
     NEXT_AVAILABLE_SESSION,
     AutoLockRenewer,
+    ServiceBusClient as SyncClient,
     ServiceBusMessage,
     ServiceBusReceivedMessage,
     ServiceBusReceiveMode,
     ServiceBusSubQueue,
 )
-from azure.servicebus import ServiceBusClient as SyncClient
-from azure.servicebus.aio import AutoLockRenewer as AsyncAutoLockRenewer
-from azure.servicebus.aio import ServiceBusClient
+from azure.servicebus.aio import AutoLockRenewer as AsyncAutoLockRenewer, ServiceBusClient
 from azure.servicebus.exceptions import (
     OperationTimeoutError,
     ServiceBusConnectionError,

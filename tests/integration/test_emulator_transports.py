@@ -20,8 +20,7 @@ from urllib.parse import quote_plus
 
 import pytest
 from azure.core.credentials import AzureNamedKeyCredential, AzureSasCredential
-from azure.servicebus import ServiceBusClient as SyncClient
-from azure.servicebus import ServiceBusMessage, TransportType
+from azure.servicebus import ServiceBusClient as SyncClient, ServiceBusMessage, TransportType
 from azure.servicebus.aio import ServiceBusClient
 
 from georep.adapters.emulator import Emulator

@@ -33,8 +33,7 @@ from typing import Any
 
 import pytest
 from _helpers import PACE, REDIS_URL, backlog_queues
-from azure.servicebus import ServiceBusClient as SyncClient
-from azure.servicebus import ServiceBusMessage
+from azure.servicebus import ServiceBusClient as SyncClient, ServiceBusMessage
 
 import georep.sync
 from georep import (

@@ -18,8 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import pytest
-from azure.servicebus import ServiceBusClient as SyncClient
-from azure.servicebus import ServiceBusMessage, ServiceBusSubQueue
+from azure.servicebus import ServiceBusClient as SyncClient, ServiceBusMessage, ServiceBusSubQueue
 from azure.servicebus.aio import ServiceBusClient as AsyncClient
 
 from georep.adapters.emulator import Emulator

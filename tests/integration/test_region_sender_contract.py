@@ -18,8 +18,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
-from azure.servicebus import ServiceBusClient as SyncClient
-from azure.servicebus import ServiceBusMessage
+from azure.servicebus import ServiceBusClient as SyncClient, ServiceBusMessage
 from azure.servicebus.aio import ServiceBusClient as AsyncClient
 
 from georep.adapters.emulator import Emulator

@@ -15,8 +15,7 @@ from collections.abc import Callable
 
 import pytest
 from _helpers import fault
-from azure.servicebus import ServiceBusClient as SyncClient
-from azure.servicebus import ServiceBusMessage
+from azure.servicebus import ServiceBusClient as SyncClient, ServiceBusMessage
 
 from georep.adapters.emulator import Emulator
 from georep.adapters.servicebus import SyncServiceBusRegionSender, open_region_sender

@@ -158,8 +158,7 @@ async def test_sdk_exception_kind_and_failover(
 
 def test_every_consumer_reads_the_one_table() -> None:
     from georep._policy import FailoverPolicy
-    from georep.paired import sender as _paired_sender
-    from georep.paired import syphon as _syphon
+    from georep.paired import sender as _paired_sender, syphon as _syphon
 
     assert DEFAULT_FAILOVER_KINDS == UNAVAILABLE_KINDS
     assert FailoverPolicy().fail_over_on == UNAVAILABLE_KINDS

@@ -7,8 +7,12 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from azure.servicebus import ServiceBusMessage
 
-from georep import ConfigurationError, MessageTooLargeError, PairedNamespaceOptions
-from georep import backlog_queue_path as path
+from georep import (
+    ConfigurationError,
+    MessageTooLargeError,
+    PairedNamespaceOptions,
+    backlog_queue_path as path,
+)
 from georep.adapters.servicebus import from_backlog, to_backlog
 from georep.exceptions import InvalidMessageError
 

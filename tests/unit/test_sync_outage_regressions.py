@@ -19,8 +19,11 @@ from typing import Any
 import pytest
 
 from georep import GeoReceiver
-from georep.adapters.servicebus import ServiceBusRegionReceiver, SyncServiceBusRegionReceiver
-from georep.adapters.servicebus import _receiver as _adapter
+from georep.adapters.servicebus import (
+    ServiceBusRegionReceiver,
+    SyncServiceBusRegionReceiver,
+    _receiver as _adapter,
+)
 from georep.exceptions import RegionError, RegionUnavailableError
 from georep.ports import ErrorKind
 from georep.testing import FakeClock, FakeMessage, InMemoryRegionReceiver, InMemorySeenSet, settle

@@ -18,20 +18,16 @@ regions.
 
 from __future__ import annotations
 
-from azure.servicebus.aio import AutoLockRenewer, ServiceBusSession
+from azure.servicebus.aio import (
+    AutoLockRenewer as AutoLockRenewer,
+    ServiceBusSession as ServiceBusSession,
+)
 
 from georep.servicebus._sdk_names import *  # noqa: F403 - the SDK's names, re-exported
-from georep.servicebus._sdk_names import __all__ as _sdk_names
+from georep.servicebus._sdk_names import PACKAGE_NAMES, __all__ as _sdk_names
 
-from ._client import ServiceBusClient
-from ._receiver import ServiceBusReceiver
-from ._sender import ServiceBusSender
+from ._client import ServiceBusClient as ServiceBusClient
+from ._receiver import ServiceBusReceiver as ServiceBusReceiver
+from ._sender import ServiceBusSender as ServiceBusSender
 
-__all__ = [
-    *_sdk_names,
-    "AutoLockRenewer",
-    "ServiceBusClient",
-    "ServiceBusReceiver",
-    "ServiceBusSender",
-    "ServiceBusSession",
-]
+__all__ = [*_sdk_names, *PACKAGE_NAMES]

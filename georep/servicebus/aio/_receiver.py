@@ -19,8 +19,8 @@ from georep.receive.outcomes import (
     TWIN_REASON_PREFIX,
     Decision,
     Settle,
+    dead_letter_decision as _dead_letter_decision,
 )
-from georep.receive.outcomes import dead_letter_decision as _dead_letter_decision
 from georep.receive.pull import Handout, PullReceiver
 from georep.send.schedule import sequence_number
 
