@@ -19,15 +19,17 @@ from typing import Any, Final
 import redis.asyncio
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
-from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import RedisError
-from redis.exceptions import TimeoutError as RedisTimeoutError
+from redis.exceptions import (
+    ConnectionError as RedisConnectionError,
+    RedisError,
+    TimeoutError as RedisTimeoutError,
+)
 
 from georep._lifecycle import AsyncResource
 from georep._policy import positive_seconds
 from georep.exceptions import ConfigurationError, StoreUnavailableError
-from georep.ports import RoleRecord
-from georep.roles.store import DEFAULT_REFRESH_INTERVAL, NO_RECORD, RoleChange, _RoleStoreBase
+from georep.ports import NO_RECORD, RoleChangeTerms, RoleRecord
+from georep.roles.store import DEFAULT_REFRESH_INTERVAL
 
 __all__ = ["RedisRoleStore"]
 
@@ -115,7 +117,7 @@ def _flag(value: bool) -> str:
     return "1" if value else "0"
 
 
-class RedisRoleStore(AsyncResource, _RoleStoreBase):
+class RedisRoleStore(AsyncResource):
     """A :class:`georep.ports.RoleStore` on Redis, shared by every process of ``app``.
 
     Build it with :meth:`from_url` (the store creates its client and closes it), or give
@@ -211,14 +213,14 @@ class RedisRoleStore(AsyncResource, _RoleStoreBase):
         )
         return _record(answer[1:])
 
-    async def _change(self, entity: str, change: RoleChange) -> tuple[bool, RoleRecord]:
+    async def change(self, entity: str, terms: RoleChangeTerms) -> tuple[bool, RoleRecord]:
         args = [
-            str(change.expected_generation),
-            change.active,
-            change.changed_by,
-            repr(change.now),
-            _flag(change.automatic),
-            "" if change.pinned is None else _flag(change.pinned),
+            str(terms.expected_generation),
+            terms.active,
+            terms.changed_by,
+            repr(terms.now),
+            _flag(terms.automatic),
+            "" if terms.pinned is None else _flag(terms.pinned),
         ]
         answer = await self._call(lambda: self._change_script(keys=[self.key(entity)], args=args))
         if len(answer) == 1:
@@ -236,14 +238,7 @@ class RedisRoleStore(AsyncResource, _RoleStoreBase):
         return bool(removed)
 
     async def report_failure(
-        self,
-        entity: str,
-        *,
-        region: str,
-        generation: int,
-        reporter: str,
-        now: float,
-        window: float,
+        self, entity: str, *, region: str, generation: int, reporter: str, now: float, window: float
     ) -> int:
         key = f"{self.key(entity)}:failing:{region}:{generation}"
         args = [reporter, repr(now), repr(window)]

@@ -30,7 +30,7 @@ from georep.exceptions import (
     OutboxUnavailableError,
 )
 from georep.outbox import sql as sql
-from georep.ports import OutboxEntry
+from georep.ports import OutboxEntry, OutboxItems, OutboxSessions
 
 __all__ = ["OutboxRecord", "SqliteOutbox"]
 
@@ -212,12 +212,7 @@ class SqliteOutbox(AsyncResource):
         await self._run(lambda connection: None)
 
     async def put(
-        self,
-        channel: str,
-        items: Sequence[tuple[str | None, bytes]],
-        *,
-        now: float,
-        sessions: Sequence[str | None] | None = None,
+        self, channel: str, items: OutboxItems, *, now: float, sessions: OutboxSessions = None
     ) -> list[int]:
         """Store ``(region, payload)`` items in one transaction; return their entry ids.
 

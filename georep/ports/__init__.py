@@ -25,10 +25,14 @@ from georep.ports.regions import (
 from georep.ports.relay import RelayEndpoint, RelayRequest, RelayResponse
 from georep.ports.stores import (
     FINAL_STATES,
+    NO_RECORD,
     Claims,
     ClaimState,
     Outbox,
     OutboxEntry,
+    OutboxItems,
+    OutboxSessions,
+    RoleChangeTerms,
     RoleRecord,
     RoleStore,
     ScheduleStore,
@@ -38,6 +42,7 @@ from georep.ports.stores import (
 
 __all__ = [
     "FINAL_STATES",
+    "NO_RECORD",
     "ClaimState",
     "Claims",
     "Clock",
@@ -48,6 +53,8 @@ __all__ = [
     "OrderStamp",
     "Outbox",
     "OutboxEntry",
+    "OutboxItems",
+    "OutboxSessions",
     "ReceiveRecord",
     "RegionAttempt",
     "RegionIdentity",
@@ -58,6 +65,7 @@ __all__ = [
     "RelayEndpoint",
     "RelayRequest",
     "RelayResponse",
+    "RoleChangeTerms",
     "RoleRecord",
     "RoleStore",
     "ScheduleStore",

@@ -66,13 +66,7 @@ class RelayEndpoint(Protocol):
         ...
 
     async def request(
-        self,
-        method: str,
-        target: str,
-        *,
-        body: bytes,
-        headers: dict[str, str],
-        timeout: float,
+        self, method: str, target: str, *, body: bytes, headers: dict[str, str], timeout: float
     ) -> RelayResponse:
         """Send one request and return the service's answer within ``timeout`` seconds."""
         ...

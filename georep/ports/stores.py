@@ -5,20 +5,31 @@ from __future__ import annotations
 import enum
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Protocol, runtime_checkable
+from typing import Final, Protocol, TypeAlias, runtime_checkable
 
 __all__ = [
     "FINAL_STATES",
+    "NO_RECORD",
     "ClaimState",
     "Claims",
     "Outbox",
     "OutboxEntry",
+    "OutboxItems",
+    "OutboxSessions",
+    "RoleChangeTerms",
     "RoleRecord",
     "RoleStore",
     "ScheduleStore",
     "SeenStore",
     "SessionStateStore",
 ]
+
+
+OutboxItems: TypeAlias = Sequence[tuple[str | None, bytes]]
+"""What :meth:`Outbox.put` stores: ``(region or None, encoded message)`` pairs, in order."""
+
+OutboxSessions: TypeAlias = Sequence[str | None] | None
+"""Each stored item's session id (None: not in a session), or None for no sessions at all."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,12 +70,7 @@ class Outbox(Protocol):
     """
 
     async def put(
-        self,
-        channel: str,
-        items: Sequence[tuple[str | None, bytes]],
-        *,
-        now: float,
-        sessions: Sequence[str | None] | None = None,
+        self, channel: str, items: OutboxItems, *, now: float, sessions: OutboxSessions = None
     ) -> list[int]:
         """Store ``(region, payload)`` items atomically; return their entry ids.
 
@@ -203,8 +209,8 @@ class SeenStore(Protocol):
         keys: Sequence[str],
         *,
         owner: str,
-        outcome: ClaimState = ClaimState.DONE,
-        reasons: Sequence[str] | None = None,
+        outcome: ClaimState = ...,
+        reasons: Sequence[str] | None = ...,
     ) -> None:
         """Record the keys' final outcome for the store's dedup window (whoever holds them).
 
@@ -212,7 +218,8 @@ class SeenStore(Protocol):
             keys: The dedup keys.
             owner: The committing consumer.
             outcome: One of :data:`FINAL_STATES`. Default ``DONE`` (processed).
-            reasons: For ``DEAD_LETTERED``: one reason per key, returned to later claims.
+            reasons: For ``DEAD_LETTERED``: one reason per key, returned to later claims
+                (default none).
 
         Raises:
             ConfigurationError: ``outcome`` is not a final state, or ``reasons`` does not
@@ -311,6 +318,51 @@ class RoleRecord:
     mode: str = ""
 
 
+#: What a change answers for an entity without a record.
+NO_RECORD: Final = RoleRecord(active="", generation=-1)
+
+
+@dataclass(frozen=True, slots=True)
+class RoleChangeTerms:
+    """The terms of one :meth:`RoleStore.change`: make ``active`` active if the entity's
+    generation is still ``expected_generation``.
+
+    Attributes:
+        expected_generation: The generation the change was decided on.
+        active: The region label to make active.
+        changed_by: Who the record says made the change (``user@host pid N (what)``).
+        now: Wall-clock seconds; the record's ``since`` when the active region moves.
+        automatic: A failover's change (refused while the record is pinned), not an
+            operator's. Default True.
+        pinned: Pin (True) or unpin (False) the record; None leaves it. Default None.
+    """
+
+    expected_generation: int
+    active: str
+    changed_by: str
+    now: float
+    automatic: bool = True
+    pinned: bool | None = None
+
+    def apply(self, stored: RoleRecord | None) -> tuple[bool, RoleRecord]:
+        """The port's rule on the stored record: (True, the record now stored) or (False,
+        the stored one, or :data:`NO_RECORD`). ``RedisRoleStore`` runs it in Lua."""
+        if stored is None:
+            return False, NO_RECORD
+        if stored.generation != self.expected_generation or (self.automatic and stored.pinned):
+            return False, stored
+        moved = stored.active != self.active
+        return True, RoleRecord(
+            active=self.active,
+            generation=stored.generation + moved,
+            since=self.now if moved else stored.since,
+            pinned=stored.pinned if self.pinned is None else self.pinned,
+            automatic=self.automatic if moved else stored.automatic,
+            changed_by=self.changed_by,
+            mode=stored.mode,
+        )
+
+
 @runtime_checkable
 class RoleStore(Protocol):
     """Roles shared by every process of one application, one record per entity.
@@ -329,27 +381,17 @@ class RoleStore(Protocol):
         """Store ``record`` unless the entity has one; return the stored record."""
         ...
 
-    async def change(
-        self,
-        entity: str,
-        *,
-        expected_generation: int,
-        active: str,
-        changed_by: str,
-        now: float,
-        automatic: bool = True,
-        pinned: bool | None = None,
-    ) -> tuple[bool, RoleRecord]:
-        """Make ``active`` active if the generation is still ``expected_generation``.
+    async def change(self, entity: str, terms: RoleChangeTerms) -> tuple[bool, RoleRecord]:
+        """Apply ``terms`` to the entity's record atomically (:meth:`RoleChangeTerms.apply`).
 
-        The generation is bumped (and ``since`` set to ``now``) only when ``active``
-        differs from the stored one; ``pinned`` (None: unchanged) is set either way. An
-        ``automatic`` change of a pinned record is refused.
+        The generation is bumped (and ``since`` set to ``terms.now``) only when
+        ``terms.active`` differs from the stored one; ``terms.pinned`` (None: unchanged) is
+        set either way. An ``automatic`` change of a pinned record is refused.
 
         Returns:
             (True, the new record), or (False, the stored record) when the generation
             had moved on, the record is pinned against an automatic change, or the
-            entity has no record.
+            entity has no record (then :data:`NO_RECORD`).
         """
         ...
 
@@ -369,14 +411,7 @@ class RoleStore(Protocol):
         ...
 
     async def report_failure(
-        self,
-        entity: str,
-        *,
-        region: str,
-        generation: int,
-        reporter: str,
-        now: float,
-        window: float,
+        self, entity: str, *, region: str, generation: int, reporter: str, now: float, window: float
     ) -> int:
         """Record that ``reporter`` (one process) saw ``region`` fail while ``generation``
         was the entity's generation, at wall-clock ``now``; return how many distinct

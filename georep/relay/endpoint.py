@@ -34,13 +34,7 @@ class RelayEndpointBase(RegionLabel):
         return self._address
 
     async def request(
-        self,
-        method: str,
-        target: str,
-        *,
-        body: bytes,
-        headers: dict[str, str],
-        timeout: float,
+        self, method: str, target: str, *, body: bytes, headers: dict[str, str], timeout: float
     ) -> RelayResponse:
         """As :meth:`georep.ports.RelayEndpoint.request`: a closed endpoint raises
         :class:`~georep.exceptions.ClosedError`, any other failure (no answer within

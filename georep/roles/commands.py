@@ -24,7 +24,7 @@ from typing import Final
 from opentelemetry import trace
 
 from georep.exceptions import ConfigurationError
-from georep.ports import RoleRecord, RoleStore
+from georep.ports import RoleChangeTerms, RoleRecord, RoleStore
 from georep.roles.store import who_am_i
 
 __all__ = ["REGIONS", "RoleChange", "RoleCommands", "check_region"]
@@ -285,15 +285,10 @@ class RoleCommands:
             wanted_pin = current.pinned if pinned is None else pinned
             if current.active == target and current.pinned == wanted_pin:
                 return RoleChange(entity, before, current, changed=before is None)
-            swapped, after = await store.change(
-                entity,
-                expected_generation=current.generation,
-                active=target,
-                changed_by=who,
-                now=time.time(),
-                automatic=False,
-                pinned=wanted_pin,
+            terms = RoleChangeTerms(
+                current.generation, target, who, time.time(), automatic=False, pinned=wanted_pin
             )
+            swapped, after = await store.change(entity, terms)
             if swapped:
                 return RoleChange(entity, before, after, changed=True)
         raise ConfigurationError(

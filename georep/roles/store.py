@@ -19,7 +19,6 @@ import secrets
 import socket
 import weakref
 from collections.abc import Mapping
-from dataclasses import dataclass
 from typing import Final, Literal
 
 from opentelemetry import metrics
@@ -29,15 +28,13 @@ from georep._lifecycle import start_task, stop_task
 from georep._policy import positive_seconds
 from georep._telemetry import Instruments, InstrumentSpec
 from georep.exceptions import StoreUnavailableError
-from georep.ports import Clock, RoleRecord, RoleStore
+from georep.ports import Clock, RoleChangeTerms, RoleRecord, RoleStore
 from georep.roles.state import DEPART, FailoverEvidence, RoleSnapshot, RoleState
 
 __all__ = [
     "DEFAULT_REFRESH_INTERVAL",
-    "NO_RECORD",
     "ROLE_COUNTERS",
     "InMemoryRoleStore",
-    "RoleChange",
     "SharedRoles",
     "shared_role_state",
     "who_am_i",
@@ -96,64 +93,7 @@ def reporter_id() -> str:
     return f"{socket.gethostname()} pid {os.getpid()} {_PROCESS_TOKEN}"
 
 
-#: What a change answers for an entity without a record.
-NO_RECORD: Final = RoleRecord(active="", generation=-1)
-
-
-@dataclass(frozen=True, slots=True)
-class RoleChange:
-    """The terms of one :meth:`georep.ports.RoleStore.change` (its arguments after the entity)."""
-
-    expected_generation: int
-    active: str
-    changed_by: str
-    now: float
-    automatic: bool
-    pinned: bool | None
-
-    def apply(self, stored: RoleRecord | None) -> tuple[bool, RoleRecord]:
-        """The port's rule on the stored record: (True, the record now stored) or (False,
-        the stored one, or :data:`NO_RECORD`). ``RedisRoleStore`` runs it in Lua."""
-        if stored is None:
-            return False, NO_RECORD
-        if stored.generation != self.expected_generation or (self.automatic and stored.pinned):
-            return False, stored
-        moved = stored.active != self.active
-        return True, RoleRecord(
-            active=self.active,
-            generation=stored.generation + moved,
-            since=self.now if moved else stored.since,
-            pinned=stored.pinned if self.pinned is None else self.pinned,
-            automatic=self.automatic if moved else stored.automatic,
-            changed_by=self.changed_by,
-            mode=stored.mode,
-        )
-
-
-class _RoleStoreBase:
-    """A role store's :meth:`change`, its terms handed to :meth:`_change` as one RoleChange."""
-
-    async def change(
-        self,
-        entity: str,
-        *,
-        expected_generation: int,
-        active: str,
-        changed_by: str,
-        now: float,
-        automatic: bool = True,
-        pinned: bool | None = None,
-    ) -> tuple[bool, RoleRecord]:
-        """As :meth:`georep.ports.RoleStore.change`."""
-        terms = RoleChange(expected_generation, active, changed_by, now, automatic, pinned)
-        return await self._change(entity, terms)
-
-    async def _change(self, entity: str, change: RoleChange) -> tuple[bool, RoleRecord]:
-        """Apply ``change`` to the entity's record atomically (:meth:`RoleChange.apply`)."""
-        raise NotImplementedError
-
-
-class InMemoryRoleStore(_RoleStoreBase):
+class InMemoryRoleStore:
     """A :class:`georep.ports.RoleStore` in this process's memory.
 
     For one process (every sender of the process shares it) and for tests; processes
@@ -198,9 +138,9 @@ class InMemoryRoleStore(_RoleStoreBase):
         self._check()
         return self.records.setdefault(entity, record)
 
-    async def _change(self, entity: str, change: RoleChange) -> tuple[bool, RoleRecord]:
+    async def change(self, entity: str, terms: RoleChangeTerms) -> tuple[bool, RoleRecord]:
         self._check()
-        changed, record = change.apply(self.records.get(entity))
+        changed, record = terms.apply(self.records.get(entity))
         if changed:
             self.records[entity] = record
         return changed, record
@@ -214,14 +154,7 @@ class InMemoryRoleStore(_RoleStoreBase):
         return self.records.pop(entity, None) is not None
 
     async def report_failure(
-        self,
-        entity: str,
-        *,
-        region: str,
-        generation: int,
-        reporter: str,
-        now: float,
-        window: float,
+        self, entity: str, *, region: str, generation: int, reporter: str, now: float, window: float
     ) -> int:
         self._check()
         reports = self.reports.setdefault((entity, region, generation), {})
@@ -367,13 +300,10 @@ class SharedRoles:
                     if refusal is not None:
                         self._depart(expected, new_active, refusal, evidence)
                         return DEPART
-                swapped, record = await self.store.change(
-                    self.entity,
-                    expected_generation=expected.generation,
-                    active=self._label[new_active],
-                    changed_by=self._who,
-                    now=self._clock.time(),
+                terms = RoleChangeTerms(
+                    expected.generation, self._label[new_active], self._who, self._clock.time()
                 )
+                swapped, record = await self.store.change(self.entity, terms)
         except (StoreUnavailableError, TimeoutError, OSError) as exc:
             self._lost(exc)
             return None

@@ -13,7 +13,7 @@ from georep.outbox.sqlite import (
     item_sessions,
     outbox_full_error,
 )
-from georep.ports import OutboxEntry
+from georep.ports import OutboxEntry, OutboxItems, OutboxSessions
 
 __all__ = ["InMemoryOutbox"]
 
@@ -56,12 +56,7 @@ class InMemoryOutbox(AsyncResource):
         return len(self._stored)
 
     async def put(
-        self,
-        channel: str,
-        items: Sequence[tuple[str | None, bytes]],
-        *,
-        now: float,
-        sessions: Sequence[str | None] | None = None,
+        self, channel: str, items: OutboxItems, *, now: float, sessions: OutboxSessions = None
     ) -> list[int]:
         """Store ``(region, payload)`` items all or none; return their entry ids.
 
@@ -79,18 +74,8 @@ class InMemoryOutbox(AsyncResource):
         for (region, payload), session_id in zip(payloads, session_ids, strict=True):
             entry_id = self._next_entry_id
             self._next_entry_id += 1
-            self._stored[entry_id] = _StoredEntry(
-                entry=OutboxEntry(
-                    entry_id=entry_id,
-                    channel=channel,
-                    region=region,
-                    payload=payload,
-                    enqueued_at=now,
-                    attempts=0,
-                    session_id=session_id,
-                ),
-                not_before=now,
-            )
+            entry = OutboxEntry(entry_id, channel, region, payload, now, 0, session_id)
+            self._stored[entry_id] = _StoredEntry(entry=entry, not_before=now)
             entry_ids.append(entry_id)
             self._payload_bytes += len(payload)
         return entry_ids

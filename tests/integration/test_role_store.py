@@ -15,7 +15,7 @@ from _helpers import LOADED, REDIS_URL, eventually
 
 from georep import ErrorKind, GeoSender, StoreUnavailableError
 from georep.adapters.redis import RedisRoleStore
-from georep.ports import RoleRecord, RoleStore
+from georep.ports import RoleChangeTerms, RoleRecord, RoleStore
 from georep.testing import FakeMessage, InMemoryRegionSender, InMemoryRoleStore
 
 
@@ -47,10 +47,12 @@ async def test_change_is_a_compare_and_set_on_the_generation(store: RoleStore) -
     await store.create("orders", first())
 
     stale = await store.change(
-        "orders", expected_generation=3, active="secondary", changed_by="late", now=200.0
+        "orders",
+        RoleChangeTerms(expected_generation=3, active="secondary", changed_by="late", now=200.0),
     )
     swapped, record = await store.change(
-        "orders", expected_generation=0, active="secondary", changed_by="me", now=200.0
+        "orders",
+        RoleChangeTerms(expected_generation=0, active="secondary", changed_by="me", now=200.0),
     )
 
     assert stale == (False, first())
@@ -65,7 +67,10 @@ async def test_racing_changes_make_one_generation_step(store: RoleStore) -> None
     outcomes = await asyncio.gather(
         *(
             store.change(
-                "orders", expected_generation=0, active="secondary", changed_by=f"p{i}", now=1.0
+                "orders",
+                RoleChangeTerms(
+                    expected_generation=0, active="secondary", changed_by=f"p{i}", now=1.0
+                ),
             )
             for i in range(20)
         )
@@ -80,25 +85,26 @@ async def test_a_pin_refuses_automatic_changes_and_moves_no_generation(store: Ro
     await store.create("orders", first())
     pinned, record = await store.change(
         "orders",
-        expected_generation=0,
-        active="primary",
-        changed_by="op",
-        now=5.0,
-        automatic=False,
-        pinned=True,
+        RoleChangeTerms(
+            expected_generation=0,
+            active="primary",
+            changed_by="op",
+            now=5.0,
+            automatic=False,
+            pinned=True,
+        ),
     )
     assert pinned and record.pinned and record.generation == 0 and record.since == 100.0
 
     refused = await store.change(
-        "orders", expected_generation=0, active="secondary", changed_by="auto", now=6.0
+        "orders",
+        RoleChangeTerms(expected_generation=0, active="secondary", changed_by="auto", now=6.0),
     )
     by_operator = await store.change(
         "orders",
-        expected_generation=0,
-        active="secondary",
-        changed_by="op",
-        now=7.0,
-        automatic=False,
+        RoleChangeTerms(
+            expected_generation=0, active="secondary", changed_by="op", now=7.0, automatic=False
+        ),
     )
 
     assert refused == (False, record)
@@ -107,7 +113,8 @@ async def test_a_pin_refuses_automatic_changes_and_moves_no_generation(store: Ro
 
 async def test_a_change_of_a_missing_record_is_refused(store: RoleStore) -> None:
     swapped, _ = await store.change(
-        "nothing", expected_generation=0, active="secondary", changed_by="x", now=1.0
+        "nothing",
+        RoleChangeTerms(expected_generation=0, active="secondary", changed_by="x", now=1.0),
     )
     assert not swapped and await store.read("nothing") is None
 
@@ -129,13 +136,21 @@ async def test_the_mode_is_kept_from_the_creation_through_changes(store: RoleSto
     active = RoleRecord(active="primary", since=1.0, changed_by="sender", mode="active")
     assert await store.create("orders", active) == active
     swapped, record = await store.change(
-        "orders", expected_generation=0, active="secondary", changed_by="op", now=2.0,
-        automatic=False, pinned=True,
-    )  # fmt: skip
+        "orders",
+        RoleChangeTerms(
+            expected_generation=0,
+            active="secondary",
+            changed_by="op",
+            now=2.0,
+            automatic=False,
+            pinned=True,
+        ),
+    )
     assert swapped and record.mode == "active"
     assert await store.read("orders") == record
     refused = await store.change(
-        "orders", expected_generation=0, active="primary", changed_by="late", now=3.0
+        "orders",
+        RoleChangeTerms(expected_generation=0, active="primary", changed_by="late", now=3.0),
     )
     assert refused == (False, record)
 
@@ -147,13 +162,20 @@ async def test_a_redis_record_written_before_the_mode_was_kept_reads_as_unknown(
         # The hash an earlier georep wrote: six fields, no 'mode'.
         await redis.client.hset(
             redis.key("orders"),
-            mapping={"active": "secondary", "generation": "2", "since": "5.0",
-                     "pinned": "0", "automatic": "1", "changed_by": "old"},
-        )  # fmt: skip
+            mapping={
+                "active": "secondary",
+                "generation": "2",
+                "since": "5.0",
+                "pinned": "0",
+                "automatic": "1",
+                "changed_by": "old",
+            },
+        )
         record = await redis.read("orders")
         assert record == RoleRecord("secondary", 2, 5.0, False, True, "old", mode="")
         swapped, changed = await redis.change(
-            "orders", expected_generation=2, active="primary", changed_by="new", now=6.0
+            "orders",
+            RoleChangeTerms(expected_generation=2, active="primary", changed_by="new", now=6.0),
         )
         assert swapped and changed.mode == "" and changed.generation == 3
         await redis.client.delete(redis.key("orders"))
