@@ -25,6 +25,7 @@ import contextlib
 import logging
 import uuid
 from collections.abc import Awaitable, Callable, Collection, Iterable, Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final, Protocol
 
 from georep._classify import TRY_LATER_KINDS
@@ -151,6 +152,20 @@ class _StuckSessions:
         return entry.region is None or None in regions or entry.region in regions
 
 
+@dataclass(frozen=True, slots=True)
+class _DrainTerms:
+    """What an :class:`OutboxDrainer` drains, and how: fixed for its life (see its Args)."""
+
+    outbox: Outbox
+    channel: str
+    codec: MessageCodec
+    policy: DrainPolicy
+    clock: Clock
+    deliver: Callable[[str | None, Any], Awaitable[None]]
+    unavailable_kinds: frozenset[ErrorKind]
+    send_budget: float
+
+
 class OutboxDrainer:
     """Drains one sender's channel of an outbox.
 
@@ -190,14 +205,16 @@ class OutboxDrainer:
         records: SendRecords | None = None,
         held: HeldSessions | None = None,
     ) -> None:
-        self._outbox = outbox
-        self._channel = channel
-        self._codec = codec
-        self._policy = policy
-        self._clock = clock
-        self._unavailable_kinds = frozenset(unavailable_kinds)
-        self._deliver = deliver
-        self._send_budget = send_budget
+        self._terms = _DrainTerms(
+            outbox=outbox,
+            channel=channel,
+            codec=codec,
+            policy=policy,
+            clock=clock,
+            deliver=deliver,
+            unavailable_kinds=frozenset(unavailable_kinds),
+            send_budget=send_budget,
+        )
         self._telemetry = telemetry
         self._stats = stats
         self._records = records
@@ -243,24 +260,25 @@ class OutboxDrainer:
             return  # a drainer that crashed was logged when it did (start_task)
         # asyncio.wait: the deadline ends our wait, not the round; neither the drainer's
         # end nor its error is raised here, only the caller's own cancellation.
-        with contextlib.suppress(TimeoutError), self._clock.deadline(timeout):
+        with contextlib.suppress(TimeoutError), self._terms.clock.deadline(timeout):
             await asyncio.wait([task])
         if not task.done():
             _log.warning("outbox drainer did not finish within %.1f s; cancelling it", timeout)
-            await stop_task(task, clock=self._clock)
+            await stop_task(task, clock=self._terms.clock)
 
     async def drain_once(self) -> int:
         """Send everything due now; return how many entries were delivered."""
+        terms = self._terms
         delivered = 0
-        policy = self._policy
+        policy = terms.policy
         # Twice the send budget at least: renewed whenever less than one budget is left, a
         # renewal always leaves room for the next send.
-        lease = max(as_seconds(policy.lease), 2 * self._send_budget)
+        lease = max(as_seconds(policy.lease), 2 * terms.send_budget)
         await self._delete_undeleted()
         while not self._stopping:
-            now = self._clock.time()
-            entries = await self._outbox.claim(
-                self._channel, limit=policy.batch_size, now=now, lease=lease, owner=self.owner
+            now = terms.clock.time()
+            entries = await terms.outbox.claim(
+                terms.channel, limit=policy.batch_size, now=now, lease=lease, owner=self.owner
             )
             if not entries:
                 break
@@ -269,7 +287,7 @@ class OutboxDrainer:
             if any_down:
                 break
         checkpoint = None if self._held is None else self._held.checkpoint()
-        depth = await self._outbox.depth(self._channel)
+        depth = await terms.outbox.depth(terms.channel)
         self._stats.outbox_depth = depth
         if depth == 0 and self._held is not None:
             self._held.forget(checkpoint)
@@ -284,6 +302,7 @@ class OutboxDrainer:
         region down, refused for now, its lease lost) is handed back unsent: a session
         never overtakes itself. The claim then holds it back until the earlier one is due.
         """
+        terms = self._terms
         pending = list(entries)
         held_back: list[OutboxEntry] = []
         stuck = _StuckSessions()
@@ -291,11 +310,11 @@ class OutboxDrainer:
         delivered = 0
         try:
             while pending and not self._stopping:
-                now = self._clock.time()
-                if leased_until - now < self._send_budget:
+                now = terms.clock.time()
+                if leased_until - now < terms.send_budget:
                     # Renew before sending, so the lease outlives this send.
                     held = set(
-                        await self._outbox.renew(
+                        await terms.outbox.renew(
                             [e.entry_id for e in pending], owner=self.owner, now=now, lease=lease
                         )
                     )
@@ -326,7 +345,7 @@ class OutboxDrainer:
                     e.entry_id for e in (*held_back, *pending) if e.entry_id not in self._undeleted
                 ]
                 with contextlib.suppress(Exception):
-                    await asyncio.shield(self._outbox.release(ids, owner=self.owner))
+                    await asyncio.shield(terms.outbox.release(ids, owner=self.owner))
         return delivered, bool(down)
 
     async def _attempt(self, entry: OutboxEntry, down: dict[str | None, int]) -> bool | None:
@@ -336,16 +355,17 @@ class OutboxDrainer:
             True when delivered; None when it left the queue undelivered (expired,
             dead-lettered: its session's next entries go on); False when it stays queued.
         """
+        terms = self._terms
         try:
-            message = self._codec.decode(entry.payload)
+            message = terms.codec.decode(entry.payload)
             if self._expire(entry, message):
-                await self._outbox.delete([entry.entry_id])
+                await terms.outbox.delete([entry.entry_id])
                 return None
-            await self._deliver(entry.region, message)
+            await terms.deliver(entry.region, message)
         except asyncio.CancelledError:
             raise
         except Exception as exc:
-            if is_unavailable(exc, self._unavailable_kinds):
+            if is_unavailable(exc, terms.unavailable_kinds):
                 # The target is down: its other entries in this round back off too.
                 down[entry.region] = entry.attempts + 1
                 _log.warning(
@@ -388,7 +408,7 @@ class OutboxDrainer:
                     type(exc).__name__,
                     pause,
                 )
-                await self._clock.sleep(pause)
+                await self._terms.clock.sleep(pause)
         await self._delete_undeleted()
 
     async def _delete_undeleted(self) -> None:
@@ -398,22 +418,23 @@ class OutboxDrainer:
             Exception: The store's error; they stay remembered.
         """
         if self._undeleted:
-            await self._outbox.delete(sorted(self._undeleted))
+            await self._terms.outbox.delete(sorted(self._undeleted))
             self._undeleted.clear()
 
     def _expire(self, entry: OutboxEntry, message: Any) -> bool:
         """Shorten the message's time-to-live by its wait; True when nothing is left."""
-        ttl = self._codec.time_to_live(message)
+        terms = self._terms
+        ttl = terms.codec.time_to_live(message)
         if ttl is None:
             return False
-        now = self._clock.time()
+        now = terms.clock.time()
         left = ttl - max(0.0, now - entry.enqueued_at)
         if left > 0:
-            self._codec.set_time_to_live(message, left)
+            terms.codec.set_time_to_live(message, left)
             return False
         self._stats.expired += 1
         self._telemetry.expired()
-        message_id = self._codec.message_id(message) or ""
+        message_id = terms.codec.message_id(message) or ""
         _log.warning(
             "outbox entry %d (message %s) expired after waiting %.1f s (time-to-live %.1f s); "
             "dropped, not delivered late",
@@ -427,9 +448,10 @@ class OutboxDrainer:
         return True
 
     async def _retry_later(self, entry: OutboxEntry, attempts: int) -> None:
-        await self._outbox.retry_later(
+        terms = self._terms
+        await terms.outbox.retry_later(
             [entry.entry_id],
-            not_before=self._clock.time() + self._policy.backoff(attempts),
+            not_before=terms.clock.time() + terms.policy.backoff(attempts),
             owner=self.owner,
         )
 
@@ -442,12 +464,15 @@ class OutboxDrainer:
             reason,
             entry.attempts + 1,
         )
-        await self._outbox.dead_letter([(entry.entry_id, reason)], now=self._clock.time())
+        await self._terms.outbox.dead_letter(
+            [(entry.entry_id, reason)], now=self._terms.clock.time()
+        )
         self._stats.dead_lettered += 1
         self._telemetry.dead_lettered()
 
     async def _run_forever(self) -> None:
-        idle = as_seconds(self._policy.idle_interval)
+        terms = self._terms
+        idle = as_seconds(terms.policy.idle_interval)
         failures = 0
         while not self._stopping:
             # Cleared before the drain, not after: an entry queued while it drains (its
@@ -460,7 +485,7 @@ class OutboxDrainer:
                 raise
             except Exception as exc:  # never let the drainer die: it holds acknowledged messages
                 failures += 1
-                pause = self._policy.backoff(failures)
+                pause = terms.policy.backoff(failures)
                 self.errors += 1
                 self._telemetry.error()
                 if isinstance(exc, OutboxFullError | OutboxUnavailableError):
@@ -473,5 +498,5 @@ class OutboxDrainer:
                 break
             if failures:
                 self._has_work.clear()  # a failed drain backs off, whatever was queued
-            with contextlib.suppress(TimeoutError), self._clock.deadline(pause):
+            with contextlib.suppress(TimeoutError), terms.clock.deadline(pause):
                 await self._has_work.wait()

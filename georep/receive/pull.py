@@ -42,6 +42,7 @@ from georep._channel import CALL_SECONDS, bounded_call
 from georep._classify import every_region_refused
 from georep._clock import SystemClock
 from georep._lifecycle import AsyncResource, close_all, start_task, stop_tasks
+from georep._region_identity import RegionLabels
 from georep.exceptions import (
     AllRegionsUnavailableError,
     AlreadySettledError,
@@ -163,12 +164,13 @@ class RecordingSeenSet:
         """Nothing: the caller owns the seen-set."""
 
 
-class SettleProbe:
+class SettleProbe(RegionLabels):
     """A region's receiver, as the GeoReceiver's region loop uses it, that also tells the
     pull receiver when a copy was settled, and serialises every call on the region.
 
     The SDK's receivers take one call at a time; the region loop serialises its own calls,
     and this lock adds the pull receiver's (lock renewals, browsing, deferred messages).
+    It answers to the region, namespace and entity of ``inner``.
 
     Args:
         inner: The region's receiver.
@@ -182,21 +184,10 @@ class SettleProbe:
         inner: RegionReceiver,
         on_settled: Callable[[SettleProbe, Any, BaseException | None, str], None],
     ) -> None:
+        super().__init__(inner.region, inner.namespace, inner.entity)
         self.inner = inner
         self.lock = asyncio.Lock()
         self._on_settled = on_settled
-
-    @property
-    def region(self) -> str:
-        return self.inner.region
-
-    @property
-    def namespace(self) -> str:
-        return self.inner.namespace
-
-    @property
-    def entity(self) -> str:
-        return self.inner.entity
 
     def delivery(self, message: Any, dedup_source: str, dedup_name: str | None) -> Delivery:
         return self.inner.delivery(message, dedup_source, dedup_name)

@@ -77,18 +77,12 @@ class Settlements:
         self.lock = asyncio.Lock()
         """Held for every call on the region's receiver: settlements and lock renewals may
         overlap within a turn, and the SDK's receiver takes one call at a time."""
-        self._entity = context.entity
-        self._stats = context.stats
-        self._metrics = context.metrics
-        self._ledger = context.ledger
-        self._clock = context.clock
-        self._tracer = context.tracer
-        self._tracing = context.tracing
+        self._context = context
         self.on_final: Callable[[Copy], None] | None = None
         """Session mode: told of each copy settled with a final outcome (not abandoned)."""
 
     def start_span(self, operation: str, copy: Copy) -> trace.Span:
-        if not self._tracing():
+        if not self._context.tracing():
             return INVALID_SPAN
         links = []
         if copy.delivery.traceparent:
@@ -97,13 +91,13 @@ class Settlements:
             ).get_span_context()
             if context.is_valid:
                 links.append(Link(context))
-        return self._tracer.start_span(
-            f"{operation} {self._entity}",
+        return self._context.tracer.start_span(
+            f"{operation} {self._context.entity}",
             kind=SpanKind.CONSUMER if operation == "process" else SpanKind.CLIENT,
             links=links,
             attributes={
                 "messaging.system": "servicebus",
-                "messaging.destination.name": self._entity,
+                "messaging.destination.name": self._context.entity,
                 "messaging.operation.type": operation,
                 "georep.region": self.region.region,
                 "georep.duplicate": False,
@@ -123,15 +117,15 @@ class Settlements:
             self.on_final(copy)
         try:
             async with self.lock:
-                with bounded_call(self._clock, region.region, "a settlement"):
+                with bounded_call(self._context.clock, region.region, "a settlement"):
                     await self._send(message, decision)
         except RegionError as exc:
             # The copy will be redelivered; its outcome is recorded, so the redelivery
             # gets the same outcome without the handler.
             _troubles.warning(
-                ("settle", self._entity, region.region, exc.kind),
+                ("settle", self._context.entity, region.region, exc.kind),
                 "settling a copy of %s in %s failed: %s",
-                self._entity,
+                self._context.entity,
                 region.region,
                 exc,
             )
@@ -144,15 +138,15 @@ class Settlements:
         await decision.apply(self.region, message)
 
     def record(self, copy: Copy, outcome: str, settled: bool) -> None:
-        ledger = self._ledger
+        ledger = self._context.ledger
         if ledger is None:
             return
         delivery = copy.delivery
-        now = self._clock.time()
+        now = self._context.clock.time()
         ledger.record_receive(
             ReceiveRecord(
                 message_id=delivery.key or "",
-                entity=self._entity,
+                entity=self._context.entity,
                 region=self.region.region,
                 outcome=outcome,
                 delivery_count=delivery.delivery_count,
@@ -174,14 +168,14 @@ class Settlements:
     def count(self, decision: Decision) -> None:
         label = self.region.region
         if decision.settle is Settle.COMPLETE:
-            self._stats.processed += 1
-            self._metrics.copy("processed", label)
+            self._context.stats.processed += 1
+            self._context.metrics.copy("processed", label)
         elif decision.settle is Settle.DEAD_LETTER:
-            self._stats.dead_lettered += 1
-            self._metrics.copy("dead_lettered", label)
+            self._context.stats.dead_lettered += 1
+            self._context.metrics.copy("dead_lettered", label)
         elif decision.settle is Settle.DEFER:
-            self._stats.deferred += 1
-            self._metrics.copy("deferred", label)
+            self._context.stats.deferred += 1
+            self._context.metrics.copy("deferred", label)
 
     async def complete_pings(self, copies: list[Copy]) -> list[Copy]:
         """Complete the paired namespaces' pings (never a handler's business); the rest."""
@@ -190,7 +184,7 @@ class Settlements:
             return copies
         for copy in pings:
             await self.settle(copy, COMPLETE, duplicate=False)
-        self._stats.pings += len(pings)
+        self._context.stats.pings += len(pings)
         return [c for c in copies if c.delivery.content_type != PING_CONTENT_TYPE]
 
     async def settle_twin(self, copy: Copy, state: ClaimState, reason: str | None) -> None:
@@ -198,9 +192,9 @@ class Settlements:
         decision = twin_reason(state, reason)
         if decision.settle is Settle.COMPLETE:
             label = self.region.region
-            suppressed = self._stats.suppressed
+            suppressed = self._context.stats.suppressed
             suppressed[label] = suppressed.get(label, 0) + 1
-            self._metrics.copy("suppressed", label)
+            self._context.metrics.copy("suppressed", label)
             outcome = "suppressed"
         else:
             self.count(decision)

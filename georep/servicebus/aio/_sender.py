@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import KW_ONLY, dataclass, field
 from datetime import datetime
 from typing import Any, Self
 
@@ -12,6 +13,7 @@ from georep.send.sender import GeoSender, SendResult
 __all__ = ["ServiceBusSender"]
 
 
+@dataclass(eq=False, repr=False)
 class ServiceBusSender(ClosedOnAsyncExit):
     """Sends to a queue or topic in two regions, with ``azure.servicebus.aio.ServiceBusSender``'s
     methods, arguments and results.
@@ -22,6 +24,7 @@ class ServiceBusSender(ClosedOnAsyncExit):
     :attr:`last_result`.
 
     Attributes:
+        geo_sender: The :class:`georep.GeoSender` underneath (stats, roles, the outbox).
         entity_name: The queue or topic, as the SDK's.
         fully_qualified_namespace: The primary region's namespace.
         client_identifier: As given to ``get_queue_sender`` (or generated), as the SDK's.
@@ -29,32 +32,20 @@ class ServiceBusSender(ClosedOnAsyncExit):
             (:class:`georep.SendResult`), None before the first.
     """
 
-    def __init__(
-        self,
-        geo: GeoSender,
-        *,
-        entity_name: str,
-        fully_qualified_namespace: str,
-        client_identifier: str = "",
-    ) -> None:
-        self._geo = geo
-        self.entity_name = entity_name
-        self.fully_qualified_namespace = fully_qualified_namespace
-        self.client_identifier = client_identifier
-        self.last_result: SendResult | None = None
-
-    @property
-    def geo_sender(self) -> GeoSender:
-        """The :class:`georep.GeoSender` underneath (stats, roles, the outbox)."""
-        return self._geo
+    geo_sender: GeoSender
+    _: KW_ONLY
+    entity_name: str
+    fully_qualified_namespace: str
+    client_identifier: str = ""
+    last_result: SendResult | None = field(default=None, init=False)
 
     async def __aenter__(self) -> Self:
-        await self._geo.__aenter__()
+        await self.geo_sender.__aenter__()
         return self
 
     async def close(self) -> None:
         """Close the sender and the connections it opened (idempotent)."""
-        await self._geo.aclose()
+        await self.geo_sender.aclose()
 
     async def send_messages(self, message: Any, *, timeout: float | None = None) -> None:
         """Send a message, a list of messages (one batch) or a batch, as the SDK does.
@@ -72,7 +63,7 @@ class ServiceBusSender(ClosedOnAsyncExit):
                 What the region said (never failed over).
             ClosedError: The sender was closed.
         """
-        self.last_result = await self._geo.send_messages(message, timeout=timeout)
+        self.last_result = await self.geo_sender.send_messages(message, timeout=timeout)
 
     async def schedule_messages(
         self, messages: Any, schedule_time_utc: datetime, *, timeout: float | None = None
@@ -89,7 +80,7 @@ class ServiceBusSender(ClosedOnAsyncExit):
         Raises:
             AllRegionsUnavailableError: No region scheduled them.
         """
-        return await self._geo.schedule_messages(messages, schedule_time_utc, timeout=timeout)
+        return await self.geo_sender.schedule_messages(messages, schedule_time_utc, timeout=timeout)
 
     async def cancel_scheduled_messages(
         self, sequence_numbers: int | Sequence[int], *, timeout: float | None = None
@@ -103,8 +94,8 @@ class ServiceBusSender(ClosedOnAsyncExit):
             RegionError: A region could not cancel (the other was still cancelled); a
                 number that region does not know gets its answer, as with the SDK.
         """
-        await self._geo.cancel_scheduled_messages(sequence_numbers, timeout=timeout)
+        await self.geo_sender.cancel_scheduled_messages(sequence_numbers, timeout=timeout)
 
     async def create_message_batch(self, max_size_in_bytes: int | None = None) -> Any:
         """An empty ``ServiceBusMessageBatch`` that fits both regions' size limits."""
-        return await self._geo.create_message_batch(max_size_in_bytes)
+        return await self.geo_sender.create_message_batch(max_size_in_bytes)
