@@ -136,10 +136,26 @@ _FAULT_OPTIONS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     "fragment-up": (("--entity", "--index"), ()),
 }
 _FAULT_ACTIONS = ", ".join(_FAULT_OPTIONS)
-_FaultCondition = Annotated[
-    str | None,
-    typer.Option(help="For reject-sends: server-busy | timeout | internal-error | quota-exceeded."),
-]
+#: Each option of ``georep fault``: the faults it is for, and what it gives them.
+_FAULT_OPTION_HELP = {
+    "--seconds": "For latency (needed): seconds added per response.",
+    "--condition": "For reject-sends: server-busy | timeout | internal-error | quota-exceeded.",
+    "--count": "For drop-dispositions: how many sends; for lose-settlements: how many "
+    "settlements (default 1).",
+    "--path": "For relay-no-listener (needed): the hybrid connection.",
+    "--off": "For relay-no-listener: lift the fault.",
+    "--entity": "For session-lock-lost and fragment-down/up (needed): the queue or topic "
+    "(session-lock-lost: or topic/Subscriptions/sub).",
+    "--index": "For fragment-down/up (needed): the fragment, 0-15.",
+}
+
+
+def _fault_option(flag: str) -> Any:
+    """The option ``flag`` of ``georep fault``, with its help (typer names the flag after the
+    parameter: ``count`` is ``--count``)."""
+    return typer.Option(help=_FAULT_OPTION_HELP[flag])
+
+
 _ControlUrl = Annotated[
     str, typer.Option(envvar="GEOREP_EMULATOR_CONTROL_URL", help="The emulator's control URL.")
 ]
@@ -190,31 +206,13 @@ _FAULT_HINTS = {
 def fault(
     namespace: Annotated[str, typer.Argument(help="Namespace to act on, e.g. primary.")],
     action: Annotated[str, typer.Argument(help=_FAULT_ACTIONS)],
-    seconds: Annotated[
-        float | None, typer.Option(help="For latency (needed): seconds added per response.")
-    ] = None,
-    condition: _FaultCondition = None,
-    count: Annotated[
-        int | None,
-        typer.Option(
-            help="For drop-dispositions: how many sends; for lose-settlements: how many "
-            "settlements (default 1)."
-        ),
-    ] = None,
-    path: Annotated[
-        str | None, typer.Option(help="For relay-no-listener (needed): the hybrid connection.")
-    ] = None,
-    off: Annotated[bool, typer.Option(help="For relay-no-listener: lift the fault.")] = False,
-    entity: Annotated[
-        str | None,
-        typer.Option(
-            help="For session-lock-lost and fragment-down/up (needed): the queue or topic "
-            "(session-lock-lost: or topic/Subscriptions/sub)."
-        ),
-    ] = None,
-    index: Annotated[
-        int | None, typer.Option(help="For fragment-down/up (needed): the fragment, 0-15.")
-    ] = None,
+    seconds: Annotated[float | None, _fault_option("--seconds")] = None,
+    condition: Annotated[str | None, _fault_option("--condition")] = None,
+    count: Annotated[int | None, _fault_option("--count")] = None,
+    path: Annotated[str | None, _fault_option("--path")] = None,
+    off: Annotated[bool, _fault_option("--off")] = False,
+    entity: Annotated[str | None, _fault_option("--entity")] = None,
+    index: Annotated[int | None, _fault_option("--index")] = None,
     control_url: _ControlUrl = "http://127.0.0.1:5710",
     control_token: _ControlToken = None,
 ) -> None:
@@ -686,8 +684,7 @@ def audit(
     from georep import ConfigurationError
 
     try:
-        from georep.adapters.spark import audit as run_audit
-        from georep.adapters.spark import report_table
+        from georep.adapters.spark import audit as run_audit, report_table
     except ImportError as exc:
         _print_error(str(exc))
         raise typer.Exit(2) from None

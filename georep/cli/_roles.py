@@ -8,10 +8,12 @@ of the application follows a change within its refresh interval (0.25 s by defau
 from __future__ import annotations
 
 import asyncio
+import functools
+import inspect
 import json
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from datetime import UTC, datetime
 from typing import Annotated, Any, TypeVar
 
@@ -157,58 +159,88 @@ def _change(
             )
 
 
+_Change = Callable[[Any, Sequence[str], bool], Awaitable[list[Any]]]
+"""A change to the shared roles: given the ``RoleCommands``, the entities named (none: every
+one) and ``--force``, it returns what it changed (``RoleChange`` each)."""
+
+
+def _role_change(*, force: bool = True) -> Callable[[Callable[..., _Change]], Callable[..., None]]:
+    """The typer command applying the change its decorated function returns.
+
+    The decorated function declares only the command's own options (the region, if any) and
+    returns the :data:`_Change`; the command takes, after them, the options every role change
+    shares: ``--redis``, ``--app``, ``--entity`` (repeat), ``--force`` (unless ``force`` is
+    False) and ``--json``. It prints each change, or them all as JSON (:func:`_change`).
+    """
+    shared = [
+        inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=default, annotation=type_)
+        for name, type_, default in (
+            ("redis_url", _Redis, ""),
+            ("app_name", _App, ""),
+            ("entity", _Entities, None),
+            ("force", _Force, False),
+            ("as_json", _Json, False),
+        )
+        if force or name != "force"
+    ]
+
+    def decorate(choose: Callable[..., _Change]) -> Callable[..., None]:
+        def command(
+            *,
+            redis_url: str,
+            app_name: str,
+            entity: list[str] | None,
+            as_json: bool,
+            force: bool = False,
+            **own: Any,
+        ) -> None:
+            change = choose(**own)
+            _change(redis_url, app_name, lambda c: change(c, entity or (), force), as_json)
+
+        functools.update_wrapper(command, choose, updated=())
+        # What typer reads: the command's own options, then the shared ones.
+        own = inspect.signature(choose, eval_str=True).parameters.values()
+        command.__signature__ = inspect.Signature([*own, *shared])  # type: ignore[attr-defined]
+        return command
+
+    return decorate
+
+
+@_role_change()
 def failover(
     to: Annotated[
         str, typer.Option("--to", help="The region to make active: primary | secondary.")
     ],
-    redis_url: _Redis = "",
-    app_name: _App = "",
-    entity: _Entities = None,
-    force: _Force = False,
-    as_json: _Json = False,
-) -> None:
+) -> _Change:
     """Make a region active for every process. Automatic failback leaves it so.
 
     Refused for an entity with no record (unless --force) and for one whose senders run
     in active mode (every message already goes to both regions).
     """
-    _change(redis_url, app_name, lambda c: c.failover(to, entity or (), force=force), as_json)
+    return lambda commands, entities, force: commands.failover(to, entities, force=force)
 
 
-def failback(
-    redis_url: _Redis = "",
-    app_name: _App = "",
-    entity: _Entities = None,
-    force: _Force = False,
-    as_json: _Json = False,
-) -> None:
+@_role_change()
+def failback() -> _Change:
     """Make the primary active again for every process."""
-    _change(redis_url, app_name, lambda c: c.failback(entity or (), force=force), as_json)
+    return lambda commands, entities, force: commands.failback(entities, force=force)
 
 
+@_role_change()
 def pin(
     region: Annotated[
         str,
         typer.Option("--region", help="The region to make active and keep: primary | secondary."),
     ],
-    redis_url: _Redis = "",
-    app_name: _App = "",
-    entity: _Entities = None,
-    force: _Force = False,
-    as_json: _Json = False,
-) -> None:
+) -> _Change:
     """Make a region active and keep it so: no automatic swap until `georep unpin`."""
-    _change(redis_url, app_name, lambda c: c.pin(region, entity or (), force=force), as_json)
+    return lambda commands, entities, force: commands.pin(region, entities, force=force)
 
 
-def unpin(
-    redis_url: _Redis = "",
-    app_name: _App = "",
-    entity: _Entities = None,
-    as_json: _Json = False,
-) -> None:
+@_role_change(force=False)
+def unpin() -> _Change:
     """Allow automatic swaps again (the active region stays as it is)."""
-    _change(redis_url, app_name, lambda c: c.unpin(entity or ()), as_json)
+    return lambda commands, entities, _: commands.unpin(entities)
 
 
 def forget(

@@ -42,24 +42,46 @@ __all__ = ["EntityVerdict", "check_run", "read_history"]
 
 @dataclass
 class EntityVerdict:
-    """What the checker found for one received entity."""
+    """What the checker found for one received entity.
+
+    The counts are the audit's figures (docs/audit.md) over this entity's slice of the
+    ledger, once the rows recovered from the workers' histories are added to it.
+    """
 
     entity: str
+    """The entity received: a queue, or ``topic/Subscriptions/subscription``."""
     sent_entity: str
+    """The entity its messages were sent to: the queue itself, or the topic."""
     sent: int = 0
+    """Ids acknowledged to a sender (``accepted`` or ``queued``)."""
     processed: int = 0
+    """Ids the handler processed at least once (sent or not)."""
     lost: int = 0
+    """Sent ids never processed nor settled otherwise (dead-lettered, deferred, expired)."""
     processed_twice: int = 0
+    """Ids processed two or more times, excused ones (``twice_after_kill``) included."""
     twice_after_kill: int = 0
+    """Of ``processed_twice``, ids processed twice only because a killed process's handler
+    finished before georep committed the message: duplicates the promise allows."""
     out_of_order: int = 0
+    """Processed copies handed on after a later message of their session and writer."""
     dead_lettered: int = 0
+    """Sent ids not processed but dead-lettered (held by the broker, so not lost)."""
     send_failed: int = 0
+    """Ids sent and never acknowledged: the caller got an error (never counted lost)."""
     sessions: int = 0
+    """Distinct session ids among the processed copies (0 without sessions)."""
     order_gaps: dict[str, int] = field(default_factory=dict)
+    """Processed copies handed on without their predecessor processed, by reason
+    (``timeout`` or ``absent``)."""
     recovered_rows: int = 0
+    """Processed rows the ledger lacked and a worker's history supplied."""
     unexplained_missing_rows: int = 0
+    """Of ``recovered_rows``, those of a process that was not killed: a ledger defect."""
     lost_ids: list[str] = field(default_factory=list)
+    """The first 20 ids behind ``lost``, in sorted order."""
     twice_ids: list[str] = field(default_factory=list)
+    """The first 20 ids processed twice and not excused by a kill, in sorted order."""
 
     @property
     def violations(self) -> int:
