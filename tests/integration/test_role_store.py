@@ -85,14 +85,7 @@ async def test_a_pin_refuses_automatic_changes_and_moves_no_generation(store: Ro
     await store.create("orders", first())
     pinned, record = await store.change(
         "orders",
-        RoleChangeTerms(
-            expected_generation=0,
-            active="primary",
-            changed_by="op",
-            now=5.0,
-            automatic=False,
-            pinned=True,
-        ),
+        RoleChangeTerms(0, "primary", "op", 5.0, automatic=False, pinned=True),
     )
     assert pinned and record.pinned and record.generation == 0 and record.since == 100.0
 
@@ -137,14 +130,7 @@ async def test_the_mode_is_kept_from_the_creation_through_changes(store: RoleSto
     assert await store.create("orders", active) == active
     swapped, record = await store.change(
         "orders",
-        RoleChangeTerms(
-            expected_generation=0,
-            active="secondary",
-            changed_by="op",
-            now=2.0,
-            automatic=False,
-            pinned=True,
-        ),
+        RoleChangeTerms(0, "secondary", "op", 2.0, automatic=False, pinned=True),
     )
     assert swapped and record.mode == "active"
     assert await store.read("orders") == record
