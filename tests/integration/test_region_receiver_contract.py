@@ -20,6 +20,7 @@ from typing import Any
 import pytest
 from azure.servicebus import ServiceBusClient as SyncClient, ServiceBusMessage, ServiceBusSubQueue
 from azure.servicebus.aio import ServiceBusClient as AsyncClient
+from azure.servicebus.amqp import AmqpAnnotatedMessage
 
 from georep.adapters.emulator import Emulator
 from georep.adapters.servicebus import ServiceBusRegionReceiver, SyncServiceBusRegionReceiver
@@ -148,21 +149,28 @@ async def harness(request: pytest.FixtureRequest) -> AsyncIterator[Harness]:
             emu.namespace("primary").create_queue(
                 queue, lock_duration=LOCK_DURATION, max_delivery_count=10
             )
-            if request.param == "async-sdk":
-                client = await stack.enter_async_context(
-                    AsyncClient.from_connection_string(emu.connection_string("primary"))
-                )
-                sdk = client.get_queue_receiver(queue)
-                stack.push_async_callback(sdk.close)
-                receiver = ServiceBusRegionReceiver(sdk, region="primary")
-            else:
-                sync_client = SyncClient.from_connection_string(emu.connection_string("primary"))
-                stack.callback(sync_client.close)
-                sync_sdk = sync_client.get_queue_receiver(queue)
-                stack.callback(sync_sdk.close)
-                receiver = SyncServiceBusRegionReceiver(sync_sdk, region="primary", idle_exit=1.0)
+            receiver = await sdk_receiver(stack, request.param, emu, queue)
         stack.push_async_callback(receiver.close)
         yield Harness(request.param, queue, receiver, emu, clock, helper)
+
+
+async def sdk_receiver(
+    stack: AsyncExitStack, kind: str, emu: Emulator, queue: str
+) -> ServiceBusRegionReceiver:
+    """The adapter over an SDK receiver of ``queue`` in the primary, async or sync
+    (``kind``); ``stack`` closes the SDK's client and receiver."""
+    if kind == "async-sdk":
+        client = await stack.enter_async_context(
+            AsyncClient.from_connection_string(emu.connection_string("primary"))
+        )
+        sdk = client.get_queue_receiver(queue)
+        stack.push_async_callback(sdk.close)
+        return ServiceBusRegionReceiver(sdk, region="primary")
+    sync_client = SyncClient.from_connection_string(emu.connection_string("primary"))
+    stack.callback(sync_client.close)
+    sync_sdk = sync_client.get_queue_receiver(queue)
+    stack.callback(sync_sdk.close)
+    return SyncServiceBusRegionReceiver(sync_sdk, region="primary", idle_exit=1.0)
 
 
 async def test_is_a_region_receiver_naming_its_entity(harness: Harness) -> None:
@@ -276,3 +284,58 @@ async def test_settling_after_the_lock_expired_raises_lock_lost(harness: Harness
         await harness.receiver.complete(copy)
     assert caught.value.kind == ErrorKind.LOCK_LOST
     assert caught.value.region == "primary"
+
+
+@pytest.mark.parametrize("kind", ["async-sdk", "sync-sdk"])
+async def test_delivery_says_what_the_sdk_messages_properties_say(
+    kind: str, emu: Emulator, helper_client: SyncClient
+) -> None:
+    """The adapter reads the AMQP sections directly (the SDK's properties are slow); each
+    field must still be the SDK property's value, for string, UUID and absent ids."""
+    queue = f"dlv-{uuid.uuid4().hex[:8]}"
+    emu.namespace("primary").create_queue(queue)
+    traceparent = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+    sent = [
+        ServiceBusMessage(
+            b"a",
+            message_id="id-1",
+            session_id="s-1",
+            subject="subj",
+            content_type="text/plain",
+            application_properties={"traceparent": traceparent, "tenant": "t1"},
+        ),
+        AmqpAnnotatedMessage(data_body=b"b", properties={"message_id": uuid.uuid4()}),
+        AmqpAnnotatedMessage(data_body=b"c"),  # no properties section at all
+    ]
+    with helper_client.get_queue_sender(queue) as sender:
+        sender.send_messages(sent)
+    async with AsyncExitStack() as stack:
+        receiver = await sdk_receiver(stack, kind, emu, queue)
+        stack.push_async_callback(receiver.close)
+        copies: list[Any] = []
+        while len(copies) < len(sent):
+            copies += await receiver.receive(len(sent) - len(copies), max_wait=WAIT)
+
+        def text(value: Any) -> str | None:
+            return None if value is None else str(value)
+
+        for copy in copies:
+            properties = copy.application_properties or {}
+            delivery = receiver.delivery(copy, "message_id", None)
+            assert delivery.key == text(copy.message_id)
+            assert receiver.delivery(copy, "subject", None).key == text(copy.subject)
+            assert receiver.delivery(copy, "property", "tenant").key == (
+                None if b"tenant" not in properties else properties[b"tenant"].decode()
+            )
+            assert delivery.delivery_count == copy.delivery_count + 1
+            assert delivery.enqueued_at == pytest.approx(copy.enqueued_time_utc.timestamp())
+            assert delivery.content_type == text(copy.content_type)
+            assert delivery.session_id == text(copy.session_id)
+        first = next(c for c in copies if c.message_id == "id-1")
+        delivery = receiver.delivery(first, "message_id", None)
+        assert (delivery.session_id, delivery.content_type) == ("s-1", "text/plain")
+        assert delivery.traceparent == traceparent
+        assert receiver.delivery(first, "subject", None).key == "subj"
+        assert receiver.delivery(first, "property", "tenant").key == "t1"
+        bare = next(c for c in copies if b"".join(c.body) == b"c")
+        assert receiver.delivery(bare, "message_id", None).session_id is None
