@@ -1,4 +1,4 @@
-"""The seen-set on Redis: digests in time-bucketed hashes, one Lua script call per slot group.
+"""The seen-set on Redis: digests in time-bucketed hashes, one Lua script call per batch.
 
 An id's 128-bit BLAKE2b digest picks, by its first 32 bits, one of ``expected_ids / 64``
 hashes; the other 96 bits (12 bytes) are its field, so a new id is taken for one of N
@@ -17,10 +17,11 @@ remembered ids with probability about N / 2**96. The hashes are dealt over
 
 Small hashes are stored by Redis as listpacks (up to ``hash-max-listpack-entries``, 128 by
 default): a done id then costs its 12 bytes plus about 5, instead of a key of its own.
-Every key a script call touches carries the same hash tag, so each call stays in one slot
-of a Redis Cluster while the tags spread the load over the shards. A method sends one
-script call per tag in its batch, all in one pipeline: one round trip on a single Redis,
-one per node, concurrently, on a cluster.
+On a Redis Cluster every key a script call touches carries the same hash tag, so each call
+stays in one slot while the tags spread the load over the shards: a method sends one
+script call per tag in its batch, all in one pipeline (one round trip per node,
+concurrently). A single Redis has no slots: a method sends one script call for its whole
+batch, naming every tag, and the script finds each id's.
 
 Keys of the previous layout (one string key per id: ``prefix + group + ":" + digest``) are
 still read by claims on a single Redis until they expire (``read_legacy_keys``).
@@ -66,16 +67,18 @@ IDS_PER_HASH: Final = 64
 window twice as busy as expected still stays compact."""
 DEFAULT_SLOT_GROUPS: Final = 16
 """Hash tags the hashes are spread over by default, each in its own 1/16 of the 16,384
-cluster slots: a batch is at most 16 script calls (each call costs Redis more than the ids
-in it), and a cluster whose masters hold even slot ranges (as ``redis-cli --cluster
+cluster slots: on a cluster a batch is at most 16 script calls (each call costs Redis more
+than the ids in it), and a cluster whose masters hold even slot ranges (as ``redis-cli --cluster
 create`` deals them) gets an even share, within 1/16, on each of up to 16 masters."""
 UNITS_PER_WINDOW: Final = 2048
 """An entry's end is kept in units of window/2048: a 13-bit integer (2 bytes in a listpack)
 that rounds the window up by at most 1/2048 of it."""
 
-# KEYS[1]: the call's slot group, P{group}. The script names each id's keys after it,
-# P{group}:<hash>:c, :r and :<bucket> (same hash tag, so same slot): declaring them would
-# cost the client more than the rest of the call.
+# KEYS: the slot groups, P{group}: on a cluster, one (the call's: a call stays in one
+# slot); on a single Redis, every group in order, and each id's group is its hash modulo
+# their number, as the client deals them (one call for a whole batch). The script names
+# each id's keys after its group, P{group}:<hash>:c, :r and :<bucket> (same hash tag, so
+# same slot): declaring them would cost the client more than the rest of the call.
 # ARGV: 'operation ms window start unit hashes' (ms: the lease for claim/extend; start: the
 # current bucket's start by the client's clock, all in milliseconds), the owner, the
 # previous layout's key prefix ('' = do not read it; claims on a single Redis only), the
@@ -107,7 +110,7 @@ local function keys(digest)
   local hash = (((a * 256 + b) * 256 + c) * 256 + d) % hashes
   local found = keys_of[hash]
   if not found then
-    local base = KEYS[1] .. ':' .. hash .. ':'
+    local base = KEYS[hash % #KEYS + 1] .. ':' .. hash .. ':'
     found = {base .. 'c', base .. 'r', base .. (current - 1), base .. current,
              base .. (current + 1)}
     keys_of[hash] = found
@@ -160,19 +163,24 @@ if op == 'c' then
   local deadline = now + ms
   -- A claim nobody committed or released (its holder vanished and its message never came
   -- back) would stay as long as new claims keep its hash alive: each call drops one random
-  -- claim of the first claims hash it uses, if its lease ran out.
-  local first = keys(ARGV[4])[1]
-  local sample = redis.call('HRANDFIELD', first, 1, 'WITHVALUES')
-  if sample[2] then
-    local bar = string.find(sample[2], '|', 1, true)
-    if tonumber(string.sub(sample[2], 1, bar - 1)) <= now then
-      redis.call('HDEL', first, sample[1])
-    end
-  end
+  -- claim of the first claims hash it uses in each slot group, if its lease ran out.
+  local swept = {}
   for i = 1, count do
     local digest = ARGV[3 + i]
     local field, k = string.sub(digest, 5), keys(digest)
     local claims = k[1]
+    local a, b, c, d = string.byte(digest, 1, 4)
+    local group = ((((a * 256 + b) * 256 + c) * 256 + d) % hashes) % #KEYS
+    if not swept[group] then
+      swept[group] = true
+      local sample = redis.call('HRANDFIELD', claims, 1, 'WITHVALUES')
+      if sample[2] then
+        local bar = string.find(sample[2], '|', 1, true)
+        if tonumber(string.sub(sample[2], 1, bar - 1)) <= now then
+          redis.call('HDEL', claims, sample[1])
+        end
+      end
+    end
     local kind, old, answer = outcome(k, field), nil, nil
     if not kind and legacy ~= '' then kind, old = legacy_outcome(digest) end
     if kind == 'done' then
@@ -578,8 +586,8 @@ class RedisSeenSet(_SeenSetBase):
         ms: int,
         outcomes: Sequence[bytes] = _NO_VALUES,
     ) -> list[Any]:
-        """Run the script once per slot group the keys fall in, all in one pipeline; the
-        script's answers in key order.
+        """Run the script for the keys (on a cluster once per slot group they fall in, all
+        in one pipeline); the script's answers in key order.
 
         ``outcomes`` (commit only) holds one recorded outcome per key.
         """
@@ -609,13 +617,11 @@ class RedisSeenSet(_SeenSetBase):
         ms: int,
         outcomes: Sequence[bytes],
     ) -> list[tuple[list[int], list[bytes]]]:
-        """The script calls for a batch: per slot group, the keys' positions and the EVALSHA
-        arguments. Arguments go pre-encoded: redis-py would otherwise encode each one."""
-        by_group: dict[int, list[int]] = {}
+        """The script calls for a batch, each with its keys' positions and the EVALSHA
+        arguments: on a single Redis one call, naming every slot group; on a cluster one
+        per slot group in the batch. Arguments go pre-encoded: redis-py would otherwise
+        encode each one."""
         digests = [_digest(key.encode()) for key in keys]
-        for position, digest in enumerate(digests):
-            group = (int.from_bytes(digest[:4], "big") & self._hash_mask) % self._groups
-            by_group.setdefault(group, []).append(position)
         bucket = self._wall_clock_ms() // self._window_ms
         header = b"%s %d %d %d %d %d" % (
             operation.encode(),
@@ -627,6 +633,22 @@ class RedisSeenSet(_SeenSetBase):
         )
         legacy = self._key_prefix if self._read_legacy and operation in (_CLAIM, _PEEK) else b""
         common = [header, owner.encode(), legacy]
+        if not self._cluster:
+            # One script call for the batch (one per group cost the client about three
+            # times the CPU): the script finds each id's group among the keys.
+            arguments = [
+                self._sha,
+                b"%d" % self._groups,
+                *self._group_keys,
+                *common,
+                *digests,
+                *outcomes,
+            ]
+            return [(list(range(len(keys))), arguments)]
+        by_group: dict[int, list[int]] = {}
+        for position, digest in enumerate(digests):
+            group = (int.from_bytes(digest[:4], "big") & self._hash_mask) % self._groups
+            by_group.setdefault(group, []).append(position)
         calls = []
         for group, positions in by_group.items():
             arguments = [

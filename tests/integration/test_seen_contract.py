@@ -25,7 +25,7 @@ import pytest
 import redis
 import redis.asyncio
 
-from georep.adapters.redis import RedisSeenSet, embedded_redis_url
+from georep.adapters.redis import RedisSeenSet, embedded_redis_url, private_redis_server
 from georep.exceptions import ClosedError, ConfigurationError, StoreUnavailableError
 from georep.ports import Claims, ClaimState, ScheduleStore, SeenStore
 from georep.testing import FakeClock
@@ -857,3 +857,45 @@ def test_embedded_redis_url_prefers_redis_url(monkeypatch: pytest.MonkeyPatch) -
 def test_a_useless_operation_timeout_is_refused(timeout: float) -> None:
     with pytest.raises(ConfigurationError, match="operation_timeout"):
         RedisSeenSet("redis://127.0.0.1:6379/0", operation_timeout=timeout)
+
+
+async def test_redis_one_script_call_serves_a_batch_over_every_slot_group(prefix: str) -> None:
+    """On a single Redis a batch is one EVALSHA whatever groups its ids fall in, and each id
+    is still kept in its own group's hashes (where a cluster's per-group calls put it)."""
+    keys = [f"m{i}" for i in range(64)]
+    digests = {key: hashlib.blake2b(key.encode(), digest_size=16).digest() for key in keys}
+
+    def hash_of(key: str) -> int:
+        return int.from_bytes(digests[key][:4], "big") & 16_383  # expected_ids 1,000,000
+
+    assert len({hash_of(key) % 16 for key in keys}) == 16, "the ids cover every group"
+    with private_redis_server() as url:
+        client = redis.asyncio.Redis.from_url(url)
+        try:
+            async with RedisSeenSet(client, prefix=prefix) as store:
+                await store.claim(["warm-up"], owner=ALICE, lease=LONG_LEASE)  # loads the script
+
+                async def evalsha_calls() -> int:
+                    stats = await client.info("commandstats")
+                    return int(stats.get("cmdstat_evalsha", {}).get("calls", 0))
+
+                before = await evalsha_calls()
+                assert await store.claim(keys, owner=ALICE, lease=LONG_LEASE) == [
+                    ClaimState.CLAIMED
+                ] * len(keys)
+                await store.commit(keys[:32], owner=ALICE)
+                assert await evalsha_calls() - before == 2
+
+                for key in keys:
+                    base = store._group_keys[hash_of(key) % 16] + b":%d:" % hash_of(key)
+                    field = digests[key][4:]
+                    if key in keys[:32]:
+                        assert not await client.hexists(base + b"c", field), key
+                    else:
+                        assert await client.hexists(base + b"c", field), key
+                assert (
+                    await store.claim(keys, owner=BOB, lease=LONG_LEASE)
+                    == [ClaimState.DONE] * 32 + [ClaimState.IN_FLIGHT] * 32
+                )
+        finally:
+            await client.aclose()
