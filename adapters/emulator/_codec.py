@@ -12,8 +12,9 @@ from __future__ import annotations
 
 import struct
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Final
 
 __all__ = [
     "SECTION_APPLICATION_PROPERTIES",
@@ -93,22 +94,33 @@ _NUMBERS: dict[int, struct.Struct] = {
 }
 
 
+# How skip_value finds a value's end from its constructor: a fixed width (>= 0), a size
+# in the next 1 (_SIZE8) or 4 bytes (_SIZE32), or a described value (_DESCRIBED).
+_SIZE8, _SIZE32, _DESCRIBED = -1, -4, -100
+_SKIP: dict[int, int] = {
+    **_FIXED_WIDTH,
+    **dict.fromkeys((0xA0, 0xA1, 0xA3, 0xC0, 0xC1, 0xE0), _SIZE8),
+    **dict.fromkeys((0xB0, 0xB1, 0xB3, 0xD0, 0xD1, 0xF0), _SIZE32),
+    0x00: _DESCRIBED,
+}
+
+
 def skip_value(buf: bytes | memoryview, pos: int) -> int:
     """Return the offset just past the AMQP value that starts at ``pos``."""
     try:
         code = buf[pos]
         pos += 1
-        if code == 0x00:  # described: descriptor, then the value
-            return skip_value(buf, skip_value(buf, pos))
-        width = _FIXED_WIDTH.get(code)
-        if width is not None:
-            end = pos + width
-        elif code in (0xA0, 0xA1, 0xA3, 0xC0, 0xC1, 0xE0):
-            end = pos + 1 + buf[pos]
-        elif code in (0xB0, 0xB1, 0xB3, 0xD0, 0xD1, 0xF0):
-            end = pos + 4 + _U32.unpack_from(buf, pos)[0]
-        else:
+        width = _SKIP.get(code)
+        if width is None:
             raise AmqpDecodeError(f"unknown AMQP type constructor 0x{code:02x} at offset {pos - 1}")
+        if width >= 0:
+            end = pos + width
+        elif width == _SIZE8:
+            end = pos + 1 + buf[pos]
+        elif width == _SIZE32:
+            end = pos + 4 + _U32.unpack_from(buf, pos)[0]
+        else:  # described: descriptor, then the value
+            return skip_value(buf, skip_value(buf, pos))
     except (IndexError, struct.error) as exc:
         raise AmqpDecodeError("truncated AMQP value") from exc
     if end > len(buf):
@@ -148,80 +160,173 @@ def decode_value(buf: bytes | memoryview, pos: int = 0) -> tuple[Any, int]:
         raise AmqpDecodeError(f"malformed AMQP value at offset {pos}") from exc
 
 
+_Decoder = Callable[[bytes | memoryview, int], tuple[Any, int]]
+
+
 def _decode(buf: bytes | memoryview, pos: int) -> tuple[Any, int]:
-    code = buf[pos]
-    pos += 1
-    if code == 0x40:
-        return None, pos
-    if code == 0x41:
-        return True, pos
-    if code == 0x42:
-        return False, pos
-    if code in (0x43, 0x44):
-        return 0, pos
-    if code == 0x45:
-        return [], pos
-    if code in (0x50, 0x52, 0x53):
-        return buf[pos], pos + 1
-    if code in (0x51, 0x54, 0x55):
-        value = buf[pos]
-        return (value - 256 if value > 127 else value), pos + 1
-    if code == 0x56:
-        return buf[pos] != 0, pos + 1
-    number = _NUMBERS.get(code)
-    if number is not None:
-        return number.unpack_from(buf, pos)[0], pos + number.size
-    if code == 0x83:
-        return Timestamp(_I64.unpack_from(buf, pos)[0]), pos + 8
-    if code == 0x98:
-        return uuid.UUID(bytes=bytes(buf[pos : pos + 16])), pos + 16
-    if code in (0xA0, 0xA1, 0xA3):
-        size = buf[pos]
-        pos += 1
-        return _variable(code, buf[pos : pos + size]), pos + size
-    if code in (0xB0, 0xB1, 0xB3):
-        size = _U32.unpack_from(buf, pos)[0]
-        pos += 4
-        return _variable(code, buf[pos : pos + size]), pos + size
-    if code in (0xC0, 0xC1):
-        end = pos + 1 + buf[pos]
-        count = buf[pos + 1]
-        return _compound(code == 0xC1, buf, pos + 2, count), end
-    if code in (0xD0, 0xD1):
-        end = pos + 4 + _U32.unpack_from(buf, pos)[0]
-        count = _U32.unpack_from(buf, pos + 4)[0]
-        return _compound(code == 0xD1, buf, pos + 8, count), end
-    if code in (0xE0, 0xF0):
-        if code == 0xE0:
-            end = pos + 1 + buf[pos]
-            count = buf[pos + 1]
-            pos += 2
-        else:
-            end = pos + 4 + _U32.unpack_from(buf, pos)[0]
-            count = _U32.unpack_from(buf, pos + 4)[0]
-            pos += 8
-        return _array(buf, pos, count), end
-    if code == 0x00:
-        descriptor, pos = _decode(buf, pos)
-        value, pos = _decode(buf, pos)
-        return (descriptor, value), pos
-    width = _FIXED_WIDTH.get(code)
-    if width is not None:  # decimal and char types: keep the raw bytes
+    """Decode the value at ``pos``: its constructor's entry in :data:`_DECODERS`."""
+    return _DECODERS[buf[pos]](buf, pos + 1)
+
+
+def _constant(value: Any) -> _Decoder:
+    def decode(buf: bytes | memoryview, pos: int) -> tuple[Any, int]:
+        return value, pos
+
+    return decode
+
+
+def _empty_list(buf: bytes | memoryview, pos: int) -> tuple[Any, int]:
+    return [], pos
+
+
+def _unsigned_byte(buf: bytes | memoryview, pos: int) -> tuple[Any, int]:
+    return buf[pos], pos + 1
+
+
+def _signed_byte(buf: bytes | memoryview, pos: int) -> tuple[Any, int]:
+    value = buf[pos]
+    return (value - 256 if value > 127 else value), pos + 1
+
+
+def _boolean(buf: bytes | memoryview, pos: int) -> tuple[Any, int]:
+    return buf[pos] != 0, pos + 1
+
+
+def _number(number: struct.Struct) -> _Decoder:
+    unpack, size = number.unpack_from, number.size
+
+    def decode(buf: bytes | memoryview, pos: int) -> tuple[Any, int]:
+        return unpack(buf, pos)[0], pos + size
+
+    return decode
+
+
+def _timestamp(buf: bytes | memoryview, pos: int) -> tuple[Any, int]:
+    return Timestamp(_I64.unpack_from(buf, pos)[0]), pos + 8
+
+
+def _uuid(buf: bytes | memoryview, pos: int) -> tuple[Any, int]:
+    return uuid.UUID(bytes=bytes(buf[pos : pos + 16])), pos + 16
+
+
+def _binary8(buf: bytes | memoryview, pos: int) -> tuple[Any, int]:
+    end = pos + 1 + buf[pos]
+    return bytes(buf[pos + 1 : end]), end
+
+
+def _binary32(buf: bytes | memoryview, pos: int) -> tuple[Any, int]:
+    end = pos + 4 + _U32.unpack_from(buf, pos)[0]
+    return bytes(buf[pos + 4 : end]), end
+
+
+def _string8(buf: bytes | memoryview, pos: int) -> tuple[Any, int]:
+    end = pos + 1 + buf[pos]
+    return str(buf[pos + 1 : end], "utf-8"), end
+
+
+def _string32(buf: bytes | memoryview, pos: int) -> tuple[Any, int]:
+    end = pos + 4 + _U32.unpack_from(buf, pos)[0]
+    return str(buf[pos + 4 : end], "utf-8"), end
+
+
+def _symbol8(buf: bytes | memoryview, pos: int) -> tuple[Any, int]:
+    end = pos + 1 + buf[pos]
+    return Symbol(str(buf[pos + 1 : end], "utf-8")), end
+
+
+def _symbol32(buf: bytes | memoryview, pos: int) -> tuple[Any, int]:
+    end = pos + 4 + _U32.unpack_from(buf, pos)[0]
+    return Symbol(str(buf[pos + 4 : end], "utf-8")), end
+
+
+def _list8(buf: bytes | memoryview, pos: int) -> tuple[Any, int]:
+    return _compound(False, buf, pos + 2, buf[pos + 1]), pos + 1 + buf[pos]
+
+
+def _map8(buf: bytes | memoryview, pos: int) -> tuple[Any, int]:
+    return _compound(True, buf, pos + 2, buf[pos + 1]), pos + 1 + buf[pos]
+
+
+def _list32(buf: bytes | memoryview, pos: int) -> tuple[Any, int]:
+    count = _U32.unpack_from(buf, pos + 4)[0]
+    return _compound(False, buf, pos + 8, count), pos + 4 + _U32.unpack_from(buf, pos)[0]
+
+
+def _map32(buf: bytes | memoryview, pos: int) -> tuple[Any, int]:
+    count = _U32.unpack_from(buf, pos + 4)[0]
+    return _compound(True, buf, pos + 8, count), pos + 4 + _U32.unpack_from(buf, pos)[0]
+
+
+def _array8(buf: bytes | memoryview, pos: int) -> tuple[Any, int]:
+    return _array(buf, pos + 2, buf[pos + 1]), pos + 1 + buf[pos]
+
+
+def _array32(buf: bytes | memoryview, pos: int) -> tuple[Any, int]:
+    count = _U32.unpack_from(buf, pos + 4)[0]
+    return _array(buf, pos + 8, count), pos + 4 + _U32.unpack_from(buf, pos)[0]
+
+
+def _described(buf: bytes | memoryview, pos: int) -> tuple[Any, int]:
+    descriptor, pos = _decode(buf, pos)
+    value, pos = _decode(buf, pos)
+    return (descriptor, value), pos
+
+
+def _raw(width: int) -> _Decoder:
+    def decode(buf: bytes | memoryview, pos: int) -> tuple[Any, int]:
         return bytes(buf[pos : pos + width]), pos + width
-    raise AmqpDecodeError(f"unknown AMQP type constructor 0x{code:02x}")
+
+    return decode
 
 
-def _variable(code: int, raw: bytes | memoryview) -> Any:
-    if code in (0xA0, 0xB0):
-        return bytes(raw)
-    text = bytes(raw).decode("utf-8")
-    return Symbol(text) if code in (0xA3, 0xB3) else text
+def _unknown(code: int) -> _Decoder:
+    def decode(buf: bytes | memoryview, pos: int) -> tuple[Any, int]:
+        raise AmqpDecodeError(f"unknown AMQP type constructor 0x{code:02x}")
+
+    return decode
+
+
+def _decoders() -> list[_Decoder]:
+    """One decoder per constructor byte (one lookup and one call per value: the chain of
+    tests it replaces took about a third of the emulator's time per message)."""
+    table: list[_Decoder] = [_unknown(code) for code in range(256)]
+    for code, width in _FIXED_WIDTH.items():
+        table[code] = _raw(width)  # decimal and char types: the raw bytes
+    table[0x40] = _constant(None)
+    table[0x41] = _constant(True)
+    table[0x42] = _constant(False)
+    table[0x43] = table[0x44] = _constant(0)
+    table[0x45] = _empty_list
+    table[0x50] = table[0x52] = table[0x53] = _unsigned_byte
+    table[0x51] = table[0x54] = table[0x55] = _signed_byte
+    table[0x56] = _boolean
+    for code, number in _NUMBERS.items():
+        table[code] = _number(number)
+    table[0x83] = _timestamp
+    table[0x98] = _uuid
+    table[0xA0], table[0xB0] = _binary8, _binary32
+    table[0xA1], table[0xB1] = _string8, _string32
+    table[0xA3], table[0xB3] = _symbol8, _symbol32
+    table[0xC0], table[0xD0] = _list8, _list32
+    table[0xC1], table[0xD1] = _map8, _map32
+    table[0xE0], table[0xF0] = _array8, _array32
+    table[0x00] = _described
+    return table
+
+
+_DECODERS: Final = _decoders()
 
 
 def _compound(is_map: bool, buf: bytes | memoryview, pos: int, count: int) -> Any:
-    items = []
+    decoders = _DECODERS
+    items: list[Any] = []
     for _ in range(count):
-        item, pos = _decode(buf, pos)
+        code = buf[pos]
+        if code == 0x40:  # null: most of a message's properties
+            items.append(None)
+            pos += 1
+            continue
+        item, pos = decoders[code](buf, pos + 1)
         items.append(item)
     if not is_map:
         return items
