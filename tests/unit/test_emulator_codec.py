@@ -12,15 +12,8 @@ from azure.servicebus import ServiceBusMessage
 from azure.servicebus._pyamqp._encode import encode_payload
 from azure.servicebus._transport._pyamqp_transport import PyamqpTransport
 
-from georep.adapters.emulator._codec import (
-    AmqpDecodeError,
-    Symbol,
-    Timestamp,
-    decode_value,
-    encode_value,
-    parse_message,
-    skip_value,
-)
+from georep.adapters.emulator import _codec as codec
+from georep.adapters.emulator._codec import AmqpDecodeError, Symbol, Timestamp
 
 ROUND_TRIPS: list[Any] = [
     None,
@@ -49,11 +42,11 @@ ROUND_TRIPS: list[Any] = [
 
 @pytest.mark.parametrize("value", ROUND_TRIPS, ids=lambda value: type(value).__name__)
 def test_a_value_decodes_to_what_was_encoded_with_its_type(value: Any) -> None:
-    encoded = encode_value(value)
-    decoded, end = decode_value(encoded)
+    encoded = codec.encode_value(value)
+    decoded, end = codec.decode_value(encoded)
     assert decoded == value and type(decoded) is type(value)
-    assert end == len(encoded) == skip_value(encoded, 0)
-    assert decode_value(memoryview(encoded))[0] == value  # the broker also reads views
+    assert end == len(encoded) == codec.skip_value(encoded, 0)
+    assert codec.decode_value(memoryview(encoded))[0] == value  # the broker also reads views
 
 
 COMPACT: list[tuple[bytes, Any]] = [
@@ -85,8 +78,8 @@ COMPACT: list[tuple[bytes, Any]] = [
 
 @pytest.mark.parametrize(("encoded", "value"), COMPACT, ids=lambda item: repr(item)[:16])
 def test_each_compact_constructor_decodes(encoded: bytes, value: Any) -> None:
-    assert decode_value(encoded) == (value, len(encoded))
-    assert skip_value(encoded, 0) == len(encoded)
+    assert codec.decode_value(encoded) == (value, len(encoded))
+    assert codec.skip_value(encoded, 0) == len(encoded)
 
 
 @pytest.mark.parametrize(
@@ -100,7 +93,7 @@ def test_each_compact_constructor_decodes(encoded: bytes, value: Any) -> None:
 )
 def test_malformed_input_is_an_amqp_decode_error(encoded: bytes, message: str) -> None:
     with pytest.raises(AmqpDecodeError, match=message):
-        decode_value(encoded)
+        codec.decode_value(encoded)
 
 
 @pytest.mark.parametrize("encoded", [b"\xa1\x05ab", b"\xb0\x00\x00", b"\x00\x53", b"\xff"])
@@ -108,7 +101,7 @@ def test_skipping_malformed_input_is_an_amqp_decode_error(encoded: bytes) -> Non
     """How a message's sections are found: a value cut short is caught here (decoding
     reads only what it needs)."""
     with pytest.raises(AmqpDecodeError):
-        skip_value(encoded, 0)
+        codec.skip_value(encoded, 0)
 
 
 def test_an_sdk_message_parses_to_its_properties_and_annotations() -> None:
@@ -121,7 +114,7 @@ def test_an_sdk_message_parses_to_its_properties_and_annotations() -> None:
     )
     message.raw_amqp_message.annotations = {"x-opt-partition-key": "s-1"}
     amqp = PyamqpTransport.to_outgoing_amqp_message(message.raw_amqp_message)
-    parsed = parse_message(bytes(encode_payload(bytearray(), amqp)))
+    parsed = codec.parse_message(bytes(encode_payload(bytearray(), amqp)))
     assert (parsed.message_id, parsed.session_id, parsed.content_type) == (
         "id-1",
         "s-1",
