@@ -138,11 +138,14 @@ def split_sections(buf: bytes | memoryview) -> list[tuple[int, int, int]]:
             raise AmqpDecodeError(f"expected a described section at offset {pos}")
         if buf[pos + 1] == 0x53:
             code = buf[pos + 2]
+            value_start = pos + 3
         elif buf[pos + 1] == 0x80:
             code = _U64.unpack_from(buf, pos + 2)[0]
+            value_start = pos + 10
         else:
             raise AmqpDecodeError(f"unsupported section descriptor at offset {pos}")
-        end = skip_value(buf, pos)
+        # The descriptor was read above: skip only the value (a third of the calls).
+        end = skip_value(buf, value_start)
         sections.append((code, pos, end))
         pos = end
     return sections
