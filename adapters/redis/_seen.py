@@ -104,15 +104,17 @@ local answers = {}
 local keys_of = {}
 local ends_of = {}
 
--- The keys of a digest's hash: claims, reasons, and the buckets before, now, after.
+-- The keys of a digest's hash: claims, reasons, and the buckets before, now, after; and,
+-- sixth, the index of its slot group in KEYS.
 local function keys(digest)
   local a, b, c, d = string.byte(digest, 1, 4)
   local hash = (((a * 256 + b) * 256 + c) * 256 + d) % hashes
   local found = keys_of[hash]
   if not found then
-    local base = KEYS[hash % #KEYS + 1] .. ':' .. hash .. ':'
+    local group = hash % #KEYS + 1
+    local base = KEYS[group] .. ':' .. hash .. ':'
     found = {base .. 'c', base .. 'r', base .. (current - 1), base .. current,
-             base .. (current + 1)}
+             base .. (current + 1), group}
     keys_of[hash] = found
   end
   return found
@@ -169,10 +171,8 @@ if op == 'c' then
     local digest = ARGV[3 + i]
     local field, k = string.sub(digest, 5), keys(digest)
     local claims = k[1]
-    local a, b, c, d = string.byte(digest, 1, 4)
-    local group = ((((a * 256 + b) * 256 + c) * 256 + d) % hashes) % #KEYS
-    if not swept[group] then
-      swept[group] = true
+    if not swept[k[6]] then
+      swept[k[6]] = true
       local sample = redis.call('HRANDFIELD', claims, 1, 'WITHVALUES')
       if sample[2] then
         local bar = string.find(sample[2], '|', 1, true)
