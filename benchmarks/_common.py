@@ -47,9 +47,10 @@ async def sdk_senders(emu: Emulator, prefix: str) -> AsyncIterator[tuple[Any, An
 async def fill_active(emu: Emulator, queue: str, count: int, body: bytes = BODY) -> None:
     """Send ``count`` logical messages with active replication: a copy in each region."""
     async with on_emulator(GeoSender, emu, queue, mode=ReplicationMode.ACTIVE) as sender:
-        for start in range(0, count, 100):
+        per_batch = max(1, min(100, 200_000 // max(len(body), 1)))  # within 256 KB
+        for start in range(0, count, per_batch):
             batch = await sender.create_message_batch()
-            for _ in range(min(100, count - start)):
+            for _ in range(min(per_batch, count - start)):
                 batch.add_message(ServiceBusMessage(body))
             await sender.send_messages(batch)
 

@@ -27,7 +27,8 @@ start is its connections). The defaults are the product's batch limit
 (``maxMessagesPerBatch`` 1000) and enough messages for eight micro-batches. Needs Redis
 (``REDIS_URL``, default redis://127.0.0.1:6379/0).
 
-    .venv/bin/python benchmarks/spark_source.py [--messages 8000] [--batch 1000] [--rows 2000]
+    .venv/bin/python benchmarks/spark_source.py [--messages 16000] [--batch 10000] [--rows 2000]
+        [--size BYTES]
 
 It writes its figures to ``benchmarks/results/spark_source.json`` (``benchmarks/_record.py``).
 """
@@ -47,7 +48,7 @@ from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
-from _common import fill_active
+from _common import BODY, fill_active
 from _record import write_record
 from azure.servicebus.aio import ServiceBusClient
 
@@ -75,6 +76,9 @@ class Timing:
     seconds: float
     first_seconds: float
     first_rows: int
+    peak_mib: float | None = None
+    """The source's driver process's peak resident memory (the source runner Spark
+    starts for the query), when it could be read."""
 
     @property
     def per_second(self) -> float:
@@ -156,9 +160,25 @@ def source_into_parquet(spark: Any, emu: Emulator, queue: str, count: int, batch
         report = next(p for p in progress if p["numInputRows"])
         began = datetime.fromisoformat(report["timestamp"].replace("Z", "+00:00")).timestamp()
         done = began + report["durationMs"]["triggerExecution"] / 1000 - wall_started
-        return Timing(count, seconds, done, int(report["numInputRows"]))
+        return Timing(count, seconds, done, int(report["numInputRows"]), _runner_peak_mib())
     finally:
         query.stop()
+
+
+def _runner_peak_mib() -> float | None:
+    """The peak resident memory of the streaming source runner (the Python process on the
+    driver that holds the source's copies), from Linux's ``/proc``; None elsewhere."""
+    peaks: list[float] = []
+    for process in Path("/proc").glob("[0-9]*"):
+        try:
+            if b"python_streaming_source_runner" not in (process / "cmdline").read_bytes():
+                continue
+            for line in (process / "status").read_text().splitlines():
+                if line.startswith("VmHWM:"):
+                    peaks.append(int(line.split()[1]) / 1024)
+        except OSError:
+            continue
+    return max(peaks, default=None)
 
 
 def _print_phases(progress: list[dict[str, Any]], seconds: float) -> None:
@@ -195,29 +215,43 @@ async def purge(emu: Emulator, queue: str) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--messages", type=int, default=8000)
-    parser.add_argument("--batch", type=int, default=1000)
+    parser.add_argument("--messages", type=int, default=16000)
+    parser.add_argument("--batch", type=int, default=10_000)
+    parser.add_argument(
+        "--raw-batch",
+        type=int,
+        default=100,
+        help="max_message_count of the raw loop's receives (its fastest of 100, 1000, 10000)",
+    )
     parser.add_argument("--rows", type=int, default=2000)
+    parser.add_argument(
+        "--size", type=int, default=len(BODY), help="body bytes of the source's messages"
+    )
     args = parser.parse_args()
 
     with Emulator(queues=("raw", "source", "sink", "warm")) as emu:
         spark = spark_session("local[2]", app_name="georep-bench")
         register(spark)
         for queue in ("raw", "source"):
-            asyncio.run(fill_active(emu, queue, args.messages))
+            asyncio.run(fill_active(emu, queue, args.messages, b"x" * args.size))
         asyncio.run(fill_active(emu, "warm", WARM_UP))
         print(f"cold start, a first query of {WARM_UP} messages:")
         cold_source = source_into_parquet(spark, emu, "warm", WARM_UP, args.batch).seconds
         out = Path(tempfile.mkdtemp(prefix="georep-bench-raw-"))
-        raw = asyncio.run(raw_into_parquet(emu, "raw", args.messages, args.batch, out))
+        raw = asyncio.run(raw_into_parquet(emu, "raw", args.messages, args.raw_batch, out))
         source = source_into_parquet(spark, emu, "source", args.messages, args.batch)
-        print(f"source, {args.messages} messages x 2 copies, batch {args.batch}:")
+        print(
+            f"source, {args.messages} messages x 2 copies, batch {args.batch} "
+            f"(raw loop: {args.raw_batch} per receive):"
+        )
         for name, timing in (("raw SDK loop + pyarrow", raw), ("georep source (Spark)", source)):
             print(
                 f"  {name:22}  {timing.per_second:8.0f} msg/s  ({timing.seconds:.1f} s; first "
                 f"rows after {timing.first_seconds:.1f} s, then "
                 f"{timing.sustained_per_second:.0f} msg/s)"
             )
+        if source.peak_mib is not None:
+            print(f"  source driver's peak memory: {source.peak_mib:.0f} MiB (the runner process)")
         whole = source.per_second / raw.per_second
         sustained = source.sustained_per_second / raw.sustained_per_second
         print(f"  ratio                   {whole:8.2f}x whole run, {sustained:.2f}x once rows flow")
@@ -278,6 +312,8 @@ def main() -> None:
             "messages": args.messages,
             "rows": args.rows,
             "batch": args.batch,
+            "raw_batch": args.raw_batch,
+            "size": args.size,
             "source_per_s": round(source.per_second),
             "raw_per_s": round(raw.per_second),
             "source_sustained_per_s": round(source.sustained_per_second),
@@ -288,6 +324,7 @@ def main() -> None:
             "foreach_batch_sink_per_s": round(args.rows / driver),
             "cold_first_query_s": round(cold_source, 2),
             "cold_first_write_s": round(cold_sink, 2),
+            "source_runner_peak_mib": source.peak_mib and round(source.peak_mib),
         },
     )
 

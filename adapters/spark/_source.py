@@ -18,9 +18,9 @@ query's output, across an outage of a region and a crash of the driver, within t
 seen-set's window:
 
 1. ``latestOffset`` takes the copies waiting in the handlers (at most
-   ``maxMessagesPerBatch``), writes them to ``batch-N.parquet`` durably, and only then
-   reports offset N. A restarted query that runs batch N again reads that file: the same
-   rows, whatever the broker holds by then.
+   ``maxMessagesPerBatch`` and ``maxBytesPerBatch``), writes them to ``batch-N.parquet``
+   durably, and only then reports offset N. A restarted query that runs batch N again
+   reads that file: the same rows, whatever the broker holds by then.
 2. A copy is settled only after Spark committed its batch: Spark's micro-batch engine asks
    for the offset after N only once batch N is in its commit log, so ``latestOffset(N)``
    (and ``commit``) record N's MessageIds as done in the seen-set, then release the
@@ -40,8 +40,9 @@ import json
 import logging
 import os
 import socket
+import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from functools import partial
@@ -67,6 +68,7 @@ _SOURCE_OPTIONS = (
     "seenSetUrl",
     "seenSetGroup",
     "maxMessagesPerBatch",
+    "maxBytesPerBatch",
     "leaseSeconds",
     "maxWaitSeconds",
     "dedupScope",
@@ -79,6 +81,13 @@ _LANES = 2
 """GeoReceivers over both regions: a micro-batch runs while another lane receives."""
 _FILL_WAIT = 0.05
 """Seconds a receive that fills a lane's turn waits for more (the entity is busy then)."""
+_FILL_LIMIT = 5.0
+"""Seconds a lane fills one turn at most: well inside the receive's deadline
+(``max_wait`` plus :data:`georep.receive.region_loop.RECEIVE_GRACE`)."""
+_ASSUMED_SIZE = 256 * 1024
+"""Body bytes assumed per copy before a region's first receive (Standard's largest)."""
+_BODY = "_georep_spark_body"
+"""The attribute a received copy carries its body's bytes in (read once, on receipt)."""
 _SETTLE_TURN = 0.02
 """Seconds without a new arrival after which a receive turn's copies are all in."""
 
@@ -95,7 +104,10 @@ class SourceSettings:
         seen_group: The seen-set group; every reader of the entity that must not see a
             message twice shares it.
         staging: Where the planned batches are staged.
-        max_messages: Most messages in one micro-batch, and copies held per region.
+        max_messages: Most messages in one micro-batch, and copies one lane holds per
+            region.
+        max_bytes: Most body bytes in one micro-batch (at least one message), and about
+            the most one lane receives per region in one turn.
         lease: Seconds a claim in the seen-set lasts unless renewed (renewed while the
             copy waits for its batch); after a crash, the copies wait this long.
         max_wait: Seconds one receive waits when the entity is idle, and ``latestOffset``
@@ -109,6 +121,7 @@ class SourceSettings:
     seen_group: str
     staging: str
     max_messages: int
+    max_bytes: int
     lease: float
     max_wait: float
     dedup_scope: str | None
@@ -135,7 +148,8 @@ def source_settings(given: Any) -> SourceSettings:
         ),
         seen_group=options.text("seenSetGroup", "georep-spark") or "georep-spark",
         staging=staging,
-        max_messages=options.integer("maxMessagesPerBatch", 1000),
+        max_messages=options.integer("maxMessagesPerBatch", 10_000),
+        max_bytes=options.integer("maxBytesPerBatch", 16 * 1024 * 1024),
         lease=options.seconds("leaseSeconds", 60.0),
         max_wait=options.seconds("maxWaitSeconds", 1.0),
         dedup_scope=options.text("dedupScope"),
@@ -226,6 +240,8 @@ class _Waiting:
 
     row: dict[str, Any]
     staged: asyncio.Future[int]
+    lane: object
+    """The lane (GeoReceiver) whose handler holds the copy."""
 
 
 class Intake:
@@ -320,7 +336,7 @@ class Intake:
             self._regions += regions
             self._receivers.append(
                 GeoReceiver(
-                    *(_Labelled(region) for region in regions),
+                    *(_Labelled(region, settings.max_bytes) for region in regions),
                     seen=self._seen,
                     concurrency=settings.max_messages,
                     lease=settings.lease,
@@ -371,7 +387,7 @@ class Intake:
                 if waiting is None:
                     row = _row(message, str(given) if given is not None else None)
                     future = asyncio.get_running_loop().create_future()
-                    waiting = self._waiting[message_id] = _Waiting(row, future)
+                    waiting = self._waiting[message_id] = _Waiting(row, future, receiver)
                     assert self._arrived is not None
                     self._arrived.set()
                 batch = await asyncio.shield(waiting.staged)
@@ -397,7 +413,7 @@ class Intake:
         if batch in self._batch_ids or await asyncio.to_thread(self._staging.has, batch):
             return batch  # planned before (a restart, or a retried call): the same rows
         await self._gather(most)
-        taken = list(self._waiting.items())[:most]
+        taken = self._take(most)
         if not taken:
             return start
         table = pa.Table.from_pylist([waiting.row for _, waiting in taken], schema=ARROW_SCHEMA)
@@ -423,6 +439,26 @@ class Intake:
         while count != len(self._waiting) and len(self._waiting) < most:
             count = len(self._waiting)
             await asyncio.sleep(_SETTLE_TURN)
+
+    def _take(self, most: int) -> list[tuple[str, _Waiting]]:
+        """The waiting copies of the next batch, in arrival order: one lane's (the oldest
+        copy's), so that the other lane's turn can fill while Spark runs the batch; at
+        most ``most``, and at most ``maxBytesPerBatch`` of bodies (one copy, whatever its
+        size)."""
+        taken: list[tuple[str, _Waiting]] = []
+        size = 0
+        lane = None
+        for item in self._waiting.items():
+            waiting = item[1]
+            if lane is None:
+                lane = waiting.lane
+            elif waiting.lane is not lane:
+                continue
+            size += len(waiting.row["body"])
+            if len(taken) == most or (taken and size > self._settings.max_bytes):
+                break
+            taken.append(item)
+        return taken
 
     async def _record_committed(self, batch: int) -> None:
         """Record batches up to ``batch`` as done in the seen-set, then settle their copies.
@@ -489,7 +525,7 @@ def _row(message: Any, message_id: str | None) -> dict[str, Any]:
     """The source's row for one received copy."""
     return {
         "message_id": message_id,
-        "body": _body_bytes(message),
+        "body": getattr(message, _BODY, None) or _body_bytes(message),
         "content_type": message.content_type,
         "application_properties": _properties(message.application_properties),
         "enqueued_time": message.enqueued_time_utc or datetime.now(UTC),
@@ -502,7 +538,7 @@ def _row(message: Any, message_id: str | None) -> dict[str, Any]:
 def _body_bytes(message: Any) -> bytes:
     from azure.servicebus.amqp import AmqpMessageBodyType
 
-    if message.body_type == AmqpMessageBodyType.DATA:
+    if message.body_type is AmqpMessageBodyType.DATA:
         return b"".join(message.body)
     # A value or sequence body (sent by another AMQP client): as JSON text.
     return json.dumps(message.body, default=str).encode()
@@ -519,11 +555,31 @@ def _properties(properties: Any) -> list[tuple[str, str]] | None:
 
 
 class _Labelled:
-    """One region's receiver (a :class:`georep.ports.RegionReceiver`), labelling each copy
-    it receives with the region, for the row's ``region`` column."""
+    """One region's receiver (a :class:`georep.ports.RegionReceiver`) for one lane: it
+    labels each copy it receives with the region (the row's ``region`` column) and its
+    body's bytes, and fills the lane's turn within the batch limits.
 
-    def __init__(self, inner: Any) -> None:
+    A turn fills while copies keep coming, for :data:`_FILL_LIMIT` seconds at most: a
+    micro-batch costs Spark about the same whatever it holds, and the driver settles a
+    large turn's copies for less CPU each than many small turns' (measured in
+    docs/spark.md), so a busy entity makes large batches and a quiet one short waits.
+
+    Args:
+        inner: The region's receiver.
+        max_bytes: ``maxBytesPerBatch``: a turn stops filling once its bodies reach it,
+            and each receive asks for no more copies than fit in what is left, at the
+            size of the largest body seen (so one turn holds about ``max_bytes``).
+        clock: Seconds, monotonic (for the fill's time limit).
+    """
+
+    def __init__(
+        self, inner: Any, max_bytes: int, clock: Callable[[], float] = time.monotonic
+    ) -> None:
         self._inner = inner
+        self._max_bytes = max_bytes
+        self._clock = clock
+        self._size = _ASSUMED_SIZE
+        """The largest body of the last turn: what the next turn's first receive fits."""
 
     @property
     def region(self) -> str:
@@ -540,19 +596,47 @@ class _Labelled:
     def delivery(self, message: Any, dedup_source: str, dedup_name: str | None) -> Any:
         return self._inner.delivery(message, dedup_source, dedup_name)
 
+    def _fits(self, most: int, room: int, size: int) -> int:
+        """How many copies of ``size`` bytes fit in ``room`` (at least one, at most
+        ``most``)."""
+        return max(1, min(most, room // max(size, 1)))
+
+    def _label(self, messages: list[Any]) -> tuple[int, int]:
+        """Label ``messages``; their bodies' total and largest size."""
+        total = largest = 0
+        for message in messages:
+            body = _body_bytes(message)
+            total += len(body)
+            largest = max(largest, len(body))
+            with contextlib.suppress(AttributeError):
+                setattr(message, _REGION, self.region)
+                setattr(message, _BODY, body)
+        return total, largest
+
     async def receive(self, max_messages: int, *, max_wait: float) -> list[Any]:
-        messages: list[Any] = list(await self._inner.receive(max_messages, max_wait=max_wait))
+        first = self._fits(max_messages, self._max_bytes, self._size)
+        messages: list[Any] = list(await self._inner.receive(first, max_wait=max_wait))
+        size, largest = self._label(messages)
         # One receive returns the first burst that arrived. A lane's turn is all it
         # receives until its micro-batch is committed, so fill the turn while more is
         # there: each Spark micro-batch costs about the same whatever it holds.
-        while messages and len(messages) < max_messages:
-            more = await self._inner.receive(max_messages - len(messages), max_wait=_FILL_WAIT)
+        until = self._clock() + _FILL_LIMIT
+        while (
+            messages
+            and len(messages) < max_messages
+            and size < self._max_bytes
+            and self._clock() < until
+        ):
+            count = self._fits(max_messages - len(messages), self._max_bytes - size, largest)
+            more = list(await self._inner.receive(count, max_wait=_FILL_WAIT))
             if not more:
                 break
+            more_size, more_largest = self._label(more)
+            size += more_size
+            largest = max(largest, more_largest)
             messages += more
-        for message in messages:
-            with contextlib.suppress(AttributeError):
-                setattr(message, _REGION, self.region)
+        if messages:
+            self._size = largest
         return messages
 
     async def peek(self, count: int) -> list[Any]:

@@ -46,6 +46,7 @@ def pipeline_options(settings: dict[str, Any]) -> dict[str, str]:
         "maxMessagesPerBatch": str(settings.get("max_per_batch", 200)),
         "leaseSeconds": str(settings.get("lease", 5)),
         "maxWaitSeconds": str(settings.get("max_wait", 0.5)),
+        "maxBytesPerBatch": str(settings.get("max_bytes_per_batch", 16 * 1024 * 1024)),
     }
 
 

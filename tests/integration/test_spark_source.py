@@ -83,12 +83,12 @@ async def _until_all_read(query: Any, emu: Emulator, queue: str, config: dict[st
     )
 
 
-async def _send(emu: Emulator, queue: str, ids: list[str], **options: Any) -> None:
+async def _send(emu: Emulator, queue: str, ids: list[str], pad: int = 0, **options: Any) -> None:
     async with on_emulator(GeoSender, emu, queue, **options) as sender:
         for start in range(0, len(ids), 50):
             chunk = ids[start : start + 50]
             await sender.send_messages(
-                [ServiceBusMessage(f"body {i}", message_id=i) for i in chunk]
+                [ServiceBusMessage(f"body {i}".ljust(pad), message_id=i) for i in chunk]
             )
 
 
@@ -194,6 +194,19 @@ async def test_both_regions_copies_of_each_message_become_one_row(
     assert {bytes(r.body) for r in frame.select("body").collect()} == {
         f"body {i}".encode() for i in ids
     }
+
+
+async def test_a_micro_batch_holds_no_more_body_bytes_than_max_bytes_per_batch(
+    spark: SparkSession, emu: Emulator, private_queue: Any, tmp_path: Path
+) -> None:
+    queue = private_queue("bytes", lock_duration=LOCK)
+    config = _config(emu, queue, tmp_path, max_bytes_per_batch=2500)
+    ids = [f"b{i}" for i in range(12)]
+    await _send(emu, queue, ids, pad=1000, mode="active")  # two copies of 1,000 bytes each
+
+    await _read_all_once(spark, config, emu, queue, ids)
+    sizes = sorted(len(rows) for rows in table(config["table"]).values() if rows)
+    assert sizes and sizes[-1] <= 2, sizes
 
 
 @pytest.mark.parametrize("failure", ["outage", "blackhole"])
