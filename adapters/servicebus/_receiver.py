@@ -5,7 +5,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
+from functools import partial
 from typing import Any
 
 from azure.servicebus import ServiceBusReceivedMessage, ServiceBusReceiveMode
@@ -229,6 +230,42 @@ class ServiceBusRegionReceiver(SdkRegion):
     async def complete(self, message: ServiceBusReceivedMessage) -> None:
         await self._call(lambda: self._receiver_of(message).complete_message(message))
 
+    async def complete_many(self, messages: list[ServiceBusReceivedMessage]) -> None:
+        """Complete ``messages`` with one disposition per run of consecutive delivery ids,
+        each run's outcome awaited: about 1 us of CPU per message, against about 160 for
+        ``complete_message`` one at a time (one frame and one round trip each). The SDK
+        has no public method for it; this uses its link as :meth:`release` does, and
+        completes one at a time where that is not reachable.
+
+        Raises:
+            RegionError: A run was not taken (part of it may have been: whoever calls
+                this must tolerate a completed copy coming back).
+        """
+        if not messages:
+            return
+        receiver = self._receiver_of(messages[0])
+        settle = getattr(getattr(receiver, "_handler", None), "settle_messages_async", None)
+        runs = _delivery_runs(messages)
+        if (
+            settle is None
+            or runs is None
+            or any(self._receiver_of(m) is not receiver for m in messages)
+        ):
+            for message in messages:
+                await self.complete(message)
+            return
+
+        link_settle: Callable[..., Awaitable[Any]] = settle
+
+        async def accept(first: int, last: int, tag: bytes) -> None:
+            await link_settle((first, last), tag, "accepted", await_outcome=True)
+
+        for run in runs:
+            first, last = run[0]._delivery_id, run[-1]._delivery_id
+            await self._call(partial(accept, first, last, run[0]._delivery_tag))
+            for message in run:
+                message._settled = True
+
     async def abandon(self, message: ServiceBusReceivedMessage) -> None:
         await self._call(lambda: self._receiver_of(message).abandon_message(message))
 
@@ -338,3 +375,23 @@ def open_region_receiver(
     return ServiceBusRegionReceiver(
         new_receiver(), region=region, client=client, reopen=new_receiver
     )
+
+
+def _delivery_runs(messages: list[Any]) -> list[list[Any]] | None:
+    """``messages`` in runs of consecutive delivery ids (one disposition each), in id
+    order; None when a message lacks its SDK delivery id or tag."""
+    known: list[tuple[int, Any]] = []
+    for message in messages:
+        delivery_id = getattr(message, "_delivery_id", None)
+        if not isinstance(delivery_id, int) or getattr(message, "_delivery_tag", None) is None:
+            return None
+        known.append((delivery_id, message))
+    known.sort(key=lambda pair: pair[0])
+    runs: list[list[Any]] = []
+    previous = None
+    for delivery_id, message in known:
+        if previous is None or delivery_id != previous + 1:
+            runs.append([])
+        runs[-1].append(message)
+        previous = delivery_id
+    return runs

@@ -86,6 +86,8 @@ _FILL_LIMIT = 5.0
 (``max_wait`` plus :data:`georep.receive.region_loop.RECEIVE_GRACE`)."""
 _ASSUMED_SIZE = 256 * 1024
 """Body bytes assumed per copy before a region's first receive (Standard's largest)."""
+_SETTLE_BATCH = 1000
+"""Completions a lane's region receiver buffers before it sends them (see _Labelled)."""
 _BODY = "_georep_spark_body"
 """The attribute a received copy carries its body's bytes in (read once, on receipt)."""
 _SETTLE_TURN = 0.02
@@ -269,6 +271,7 @@ class Intake:
         self._receiver: Any = None
         self._receivers: list[Any] = []
         self._regions: list[Any] = []
+        self._labelled: list[_Labelled] = []
         self._seen: Any = None
         self._running: list[asyncio.Task[None]] = []
         self._arrived: asyncio.Event | None = None
@@ -334,9 +337,11 @@ class Intake:
                 for target, label in ((primary, "primary"), (secondary, "secondary"))
             ]
             self._regions += regions
+            labelled = [_Labelled(region, settings.max_bytes) for region in regions]
+            self._labelled += labelled
             self._receivers.append(
                 GeoReceiver(
-                    *(_Labelled(region, settings.max_bytes) for region in regions),
+                    *labelled,
                     seen=self._seen,
                     concurrency=settings.max_messages,
                     lease=settings.lease,
@@ -514,6 +519,8 @@ class Intake:
         for running in self._running:
             with contextlib.suppress(Exception):
                 await running
+        for labelled in self._labelled:
+            await labelled.flush()
         for region in self._regions:
             with contextlib.suppress(Exception):
                 await region.close()
@@ -564,6 +571,13 @@ class _Labelled:
     large turn's copies for less CPU each than many small turns' (measured in
     docs/spark.md), so a busy entity makes large batches and a quiet one short waits.
 
+    Completions are buffered and sent together (``complete_many``: one disposition per
+    run of consecutive delivery ids) before the next call of any other kind, or once
+    :data:`_SETTLE_BATCH` wait: settling one at a time, a round trip each, was most of
+    the driver's CPU. The source completes a copy only after its MessageId is recorded
+    as done in the seen-set, so a completion that is lost (a crash, a dropped link)
+    costs nothing but the copy's coming back, to be completed as a duplicate.
+
     Args:
         inner: The region's receiver.
         max_bytes: ``maxBytesPerBatch``: a turn stops filling once its bodies reach it,
@@ -578,6 +592,7 @@ class _Labelled:
         self._inner = inner
         self._max_bytes = max_bytes
         self._clock = clock
+        self._completed: list[Any] = []
         self._size = _ASSUMED_SIZE
         """The largest body of the last turn: what the next turn's first receive fits."""
 
@@ -613,7 +628,30 @@ class _Labelled:
                 setattr(message, _BODY, body)
         return total, largest
 
+    async def flush(self) -> None:
+        """Send the buffered completions; a failure is logged (the copies come back, and
+        are completed as duplicates then)."""
+        done, self._completed = self._completed, []
+        if not done:
+            return
+        complete_many = getattr(self._inner, "complete_many", None)
+        try:
+            if complete_many is not None:
+                await complete_many(done)
+            else:
+                for message in done:
+                    await self._inner.complete(message)
+        except Exception as exc:
+            _log.warning(
+                "georep source: completing %d copies in %s failed (%s); they come back "
+                "and are completed as duplicates",
+                len(done),
+                self.region,
+                exc,
+            )
+
     async def receive(self, max_messages: int, *, max_wait: float) -> list[Any]:
+        await self.flush()
         first = self._fits(max_messages, self._max_bytes, self._size)
         messages: list[Any] = list(await self._inner.receive(first, max_wait=max_wait))
         size, largest = self._label(messages)
@@ -640,21 +678,28 @@ class _Labelled:
         return messages
 
     async def peek(self, count: int) -> list[Any]:
+        await self.flush()
         return list(await self._inner.peek(count))
 
     async def complete(self, message: Any) -> None:
-        await self._inner.complete(message)
+        self._completed.append(message)
+        if len(self._completed) >= _SETTLE_BATCH:
+            await self.flush()
 
     async def abandon(self, message: Any) -> None:
+        await self.flush()
         await self._inner.abandon(message)
 
     async def dead_letter(self, message: Any, reason: str, description: str) -> None:
+        await self.flush()
         await self._inner.dead_letter(message, reason, description)
 
     async def defer(self, message: Any) -> None:
+        await self.flush()
         await self._inner.defer(message)
 
     async def renew_lock(self, message: Any) -> float | None:
+        await self.flush()
         renewed: float | None = await self._inner.renew_lock(message)
         return renewed
 

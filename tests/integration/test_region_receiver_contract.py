@@ -339,3 +339,40 @@ async def test_delivery_says_what_the_sdk_messages_properties_say(
         assert receiver.delivery(first, "property", "tenant").key == "t1"
         bare = next(c for c in copies if b"".join(c.body) == b"c")
         assert receiver.delivery(bare, "message_id", None).session_id is None
+
+
+async def test_complete_many_settles_runs_of_delivery_ids_in_one_disposition_each(
+    emu: Emulator, helper_client: SyncClient
+) -> None:
+    """The async adapter's bulk completion: every copy given is gone, the others stay
+    locked (gaps in the delivery ids split the runs), and the SDK sees them settled."""
+    queue = f"many-{uuid.uuid4().hex[:8]}"
+    emu.namespace("primary").create_queue(queue)
+    with helper_client.get_queue_sender(queue) as sender:
+        sender.send_messages([ServiceBusMessage(b"x", message_id=f"m{i}") for i in range(40)])
+    async with AsyncExitStack() as stack:
+        receiver = await sdk_receiver(stack, "async-sdk", emu, queue)
+        stack.push_async_callback(receiver.close)
+        copies: list[Any] = []
+        while len(copies) < 40:
+            copies += await receiver.receive(40 - len(copies), max_wait=WAIT)
+        copies.sort(key=lambda c: c._delivery_id)
+        kept = [copies[i] for i in (3, 17, 18, 30)]
+        done = [c for c in copies if c not in kept]
+        handler = receiver._receiver._handler
+        ranges: list[Any] = []
+        settle = handler.settle_messages_async
+
+        async def counted(delivery_id: Any, *args: Any, **kwargs: Any) -> Any:
+            ranges.append(delivery_id)
+            return await settle(delivery_id, *args, **kwargs)
+
+        handler.settle_messages_async = counted
+        await receiver.complete_many(done[::-1])  # any order: sorted into runs
+        first = copies[0]._delivery_id
+        assert ranges == [(first + a, first + b) for a, b in ((0, 2), (4, 16), (19, 29), (31, 39))]
+        assert all(c._settled for c in done) and not any(c._settled for c in kept)
+        assert emu.namespace("primary").message_count(queue) == 4
+        await receiver.complete_many(kept)
+        assert emu.namespace("primary").message_count(queue) == 0
+        await receiver.complete_many([])

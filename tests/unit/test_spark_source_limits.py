@@ -1,5 +1,6 @@
-"""The Spark source's batch limits without Spark: how a lane fills its turn, and which
-waiting copies the next micro-batch takes (messages, bytes, one lane)."""
+"""The Spark source's driver side without Spark: how a lane fills its turn, which waiting
+copies the next micro-batch takes (messages, bytes, one lane), and how completions are
+buffered and sent together."""
 
 from __future__ import annotations
 
@@ -7,9 +8,13 @@ import asyncio
 from pathlib import Path
 from typing import Any
 
+import pytest
 from azure.servicebus import ServiceBusMessage
 
+from georep.adapters.spark import _source
 from georep.adapters.spark._source import Intake, _Labelled, _Waiting, source_settings
+from georep.exceptions import region_error
+from georep.ports import ErrorKind
 
 SOURCE = {
     "primaryconnectionstring": "Endpoint=sb://a/;SharedAccessKeyName=k;SharedAccessKey=S",
@@ -31,6 +36,16 @@ class Region:
         self.held = [ServiceBusMessage(b"x" * size, message_id=str(i)) for i in range(count)]
         self.burst = burst
         self.asked: list[int] = []
+        self.calls: list[tuple[str, list[str]]] = []
+        self.fail = False
+
+    async def complete_many(self, messages: list[Any]) -> None:
+        self.calls.append(("complete_many", [m.message_id for m in messages]))
+        if self.fail:
+            raise region_error("link detached", region=self.region, kind=ErrorKind.CONNECTION)
+
+    async def abandon(self, message: Any) -> None:
+        self.calls.append(("abandon", [message.message_id]))
 
     async def receive(self, max_messages: int, *, max_wait: float) -> list[Any]:
         self.asked.append(max_messages)
@@ -112,3 +127,40 @@ async def test_a_copy_larger_than_the_byte_limit_is_a_batch_of_its_own(tmp_path:
     lane = object()
     _wait(intake, lane, [500, 10])
     assert [key for key, _ in intake._take(10)] == ["m0"]
+
+
+async def test_completions_wait_for_the_next_call_and_go_together() -> None:
+    region = Region(10, size=10)
+    lane = _Labelled(region, max_bytes=1 << 20)
+    copies = await lane.receive(10, max_wait=1)
+    for copy in copies[:3]:
+        await lane.complete(copy)
+    assert region.calls == []  # buffered
+    await lane.abandon(copies[3])  # any other call sends them first, in order
+    assert region.calls == [("complete_many", ["0", "1", "2"]), ("abandon", ["3"])]
+    await lane.complete(copies[4])
+    await lane.receive(10, max_wait=1)
+    assert region.calls[-1] == ("complete_many", ["4"])
+
+
+async def test_a_full_buffer_is_sent_at_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(_source, "_SETTLE_BATCH", 4)
+    region = Region(10, size=10)
+    lane = _Labelled(region, max_bytes=1 << 20)
+    for copy in await lane.receive(10, max_wait=1):
+        await lane.complete(copy)
+    assert [ids for _, ids in region.calls] == [["0", "1", "2", "3"], ["4", "5", "6", "7"]]
+
+
+async def test_completions_a_region_refused_are_logged_not_raised(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    region = Region(3, size=10)
+    lane = _Labelled(region, max_bytes=1 << 20)
+    for copy in await lane.receive(3, max_wait=1):
+        await lane.complete(copy)
+    region.fail = True
+    await lane.flush()
+    assert "completing 3 copies in primary failed" in caplog.text
+    await lane.flush()  # nothing left to send: the copies come back as duplicates
+    assert len(region.calls) == 1
