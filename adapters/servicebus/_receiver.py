@@ -237,9 +237,12 @@ class ServiceBusRegionReceiver(SdkRegion):
         has no public method for it; this uses its link as :meth:`release` does, and
         completes one at a time where that is not reachable.
 
+        A run refused as a whole is completed one message at a time, so a failure is the
+        one ``complete_message`` raises.
+
         Raises:
-            RegionError: A run was not taken (part of it may have been: whoever calls
-                this must tolerate a completed copy coming back).
+            RegionError: A message was not taken (those before it were; those after it
+                were not tried).
         """
         if not messages:
             return
@@ -262,7 +265,15 @@ class ServiceBusRegionReceiver(SdkRegion):
 
         for run in runs:
             first, last = run[0]._delivery_id, run[-1]._delivery_id
-            await self._call(partial(accept, first, last, run[0]._delivery_tag))
+            try:
+                await self._call(partial(accept, first, last, run[0]._delivery_tag))
+            except Exception:
+                # Refused as a range (say, the SDK reopened the link under the copies and
+                # the ids name nothing on the new one): one at a time, each with the SDK's
+                # own checks and errors (a lost lock is then LOCK_LOST).
+                for message in run:
+                    await self.complete(message)
+                continue
             for message in run:
                 message._settled = True
 

@@ -55,6 +55,7 @@ from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadLimit, ReadMa
 from georep._lifecycle import wait_within
 from georep._sync_runtime import LoopRuntime
 from georep.exceptions import StoreUnavailableError
+from georep.receive.settlement import complete_all
 
 from ._options import Connection, Entity, Options, connection, connection_options, entity
 from ._staging import ARROW_SCHEMA, Staging, read_staged, staging_path
@@ -634,13 +635,8 @@ class _Labelled:
         done, self._completed = self._completed, []
         if not done:
             return
-        complete_many = getattr(self._inner, "complete_many", None)
         try:
-            if complete_many is not None:
-                await complete_many(done)
-            else:
-                for message in done:
-                    await self._inner.complete(message)
+            await complete_all(self._inner, done)
         except Exception as exc:
             _log.warning(
                 "georep source: completing %d copies in %s failed (%s); they come back "

@@ -56,7 +56,7 @@ from georep.ports import FINAL_STATES, ClaimState, Clock, Delivery, RegionReceiv
 from georep.receive.outcomes import ABANDON, COMPLETE, RETURNED, Decision, Settle
 from georep.receive.receiver import GeoReceiver
 from georep.receive.region_loop import RECEIVE_GRACE, RegionLoop
-from georep.receive.settlement import Copy
+from georep.receive.settlement import Copy, complete_all
 
 __all__ = ["Handout", "PullReceiver", "SettleDeferred", "SettleProbe"]
 
@@ -220,6 +220,20 @@ class SettleProbe(RegionLabels):
 
     async def complete(self, message: Any) -> None:
         await self._settle(message, "complete", partial(self.inner.complete, message))
+
+    async def complete_many(self, messages: list[Any]) -> None:
+        """Complete ``messages`` in one call where the region offers ``complete_many``
+        (else one at a time); each is reported settled, or not, as :meth:`complete` does."""
+        error: BaseException | None = None
+        try:
+            async with self.lock:
+                await complete_all(self.inner, messages)
+        except BaseException as exc:
+            error = exc
+            raise
+        finally:
+            for message in messages:
+                self._on_settled(self, message, error, "complete")
 
     async def abandon(self, message: Any) -> None:
         await self._settle(message, "abandon", partial(self.inner.abandon, message))

@@ -335,8 +335,8 @@ class RegionLoop:
             self._stats.unchecked += len(unchecked)
             if on_claimed is not None:
                 on_claimed(turn.to_process + unchecked)
-            for copy, state, reason in turn.twins:  # the duplicates: settled, never processed
-                await self._settlements.settle_twin(copy, state, reason)
+            # The duplicates: settled, never processed.
+            await self._settlements.settle_twins(turn.twins)
             await self._process(handler, turn.to_process, unchecked, held=held)
         finally:
             # Recorded (or released) by now, or never will be by this turn: the twins

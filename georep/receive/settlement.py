@@ -34,7 +34,7 @@ if TYPE_CHECKING:
 
     from georep.receive.context import ReceiveContext
 
-__all__ = ["Copy", "Settlements"]
+__all__ = ["Copy", "Settlements", "complete_all"]
 
 _log = logging.getLogger("georep.receiver")
 _troubles = Throttled(_log)
@@ -61,6 +61,22 @@ class Copy:
     """Session mode: seconds it waited for its predecessor."""
     handled_at: float | None = None
     """Wall-clock seconds when the handler returned (None: not handed to it)."""
+
+
+async def complete_all(region: RegionReceiver, messages: list[Any]) -> None:
+    """Complete ``messages`` in ``region``: in one call where its receiver offers
+    ``complete_many`` (the async SDK adapter: one disposition per run of delivery ids),
+    else one ``complete`` each.
+
+    Raises:
+        RegionError: A message was not taken (see the receiver's ``complete_many``).
+    """
+    complete_many = getattr(region, "complete_many", None)
+    if complete_many is not None:
+        await complete_many(messages)
+        return
+    for message in messages:
+        await region.complete(message)
 
 
 class Settlements:
@@ -186,6 +202,55 @@ class Settlements:
             await self.settle(copy, COMPLETE, duplicate=False)
         self._context.stats.pings += len(pings)
         return [c for c in copies if c.delivery.content_type != PING_CONTENT_TYPE]
+
+    async def settle_twins(self, twins: list[tuple[Copy, ClaimState, str | None]]) -> None:
+        """Settle a turn's twins (see :meth:`settle_twin`). Those to complete go to the
+        region in one call where it offers ``complete_many`` (one disposition per run of
+        delivery ids, not a round trip each); a failure there leaves them all unsettled,
+        to come back and be settled as twins again."""
+        complete_many = getattr(self.region, "complete_many", None)
+        completes = [t for t in twins if twin_reason(t[1], t[2]).settle is Settle.COMPLETE]
+        if complete_many is None or len(completes) < 2:
+            for twin in twins:
+                await self.settle_twin(*twin)
+            return
+        for twin in twins:
+            if twin_reason(twin[1], twin[2]).settle is not Settle.COMPLETE:
+                await self.settle_twin(*twin)
+        copies = [copy for copy, _, _ in completes]
+        label = self.region.region
+        suppressed = self._context.stats.suppressed
+        suppressed[label] = suppressed.get(label, 0) + len(copies)
+        spans = []
+        for copy in copies:
+            self._context.metrics.copy("suppressed", label)
+            span = self.start_span("settle", copy)
+            span.set_attribute("georep.duplicate", True)
+            span.set_attribute("messaging.operation.name", Settle.COMPLETE.value)
+            spans.append(span)
+            copy.settled = True
+            if self.on_final is not None:
+                self.on_final(copy)
+        settled = True
+        try:
+            async with self.lock:
+                with bounded_call(self._context.clock, label, "a settlement"):
+                    await complete_many([copy.message for copy in copies])
+        except RegionError as exc:
+            settled = False
+            _troubles.warning(
+                ("settle", self._context.entity, label, exc.kind),
+                "settling %d copies of %s in %s failed: %s",
+                len(copies),
+                self._context.entity,
+                label,
+                exc,
+            )
+        finally:
+            for span in spans:
+                span.end()
+        for copy in copies:
+            self.record(copy, "suppressed", settled)
 
     async def settle_twin(self, copy: Copy, state: ClaimState, reason: str | None) -> None:
         """Give a copy the outcome its twin (or an earlier copy) already got; no handler."""

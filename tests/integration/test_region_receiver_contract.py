@@ -341,22 +341,30 @@ async def test_delivery_says_what_the_sdk_messages_properties_say(
         assert receiver.delivery(bare, "message_id", None).session_id is None
 
 
+async def _received(
+    stack: AsyncExitStack, emu: Emulator, helper_client: SyncClient, count: int
+) -> tuple[ServiceBusRegionReceiver, str, list[Any]]:
+    """An async adapter over a new queue holding ``count`` messages, all received (locked),
+    in delivery-id order."""
+    queue = f"many-{uuid.uuid4().hex[:8]}"
+    emu.namespace("primary").create_queue(queue)
+    with helper_client.get_queue_sender(queue) as sender:
+        sender.send_messages([ServiceBusMessage(b"x", message_id=f"m{i}") for i in range(count)])
+    receiver = await sdk_receiver(stack, "async-sdk", emu, queue)
+    stack.push_async_callback(receiver.close)
+    copies: list[Any] = []
+    while len(copies) < count:
+        copies += await receiver.receive(count - len(copies), max_wait=WAIT)
+    return receiver, queue, sorted(copies, key=lambda c: c._delivery_id)
+
+
 async def test_complete_many_settles_runs_of_delivery_ids_in_one_disposition_each(
     emu: Emulator, helper_client: SyncClient
 ) -> None:
     """The async adapter's bulk completion: every copy given is gone, the others stay
     locked (gaps in the delivery ids split the runs), and the SDK sees them settled."""
-    queue = f"many-{uuid.uuid4().hex[:8]}"
-    emu.namespace("primary").create_queue(queue)
-    with helper_client.get_queue_sender(queue) as sender:
-        sender.send_messages([ServiceBusMessage(b"x", message_id=f"m{i}") for i in range(40)])
     async with AsyncExitStack() as stack:
-        receiver = await sdk_receiver(stack, "async-sdk", emu, queue)
-        stack.push_async_callback(receiver.close)
-        copies: list[Any] = []
-        while len(copies) < 40:
-            copies += await receiver.receive(40 - len(copies), max_wait=WAIT)
-        copies.sort(key=lambda c: c._delivery_id)
+        receiver, queue, copies = await _received(stack, emu, helper_client, 40)
         kept = [copies[i] for i in (3, 17, 18, 30)]
         done = [c for c in copies if c not in kept]
         handler = receiver._receiver._handler
@@ -376,3 +384,22 @@ async def test_complete_many_settles_runs_of_delivery_ids_in_one_disposition_eac
         await receiver.complete_many(kept)
         assert emu.namespace("primary").message_count(queue) == 0
         await receiver.complete_many([])
+
+
+async def test_complete_many_falls_back_to_one_at_a_time_when_a_range_is_refused(
+    emu: Emulator, helper_client: SyncClient
+) -> None:
+    async with AsyncExitStack() as stack:
+        receiver, queue, copies = await _received(stack, emu, helper_client, 5)
+        handler = receiver._receiver._handler
+        settle = handler.settle_messages_async
+
+        async def refusing_ranges(delivery_id: Any, *args: Any, **kwargs: Any) -> Any:
+            if isinstance(delivery_id, tuple):
+                raise ValueError("a range the link does not know")
+            return await settle(delivery_id, *args, **kwargs)
+
+        handler.settle_messages_async = refusing_ranges
+        await receiver.complete_many(copies)
+        assert all(c._settled for c in copies)
+        assert emu.namespace("primary").message_count(queue) == 0

@@ -13,6 +13,8 @@ from _receivers import RandomMessages, ReceiverWorld
 
 from georep import ClaimState, ConfigurationError, GeoReceiver, receiver
 from georep._lifecycle import STOP_TIMEOUT
+from georep.exceptions import region_error
+from georep.ports import ErrorKind
 from georep.receive.receiver import RECEIVE_GRACE
 from georep.testing import FakeMessage, InMemoryRegionReceiver, settle
 
@@ -552,3 +554,59 @@ async def test_random_handlers_process_each_message_once_and_leave_no_copy(
     # Each copy received once, plus once more per failure: none came again because its
     # lock ran out while it waited (a copy a loop forgot to keep).
     assert sum(geo.stats.received.values()) == messages.copies + failures, f"seed {seed}"
+
+
+class BulkRegion(InMemoryRegionReceiver):
+    """An in-memory region that also completes in bulk (as the SDK adapter does), and
+    records each bulk call; ``refuse`` makes the next one fail as a dropped link."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.bulk_calls: list[list[str]] = []
+        self.refuse = False
+
+    async def complete_many(self, messages: list[Any]) -> None:
+        self.bulk_calls.append([m.message_id for m in messages])
+        if self.refuse:
+            self.refuse = False
+            raise region_error("link detached", region=self.region, kind=ErrorKind.CONNECTION)
+        for message in messages:
+            await self.complete(message)
+
+
+async def _twins_after_their_originals(world: World, count: int) -> tuple[BulkRegion, list[str]]:
+    """A bulk-completing secondary; ``count`` messages processed from the primary, then
+    their twins put in the secondary (found DONE, all in one turn)."""
+    secondary = BulkRegion("secondary", "west", clock=world.clock)
+    ids = [f"m{i}" for i in range(count)]
+    for message_id in ids:
+        world.primary.put(FakeMessage(b"x", message_id))
+    await world.run_for(world.geo(world.primary, secondary), 3, world.handler)
+    for message_id in ids:
+        secondary.put(FakeMessage(b"x", message_id))
+    return secondary, ids
+
+
+async def test_a_turns_twins_are_completed_in_one_bulk_call_where_the_region_offers_it(
+    world: World,
+) -> None:
+    secondary, ids = await _twins_after_their_originals(world, 6)
+    geo = world.geo(world.primary, secondary)
+    await world.run_for(geo, 3, world.handler)
+
+    assert world.processed == Counter(dict.fromkeys(ids, 1))
+    assert secondary.bulk_calls == [ids] and secondary.pending == 0
+    assert geo.stats.suppressed == {"secondary": 6}
+
+
+async def test_twins_whose_bulk_completion_failed_come_back_and_are_settled_then(
+    world: World,
+) -> None:
+    secondary, ids = await _twins_after_their_originals(world, 4)
+    secondary.refuse = True
+    geo = world.geo(world.primary, secondary)
+    await world.run_for(geo, 120, world.handler)  # past the copies' locks
+
+    assert world.processed == Counter(dict.fromkeys(ids, 1))
+    assert secondary.bulk_calls[0] == ids and secondary.bulk_calls[-1] == ids
+    assert secondary.pending == 0
