@@ -206,18 +206,22 @@ class Settlements:
     async def settle_twins(self, twins: list[tuple[Copy, ClaimState, str | None]]) -> None:
         """Settle a turn's twins (see :meth:`settle_twin`). Those to complete go to the
         region in one call where it offers ``complete_many`` (one disposition per run of
-        delivery ids, not a round trip each); a failure there leaves them all unsettled,
-        to come back and be settled as twins again."""
+        delivery ids, not a round trip each); a failure there is logged, and the copies
+        it did not take come back, to be settled as twins again."""
         complete_many = getattr(self.region, "complete_many", None)
-        completes = [t for t in twins if twin_reason(t[1], t[2]).settle is Settle.COMPLETE]
-        if complete_many is None or len(completes) < 2:
+        copies: list[Copy] = []
+        others: list[tuple[Copy, ClaimState, str | None]] = []
+        for twin in twins:
+            if twin_reason(twin[1], twin[2]).settle is Settle.COMPLETE:
+                copies.append(twin[0])
+            else:
+                others.append(twin)
+        if complete_many is None or len(copies) < 2:
             for twin in twins:
                 await self.settle_twin(*twin)
             return
-        for twin in twins:
-            if twin_reason(twin[1], twin[2]).settle is not Settle.COMPLETE:
-                await self.settle_twin(*twin)
-        copies = [copy for copy, _, _ in completes]
+        for twin in others:
+            await self.settle_twin(*twin)
         label = self.region.region
         suppressed = self._context.stats.suppressed
         suppressed[label] = suppressed.get(label, 0) + len(copies)
