@@ -206,12 +206,13 @@ def test_redis_url_is_one_option_name_for_status_and_doctor(app: str) -> None:
 async def test_status_counts_the_ids_of_a_seen_set_group_not_its_keys(app: str) -> None:
     group = f"cli-{uuid.uuid4().hex[:8]}"
     ids = [f"order-{n}" for n in range(150)]
-    async with RedisSeenSet.from_url(REDIS_URL, group=group, window=60) as seen:
-        await seen.claim(ids, owner="r1", lease=3600)  # live however long status takes
+    # An hour's lease and window: claims and ids still count however long status takes.
+    async with RedisSeenSet.from_url(REDIS_URL, group=group, window=3600) as seen:
+        await seen.claim(ids, owner="r1", lease=3600)
         await seen.commit(ids[:100], owner="r1")
         # Ten recorded again a window later: each is then in two buckets of its hash.
         now = seen._wall_clock_ms()
-        seen._wall_clock_ms = lambda: now + 60_000
+        seen._wall_clock_ms = lambda: now + 3_600_000
         await seen.commit(ids[:10], owner="r1", outcome=ClaimState.DEFERRED)
 
     # The scan reads the whole keyspace, which the rest of the suite fills: give it room.

@@ -243,9 +243,10 @@ def test_one_namespace_variable_alone_is_not_a_pair_and_says_so(app: str) -> Non
 
 async def test_status_names_the_receivers_holding_claims_and_the_expired_ones(app: str) -> None:
     group = f"status-{uuid.uuid4().hex[:8]}"
-    async with RedisSeenSet.from_url(REDIS_URL, group=group, window=60) as seen:
-        # An hour's lease: web-1's claim must still be live when status reads it, however
-        # long a loaded machine takes to get there (30 s ran out once in CI).
+    # An hour's lease and window: web-1's claim and the id "b" must still count when status
+    # reads them, however long a loaded machine takes to get there (a 30 s lease ran out
+    # once in CI; a 60 s window, with "b" gone, once too).
+    async with RedisSeenSet.from_url(REDIS_URL, group=group, window=3600) as seen:
         await seen.claim(["a", "b"], owner="web-1:42:aaaa/primary", lease=3600)
         await seen.claim(["c"], owner="web-2:7:bbbb/secondary", lease=3600)
         await seen.commit(["b"], owner="web-1:42:aaaa/primary")
