@@ -71,6 +71,14 @@ StorePolicy = Literal["pause", "process"]
 _T = TypeVar("_T")
 
 
+SETTLE_LINGER: Final = 0.02
+"""Seconds a region loop waits on for more outcomes before it settles those it has, while
+copies of the same turn are still undecided: a puller decides one message at a time, and
+what came within this window goes to the region in one call (one disposition for the
+completions, not a round trip each). Only the region's settlement waits: the outcome is in
+the seen-set already."""
+
+
 @dataclass(frozen=True, slots=True)
 class LoopPolicy:
     """The settings every region loop of one GeoReceiver shares (validated by it).
@@ -373,11 +381,17 @@ class RegionLoop:
             return
         waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._held_here.wake(self._policy.keys(waiting), waiter)
+        started = self._clock.monotonic()
         try:
             with contextlib.suppress(TimeoutError), self._clock.deadline(seconds):
                 await waiter
         finally:
             waiter.cancel()
+        # Stay a moment once the first outcome came: a puller completes its messages one
+        # at a time, and the twins whose outcome arrived meanwhile settle together.
+        linger = min(SETTLE_LINGER, seconds - (self._clock.monotonic() - started))
+        if linger > 0 and not self._stopping.is_set():
+            await self._clock.sleep(linger)
 
     def _known_outcomes(
         self, checked: list[Copy]
@@ -513,9 +527,11 @@ class RegionLoop:
         async def settle_as_recorded() -> None:
             remaining = len(copies)
             while remaining:
-                for members in await _all_waiting(recorded):
-                    remaining -= len(members)
-                    await self._settle_recorded(members)
+                members = [m for batch in await _all_waiting(recorded) for m in batch]
+                if len(members) < remaining:  # others still undecided: wait for a few
+                    members += await self._recorded_soon(recorded, remaining - len(members))
+                remaining -= len(members)
+                await self._settle_recorded(members)
 
         stages = [
             asyncio.ensure_future(stage)
@@ -586,11 +602,22 @@ class RegionLoop:
             for copy, decision in batch
         ]
 
+    async def _recorded_soon(
+        self, recorded: asyncio.Queue[list[tuple[Copy, Decision, bool]]], most: int
+    ) -> list[tuple[Copy, Decision, bool]]:
+        """Up to ``most`` more recorded copies, those that come within :data:`SETTLE_LINGER`."""
+        members: list[tuple[Copy, Decision, bool]] = []
+        with contextlib.suppress(TimeoutError), self._clock.deadline(SETTLE_LINGER):
+            while len(members) < most:
+                members += await recorded.get()
+        return members
+
     async def _settle_recorded(self, batch: list[tuple[Copy, Decision, bool]]) -> None:
         """Settle copies whose outcome :meth:`_record` recorded (abandon those it could
-        not), and write their ledger rows."""
-        for copy, decision, kept in batch:
-            settled = await self._settlements.settle(copy, decision if kept else ABANDON)
+        not; the completions together), and write their ledger rows."""
+        decided = [(copy, decision if kept else ABANDON) for copy, decision, kept in batch]
+        taken = await self._settlements.settle_all(decided)
+        for (copy, decision, _), settled in zip(batch, taken, strict=True):
             # A handler that succeeded counts as processed even if its commit could not be
             # made and the copy was abandoned: its effects happened.
             self._settlements.record(copy, LEDGER_OUTCOMES[decision.settle], settled)

@@ -203,45 +203,44 @@ class Settlements:
         self._context.stats.pings += len(pings)
         return [c for c in copies if c.delivery.content_type != PING_CONTENT_TYPE]
 
-    async def settle_twins(self, twins: list[tuple[Copy, ClaimState, str | None]]) -> None:
-        """Settle a turn's twins (see :meth:`settle_twin`). Those to complete go to the
-        region in one call where it offers ``complete_many`` (one disposition per run of
-        delivery ids, not a round trip each); a failure there is logged, and the copies
-        it did not take come back, to be settled as twins again."""
+    async def settle_all(
+        self, batch: list[tuple[Copy, Decision]], *, duplicate: bool = False
+    ) -> list[bool]:
+        """Settle each copy as decided; for each, whether the broker took it.
+
+        The completions go to the region in one call where it offers ``complete_many``
+        (one disposition per run of delivery ids, not a round trip each); a failure there
+        is logged and marks them all not taken (the adapter completes a refused run one
+        copy at a time, so some may be), and a copy not taken is redelivered and gets its
+        recorded outcome then. The other decisions are settled one copy at a time.
+        """
         complete_many = getattr(self.region, "complete_many", None)
-        copies: list[Copy] = []
-        others: list[tuple[Copy, ClaimState, str | None]] = []
-        for twin in twins:
-            if twin_reason(twin[1], twin[2]).settle is Settle.COMPLETE:
-                copies.append(twin[0])
-            else:
-                others.append(twin)
-        if complete_many is None or len(copies) < 2:
-            for twin in twins:
-                await self.settle_twin(*twin)
-            return
-        for twin in others:
-            await self.settle_twin(*twin)
-        label = self.region.region
-        suppressed = self._context.stats.suppressed
-        suppressed[label] = suppressed.get(label, 0) + len(copies)
+        bulk = [i for i, (_, d) in enumerate(batch) if d.settle is Settle.COMPLETE]
+        if complete_many is None or len(bulk) < 2:
+            return [await self.settle(c, d, duplicate=duplicate) for c, d in batch]
+        taken = [True] * len(batch)
+        in_bulk = set(bulk)
+        for index, (copy, decision) in enumerate(batch):
+            if index not in in_bulk:
+                taken[index] = await self.settle(copy, decision, duplicate=duplicate)
+        copies = [batch[i][0] for i in bulk]
         spans = []
         for copy in copies:
-            self._context.metrics.copy("suppressed", label)
             span = self.start_span("settle", copy)
-            span.set_attribute("georep.duplicate", True)
+            span.set_attribute("georep.duplicate", duplicate)
             span.set_attribute("messaging.operation.name", Settle.COMPLETE.value)
             spans.append(span)
             copy.settled = True
             if self.on_final is not None:
                 self.on_final(copy)
-        settled = True
+        label = self.region.region
         try:
             async with self.lock:
                 with bounded_call(self._context.clock, label, "a settlement"):
                     await complete_many([copy.message for copy in copies])
         except RegionError as exc:
-            settled = False
+            for index in bulk:
+                taken[index] = False
             _troubles.warning(
                 ("settle", self._context.entity, label, exc.kind),
                 "settling %d copies of %s in %s failed: %s",
@@ -253,20 +252,28 @@ class Settlements:
         finally:
             for span in spans:
                 span.end()
-        for copy in copies:
-            self.record(copy, "suppressed", settled)
+        return taken
 
-    async def settle_twin(self, copy: Copy, state: ClaimState, reason: str | None) -> None:
-        """Give a copy the outcome its twin (or an earlier copy) already got; no handler."""
-        decision = twin_reason(state, reason)
-        if decision.settle is Settle.COMPLETE:
-            label = self.region.region
-            suppressed = self._context.stats.suppressed
-            suppressed[label] = suppressed.get(label, 0) + 1
-            self._context.metrics.copy("suppressed", label)
-            outcome = "suppressed"
-        else:
-            self.count(decision)
-            outcome = LEDGER_OUTCOMES[decision.settle]
-        settled = await self.settle(copy, decision, duplicate=True)
-        self.record(copy, outcome, settled)
+    async def settle_twins(self, twins: list[tuple[Copy, ClaimState, str | None]]) -> None:
+        """Give each copy the outcome its twin (or an earlier copy) already got, without a
+        handler: counted as suppressed when completed, as that outcome otherwise;
+        completions together (see :meth:`settle_all`)."""
+        if not twins:
+            return
+        label = self.region.region
+        batch: list[tuple[Copy, Decision]] = []
+        outcomes: list[str] = []
+        for copy, state, reason in twins:
+            decision = twin_reason(state, reason)
+            if decision.settle is Settle.COMPLETE:
+                suppressed = self._context.stats.suppressed
+                suppressed[label] = suppressed.get(label, 0) + 1
+                self._context.metrics.copy("suppressed", label)
+                outcomes.append("suppressed")
+            else:
+                self.count(decision)
+                outcomes.append(LEDGER_OUTCOMES[decision.settle])
+            batch.append((copy, decision))
+        taken = await self.settle_all(batch, duplicate=True)
+        for (copy, _), outcome, settled in zip(batch, outcomes, taken, strict=True):
+            self.record(copy, outcome, settled)

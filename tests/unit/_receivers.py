@@ -9,7 +9,27 @@ from collections.abc import Sequence
 from typing import Any
 
 from georep import ClaimState, GeoReceiver
+from georep.exceptions import region_error
+from georep.ports import ErrorKind
 from georep.testing import FakeClock, FakeMessage, InMemoryRegionReceiver, InMemorySeenSet
+
+
+class BulkRegion(InMemoryRegionReceiver):
+    """An in-memory region that also completes in bulk (as the SDK adapter does), and
+    records each bulk call; ``refuse`` makes the next one fail as a dropped link."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.bulk_calls: list[list[str]] = []
+        self.refuse = False
+
+    async def complete_many(self, messages: list[Any]) -> None:
+        self.bulk_calls.append([m.message_id for m in messages])
+        if self.refuse:
+            self.refuse = False
+            raise region_error("link detached", region=self.region, kind=ErrorKind.CONNECTION)
+        for message in messages:
+            await self.complete(message)
 
 
 class CountingSeenSet(InMemorySeenSet):

@@ -9,7 +9,7 @@ from collections.abc import AsyncIterator, Coroutine
 from typing import Any, TypeVar
 
 import pytest
-from _receivers import RandomMessages, ReceiverWorld
+from _receivers import BulkRegion, RandomMessages, ReceiverWorld
 from azure.servicebus import exceptions as azure_exceptions
 from azure.servicebus.exceptions import MessageAlreadySettled
 
@@ -18,6 +18,7 @@ from georep.exceptions import AllRegionsUnavailableError, RegionUnavailableError
 from georep.ports import ErrorKind
 from georep.receive.outcomes import ABANDON, COMPLETE, Decision, Settle, dead_letter_decision
 from georep.receive.pull import KEEPING_UP, READ_AHEAD, SWEEP_AFTER, PullReceiver
+from georep.receive.region_loop import SETTLE_LINGER
 from georep.testing import FakeMessage, InMemoryRegionReceiver
 
 _T = TypeVar("_T")
@@ -521,7 +522,8 @@ async def test_a_twin_waits_for_its_sibling_region_without_asking_the_seen_set_a
     # completes them. The copy each region loop lost the claim race for is this receiver's
     # own message in flight: it waits for the sibling's outcome here instead of claiming
     # again every parked turn (three claims of a key per copy, before), and it is settled
-    # as soon as that outcome is recorded, without a parked turn's pause.
+    # within SETTLE_LINGER of that outcome (the twins decided meanwhile together), not
+    # after a parked turn's pause (0.05 s and more).
     world.both("a", "b", "c")
     pull = world.pull()
     got = await world.run(pull.receive(3, 5))
@@ -529,7 +531,8 @@ async def test_a_twin_waits_for_its_sibling_region_without_asking_the_seen_set_a
     await world.clock.advance(3)
     for handout in got:
         await world.run(pull.settle(handout.message, COMPLETE, "complete_message"), 0)
-    for _ in range(20):  # the twins' turns run; virtual time stands still
+    await world.clock.advance(SETTLE_LINGER)
+    for _ in range(20):  # the twins' turns run
         await asyncio.sleep(0)
 
     assert world.primary.pending == world.secondary.pending == 0
@@ -711,4 +714,55 @@ async def test_open_raises_nothing_when_every_region_fails_to_open(world: World)
             RegionUnavailableError("down", region=region, kind=ErrorKind.CONNECTION)
         )
     await asyncio.wait_for(opened, 1)
+    await world.close(pull)
+
+
+def _bulk_world(world: World) -> tuple[BulkRegion, BulkRegion]:
+    world.primary = BulkRegion("primary", "east", clock=world.clock)
+    world.secondary = BulkRegion("secondary", "west", clock=world.clock)
+    return world.primary, world.secondary
+
+
+async def test_messages_completed_one_at_a_time_reach_each_region_in_one_call(
+    world: World,
+) -> None:
+    # The program completes one message at a time (each call returns once the seen-set
+    # recorded it); what it completes within SETTLE_LINGER goes to its region in one
+    # complete_many call (one disposition), and so do the twins in the other region.
+    regions = _bulk_world(world)
+    ids = ["a", "b", "c", "d", "e"]
+    world.both(*ids)
+    pull = world.pull()
+    got = await world.run(pull.receive(5, 5))
+    assert sorted(h.message.message_id for h in got) == ids
+    for handout in got:
+        await world.run(pull.settle(handout.message, COMPLETE, "complete_message"), 0)
+    await world.clock.advance(SETTLE_LINGER)
+    for _ in range(20):
+        await asyncio.sleep(0)
+
+    for region in regions:
+        assert sorted(m for call in region.bulk_calls for m in call) == ids and region.pending == 0
+        assert len(region.bulk_calls) <= 2, region.bulk_calls  # the originals, the twins
+    await world.close(pull)
+
+
+async def test_a_refused_bulk_completion_leaves_copies_that_get_their_outcome_later(
+    world: World,
+) -> None:
+    # The region refuses the bulk call (its link dropped): the copies stay there, locked
+    # until their locks run out, then come back and are completed as already done; the
+    # program is never handed them again.
+    primary, secondary = _bulk_world(world)
+    world.both("a", "b", "c")
+    primary.refuse = secondary.refuse = True
+    pull = world.pull()
+    got = await world.run(pull.receive(3, 5))
+    for handout in got:
+        await world.run(pull.settle(handout.message, COMPLETE, "complete_message"), 0)
+    again = await world.run(pull.receive(3, 60), 70)  # past the copies' locks (30 s)
+
+    assert again == []
+    assert primary.pending == secondary.pending == 0
+    assert len(primary.completed) == len(secondary.completed) == 3
     await world.close(pull)

@@ -9,13 +9,12 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import pytest
-from _receivers import RandomMessages, ReceiverWorld
+from _receivers import BulkRegion, RandomMessages, ReceiverWorld
 
 from georep import ClaimState, ConfigurationError, GeoReceiver, receiver
 from georep._lifecycle import STOP_TIMEOUT
-from georep.exceptions import region_error
-from georep.ports import ErrorKind
 from georep.receive.receiver import RECEIVE_GRACE
+from georep.receive.region_loop import SETTLE_LINGER
 from georep.testing import FakeMessage, InMemoryRegionReceiver, settle
 
 Handler = Callable[[Any], Awaitable[object]]
@@ -556,24 +555,6 @@ async def test_random_handlers_process_each_message_once_and_leave_no_copy(
     assert sum(geo.stats.received.values()) == messages.copies + failures, f"seed {seed}"
 
 
-class BulkRegion(InMemoryRegionReceiver):
-    """An in-memory region that also completes in bulk (as the SDK adapter does), and
-    records each bulk call; ``refuse`` makes the next one fail as a dropped link."""
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self.bulk_calls: list[list[str]] = []
-        self.refuse = False
-
-    async def complete_many(self, messages: list[Any]) -> None:
-        self.bulk_calls.append([m.message_id for m in messages])
-        if self.refuse:
-            self.refuse = False
-            raise region_error("link detached", region=self.region, kind=ErrorKind.CONNECTION)
-        for message in messages:
-            await self.complete(message)
-
-
 async def _twins_after_their_originals(world: World, count: int) -> tuple[BulkRegion, list[str]]:
     """A bulk-completing secondary; ``count`` messages processed from the primary, then
     their twins put in the secondary (found DONE, all in one turn)."""
@@ -610,3 +591,30 @@ async def test_twins_whose_bulk_completion_failed_come_back_and_are_settled_then
     assert world.processed == Counter(dict.fromkeys(ids, 1))
     assert secondary.bulk_calls[0] == ids and secondary.bulk_calls[-1] == ids
     assert secondary.pending == 0
+
+
+@pytest.mark.parametrize(
+    ("finish_at", "calls"),
+    [
+        ({"a": 0.0, "b": 0.005, "c": 0.01}, [["a", "b", "c"]]),  # within the linger
+        ({"a": 0.0, "b": 1.0, "c": 1.0}, [["b", "c"]]),  # a alone, a second earlier
+    ],
+    ids=["together", "apart"],
+)
+async def test_handlers_that_finish_within_the_settle_linger_are_completed_in_one_call(
+    world: World, finish_at: dict[str, float], calls: list[list[str]]
+) -> None:
+    primary = BulkRegion("primary", "east", clock=world.clock)
+    for message_id in finish_at:
+        primary.put(FakeMessage(b"x", message_id))
+    assert SETTLE_LINGER < 1.0
+
+    async def handler(message: Any) -> None:
+        await world.clock.sleep(finish_at[message.message_id])
+        world.processed[message.message_id] += 1
+
+    await world.run_for(world.geo(primary, world.secondary, concurrency=3), 3, handler)
+
+    assert world.processed == Counter(dict.fromkeys(finish_at, 1))
+    assert [sorted(call) for call in primary.bulk_calls] == calls and primary.pending == 0
+    assert sorted(m.message_id for m in primary.completed) == sorted(finish_at)
