@@ -408,7 +408,11 @@ class RedisSeenSet(_SeenSetBase):
                 )
             else:
                 # One quick reconnect covers a pooled connection the server dropped; more
-                # would only delay the StoreUnavailableError receivers pause on.
+                # would only delay the StoreUnavailableError receivers pause on. No socket
+                # timeout: every call runs under the operation_timeout deadline, whose
+                # cancellation makes redis-py drop the connection, and redis-py's own
+                # timeout would wrap each send in a task (a third of a commit's client CPU).
+                timeouts["socket_timeout"] = None
                 self._redis = redis.asyncio.Redis.from_url(
                     url_or_client, retry=Retry(NoBackoff(), 1), **timeouts
                 )

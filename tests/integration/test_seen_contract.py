@@ -20,6 +20,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
+from urllib.parse import urlsplit
 
 import pytest
 import redis
@@ -816,6 +817,48 @@ async def test_a_redis_that_never_answers_fails_within_the_operation_timeout() -
             assert asyncio.get_running_loop().time() - started < 1.0
     finally:
         server.close()
+
+
+async def test_an_answer_that_came_too_late_is_never_read_as_the_next_calls(
+    redis_client: redis.asyncio.Redis, prefix: str
+) -> None:
+    # Redis answers the first call after the operation timeout: that call fails, and the
+    # next one (another key, another answer) gets its own answer, not the late one.
+    target = urlsplit(REDIS_URL)
+    host, port = target.hostname or "127.0.0.1", target.port or 6379
+    delays = [0.5]
+
+    async def relay(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        upstream_reader, upstream_writer = await asyncio.open_connection(host, port)
+
+        async def pump(
+            source: asyncio.StreamReader, sink: asyncio.StreamWriter, slow: bool
+        ) -> None:
+            while data := await source.read(65536):
+                if slow and delays:
+                    await asyncio.sleep(delays.pop())
+                sink.write(data)
+                await sink.drain()
+            sink.close()
+
+        await asyncio.gather(
+            pump(reader, upstream_writer, False),
+            pump(upstream_reader, writer, True),
+            return_exceptions=True,
+        )
+
+    server = await asyncio.start_server(relay, "127.0.0.1", 0)
+    relay_port = server.sockets[0].getsockname()[1]
+    try:
+        url = f"redis://127.0.0.1:{relay_port}/0"
+        async with RedisSeenSet(url, prefix=prefix, operation_timeout=0.2) as store:
+            with pytest.raises(StoreUnavailableError, match=r"0\.2 s"):
+                await store.claim(["first"], owner=ALICE, lease=LONG_LEASE)
+            await store.commit(["done"], owner=ALICE)
+            assert await store.peek(["done", "never"]) == [ClaimState.DONE, None]
+    finally:
+        server.close()
+    await delete_prefix(redis_client, prefix)
 
 
 async def test_redis_store_reloads_its_script_after_a_flush(
