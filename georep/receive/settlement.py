@@ -121,16 +121,21 @@ class Settlements:
             },
         )
 
-    async def settle(self, copy: Copy, decision: Decision, *, duplicate: bool = False) -> bool:
-        """Settle ``copy`` as decided; False when the broker did not take the settlement."""
-        region = self.region
+    def _begin(self, copy: Copy, decision: Decision, duplicate: bool) -> trace.Span:
+        """Mark ``copy`` settled (telling ``on_final`` of a final outcome); its span."""
         span = self.start_span("settle", copy)
         span.set_attribute("georep.duplicate", duplicate)
         span.set_attribute("messaging.operation.name", decision.settle.value)
         copy.settled = True
-        message = copy.message
         if self.on_final is not None and decision.settle is not Settle.ABANDON:
             self.on_final(copy)
+        return span
+
+    async def settle(self, copy: Copy, decision: Decision, *, duplicate: bool = False) -> bool:
+        """Settle ``copy`` as decided; False when the broker did not take the settlement."""
+        region = self.region
+        span = self._begin(copy, decision, duplicate)
+        message = copy.message
         try:
             async with self.lock:
                 with bounded_call(self._context.clock, region.region, "a settlement"):
@@ -224,15 +229,7 @@ class Settlements:
             if index not in in_bulk:
                 taken[index] = await self.settle(copy, decision, duplicate=duplicate)
         copies = [batch[i][0] for i in bulk]
-        spans = []
-        for copy in copies:
-            span = self.start_span("settle", copy)
-            span.set_attribute("georep.duplicate", duplicate)
-            span.set_attribute("messaging.operation.name", Settle.COMPLETE.value)
-            spans.append(span)
-            copy.settled = True
-            if self.on_final is not None:
-                self.on_final(copy)
+        spans = [self._begin(batch[i][0], batch[i][1], duplicate) for i in bulk]
         label = self.region.region
         try:
             async with self.lock:
