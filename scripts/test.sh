@@ -11,6 +11,10 @@ source "$(dirname "$0")/redis.sh"
 # emulator or Spark session starts once; or a single test of a long module whose tests are
 # independent) and hands out the longest first. GEOREP_TEST_WORKERS=0 runs it in this
 # process. Arguments (e.g. a path, -k or -m "not heavy") go to pytest.
+# Fourteen is the measured best on two cores (2026-11-28, in place; CPU-seconds busy
+# machine-wide): 10 workers took 357 s (542: the waits no longer overlapped), 14 took
+# 305-333 s (both cores busy throughout, about 620), 18 took 365 s (719: each worker's
+# start, collection and emulators cost more than the overlap won).
 # Bytecode is cached (this machine's environment sets PYTHONDONTWRITEBYTECODE): without it
 # each of the workers rewrote and compiled every test module again (collection took
 # 11 s of CPU per worker instead of 4.6), and every subprocess compiled georep again.
