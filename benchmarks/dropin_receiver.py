@@ -70,17 +70,17 @@ LOOP = "batch"
 COUNT = 5_000
 """Messages each program receives (``--messages``): each region's copies for a raw
 receiver, the logical messages for the drop-in."""
+DRAIN_SECONDS = 30.0
+"""Seconds the regions may take to empty once the program handled every message."""
 
 
 async def pull(receiver: Any, expected: int) -> int:
     """Receive and complete until ``expected`` messages were handled; the messages handled.
 
-    The program stops once it has what it was sent, as one that knows its workload does. It
-    used to loop while either region still stored a copy: the drop-in settles a twin in the
-    background (after the seen-set recorded its outcome), so that loop always made one more
-    call after the last message and waited out its whole ``max_wait_time`` (0.5 s, a tenth
-    of the drop-in's run) on empty regions; the raw receivers' last loop did the same while
-    the other was still busy, where it cost them less."""
+    The program stops once it has what it was sent, as one that knows its workload does.
+    It does not ask the regions' counts between receives (blocking HTTP on the event loop,
+    paid once per loop), and does not make a last call that waits out ``max_wait_time``
+    while georep settles the twins in the background: :func:`drained` waits for those."""
     handled = 0
     while handled < expected:
         if LOOP == "iterate":
@@ -106,10 +106,6 @@ async def drained(emu: Emulator, queue: str) -> None:
     async with asyncio.timeout(DRAIN_SECONDS):
         while stored(emu, queue):  # noqa: ASYNC110
             await asyncio.sleep(0.005)
-
-
-DRAIN_SECONDS = 30.0
-"""Seconds the regions may take to empty once the program handled every message."""
 
 
 async def one_namespace(emu: Emulator, queue: str) -> tuple[float, int]:
