@@ -4,8 +4,8 @@ compare its ratios with the recorded baseline.
 Every ratio is measured against a baseline taken in the same run (the raw SDK, mostly), so
 a slower or busier machine moves both sides alike; what is compared is the ratio, never an
 absolute rate. A ratio below ``baseline mean - band`` fails (``benchmarks/_record.py`` says
-how the band is made from five runs). A benchmark with a failing ratio is run once more and
-judged on the better of its two runs per ratio: noise seldom strikes twice in a row, a
+how the band is made from five runs). A benchmark with a failing ratio is run up to twice
+more and judged on the best of its runs per ratio: noise seldom strikes twice in a row, a
 regression does. The table shows baseline, band, floor and now side by side.
 
     scripts/bench_check.sh                       # check
@@ -170,7 +170,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--only", nargs="+", choices=sorted(QUICK), help="these benchmarks")
     parser.add_argument("--baseline", action="store_true", help="record the baseline instead")
     parser.add_argument("--runs", type=int, default=5, help="runs per benchmark (--baseline)")
-    parser.add_argument("--retries", type=int, default=1, help="re-runs of a failing benchmark")
+    parser.add_argument("--retries", type=int, default=2, help="re-runs of a failing benchmark")
     parser.add_argument("--file", type=Path, default=BASELINE, help="the baseline file")
     parser.add_argument(
         "--summary", action="store_true", help="write the figures into SUMMARY.md and README.md"
