@@ -44,18 +44,19 @@ _PROPERTY_FIELDS = (
 
 
 class GeoMessageBatch(ServiceBusMessageBatch):
-    """A ServiceBusMessageBatch that gives each message its MessageId as it is added.
+    """A ServiceBusMessageBatch that checks each message and gives it its MessageId as it
+    is added, so that sending it checks nothing again (:meth:`ServiceBusCodec.prepared_ids`).
 
     Returned by ``GeoSender.create_message_batch``; use it exactly like the SDK's batch.
     """
-
-    georep_prepared = True
 
     def __init__(
         self, max_size_in_bytes: int, prepare: Callable[[Any], object], **kwargs: Any
     ) -> None:
         super().__init__(max_size_in_bytes, **kwargs)
         self._georep_prepare = prepare
+        self._georep_ids: list[str] = []
+        self._georep_keys: set[str] = set()
 
     def add_message(self, message: ServiceBusMessage | Mapping[str, Any] | Any) -> None:
         if isinstance(message, Mapping):
@@ -63,11 +64,15 @@ class GeoMessageBatch(ServiceBusMessageBatch):
         if isinstance(message, AmqpAnnotatedMessage):
             message = _from_amqp(message)
         _check_message(message)
-        self._georep_prepare(message)
+        key = _partition_of(message)
+        message_id = self._georep_prepare(message)
         try:
             super().add_message(message)
         except MessageSizeExceededError as exc:  # the batch is full, as in the SDK
             raise OversizeMessageError(str(exc)) from exc
+        self._georep_ids.append(str(message_id))
+        if key is not None:
+            self._georep_keys.add(key)
 
 
 _FROM_AMQP = "_georep_amqp"
@@ -226,6 +231,39 @@ def _check_property(message_id: Any, key: Any, value: Any) -> None:
         raise InvalidMessageError(
             f"message {message_id!r}: application property {key!r} = {value} does not fit a "
             "64-bit integer: send it as a str"
+        )
+
+
+def _partition_of(message: ServiceBusMessage) -> str | None:
+    """The partition ``message`` goes to: its session id, else its partition key, else None.
+
+    Raises:
+        InvalidMessageError: It has both, and they differ.
+    """
+    raw = message.raw_amqp_message
+    properties = raw.properties
+    session = _text(properties.group_id) if properties is not None else None
+    annotations = raw.annotations
+    partition = (
+        _text(annotations.get(_PARTITION_KEY) or annotations.get(_PARTITION_KEY_TEXT))
+        if annotations
+        else None
+    )
+    if session is not None and partition is not None and session != partition:
+        message_id = _text(properties.message_id) if properties is not None else None
+        raise InvalidMessageError(
+            f"message {message_id!r} has session_id {session!r} and a "
+            f"different partition_key {partition!r}: Service Bus refuses that; leave "
+            "partition_key unset (the session id is the partition key) or make them equal"
+        )
+    return session if session is not None else partition
+
+
+def _check_one_partition(keys: set[str], one_partition: bool) -> None:
+    if one_partition and len(keys) > 1:
+        raise InvalidMessageError(
+            f"a batch for a partitioned entity must use one partition key, this one mixes "
+            f"{len(keys)} ({', '.join(sorted(keys)[:3])}...): send one batch per key"
         )
 
 
@@ -438,22 +476,7 @@ class ServiceBusCodec:
             body_bytes += size
             if size > largest_bytes:
                 largest, largest_bytes = message, size
-            raw = message.raw_amqp_message
-            properties = raw.properties
-            session = _text(properties.group_id) if properties is not None else None
-            annotations = raw.annotations
-            partition = (
-                _text(annotations.get(_PARTITION_KEY) or annotations.get(_PARTITION_KEY_TEXT))
-                if annotations
-                else None
-            )
-            if session is not None and partition is not None and session != partition:
-                raise InvalidMessageError(
-                    f"message {self.message_id(message)!r} has session_id {session!r} and a "
-                    f"different partition_key {partition!r}: Service Bus refuses that; leave "
-                    "partition_key unset (the session id is the partition key) or make them equal"
-                )
-            key = session if session is not None else partition
+            key = _partition_of(message)
             if key is not None:
                 keys.add(key)
         if max_size is not None and body_bytes > max_size:
@@ -461,11 +484,17 @@ class ServiceBusCodec:
             raise OversizeMessageError(
                 self._over_limit(messages, body_bytes, max_size, largest, largest_bytes)
             )
-        if one_partition and len(keys) > 1:
-            raise InvalidMessageError(
-                f"a batch for a partitioned entity must use one partition key, this one mixes "
-                f"{len(keys)} ({', '.join(sorted(keys)[:3])}...): send one batch per key"
-            )
+        _check_one_partition(keys, one_partition)
+
+    def prepared_ids(
+        self, payload: Any, *, one_partition: bool, max_size: int | None = None
+    ) -> tuple[str, ...] | None:
+        if not isinstance(payload, GeoMessageBatch) or (
+            max_size is not None and payload.size_in_bytes > max_size
+        ):
+            return None  # checked message by message (and an oversize one explained) there
+        _check_one_partition(payload._georep_keys, one_partition)
+        return tuple(payload._georep_ids)
 
     def _over_limit(
         self,

@@ -66,6 +66,21 @@ class MessageCodec(Protocol):
         """
         ...
 
+    def prepared_ids(
+        self, payload: Any, *, one_partition: bool, max_size: int | None = None
+    ) -> tuple[str, ...] | None:
+        """For a batch made by :meth:`new_batch`, which checked every message as it was
+        added (as :meth:`check` does) and took the MessageId ``prepare`` returned for it:
+        those ids, in order, once the batch as a whole passes what :meth:`check` asks of
+        the list (one partition key with ``one_partition``; within ``max_size``). None for
+        anything else, or a batch over ``max_size``: :meth:`check` it message by message.
+
+        Raises:
+            InvalidMessageError: With ``one_partition``, the batch mixes partition keys.
+        """
+        ...
+
     def new_batch(self, max_size_in_bytes: int, prepare: Callable[[Any], object]) -> Any:
-        """An empty batch for the caller to fill; ``prepare`` runs on every added message."""
+        """An empty batch for the caller to fill; ``prepare`` runs on every added message
+        and returns its MessageId."""
         ...

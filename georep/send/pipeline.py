@@ -57,12 +57,12 @@ class SendFlow:
         if not messages:
             return SendResult(accepted=())
         # Validated before any network call (issue 20): what no region would take is
-        # raised here, never failed over or queued.
-        codec.check(
-            messages,
-            one_partition=self._context.partitioned,
-            max_size=self._context.regions.size_limit(),
-        )
+        # raised here, never failed over or queued. A batch of create_message_batch had
+        # each message checked and given its id as it was added: not again.
+        one_partition, max_size = context.partitioned, context.regions.size_limit()
+        prepared = codec.prepared_ids(message, one_partition=one_partition, max_size=max_size)
+        if prepared is None:
+            codec.check(messages, one_partition=one_partition, max_size=max_size)
         started = self._context.clock.monotonic()
         records = self._records
         wall_started = self._context.clock.time() if records is not None else 0.0
@@ -77,7 +77,7 @@ class SendFlow:
             else INVALID_SPAN
         )
         try:
-            pending = self._pending(message, messages, timeout, span)
+            pending = self._pending(message, messages, timeout, span, prepared)
             outbox = self._outbox
             if outbox is not None and await outbox.holds_session_of(messages):
                 result = await outbox.queue_behind(pending)
@@ -95,22 +95,32 @@ class SendFlow:
         return result
 
     def _pending(
-        self, message: Any, messages: Sequence[Any], timeout: float, span: Span
+        self,
+        message: Any,
+        messages: Sequence[Any],
+        timeout: float,
+        span: Span,
+        prepared: tuple[str, ...] | None,
     ) -> PendingSend:
-        """The call's messages given their ids (and traceparent), ready for the path."""
+        """The call's messages given their ids (and traceparent), ready for the path.
+        ``prepared``: the ids of a batch of ``create_message_batch``, sent as it is."""
+        prep = self._context.prep
         traceparent = traceparent_of(span) if span is not INVALID_SPAN else None
+        if prepared is not None:
+            if traceparent is not None:
+                # Not on the wire (the batch encoded each message as it was added), but in
+                # what an outbox or a repair keeps of them: those copies carry the trace.
+                prep.prepare_all(messages, traceparent)
+            return PendingSend(message, messages, timeout, span, prepared)
         # A single message goes to the SDK as itself: wrapped in a list it would be
         # re-encoded into a one-message batch.
         if len(messages) == 1 and messages[0] is message:
-            ids = (self._context.prep.prepare(message, traceparent),)
+            ids = (prep.prepare(message, traceparent),)
             return PendingSend(message, messages, timeout, span, ids)
-        payload: Any = messages
-        if self._context.codec.is_batch(message) and getattr(message, "georep_prepared", False):
-            payload = message
         # A batch the SDK built before we could give its messages ids is resent as a list
         # of its (now prepared) messages, so both regions see the same ids.
         return PendingSend(
-            payload, messages, timeout, span, self._context.prep.prepare_all(messages, traceparent)
+            messages, messages, timeout, span, prep.prepare_all(messages, traceparent)
         )
 
     def _failed(

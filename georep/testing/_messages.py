@@ -29,11 +29,10 @@ class FakeMessage:
 class FakeBatch:
     """A batch of :class:`FakeMessage` built by :meth:`FakeCodec.new_batch`."""
 
-    georep_prepared = True
-
     def __init__(self, max_size_in_bytes: int, prepare: Callable[[Any], object]) -> None:
         self.max_size_in_bytes = max_size_in_bytes
         self.messages: list[FakeMessage] = []
+        self.ids: list[str] = []
         self.size_in_bytes = 0
         self._prepare = prepare
 
@@ -41,7 +40,7 @@ class FakeBatch:
         size = len(message.body)
         if self.size_in_bytes + size > self.max_size_in_bytes:
             raise OversizeMessageError(f"batch is full ({self.max_size_in_bytes} bytes)")
-        self._prepare(message)
+        self.ids.append(str(self._prepare(message)))
         self.messages.append(message)
         self.size_in_bytes += size
 
@@ -134,6 +133,15 @@ class FakeCodec:
             )
             raise OversizeMessageError(f"{what} over the entity's limit of {max_size} bytes")
         # FakeMessage has no partition key.
+
+    def prepared_ids(
+        self, payload: Any, *, one_partition: bool, max_size: int | None = None
+    ) -> tuple[str, ...] | None:
+        if not isinstance(payload, FakeBatch) or (
+            max_size is not None and payload.size_in_bytes > max_size
+        ):
+            return None
+        return tuple(payload.ids)  # FakeMessage has no partition key
 
     def new_batch(self, max_size_in_bytes: int, prepare: Callable[[Any], object]) -> Any:
         return FakeBatch(max_size_in_bytes, prepare)

@@ -55,6 +55,14 @@ async def test_unkeyed_sends_need_no_failover_and_keyed_ones_fail_over(
         with pytest.raises(InvalidMessageError, match="partition_key"):
             await sender.send_messages(mismatch)
 
+        # A batch of create_message_batch is checked as its messages are added and as a
+        # whole when sent: one mixing partition keys is refused before anything is sent.
+        batch = await sender.create_message_batch()
+        batch.add_message(ServiceBusMessage("b1", partition_key=elsewhere))
+        batch.add_message(ServiceBusMessage("b2", partition_key=key_in_fragment(DOWN)))
+        with pytest.raises(InvalidMessageError, match="one partition key"):
+            await sender.send_messages(batch)
+
     sent = [r.message_ids[0] for r in [*unkeyed, keyed_up, keyed_down]]
 
     # Peeking loops past the one-fragment-at-a-time answers of a partitioned entity.

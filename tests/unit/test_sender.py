@@ -545,6 +545,7 @@ async def test_batches_fit_both_regions_and_their_messages_get_ids() -> None:
     result = await sender.send_messages(batch)
     assert set(result.accepted) == {"primary", "secondary"}
     assert [m.message_id for m in primary.accepted] == [m.message_id for m in secondary.accepted]
+    assert result.message_ids == tuple(m.message_id for m in batch.messages)
 
 
 @pytest.mark.parametrize("mode", ["active", "passive"])

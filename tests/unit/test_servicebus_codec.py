@@ -11,7 +11,7 @@ import pytest
 from azure.servicebus import ServiceBusMessage
 from azure.servicebus.amqp import AmqpAnnotatedMessage, AmqpMessageHeader, AmqpMessageProperties
 
-from georep import InvalidMessageError
+from georep import InvalidMessageError, OversizeMessageError
 from georep.adapters.servicebus import GeoMessageBatch, ServiceBusCodec
 
 # Every field ServiceBusMessage takes a keyword for (read from the SDK, so a field it adds
@@ -102,6 +102,67 @@ def test_geo_batch_prepares_each_message_as_it_is_added() -> None:
     batch.add_message({"body": "b"})
     assert len(batch) == 2 and len(prepared) == 2
     assert ServiceBusCodec().split(batch) == prepared
+
+
+def _id_giver() -> Any:
+    """A ``prepare`` as the sender's: gives a message without a MessageId one; returns it."""
+
+    def prepare(message: ServiceBusMessage) -> str:
+        message.message_id = message.message_id or f"id-{uuid.uuid4().hex[:6]}"
+        return str(message.message_id)
+
+    return prepare
+
+
+def test_a_geo_batch_hands_back_the_ids_it_gave_without_checking_again() -> None:
+    codec = ServiceBusCodec()
+    batch = codec.new_batch(10_000, _id_giver())
+    batch.add_message(ServiceBusMessage("a", message_id="kept"))
+    batch.add_message(ServiceBusMessage("b"))
+
+    ids = codec.prepared_ids(batch, one_partition=False, max_size=1_000_000)
+
+    assert ids == tuple(str(m.message_id) for m in codec.split(batch)) and ids[0] == "kept"
+
+
+def test_anything_but_a_geo_batch_is_checked_message_by_message() -> None:
+    codec = ServiceBusCodec()
+    message = ServiceBusMessage("a")
+
+    assert codec.prepared_ids(message, one_partition=False) is None
+    assert codec.prepared_ids([message], one_partition=False) is None
+
+
+def test_a_geo_batch_over_the_limit_is_left_to_the_full_check_which_explains_it() -> None:
+    codec = ServiceBusCodec()
+    batch = codec.new_batch(10_000, _id_giver())
+    batch.add_message(ServiceBusMessage(b"x" * 3_000))
+
+    assert codec.prepared_ids(batch, one_partition=False, max_size=1_000) is None
+    with pytest.raises(OversizeMessageError, match="1000 bytes"):
+        codec.check(codec.split(batch), one_partition=False, max_size=1_000)
+
+
+def test_a_geo_batch_mixing_partition_keys_is_refused_for_a_partitioned_entity() -> None:
+    codec = ServiceBusCodec()
+    batch = codec.new_batch(10_000, _id_giver())
+    batch.add_message(ServiceBusMessage("a", partition_key="k1"))
+    batch.add_message(ServiceBusMessage("b", session_id="k2"))
+
+    assert codec.prepared_ids(batch, one_partition=False) is not None
+    with pytest.raises(InvalidMessageError, match=r"one partition key.*mixes 2"):
+        codec.prepared_ids(batch, one_partition=True)
+
+
+def test_a_message_whose_session_and_partition_key_differ_is_refused_as_it_is_added() -> None:
+    codec = ServiceBusCodec()
+    batch = codec.new_batch(10_000, _id_giver())
+    message = ServiceBusMessage("m", partition_key="p")
+    message.session_id = "s"  # the SDK checks only when partition_key is set last
+
+    with pytest.raises(InvalidMessageError, match="session_id 's' and a different partition_key"):
+        batch.add_message(message)
+    assert len(batch) == 0 and codec.prepared_ids(batch, one_partition=True) == ()
 
 
 def amqp_messages() -> list[AmqpAnnotatedMessage]:
