@@ -19,11 +19,23 @@ program that stops receiving leaves no copy behind that its one-region run would
 Copies received beyond what was asked for wait in the buffer, claimed and with their locks
 renewed, for the next call (or go back unseen when the receiver closes).
 
-Settling. A decision returns once the seen-set recorded it (or, for a copy without a dedup
-key, once the region loop settled it): from then on the outcome is the message's, and the
-copy's settlement in its region follows (a copy whose settlement fails, in a region that
-went down, gets the same outcome when it is redelivered), so the call neither waits for
-nor raises on it. Closing waits (bounded) for settlements still under way.
+Settling. A decision returns once the region loop has it, as the SDK's ``complete_message``
+returns once its disposition is sent, without the broker's answer: the loop records it in
+the seen-set (one call for the decisions that came meanwhile, where waiting for each one's
+round trip made a puller that completes one message at a time wait for every one), then
+settles the copy in its region and its twin in the other. Its outcome is the message's from
+the record on: a copy whose settlement fails, in a region that went down, gets the same
+outcome when it is redelivered, so the call neither waits for nor raises on it. A copy
+without a dedup key has nothing to record: its call returns once its region settled it.
+Closing waits (bounded) for the decisions still being recorded and settled. A process that
+dies between the call and the record leaves the message to be handed out again once its
+lock and claim run out (at least once), as an SDK disposition lost with its connection does.
+
+Catching up. A region whose copies are all twins of messages settled from the other
+region is behind it. While nothing is asked for, its fetcher goes on receiving such twins
+(:data:`CHASE_MOST`), and sweeps at once (rather than after :data:`SWEEP_AFTER`) when a
+turn of twins ends or the other region's handed-out messages were settled, so that twins
+are settled as the application goes, not left for an idle sweep a second later.
 """
 
 from __future__ import annotations
@@ -85,6 +97,11 @@ SWEEP_AFTER: Final = 1.0
 the application keeps asking, both regions' fetchers receive, and so settle, the twins at
 their heads anyway, and a sweep's browse (32 messages decoded, their keys looked up) took a
 tenth of the client's CPU in ``benchmarks/dropin_receiver.py``."""
+CHASE_MOST: Final = 32
+"""Copies a fetcher receives at most without being asked, while its region is behind: its
+last receive brought only twins of messages settled from the other region (it receives
+twice as many as that receive brought, up to this). A receive that brings anything else
+ends the chase; a copy nobody asked for waits in the buffer, claimed, for the next call."""
 BUSY_POLL: Final = 0.1
 """Seconds a receive waits on an empty region while this receiver holds copies there."""
 _SWEEP_PEEK: Final = 32
@@ -119,49 +136,6 @@ class Handout:
     settled: asyncio.Future[BaseException | None]
     handed_out: bool = False
     key: str | None = None
-    recorded: asyncio.Future[None] | None = None
-    """Resolved once the seen-set recorded its outcome (its claim released, for an
-    abandon): the decision is then the message's, whatever its region does next."""
-
-
-class RecordingSeenSet:
-    """The seen-set as the GeoReceiver's region loops use it, telling the pull receiver
-    which keys' outcomes were recorded (committed, or released).
-
-    Args:
-        inner: The shared seen-set.
-        on_recorded: Called with the keys after each commit or release.
-    """
-
-    def __init__(self, inner: SeenStore, on_recorded: Callable[[Sequence[str]], None]) -> None:
-        self.inner = inner
-        self._on_recorded = on_recorded
-
-    @property
-    def window(self) -> float | None:
-        """The shared seen-set's window in seconds, if it says."""
-        return getattr(self.inner, "window", None)
-
-    async def claim(self, keys: Sequence[str], *, owner: str, lease: float) -> list[ClaimState]:
-        return await self.inner.claim(keys, owner=owner, lease=lease)
-
-    async def commit(self, keys: Sequence[str], **terms: Any) -> None:
-        # The inner seen-set's terms (owner, outcome, reasons), passed on as they came.
-        await self.inner.commit(keys, **terms)
-        self._on_recorded(keys)
-
-    async def release(self, keys: Sequence[str], *, owner: str) -> None:
-        await self.inner.release(keys, owner=owner)
-        self._on_recorded(keys)
-
-    async def peek(self, keys: Sequence[str]) -> list[ClaimState | None]:
-        return await self.inner.peek(keys)
-
-    async def extend(self, keys: Sequence[str], *, owner: str, lease: float) -> list[bool]:
-        return await self.inner.extend(keys, owner=owner, lease=lease)
-
-    async def aclose(self) -> None:
-        """Nothing: the caller owns the seen-set."""
 
 
 class SettleProbe(RegionLabels):
@@ -267,6 +241,8 @@ class _Batch:
     expected: set[int]
     keys: dict[int, str | None] = field(default_factory=dict)
     """The copies' dedup keys, by ``id()`` of the message (read once, when received)."""
+    handed: bool = False
+    """Some of the copies went to the application (claimed for it)."""
 
     def arrived(self, message_ids: Iterable[int]) -> None:
         for message_id in message_ids:
@@ -301,6 +277,17 @@ class _Fetch:
     failed_total: int = 0
     """Receives from the region that failed, ever (a receive call tells the failures that
     came while it waited from those before it)."""
+    chase: int = 0
+    """Copies to receive without being asked: its last receive brought only twins of
+    messages settled from the other region (the region is behind it; see :data:`CHASE_MOST`)."""
+    behind: bool = False
+    """Its last turn ended with none of its copies handed out (twins only, some parked
+    until the other region's outcome came): the region is behind the other one."""
+    frontier: bool = False
+    """Its region, behind the other, may hold twins that are final now: its own last turn
+    ended so, or a turn of the other region's that handed messages out ended. Once nothing
+    was asked for :data:`KEEPING_UP`, the fetcher sweeps once, instead of after
+    :data:`SWEEP_AFTER`."""
 
 
 class PullReceiver(AsyncResource):
@@ -365,12 +352,10 @@ class PullReceiver(AsyncResource):
             raise ConfigurationError(f"prefetch must be 0 or more, not {prefetch}")
         self._clock: Clock = clock or SystemClock()
         self._probes = [SettleProbe(r, self._settled) for r in (primary, secondary)]
-        recording = RecordingSeenSet(seen, self._recorded)
         self.geo = GeoReceiver(
-            *self._probes, seen=recording, max_wait=poll, clock=self._clock, **options
+            *self._probes, seen=seen, max_wait=poll, clock=self._clock, **options
         )
         self.seen = seen
-        self._recording: dict[str, Handout] = {}
         self.receive_and_delete = receive_and_delete
         self.prefetch = prefetch
         self.read_ahead = 0
@@ -646,9 +631,11 @@ class PullReceiver(AsyncResource):
     async def settle(
         self, message: Any, decision: Decision, operation: str, *, applied: bool = False
     ) -> Handout:
-        """Settle a message this receiver handed out: record ``decision`` in the seen-set,
-        then in its region. Returns once it is recorded (see the module doc), or with
-        ``applied`` once its region settled it too (or failed to).
+        """Settle a message this receiver handed out: its region loop records ``decision``
+        in the seen-set, then settles the copy in its region (and its twin in the other).
+        Returns once the loop has the decision, without waiting for either (see the module
+        doc); with ``applied``, once its region settled it (or failed to). A copy without
+        a dedup key has nothing to record: the call returns once its region settled it.
 
         ``applied`` is for a decision the application may act on at the broker next: a
         deferred message is received by its number, which the region knows only once it
@@ -663,16 +650,16 @@ class PullReceiver(AsyncResource):
         """
         self._check_open()
         handout = self.handout(message, operation)
-        if handout.key is not None:
-            handout.recorded = asyncio.get_running_loop().create_future()
-            self._recording[self.geo.seen_key(handout.key)] = handout
         handout.decided.set_result(decision)
-        waits: list[asyncio.Future[Any]] = [handout.settled]
-        if handout.recorded is not None:
-            waits.append(handout.recorded)
-        # Once recorded, the decision is the message's (the region's settlement follows,
-        # and a copy it misses gets the outcome when redelivered): no need to wait more.
-        await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+        if handout.key is not None and not applied:
+            # As the SDK's complete_message sends its disposition and returns without the
+            # broker's answer. One step of the loop: the handler waiting for the decision
+            # takes it to its region loop, which records it with the others that came
+            # meanwhile (one seen-set call for a puller's run of completions).
+            await asyncio.sleep(0)
+            return handout
+        if handout.key is None:
+            await asyncio.wait([handout.settled])
         if applied and not handout.settled.done():
             # The region's call has its own deadline; this bound is for a loop that ended.
             with contextlib.suppress(TimeoutError), self._clock.deadline(CALL_SECONDS + 1.0):
@@ -703,13 +690,6 @@ class PullReceiver(AsyncResource):
         with bounded_call(self._clock, handout.region, "a lock renewal"):
             return await probe.renew_lock(message)
 
-    def _recorded(self, keys: Sequence[str]) -> None:
-        for key in keys:
-            handout = self._recording.pop(key, None)
-            recorded = None if handout is None else handout.recorded
-            if recorded is not None and not recorded.done():
-                recorded.set_result(None)
-
     def _settled(
         self, probe: SettleProbe, message: Any, error: BaseException | None, operation: str
     ) -> None:
@@ -721,8 +701,6 @@ class PullReceiver(AsyncResource):
                     self._settled_messages.popitem(last=False)
             if not handout.settled.done():
                 handout.settled.set_result(error)
-            if handout.key is not None:
-                self._recording.pop(self.geo.seen_key(handout.key), None)
             return
         if operation == "defer" and error is None and self._on_twin_deferred is not None:
             policy = self.geo.dedup_key
@@ -791,6 +769,8 @@ class PullReceiver(AsyncResource):
             # comes while this turn receives or sweeps then ends the idle at once.
             fetch.wake.clear()
             shortfall = self._room() - fetch.arriving
+            if shortfall <= 0 and fetch.chase and not fetch.arriving:
+                shortfall, fetch.chase = fetch.chase, 0
             try:
                 if shortfall > 0 and self._may_receive(fetch):
                     received = await self._receive_into(fetch, shortfall)
@@ -799,8 +779,12 @@ class PullReceiver(AsyncResource):
                         # Nothing new, and copies of ours there wait to be settled: leave
                         # the region's lock to them a moment before receiving again.
                         await self._idle(fetch, BUSY_POLL, wake=False)
-                elif not self._may_sweep() or not await self._sweep_once(fetch):
-                    await self._idle(fetch, self.poll)
+                elif (due := self._frontier_due(fetch)) == 0.0 or self._may_sweep():
+                    fetch.frontier = False
+                    if not await self._sweep_once(fetch):
+                        await self._idle(fetch, self.poll)
+                else:
+                    await self._idle(fetch, self.poll if due is None else due)
                 failures = 0
                 fetch.failing, fetch.failures = None, 0
             except (RegionError, StoreUnavailableError) as exc:
@@ -829,6 +813,21 @@ class PullReceiver(AsyncResource):
         if self._ordered or returned is None:
             return True
         return self._clock.monotonic() - returned >= SWEEP_AFTER
+
+    def _frontier_due(self, fetch: _Fetch) -> float | None:
+        """Seconds until ``fetch``'s frontier sweep (:attr:`_Fetch.frontier`) is due, 0 if
+        now; None without one. Due once the application has not asked for
+        :data:`KEEPING_UP`: while it keeps asking, the receives take the twins anyway (a
+        sweep's browse decodes 32 messages: one per turn cost a tenth of the client's CPU)."""
+        if not (fetch.frontier and self._sweep):
+            return None
+        returned = self._returned_at
+        if returned is None:
+            return 0.0
+        wait = returned + KEEPING_UP - self._clock.monotonic()
+        # Under a millisecond is now: a wait of 1e-17 s would end where it began, and the
+        # fetcher would go round without time passing.
+        return wait if wait >= 0.001 else 0.0
 
     def _may_receive(self, fetch: _Fetch) -> bool:
         """Whether ``fetch`` may receive what is asked for now (``ordered``: every region
@@ -894,12 +893,17 @@ class PullReceiver(AsyncResource):
         for message_id in batch.expected:
             self._arrivals[message_id] = batch
 
-        def claimed(processing: list[Copy]) -> None:
+        def claimed(processing: list[Copy], twins: int) -> None:
             going = {id(c.message) for c in processing}
             others = [m for m in batch.expected if m not in going]
             for message_id in others:
                 self._arrivals.pop(message_id, None)
             batch.arrived(others)
+            batch.handed = bool(going)
+            behind = twins == len(copies) and not sweeping
+            fetch.chase = min(2 * twins, CHASE_MOST) if behind else 0
+            if fetch.chase:
+                fetch.wake.set()
 
         handler = partial(self._handle, fetch, sweeping=sweeping)
         task = asyncio.ensure_future(fetch.loop.process_copies(handler, copies, on_claimed=claimed))
@@ -912,12 +916,24 @@ class PullReceiver(AsyncResource):
             for message_id in list(batch.expected):
                 self._arrivals.pop(message_id, None)
             batch.arrived(list(batch.expected))
-            if not finished.cancelled() and finished.exception() is not None:
+            if finished.cancelled():
+                return
+            if finished.exception() is not None:
                 _log.error(
                     "taking copies from %s to their outcomes failed: %r",
                     fetch.probe.region,
                     finished.exception(),
                 )
+            elif finished.result():
+                # Twins only: this region is behind the other, and what follows them here
+                # may be twins too. Messages handed out: the twins of those in a region
+                # that is behind are final now.
+                fetch.behind = not batch.handed
+                for other in self._fetches.values():
+                    if other.behind and (other is fetch or batch.handed):
+                        other.frontier = True
+                        if not sweeping:  # a sweep's own pause stands (no sweep at once
+                            other.wake.set()  # again over copies it could not take)
 
         task.add_done_callback(done)
         return task

@@ -224,7 +224,7 @@ class RegionLoop:
         handler: Handler,
         copies: Sequence[Copy],
         *,
-        on_claimed: Callable[[list[Copy]], None] | None = None,
+        on_claimed: Callable[[list[Copy], int], None] | None = None,
     ) -> bool:
         """Take a batch of copies to their outcomes, as :meth:`process_copy` takes one (the
         pull receiver of ``georep.servicebus``: one claim round trip for the batch).
@@ -233,7 +233,8 @@ class RegionLoop:
             handler: Called for each copy this consumer claimed.
             copies: Copies from :meth:`receive_copies`.
             on_claimed: Told, once the first claim answered, which copies go to the
-                handler now (the others are settled as twins, or parked).
+                handler now, and how many of the others are settled as twins at once
+                (their key was final already; the rest are parked).
 
         Returns:
             False when the receiver closed first and the copies still held were handed
@@ -314,11 +315,12 @@ class RegionLoop:
         self,
         handler: Handler,
         copies: list[Copy],
-        on_claimed: Callable[[list[Copy]], None] | None = None,
+        on_claimed: Callable[[list[Copy], int], None] | None = None,
     ) -> list[Copy]:
         """Claim, process, commit and settle one turn's copies; return those still parked.
 
-        ``on_claimed`` is told which copies go to the handler, once the claim answered.
+        ``on_claimed`` is told which copies go to the handler, and how many are twins
+        settled at once, once the claim answered.
         """
         checked, repeats = first_of_each_key(copies)
         held = copies
@@ -335,14 +337,18 @@ class RegionLoop:
         states = await self._claim(checked, held)
         turn = sort_by_claim(copies, checked, repeats, states)
         turn.twins += known
+        # Parked behind a sibling loop that claimed them while this claim was under way:
+        # woken by its outcome too, rather than when the pause runs out.
+        late = self._held_by_siblings(turn.parked)[1] if turn.parked and self._held_here else []
         turn.parked += waiting
+        waiting += late
         claimed = self._policy.keys(turn.to_process)
         self._held_here.hold(claimed, self.owner)
         try:
             parked, unchecked = turn.parked, turn.unchecked
             self._stats.unchecked += len(unchecked)
             if on_claimed is not None:
-                on_claimed(turn.to_process + unchecked)
+                on_claimed(turn.to_process + unchecked, len(turn.twins))
             # The duplicates: settled, never processed.
             await self._settlements.settle_twins(turn.twins)
             await self._process(handler, turn.to_process, unchecked, held=held)
