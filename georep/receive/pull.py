@@ -33,9 +33,10 @@ lock and claim run out (at least once), as an SDK disposition lost with its conn
 
 Catching up. A region whose copies are all twins of messages settled from the other
 region is behind it. While nothing is asked for, its fetcher goes on receiving such twins
-(:data:`CHASE_MOST`), and sweeps at once (rather than after :data:`SWEEP_AFTER`) when a
-turn of twins ends or the other region's handed-out messages were settled, so that twins
-are settled as the application goes, not left for an idle sweep a second later.
+(:data:`CHASE_MOST`), and when a turn of twins ends or the other region's handed-out
+messages were settled, it sweeps once nothing was asked for :data:`KEEPING_UP` (rather
+than :data:`SWEEP_AFTER`), so that twins are settled as the application goes, not left
+for an idle sweep a second later.
 """
 
 from __future__ import annotations
