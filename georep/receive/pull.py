@@ -901,8 +901,8 @@ class PullReceiver(AsyncResource):
                 self._arrivals.pop(message_id, None)
             batch.arrived(others)
             batch.handed = bool(going)
-            behind = twins == len(copies) and not sweeping
-            fetch.chase = min(2 * twins, CHASE_MOST) if behind else 0
+            all_twins = twins == len(copies) and not sweeping
+            fetch.chase = min(2 * twins, CHASE_MOST) if all_twins else 0
             if fetch.chase:
                 fetch.wake.set()
 
