@@ -16,6 +16,8 @@ try:
 except ImportError as exc:  # pragma: no cover - depends on the install
     raise ImportError("the georep CLI needs typer and rich: pip install 'georep[cli]'") from exc
 
+from georep.cli._errors import fail, print_error
+
 if TYPE_CHECKING:
     from georep._doctor import Finding
 
@@ -90,8 +92,7 @@ def emulator(
     from georep.adapters.emulator._runner import PRINT_FORMATS, run
 
     if print_as not in PRINT_FORMATS:
-        _print_error(f"error: --print {print_as!r}: use one of {', '.join(PRINT_FORMATS)}")
-        raise typer.Exit(2)
+        raise fail(console, f"--print {print_as!r}: use one of {', '.join(PRINT_FORMATS)}")
     # The queue `orders` is the zero-configuration default only: an entity of any kind
     # named means the caller says what to create (a topic `orders` must not clash with it).
     named = queue or session_queue or topic or hybrid_connection
@@ -113,11 +114,6 @@ def emulator(
 def _env_option(envvar: str, help: str) -> Any:
     """An option read from ``envvar`` whose value (a secret or a URL) is never shown as default."""
     return typer.Option(envvar=envvar, help=help, show_default=False)
-
-
-def _print_error(message: str) -> None:
-    """Print ``message`` verbatim in red (no markup: it may quote user input)."""
-    console.print(message, style="red", soft_wrap=True, markup=False, highlight=False)
 
 
 #: Each fault the CLI sends: the options it needs, and the ones it may take besides.
@@ -169,19 +165,16 @@ def _fault_body(action: str, given: dict[str, Any]) -> dict[str, object]:
     """The control endpoint's body for ``action`` from the options ``given`` (None: not
     given); exit 2, naming the option, when one it needs is missing or one does not apply."""
     if action not in _FAULT_OPTIONS:
-        _print_error(f"error: unknown fault {action!r}; one of {_FAULT_ACTIONS}")
-        raise typer.Exit(2)
+        raise fail(console, f"unknown fault {action!r}; one of {_FAULT_ACTIONS}")
     needed, optional = _FAULT_OPTIONS[action]
     missing = [name for name in needed if given[name] is None]
     if missing:
-        _print_error(f"error: {action} needs {' and '.join(missing)}: {_FAULT_HINTS[action]}")
-        raise typer.Exit(2)
+        raise fail(console, f"{action} needs {' and '.join(missing)}: {_FAULT_HINTS[action]}")
     extra = [name for name, value in given.items() if value is not None]
     extra = [name for name in extra if name not in needed and name not in optional]
     if extra:
         takes = ", ".join((*needed, *optional)) or "no option"
-        _print_error(f"error: {action} takes {takes}, not {', '.join(extra)}")
-        raise typer.Exit(2)
+        raise fail(console, f"{action} takes {takes}, not {', '.join(extra)}")
     body = {name.removeprefix("--"): value for name, value in given.items() if value is not None}
     if action in ("drop-dispositions", "lose-settlements"):
         body.setdefault("count", 1)
@@ -260,14 +253,13 @@ def _post_fault(
             message = json.loads(exc.read()).get("error", exc)
         except ValueError:
             message = str(exc)
-        console.print(f"error: {message}", style="red", markup=False, highlight=False)
-        raise typer.Exit(2) from None
+        raise fail(console, str(message)) from None
     except (urllib.error.URLError, OSError) as exc:
-        console.print(
-            f"[red]error[/]: no emulator answers at {control_url} ({exc}); "
-            "start one with `georep emulator`."
-        )
-        raise typer.Exit(1) from None
+        raise fail(
+            console,
+            f"no emulator answers at {control_url} ({exc}); start one with `georep emulator`.",
+            status=1,
+        ) from None
 
 
 _DemoOutageAt = Annotated[
@@ -352,8 +344,7 @@ def demo(
             pipeline=pipeline,
         )
     except ConfigurationError as exc:
-        console.print(f"[red]error[/]: {exc}")
-        raise typer.Exit(2) from None
+        raise fail(console, str(exc)) from None
     raise typer.Exit(run_demo(config, console, audit=audit))
 
 
@@ -411,8 +402,7 @@ def syphon(
             syphon_retry_interval=retry_interval,
         )
     except ConfigurationError as exc:
-        console.print(f"[red]{exc}[/red]")
-        raise typer.Exit(2) from None
+        raise fail(console, str(exc)) from None
 
     async def run() -> None:
         worker = Syphon.from_connection_strings(
@@ -507,8 +497,7 @@ def cost(
         )
         estimates = estimate_costs(workload, tuple(mode) if mode else MODES)
     except ConfigurationError as exc:
-        console.print(f"[red]error[/]: {exc}")
-        raise typer.Exit(2) from None
+        raise fail(console, str(exc)) from None
     if as_json:
         _echo_costs_json(estimates, price_per_million)
     else:
@@ -644,9 +633,7 @@ def bench(
     names = scenario or list(SCENARIOS)
     unknown = [n for n in names if n not in SCENARIOS]
     if unknown:
-        console.print(f"[red]error[/]: unknown scenario {', '.join(unknown)}; "
-                      f"use {', '.join(SCENARIOS)}")  # fmt: skip
-        raise typer.Exit(2)
+        raise fail(console, f"unknown scenario {', '.join(unknown)}; use {', '.join(SCENARIOS)}")
 
     def show(name: str, report: dict[str, object]) -> None:
         console.print(f"{name}: sent {report['sent']}, processed {report['processed']}, "
@@ -686,7 +673,7 @@ def audit(
     try:
         from georep.adapters.spark import audit as run_audit, report_table
     except ImportError as exc:
-        _print_error(str(exc))
+        print_error(console, str(exc))
         raise typer.Exit(2) from None
     windows = _outage_windows(outage or [])
     try:
@@ -695,11 +682,11 @@ def audit(
                 ledger_dir, out_dir=out, master=master, outage_windows=windows, plots=plots
             )
     except ConfigurationError as exc:
-        _print_error(str(exc))
+        print_error(console, str(exc))
         raise typer.Exit(2) from None
     except Exception as exc:  # exit 1 means "messages lost": a crash must not read as that
         first = (str(exc).strip().splitlines() or [""])[0]
-        _print_error(f"the audit could not run: {type(exc).__name__}: {first}")
+        print_error(console, f"the audit could not run: {type(exc).__name__}: {first}")
         raise typer.Exit(2) from None
     console.print(report_table(report))
     for warning in report["warnings"]:
@@ -718,8 +705,7 @@ def _outage_windows(texts: list[str]) -> list[tuple[str, str]]:
     for text in texts:
         start, separator, end = text.partition(",")
         if not separator:
-            console.print(f"[red]--outage {text!r} must be START,END in ISO 8601 UTC[/red]")
-            raise typer.Exit(2)
+            raise fail(console, f"--outage {text!r} must be START,END in ISO 8601 UTC")
         windows.append((start.strip(), end.strip()))
     return windows
 
@@ -744,8 +730,7 @@ def _existing_outbox(path: Path) -> Any:
     from georep.outbox.sqlite import SqliteOutbox
 
     if not path.is_file():
-        console.print(f"[red]error[/]: no outbox file at {path}; pass the SqliteOutbox path")
-        raise typer.Exit(2)
+        raise fail(console, f"no outbox file at {path}; pass the SqliteOutbox path")
     return SqliteOutbox(path)
 
 
@@ -762,14 +747,12 @@ def _on_outbox(path: Path, action: Callable[[Any], Awaitable[_T]]) -> _T:
     try:
         return asyncio.run(run())
     except GeoReplicationError as exc:
-        console.print(f"[red]error[/]: {exc}", soft_wrap=True, highlight=False)
-        raise typer.Exit(2) from None
+        raise fail(console, str(exc)) from None
 
 
 def _chosen_ids(ids: list[int] | None, every: bool) -> list[int] | None:
     if bool(ids) == every:
-        console.print("[red]error[/]: name entries with --id ID (repeat), or pass --all")
-        raise typer.Exit(2)
+        raise fail(console, "name entries with --id ID (repeat), or pass --all")
     return None if every else list(ids or [])
 
 
@@ -834,11 +817,9 @@ def outbox_purge(
     """Delete dead-lettered entries for good (their messages are never sent)."""
     ids = _chosen_ids(entry_id, every)
     if not yes:
-        console.print(
-            "[red]error[/]: purge deletes the messages for good; add --yes to confirm "
-            "(or replay them instead)"
+        raise fail(
+            console, "purge deletes the messages for good; add --yes to confirm (or replay them)"
         )
-        raise typer.Exit(2)
     count = _on_outbox(path, lambda outbox: outbox.purge(ids))
     console.print(f"purged {count} entr{'y' if count == 1 else 'ies'}", highlight=False)
 

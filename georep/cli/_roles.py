@@ -20,6 +20,8 @@ from typing import Annotated, Any, TypeVar
 import typer
 from rich.console import Console
 
+from georep.cli._errors import fail
+
 __all__ = ["failback", "failover", "forget", "pin", "unpin"]
 
 _T = TypeVar("_T")
@@ -65,8 +67,7 @@ _Force = Annotated[
 
 
 def _fail(message: str) -> typer.Exit:
-    errors.print(f"error: {message}", style="red", soft_wrap=True, highlight=False, markup=False)
-    return typer.Exit(2)
+    return fail(errors, message)
 
 
 def _run(redis_url: str, app_name: str, action: Callable[[Any], Awaitable[_T]]) -> _T:

@@ -14,6 +14,8 @@ from typing import Annotated
 import typer
 from rich.console import Console
 
+from georep.cli._errors import fail
+
 __all__ = ["soak"]
 
 console = Console()
@@ -79,8 +81,7 @@ def soak(
             console.print(line, highlight=False)
         raise typer.Exit(0)
     if seconds is not None and minutes is not None:
-        console.print("[red]error[/]: give --seconds or --minutes, not both")
-        raise typer.Exit(2)
+        raise fail(console, "give --seconds or --minutes, not both")
     length = seconds if seconds is not None else 60.0 * (minutes if minutes is not None else 1.0)
     chosen_seed = seed if seed is not None else random.SystemRandom().randrange(1_000_000)
     try:
@@ -97,8 +98,7 @@ def soak(
             spark=spark,
         )
     except ConfigurationError as exc:
-        console.print(f"[red]error[/]: {exc}", highlight=False)
-        raise typer.Exit(2) from None
+        raise fail(console, str(exc)) from None
     console.print(f"soak: seed {chosen_seed}, {length:g} s of faults -> {report}", highlight=False)
 
     def show(line: str) -> None:
@@ -107,8 +107,7 @@ def soak(
     try:
         result = asyncio.run(run_soak(config, progress=show))
     except ConfigurationError as exc:
-        console.print(f"[red]error[/]: {exc}", highlight=False)
-        raise typer.Exit(2) from None
+        raise fail(console, str(exc)) from None
     for verdict in result.verdicts:
         console.print(
             f"{verdict.entity}: sent {verdict.sent}, processed {verdict.processed}, lost "

@@ -6,6 +6,7 @@ import asyncio
 import json
 from pathlib import Path
 
+import pytest
 from typer.testing import CliRunner
 
 from georep import SqliteOutbox
@@ -85,10 +86,12 @@ def test_purge_needs_a_selection_and_a_confirmation(tmp_path: Path) -> None:
     assert (listing(path)["queued"], listing(path)["dead"]) == (2, 0)
 
 
-def test_a_missing_file_is_an_error_and_is_not_created(tmp_path: Path) -> None:
-    path = tmp_path / "missing.db"
-    result = CliRunner().invoke(app, ["outbox", "list", str(path)])
-    assert result.exit_code == 2 and "no outbox file" in result.output
+@pytest.mark.parametrize("name", ["missing.db", "[/x]missing.db", "[bold]missing.db"])
+def test_a_missing_file_is_an_error_and_is_not_created(tmp_path: Path, name: str) -> None:
+    path = tmp_path / name
+    result = CliRunner(env={"COLUMNS": "400"}).invoke(app, ["outbox", "list", str(path)])
+    # The path is quoted as given (brackets are not rich markup).
+    assert result.exit_code == 2 and f"no outbox file at {path}" in result.output
     assert not path.exists()
 
 

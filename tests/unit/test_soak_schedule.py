@@ -195,6 +195,10 @@ def test_a_fragment_down_hits_every_fragment_of_the_queue_or_one_a_session_lives
         (["--seconds", "20", "--minutes", "1"], "give --seconds or --minutes, not both"),
         (["--audit", "duckdb"], "--audit must be pyarrow or spark"),
         (["--faults", "outage,flood"], "unknown fault kind 'flood'"),
+        # What the user typed is quoted as it is, not read as rich markup (a MarkupError
+        # traceback, before; "[bold]" vanished).
+        (["--faults", "flood[/x]"], "unknown fault kind 'flood[/x]'"),
+        (["--faults", "[bold]flood"], "unknown fault kind '[bold]flood'"),
     ],
 )
 def test_the_soak_command_refuses_bad_input_before_starting_anything(

@@ -1,0 +1,26 @@
+"""How every command reports a mistake it can name: one line, red, then an exit status.
+
+The line is printed verbatim, never read as rich markup: it often quotes what the user
+typed (a fault kind, a path, an option's value), and text such as ``[/x]`` read as markup
+crashed the command with a ``MarkupError`` traceback, while ``[bold]`` vanished from the
+quoted value.
+"""
+
+from __future__ import annotations
+
+import typer
+from rich.console import Console
+
+__all__ = ["fail", "print_error"]
+
+
+def print_error(console: Console, message: str) -> None:
+    """Print ``message`` on ``console`` in red, verbatim."""
+    console.print(message, style="red", soft_wrap=True, markup=False, highlight=False)
+
+
+def fail(console: Console, message: str, status: int = 2) -> typer.Exit:
+    """Print ``error: message`` on ``console`` and return the exit to raise (status 2: the
+    command was given something it cannot use; 1: it could not do its work)."""
+    print_error(console, f"error: {message}")
+    return typer.Exit(status)
