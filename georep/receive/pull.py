@@ -244,6 +244,8 @@ class _Batch:
     """The copies' dedup keys, by ``id()`` of the message (read once, when received)."""
     handed: bool = False
     """Some of the copies went to the application (claimed for it)."""
+    epoch: int = 0
+    """:attr:`PullReceiver._epoch` when the receive that brought them began."""
 
     def arrived(self, message_ids: Iterable[int]) -> None:
         for message_id in message_ids:
@@ -382,6 +384,9 @@ class PullReceiver(AsyncResource):
         # raises the SDK's MessageAlreadySettled rather than "not handed out".
         self._settled_messages: OrderedDict[int, weakref.ref[Any]] = OrderedDict()
         self._arrivals: dict[int, _Batch] = {}
+        self._epoch = 0
+        """Abandons applied so far (see :meth:`_abandon_in_order`): copies whose receive
+        began before the last one was applied are handed back, not handed out."""
         self._wanted = 0
         self._waiters: set[asyncio.Future[None]] = set()
         self._turns: set[asyncio.Task[bool]] = set()
@@ -652,6 +657,9 @@ class PullReceiver(AsyncResource):
         self._check_open()
         handout = self.handout(message, operation)
         handout.decided.set_result(decision)
+        if decision.settle is Settle.ABANDON and not decision.returned and not self.prefetch:
+            await self._abandon_in_order(handout)
+            return handout
         if handout.key is not None and not applied:
             # As the SDK's complete_message sends its disposition and returns without the
             # broker's answer. One step of the loop: the handler waiting for the decision
@@ -677,6 +685,37 @@ class PullReceiver(AsyncResource):
                 type(error).__name__,
             )
         return handout
+
+    async def _abandon_in_order(self, handout: Handout) -> None:
+        """Abandon as the SDK's receiver without prefetch does: the message goes back to the
+        head of its region (of its session) and the next receive gets it again, before the
+        messages behind it.
+
+        What this receiver fetched ahead and has not handed out (the read-ahead, the
+        other region's copies) would otherwise be handed out first: a session's next
+        message before the abandoned one. So those copies go back unseen (the ``released``
+        outcome, not a delivery attempt), and the call returns once the abandon and the
+        hand-backs reached their regions (bounded), handing back too whatever a receive
+        that began before then brings.
+        """
+        waits = [handout.settled, *self._return_buffered()]
+        with contextlib.suppress(TimeoutError), self._clock.deadline(CALL_SECONDS + 1.0):
+            while waits:
+                await asyncio.wait(waits)
+                self._epoch += 1
+                waits = self._return_buffered()
+                if not waits and any(f.arriving for f in self._fetches.values()):
+                    await self._wait_for_arrival(BUSY_POLL)  # a receive's claims under way
+                    waits = self._return_buffered()
+        self._epoch += 1
+
+    def _return_buffered(self) -> list[asyncio.Future[BaseException | None]]:
+        """Hand back unseen every copy in the buffer; the futures of their settlements."""
+        returned = [h for h in self._buffer if not h.decided.done()]
+        self._buffer.clear()
+        for waiting in returned:
+            waiting.decided.set_result(RETURNED)
+        return [h.settled for h in returned]
 
     async def renew_lock(self, message: Any) -> float | None:
         """Renew the lock of a message handed out; its new expiry (epoch seconds) if known.
@@ -733,7 +772,10 @@ class PullReceiver(AsyncResource):
         self._held[id(message)] = handout
         unasked = sweeping and self._room() <= 0
         fetch.swept_in_vain |= unasked
-        if self._closing or unasked:
+        # Received before an abandon reached its region: it may have come ahead of the
+        # abandoned message, which the application must get first.
+        stale = batch is not None and batch.epoch < self._epoch
+        if self._closing or unasked or stale:
             handout.decided.set_result(RETURNED)
         else:
             self._buffer.append(handout)
@@ -877,16 +919,20 @@ class PullReceiver(AsyncResource):
         # A receive holds the region's lock while it waits: with copies of ours there to
         # settle (twins waiting for their outcome), wait briefly and let them through.
         wait = min(self.poll, BUSY_POLL) if fetch.held else self.poll
+        epoch = self._epoch
         copies = await fetch.loop.receive_copies(count, wait)
         if copies:
-            self._start_turns(fetch, copies, sweeping=sweeping)
+            self._start_turns(fetch, copies, sweeping=sweeping, epoch=epoch)
         return len(copies)
 
     def _start_turns(
-        self, fetch: _Fetch, copies: list[Copy], *, sweeping: bool = False
+        self, fetch: _Fetch, copies: list[Copy], *, sweeping: bool = False, epoch: int | None = None
     ) -> asyncio.Task[bool]:
         batch = _Batch(
-            fetch, {id(c.message) for c in copies}, {id(c.message): c.delivery.key for c in copies}
+            fetch,
+            {id(c.message) for c in copies},
+            {id(c.message): c.delivery.key for c in copies},
+            epoch=self._epoch if epoch is None else epoch,
         )
         fetch.arriving += len(batch.expected)
         held = [self.geo.seen_key(c.delivery.key) for c in copies if c.delivery.key is not None]

@@ -205,6 +205,7 @@ class ServiceBusSession(_SdkSession):
     def __init__(self, core: GeoSession, receiver: ServiceBusReceiver) -> None:
         super().__init__(core.session_id, receiver)  # type: ignore[arg-type]
         self._core = core
+        self._session_start = core._session_start  # read by the SDK's AutoLockRenewer
 
     @property
     def locked_until_utc(self) -> datetime | None:

@@ -587,6 +587,49 @@ async def test_an_application_that_keeps_up_is_served_from_copies_read_ahead(
     await world.close(pull)
 
 
+@pytest.mark.parametrize("regions", ["one", "both"])
+async def test_an_abandoned_message_comes_back_before_those_read_ahead_behind_it(
+    world: World, regions: str
+) -> None:
+    # As the SDK's receiver without prefetch: the abandoned message is at the head of its
+    # region again, and the next receive gets it before the messages behind it, which an
+    # application that keeps up had fetched ahead (and, with both regions, the other
+    # region's copies). A session's order depends on it.
+    names = [f"m{number}" for number in range(12)]
+    for name in names:
+        world.primary.put(FakeMessage(b"x", name))
+    if regions == "both":
+        for name in names:
+            world.secondary.put(FakeMessage(b"x", name))
+    pull = world.pull()
+    order: list[str] = []
+    ahead = 0
+    for _ in range(len(names) + 2):
+        got = await asyncio.wait_for(pull.receive(1, 0.5), 1)
+        if not got:
+            break
+        ahead = max(ahead, len(world.primary._locked) - 1)
+        (handout,) = got
+        name = handout.message.message_id
+        if name in ("m4", "m8") and f"abandoned {name}" not in order:
+            order.append(f"abandoned {name}")
+            # Virtual time moves in steps shorter than KEEPING_UP: the application keeps up.
+            abandon = asyncio.ensure_future(
+                pull.settle(handout.message, ABANDON, "abandon_message")
+            )
+            while not abandon.done():
+                await world.clock.advance(KEEPING_UP / 5)
+            await abandon
+            continue
+        order.append(name)
+        await asyncio.wait_for(pull.settle(handout.message, COMPLETE, "complete_message"), 1)
+    assert ahead >= 1, "copies were fetched ahead of the calls"
+    expected = [*names[:4], "abandoned m4", *names[4:8], "abandoned m8", *names[8:]]
+    assert order == expected
+    await world.close(pull)
+    assert world.primary.pending == world.secondary.pending == 0
+
+
 async def test_a_slow_application_holds_no_more_copies_than_it_asked_for(world: World) -> None:
     for number in range(10):
         world.primary.put(FakeMessage(b"x", f"m{number}"))

@@ -9,6 +9,7 @@ from collections import OrderedDict
 from typing import Any, Final
 
 from georep._channel import bounded_call
+from georep._classify import every_region_refused
 from georep.exceptions import AllRegionsUnavailableError, RegionError, StoreUnavailableError
 from georep.ports import FINAL_STATES
 from georep.receive.pull import PullReceiver, SettleProbe
@@ -89,6 +90,7 @@ class MergedPeek:
         region may hold more (it answered with all it was asked for).
 
         Raises:
+            AuthenticationError, EntityNotFoundError: Every region refused so.
             AllRegionsUnavailableError: No region answered.
         """
         probes = self._pull.regions
@@ -110,6 +112,11 @@ class MergedPeek:
                 when = enqueued.timestamp() if enqueued is not None else 0.0
                 merged.append((when, order, probe.region, message))
         if len(errors) == len(probes):
+            # Every region refused the client's own settings (its key, its entity): that
+            # refusal, as the SDK's receiver raises it; else none answered.
+            refusal = every_region_refused([errors[probe.region] for probe in probes])
+            if refusal is not None:
+                raise refusal
             raise AllRegionsUnavailableError(
                 f"no region could browse {self._pull.entity!r}", errors
             )

@@ -216,15 +216,24 @@ class ServiceBusReceiver(ClosedOnAsyncExit):
         starts both regions at it. Not locked, not settleable.
 
         Raises:
+            AuthenticationError, EntityNotFoundError: Every region refused so (the SDK's
+                ``ServiceBusAuthenticationError``, ``MessagingEntityNotFoundError``).
             AllRegionsUnavailableError: No region answered.
+            ConfigurationError: ``max_message_count`` is negative (a ``ValueError``).
         """
         if timeout is not None and timeout <= 0:
             raise ConfigurationError("timeout must be greater than 0")
-        if max_message_count < 1:
+        if int(max_message_count) < 0:
+            raise ConfigurationError("max_message_count must be 1 or greater")
+        if max_message_count == 0:
             return []
         (await self._opened())._check_open()
         assert self._peek is not None
-        return await self._peek.peek(max_message_count, sequence_number, timeout)
+        messages = await self._peek.peek(max_message_count, sequence_number, timeout)
+        if self._dead_letter:
+            for message in messages:
+                _show_original_reason(message)
+        return messages
 
     async def receive_deferred_messages(
         self, sequence_numbers: int | Sequence[int], *, timeout: float | None = None

@@ -331,6 +331,9 @@ class GeoSession(ServiceBusSession):
         self._stop = asyncio.Event()
         self._keeper: asyncio.Task[None] | None = None
         self._locked_until_utc = datetime.now(UTC)
+        # When the session was locked: the SDK's AutoLockRenewer counts its
+        # max_lock_renewal_duration from here (None failed it at once).
+        self._session_start = datetime.now(UTC)  # type: ignore[assignment]  # SDK: None
         self.on_close: Callable[[], Awaitable[None]] | None = None
         """Called once the receiver lets go of the session (the seen-set claim on it)."""
         self.on_renew: Callable[[], Awaitable[None]] | None = None

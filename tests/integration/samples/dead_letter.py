@@ -1,5 +1,5 @@
-"""Dead-letter a message and read it back from the dead-letter queue: the SDK's
-receive_deadlettered_messages.py sample."""
+"""Dead-letter a message, browse the dead-letter queue, then read it back from there: the
+SDK's receive_deadlettered_messages.py sample."""
 
 from __future__ import annotations
 
@@ -25,6 +25,8 @@ async def run_async(client: Any, names: Any, checkpoint: Any) -> None:
             names.queue, sub_queue=ServiceBusSubQueue.DEAD_LETTER, max_wait_time=3
         )
         async with dlq:
+            peeked = await dlq.peek_messages(max_message_count=10)
+            print("peeked:", [(str(m), m.dead_letter_reason) for m in peeked])
             for msg in await dlq.receive_messages(max_message_count=10, max_wait_time=5):
                 print(
                     "dead-lettered:",
@@ -52,6 +54,8 @@ def run(client: Any, names: Any, checkpoint: Any) -> None:
             names.queue, sub_queue=ServiceBusSubQueue.DEAD_LETTER, max_wait_time=3
         )
         with dlq:
+            peeked = dlq.peek_messages(max_message_count=10)
+            print("peeked:", [(str(m), m.dead_letter_reason) for m in peeked])
             for msg in dlq.receive_messages(max_message_count=10, max_wait_time=5):
                 print(
                     "dead-lettered:",
