@@ -398,7 +398,7 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> 
     if not report:
         yield
         return
-    start, wall, cpu = time.time(), time.monotonic(), _cpu_seconds()
+    start, wall, cpu, own = time.time(), time.monotonic(), _cpu_seconds(), time.process_time()
     yield
     line = {
         "test": item.nodeid,
@@ -407,6 +407,7 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> 
         "pid": os.getpid(),
         "wall": round(time.monotonic() - wall, 3),
         "cpu": round(_cpu_seconds() - cpu, 3),
+        "own": round(time.process_time() - own, 3),  # this process's alone
         "worker": os.environ.get("PYTEST_XDIST_WORKER", "main"),
     }
     with open(report, "a", encoding="utf-8") as out:
