@@ -132,11 +132,14 @@ class ClientConstructors:
 
 class SenderArguments(TypedDict, total=False):
     """The keyword arguments of ``get_queue_sender`` and ``get_topic_sender``, as the SDK's:
-    ``client_identifier`` and ``socket_timeout`` are accepted for the SDK's sake (give SDK
-    settings in the client's ``client_options`` instead)."""
+    ``client_identifier`` names the handler; ``socket_timeout``, ``keep_alive``,
+    ``auth_timeout`` (and any other keyword the SDK's handlers take) are accepted and logged
+    as ignored: give SDK settings in the client's ``client_options`` instead."""
 
     client_identifier: str | None
     socket_timeout: float | None
+    keep_alive: int | None
+    auth_timeout: float
 
 
 class ReceiverArguments(SenderArguments, total=False):

@@ -184,18 +184,23 @@ async def test_closing_at_awkward_moments_does_what_the_sdk_does(
 
 
 async def attributes_program(client: Any, queue: str, session_queue: str) -> list[str]:
-    """The SDK's attributes of a client, its sender, receivers and session."""
+    """The SDK's attributes of a client, its sender, receivers and session (and the
+    per-handler settings the SDK's handlers take)."""
     lines = []
     async with client:
         lines.append(f"client {client.fully_qualified_namespace}")
-        async with client.get_queue_sender(queue, client_identifier="my-sender") as sender:
+        async with client.get_queue_sender(
+            queue, client_identifier="my-sender", keep_alive=30, auth_timeout=30
+        ) as sender:
             lines.append(f"sender {sender.fully_qualified_namespace} {sender.entity_name}")
             lines.append(f"sender id {sender.client_identifier}")
             await sender.send_messages(ServiceBusMessage("s", session_id="cart-1"))
         async with client.get_queue_sender(session_queue) as sender:
             lines.append(f"generated id {sender.client_identifier.split('-')[0]}")
             await sender.send_messages(ServiceBusMessage("s", session_id="cart-1"))
-        async with client.get_queue_receiver(queue, client_identifier="my-receiver") as receiver:
+        async with client.get_queue_receiver(
+            queue, client_identifier="my-receiver", keep_alive=30
+        ) as receiver:
             lines.append(f"receiver {receiver.fully_qualified_namespace} {receiver.entity_path}")
             lines.append(f"receiver id {receiver.client_identifier} session {receiver.session}")
             for message in await receiver.receive_messages(1, max_wait_time=30):
@@ -524,15 +529,7 @@ async def test_a_deferred_message_is_found_through_its_twin_by_another_process(
         RedisSeenSet.from_url(REDIS_URL, group=group) as seen,
         dropin(emu, seen) as client,
     ):
-        async with client.get_queue_sender(queue) as sender:
-            await sender.send_messages(ServiceBusMessage("d"))
-        async with client.get_queue_receiver(queue, max_wait_time=10) as receiver:
-            (message,) = await receiver.receive_messages(1, max_wait_time=30)
-            await receiver.defer_message(message)
-            number = message.sequence_number
-            assert number is not None
-            both = await eventually(lambda: all_deferred(emu, queue), within=30)
-            assert both, "georep deferred the twin in the other region"
+        number = await defer_one(emu, client, queue)
     down = region_of(number)
     await fault(emu, down, "outage")
     try:
@@ -557,6 +554,46 @@ async def test_a_deferred_message_is_found_through_its_twin_by_another_process(
     ):
         assert await receiver.receive_messages(1, max_wait_time=2) == []
         assert await eventually(lambda: stored(emu, queue) == 0, within=30), "both settled"
+
+
+async def test_a_deferred_message_completed_through_its_twin_is_not_handed_out_again(
+    emu: Emulator, seen: RedisSeenSet, private_queue: Any
+) -> None:
+    """Deferred in one region; that region goes down; the program gets it by its number
+    from the twin and completes it; the region comes back. Asking for the number again
+    raises the SDK's MessageNotFoundError, as it does once a deferred message was completed
+    (it handed the completed message out a second time), and no copy is left."""
+    queue = private_queue("twin-done")
+    async with dropin(emu, seen) as client:
+        number = await defer_one(emu, client, queue)
+        down = region_of(number)
+        await fault(emu, down, "outage")
+        try:
+            async with client.get_queue_receiver(queue, max_wait_time=10) as receiver:
+                (again,) = await receiver.receive_deferred_messages([number])
+                assert str(again) == "d"
+                await receiver.complete_message(again)
+        finally:
+            await fault(emu, down, "restore")
+        async with client.get_queue_receiver(queue, max_wait_time=10) as receiver:
+            with pytest.raises(MessageNotFoundError):
+                await receiver.receive_deferred_messages([number])
+    assert await eventually(lambda: stored(emu, queue) == 0, within=30), "a copy was left"
+
+
+async def defer_one(emu: Emulator, client: ServiceBusClient, queue: str) -> int:
+    """Send "d" to ``queue``, receive and defer it; the number it was handed out with, once
+    georep deferred its twin in the other region too (active mode)."""
+    async with client.get_queue_sender(queue) as sender:
+        await sender.send_messages(ServiceBusMessage("d"))
+    async with client.get_queue_receiver(queue, max_wait_time=10) as receiver:
+        (message,) = await receiver.receive_messages(1, max_wait_time=30)
+        await receiver.defer_message(message)
+        number = message.sequence_number
+        assert number is not None
+        both = await eventually(lambda: all_deferred(emu, queue), within=30)
+        assert both, "georep deferred the twin in the other region"
+    return number
 
 
 async def all_deferred(emu: Emulator, queue: str) -> bool:

@@ -152,8 +152,10 @@ class ServiceBusClient(ClientConstructors, ClosedOnAsyncExit):
         topic_name: str | None = None,
         client_identifier: str | None = None,
         socket_timeout: float | None = None,
+        **sdk_settings: Any,
     ) -> ServiceBusSender:
         self._check_open()
+        _ignored("get_queue_sender" if queue_name else "get_topic_sender", sdk_settings)
         # The seen-set every process shares also keeps which copy of a scheduled message
         # each region holds, so that any process can cancel it (docs/migration.md).
         seen = self._options.get("seen")
@@ -211,8 +213,13 @@ class ServiceBusClient(ClientConstructors, ClosedOnAsyncExit):
         prefetch_count: int = 0,
         client_identifier: str | None = None,
         socket_timeout: float | None = None,
+        **sdk_settings: Any,
     ) -> ServiceBusReceiver:
         self._check_open()
+        _ignored(
+            "get_queue_receiver" if "queue_name" in names else "get_subscription_receiver",
+            sdk_settings,
+        )
         seen = self._options.get("seen")
         if seen is None:
             raise ConfigurationError(
@@ -338,3 +345,17 @@ class ServiceBusClient(ClientConstructors, ClosedOnAsyncExit):
         expiries = [getattr(h, "locked_until", None) for h in held if h is not None]
         session.start_keeping(min((e for e in expiries if e is not None), default=None))
         return pull, session
+
+
+def _ignored(method: str, settings: dict[str, Any]) -> None:
+    """Log the per-handler keyword arguments georep does not use. The SDK's handlers take
+    any (``retry_total``, ``user_agent``... and unknown ones, which it ignores); georep's
+    take them too, so that a program runs unchanged, and its SDK clients get their
+    settings from the client's ``client_options``."""
+    if settings:
+        _log.warning(
+            "%s: %s ignored: georep's SDK clients take their settings from the client's "
+            "client_options",
+            method,
+            ", ".join(sorted(settings)),
+        )

@@ -33,11 +33,12 @@ from georep._clock import SystemClock
 from georep._lifecycle import start_task
 from georep.exceptions import (
     ConfigurationError,
+    MessageNotFoundError,
     RegionError,
     SettlementError,
     StoreUnavailableError,
 )
-from georep.ports import ClaimState, Clock, ScheduleStore
+from georep.ports import ClaimState, Clock, ErrorKind, ScheduleStore
 from georep.receive.outcomes import Decision, Settle, twin_reason
 from georep.receive.pull import PullReceiver, SettleProbe
 
@@ -46,6 +47,9 @@ from ._numbers import handed_out, mark, own_number, region_of
 __all__ = ["DeferredBook", "DeferredMessages", "settle_found"]
 
 _log = logging.getLogger("georep.servicebus")
+
+_SETTLED: Final = (ClaimState.DONE, ClaimState.DEAD_LETTERED)
+"""Seen-set states of a message no deferred copy of which may be handed out again."""
 
 _KEPT: Final = 100_000
 """Entries a book keeps at most (oldest forgotten first)."""
@@ -209,8 +213,17 @@ class DeferredMessages:
         A number names its region (:mod:`._numbers`); each is asked for once.
 
         Raises:
+            MessageNotFoundError: A number whose message was completed or dead-lettered
+                already, from its twin in the other region (while its own region was down):
+                as the SDK raises for a number settled since (its copy here is settled
+                now, as a twin).
             RegionError: A region refused (no such deferred message) or did not answer.
         """
+        messages = await self._receive(numbers, timeout)
+        await self._drop_settled(messages)
+        return messages
+
+    async def _receive(self, numbers: Sequence[int], timeout: float | None) -> list[Any]:
         probes = {probe.region: probe for probe in self._pull.regions}
         plan: dict[str, list[tuple[int, int]]] = {}
         for number in dict.fromkeys(numbers):
@@ -230,6 +243,47 @@ class DeferredMessages:
                 # the other region, is the same message.
                 messages += await self._twins_of(region, entries, exc, timeout)
         return messages
+
+    async def _drop_settled(self, messages: list[Any]) -> None:
+        """Raise the SDK's ``MessageNotFoundError`` if one of ``messages`` is final in the
+        seen-set (settled from its twin), after settling each such copy as a twin; the
+        others are let go (their locks run out: they stay deferred), as a refused call
+        leaves them. Nothing is checked if the seen-set does not answer.
+        """
+        keyed = [(m, held) for m in messages if (held := self._held[id(m)])[1] is not None]
+        if not keyed:
+            return
+        geo = self._pull.geo
+        try:
+            states = await geo.seen.peek([geo.seen_key(str(held[1])) for _, held in keyed])
+        except StoreUnavailableError as exc:
+            _log.warning("receive_deferred_messages: not checked for settled twins (%s)", exc)
+            return
+        settled: list[int] = []
+        region = ""
+        for (message, (probe, _, number)), state in zip(keyed, states, strict=True):
+            if state not in _SETTLED:
+                continue
+            settled.append(number)
+            region = region or probe.region
+            try:
+                await self._apply(probe, message, twin_reason(state, None))
+            except RegionError as exc:
+                _log.warning(
+                    "a settled message's deferred copy stays in %s (%s)", probe.region, exc
+                )
+            await self._book.forget(number)
+        if not settled:
+            return
+        for message in messages:
+            self._held.pop(id(message), None)
+        raise MessageNotFoundError(
+            "receive_deferred_messages: the message deferred as "
+            + ", ".join(str(n) for n in settled)
+            + " was completed or dead-lettered already (from its copy in the other region)",
+            region=region,
+            kind=ErrorKind.INVALID_ARGUMENT,
+        )
 
     async def _twins_of(
         self,
