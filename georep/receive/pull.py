@@ -103,6 +103,11 @@ CHASE_MOST: Final = 32
 last receive brought only twins of messages settled from the other region (it receives
 twice as many as that receive brought, up to this). A receive that brings anything else
 ends the chase; a copy nobody asked for waits in the buffer, claimed, for the next call."""
+ABANDON_WAIT: Final = 2.0
+"""Seconds an abandon waits at most for itself, and the copies it hands back, to reach
+their regions (see :meth:`PullReceiver._abandon_in_order`): the order it keeps needs the
+region's answer, and a region that does not answer (a blackhole) holds the program no
+longer than this (the SDK's abandon sends its disposition and returns)."""
 BUSY_POLL: Final = 0.1
 """Seconds a receive waits on an empty region while this receiver holds copies there."""
 _SWEEP_PEEK: Final = 32
@@ -695,11 +700,11 @@ class PullReceiver(AsyncResource):
         other region's copies) would otherwise be handed out first: a session's next
         message before the abandoned one. So those copies go back unseen (the ``released``
         outcome, not a delivery attempt), and the call returns once the abandon and the
-        hand-backs reached their regions (bounded), handing back too whatever a receive
-        that began before then brings.
+        hand-backs reached their regions (at most :data:`ABANDON_WAIT`), handing back too
+        whatever a receive that began before then brings.
         """
         waits = [handout.settled, *self._return_buffered()]
-        with contextlib.suppress(TimeoutError), self._clock.deadline(CALL_SECONDS + 1.0):
+        with contextlib.suppress(TimeoutError), self._clock.deadline(ABANDON_WAIT):
             while waits:
                 await asyncio.wait(waits)
                 self._epoch += 1

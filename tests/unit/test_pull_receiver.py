@@ -17,7 +17,13 @@ from georep import ClaimState, ConfigurationError, SettlementError
 from georep.exceptions import AllRegionsUnavailableError, RegionUnavailableError
 from georep.ports import ErrorKind
 from georep.receive.outcomes import ABANDON, COMPLETE, Decision, Settle, dead_letter_decision
-from georep.receive.pull import KEEPING_UP, READ_AHEAD, SWEEP_AFTER, PullReceiver
+from georep.receive.pull import (
+    ABANDON_WAIT,
+    KEEPING_UP,
+    READ_AHEAD,
+    SWEEP_AFTER,
+    PullReceiver,
+)
 from georep.receive.region_loop import SETTLE_LINGER
 from georep.testing import FakeMessage, InMemoryRegionReceiver
 
@@ -628,6 +634,25 @@ async def test_an_abandoned_message_comes_back_before_those_read_ahead_behind_it
     assert order == expected
     await world.close(pull)
     assert world.primary.pending == world.secondary.pending == 0
+
+
+async def test_an_abandon_its_region_does_not_answer_returns_after_its_bound(
+    world: World,
+) -> None:
+    never = asyncio.Event()
+
+    async def no_answer(message: Any) -> None:
+        await never.wait()  # a blackhole: the abandon is never answered
+
+    world.primary.put(FakeMessage(b"x", "a"))
+    pull = world.pull()
+    (handout,) = await world.run(pull.receive(1, 5))
+    world.primary.abandon = no_answer  # type: ignore[method-assign]
+    began = world.clock.monotonic()
+    await world.run(pull.settle(handout.message, ABANDON, "abandon_message"), 30)
+    assert world.clock.monotonic() - began <= ABANDON_WAIT + 0.2
+    never.set()
+    await world.close(pull)
 
 
 async def test_a_slow_application_holds_no_more_copies_than_it_asked_for(world: World) -> None:
