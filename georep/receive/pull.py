@@ -423,11 +423,14 @@ class PullReceiver(AsyncResource):
 
         Returns once a region's link is open, every region failed, or ``wait`` seconds
         passed: a region that is down or slow does not hold the caller up, and goes on
-        opening in the background (its first receive waits for it). Nothing is raised
-        here: a receive raises what the regions answered, as it would without this call.
+        opening in the background (its first receive waits for it). Regions that are
+        down raise nothing here (a receive raises what they answer then).
 
         Raises:
             ClosedError: The receiver was closed.
+            RegionError: Every region refused the receiver's settings (its key, its
+                entity): the primary's refusal (an ``EntityNotFoundError``,
+                ``AuthenticationError``...), as the SDK's receiver raises when it opens.
         """
         self._check_open()
         if self._opening:
@@ -442,6 +445,8 @@ class PullReceiver(AsyncResource):
                 done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
                 if any(task.result() for task in done):
                     return
+        if not pending:
+            self._raise_if_refused()
 
     async def _open_region(self, fetch: _Fetch) -> bool:
         """Open one region's link (bounded); whether it opened."""
@@ -453,6 +458,7 @@ class PullReceiver(AsyncResource):
                 await fetch.probe.call(lambda _: opener())
         except RegionError as exc:
             _log.debug("opening %s's link failed: %s", fetch.probe.region, exc)
+            fetch.failing = exc  # a receive meets the same answer (a refusal is raised)
             return False
         return True
 

@@ -43,12 +43,19 @@ def client_of(emu: Emulator, seen: RedisSeenSet, *, keys: Any = None) -> Service
 async def test_receiving_from_an_entity_no_region_has_raises_the_sdks_not_found(
     emu: Emulator, seen: RedisSeenSet
 ) -> None:
-    async with client_of(emu, seen) as client, client.get_queue_receiver("nope") as receiver:
+    async with client_of(emu, seen) as client:
+        # As the SDK's: opening the receiver raises (its link cannot attach anywhere).
+        with pytest.raises(MessagingEntityNotFoundError, match="'nope' could not be found"):
+            async with client.get_queue_receiver("nope"):
+                pass
+        # A receiver used without opening it first raises at its first receive.
+        receiver = client.get_queue_receiver("nope")
         with pytest.raises(MessagingEntityNotFoundError, match="'nope' could not be found"):
             await receiver.receive_messages(max_wait_time=30)
         with pytest.raises(ServiceBusError):  # again, and by the base class old code names
             async for _ in receiver:
                 pass
+        await receiver.close()
 
 
 async def test_receiving_with_a_key_every_region_refuses_raises_the_sdks_auth_error(
@@ -56,20 +63,26 @@ async def test_receiving_with_a_key_every_region_refuses_raises_the_sdks_auth_er
 ) -> None:
     queue = private_queue("key")
     client = client_of(emu, seen, keys=wrong_key)
-    async with client, client.get_queue_receiver(queue) as receiver:
+    async with client:
         with pytest.raises(ServiceBusAuthenticationError) as raised:
+            async with client.get_queue_receiver(queue):  # raised as it opens, as the SDK's
+                pass
+        receiver = client.get_queue_receiver(queue)
+        with pytest.raises(ServiceBusAuthenticationError):
             await receiver.receive_messages(max_wait_time=30)
+        await receiver.close()
     assert "d3Jvbmc=" not in str(raised.value), "never the key"
 
 
 def test_a_sync_receiver_raises_the_same(emu: Emulator, seen: RedisSeenSet) -> None:
     strings = [emu.connection_string(region) for region in REGIONS]
-    with (
-        georep.servicebus.ServiceBusClient.from_connection_strings(*strings, seen=seen) as client,
-        client.get_queue_receiver("nope") as receiver,
-        pytest.raises(MessagingEntityNotFoundError),
-    ):
-        receiver.receive_messages(max_wait_time=30)
+    with georep.servicebus.ServiceBusClient.from_connection_strings(*strings, seen=seen) as client:
+        with pytest.raises(MessagingEntityNotFoundError), client.get_queue_receiver("nope"):
+            pass  # raised as it opens, as the SDK's
+        receiver = client.get_queue_receiver("nope")
+        with pytest.raises(MessagingEntityNotFoundError):
+            receiver.receive_messages(max_wait_time=30)
+        receiver.close()
 
 
 async def test_an_entity_one_region_lacks_is_read_from_the_other(

@@ -14,7 +14,11 @@ from azure.servicebus import exceptions as azure_exceptions
 from azure.servicebus.exceptions import MessageAlreadySettled
 
 from georep import ClaimState, ConfigurationError, SettlementError
-from georep.exceptions import AllRegionsUnavailableError, RegionUnavailableError
+from georep.exceptions import (
+    AllRegionsUnavailableError,
+    EntityNotFoundError,
+    RegionUnavailableError,
+)
 from georep.ports import ErrorKind
 from georep.receive.outcomes import ABANDON, COMPLETE, Decision, Settle, dead_letter_decision
 from georep.receive.pull import (
@@ -863,6 +867,23 @@ async def test_open_raises_nothing_when_every_region_fails_to_open(world: World)
             RegionUnavailableError("down", region=region, kind=ErrorKind.CONNECTION)
         )
     await asyncio.wait_for(opened, 1)
+    await world.close(pull)
+
+
+async def test_open_raises_the_refusal_when_every_region_refuses_the_entity(
+    world: World,
+) -> None:
+    # As the SDK's receiver raises when its link cannot attach to an entity that does not
+    # exist: both regions refused the receiver's own settings.
+    first, second, pull, opened = await _start_opening(world)
+    for region, opening in (("primary", first), ("secondary", second)):
+        assert opening.outcome is not None
+        opening.outcome.set_result(
+            EntityNotFoundError("no such queue", region=region, kind=ErrorKind.ENTITY_NOT_FOUND)
+        )
+    with pytest.raises(EntityNotFoundError) as raised:
+        await asyncio.wait_for(opened, 1)
+    assert raised.value.region == "primary"
     await world.close(pull)
 
 

@@ -135,8 +135,18 @@ class ServiceBusReceiver(ClosedOnAsyncExit):
 
     async def __aenter__(self) -> Self:
         """Open the receiver: its links in both regions, as the SDK's opens its one (a
-        region that is down does not hold it up: see :meth:`PullReceiver.open`)."""
-        await (await self._opened()).open()
+        region that is down does not hold it up: see :meth:`PullReceiver.open`).
+
+        Raises:
+            EntityNotFoundError, AuthenticationError: Every region refused the receiver's
+                entity or key (the SDK's ``MessagingEntityNotFoundError``,
+                ``ServiceBusAuthenticationError``); the receiver is closed.
+        """
+        try:
+            await (await self._opened()).open()
+        except BaseException:
+            await self.close()  # as the SDK's handler, closed when it could not open
+            raise
         return self
 
     async def close(self) -> None:
