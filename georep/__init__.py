@@ -9,6 +9,9 @@ from typing import TYPE_CHECKING, Any
 __version__ = "0.1.0"
 
 from georep._extras import import_on_first_use
+from georep._secrets import mask_log_secrets
+
+mask_log_secrets()  # no key reaches a log line of georep's (an SDK error, a handler's)
 
 if TYPE_CHECKING:
     from georep._policy import (

@@ -53,7 +53,13 @@ Namespace = str | Mapping[str, Any]
 
 def check_connection_string(connection_string: str, region: str) -> None:
     """Reject a malformed connection string without ever echoing it (it holds the key)."""
-    if not isinstance(connection_string, str) or not connection_string.strip():
+    if not isinstance(connection_string, str):
+        raise ConfigurationError(
+            f"the {region} connection string must be a str, not "
+            f"{type(connection_string).__name__}: copy it from the namespace's 'Shared "
+            "access policies' page (or use from_namespaces with a credential)"
+        )
+    if not connection_string.strip():
         raise ConfigurationError(
             f"the {region} connection string is empty: copy it from the namespace's "
             "'Shared access policies' page"
@@ -126,6 +132,10 @@ def one_entity(queue_name: str | None, topic_name: str | None) -> None:
     """
     if (queue_name is None) == (topic_name is None):
         raise ConfigurationError("name exactly one of queue_name= or topic_name=")
+    name = queue_name if queue_name is not None else topic_name
+    if not isinstance(name, str) or not name.strip():
+        which = "queue_name" if queue_name is not None else "topic_name"
+        raise ConfigurationError(f"{which}= must name the entity, got {name!r}")
 
 
 def namespace_endpoint(

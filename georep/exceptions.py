@@ -47,13 +47,13 @@ signature (:func:`mask_secrets` masks any that reaches it).
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping
 from types import MappingProxyType, TracebackType
 from typing import Any
 
 from georep._classify import RETRYABLE_KINDS
 from georep._sdk_errors import sdk
+from georep._secrets import mask_secrets
 from georep.ports import ErrorKind
 
 __all__ = [
@@ -86,22 +86,6 @@ __all__ = [
     "error_type",
     "region_error",
 ]
-
-# A secret's value after its name: connection-string keys, a SAS token's signature, the
-# relay's token parameter. "..." and "<...>" are placeholders in hints, left as they are.
-_SECRET = re.compile(
-    r"(?i)\b(SharedAccessKey|SharedAccessSignature|AccountKey|sig|sb-hc-token)"
-    r"(=|%3D)(?!\.\.\.|<)([^;&\s'\"]+)"
-)
-
-
-def mask_secrets(text: str) -> str:
-    """``text`` with the value of every key, SAS signature or token in it replaced by ``***``.
-
-    Every georep error's text goes through it; a second line of defence (georep builds its
-    messages from namespaces and entity names, never from a connection string).
-    """
-    return _SECRET.sub(r"\1\2***", text)
 
 
 def _rebuild(cls: type[GeoReplicationError], args: tuple[Any, ...]) -> GeoReplicationError:

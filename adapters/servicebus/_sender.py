@@ -163,6 +163,8 @@ def open_client(
     Raises:
         ConfigurationError: The connection string is malformed (the message never shows it).
     """
+    if not isinstance(target, NamespaceEndpoint):
+        check_connection_string(target, region)  # None, bytes...: a named error
     endpoint = target if isinstance(target, NamespaceEndpoint) else NamespaceEndpoint(target)
     options: dict[str, Any] = {
         "retry_total": retry_total,

@@ -31,6 +31,8 @@ def test_an_unknown_option_is_refused_by_name() -> None:
         ("Endpoint=sb://east.example.net/", SECONDARY, "primary connection string lacks Shared"),
         (PRIMARY, "Endpoint=sb://west.example.net/", "secondary connection string lacks Shared"),
         ("", SECONDARY, "primary connection string is empty"),
+        (None, SECONDARY, "primary connection string must be a str, not NoneType"),
+        (PRIMARY, b"Endpoint=sb://x/", "secondary connection string must be a str, not bytes"),
     ],
 )
 @pytest.mark.parametrize("client", [georep.servicebus, georep.servicebus.aio])

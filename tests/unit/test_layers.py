@@ -150,7 +150,13 @@ ERROR_LAYER = {
     },
     "georep._classify": {"georep.ports"},
     "georep._sdk_errors": set(),
-    "georep.exceptions": {"georep.ports", "georep._classify", "georep._sdk_errors"},
+    "georep._secrets": set(),
+    "georep.exceptions": {
+        "georep.ports",
+        "georep._classify",
+        "georep._sdk_errors",
+        "georep._secrets",
+    },
 }
 
 

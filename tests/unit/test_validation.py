@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import uuid
 from typing import Any
 
@@ -151,3 +152,28 @@ def test_wrong_option_types_raise_configuration_error(build: Any) -> None:
         build()
     assert isinstance(raised.value, GeoReplicationError)
     assert any(name in str(raised.value) for name in ("PairedNamespaceOptions.", "Policy."))
+
+
+_STRING = "Endpoint=sb://east.example.net/;SharedAccessKeyName=a;SharedAccessKey=c2VjcmV0"
+
+
+@pytest.mark.parametrize(
+    ("primary", "queue", "says"),
+    [
+        (None, "q", "primary connection string must be a str, not NoneType"),
+        (42, "q", "primary connection string must be a str, not int"),
+        (b"Endpoint=sb://x/", "q", "primary connection string must be a str, not bytes"),
+        (_STRING, "", "queue_name= must name the entity, got ''"),
+    ],
+)
+def test_a_connection_string_or_entity_of_the_wrong_kind_is_named(
+    primary: Any, queue: str, says: str
+) -> None:
+    # Before: None raised the SDK's TypeError, 42 and bytes were called "empty", and an
+    # empty queue name raised the SDK's "Queue/Topic name is missing".
+    from georep import GeoSender
+
+    secondary = _STRING.replace("east", "west")
+    with pytest.raises(ConfigurationError, match=re.escape(says)) as raised:
+        GeoSender.from_connection_strings(primary, secondary, queue_name=queue)
+    assert "c2VjcmV0" not in str(raised.value)

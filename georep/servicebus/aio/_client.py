@@ -82,7 +82,7 @@ class ServiceBusClient(ClientConstructors, ClosedOnAsyncExit):
     def __init__(self, primary: Target, secondary: Target, **options: Unpack[ClientOptions]):
         checked = checked_options(options)
         for target, region in ((primary, "primary"), (secondary, "secondary")):
-            if isinstance(target, str):  # as the SDK, a malformed one is refused here
+            if not isinstance(target, NamespaceEndpoint):  # as the SDK, refused here
                 check_connection_string(target, region)
         if "mode" in checked:
             checked["mode"] = ReplicationMode(checked["mode"])

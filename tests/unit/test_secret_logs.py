@@ -1,0 +1,44 @@
+"""No key reaches a line georep logs, whoever wrote the text (an application handler's
+exception, an SDK error): every georep logger masks it."""
+
+from __future__ import annotations
+
+import logging
+import re
+from pathlib import Path
+
+import pytest
+
+import georep  # noqa: F401  (importing georep puts the mask on its loggers)
+from georep._secrets import LOGGERS
+
+ROOT = Path(__file__).resolve().parents[2]
+KEY = "Fu/gfyzEE5qNJPpZn6Lq5/mGJeJF9iRdL1cA3x+JmZ8="
+CONNECTION = (
+    f"Endpoint=sb://127.0.0.1:33513;SharedAccessKeyName=Root;SharedAccessKey={KEY};"
+    "UseDevelopmentEmulator=true"
+)
+
+
+def test_every_logger_georep_names_is_masked() -> None:
+    named = set()
+    for path in [*ROOT.joinpath("georep").rglob("*.py"), *ROOT.joinpath("adapters").rglob("*.py")]:
+        named |= set(re.findall(r'getLogger\("(georep[^"]*)"\)', path.read_text()))
+    assert named and named <= set(LOGGERS), sorted(named - set(LOGGERS))
+
+
+@pytest.mark.parametrize("name", ["georep.receiver", "georep.sender", "georep"])
+def test_a_key_in_a_logged_argument_or_traceback_is_masked(
+    name: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    # What the receiver logs when a handler raises with a connection string in its text.
+    logger = logging.getLogger(name)
+    with caplog.at_level(logging.WARNING, logger=name):
+        logger.warning("handler failed for %s: %r", "x1", ConnectionError(f"db: {CONNECTION}"))
+        try:
+            raise RuntimeError(f"could not write using {CONNECTION}")
+        except RuntimeError:
+            logger.exception("the fetcher failed")
+    text = "\n".join(caplog.messages) + caplog.text
+    assert KEY not in text
+    assert "SharedAccessKey=***" in text and "handler failed for x1" in text
