@@ -211,6 +211,13 @@ async def _listed(
         return []
 
 
+async def _first_queue(admin: ServiceBusAdministrationClient) -> None:
+    """One round trip to the namespace (the first page of its queues): raises as the
+    counts would when it is down or refuses the key."""
+    async for _ in admin.list_queues():
+        break
+
+
 async def _region(
     region: str,
     connection_string: str,
@@ -225,6 +232,8 @@ async def _region(
         async with _admin(connection_string, connection_verify) as admin:
             for name in entities:
                 rows += await wait_within(_counts(admin, name), timeout)
+            if not entities:  # asked about nothing: still ask it something before "answers"
+                await wait_within(_first_queue(admin), timeout)
     except (HttpResponseError, ServiceRequestError, OSError, TimeoutError) as exc:
         # ClientAuthenticationError is an HttpResponseError.
         return _unreachable(region, namespace, exc, connection_verify)

@@ -180,6 +180,27 @@ def test_a_region_or_redis_that_does_not_answer_is_named_and_the_rest_still_show
     assert code == 2 and "fix: start Redis" in output
 
 
+def test_a_region_is_asked_before_it_is_said_to_answer_even_with_no_entity_to_count(
+    emu: Emulator, app: str
+) -> None:
+    # No role record, no --entity, and neither namespace could be listed (the primary is
+    # down; the secondary's certificate is not trusted without --ca-file): no entity to
+    # count, and both regions were reported "answers" (exit 0) without being asked.
+    port = emu.namespace("primary").port
+    emu.namespace("primary").outage()
+    try:
+        code, _, output = status(
+            "--redis", REDIS_URL, "--app", app,
+            "--primary", emu.connection_string("primary"),
+            "--secondary", emu.connection_string("secondary"),
+        )  # fmt: skip
+    finally:
+        emu.namespace("primary").restore()
+    assert code == 1, output
+    assert f"primary 127.0.0.1:{port}: UNREACHABLE: cannot be reached (" in output, output
+    assert "UNREACHABLE: certificate verification error" in output, output
+
+
 def test_a_region_that_accepts_but_never_answers_is_reported_as_timing_out(emu: Emulator) -> None:
     # The bound is the blackholed primary's whole wait, and the answering secondary's too:
     # 0.5 s ran out for the secondary on a machine three times slower (PACE 3).
