@@ -11,6 +11,7 @@ Failed attempts against an unavailable region are not billed and are not counted
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 from datetime import timedelta
@@ -192,5 +193,19 @@ def estimate_cost(workload: Workload, mode: str) -> CostEstimate:
 
 
 def estimate_costs(workload: Workload, modes: tuple[str, ...] = MODES) -> list[CostEstimate]:
-    """Price ``workload`` in each of ``modes`` (default: all four), side by side."""
-    return [estimate_cost(workload, mode) for mode in modes]
+    """Price ``workload`` in each of ``modes`` (default: all four), side by side.
+
+    Raises:
+        ConfigurationError: A mode is unknown, or the workload's totals overflow (a rate
+            of 1e308 messages a second is finite; its month is not).
+    """
+    estimates = [estimate_cost(workload, mode) for mode in modes]
+    for estimate in estimates:
+        numbers = [v for v in dataclasses.astuple(estimate) if isinstance(v, float | int)]
+        if not all(math.isfinite(v) for v in numbers):
+            raise ConfigurationError(
+                f"the workload is too large to count ({workload.messages_per_second:g} "
+                f"messages a second for {workload.days:g} days overflows): lower "
+                "messages_per_second or days"
+            )
+    return estimates

@@ -138,3 +138,12 @@ def test_workload_numbers_must_be_finite(field: str, value: object) -> None:
 def test_workload_counts_must_be_ints(value: object) -> None:
     with pytest.raises(ConfigurationError, match=r"Workload\.entities"):
         Workload(messages_per_second=1, entities=value)  # type: ignore[arg-type]
+
+
+def test_a_workload_whose_totals_overflow_is_refused_not_priced_as_inf() -> None:
+    # 1e308 messages a second is a finite rate; its month is not (a table of "inf" before).
+    with pytest.raises(ConfigurationError, match="too large to count"):
+        estimate_costs(Workload(messages_per_second=1e308))
+    result = CliRunner().invoke(app, ["cost", "--rate", "1e308"], env={"COLUMNS": "200"})
+    assert result.exit_code == 2 and "too large to count" in result.output
+    assert "inf" not in result.output
