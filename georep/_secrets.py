@@ -60,7 +60,10 @@ class SecretMask(logging.Filter):
     """Mask secrets in a record's message and its traceback before any handler sees it."""
 
     def filter(self, record: logging.LogRecord) -> bool:
-        message = record.getMessage()
+        try:
+            message = record.getMessage()
+        except Exception:  # arguments that do not fit the format
+            return True  # left to the handler, which reports it (logging's own way)
         masked = mask_secrets(message)
         if masked != message:
             record.msg, record.args = masked, None

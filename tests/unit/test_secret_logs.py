@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 import georep  # noqa: F401  (importing georep puts the mask on its loggers)
-from georep._secrets import LOGGERS
+from georep._secrets import LOGGERS, SecretMask
 
 ROOT = Path(__file__).resolve().parents[2]
 KEY = "Fu/gfyzEE5qNJPpZn6Lq5/mGJeJF9iRdL1cA3x+JmZ8="
@@ -42,3 +42,13 @@ def test_a_key_in_a_logged_argument_or_traceback_is_masked(
     text = "\n".join(caplog.messages) + caplog.text
     assert KEY not in text
     assert "SharedAccessKey=***" in text and "handler failed for x1" in text
+
+
+def test_a_record_whose_arguments_do_not_fit_its_format_passes_the_mask_unchanged() -> None:
+    # The mask must not raise into the code that logs: the handler reports such a record
+    # (logging's own way), as it would without the mask.
+    record = logging.LogRecord(
+        "georep.receiver", logging.WARNING, __file__, 1, "%d copies", ("x",), None
+    )
+    assert SecretMask().filter(record)
+    assert (record.msg, record.args) == ("%d copies", ("x",))
