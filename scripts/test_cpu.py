@@ -11,7 +11,9 @@ was running when it started, with all the CPU it used until it ended. It prints:
 
 - the machine's busy CPU seconds against the wall time (busy ~ 2 x wall: CPU-bound);
 - CPU seconds by kind of process (Spark JVMs, emulators, the workers themselves, ...);
-- the units that cost the most CPU, with their wall time.
+- the units that cost the most CPU, with their wall time;
+- the commands that cost the most CPU, alike ones together (numbers and temporary paths
+  blanked), with how many processes ran each.
 
 A process that lived less than half a second may be missed, and one whose parent exited
 before it was seen (a daemon) is counted under its kind but not charged to a unit.
@@ -21,6 +23,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -106,6 +109,14 @@ def kind_of(command: str) -> str:
     return next((kind for marker, kind in KINDS if marker in command), "other")
 
 
+def command_shape(command: str) -> str:
+    """``command`` with what differs between runs of one command blanked: temporary paths,
+    numbers (ports, pids, seeds), and a long ``-c`` program cut to its start."""
+    shape = re.sub(r"/tmp/\S*", "/tmp/…", command)
+    shape = re.sub(r"\d+", "N", shape)
+    return shape[:150]
+
+
 def main(args: list[str]) -> int:
     sys.path.insert(0, str(REPO / "tests"))
     from conftest import unit_of
@@ -134,11 +145,14 @@ def main(args: list[str]) -> int:
         return None
 
     kinds: dict[str, float] = defaultdict(float)
+    commands: dict[str, list[float]] = defaultdict(lambda: [0.0, 0.0])
     units: dict[str, list[float]] = defaultdict(lambda: [0.0, 0.0])
     for test in tests:
         units[test["unit"]][1] += test["wall"]
     for (pid, _), (command, _, first_seen, cpu) in processes.seen.items():
         kinds[kind_of(command)] += cpu
+        commands[command_shape(command)][0] += cpu
+        commands[command_shape(command)][1] += 1
         worker = worker_of(pid)
         if worker is None or worker == pid:
             continue
@@ -154,6 +168,9 @@ def main(args: list[str]) -> int:
     print("\nunits by CPU seconds (their own, and their child processes'), with wall seconds:")
     for unit, (cpu, seconds) in sorted(units.items(), key=lambda item: -item[1][0])[:25]:
         print(f"  {cpu:7.1f} cpu {seconds:7.1f} s  {unit}")
+    print("\ncommands by CPU seconds (alike ones together), with how many processes ran them:")
+    for shape, (cpu, count) in sorted(commands.items(), key=lambda item: -item[1][0])[:30]:
+        print(f"  {cpu:7.1f} cpu {count:5.0f} x  {shape}")
     return status
 
 
