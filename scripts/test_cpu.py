@@ -11,7 +11,8 @@ was running when it started, with all the CPU it used until it ended. It prints:
 
 - the machine's busy CPU seconds against the wall time (busy ~ 2 x wall: CPU-bound);
 - CPU seconds by kind of process (Spark JVMs, emulators, the workers themselves, ...);
-- the units that cost the most CPU, with their wall time;
+- the units that cost the most CPU, with their wall time, and the tests (a Spark lane is
+  one unit of many tests);
 - the commands that cost the most CPU, alike ones together (numbers and temporary paths
   blanked), with how many processes ran each.
 
@@ -147,8 +148,10 @@ def main(args: list[str]) -> int:
     kinds: dict[str, float] = defaultdict(float)
     commands: dict[str, list[float]] = defaultdict(lambda: [0.0, 0.0])
     units: dict[str, list[float]] = defaultdict(lambda: [0.0, 0.0])
+    by_test: dict[str, list[float]] = defaultdict(lambda: [0.0, 0.0])
     for test in tests:
         units[test["unit"]][1] += test["wall"]
+        by_test[test["test"]][1] += test["wall"]
     for (pid, _), (command, _, first_seen, cpu) in processes.seen.items():
         kinds[kind_of(command)] += cpu
         commands[command_shape(command)][0] += cpu
@@ -159,8 +162,10 @@ def main(args: list[str]) -> int:
         running = [t for t in by_worker[worker] if t["start"] - 1 <= first_seen]
         if running:
             units[unit_of(running[-1]["test"])][0] += cpu
+            by_test[running[-1]["test"]][0] += cpu
     for test in tests:  # the worker's own CPU (its children's is counted above)
         units[test["unit"]][0] += test.get("own", 0.0)
+        by_test[test["test"]][0] += test.get("own", 0.0)
     print(f"\nmachine: {busy:.0f} CPU-seconds busy in {wall:.0f} s wall ({busy / wall:.2f} cores)")
     print("\nCPU seconds by kind of process:")
     for kind, cpu in sorted(kinds.items(), key=lambda item: -item[1]):
@@ -168,6 +173,9 @@ def main(args: list[str]) -> int:
     print("\nunits by CPU seconds (their own, and their child processes'), with wall seconds:")
     for unit, (cpu, seconds) in sorted(units.items(), key=lambda item: -item[1][0])[:25]:
         print(f"  {cpu:7.1f} cpu {seconds:7.1f} s  {unit}")
+    print("\ntests by CPU seconds (their own, and the processes started while they ran):")
+    for test, (cpu, seconds) in sorted(by_test.items(), key=lambda item: -item[1][0])[:40]:
+        print(f"  {cpu:7.1f} cpu {seconds:7.1f} s  {test.removeprefix('tests/')[-110:]}")
     print("\ncommands by CPU seconds (alike ones together), with how many processes ran them:")
     for shape, (cpu, count) in sorted(commands.items(), key=lambda item: -item[1][0])[:30]:
         print(f"  {cpu:7.1f} cpu {count:5.0f} x  {shape}")
