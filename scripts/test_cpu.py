@@ -146,6 +146,7 @@ def main(args: list[str]) -> int:
         return None
 
     kinds: dict[str, float] = defaultdict(float)
+    kind_counts: dict[str, int] = defaultdict(int)
     commands: dict[str, list[float]] = defaultdict(lambda: [0.0, 0.0])
     units: dict[str, list[float]] = defaultdict(lambda: [0.0, 0.0])
     by_test: dict[str, list[float]] = defaultdict(lambda: [0.0, 0.0])
@@ -154,6 +155,7 @@ def main(args: list[str]) -> int:
         by_test[test["test"]][1] += test["wall"]
     for (pid, _), (command, _, first_seen, cpu) in processes.seen.items():
         kinds[kind_of(command)] += cpu
+        kind_counts[kind_of(command)] += 1
         commands[command_shape(command)][0] += cpu
         commands[command_shape(command)][1] += 1
         worker = worker_of(pid)
@@ -167,9 +169,9 @@ def main(args: list[str]) -> int:
         units[test["unit"]][0] += test.get("own", 0.0)
         by_test[test["test"]][0] += test.get("own", 0.0)
     print(f"\nmachine: {busy:.0f} CPU-seconds busy in {wall:.0f} s wall ({busy / wall:.2f} cores)")
-    print("\nCPU seconds by kind of process:")
+    print("\nCPU seconds by kind of process, with how many processes:")
     for kind, cpu in sorted(kinds.items(), key=lambda item: -item[1]):
-        print(f"  {cpu:7.1f}  {kind}")
+        print(f"  {cpu:7.1f} cpu {kind_counts[kind]:5d} x  {kind}")
     print("\nunits by CPU seconds (their own, and their child processes'), with wall seconds:")
     for unit, (cpu, seconds) in sorted(units.items(), key=lambda item: -item[1][0])[:25]:
         print(f"  {cpu:7.1f} cpu {seconds:7.1f} s  {unit}")
@@ -177,7 +179,7 @@ def main(args: list[str]) -> int:
     for test, (cpu, seconds) in sorted(by_test.items(), key=lambda item: -item[1][0])[:40]:
         print(f"  {cpu:7.1f} cpu {seconds:7.1f} s  {test.removeprefix('tests/')[-110:]}")
     print("\ncommands by CPU seconds (alike ones together), with how many processes ran them:")
-    for shape, (cpu, count) in sorted(commands.items(), key=lambda item: -item[1][0])[:30]:
+    for shape, (cpu, count) in sorted(commands.items(), key=lambda item: -item[1][0])[:60]:
         print(f"  {cpu:7.1f} cpu {count:5.0f} x  {shape}")
     return status
 

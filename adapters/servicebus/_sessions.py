@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from datetime import datetime
 from typing import Any
 
 from azure.servicebus import NEXT_AVAILABLE_SESSION, ServiceBusMessageState, ServiceBusReceiveMode
@@ -164,6 +165,28 @@ class ServiceBusRegionSessions(RegionLabels):
                 await asyncio.wait_for(asyncio.shield(receiver.close()), _CLOSE_SECONDS)
             raise
         return ServiceBusSessionReceiver(receiver, region=self._region)
+
+    async def list_sessions(
+        self, *, state_updated_after: datetime | None = None, timeout: float | None = None
+    ) -> list[str]:
+        """The session ids the SDK lists for the entity (every page), as the SDK's
+        ``list_queue_sessions`` / ``list_subscription_sessions`` take the arguments."""
+        if self._queue is not None:
+            paged = self._client.list_queue_sessions(
+                self._queue, state_updated_after=state_updated_after, timeout=timeout
+            )
+        else:
+            paged = self._client.list_subscription_sessions(
+                str(self._topic),
+                str(self._subscription),
+                state_updated_after=state_updated_after,
+                timeout=timeout,
+            )
+        try:
+            return [session_id async for session_id in paged]
+        except Exception as exc:
+            translated = translate_error(exc, region=self._region, namespace=self._namespace)
+            raise (translated or exc) from exc
 
     async def close(self) -> None:
         if self._owns_client:

@@ -256,6 +256,14 @@ class RegionSessions(RegionIdentity, Protocol):
         """
         ...
 
+    async def list_sessions(
+        self, *, state_updated_after: datetime | None = None, timeout: float | None = None
+    ) -> list[str]:
+        """The ids of the sessions with messages or stored state, as the service lists
+        them (only those whose state changed after ``state_updated_after``, if given), in
+        ``timeout`` seconds at the most."""
+        ...
+
     async def close(self) -> None:
         """Close what this adapter created (never the caller's client)."""
         ...

@@ -8,6 +8,7 @@ sender and receiver the client hands out takes the ones that concern it.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from datetime import datetime
 from typing import TYPE_CHECKING, Any, Final, Self, TypedDict, Unpack
 
 from azure.servicebus import ServiceBusReceiveMode, ServiceBusSubQueue
@@ -26,6 +27,7 @@ __all__ = [
     "ClientOptions",
     "ReceiverArguments",
     "SenderArguments",
+    "SessionListArguments",
     "checked_options",
     "receiver_options",
     "sender_options",
@@ -153,6 +155,15 @@ class ReceiverArguments(SenderArguments, total=False):
     max_wait_time: float | None
     auto_lock_renewer: Any
     prefetch_count: int
+
+
+class SessionListArguments(TypedDict, total=False):
+    """The keyword arguments of ``list_queue_sessions`` and ``list_subscription_sessions``,
+    as the SDK's: sessions whose state changed after ``state_updated_after`` (default: every
+    session with messages or state), within ``timeout`` seconds for the whole list."""
+
+    state_updated_after: datetime | None
+    timeout: float | None
 
 
 _SENDER: Final = (

@@ -19,6 +19,8 @@ from datetime import datetime
 from functools import partial
 from typing import Any, Generic, Self, TypeVar, Unpack
 
+from azure.core.async_paging import AsyncItemPaged
+from azure.core.paging import ItemPaged
 from azure.servicebus import ServiceBusReceivedMessage, ServiceBusSession as _SdkSession
 
 from georep import _fork
@@ -30,7 +32,13 @@ from georep.receive.context import ReceiverStats
 from georep.send.sender import GeoSender, SendResult
 
 from . import aio
-from ._options import ClientConstructors, ClientOptions, ReceiverArguments, SenderArguments
+from ._options import (
+    ClientConstructors,
+    ClientOptions,
+    ReceiverArguments,
+    SenderArguments,
+    SessionListArguments,
+)
 from .aio._session import GeoSession
 
 __all__ = ["ServiceBusClient", "ServiceBusReceiver", "ServiceBusSender", "ServiceBusSession"]
@@ -42,6 +50,15 @@ _Core = TypeVar("_Core", aio.ServiceBusSender, aio.ServiceBusReceiver)
 
 def _call(coroutine: Coroutine[Any, Any, _T]) -> _T:
     return RUNTIME.call(coroutine)
+
+
+def _blocking(paged: AsyncItemPaged[str]) -> ItemPaged[str]:
+    """``paged`` read on georep's loop thread when first iterated, as one page."""
+
+    async def read() -> list[str]:
+        return [item async for item in paged]
+
+    return ItemPaged(lambda _token: _call(read()), lambda items: (None, items))
 
 
 class ServiceBusClient(ClientConstructors, ClosedOnExit):
@@ -111,6 +128,23 @@ class ServiceBusClient(ClientConstructors, ClosedOnExit):
         :meth:`~georep.servicebus.aio.ServiceBusClient.get_subscription_receiver`."""
         get = partial(self._core.get_subscription_receiver, topic_name, subscription_name)
         return self._receiver(get, arguments)
+
+    def list_queue_sessions(
+        self, queue_name: str, **arguments: Unpack[SessionListArguments]
+    ) -> ItemPaged[str]:
+        """As the async client's
+        :meth:`~georep.servicebus.aio.ServiceBusClient.list_queue_sessions`."""
+        self._check_open()
+        return _blocking(self._core.list_queue_sessions(queue_name, **arguments))
+
+    def list_subscription_sessions(
+        self, topic_name: str, subscription_name: str, **arguments: Unpack[SessionListArguments]
+    ) -> ItemPaged[str]:
+        """As the async client's
+        :meth:`~georep.servicebus.aio.ServiceBusClient.list_subscription_sessions`."""
+        self._check_open()
+        paged = self._core.list_subscription_sessions(topic_name, subscription_name, **arguments)
+        return _blocking(paged)
 
     def _receiver(
         self, get: Callable[..., aio.ServiceBusReceiver], arguments: ReceiverArguments

@@ -6,6 +6,7 @@ import asyncio
 import dataclasses
 import itertools
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any
 
 from georep._region_identity import RegionLabels
@@ -157,6 +158,16 @@ class InMemoryRegionSessions(FaultSwitch, FakeLabels):
             return None
         _, name, session = min(candidates, key=lambda c: c[0])
         return name, session
+
+    async def list_sessions(
+        self, *, state_updated_after: datetime | None = None, timeout: float | None = None
+    ) -> list[str]:
+        """The sessions holding messages, in the order they were first used. This fake
+        keeps no session state: with ``state_updated_after`` it lists none."""
+        await self._injected_fault()
+        if state_updated_after is not None:
+            return []
+        return [name for name, s in self._sessions.items() if s.available or s.locked]
 
     async def close(self) -> None:
         self.closed = True

@@ -23,7 +23,13 @@ from azure.servicebus import (
     ServiceBusReceiveMode,
 )
 from azure.servicebus.aio import ServiceBusClient as SdkClient
-from azure.servicebus.exceptions import MessageAlreadySettled, MessageNotFoundError
+from azure.servicebus.exceptions import (
+    MessageAlreadySettled,
+    MessageNotFoundError,
+    MessagingEntityNotFoundError,
+    OperationTimeoutError,
+    ServiceBusConnectionError,
+)
 
 from georep import FailoverPolicy, ReplicationMode
 from georep.adapters.emulator import Emulator
@@ -760,3 +766,70 @@ async def test_copies_fetched_ahead_go_back_unseen_without_counting_a_delivery(
                 handled.append(str(message))
                 await receiver.complete_message(message)
     assert sorted(handled) == [f"m{i}" for i in range(8)]
+
+
+async def test_sessions_are_listed_as_the_sdk_lists_them_once_across_both_regions(
+    emu: Emulator, seen: RedisSeenSet
+) -> None:
+    """``list_queue_sessions`` / ``list_subscription_sessions``, async and blocking: each
+    session once, whichever regions hold it; the other region's while one is down; the
+    SDK's errors when both refuse or none answers."""
+    queue, topic = f"lists-{uuid.uuid4().hex[:6]}", f"listt-{uuid.uuid4().hex[:6]}"
+    for namespace in REGIONS:
+        emu.namespace(namespace).create_queue(queue, requires_session=True)
+        emu.namespace(namespace).create_topic(topic)
+    async with (
+        SdkClient.from_connection_string(emu.connection_string("primary")) as east,
+        SdkClient.from_connection_string(emu.connection_string("secondary")) as west,
+    ):
+        # "both" in both regions (active replication), the others in one region each.
+        for raw, sessions in ((east, ("both", "east-only")), (west, ("both", "west-only"))):
+            async with raw.get_queue_sender(queue) as sender:
+                await sender.send_messages([ServiceBusMessage("x", session_id=s) for s in sessions])
+        sdk_listed = [s async for s in east.list_queue_sessions(queue)]
+    assert sorted(sdk_listed) == ["both", "east-only"]  # what the SDK lists of one region
+
+    async with dropin(emu, seen) as client:
+        listed = client.list_queue_sessions(queue)  # lazily, as the SDK's
+        assert [s async for s in listed] == ["both", "east-only", "west-only"]
+        with pytest.raises(ValueError, match="greater than 0"):
+            client.list_queue_sessions(queue, timeout=0)
+        await fault(emu, "primary", "outage")
+        try:
+            assert [s async for s in client.list_queue_sessions(queue, timeout=30)] == [
+                "both",
+                "west-only",
+            ]
+            await fault(emu, "secondary", "outage")
+            with pytest.raises(ServiceBusConnectionError):
+                [s async for s in client.list_queue_sessions(queue, timeout=30)]
+            for region in REGIONS:  # both accept the connection and never answer
+                await fault(emu, region, "restore")
+                await fault(emu, region, "blackhole")
+            with pytest.raises(OperationTimeoutError):
+                [s async for s in client.list_queue_sessions(queue, timeout=1)]
+        finally:
+            await fault(emu, "primary", "restore")
+            await fault(emu, "secondary", "restore")
+        with pytest.raises(MessagingEntityNotFoundError):
+            [s async for s in client.list_queue_sessions(f"missing-{uuid.uuid4().hex[:6]}")]
+        # A session-enabled subscription: created through the SDK's admin client.
+        for namespace in REGIONS:
+            with emu.admin_client(namespace) as admin:
+                admin.create_subscription(topic, "carts", requires_session=True)
+        async with client.get_topic_sender(topic) as sender:
+            await sender.send_messages(ServiceBusMessage("y", session_id="sub-session"))
+        assert [s async for s in client.list_subscription_sessions(topic, "carts")] == [
+            "sub-session"
+        ]
+
+    def blocking() -> list[str]:
+        from georep.servicebus import ServiceBusClient as BlockingClient
+
+        blocking_seen = RedisSeenSet.from_url(REDIS_URL, group=f"lists-{uuid.uuid4().hex[:8]}")
+        with BlockingClient.from_connection_strings(
+            emu.connection_string("primary"), emu.connection_string("secondary"), seen=blocking_seen
+        ) as client:
+            return list(client.list_queue_sessions(queue))
+
+    assert await asyncio.to_thread(blocking) == ["both", "east-only", "west-only"]

@@ -8,6 +8,7 @@ import uuid
 from functools import partial
 from typing import Any, Self, Unpack
 
+from azure.core.async_paging import AsyncItemPaged
 from azure.servicebus import NEXT_AVAILABLE_SESSION, ServiceBusReceiveMode, ServiceBusSubQueue
 
 from georep._clock import SystemClock
@@ -29,6 +30,7 @@ from georep.servicebus._options import (
     ClientOptions,
     ReceiverArguments,
     SenderArguments,
+    SessionListArguments,
     checked_options,
     receiver_options,
     sender_options,
@@ -38,6 +40,7 @@ from ._deferred import DeferredBook, settle_found
 from ._receiver import DEFAULT_RECEIVE_WAIT, ServiceBusReceiver
 from ._sender import ServiceBusSender
 from ._session import Absent, GeoSession, SessionOwnership, SessionRegions, accept_in_both
+from ._session_list import sessions_in_both
 
 __all__ = ["ServiceBusClient"]
 
@@ -298,6 +301,65 @@ class ServiceBusClient(ClientConstructors, ClosedOnAsyncExit):
         )
         self._handlers.add(receiver)
         return receiver
+
+    # -------------------------------------------------------------------- sessions
+
+    def list_queue_sessions(
+        self, queue_name: str, **arguments: Unpack[SessionListArguments]
+    ) -> AsyncItemPaged[str]:
+        """The ids of the sessions of a session-enabled queue that hold messages or state
+        in either region, each once, as the SDK's ``list_queue_sessions`` (lazily: the
+        regions are asked when the result is first iterated).
+
+        Arguments as the SDK's (:class:`~georep.servicebus._options.SessionListArguments`).
+        ``state_updated_after`` is passed to both regions: it selects by the brokers'
+        session state, which georep's ``session.set_state`` does not write (it keeps one
+        state for both regions beside the seen-set, docs/migration.md).
+
+        Raises:
+            ValueError: ``timeout`` is not greater than 0 (here, as the SDK).
+            ServiceBusAuthenticationError, MessagingEntityNotFoundError, ServiceBusError:
+                Both regions refused (the key, the entity, an entity without sessions):
+                the primary's refusal, when iterated.
+            AllRegionsUnavailableError: No region answered (a ``ServiceBusConnectionError``).
+            OperationTimeoutError: No answer within ``timeout``.
+        """
+        return self._sessions_listed({"queue_name": queue_name}, arguments)
+
+    def list_subscription_sessions(
+        self, topic_name: str, subscription_name: str, **arguments: Unpack[SessionListArguments]
+    ) -> AsyncItemPaged[str]:
+        """The sessions of a session-enabled subscription; as :meth:`list_queue_sessions`."""
+        names = {"topic_name": topic_name, "subscription_name": subscription_name}
+        return self._sessions_listed(names, arguments)
+
+    def _sessions_listed(
+        self, names: dict[str, str], arguments: SessionListArguments
+    ) -> AsyncItemPaged[str]:
+        self._check_open()
+        timeout = arguments.get("timeout")
+        if timeout is not None and timeout <= 0:
+            raise ValueError("The timeout must be greater than 0.")
+
+        async def first_page(_token: str | None) -> list[str]:
+            from georep._sdk import open_region_sessions
+
+            self._check_open()
+            entities = open_pair(open_region_sessions, self._primary, self._secondary, **names)
+            try:
+                return await sessions_in_both(
+                    entities,
+                    state_updated_after=arguments.get("state_updated_after"),
+                    timeout=timeout,
+                )
+            finally:
+                closing = (entity.close() for entity in entities)
+                await asyncio.gather(*closing, return_exceptions=True)
+
+        async def one_page(ids: list[str]) -> tuple[None, list[str]]:
+            return None, ids
+
+        return AsyncItemPaged(first_page, one_page)
 
     async def _open_session(
         self,
