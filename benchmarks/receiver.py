@@ -158,6 +158,7 @@ async def main() -> None:
         args.messages, args.processes = 500, 2
     ratios: dict[str, float] = {}
     figures: dict[str, dict[str, float]] = {}
+    cpu_us: dict[str, float] = {}
     print(
         f"\n{args.messages:,} logical messages, active mode ({2 * args.messages:,} copies),"
         " 200-byte bodies; time from the workers' start to empty queues"
@@ -185,6 +186,11 @@ async def main() -> None:
                     "handled": int(result["handled"]),
                     **({"redis_trips_per_message": round(trips, 3)} if kind == "geo" else {}),
                 }
+                # The receiver processes' CPU per logical message (the raw receivers read
+                # both copies of each, as GeoReceiver does).
+                cpu_us[f"{label}: {'GeoReceiver' if kind == 'geo' else 'raw SDK'}"] = round(
+                    1e6 * result["cpu"] / args.messages, 1
+                )
                 if kind == "geo":
                     ratios[f"{label}: GeoReceiver"] = rate / raw_rate
                 print(
@@ -194,7 +200,9 @@ async def main() -> None:
                     f" {1000 * result['cpu'] / args.messages:11.3f}"
                 )
     # The receivers are child processes with their own CPU and memory, not counted here.
-    write_record("receiver", quick=args.quick, ratios=ratios, figures=figures)
+    write_record(
+        "receiver", quick=args.quick, ratios=ratios, cpu_per_message_us=cpu_us, figures=figures
+    )
 
 
 if __name__ == "__main__":
