@@ -295,7 +295,7 @@ class ServiceBusRegionReceiver(SdkRegion):
         await self._call(lambda: settle(delivery_id, delivery_tag, "released"))
 
     async def dead_letter(
-        self, message: ServiceBusReceivedMessage, reason: str, description: str
+        self, message: ServiceBusReceivedMessage, reason: str | None, description: str | None
     ) -> None:
         await self._call(
             lambda: self._receiver_of(message).dead_letter_message(

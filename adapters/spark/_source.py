@@ -686,7 +686,7 @@ class _Labelled:
         await self.flush()
         await self._inner.abandon(message)
 
-    async def dead_letter(self, message: Any, reason: str, description: str) -> None:
+    async def dead_letter(self, message: Any, reason: str | None, description: str | None) -> None:
         await self.flush()
         await self._inner.dead_letter(message, reason, description)
 

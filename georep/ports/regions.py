@@ -199,8 +199,9 @@ class RegionReceiver(RegionIdentity, Protocol):
 
     async def abandon(self, message: Any) -> None: ...
 
-    async def dead_letter(self, message: Any, reason: str, description: str) -> None:
-        """Move the copy to the entity's dead-letter queue with a reason."""
+    async def dead_letter(self, message: Any, reason: str | None, description: str | None) -> None:
+        """Move the copy to the entity's dead-letter queue with a reason and a description
+        (None: without one, as the SDK's ``dead_letter_message`` takes them)."""
         ...
 
     async def defer(self, message: Any) -> None:

@@ -38,10 +38,11 @@ MAX_ATTEMPTS_REASON: Final = "georep:max-attempts"
 TWIN_REASON_PREFIX: Final = "georep:twin:"
 """DeadLetterReason prefix of a copy dead-lettered because its twin was."""
 
-REASON_LIMIT: Final = 256
-"""Characters of a dead-letter reason kept in the seen-set (the twin's reason names it)."""
+REASON_LIMIT: Final = 4096
+"""Characters of a dead-letter reason kept in the seen-set, for the twin's (the copy
+dead-lettered by the handler gets the reason whole, as the SDK sends it)."""
 
-DESCRIPTION_LIMIT: Final = 1024
+DESCRIPTION_LIMIT: Final = 4096
 """Characters of a dead-letter description kept in the seen-set, for the twin's."""
 
 _DESCRIPTION_MARK: Final = "\x1f"
@@ -83,8 +84,8 @@ class Decision:
     """
 
     settle: Settle
-    reason: str = ""
-    description: str = ""
+    reason: str | None = None
+    description: str | None = None
     returned: bool = False
 
     @property
@@ -97,9 +98,10 @@ class Decision:
         """What the seen-set keeps of a dead-letter decision: its reason and, after a
         separator, its description (bounded), so that the twin gets both
         (:func:`twin_reason`)."""
+        reason = (self.reason or "")[:REASON_LIMIT]
         if not self.description:
-            return self.reason
-        return f"{self.reason}{_DESCRIPTION_MARK}{self.description[:DESCRIPTION_LIMIT]}"
+            return reason
+        return f"{reason}{_DESCRIPTION_MARK}{self.description[:DESCRIPTION_LIMIT]}"
 
     async def apply(self, region: Any, message: Any) -> None:
         """Settle ``message`` this way with ``region`` (the region receiver it came from)."""
@@ -135,15 +137,16 @@ def twin_reason(state: ClaimState, recorded: str | None) -> Decision:
     if state is ClaimState.DEFERRED:
         return Decision(Settle.DEFER)
     if state is ClaimState.DEAD_LETTERED:
+        # The twin's reason is the prefix and the original's (none: the prefix alone,
+        # which the drop-in client shows as no reason, as the original has none).
         reason, _, description = (recorded or "").partition(_DESCRIPTION_MARK)
-        original = reason or "(none given)"
         return Decision(
             Settle.DEAD_LETTER,
-            reason=f"{TWIN_REASON_PREFIX}{original}"[:REASON_LIMIT],
+            reason=f"{TWIN_REASON_PREFIX}{reason}",
             description=description
             or (
                 f"{TWIN_DESCRIPTION} (same dedup key: its twin from the other region, or an "
-                f"earlier copy) was dead-lettered with reason {original!r}"
+                f"earlier copy) was dead-lettered with reason {reason or '(none given)'!r}"
             ),
         )
     return COMPLETE
@@ -190,12 +193,13 @@ class Decisions:
 
 
 def dead_letter_decision(reason: str | None, error_description: str | None) -> Decision:
-    """A handler's dead-letter decision, with its reason kept to a bounded length."""
-    text = "" if reason is None else str(reason)
+    """A handler's dead-letter decision: its reason and description as given (None: the
+    copy gets none, as the SDK sends none); the seen-set keeps them bounded for the twin
+    (:attr:`Decision.recorded_reason`)."""
     return Decision(
         Settle.DEAD_LETTER,
-        reason=text[:REASON_LIMIT],
-        description="" if error_description is None else str(error_description),
+        reason=None if reason is None else str(reason),
+        description=None if error_description is None else str(error_description),
     )
 
 

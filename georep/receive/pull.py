@@ -224,7 +224,7 @@ class SettleProbe(RegionLabels):
         release = getattr(self.inner, "release", None) or self.inner.abandon
         await self._settle(message, "abandon", partial(release, message))
 
-    async def dead_letter(self, message: Any, reason: str, description: str) -> None:
+    async def dead_letter(self, message: Any, reason: str | None, description: str | None) -> None:
         dead_letter = partial(self.inner.dead_letter, message, reason, description)
         await self._settle(message, "dead_letter", dead_letter)
 

@@ -527,10 +527,11 @@ class GeoReceiver(FromNamespaces, AsyncResource):
 
         Args:
             message: The message the handler was given.
-            reason: The DeadLetterReason (the seen-set keeps its first 256 characters, and
-                the twin's reason is ``georep:twin:`` followed by it).
-            error_description: The DeadLetterErrorDescription (this copy only; keep
-                secrets out of it, as with the SDK).
+            reason: The DeadLetterReason (None: none). The seen-set keeps its first 4,096
+                characters, and the twin's reason is ``georep:twin:`` followed by them.
+            error_description: The DeadLetterErrorDescription (None: none); the twin gets
+                it too (its first 4,096 characters). Keep secrets out of it, as with the
+                SDK.
 
         Raises:
             SettlementError: ``message`` is not being handled now, or was decided already.

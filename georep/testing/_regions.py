@@ -293,7 +293,7 @@ class InMemoryRegionReceiver(FakeLabels):
         self.released.append(held)
         self._make_available(held)
 
-    async def dead_letter(self, message: Any, reason: str, description: str) -> None:
+    async def dead_letter(self, message: Any, reason: str | None, description: str | None) -> None:
         held = self._held(message)
         del self._locked[held.lock_token]
         held.dead_letter_reason = reason

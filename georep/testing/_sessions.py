@@ -284,7 +284,7 @@ class InMemorySessionReceiver(RegionLabels):
         self._session.available.insert(0, held)
         self._session.available.sort(key=lambda m: m.sequence_number)
 
-    async def dead_letter(self, message: Any, reason: str, description: str) -> None:
+    async def dead_letter(self, message: Any, reason: str | None, description: str | None) -> None:
         held = await self._held(message)
         held.dead_letter_reason = reason
         held.dead_letter_error_description = description

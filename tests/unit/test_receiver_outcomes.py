@@ -164,10 +164,22 @@ def test_a_twin_is_dead_lettered_with_the_originals_reason_and_description() -> 
         twin = twin_reason(ClaimState.DEAD_LETTERED, original.recorded_reason)
         assert (twin.settle, twin.reason) == (Settle.DEAD_LETTER, "georep:twin:invalid-order")
         assert twin.description.startswith(expected)
-    long = dead_letter_decision("r", "d" * 5000)
+    long = dead_letter_decision("r" * 5000, "d" * 5000)
+    assert (long.reason, long.description) == ("r" * 5000, "d" * 5000), "the copy's own: whole"
     twin = twin_reason(ClaimState.DEAD_LETTERED, long.recorded_reason)
-    assert twin.description == "d" * 1024, "the kept description is bounded"
-    assert twin_reason(ClaimState.DEAD_LETTERED, None).reason == "georep:twin:(none given)"
+    assert twin.description == "d" * 4096, "the kept description is bounded"
+    assert twin.reason == "georep:twin:" + "r" * 4096, "the kept reason is bounded"
+
+
+def test_a_dead_letter_without_a_reason_gives_none_as_the_sdk_sends_none() -> None:
+    """``dead_letter_message(msg)`` with no reason nor description: the copy gets neither
+    (not empty strings), and its twin's reason is the twin prefix alone."""
+    original = dead_letter_decision(None, None)
+    assert (original.reason, original.description) == (None, None)
+    twin = twin_reason(ClaimState.DEAD_LETTERED, original.recorded_reason)
+    assert twin.reason == "georep:twin:"
+    assert twin.description is not None and twin.description.startswith(TWIN_DESCRIPTION)
+    assert twin_reason(ClaimState.DEAD_LETTERED, None).reason == "georep:twin:"
 
 
 async def test_a_dead_lettered_message_is_dead_lettered_in_the_other_region_too(

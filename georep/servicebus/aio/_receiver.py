@@ -381,7 +381,10 @@ def _show_original_reason(message: ServiceBusReceivedMessage) -> None:
     if properties is None or not reason or not reason.startswith(TWIN_REASON_PREFIX):
         return
     original = reason.removeprefix(TWIN_REASON_PREFIX)
-    properties[_REASON] = original.encode()
+    if original:
+        properties[_REASON] = original.encode()
+    else:  # the original was dead-lettered without a reason
+        properties.pop(_REASON, None)
     description = message.dead_letter_error_description
     if description is not None and description.startswith(TWIN_DESCRIPTION):
         properties.pop(_DESCRIPTION, None)

@@ -84,7 +84,7 @@ class Absent(RegionLabels):
     async def abandon(self, message: Any) -> None:
         raise self._fail()
 
-    async def dead_letter(self, message: Any, reason: str, description: str) -> None:
+    async def dead_letter(self, message: Any, reason: str | None, description: str | None) -> None:
         raise self._fail()
 
     async def defer(self, message: Any) -> None:
