@@ -432,6 +432,32 @@ class RedisSeenSet(_SeenSetBase):
         # test sets it to play a receiver whose clock is off.
         self._wall_clock_ms: Callable[[], int] = lambda: int(time.time() * 1000)
         self.round_trips = 0
+        # What for_forked_child builds another store from: the URL and the settings.
+        self._settings: tuple[str, dict[str, Any]] | None = None
+        if isinstance(url_or_client, str):
+            self._settings = (
+                url_or_client,
+                {
+                    "group": group,
+                    "prefix": prefix,
+                    "window": window,
+                    "operation_timeout": operation_timeout,
+                    "cluster": cluster,
+                    "expected_ids": expected_ids,
+                    "slot_groups": slot_groups,
+                    "read_legacy_keys": read_legacy_keys,
+                },
+            )
+
+    def for_forked_child(self) -> RedisSeenSet | None:
+        """Another store with this one's settings (the same keys: one seen-set) on a
+        client of its own, for a process forked from the one that made this store, whose
+        connections are the parent's; None if this store was given its client. The
+        drop-in blocking client uses it to receive in such a child."""
+        if self._settings is None:
+            return None
+        url, settings = self._settings
+        return type(self)(url, **settings)
 
     @classmethod
     def from_url(cls, url: str, **options: Unpack[RedisSeenSetOptions]) -> RedisSeenSet:

@@ -12,12 +12,13 @@ are closed when the last sync object using them lets go (a sync caller cannot aw
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import weakref
 from collections.abc import Callable, Coroutine, Iterator, Sequence
 from datetime import datetime
 from functools import partial
-from typing import Any, Generic, Self, TypeVar, Unpack
+from typing import Any, Generic, Self, TypeVar, Unpack, cast
 
 from azure.core.async_paging import AsyncItemPaged
 from azure.core.paging import ItemPaged
@@ -26,7 +27,7 @@ from azure.servicebus import ServiceBusReceivedMessage, ServiceBusSession as _Sd
 from georep import _fork
 from georep._endpoint import Target
 from georep._lifecycle import ClosedOnExit
-from georep._sync_runtime import RUNTIME, LoopUser, built
+from georep._sync_runtime import RESOURCE_OPTIONS, RUNTIME, LoopUser, built
 from georep.exceptions import ClosedError
 from georep.receive.context import ReceiverStats
 from georep.send.sender import GeoSender, SendResult
@@ -66,11 +67,57 @@ class ServiceBusClient(ClientConstructors, ClosedOnExit):
     :class:`georep.servicebus.aio.ServiceBusClient`, built the same way."""
 
     def __init__(self, primary: Target, secondary: Target, **options: Unpack[ClientOptions]):
+        self._targets = (primary, secondary)
+        self._given: ClientOptions = cast(ClientOptions, dict(options))
+        self._without_seen = False
+        self._parent = 0
+        self._build(self._given)
+
+    def _build(self, options: ClientOptions) -> None:
         use = self._use = LoopUser(options)
+        primary, secondary = self._targets
         self._core = core = use.build(lambda: aio.ServiceBusClient(primary, secondary, **options))
+        self._made_after_forks, self._made_in = _fork.fork_count(), os.getpid()
         # The loop and the resources it was given are let go with the client object (or at
         # the interpreter's exit): close() leaves it usable, as the SDK's blocking client.
         self._release = weakref.finalize(self, _release, use, core, _fork.fork_count())
+
+    def _after_fork(self) -> None:
+        """In a process forked after the client was made (gunicorn ``--preload``, Celery
+        prefork, multiprocessing's ``fork``): build the child's own core (loop thread,
+        connections), as the SDK's client opens its connections in the child. The async
+        resources it was given are the parent's: with an outbox, a ledger or a role
+        store it raises ForkedProcessError; the seen-set is replaced by one of the child's
+        own with the same settings (``RedisSeenSet.for_forked_child``), or, for one that
+        cannot make one (given its Redis client), left behind: the child's client then
+        sends (and lists sessions) but its receivers raise ForkedProcessError."""
+        with _fork.reopen_lock():
+            if self._made_after_forks == _fork.fork_count():
+                return  # another thread of the child rebuilt it
+            kept = {k: v for k, v in self._given.items() if k not in RESOURCE_OPTIONS}
+            parents = sorted(set(self._given) & set(RESOURCE_OPTIONS) - {"seen"})
+            if parents:
+                raise _fork.forked_error(
+                    f"this ServiceBusClient (its {', '.join(parents)})", self._made_in
+                )
+            _fork.abandon(self._core)
+            parent = self._parent = self._made_in
+            seen = self._given.get("seen")
+            if seen is not None:  # a RedisSeenSet of the child's own, if it can make one
+                child_seen = getattr(seen, "for_forked_child", lambda: None)()
+                if child_seen is not None:
+                    kept["seen"] = child_seen
+            self._without_seen = seen is not None and "seen" not in kept
+            self._build(cast(ClientOptions, kept))
+        _log.info(
+            "a ServiceBusClient created in process %d before a fork: reopened in process %d "
+            "with its own connections%s",
+            parent,
+            self._made_in,
+            " (its seen-set was given its Redis client: receivers made here raise)"
+            if self._without_seen
+            else "",
+        )
 
     @property
     def fully_qualified_namespace(self) -> str:
@@ -87,7 +134,10 @@ class ServiceBusClient(ClientConstructors, ClosedOnExit):
         again: a new ``with client:`` or ``get_queue_sender`` works. The ``seen``,
         ``outbox``, ``ledger`` and ``role_store`` it was given stay open while the client
         object lives: they are closed (those no other ``georep.sync`` object uses) once it
-        is garbage-collected, or at the interpreter's exit. Idempotent."""
+        is garbage-collected, or at the interpreter's exit. Idempotent. In a forked child
+        that has not used it, there is nothing of this process's to close."""
+        if self._made_after_forks != _fork.fork_count():
+            return
         if not self._use.closed:
             _call(self._core.close())
 
@@ -95,12 +145,14 @@ class ServiceBusClient(ClientConstructors, ClosedOnExit):
         self, queue_name: str, **arguments: Unpack[SenderArguments]
     ) -> ServiceBusSender:
         """As :meth:`georep.servicebus.aio.ServiceBusClient.get_queue_sender`."""
+        self._check_open()
         return self._sender(partial(self._core.get_queue_sender, queue_name, **arguments))
 
     def get_topic_sender(
         self, topic_name: str, **arguments: Unpack[SenderArguments]
     ) -> ServiceBusSender:
         """As :meth:`georep.servicebus.aio.ServiceBusClient.get_topic_sender`."""
+        self._check_open()
         return self._sender(partial(self._core.get_topic_sender, topic_name, **arguments))
 
     def _sender(self, get: Callable[[], aio.ServiceBusSender]) -> ServiceBusSender:
@@ -110,7 +162,10 @@ class ServiceBusClient(ClientConstructors, ClosedOnExit):
         return sender
 
     def _check_open(self) -> None:
-        """Raises ClosedError: the interpreter is exiting (the client's resources closed)."""
+        """Raises ClosedError: the interpreter is exiting (the client's resources closed).
+        In a forked child, builds the child's own core first (:meth:`_after_fork`)."""
+        if self._made_after_forks != _fork.fork_count():
+            self._after_fork()
         if self._use.closed:
             raise ClosedError("this ServiceBusClient's resources were closed at exit")
 
@@ -119,6 +174,7 @@ class ServiceBusClient(ClientConstructors, ClosedOnExit):
     ) -> ServiceBusReceiver:
         """As the async client's
         :meth:`~georep.servicebus.aio.ServiceBusClient.get_queue_receiver`."""
+        self._check_open()
         return self._receiver(partial(self._core.get_queue_receiver, queue_name), arguments)
 
     def get_subscription_receiver(
@@ -126,6 +182,7 @@ class ServiceBusClient(ClientConstructors, ClosedOnExit):
     ) -> ServiceBusReceiver:
         """As the async client's
         :meth:`~georep.servicebus.aio.ServiceBusClient.get_subscription_receiver`."""
+        self._check_open()
         get = partial(self._core.get_subscription_receiver, topic_name, subscription_name)
         return self._receiver(get, arguments)
 
@@ -151,6 +208,10 @@ class ServiceBusClient(ClientConstructors, ClosedOnExit):
     ) -> ServiceBusReceiver:
         # The sync AutoLockRenewer stays on this side: it calls this blocking receiver.
         self._check_open()
+        if self._without_seen:
+            raise _fork.forked_error(
+                "this ServiceBusClient's seen-set (needed to receive)", self._parent
+            )
         core_arguments = {k: v for k, v in arguments.items() if k != "auto_lock_renewer"}
         core = _call(built(lambda: get(**core_arguments)))
         receiver = ServiceBusReceiver(core, arguments.get("auto_lock_renewer"))
@@ -172,7 +233,26 @@ def _release(use: LoopUser, core: aio.ServiceBusClient, forks: int) -> None:
         _log.warning("closing a ServiceBusClient's resources failed: %s", type(error).__name__)
 
 
-class _OverCore(ClosedOnExit, Generic[_Core]):
+class _MadeHere:
+    """Runs its async core's calls on georep's loop, in the process it was made in: in a
+    process forked after that, it raises ForkedProcessError (its connections and the loop
+    thread it ran on are the parent's)."""
+
+    _made_after_forks = 0
+    _made_in = 0
+    _kind = "object"
+
+    def _mark(self) -> None:
+        self._made_after_forks, self._made_in = _fork.fork_count(), os.getpid()
+
+    def _run(self, coroutine: Coroutine[Any, Any, _T]) -> _T:
+        if self._made_after_forks != _fork.fork_count():
+            coroutine.close()
+            raise _fork.forked_error(f"this {self._kind}", self._made_in)
+        return _call(coroutine)
+
+
+class _OverCore(_MadeHere, ClosedOnExit, Generic[_Core]):
     """A blocking sender or receiver over its async one (``_core``): entering opens it and
     closing closes it, on georep's loop."""
 
@@ -181,20 +261,27 @@ class _OverCore(ClosedOnExit, Generic[_Core]):
     """The client that made it: kept alive (its resources open) while this is used."""
 
     def __enter__(self) -> Self:
-        _call(self._core.__aenter__())
+        self._run(self._core.__aenter__())
         return self
 
     def close(self) -> None:
         """Close it (idempotent); a receiver abandons the messages it handed out that were
-        not settled."""
-        _call(self._core.close())
+        not settled. In a process forked after it was made, only marks it closed (closing
+        would close the parent's connections)."""
+        if self._made_after_forks != _fork.fork_count():
+            _fork.abandon(self._core)
+            return
+        self._run(self._core.close())
 
 
 class ServiceBusSender(_OverCore[aio.ServiceBusSender]):
     """``azure.servicebus.ServiceBusSender`` over two regions (blocking); as
     :class:`georep.servicebus.aio.ServiceBusSender`."""
 
+    _kind = "ServiceBusSender"
+
     def __init__(self, core: aio.ServiceBusSender) -> None:
+        self._mark()
         self._core = core
         self.entity_name = core.entity_name
         self.fully_qualified_namespace = core.fully_qualified_namespace
@@ -212,32 +299,35 @@ class ServiceBusSender(_OverCore[aio.ServiceBusSender]):
 
     def send_messages(self, message: Any, *, timeout: float | None = None) -> None:
         """As :meth:`georep.servicebus.aio.ServiceBusSender.send_messages`."""
-        _call(self._core.send_messages(message, timeout=timeout))
+        self._run(self._core.send_messages(message, timeout=timeout))
 
     def schedule_messages(
         self, messages: Any, schedule_time_utc: datetime, *, timeout: float | None = None
     ) -> list[int]:
         """As :meth:`georep.servicebus.aio.ServiceBusSender.schedule_messages`."""
-        return _call(self._core.schedule_messages(messages, schedule_time_utc, timeout=timeout))
+        return self._run(self._core.schedule_messages(messages, schedule_time_utc, timeout=timeout))
 
     def cancel_scheduled_messages(
         self, sequence_numbers: int | Sequence[int], *, timeout: float | None = None
     ) -> None:
         """As :meth:`georep.servicebus.aio.ServiceBusSender.cancel_scheduled_messages`."""
-        _call(self._core.cancel_scheduled_messages(sequence_numbers, timeout=timeout))
+        self._run(self._core.cancel_scheduled_messages(sequence_numbers, timeout=timeout))
 
     def create_message_batch(self, max_size_in_bytes: int | None = None) -> Any:
         """As :meth:`georep.servicebus.aio.ServiceBusSender.create_message_batch`."""
-        return _call(self._core.create_message_batch(max_size_in_bytes))
+        return self._run(self._core.create_message_batch(max_size_in_bytes))
 
 
-class ServiceBusSession(_SdkSession):
+class ServiceBusSession(_MadeHere, _SdkSession):
     """``receiver.session`` of a blocking session receiver (an ``azure.servicebus``
     ``ServiceBusSession``, so the SDK's ``AutoLockRenewer`` takes it); as
     :class:`georep.servicebus.aio._session.GeoSession`."""
 
+    _kind = "ServiceBusSession"
+
     def __init__(self, core: GeoSession, receiver: ServiceBusReceiver) -> None:
-        super().__init__(core.session_id, receiver)  # type: ignore[arg-type]
+        _SdkSession.__init__(self, core.session_id, receiver)  # type: ignore[arg-type]
+        self._mark()
         self._core = core
         self._session_start = core._session_start  # read by the SDK's AutoLockRenewer
 
@@ -251,17 +341,17 @@ class ServiceBusSession(_SdkSession):
 
     def get_state(self, *, timeout: float | None = None, **kwargs: Any) -> bytes:
         """The session's state (None if none was set), the same from either region."""
-        return _call(self._core.get_state(timeout=timeout))
+        return self._run(self._core.get_state(timeout=timeout))
 
     def set_state(
         self, state: str | bytes | bytearray | None, *, timeout: float | None = None, **kwargs: Any
     ) -> None:
         """Set (None: clear) the session's state, for both regions."""
-        _call(self._core.set_state(state, timeout=timeout))
+        self._run(self._core.set_state(state, timeout=timeout))
 
     def renew_lock(self, *, timeout: float | None = None, **kwargs: Any) -> datetime:
         """Renew the session's lock in both regions; the earliest expiry."""
-        return _call(self._core.renew_lock(timeout=timeout))
+        return self._run(self._core.renew_lock(timeout=timeout))
 
 
 class ServiceBusReceiver(_OverCore[aio.ServiceBusReceiver]):
@@ -272,7 +362,10 @@ class ServiceBusReceiver(_OverCore[aio.ServiceBusReceiver]):
     with this receiver, as the SDK's receiver does.
     """
 
+    _kind = "ServiceBusReceiver"
+
     def __init__(self, core: aio.ServiceBusReceiver, auto_lock_renewer: Any = None) -> None:
+        self._mark()
         self._core = core
         self._auto_lock_renewer = auto_lock_renewer
         self.entity_path = core.entity_path
@@ -320,7 +413,7 @@ class ServiceBusReceiver(_OverCore[aio.ServiceBusReceiver]):
         return self.__next__()
 
     def __next__(self) -> ServiceBusReceivedMessage:
-        messages = self._registered(_call(self._core._receive(1, self._core._max_wait_time)))
+        messages = self._registered(self._run(self._core._receive(1, self._core._max_wait_time)))
         if not messages:
             raise StopIteration
         return messages[0]
@@ -330,7 +423,7 @@ class ServiceBusReceiver(_OverCore[aio.ServiceBusReceiver]):
     ) -> list[ServiceBusReceivedMessage]:
         """As :meth:`georep.servicebus.aio.ServiceBusReceiver.receive_messages`."""
         return self._registered(
-            _call(self._core.receive_messages(max_message_count, max_wait_time))
+            self._run(self._core.receive_messages(max_message_count, max_wait_time))
         )
 
     def _registered(
@@ -358,20 +451,20 @@ class ServiceBusReceiver(_OverCore[aio.ServiceBusReceiver]):
     ) -> list[ServiceBusReceivedMessage]:
         """As :meth:`georep.servicebus.aio.ServiceBusReceiver.receive_deferred_messages`."""
         return self._registered(
-            _call(self._core.receive_deferred_messages(sequence_numbers, timeout=timeout))
+            self._run(self._core.receive_deferred_messages(sequence_numbers, timeout=timeout))
         )
 
     def complete_message(self, message: ServiceBusReceivedMessage) -> None:
         """As :meth:`georep.servicebus.aio.ServiceBusReceiver.complete_message`."""
-        _call(self._core.complete_message(message))
+        self._run(self._core.complete_message(message))
 
     def abandon_message(self, message: ServiceBusReceivedMessage) -> None:
         """As :meth:`georep.servicebus.aio.ServiceBusReceiver.abandon_message`."""
-        _call(self._core.abandon_message(message))
+        self._run(self._core.abandon_message(message))
 
     def defer_message(self, message: ServiceBusReceivedMessage) -> None:
         """As :meth:`georep.servicebus.aio.ServiceBusReceiver.defer_message`."""
-        _call(self._core.defer_message(message))
+        self._run(self._core.defer_message(message))
 
     def dead_letter_message(
         self,
@@ -380,10 +473,10 @@ class ServiceBusReceiver(_OverCore[aio.ServiceBusReceiver]):
         error_description: str | None = None,
     ) -> None:
         """As :meth:`georep.servicebus.aio.ServiceBusReceiver.dead_letter_message`."""
-        _call(self._core.dead_letter_message(message, reason, error_description))
+        self._run(self._core.dead_letter_message(message, reason, error_description))
 
     def renew_message_lock(
         self, message: ServiceBusReceivedMessage, *, timeout: float | None = None
     ) -> datetime:
         """As :meth:`georep.servicebus.aio.ServiceBusReceiver.renew_message_lock`."""
-        return _call(self._core.renew_message_lock(message, timeout=timeout))
+        return self._run(self._core.renew_message_lock(message, timeout=timeout))
