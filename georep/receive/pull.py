@@ -64,8 +64,17 @@ from georep.exceptions import (
     RegionError,
     SettlementError,
     StoreUnavailableError,
+    region_error,
 )
-from georep.ports import FINAL_STATES, ClaimState, Clock, Delivery, RegionReceiver, SeenStore
+from georep.ports import (
+    FINAL_STATES,
+    ClaimState,
+    Clock,
+    Delivery,
+    ErrorKind,
+    RegionReceiver,
+    SeenStore,
+)
 from georep.receive.outcomes import ABANDON, COMPLETE, RETURNED, Decision, Settle
 from georep.receive.receiver import GeoReceiver
 from georep.receive.region_loop import RECEIVE_GRACE, RegionLoop
@@ -278,6 +287,10 @@ class _Fetch:
     """The region's answer to its last receive when that failed; None once one succeeds."""
     failures: int = 0
     """Receives from the region failed in a row."""
+    lock_lost: bool = False
+    """A receive failed because the session's lock in the region was lost (a session
+    receiver): until one succeeds again, the region's failures say the session may be
+    held by another receiver now, not that the region is down."""
     swept_in_vain: bool = False
     """A sweep's receive took a copy nobody asked for (handed back): the final copies at
     the head are locked by another receiver, and sweeping again at once would take the
@@ -565,6 +578,17 @@ class PullReceiver(AsyncResource):
             f.failed_total <= failed_before.get(label, 0) for label, f in self._fetches.items()
         ):
             return  # a region has not failed since the call began: it may answer it
+        if self._ordered and all(f.lock_lost for f in fetches):
+            # The session's lock was lost in every region, and receiving again failed: as
+            # the SDK's session receiver raises SessionLockLostError once its lock is lost.
+            raise region_error(
+                f"the lock on this receiver's session of {self.entity!r} was lost in every "
+                "region (it expired, or another receiver holds the session now): accept "
+                "the session again with a new receiver",
+                region=fetches[0].probe.region,
+                kind=ErrorKind.LOCK_LOST,
+                inner_exception=fetches[0].failing,
+            )
         causes = {f.probe.region: f.failing for f in fetches if f.failing is not None}
         raise AllRegionsUnavailableError(f"no region could receive from {self.entity!r}", causes)
 
@@ -840,11 +864,12 @@ class PullReceiver(AsyncResource):
                 else:
                     await self._idle(fetch, self.poll if due is None else due)
                 failures = 0
-                fetch.failing, fetch.failures = None, 0
+                fetch.failing, fetch.failures, fetch.lock_lost = None, 0, False
             except (RegionError, StoreUnavailableError) as exc:
                 if isinstance(exc, RegionError):
                     self._set_dry(fetch, True)
                     fetch.failing = exc
+                    fetch.lock_lost = fetch.lock_lost or exc.kind is ErrorKind.LOCK_LOST
                     fetch.failures += 1
                     fetch.failed_total += 1
                     self._notify()  # a receive waiting may have to raise it

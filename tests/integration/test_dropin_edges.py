@@ -29,6 +29,7 @@ from azure.servicebus.exceptions import (
     MessagingEntityNotFoundError,
     OperationTimeoutError,
     ServiceBusConnectionError,
+    SessionLockLostError,
 )
 
 from georep import FailoverPolicy, ReplicationMode
@@ -833,3 +834,30 @@ async def test_sessions_are_listed_as_the_sdk_lists_them_once_across_both_region
             return list(client.list_queue_sessions(queue))
 
     assert await asyncio.to_thread(blocking) == ["both", "east-only", "west-only"]
+
+
+async def test_a_session_taken_by_another_receiver_after_its_lock_was_lost_raises_lock_lost(
+    emu: Emulator, seen: RedisSeenSet
+) -> None:
+    """The session's locks expire in both regions and another receiver locks the session:
+    the first receiver's next receive raises the SDK's ``SessionLockLostError``, as the
+    SDK's does (the usual loop then accepts a session again), not a connection error."""
+    queue = f"lost-{uuid.uuid4().hex[:6]}"
+    for namespace in REGIONS:
+        emu.namespace(namespace).create_queue(queue, requires_session=True)
+    async with dropin(emu, seen) as first, dropin(emu, seen) as second:
+        async with first.get_queue_sender(queue) as sender:
+            await sender.send_messages(
+                [ServiceBusMessage(f"m{i}", session_id="s") for i in range(4)]
+            )
+        async with first.get_queue_receiver(queue, session_id="s", max_wait_time=3) as receiver:
+            (message,) = await receiver.receive_messages(max_message_count=1, max_wait_time=3)
+            await receiver.complete_message(message)
+            for namespace in REGIONS:
+                await asyncio.to_thread(emu.namespace(namespace).expire_session_locks, queue)
+            async with second.get_queue_receiver(queue, session_id="s", max_wait_time=3) as other:
+                taken = await other.receive_messages(max_message_count=1, max_wait_time=3)
+                assert [str(m) for m in taken] == ["m1"]
+                await other.complete_message(taken[0])
+                with pytest.raises(SessionLockLostError):
+                    await receiver.receive_messages(max_message_count=1, max_wait_time=10)
