@@ -90,6 +90,14 @@ SETTLED_REMEMBERED: Final = 10_000
 BATCH_GAP: Final = 0.2
 """Seconds a receive call keeps collecting after a message arrived (the SDK's
 further-pull window): it returns once no more arrived for this long."""
+ROUND_GRACE: Final = 0.3
+"""Seconds past :data:`BATCH_GAP` a receive call waits at most for a region's receive
+under way (or the claim of what it brought): the SDK's receiver returns what its region
+delivered for the call, and a region's receive that holds fewer copies than asked waits
+out the SDK's own window (its 0.2 s socket timeout) before it returns them. Without
+this, a call that began with copies read ahead, or got one region's copies first, was
+cut short (``receive_messages(5)`` returned 1 of the 5 waiting, and a loop that drains
+until a batch comes back short stopped early)."""
 READ_AHEAD: Final = 8
 """Copies fetched at most beyond what was asked for (and ``prefetch``) while the
 application asks again at once each time it is given what it asked for (an ``async for``
@@ -295,6 +303,10 @@ class _Fetch:
     """A sweep's receive took a copy nobody asked for (handed back): the final copies at
     the head are locked by another receiver, and sweeping again at once would take the
     same copies again."""
+    begun: int = 0
+    """Receives from the region for what was asked that began."""
+    rounds: int = 0
+    """Of those, the ones that ended (with copies, without, or failed)."""
     failed_total: int = 0
     """Receives from the region that failed, ever (a receive call tells the failures that
     came while it waited from those before it)."""
@@ -511,12 +523,18 @@ class PullReceiver(AsyncResource):
                     self._raise_if_unavailable(failed_before)
                 now = clock.monotonic()
                 gap_end = None if last is None else last + BATCH_GAP
+                if gap_end is not None and now >= gap_end and self._answering():
+                    # A region's receive is under way, or what one brought is being
+                    # claimed: the SDK's receiver returns what its region delivered for the
+                    # call, so wait for it a little longer (a region's receive waits out
+                    # the SDK's own 0.2 s when it holds fewer copies than asked).
+                    gap_end += ROUND_GRACE
                 limits = [t for t in (deadline, gap_end) if t is not None]
                 remaining = None if not limits else min(limits) - now
                 if remaining is not None and remaining <= 0:
                     break
                 if not await self._wait_for_arrival(remaining):
-                    break
+                    continue  # the gap or the deadline: decided above, with what is under way
                 more = self._take(max_count - len(got))
                 if more:
                     got.extend(more)
@@ -614,6 +632,11 @@ class PullReceiver(AsyncResource):
             return False
         finally:
             self._waiters.discard(waiter)
+
+    def _answering(self) -> bool:
+        """Whether a region's receive for what was asked is under way, or what one brought
+        is still being claimed."""
+        return any(f.begun > f.rounds or f.arriving for f in self._fetches.values())
 
     def _notify(self) -> None:
         for waiter in self._waiters:
@@ -851,7 +874,12 @@ class PullReceiver(AsyncResource):
                 shortfall, fetch.chase = fetch.chase, 0
             try:
                 if shortfall > 0 and self._may_receive(fetch):
-                    received = await self._receive_into(fetch, shortfall)
+                    fetch.begun += 1
+                    try:
+                        received = await self._receive_into(fetch, shortfall)
+                    finally:
+                        fetch.rounds += 1
+                        self._notify()
                     self._set_dry(fetch, not received)
                     if not received and fetch.held:
                         # Nothing new, and copies of ours there wait to be settled: leave
