@@ -388,6 +388,8 @@ def _show_original_reason(message: ServiceBusReceivedMessage) -> None:
     description = message.dead_letter_error_description
     if description is not None and description.startswith(TWIN_DESCRIPTION):
         properties.pop(_DESCRIPTION, None)
+    if not properties:  # the original had none at all: the SDK shows None, not {}
+        message.raw_amqp_message.application_properties = None
 
 
 def _check_message(message: object, operation: str) -> None:

@@ -50,6 +50,7 @@ async def run_async(client: Any, names: Any, checkpoint: Any) -> None:
                     str(msg),
                     shown(msg.dead_letter_reason),
                     shown(msg.dead_letter_error_description),
+                    "no properties" if msg.application_properties is None else "properties",
                 )
                 await dlq.complete_message(msg)
 
@@ -87,5 +88,6 @@ def run(client: Any, names: Any, checkpoint: Any) -> None:
                     str(msg),
                     shown(msg.dead_letter_reason),
                     shown(msg.dead_letter_error_description),
+                    "no properties" if msg.application_properties is None else "properties",
                 )
                 dlq.complete_message(msg)
