@@ -297,8 +297,8 @@ class _Fetch:
     """Receives from the region failed in a row."""
     lock_lost: bool = False
     """A receive failed because the session's lock in the region was lost (a session
-    receiver): until one succeeds again, the region's failures say the session may be
-    held by another receiver now, not that the region is down."""
+    receiver): until one succeeds again, the receiver's failures say the session may be
+    held by another receiver now, not that the regions are down."""
     swept_in_vain: bool = False
     """A sweep's receive took a copy nobody asked for (handed back): the final copies at
     the head are locked by another receiver, and sweeping again at once would take the
@@ -596,16 +596,19 @@ class PullReceiver(AsyncResource):
             f.failed_total <= failed_before.get(label, 0) for label, f in self._fetches.items()
         ):
             return  # a region has not failed since the call began: it may answer it
-        if self._ordered and all(f.lock_lost for f in fetches):
-            # The session's lock was lost in every region, and receiving again failed: as
-            # the SDK's session receiver raises SessionLockLostError once its lock is lost.
+        if self._ordered and any(f.lock_lost for f in fetches):
+            # The session's lock was lost (in a region that said so; the other may only
+            # time out reattaching to a session another receiver holds now), and receiving
+            # again failed everywhere: as the SDK's session receiver raises
+            # SessionLockLostError once its lock is lost.
+            lost = next(f for f in fetches if f.lock_lost)
             raise region_error(
-                f"the lock on this receiver's session of {self.entity!r} was lost in every "
-                "region (it expired, or another receiver holds the session now): accept "
-                "the session again with a new receiver",
-                region=fetches[0].probe.region,
+                f"the lock on this receiver's session of {self.entity!r} was lost (it "
+                "expired, or another receiver holds the session now) and no region could "
+                "receive from it again: accept the session again with a new receiver",
+                region=lost.probe.region,
                 kind=ErrorKind.LOCK_LOST,
-                inner_exception=fetches[0].failing,
+                inner_exception=lost.failing,
             )
         causes = {f.probe.region: f.failing for f in fetches if f.failing is not None}
         raise AllRegionsUnavailableError(f"no region could receive from {self.entity!r}", causes)
