@@ -75,3 +75,18 @@ async def test_a_preloaded_dropin_client_sends_and_receives_in_a_forked_child(
     assert child["parents_sender"]["error"] == "ForkedProcessError", child
     assert f"used in process {child['pid']}, forked from it" in child["parents_sender"]["message"]
     assert report["parent"] == ["parent-after"]
+
+
+async def test_a_preloaded_async_dropin_client_receives_in_a_forked_child(
+    georep_emulator: Emulator,
+) -> None:
+    """The asyncio drop-in client made in the parent, each process running its own loop:
+    the child's receivers read through a seen-set of its own (its receive returned [] and
+    logged ForkedProcessError for the parent's seen-set), and the parent goes on."""
+    group = f"fork-{uuid.uuid4().hex[:8]}"
+    report = _run_worker(georep_emulator, DROPIN_WORKER, REDIS_URL, group, "async")
+    assert report["child_status"] == 0, f"the child hung or failed: {report['stderr']}"
+    child = report["child"]
+    assert child["send"] == {"value": "sent"}
+    assert child["receive"] == {"value": ["from-child", "from-parent"]}
+    assert report["parent"] == ["parent-after"]

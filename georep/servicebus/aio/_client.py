@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import uuid
 from functools import partial
 from typing import Any, Self, Unpack
@@ -11,6 +12,7 @@ from typing import Any, Self, Unpack
 from azure.core.async_paging import AsyncItemPaged
 from azure.servicebus import NEXT_AVAILABLE_SESSION, ServiceBusReceiveMode, ServiceBusSubQueue
 
+from georep import _fork
 from georep._clock import SystemClock
 from georep._endpoint import (
     NamespaceEndpoint,
@@ -97,6 +99,7 @@ class ServiceBusClient(ClientConstructors, ClosedOnAsyncExit):
         self._handlers: set[ServiceBusSender | ServiceBusReceiver] = set()
         self._deferred: dict[str, DeferredBook] = {}
         self._closed = False
+        self._made_after_forks, self._made_in = _fork.fork_count(), os.getpid()
 
     @property
     def fully_qualified_namespace(self) -> str:
@@ -128,6 +131,36 @@ class ServiceBusClient(ClientConstructors, ClosedOnAsyncExit):
     def _check_open(self) -> None:
         if self._closed:
             raise ClosedError("this ServiceBusClient is closed; create a new one")
+
+    def _seen(self) -> Any:
+        """The seen-set the client was given; in a process forked after the client was
+        made (gunicorn ``--preload``...), one of this process's own with its settings
+        (``RedisSeenSet.for_forked_child``), made once: the given one's connections are
+        the parent's. The senders and receivers the parent made stay the parent's.
+
+        Raises:
+            ForkedProcessError: In such a child, for a seen-set that cannot make one (it
+                was given its Redis client): make the client and its seen-set there.
+        """
+        seen = self._options.get("seen")
+        if seen is None or self._made_after_forks == _fork.fork_count():
+            return seen
+        own = getattr(seen, "for_forked_child", lambda: None)()
+        if own is None:
+            raise _fork.forked_error(
+                "this ServiceBusClient's seen-set (needed to receive)", self._made_in
+            )
+        _log.info(
+            "a ServiceBusClient created in process %d before a fork: its seen-set "
+            "reopened in process %d with its own connections",
+            self._made_in,
+            os.getpid(),
+        )
+        for book in self._deferred.values():
+            _fork.abandon(book)
+        self._options["seen"], self._deferred, self._handlers = own, {}, set()
+        self._made_after_forks, self._made_in = _fork.fork_count(), os.getpid()
+        return own
 
     # --------------------------------------------------------------------- senders
 
@@ -161,7 +194,7 @@ class ServiceBusClient(ClientConstructors, ClosedOnAsyncExit):
         _ignored("get_queue_sender" if queue_name else "get_topic_sender", sdk_settings)
         # The seen-set every process shares also keeps which copy of a scheduled message
         # each region holds, so that any process can cancel it (docs/migration.md).
-        seen = self._options.get("seen")
+        seen = self._seen()
         geo = GeoSender.from_connection_strings(
             self._primary,
             self._secondary,
@@ -223,7 +256,7 @@ class ServiceBusClient(ClientConstructors, ClosedOnAsyncExit):
             "get_queue_receiver" if "queue_name" in names else "get_subscription_receiver",
             sdk_settings,
         )
-        seen = self._options.get("seen")
+        seen = self._seen()
         if seen is None:
             raise ConfigurationError(
                 "receiving needs the seen-set every receiver of the entity shares: "
@@ -262,7 +295,7 @@ class ServiceBusClient(ClientConstructors, ClosedOnAsyncExit):
             entity += "/$DeadLetterQueue"
         book = self._deferred.get(entity.lower())
         if book is None:
-            seen = self._options.get("seen")
+            seen = self._seen()
             book = self._deferred[entity.lower()] = DeferredBook(
                 seen if isinstance(seen, ScheduleStore) else None,
                 f"{_namespace(self._primary)} {_namespace(self._secondary)} {entity.lower()}",
