@@ -5,6 +5,7 @@ when none lists."""
 from __future__ import annotations
 
 import pytest
+from azure.servicebus.exceptions import OperationTimeoutError
 
 from georep.exceptions import AllRegionsUnavailableError, AuthenticationError
 from georep.ports import ErrorKind
@@ -47,3 +48,16 @@ async def test_both_refusing_raise_the_primarys_refusal_and_none_answering_a_con
     with pytest.raises(AllRegionsUnavailableError) as unavailable:
         await sessions_in_both((primary, secondary), state_updated_after=None, timeout=None)
     assert set(unavailable.value.causes) == {"primary", "secondary"}
+
+
+async def test_every_region_out_of_the_given_timeout_is_an_operation_timeout() -> None:
+    """Each region's own deadline is the caller's ``timeout`` too: when all of them ran out
+    (before the call's own), the call raises the SDK's OperationTimeoutError, as it does
+    when its own runs out; without a ``timeout`` they were unavailable regions."""
+    primary, secondary = _regions()
+    primary.fail_with(ErrorKind.TIMEOUT)
+    secondary.fail_with(ErrorKind.TIMEOUT)
+    with pytest.raises(OperationTimeoutError):
+        await sessions_in_both((primary, secondary), state_updated_after=None, timeout=5.0)
+    with pytest.raises(AllRegionsUnavailableError):
+        await sessions_in_both((primary, secondary), state_updated_after=None, timeout=None)

@@ -34,6 +34,8 @@ async def sessions_in_both(
         RegionError: Every region refused the client's own settings (its key, its entity,
             an entity without sessions): the primary's refusal, as the SDK raises it.
         AllRegionsUnavailableError: No region answered (a ``ServiceBusConnectionError``).
+        RegionTimeoutError: No answer within ``timeout`` (the SDK's
+            ``OperationTimeoutError``).
     """
     calls = [
         entity.list_sessions(state_updated_after=state_updated_after, timeout=timeout)
@@ -43,12 +45,7 @@ async def sessions_in_both(
         async with asyncio.timeout(timeout):  # None: the regions' own deadlines only
             answers = await asyncio.gather(*calls, return_exceptions=True)
     except TimeoutError:
-        region = entities[0].region
-        raise RegionTimeoutError(
-            f"listing the sessions of {entities[0].entity!r} took over {timeout} s",
-            region=region,
-            kind=ErrorKind.TIMEOUT,
-        ) from None
+        raise _too_slow(entities, timeout) from None
     listed: dict[str, None] = {}
     errors: list[BaseException | None] = []
     for answer in answers:
@@ -73,7 +70,19 @@ async def sessions_in_both(
     refused = every_region_refused([e if isinstance(e, RegionError) else None for e in errors])
     if refused is not None:
         raise refused
+    if timeout is not None and all(isinstance(e, RegionTimeoutError) for e in errors):
+        # Each region's own deadline (the same timeout) ran out just before this call's.
+        raise _too_slow(entities, timeout) from errors[0]
     causes = {e.region: error for e, error in zip(entities, errors, strict=True) if error}
     raise AllRegionsUnavailableError(
         f"no region listed the sessions of {entities[0].entity!r}", causes
+    )
+
+
+def _too_slow(entities: Sequence[RegionSessions], timeout: float | None) -> RegionTimeoutError:
+    """The SDK's ``OperationTimeoutError`` for a listing that outlasted ``timeout``."""
+    return RegionTimeoutError(
+        f"listing the sessions of {entities[0].entity!r} took over {timeout} s",
+        region=entities[0].region,
+        kind=ErrorKind.TIMEOUT,
     )
