@@ -2,6 +2,41 @@
 
 from __future__ import annotations
 
+__all__ = [
+    "DEFAULT_FAILOVER_KINDS",
+    "DEFAULT_RELAY_FAILOVER_KINDS",
+    "ClaimState",
+    "Corroboration",
+    "DedupKey",
+    "DrainPolicy",
+    "ErrorKind",
+    "FailoverChannel",
+    "FailoverPolicy",
+    "GeoReceiver",
+    "GeoSender",
+    "PairedNamespaceOptions",
+    "PairedSender",
+    "ParquetLedger",
+    "ReceiverHandler",
+    "ReceiverStats",
+    "RelayChannelStats",
+    "RelayPolicy",
+    "RelayRequest",
+    "RelayResponse",
+    "ReplicationMode",
+    "RoleRecord",
+    "RoleState",
+    "RoleStore",
+    "SendResult",
+    "SenderStats",
+    "SqliteOutbox",
+    "Syphon",
+    "SyphonStats",
+    "__version__",
+    "backlog_queue_path",
+    "receiver",
+]
+
 import importlib
 import warnings
 from typing import TYPE_CHECKING, Any
@@ -105,40 +140,6 @@ _WHERE: dict[str, str] = {
     "receiver": "georep.receive.receiver",
 }
 
-__all__ = [
-    "DEFAULT_FAILOVER_KINDS",
-    "DEFAULT_RELAY_FAILOVER_KINDS",
-    "ClaimState",
-    "Corroboration",
-    "DedupKey",
-    "DrainPolicy",
-    "ErrorKind",
-    "FailoverChannel",
-    "FailoverPolicy",
-    "GeoReceiver",
-    "GeoSender",
-    "PairedNamespaceOptions",
-    "PairedSender",
-    "ParquetLedger",
-    "ReceiverHandler",
-    "ReceiverStats",
-    "RelayChannelStats",
-    "RelayPolicy",
-    "RelayRequest",
-    "RelayResponse",
-    "ReplicationMode",
-    "RoleRecord",
-    "RoleState",
-    "RoleStore",
-    "SendResult",
-    "SenderStats",
-    "SqliteOutbox",
-    "Syphon",
-    "SyphonStats",
-    "__version__",
-    "backlog_queue_path",
-    "receiver",
-]
 __all__ += [name for name, home in _WHERE.items() if home == "georep.exceptions"]
 
 # Names that left the top level (test doubles and internals), for one release: each still

@@ -12,6 +12,18 @@ receives).
 
 from __future__ import annotations
 
+__all__ = [
+    "CALL_SECONDS",
+    "RegionChannel",
+    "RegionDeadline",
+    "RegionPair",
+    "batch_size",
+    "bounded_call",
+    "learn_max_sizes",
+    "open_failure",
+    "sender_channel",
+]
+
 import asyncio
 import logging
 from collections.abc import Awaitable, Callable, Collection, Sequence
@@ -26,18 +38,6 @@ from georep.exceptions import (
     region_error,
 )
 from georep.ports import Clock, ErrorKind, RegionSender
-
-__all__ = [
-    "CALL_SECONDS",
-    "RegionChannel",
-    "RegionDeadline",
-    "RegionPair",
-    "batch_size",
-    "bounded_call",
-    "learn_max_sizes",
-    "open_failure",
-    "sender_channel",
-]
 
 _log = logging.getLogger("georep.sender")
 

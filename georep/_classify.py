@@ -41,12 +41,6 @@ Decisions, and why:
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from types import MappingProxyType
-from typing import NamedTuple, TypeVar
-
-from georep.ports import ErrorKind
-
 __all__ = [
     "CLASSIFICATION",
     "CLIENT_FAULT_KINDS",
@@ -60,6 +54,12 @@ __all__ = [
     "Classification",
     "every_region_refused",
 ]
+
+from collections.abc import Sequence
+from types import MappingProxyType
+from typing import NamedTuple, TypeVar
+
+from georep.ports import ErrorKind
 
 _E = TypeVar("_E", bound=BaseException)
 

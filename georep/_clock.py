@@ -6,14 +6,14 @@ Tests inject :class:`georep.testing.FakeClock`, whose deadlines run on virtual t
 
 from __future__ import annotations
 
+__all__ = ["Deadline", "SystemClock"]
+
 import asyncio
 import heapq
 import itertools
 import time
 from types import TracebackType
 from typing import Protocol
-
-__all__ = ["Deadline", "SystemClock"]
 
 
 class _Watch(Protocol):

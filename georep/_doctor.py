@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
+__all__ = ["Finding", "Severity"]
+
 import enum
 from dataclasses import dataclass
-
-__all__ = ["Finding", "Severity"]
 
 
 class Severity(enum.StrEnum):

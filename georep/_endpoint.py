@@ -3,14 +3,6 @@ a credential, each with the client settings to pass through to ``ServiceBusClien
 
 from __future__ import annotations
 
-import asyncio
-import inspect
-from collections.abc import Mapping
-from dataclasses import dataclass, field
-from typing import Any, Self
-
-from georep.exceptions import ConfigurationError
-
 __all__ = [
     "FromNamespaces",
     "NamespaceEndpoint",
@@ -20,6 +12,14 @@ __all__ = [
     "with_client_options",
     "with_client_options_pair",
 ]
+
+import asyncio
+import inspect
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Self
+
+from georep.exceptions import ConfigurationError
 
 
 @dataclass(frozen=True, repr=False)

@@ -17,13 +17,13 @@ so a use in a child is one integer comparison away from being noticed:
 
 from __future__ import annotations
 
+__all__ = ["abandon", "fork_count", "forked_error", "reopen_lock"]
+
 import os
 import threading
 from typing import Any
 
 from georep.exceptions import ForkedProcessError
-
-__all__ = ["abandon", "fork_count", "forked_error", "reopen_lock"]
 
 _forks = 0
 _abandoned: list[Any] = []

@@ -9,14 +9,14 @@ of those it held back; each occurrence is still logged at DEBUG, for the detail.
 
 from __future__ import annotations
 
+__all__ = ["SUMMARY_SECONDS", "Throttled"]
+
 import logging
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass
 from typing import Final
-
-__all__ = ["SUMMARY_SECONDS", "Throttled"]
 
 SUMMARY_SECONDS: Final = 30.0
 """Seconds between two lines about one kind of trouble, at most (the default)."""

@@ -2,16 +2,6 @@
 
 from __future__ import annotations
 
-import enum
-import math
-from dataclasses import dataclass, field
-from datetime import timedelta
-from typing import ClassVar, Literal
-
-from georep._classify import UNAVAILABLE_KINDS
-from georep.exceptions import ConfigurationError
-from georep.ports import ErrorKind
-
 __all__ = [
     "DEFAULT_FAILOVER_KINDS",
     "Corroboration",
@@ -26,6 +16,16 @@ __all__ = [
     "positive_seconds",
     "seconds",
 ]
+
+import enum
+import math
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import ClassVar, Literal
+
+from georep._classify import UNAVAILABLE_KINDS
+from georep.exceptions import ConfigurationError
+from georep.ports import ErrorKind
 
 Seconds = float | timedelta
 

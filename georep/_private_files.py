@@ -8,14 +8,6 @@ and warns (once per file and process) about an existing file that other users ca
 
 from __future__ import annotations
 
-import logging
-import os
-import stat
-import threading
-from collections.abc import Iterable
-from pathlib import Path
-from typing import Final
-
 __all__ = [
     "DIRECTORY_MODE",
     "FILE_MODE",
@@ -24,6 +16,14 @@ __all__ = [
     "open_private_for_writing",
     "warn_if_shared",
 ]
+
+import logging
+import os
+import stat
+import threading
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Final
 
 FILE_MODE: Final = 0o600
 """Read and write for the owner only."""

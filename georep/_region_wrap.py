@@ -8,14 +8,14 @@ per SDK object. Without the SDK extra the wrapping fails with the ``pip install`
 
 from __future__ import annotations
 
+__all__ = ["check_pair", "open_pair", "wrap_pair"]
+
 from collections.abc import Callable
 from typing import Any, Literal, TypeVar
 
 from georep._endpoint import Target
 from georep.exceptions import ConfigurationError
 from georep.ports import RegionReceiver, RegionSender
-
-__all__ = ["check_pair", "open_pair", "wrap_pair"]
 
 _Region = TypeVar("_Region")
 

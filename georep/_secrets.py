@@ -7,11 +7,11 @@ error's message, or an application handler's exception logged when it failed.
 
 from __future__ import annotations
 
+__all__ = ["LOGGERS", "SecretMask", "mask_log_secrets", "mask_secrets"]
+
 import logging
 import re
 from typing import Final
-
-__all__ = ["LOGGERS", "SecretMask", "mask_log_secrets", "mask_secrets"]
 
 # A secret's value after its name: connection-string keys, a SAS token's signature, the
 # relay's token parameter. "..." and "<...>" are placeholders in hints, left as they are.

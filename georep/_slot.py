@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
+__all__ = ["RegionSlot", "holding"]
+
 import asyncio
 import contextlib
 from collections import deque
 from collections.abc import AsyncIterator
-
-__all__ = ["RegionSlot", "holding"]
 
 
 class RegionSlot:

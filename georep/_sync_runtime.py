@@ -18,6 +18,8 @@ closes.
 
 from __future__ import annotations
 
+__all__ = ["RESOURCE_OPTIONS", "RUNTIME", "LoopRuntime", "LoopUser", "built"]
+
 import asyncio
 import concurrent.futures
 import contextlib
@@ -30,8 +32,6 @@ from typing import Any, TypeVar
 from georep import _fork
 from georep._lifecycle import STOP_TIMEOUT
 from georep.exceptions import ClosedError
-
-__all__ = ["RESOURCE_OPTIONS", "RUNTIME", "LoopRuntime", "LoopUser", "built"]
 
 _T = TypeVar("_T")
 _JOIN_SECONDS = 30.0

@@ -6,6 +6,16 @@ keep georep's own attributes under ``georep.*``.
 
 from __future__ import annotations
 
+__all__ = [
+    "InstrumentSpec",
+    "Instruments",
+    "LiveGauge",
+    "ReceiverMetrics",
+    "SenderTelemetry",
+    "TracingGate",
+    "traceparent_of",
+]
+
 import threading
 import time
 import weakref
@@ -16,16 +26,6 @@ from opentelemetry import metrics, trace
 from opentelemetry.metrics import CallbackOptions, Observation
 from opentelemetry.trace import Span
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
-
-__all__ = [
-    "InstrumentSpec",
-    "Instruments",
-    "LiveGauge",
-    "ReceiverMetrics",
-    "SenderTelemetry",
-    "TracingGate",
-    "traceparent_of",
-]
 
 _O = TypeVar("_O")
 _K = TypeVar("_K")

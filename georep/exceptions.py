@@ -47,15 +47,6 @@ signature (:func:`mask_secrets` masks any that reaches it).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from types import MappingProxyType, TracebackType
-from typing import Any
-
-from georep._classify import RETRYABLE_KINDS
-from georep._sdk_errors import sdk
-from georep._secrets import mask_secrets
-from georep.ports import ErrorKind
-
 __all__ = [
     "AllRegionsUnavailableError",
     "AlreadySettledError",
@@ -86,6 +77,15 @@ __all__ = [
     "error_type",
     "region_error",
 ]
+
+from collections.abc import Mapping
+from types import MappingProxyType, TracebackType
+from typing import Any
+
+from georep._classify import RETRYABLE_KINDS
+from georep._sdk_errors import sdk
+from georep._secrets import mask_secrets
+from georep.ports import ErrorKind
 
 
 def _rebuild(cls: type[GeoReplicationError], args: tuple[Any, ...]) -> GeoReplicationError:

@@ -35,6 +35,15 @@ raises :class:`ForkedProcessError` at once when the child uses it.
 
 from __future__ import annotations
 
+__all__ = [
+    "ForkedProcessError",
+    "GeoReceiver",
+    "GeoSender",
+    "PairedSender",
+    "ReceiverHandler",
+    "receiver",
+]
+
 import concurrent.futures
 import contextlib
 import contextvars
@@ -56,15 +65,6 @@ from georep.receive import receiver as _receiver
 from georep.receive.receiver import ReceiverStats
 from georep.send import sender as _sender
 from georep.send.sender import SenderStats, SendResult
-
-__all__ = [
-    "ForkedProcessError",
-    "GeoReceiver",
-    "GeoSender",
-    "PairedSender",
-    "ReceiverHandler",
-    "receiver",
-]
 
 _log = logging.getLogger("georep.sync")
 

@@ -15,6 +15,14 @@ Example::
 
 from __future__ import annotations
 
+__all__ = [
+    "AsyncEmulatorTokenCredential",
+    "Emulator",
+    "EmulatorTokenCredential",
+    "NamespaceControl",
+    "SendRejection",
+]
+
 from typing import TYPE_CHECKING, Any
 
 from georep._extras import import_on_first_use, require_extra
@@ -35,14 +43,6 @@ _WHERE = {
     "NamespaceControl": "._emulator",
     "SendRejection": "._emulator",
 }
-
-__all__ = [
-    "AsyncEmulatorTokenCredential",
-    "Emulator",
-    "EmulatorTokenCredential",
-    "NamespaceControl",
-    "SendRejection",
-]
 
 
 def __getattr__(name: str) -> Any:

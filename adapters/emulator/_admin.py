@@ -20,6 +20,18 @@ a filter or action that does not parse is ``400``.
 
 from __future__ import annotations
 
+__all__ = [
+    "AdminAuthError",
+    "AdminBackend",
+    "AdminError",
+    "EntityExistsError",
+    "EntityKind",
+    "EntityNotFoundError",
+    "InvalidEntityError",
+    "QuotaExceededError",
+    "build_admin_app",
+]
+
 import logging
 import uuid
 from collections.abc import Callable
@@ -45,18 +57,6 @@ from ._atom import (
     render_rule_feed,
 )
 from ._rules import Rule, RuleError, RuleSet
-
-__all__ = [
-    "AdminAuthError",
-    "AdminBackend",
-    "AdminError",
-    "EntityExistsError",
-    "EntityKind",
-    "EntityNotFoundError",
-    "InvalidEntityError",
-    "QuotaExceededError",
-    "build_admin_app",
-]
 
 _log = logging.getLogger(__name__)
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+__all__ = ["NamespaceAdminBackend"]
+
 import dataclasses
 from datetime import UTC, datetime
 from typing import Any
@@ -28,8 +30,6 @@ from ._broker import (
 from ._namespace_host import NamespaceHost
 from ._rules import RuleSet
 from ._sas import MANAGE
-
-__all__ = ["NamespaceAdminBackend"]
 
 _IMMUTABLE = ("requires_session", "enable_partitioning")
 

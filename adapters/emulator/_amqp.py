@@ -11,6 +11,8 @@ endpoint on one event loop, with no cross-thread state.
 
 from __future__ import annotations
 
+__all__ = ["AmqpConnection"]
+
 import asyncio
 import logging
 import time
@@ -57,8 +59,6 @@ from ._sessions import (
     Session,
     Sessions,
 )
-
-__all__ = ["AmqpConnection"]
 
 _LOG = logging.getLogger("georep.emulator.amqp")
 

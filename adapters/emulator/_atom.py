@@ -16,19 +16,6 @@ Durations are :class:`~datetime.timedelta`, timestamps are aware UTC
 
 from __future__ import annotations
 
-import re
-import uuid
-import xml.etree.ElementTree as ET
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
-from decimal import ROUND_FLOOR, Decimal
-from enum import Enum
-from typing import Any, Final
-from urllib.parse import quote
-
-from ._rules import CORRELATION_FIELDS, Rule, RuleAction, RuleFilter
-
 __all__ = [
     "TIMESPAN_MAX",
     "TIMESPAN_MAX_TEXT",
@@ -47,6 +34,19 @@ __all__ = [
     "render_rule_entry",
     "render_rule_feed",
 ]
+
+import re
+import uuid
+import xml.etree.ElementTree as ET
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from decimal import ROUND_FLOOR, Decimal
+from enum import Enum
+from typing import Any, Final
+from urllib.parse import quote
+
+from ._rules import CORRELATION_FIELDS, Rule, RuleAction, RuleFilter
 
 _ATOM_NS: Final = "http://www.w3.org/2005/Atom"
 _SB_NS: Final = "http://schemas.microsoft.com/netservices/2010/10/servicebus/connect"

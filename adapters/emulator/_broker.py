@@ -14,6 +14,24 @@ nothing rescans a queue per credit or per delivery.
 
 from __future__ import annotations
 
+__all__ = [
+    "MAX_MESSAGE_SIZE",
+    "MAX_PARTITIONED_ENTITIES",
+    "PARTITIONED_SIZES_MB",
+    "PARTITION_COUNT",
+    "PING_CONTENT_TYPE",
+    "BrokerError",
+    "Consumer",
+    "Entity",
+    "EntityProperties",
+    "MessageState",
+    "Namespace",
+    "StoredMessage",
+    "SubscriptionProperties",
+    "TimerTarget",
+    "Topic",
+]
+
 import contextlib
 import heapq
 import itertools
@@ -42,24 +60,6 @@ from ._errors import BrokerError
 from ._message import MessageState, StoredMessage
 from ._rules import RuleSet, StoredMessageContext
 from ._sessions import Sessions
-
-__all__ = [
-    "MAX_MESSAGE_SIZE",
-    "MAX_PARTITIONED_ENTITIES",
-    "PARTITIONED_SIZES_MB",
-    "PARTITION_COUNT",
-    "PING_CONTENT_TYPE",
-    "BrokerError",
-    "Consumer",
-    "Entity",
-    "EntityProperties",
-    "MessageState",
-    "Namespace",
-    "StoredMessage",
-    "SubscriptionProperties",
-    "TimerTarget",
-    "Topic",
-]
 
 # Service Bus Standard tier: 256 KB per message.
 MAX_MESSAGE_SIZE = 256 * 1024

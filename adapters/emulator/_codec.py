@@ -10,12 +10,6 @@ intermediary, and re-encoding it on every delivery would dominate the dispatch c
 
 from __future__ import annotations
 
-import struct
-import uuid
-from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Any, Final
-
 __all__ = [
     "SECTION_APPLICATION_PROPERTIES",
     "SECTION_DATA",
@@ -35,6 +29,12 @@ __all__ = [
     "section_value_start",
     "split_sections",
 ]
+
+import struct
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Final
 
 SECTION_HEADER = 0x70
 SECTION_DELIVERY_ANNOTATIONS = 0x71

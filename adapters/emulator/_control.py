@@ -33,6 +33,17 @@ Routes (JSON in, JSON out):
 
 from __future__ import annotations
 
+__all__ = [
+    "FAULTS",
+    "Argument",
+    "ControlledEmulator",
+    "FaultKind",
+    "FaultRefused",
+    "InvalidArgument",
+    "build_control_app",
+    "inject_fault",
+]
+
 import hmac
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
@@ -45,17 +56,6 @@ from ._broker import BrokerError, EntityProperties, SubscriptionProperties
 from ._faults import SEND_REJECT_CONDITIONS
 from ._sas import loopback_hosts
 from ._server import NamespaceServer
-
-__all__ = [
-    "FAULTS",
-    "Argument",
-    "ControlledEmulator",
-    "FaultKind",
-    "FaultRefused",
-    "InvalidArgument",
-    "build_control_app",
-    "inject_fault",
-]
 
 # Broker refusals as control-endpoint statuses (anything else is a name conflict, 409).
 _BROKER_STATUS = {

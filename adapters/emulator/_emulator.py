@@ -7,6 +7,8 @@ child's loopback HTTP control endpoint and return once the fault is in force.
 
 from __future__ import annotations
 
+__all__ = ["Emulator", "NamespaceControl", "SendRejection"]
+
 import asyncio
 import io
 import json
@@ -32,8 +34,6 @@ if TYPE_CHECKING:
 if TYPE_CHECKING:
     from azure.servicebus.aio.management import ServiceBusAdministrationClient as AsyncAdminClient
     from azure.servicebus.management import ServiceBusAdministrationClient
-
-__all__ = ["Emulator", "NamespaceControl", "SendRejection"]
 
 SendRejection = Literal["server-busy", "timeout", "internal-error", "quota-exceeded"]
 _CONTROL_TIMEOUT = 10.0

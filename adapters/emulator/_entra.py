@@ -15,6 +15,15 @@ The emulator checks the signature, ``exp``/``nbf`` and the audience, as the serv
 
 from __future__ import annotations
 
+__all__ = [
+    "AUDIENCE",
+    "ROLES",
+    "AsyncEmulatorTokenCredential",
+    "EmulatorTokenCredential",
+    "make_signing_key",
+    "verify_token",
+]
+
 import base64
 import json
 import os
@@ -32,15 +41,6 @@ from cryptography.hazmat.primitives.asymmetric.utils import (
 )
 
 from ._sas import LISTEN, MANAGE, SEND
-
-__all__ = [
-    "AUDIENCE",
-    "ROLES",
-    "AsyncEmulatorTokenCredential",
-    "EmulatorTokenCredential",
-    "make_signing_key",
-    "verify_token",
-]
 
 AUDIENCE = "https://servicebus.azure.net"
 ISSUER = "https://georep-emulator.invalid/"

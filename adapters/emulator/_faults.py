@@ -6,10 +6,10 @@ Below the server (``_server``), the protocol modules that obey the faults (``_am
 
 from __future__ import annotations
 
+__all__ = ["SEND_REJECT_CONDITIONS", "Faults"]
+
 from dataclasses import dataclass
 from typing import Any
-
-__all__ = ["SEND_REJECT_CONDITIONS", "Faults"]
 
 #: ``reject-sends`` condition -> (AMQP error condition, description) a send is rejected with.
 SEND_REJECT_CONDITIONS = {

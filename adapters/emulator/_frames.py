@@ -23,12 +23,12 @@ sends them (the emulator settles every transfer it answers), so they pass unchan
 
 from __future__ import annotations
 
+__all__ = ["DeliveryIdSequencer"]
+
 import struct
 from collections.abc import Callable
 
 from ._codec import AmqpDecodeError, skip_value
-
-__all__ = ["DeliveryIdSequencer"]
 
 _HEADER = struct.Struct(">IBBH")  # size, data offset (words), type, channel
 _U32 = struct.Struct(">I")

@@ -7,6 +7,8 @@ importing each other.
 
 from __future__ import annotations
 
+__all__ = ["MessageState", "StoredMessage"]
+
 import uuid
 from dataclasses import dataclass
 from enum import StrEnum
@@ -20,8 +22,6 @@ from ._codec import (
     encode_map_entries,
     encode_map_section,
 )
-
-__all__ = ["MessageState", "StoredMessage"]
 
 
 class MessageState(StrEnum):

@@ -9,13 +9,13 @@ it through :class:`NamespaceHost` and never import ``_server``.
 
 from __future__ import annotations
 
+__all__ = ["ClientConnection", "NamespaceHost"]
+
 from typing import Protocol
 
 from ._broker import Namespace
 from ._faults import Faults
 from ._sas import SasGrant
-
-__all__ = ["ClientConnection", "NamespaceHost"]
 
 
 class ClientConnection(Protocol):

@@ -36,6 +36,8 @@ connected.
 
 from __future__ import annotations
 
+__all__ = ["RelayServer"]
+
 import asyncio
 import contextlib
 import datetime
@@ -56,8 +58,6 @@ from aiohttp import WSCloseCode, WSMsgType, web
 from ._namespace_host import NamespaceHost
 from ._sas import LISTEN, SEND, SasGrant
 from ._sockets import bind_loopback
-
-__all__ = ["RelayServer"]
 
 _LOG = logging.getLogger("georep.emulator.relay")
 _BODY_LIMIT = 64 * 1024

@@ -17,6 +17,22 @@ format beyond reading a message's properties (see :class:`StoredMessageContext`)
 
 from __future__ import annotations
 
+__all__ = [
+    "CORRELATION_FIELDS",
+    "DEFAULT_RULE_NAME",
+    "MAX_RULE_NAME_LENGTH",
+    "Copy",
+    "InvalidRuleError",
+    "Rule",
+    "RuleAction",
+    "RuleError",
+    "RuleExistsError",
+    "RuleFilter",
+    "RuleNotFoundError",
+    "RuleSet",
+    "StoredMessageContext",
+]
+
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -34,22 +50,6 @@ from ._sql import MessageContext, SqlAction, SqlError, parse_action, parse_filte
 
 if TYPE_CHECKING:
     from ._message import StoredMessage
-
-__all__ = [
-    "CORRELATION_FIELDS",
-    "DEFAULT_RULE_NAME",
-    "MAX_RULE_NAME_LENGTH",
-    "Copy",
-    "InvalidRuleError",
-    "Rule",
-    "RuleAction",
-    "RuleError",
-    "RuleExistsError",
-    "RuleFilter",
-    "RuleNotFoundError",
-    "RuleSet",
-    "StoredMessageContext",
-]
 
 _Parsed = TypeVar("_Parsed")
 

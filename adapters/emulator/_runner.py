@@ -8,6 +8,17 @@ endpoint (``_control``), all on one event loop.
 
 from __future__ import annotations
 
+__all__ = [
+    "PRINT_FORMATS",
+    "EmulatorServer",
+    "build_specs",
+    "environment_lines",
+    "main",
+    "parse_topic",
+    "run",
+    "serve",
+]
+
 import argparse
 import asyncio
 import contextlib
@@ -41,17 +52,6 @@ from ._server import (
     NamespaceSpec,
 )
 from ._tls import make_self_signed_certificate, server_ssl_context
-
-__all__ = [
-    "PRINT_FORMATS",
-    "EmulatorServer",
-    "build_specs",
-    "environment_lines",
-    "main",
-    "parse_topic",
-    "run",
-    "serve",
-]
 
 PRINT_FORMATS: Final = ("text", "json", "env")
 """What ``--print`` takes: text for people, one JSON line, or ``export`` lines."""

@@ -16,14 +16,14 @@ signed with the key of the authorization rule ``skn``. The service then checks:
 
 from __future__ import annotations
 
+__all__ = ["LISTEN", "MANAGE", "SEND", "SasGrant", "SasRule", "covers", "resource_path"]
+
 import base64
 import hashlib
 import hmac
 import time
 from dataclasses import dataclass
 from urllib.parse import unquote, unquote_plus, urlsplit
-
-__all__ = ["LISTEN", "MANAGE", "SEND", "SasGrant", "SasRule", "covers", "resource_path"]
 
 MANAGE = "Manage"
 SEND = "Send"

@@ -11,6 +11,16 @@ the HTTP control endpoint (``_control``).
 
 from __future__ import annotations
 
+__all__ = [
+    "CONTROL_TOKEN_ENV",
+    "DEFAULT_CONTROL_PORT",
+    "DEFAULT_KEY_NAME",
+    "DEFAULT_PORTS",
+    "EXTRA_RULES",
+    "NamespaceServer",
+    "NamespaceSpec",
+]
+
 import asyncio
 import base64
 import logging
@@ -42,16 +52,6 @@ from ._sas import (
 )
 from ._sockets import bind_loopback
 from ._websocket import WEBSOCKET_PATH, websocket_server
-
-__all__ = [
-    "CONTROL_TOKEN_ENV",
-    "DEFAULT_CONTROL_PORT",
-    "DEFAULT_KEY_NAME",
-    "DEFAULT_PORTS",
-    "EXTRA_RULES",
-    "NamespaceServer",
-    "NamespaceSpec",
-]
 
 _LOG = logging.getLogger("georep.emulator")
 

@@ -17,6 +17,17 @@ is seen here as a :class:`SessionEntity`: this module sits below ``_broker``.
 
 from __future__ import annotations
 
+__all__ = [
+    "DEFAULT_ACCEPT_TIMEOUT",
+    "SESSION_CANNOT_BE_LOCKED",
+    "SESSION_LOCK_LOST",
+    "Session",
+    "SessionEntity",
+    "SessionHolder",
+    "SessionWaiter",
+    "Sessions",
+]
+
 import contextlib
 from collections import deque
 from collections.abc import Callable, Iterator, Mapping
@@ -28,17 +39,6 @@ from ._message import MessageState, StoredMessage
 
 if TYPE_CHECKING:
     import uuid
-
-__all__ = [
-    "DEFAULT_ACCEPT_TIMEOUT",
-    "SESSION_CANNOT_BE_LOCKED",
-    "SESSION_LOCK_LOST",
-    "Session",
-    "SessionEntity",
-    "SessionHolder",
-    "SessionWaiter",
-    "Sessions",
-]
 
 SESSION_LOCK_LOST: Final = "com.microsoft:session-lock-lost"
 SESSION_CANNOT_BE_LOCKED: Final = "com.microsoft:session-cannot-be-locked"

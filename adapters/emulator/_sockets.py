@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-import socket
-
 __all__ = ["bind_loopback"]
+
+import socket
 
 
 def bind_loopback(port: int) -> socket.socket:

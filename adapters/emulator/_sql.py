@@ -18,18 +18,6 @@ creation, as on the service.
 
 from __future__ import annotations
 
-import functools
-import operator
-import re
-import uuid
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass
-from datetime import datetime, timedelta
-from typing import Any, Final, Protocol
-
-from lark import Lark, Token, Transformer, v_args
-from lark.exceptions import LarkError, UnexpectedCharacters, UnexpectedInput, VisitError
-
 __all__ = [
     "MAX_EXPRESSION_LENGTH",
     "SYSTEM_PROPERTIES",
@@ -41,6 +29,18 @@ __all__ = [
     "parse_filter",
     "values_equal",
 ]
+
+import functools
+import operator
+import re
+import uuid
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any, Final, Protocol
+
+from lark import Lark, Token, Transformer, v_args
+from lark.exceptions import LarkError, UnexpectedCharacters, UnexpectedInput, VisitError
 
 #: The service refuses filter and action expressions longer than this (characters).
 MAX_EXPRESSION_LENGTH: Final = 1024

@@ -7,6 +7,8 @@ the server certificate and the CA file a client passes as ``connection_verify``.
 
 from __future__ import annotations
 
+__all__ = ["make_self_signed_certificate", "server_ssl_context"]
+
 import datetime
 import ipaddress
 import ssl
@@ -16,8 +18,6 @@ from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
-
-__all__ = ["make_self_signed_certificate", "server_ssl_context"]
 
 _CERT_FILE = "emulator-cert.pem"
 _KEY_FILE = "emulator-key.pem"

@@ -8,6 +8,8 @@ ordinary :class:`AmqpConnection` through a transport that writes binary messages
 
 from __future__ import annotations
 
+__all__ = ["WEBSOCKET_PATH", "websocket_server"]
+
 import asyncio
 import contextlib
 from typing import Any
@@ -16,8 +18,6 @@ from aiohttp import WSMsgType, web
 
 from ._amqp import AmqpConnection
 from ._namespace_host import NamespaceHost
-
-__all__ = ["WEBSOCKET_PATH", "websocket_server"]
 
 WEBSOCKET_PATH = "/$servicebus/websocket"
 _SUBPROTOCOL = "AMQPWSB10"

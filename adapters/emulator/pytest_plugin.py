@@ -18,6 +18,8 @@ claims.
 
 from __future__ import annotations
 
+__all__ = ["georep_emulator", "georep_emulator_factory", "pytest_addoption"]
+
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
@@ -25,8 +27,6 @@ import pytest
 
 if TYPE_CHECKING:
     from . import Emulator
-
-__all__ = ["georep_emulator", "georep_emulator_factory", "pytest_addoption"]
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:

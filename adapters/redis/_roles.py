@@ -12,6 +12,8 @@ score: when it reported), which expires a second after its window.
 
 from __future__ import annotations
 
+__all__ = ["RedisRoleStore"]
+
 import asyncio
 from collections.abc import Awaitable, Callable
 from typing import Any, Final
@@ -30,8 +32,6 @@ from georep._policy import positive_seconds
 from georep.exceptions import ConfigurationError, StoreUnavailableError
 from georep.ports import NO_RECORD, RoleChangeTerms, RoleRecord
 from georep.roles.store import DEFAULT_REFRESH_INTERVAL
-
-__all__ = ["RedisRoleStore"]
 
 DEFAULT_OPERATION_TIMEOUT: Final = 0.5
 

@@ -29,6 +29,8 @@ still read by claims on a single Redis until they expire (``read_legacy_keys``).
 
 from __future__ import annotations
 
+__all__ = ["RedisSeenSet"]
+
 import asyncio
 import hashlib
 import itertools
@@ -55,8 +57,6 @@ from georep._policy import count, positive_seconds
 from georep.exceptions import ConfigurationError, StoreUnavailableError
 from georep.ports import Claims, ClaimState
 from georep.receive.dedup import _SeenSetBase
-
-__all__ = ["RedisSeenSet"]
 
 DEFAULT_WINDOW: Final = timedelta(hours=24)
 DEFAULT_OPERATION_TIMEOUT: Final = 2.0

@@ -13,14 +13,6 @@ Install with ``pip install 'georep[relay]'``.
 
 from __future__ import annotations
 
-from georep._extras import require_extra
-
-require_extra("georep.adapters.relay", "relay", "aiohttp", "websockets")
-
-from ._endpoint import HybridConnectionEndpoint, PlainHttpEndpoint, RelayMode
-from ._listener import HybridConnectionListener, ListenerStats, RelayHandler
-from ._sas import HybridConnection, SasTokenProvider, mint_sas_token
-
 __all__ = [
     "HybridConnection",
     "HybridConnectionEndpoint",
@@ -32,3 +24,11 @@ __all__ = [
     "SasTokenProvider",
     "mint_sas_token",
 ]
+
+from georep._extras import require_extra
+
+require_extra("georep.adapters.relay", "relay", "aiohttp", "websockets")
+
+from ._endpoint import HybridConnectionEndpoint, PlainHttpEndpoint, RelayMode
+from ._listener import HybridConnectionListener, ListenerStats, RelayHandler
+from ._sas import HybridConnection, SasTokenProvider, mint_sas_token

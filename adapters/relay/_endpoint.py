@@ -7,6 +7,8 @@ relay-level failure.
 
 from __future__ import annotations
 
+__all__ = ["HybridConnectionEndpoint", "PlainHttpEndpoint", "RelayMode", "quiet_logger"]
+
 import asyncio
 import enum
 import json
@@ -34,8 +36,6 @@ from ._errors import (
     unavailable,
 )
 from ._sas import HybridConnection, SasTokenProvider
-
-__all__ = ["HybridConnectionEndpoint", "PlainHttpEndpoint", "RelayMode", "quiet_logger"]
 
 # Handshake lines logged by websockets at DEBUG level hold the URL, and with it the token:
 # this logger belongs to no hierarchy and drops everything below ERROR.

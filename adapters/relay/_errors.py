@@ -2,6 +2,15 @@
 
 from __future__ import annotations
 
+__all__ = [
+    "GATEWAY_STATUSES",
+    "closed_error",
+    "http_status_kind",
+    "is_relay_refusal",
+    "translate",
+    "unavailable",
+]
+
 import asyncio
 import ssl
 from collections.abc import Mapping
@@ -11,15 +20,6 @@ from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidSta
 
 from georep.exceptions import RegionError, region_error
 from georep.ports import ErrorKind
-
-__all__ = [
-    "GATEWAY_STATUSES",
-    "closed_error",
-    "http_status_kind",
-    "is_relay_refusal",
-    "translate",
-    "unavailable",
-]
 
 #: Gateway answers: the relay (or a proxy) could not reach the service.
 GATEWAY_STATUSES = frozenset({502, 503, 504})

@@ -17,6 +17,8 @@ backoff, and sends ``renewToken`` before its token expires. From the relay it ta
 
 from __future__ import annotations
 
+__all__ = ["HybridConnectionListener", "ListenerStats", "RelayHandler"]
+
 import asyncio
 import contextlib
 import json
@@ -42,8 +44,6 @@ from georep.ports import ErrorKind, RelayRequest, RelayResponse
 from ._endpoint import _client_ssl, quiet_logger
 from ._errors import translate
 from ._sas import HybridConnection, SasTokenProvider
-
-__all__ = ["HybridConnectionListener", "ListenerStats", "RelayHandler"]
 
 _LOG = logging.getLogger("georep.relay")
 

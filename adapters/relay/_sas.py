@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+__all__ = ["HybridConnection", "SasTokenProvider", "mint_sas_token"]
+
 import base64
 import hashlib
 import hmac
@@ -11,8 +13,6 @@ from dataclasses import dataclass, field
 from urllib.parse import quote, quote_plus
 
 from georep.exceptions import ConfigurationError
-
-__all__ = ["HybridConnection", "SasTokenProvider", "mint_sas_token"]
 
 
 def mint_sas_token(resource: str, key_name: str, key: str, expires_at: float) -> str:

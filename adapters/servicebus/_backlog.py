@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+__all__ = ["PING_CONTENT_TYPE", "ensure_backlog_queues", "from_backlog", "make_ping", "to_backlog"]
+
 import logging
 import time
 import uuid
@@ -23,8 +25,6 @@ from georep.paired.options import (
 from georep.ports import ErrorKind
 
 from ._codec import ServiceBusCodec
-
-__all__ = ["PING_CONTENT_TYPE", "ensure_backlog_queues", "from_backlog", "make_ping", "to_backlog"]
 
 _CODEC = ServiceBusCodec()
 

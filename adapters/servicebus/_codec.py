@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+__all__ = ["GeoMessageBatch", "ServiceBusCodec"]
+
 import base64
 import copy
 import json
@@ -15,8 +17,6 @@ from azure.servicebus.amqp import AmqpAnnotatedMessage, AmqpMessageBodyType
 from azure.servicebus.exceptions import MessageSizeExceededError
 
 from georep.exceptions import InvalidMessageError, OversizeMessageError
-
-__all__ = ["GeoMessageBatch", "ServiceBusCodec"]
 
 _FORMAT_VERSION = 1
 

@@ -9,6 +9,8 @@ namespace is named by its host, an error by its kind.
 
 from __future__ import annotations
 
+__all__ = ["PEEKED", "EntityDepth", "RegionDepths", "read_depths"]
+
 import asyncio
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -30,9 +32,6 @@ from georep.paired.options import backlog_queue_path
 
 from ._doctor import _certificate_error
 from ._sender import namespace_of
-
-__all__ = ["PEEKED", "EntityDepth", "RegionDepths", "read_depths"]
-
 
 PEEKED: Final = 10
 """Messages peeked per entity to find the oldest *active* one: a peek starts at the lowest

@@ -3,6 +3,8 @@ entity present in both with the settings that replication depends on."""
 
 from __future__ import annotations
 
+__all__ = ["QUEUE_SETTINGS", "SUBSCRIPTION_SETTINGS", "TOPIC_SETTINGS", "check_namespaces"]
+
 import asyncio
 import ssl
 from collections.abc import Callable, Mapping, Sequence
@@ -26,9 +28,6 @@ from georep.ports import ErrorKind
 
 from ._errors import translate_error
 from ._sender import namespace_of
-
-__all__ = ["QUEUE_SETTINGS", "SUBSCRIPTION_SETTINGS", "TOPIC_SETTINGS", "check_namespaces"]
-
 
 #: Settings that must match between the two regions, per entity kind: a receiver written for
 #: one region's lock duration, delivery count or sessions misbehaves in the other, and a

@@ -8,6 +8,8 @@ SDK's class for that failure) by ``georep.exceptions.region_error``.
 
 from __future__ import annotations
 
+__all__ = ["SDK_ERROR_KINDS", "error_kind", "translate_error"]
+
 from azure.servicebus.exceptions import (
     AutoLockRenewFailed,
     AutoLockRenewTimeout,
@@ -33,8 +35,6 @@ from azure.servicebus.exceptions import (
 from georep import exceptions as georep_errors
 from georep.exceptions import GeoReplicationError, RegionError, region_error
 from georep.ports import ErrorKind
-
-__all__ = ["SDK_ERROR_KINDS", "error_kind", "translate_error"]
 
 #: Every exception class of ``azure.servicebus.exceptions``, most specific first (the first
 #: ``isinstance`` match wins). The plain ``ServiceBusError`` is decided by :func:`error_kind`.

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+__all__ = ["region_receiver_for", "region_sender_for"]
+
 from typing import Any, Final, NamedTuple
 
 import azure.servicebus
@@ -13,8 +15,6 @@ from georep.ports import RegionReceiver, RegionSender
 from ._receiver import ServiceBusRegionReceiver
 from ._sender import ServiceBusRegionSender
 from ._sync import SyncServiceBusRegionReceiver, SyncServiceBusRegionSender
-
-__all__ = ["region_receiver_for", "region_sender_for"]
 
 
 class _Adapters(NamedTuple):

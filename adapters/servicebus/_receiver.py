@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+__all__ = ["STUCK_AFTER", "ServiceBusRegionReceiver", "open_region_receiver"]
+
 import asyncio
 import logging
 import time
@@ -21,8 +23,6 @@ from georep.send.ordering import read_stamp
 
 from ._region import SdkRegion, close_without_keep_alive_wait
 from ._sender import open_client
-
-__all__ = ["STUCK_AFTER", "ServiceBusRegionReceiver", "open_region_receiver"]
 
 _log = logging.getLogger("georep.adapters.servicebus")
 

@@ -8,6 +8,8 @@ and sends work again after the namespace is restored.
 
 from __future__ import annotations
 
+__all__ = ["OutageCheck", "RegionResult", "outage_check", "round_trip"]
+
 import time
 import uuid
 from collections import Counter
@@ -17,8 +19,6 @@ from dataclasses import dataclass
 from azure.servicebus import ServiceBusMessage
 from azure.servicebus.aio import ServiceBusClient
 from azure.servicebus.exceptions import ServiceBusError
-
-__all__ = ["OutageCheck", "RegionResult", "outage_check", "round_trip"]
 
 
 @dataclass(frozen=True)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+__all__ = ["ServiceBusRegionSender", "open_region_sender"]
+
 import functools
 import ssl
 import weakref
@@ -20,8 +22,6 @@ from georep.ports import RegionSlot
 
 from ._codec import ServiceBusCodec
 from ._region import SdkRegion
-
-__all__ = ["ServiceBusRegionSender", "open_region_sender"]
 
 _SLOTS: weakref.WeakKeyDictionary[ServiceBusSender, RegionSlot] = weakref.WeakKeyDictionary()
 _NO_SUCH_SEQUENCE = 2**62

@@ -8,6 +8,8 @@ session receiver, which georep created and closes (closing releases the session)
 
 from __future__ import annotations
 
+__all__ = ["ServiceBusRegionSessions", "ServiceBusSessionReceiver", "open_region_sessions"]
+
 import asyncio
 import contextlib
 from datetime import datetime
@@ -24,8 +26,6 @@ from ._errors import translate_error
 from ._receiver import ServiceBusRegionReceiver
 from ._region import close_without_keep_alive_wait
 from ._sender import open_client
-
-__all__ = ["ServiceBusRegionSessions", "ServiceBusSessionReceiver", "open_region_sessions"]
 
 _PEEK_FOR_EMPTY = 32
 _CLOSE_SECONDS = 5.0

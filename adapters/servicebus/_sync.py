@@ -25,6 +25,14 @@ keeps the interpreter from exiting.
 
 from __future__ import annotations
 
+__all__ = [
+    "DEFAULT_IDLE_EXIT",
+    "RegionWorker",
+    "SyncServiceBusRegionReceiver",
+    "SyncServiceBusRegionSender",
+    "region_worker",
+]
+
 import asyncio
 import concurrent.futures
 import logging
@@ -46,14 +54,6 @@ from . import _receiver
 from ._receiver import ServiceBusRegionReceiver
 from ._region import SdkRegion
 from ._sender import ServiceBusRegionSender
-
-__all__ = [
-    "DEFAULT_IDLE_EXIT",
-    "RegionWorker",
-    "SyncServiceBusRegionReceiver",
-    "SyncServiceBusRegionSender",
-    "region_worker",
-]
 
 _log = logging.getLogger("georep.adapters.servicebus")
 _T = TypeVar("_T")

@@ -11,6 +11,26 @@ reference and the plots there as well cost every such process over a second.
 
 from __future__ import annotations
 
+__all__ = [
+    "SOURCE_SCHEMA",
+    "Aggregates",
+    "SyntheticLedger",
+    "audit",
+    "build_report",
+    "foreach_batch_sink",
+    "reference_aggregates",
+    "reference_audit",
+    "register",
+    "report_table",
+    "sink_message_id",
+    "spark_aggregates",
+    "spark_session",
+    "table_audit",
+    "write_plots",
+    "write_session_ledger",
+    "write_synthetic_ledger",
+]
+
 from typing import TYPE_CHECKING, Any
 
 from georep._extras import import_on_first_use, require_extra
@@ -49,26 +69,6 @@ _WHERE = {
     "write_session_ledger": "_synthetic",
     "write_synthetic_ledger": "_synthetic",
 }
-
-__all__ = [
-    "SOURCE_SCHEMA",
-    "Aggregates",
-    "SyntheticLedger",
-    "audit",
-    "build_report",
-    "foreach_batch_sink",
-    "reference_aggregates",
-    "reference_audit",
-    "register",
-    "report_table",
-    "sink_message_id",
-    "spark_aggregates",
-    "spark_session",
-    "table_audit",
-    "write_plots",
-    "write_session_ledger",
-    "write_synthetic_ledger",
-]
 
 
 def __getattr__(name: str) -> Any:

@@ -18,6 +18,8 @@ Only small aggregates reach the driver; :func:`~._report.build_report` makes the
 
 from __future__ import annotations
 
+__all__ = ["audit", "check_audit_inputs", "spark_aggregates"]
+
 import logging
 import re
 from collections.abc import Iterable, Sequence
@@ -46,8 +48,6 @@ from ._report import (
     write_report,
 )
 from ._session import spark_session
-
-__all__ = ["audit", "check_audit_inputs", "spark_aggregates"]
 
 _log = logging.getLogger("georep.audit")
 

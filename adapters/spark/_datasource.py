@@ -9,6 +9,8 @@ working on older Spark.
 
 from __future__ import annotations
 
+__all__ = ["GeorepDataSource", "GeorepStreamWriter", "GeorepWriter"]
+
 import logging
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -31,8 +33,6 @@ from ._staging import SOURCE_SCHEMA
 
 if TYPE_CHECKING:
     from pyspark.sql.types import StructType
-
-__all__ = ["GeorepDataSource", "GeorepStreamWriter", "GeorepWriter"]
 
 _log = logging.getLogger("georep.spark")
 

@@ -9,6 +9,8 @@ dataclasses that pickle to the Python workers; connection strings stay out of th
 
 from __future__ import annotations
 
+__all__ = ["Connection", "Entity", "Options", "connection", "entity"]
+
 import importlib
 import math
 from collections.abc import Iterable, Mapping
@@ -17,8 +19,6 @@ from typing import Any
 
 from georep._endpoint import Target, namespace_endpoint
 from georep.exceptions import ConfigurationError
-
-__all__ = ["Connection", "Entity", "Options", "connection", "entity"]
 
 _CONNECTION_OPTIONS = (
     "primaryConnectionString",

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
+__all__ = ["write_plots"]
+
 from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
-
-__all__ = ["write_plots"]
 
 
 def _figure_class() -> Any:

@@ -8,6 +8,8 @@ of rows on one machine; Spark is for more.
 
 from __future__ import annotations
 
+__all__ = ["reference_aggregates", "reference_audit"]
+
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
@@ -31,8 +33,6 @@ from ._report import (
     ledger_files,
     write_report,
 )
-
-__all__ = ["reference_aggregates", "reference_audit"]
 
 _SEND_COLUMNS = [
     "schema_version", "message_id", "mode", "outcome", "accepted_region", "failover",

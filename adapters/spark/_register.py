@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
+__all__ = ["register"]
+
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
-
-__all__ = ["register"]
 
 
 def register(spark: SparkSession) -> None:

@@ -12,19 +12,6 @@ percentiles merge exactly, and a percentile is off by at most 0.05 % of (1 + its
 
 from __future__ import annotations
 
-import json
-import logging
-import math
-from collections import defaultdict
-from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
-from datetime import UTC, datetime
-from pathlib import Path
-from typing import Any
-
-from georep.exceptions import ConfigurationError
-from georep.ledger.schema import RECEIVES_DIR, SCHEMA_VERSION, SENDS_DIR
-
 __all__ = [
     "ACKNOWLEDGED",
     "BUCKETS_PER_UNIT",
@@ -41,6 +28,19 @@ __all__ = [
     "read_meta",
     "write_report",
 ]
+
+import json
+import logging
+import math
+from collections import defaultdict
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from georep.exceptions import ConfigurationError
+from georep.ledger.schema import RECEIVES_DIR, SCHEMA_VERSION, SENDS_DIR
 
 _log = logging.getLogger("georep.audit")
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+__all__ = ["spark_session"]
+
 import logging
 import os
 import re
@@ -14,8 +16,6 @@ from importlib import resources
 from pyspark.sql import SparkSession
 
 from georep.exceptions import ConfigurationError
-
-__all__ = ["spark_session"]
 
 _log = logging.getLogger("georep.audit")
 _lock = threading.Lock()

@@ -14,6 +14,19 @@ makes (kept for the callers that build their GeoSender in code).
 
 from __future__ import annotations
 
+__all__ = [
+    "SINK_NAMESPACE",
+    "MessageIds",
+    "RowLayout",
+    "SinkSettings",
+    "foreach_batch_sink",
+    "micro_batch",
+    "run_sync",
+    "send_partition",
+    "sink_message_id",
+    "sink_settings",
+]
+
 import asyncio
 import hashlib
 import inspect
@@ -34,19 +47,6 @@ if TYPE_CHECKING:
     from pyspark.sql import DataFrame
 
     from georep import GeoSender
-
-__all__ = [
-    "SINK_NAMESPACE",
-    "MessageIds",
-    "RowLayout",
-    "SinkSettings",
-    "foreach_batch_sink",
-    "micro_batch",
-    "run_sync",
-    "send_partition",
-    "sink_message_id",
-    "sink_settings",
-]
 
 _log = logging.getLogger("georep.spark")
 

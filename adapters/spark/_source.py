@@ -34,6 +34,8 @@ seen-set's window:
 
 from __future__ import annotations
 
+__all__ = ["GeorepStreamReader", "Intake", "SourceSettings", "StagedBatch", "source_settings"]
+
 import asyncio
 import contextlib
 import json
@@ -59,8 +61,6 @@ from georep.receive.settlement import complete_all
 
 from ._options import Connection, Entity, Options, connection, connection_options, entity
 from ._staging import ARROW_SCHEMA, Staging, read_staged, staging_path
-
-__all__ = ["GeorepStreamReader", "Intake", "SourceSettings", "StagedBatch", "source_settings"]
 
 _log = logging.getLogger("georep.spark")
 

@@ -16,6 +16,8 @@ Layout of ``stagingLocation``::
 
 from __future__ import annotations
 
+__all__ = ["ARROW_SCHEMA", "SOURCE_SCHEMA", "Staging", "read_staged", "staging_path"]
+
 import json
 import os
 from collections.abc import Iterator
@@ -27,8 +29,6 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from georep.exceptions import ConfigurationError
-
-__all__ = ["ARROW_SCHEMA", "SOURCE_SCHEMA", "Staging", "read_staged", "staging_path"]
 
 SOURCE_SCHEMA = (
     "message_id string, body binary, content_type string, "

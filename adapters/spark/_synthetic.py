@@ -18,6 +18,8 @@ dataset), so 10M messages take about a minute and a bounded amount of memory.
 
 from __future__ import annotations
 
+__all__ = ["SyntheticLedger", "write_session_ledger", "write_synthetic_ledger"]
+
 import asyncio
 import json
 from dataclasses import dataclass, field
@@ -37,8 +39,6 @@ from georep.ledger.schema import (
     receive_schema,
     send_schema,
 )
-
-__all__ = ["SyntheticLedger", "write_session_ledger", "write_synthetic_ledger"]
 
 _PRIMARY, _SECONDARY = 0, 1
 _MODES = ("passive", "active", "paired")

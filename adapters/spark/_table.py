@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 __all__ = ["report_table"]
+
+from typing import Any
 
 
 def _latency_row(label: str, stats: dict[str, Any]) -> tuple[str, str]:

@@ -11,6 +11,8 @@ pyarrow alone (no JVM), for a live view while the query runs.
 
 from __future__ import annotations
 
+__all__ = ["CommittedRows", "table_audit"]
+
 import json
 from collections import Counter
 from pathlib import Path
@@ -22,8 +24,6 @@ from pyspark.sql import SparkSession, functions as F
 
 from ._audit import _read_ledger
 from ._report import ACKNOWLEDGED
-
-__all__ = ["CommittedRows", "table_audit"]
 
 _LOG = "_spark_metadata"
 

@@ -16,11 +16,11 @@ prints that line and exits 2 (no traceback).
 
 from __future__ import annotations
 
+__all__ = ["app", "main"]
+
 import importlib
 import sys
 from typing import TYPE_CHECKING, Any, NoReturn
-
-__all__ = ["app", "main"]
 
 #: What ``georep`` prints when the extra is missing.
 EXTRA_HINT = "georep's command line needs its extra: pip install 'georep[cli]'"

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+__all__ = ["app", "main"]
+
 import asyncio
 import contextlib
 import sys
@@ -20,8 +22,6 @@ from georep.cli._errors import fail, print_error
 
 if TYPE_CHECKING:
     from georep._doctor import Finding
-
-__all__ = ["app", "main"]
 
 _T = TypeVar("_T")
 

@@ -8,6 +8,8 @@ the client measured itself (send rate, failover time) under the report's ``scena
 
 from __future__ import annotations
 
+__all__ = ["SCENARIOS", "BenchScenario", "run_bench"]
+
 import asyncio
 import json
 import platform
@@ -20,8 +22,6 @@ from pathlib import Path
 from typing import Any
 
 from georep.cli._scenario import ScenarioConfig, ScenarioResult, run_scenario
-
-__all__ = ["SCENARIOS", "BenchScenario", "run_bench"]
 
 
 @dataclass(frozen=True)

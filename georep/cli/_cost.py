@@ -11,6 +11,8 @@ Failed attempts against an unavailable region are not billed and are not counted
 
 from __future__ import annotations
 
+__all__ = ["BILLING_CHUNK_BYTES", "CostEstimate", "Workload", "estimate_cost", "estimate_costs"]
+
 import dataclasses
 import math
 from dataclasses import dataclass
@@ -18,8 +20,6 @@ from datetime import timedelta
 
 from georep._policy import ReplicationMode, Seconds, count, seconds
 from georep.exceptions import ConfigurationError
-
-__all__ = ["BILLING_CHUNK_BYTES", "CostEstimate", "Workload", "estimate_cost", "estimate_costs"]
 
 #: Service Bus bills each 64 KB of a message as one operation.
 BILLING_CHUNK_BYTES = 64 * 1024

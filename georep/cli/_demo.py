@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+__all__ = ["log_to", "progress_table", "run_demo"]
+
 import asyncio
 import logging
 import tempfile
@@ -15,8 +17,6 @@ from rich.table import Table
 from rich.text import Text
 
 from georep.cli._scenario import ScenarioConfig, ScenarioProgress, ScenarioResult, run_scenario
-
-__all__ = ["log_to", "progress_table", "run_demo"]
 
 
 def progress_table(progress: ScenarioProgress, config: ScenarioConfig) -> Table:

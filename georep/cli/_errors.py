@@ -8,10 +8,10 @@ quoted value.
 
 from __future__ import annotations
 
+__all__ = ["fail", "print_error"]
+
 import typer
 from rich.console import Console
-
-__all__ = ["fail", "print_error"]
 
 
 def print_error(console: Console, message: str) -> None:

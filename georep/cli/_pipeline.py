@@ -13,6 +13,8 @@ is success.
 
 from __future__ import annotations
 
+__all__ = ["PipelineResult", "run_pipeline", "run_pipeline_demo"]
+
 import asyncio
 import contextlib
 import json
@@ -30,8 +32,6 @@ from rich.live import Live
 from rich.table import Table
 
 from georep.cli._scenario import ScenarioConfig, ScenarioProgress, _Run, _Topology
-
-__all__ = ["PipelineResult", "run_pipeline", "run_pipeline_demo"]
 
 _STOP_WAIT = 300.0
 """Seconds a driver asked to stop (and to audit the table) has before it is killed."""

@@ -7,6 +7,8 @@ of the application follows a change within its refresh interval (0.25 s by defau
 
 from __future__ import annotations
 
+__all__ = ["failback", "failover", "forget", "pin", "unpin"]
+
 import asyncio
 import functools
 import inspect
@@ -21,8 +23,6 @@ import typer
 from rich.console import Console
 
 from georep.cli._errors import fail
-
-__all__ = ["failback", "failover", "forget", "pin", "unpin"]
 
 _T = TypeVar("_T")
 _log = logging.getLogger("georep.cli")

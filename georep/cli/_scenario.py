@@ -10,6 +10,8 @@ strings are given (no fault can be injected there, so the outage is skipped).
 
 from __future__ import annotations
 
+__all__ = ["ScenarioConfig", "ScenarioResult", "run_scenario"]
+
 import asyncio
 import logging
 import time
@@ -23,8 +25,6 @@ from typing import Any
 from georep._lifecycle import finish_task
 from georep.exceptions import ConfigurationError, GeoReplicationError
 from georep.ports import RegionAttempt, SendRecord
-
-__all__ = ["ScenarioConfig", "ScenarioResult", "run_scenario"]
 
 _log = logging.getLogger("georep.scenario")
 

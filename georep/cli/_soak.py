@@ -6,6 +6,8 @@ report); this module is the command line over it.
 
 from __future__ import annotations
 
+__all__ = ["soak"]
+
 import asyncio
 import random
 from pathlib import Path
@@ -15,8 +17,6 @@ import typer
 from rich.console import Console
 
 from georep.cli._errors import fail
-
-__all__ = ["soak"]
 
 console = Console()
 

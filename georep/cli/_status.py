@@ -9,6 +9,8 @@ keys and passwords are never printed.
 
 from __future__ import annotations
 
+__all__ = ["status"]
+
 import asyncio
 import json
 import logging
@@ -34,8 +36,6 @@ from georep.cli._roles import (
     console,
     errors,
 )
-
-__all__ = ["status"]
 
 _log = logging.getLogger("georep.cli")
 

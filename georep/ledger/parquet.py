@@ -20,6 +20,8 @@ How it stays off the hot path:
 
 from __future__ import annotations
 
+__all__ = ["ParquetLedger", "receive_rows", "schema_tables", "send_rows"]
+
 import asyncio
 import contextlib
 import importlib.util
@@ -58,8 +60,6 @@ from georep.ports import Clock, ReceiveRecord, SendRecord
 
 if TYPE_CHECKING:
     import pyarrow as pa
-
-__all__ = ["ParquetLedger", "receive_rows", "schema_tables", "send_rows"]
 
 _log = logging.getLogger("georep.ledger")
 

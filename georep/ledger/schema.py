@@ -21,11 +21,6 @@ This module holds the column lists and value sets in plain Python; :func:`send_s
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Final
-
-if TYPE_CHECKING:
-    import pyarrow as pa
-
 __all__ = [
     "ORDER_GAPS",
     "RECEIVES_DIR",
@@ -40,6 +35,11 @@ __all__ = [
     "receive_schema",
     "send_schema",
 ]
+
+from typing import TYPE_CHECKING, Final
+
+if TYPE_CHECKING:
+    import pyarrow as pa
 
 SCHEMA_VERSION: Final = 1
 SENDS_DIR: Final = "sends"

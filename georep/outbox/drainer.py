@@ -20,6 +20,14 @@ One :class:`OutboxDrainer` per GeoSender. Its promises (docs/sender.md, "The out
 
 from __future__ import annotations
 
+__all__ = [
+    "DrainTelemetry",
+    "OutboxDrainer",
+    "is_unavailable",
+    "is_worth_retrying",
+    "refusal_reason",
+]
+
 import asyncio
 import contextlib
 import logging
@@ -45,14 +53,6 @@ if TYPE_CHECKING:
 
     from georep.outbox.sessions import HeldSessions
     from georep.send.records import SendRecords
-
-__all__ = [
-    "DrainTelemetry",
-    "OutboxDrainer",
-    "is_unavailable",
-    "is_worth_retrying",
-    "refusal_reason",
-]
 
 _log = logging.getLogger("georep.sender")
 

@@ -7,6 +7,8 @@ drain loop itself is :class:`georep.outbox.drainer.OutboxDrainer`.
 
 from __future__ import annotations
 
+__all__ = ["OutboxLink"]
+
 from collections.abc import Callable, Sequence
 from dataclasses import KW_ONLY, dataclass
 from typing import Any
@@ -15,8 +17,6 @@ from georep.exceptions import InvalidMessageError, RegionError
 from georep.outbox.sessions import HeldSessions
 from georep.ports import Outbox
 from georep.send.result import PendingSend, SendContext, SendResult
-
-__all__ = ["OutboxLink"]
 
 
 @dataclass(frozen=True, slots=True, eq=False)

@@ -13,6 +13,8 @@ common case (nothing queued) a send costs no outbox call at all.
 
 from __future__ import annotations
 
+__all__ = ["HeldSessions"]
+
 import asyncio
 import contextlib
 import logging
@@ -20,8 +22,6 @@ from collections.abc import Collection, Iterator
 
 from georep._logs import Throttled
 from georep.ports import Outbox
-
-__all__ = ["HeldSessions"]
 
 _log = logging.getLogger("georep.sender")
 _troubles = Throttled(_log)

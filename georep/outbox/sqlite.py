@@ -8,6 +8,8 @@ on the disk and the connection is only ever touched by the thread that created i
 
 from __future__ import annotations
 
+__all__ = ["OutboxRecord", "SqliteOutbox"]
+
 import asyncio
 import contextlib
 import logging
@@ -31,8 +33,6 @@ from georep.exceptions import (
 )
 from georep.outbox import sql as sql
 from georep.ports import OutboxEntry, OutboxItems, OutboxSessions
-
-__all__ = ["OutboxRecord", "SqliteOutbox"]
 
 _Result = TypeVar("_Result")
 _log = logging.getLogger("georep.outbox")

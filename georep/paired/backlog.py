@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+__all__ = ["BacklogQueues", "ledger_error"]
+
 import logging
 import random
 from collections.abc import Callable, Sequence
@@ -15,8 +17,6 @@ from georep._classify import MESSAGE_FAULT_KINDS
 from georep.exceptions import AllRegionsUnavailableError, RegionError
 from georep.paired.options import PairedNamespaceOptions
 from georep.ports import Clock, RegionAttempt, RegionSender
-
-__all__ = ["BacklogQueues", "ledger_error"]
 
 _log = logging.getLogger("georep.paired")
 

@@ -15,6 +15,8 @@ the others engaged, sending to the backlog, with nobody pinging).
 
 from __future__ import annotations
 
+__all__ = ["PairedFailover", "PairedState", "paired_state"]
+
 import asyncio
 import logging
 import weakref
@@ -31,8 +33,6 @@ from georep.exceptions import RegionError
 from georep.paired.options import PairedNamespaceOptions
 from georep.ports import Clock, RegionSender
 from georep.roles.state import RoleSnapshot, RoleState
-
-__all__ = ["PairedFailover", "PairedState", "paired_state"]
 
 _log = logging.getLogger("georep.paired")
 

@@ -7,19 +7,19 @@ one backlog queue can carry messages for many entities; a syphon moves them back
 
 from __future__ import annotations
 
-import re
-from dataclasses import dataclass
-from datetime import timedelta
-
-from georep._policy import Seconds, as_seconds, count, flag, seconds
-from georep.exceptions import ConfigurationError
-
 __all__ = [
     "BACKLOG_ALIASES",
     "BACKLOG_QUEUE_PROPERTIES",
     "PairedNamespaceOptions",
     "backlog_queue_path",
 ]
+
+import re
+from dataclasses import dataclass
+from datetime import timedelta
+
+from georep._policy import Seconds, as_seconds, count, flag, seconds
+from georep.exceptions import ConfigurationError
 
 #: Application properties a message carries in a backlog queue (SPEC §3). The seed's table
 #: prints ``x-ms-path`` for ScheduledEnqueueTimeUtc; that is a known doc error.

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+__all__ = ["PairedSender", "PairedState"]
+
 import random
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from datetime import datetime
@@ -26,9 +28,6 @@ from georep.roles.state import RoleState
 from georep.send.ordering import SessionSequencer
 from georep.send.records import flush_ledger
 from georep.send.result import MessagePrep
-
-__all__ = ["PairedSender", "PairedState"]
-
 
 PAIRED_COUNTERS: Final = {
     "pings": InstrumentSpec(

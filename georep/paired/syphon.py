@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+__all__ = ["Syphon", "SyphonStats"]
+
 import asyncio
 import contextlib
 import logging
@@ -24,8 +26,6 @@ from georep.exceptions import (
 )
 from georep.paired.options import PairedNamespaceOptions
 from georep.ports import Clock, RegionReceiver, RegionSender
-
-__all__ = ["Syphon", "SyphonStats"]
 
 _log = logging.getLogger("georep.syphon")
 

@@ -8,38 +8,6 @@ is the embedded outbox; ``georep.testing`` has in-memory fakes of every port for
 
 One module per concern: clock, codec, ledger, regions, relay, stores."""
 
-from georep._slot import RegionSlot
-from georep.ports.clock import Clock
-from georep.ports.codec import MessageCodec
-from georep.ports.ledger import Ledger, ReceiveRecord, RegionAttempt, SendRecord
-from georep.ports.regions import (
-    Delivery,
-    ErrorKind,
-    OrderStamp,
-    RegionIdentity,
-    RegionReceiver,
-    RegionSender,
-    RegionSessions,
-    SessionReceiver,
-)
-from georep.ports.relay import RelayEndpoint, RelayRequest, RelayResponse
-from georep.ports.stores import (
-    FINAL_STATES,
-    NO_RECORD,
-    Claims,
-    ClaimState,
-    Outbox,
-    OutboxEntry,
-    OutboxItems,
-    OutboxSessions,
-    RoleChangeTerms,
-    RoleRecord,
-    RoleStore,
-    ScheduleStore,
-    SeenStore,
-    SessionStateStore,
-)
-
 __all__ = [
     "FINAL_STATES",
     "NO_RECORD",
@@ -74,3 +42,35 @@ __all__ = [
     "SessionReceiver",
     "SessionStateStore",
 ]
+
+from georep._slot import RegionSlot
+from georep.ports.clock import Clock
+from georep.ports.codec import MessageCodec
+from georep.ports.ledger import Ledger, ReceiveRecord, RegionAttempt, SendRecord
+from georep.ports.regions import (
+    Delivery,
+    ErrorKind,
+    OrderStamp,
+    RegionIdentity,
+    RegionReceiver,
+    RegionSender,
+    RegionSessions,
+    SessionReceiver,
+)
+from georep.ports.relay import RelayEndpoint, RelayRequest, RelayResponse
+from georep.ports.stores import (
+    FINAL_STATES,
+    NO_RECORD,
+    Claims,
+    ClaimState,
+    Outbox,
+    OutboxEntry,
+    OutboxItems,
+    OutboxSessions,
+    RoleChangeTerms,
+    RoleRecord,
+    RoleStore,
+    ScheduleStore,
+    SeenStore,
+    SessionStateStore,
+)

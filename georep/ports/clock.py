@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
+__all__ = ["Clock"]
+
 from contextlib import AbstractContextManager
 from typing import Protocol, runtime_checkable
-
-__all__ = ["Clock"]
 
 
 @runtime_checkable

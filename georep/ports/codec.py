@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
+__all__ = ["MessageCodec"]
+
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol
-
-__all__ = ["MessageCodec"]
 
 
 class MessageCodec(Protocol):

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
+__all__ = ["Ledger", "ReceiveRecord", "RegionAttempt", "SendRecord"]
+
 from collections.abc import Sequence
 from typing import NamedTuple, Protocol, runtime_checkable
-
-__all__ = ["Ledger", "ReceiveRecord", "RegionAttempt", "SendRecord"]
 
 
 class RegionAttempt(NamedTuple):

@@ -4,15 +4,6 @@ received copy (Delivery, OrderStamp).
 
 from __future__ import annotations
 
-import enum
-from collections.abc import Sequence
-from dataclasses import dataclass
-from datetime import datetime
-from typing import Any, Protocol, runtime_checkable
-
-from georep._slot import RegionSlot
-from georep.ports.codec import MessageCodec
-
 __all__ = [
     "Delivery",
     "ErrorKind",
@@ -23,6 +14,15 @@ __all__ = [
     "RegionSessions",
     "SessionReceiver",
 ]
+
+import enum
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any, Protocol, runtime_checkable
+
+from georep._slot import RegionSlot
+from georep.ports.codec import MessageCodec
 
 
 class ErrorKind(enum.StrEnum):

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
+__all__ = ["RelayEndpoint", "RelayRequest", "RelayResponse"]
+
 from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
-
-__all__ = ["RelayEndpoint", "RelayRequest", "RelayResponse"]
 
 
 @dataclass(frozen=True, slots=True)

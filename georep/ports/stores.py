@@ -2,11 +2,6 @@
 
 from __future__ import annotations
 
-import enum
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
-from typing import Final, Protocol, TypeAlias, runtime_checkable
-
 __all__ = [
     "FINAL_STATES",
     "NO_RECORD",
@@ -24,6 +19,10 @@ __all__ = [
     "SessionStateStore",
 ]
 
+import enum
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Final, Protocol, TypeAlias, runtime_checkable
 
 OutboxItems: TypeAlias = Sequence[tuple[str | None, bytes]]
 """What :meth:`Outbox.put` stores: ``(region or None, encoded message)`` pairs, in order."""

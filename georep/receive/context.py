@@ -7,6 +7,8 @@ The region loops, the session loops and the settlers each take the one
 
 from __future__ import annotations
 
+__all__ = ["HeldHere", "ReceiveContext", "ReceiverStats", "RecentOutcomes"]
+
 import asyncio
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -16,8 +18,6 @@ from opentelemetry import trace
 from georep._telemetry import ReceiverMetrics
 from georep.ports import ClaimState, Clock, Ledger, SeenStore
 from georep.receive.outcomes import Decisions
-
-__all__ = ["HeldHere", "ReceiveContext", "ReceiverStats", "RecentOutcomes"]
 
 
 @dataclass(slots=True)

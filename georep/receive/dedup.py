@@ -20,6 +20,8 @@ are checked here, once, and each store writes only how it records them.
 
 from __future__ import annotations
 
+__all__ = ["ClaimedTurn", "_SeenSetBase", "first_of_each_key", "sort_by_claim"]
+
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -30,8 +32,6 @@ from georep.receive.outcomes import check_commit
 
 if TYPE_CHECKING:
     from georep.receive.settlement import Copy
-
-__all__ = ["ClaimedTurn", "_SeenSetBase", "first_of_each_key", "sort_by_claim"]
 
 
 class _SeenSetBase(AsyncResource):

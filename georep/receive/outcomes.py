@@ -8,14 +8,6 @@ then the broker.
 
 from __future__ import annotations
 
-import enum
-from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import Any, Final
-
-from georep.exceptions import AlreadySettledError, ConfigurationError
-from georep.ports import FINAL_STATES, ClaimState
-
 __all__ = [
     "MAX_ATTEMPTS_REASON",
     "PING_CONTENT_TYPE",
@@ -28,6 +20,14 @@ __all__ = [
     "max_attempts_decision",
     "twin_reason",
 ]
+
+import enum
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Final
+
+from georep.exceptions import AlreadySettledError, ConfigurationError
+from georep.ports import FINAL_STATES, ClaimState
 
 PING_CONTENT_TYPE: Final = "application/vnd.ms-servicebus-ping"
 """The paired namespaces' ping (SPEC §3): completed by the receiver, never handled."""

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
+__all__ = ["peek_all"]
+
 from typing import Any
 
 from georep.exceptions import ConfigurationError
-
-__all__ = ["peek_all"]
 
 
 async def peek_all(

@@ -41,6 +41,8 @@ for an idle sweep a second later.
 
 from __future__ import annotations
 
+__all__ = ["Handout", "PullReceiver", "SettleDeferred", "SettleProbe"]
+
 import asyncio
 import contextlib
 import logging
@@ -79,8 +81,6 @@ from georep.receive.outcomes import ABANDON, COMPLETE, RETURNED, Decision, Settl
 from georep.receive.receiver import GeoReceiver
 from georep.receive.region_loop import RECEIVE_GRACE, RegionLoop
 from georep.receive.settlement import Copy, complete_all
-
-__all__ = ["Handout", "PullReceiver", "SettleDeferred", "SettleProbe"]
 
 _log = logging.getLogger("georep.receiver")
 

@@ -7,6 +7,8 @@ process, settle, renew), which alone touches its region's receiver.
 
 from __future__ import annotations
 
+__all__ = ["GeoReceiver", "ReceiverHandler", "ReceiverStats", "receiver"]
+
 import asyncio
 import contextlib
 import logging
@@ -57,8 +59,6 @@ from georep.receive.wiring import region_loop, session_loops
 if TYPE_CHECKING:
     from opentelemetry.metrics import MeterProvider
     from opentelemetry.trace import TracerProvider
-
-__all__ = ["GeoReceiver", "ReceiverHandler", "ReceiverStats", "receiver"]
 
 _log = logging.getLogger("georep.receiver")
 

@@ -20,6 +20,8 @@ with the next turn's claim, and the turn itself waits on the broker when idle.
 
 from __future__ import annotations
 
+__all__ = ["RECEIVE_GRACE", "Handler", "LoopPolicy", "RegionLoop", "StorePolicy"]
+
 import asyncio
 import contextlib
 import dataclasses
@@ -53,8 +55,6 @@ from georep.receive.settlement import Copy, Settlements
 
 if TYPE_CHECKING:
     from georep.receive.context import ReceiveContext
-
-__all__ = ["RECEIVE_GRACE", "Handler", "LoopPolicy", "RegionLoop", "StorePolicy"]
 
 _log = logging.getLogger("georep.receiver")
 _troubles = Throttled(_log)

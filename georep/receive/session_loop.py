@@ -30,6 +30,8 @@ a time: handlers of one session never run concurrently.
 
 from __future__ import annotations
 
+__all__ = ["FinishedKeys", "SessionPolicy", "SessionRegionLoop"]
+
 import asyncio
 import dataclasses
 import enum
@@ -54,8 +56,6 @@ from georep.receive.settlement import Copy
 
 if TYPE_CHECKING:
     from georep.receive.context import ReceiveContext
-
-__all__ = ["FinishedKeys", "SessionPolicy", "SessionRegionLoop"]
 
 _log = logging.getLogger("georep.receiver")
 

@@ -7,6 +7,8 @@ copy and accounts for it.
 
 from __future__ import annotations
 
+__all__ = ["Copy", "Settlements", "complete_all"]
+
 import asyncio
 import logging
 from dataclasses import dataclass
@@ -33,8 +35,6 @@ if TYPE_CHECKING:
     from collections.abc import Callable
 
     from georep.receive.context import ReceiveContext
-
-__all__ = ["Copy", "Settlements", "complete_all"]
 
 _log = logging.getLogger("georep.receiver")
 _troubles = Throttled(_log)

@@ -9,6 +9,8 @@ the receiver's one :class:`georep.receive.context.ReceiveContext`. Nothing here 
 
 from __future__ import annotations
 
+__all__ = ["region_loop", "session_loops"]
+
 from collections.abc import Callable, Sequence
 
 from georep.ports import RegionReceiver, RegionSessions, SessionReceiver
@@ -16,8 +18,6 @@ from georep.receive.context import ReceiveContext
 from georep.receive.region_loop import LoopPolicy, RegionLoop
 from georep.receive.session_loop import FinishedKeys, SessionPolicy, SessionRegionLoop
 from georep.receive.settlement import Copy, Settlements
-
-__all__ = ["region_loop", "session_loops"]
 
 
 def region_loop(

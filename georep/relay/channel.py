@@ -9,6 +9,8 @@ returned as they are.
 
 from __future__ import annotations
 
+__all__ = ["DEFAULT_RELAY_FAILOVER_KINDS", "FailoverChannel", "RelayChannelStats", "RelayPolicy"]
+
 import random
 import time
 from collections.abc import Mapping
@@ -34,8 +36,6 @@ from georep.exceptions import (
 from georep.ports import Clock, ErrorKind, RelayEndpoint, RelayResponse, RoleStore
 from georep.roles.join import role_join
 from georep.roles.state import RoleSnapshot, RoleState
-
-__all__ = ["DEFAULT_RELAY_FAILOVER_KINDS", "FailoverChannel", "RelayChannelStats", "RelayPolicy"]
 
 #: Relay failures that mean "this endpoint is unavailable" (SPEC §2.5): connection errors
 #: and timeouts, gateway errors (HTTP 502/503/504, handshake 500, close 1011), and a

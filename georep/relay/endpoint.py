@@ -8,13 +8,13 @@ failures read as :class:`georep.exceptions.RegionError`.
 
 from __future__ import annotations
 
+__all__ = ["RelayEndpointBase"]
+
 import asyncio
 
 from georep._region_identity import RegionLabel
 from georep.exceptions import ClosedError
 from georep.ports import RelayResponse
-
-__all__ = ["RelayEndpointBase"]
 
 
 class RelayEndpointBase(RegionLabel):

@@ -15,6 +15,8 @@ nothing they do.
 
 from __future__ import annotations
 
+__all__ = ["REGIONS", "RoleChange", "RoleCommands", "check_region"]
+
 import logging
 import time
 from collections.abc import Sequence
@@ -26,8 +28,6 @@ from opentelemetry import trace
 from georep.exceptions import ConfigurationError
 from georep.ports import RoleChangeTerms, RoleRecord, RoleStore
 from georep.roles.store import who_am_i
-
-__all__ = ["REGIONS", "RoleChange", "RoleCommands", "check_region"]
 
 _log = logging.getLogger("georep.roles")
 

@@ -8,6 +8,8 @@ roles are needed, and its background refresh runs from then until the owner clos
 
 from __future__ import annotations
 
+__all__ = ["RoleJoin", "role_join"]
+
 from collections.abc import Mapping
 from functools import partial
 from typing import TYPE_CHECKING
@@ -18,8 +20,6 @@ from georep.roles.store import SharedRoles, shared_role_state
 
 if TYPE_CHECKING:
     from opentelemetry.metrics import MeterProvider
-
-__all__ = ["RoleJoin", "role_join"]
 
 
 class RoleJoin:

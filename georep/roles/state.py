@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+__all__ = ["DEPART", "FailoverEvidence", "RoleMove", "RoleSnapshot", "RoleState", "role_state_for"]
+
 import asyncio
 import enum
 import weakref
@@ -13,8 +15,6 @@ import aiorwlock
 
 if TYPE_CHECKING:
     from georep._policy import Corroboration
-
-__all__ = ["DEPART", "FailoverEvidence", "RoleMove", "RoleSnapshot", "RoleState", "role_state_for"]
 
 
 @dataclass(frozen=True, slots=True)

@@ -11,6 +11,15 @@ it answers. :class:`InMemoryRoleStore` is the store for one process and for test
 
 from __future__ import annotations
 
+__all__ = [
+    "DEFAULT_REFRESH_INTERVAL",
+    "ROLE_COUNTERS",
+    "InMemoryRoleStore",
+    "SharedRoles",
+    "shared_role_state",
+    "who_am_i",
+]
+
 import asyncio
 import getpass
 import logging
@@ -30,15 +39,6 @@ from georep._telemetry import Instruments, InstrumentSpec
 from georep.exceptions import StoreUnavailableError
 from georep.ports import Clock, RoleChangeTerms, RoleRecord, RoleStore
 from georep.roles.state import DEPART, FailoverEvidence, RoleSnapshot, RoleState
-
-__all__ = [
-    "DEFAULT_REFRESH_INTERVAL",
-    "ROLE_COUNTERS",
-    "InMemoryRoleStore",
-    "SharedRoles",
-    "shared_role_state",
-    "who_am_i",
-]
 
 _log = logging.getLogger("georep.roles")
 

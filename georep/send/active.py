@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
+__all__ = ["ActivePath"]
+
 import asyncio
 
 from georep._lifecycle import stop_task
 from georep.exceptions import AllRegionsUnavailableError, RegionError
 from georep.send.path import Queue, SendPath, region_failed, troubles
 from georep.send.result import PendingSend, SendContext, SendResult
-
-__all__ = ["ActivePath"]
 
 
 class ActivePath(SendPath):

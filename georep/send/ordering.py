@@ -17,13 +17,6 @@ See docs/sessions.md for what order means with several writers, and its limits.
 
 from __future__ import annotations
 
-import uuid
-from collections import OrderedDict
-from collections.abc import Callable
-from typing import Any, Final
-
-from georep.ports import OrderStamp
-
 __all__ = [
     "GENERATION_PROPERTY",
     "PREV_PROPERTY",
@@ -33,6 +26,13 @@ __all__ = [
     "SessionSequencer",
     "read_stamp",
 ]
+
+import uuid
+from collections import OrderedDict
+from collections.abc import Callable
+from typing import Any, Final
+
+from georep.ports import OrderStamp
 
 WRITER_PROPERTY: Final = "georep.order.writer"
 SEQ_PROPERTY: Final = "georep.order.seq"

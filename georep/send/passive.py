@@ -4,6 +4,8 @@ back probe.
 
 from __future__ import annotations
 
+__all__ = ["PassivePath"]
+
 import asyncio
 import logging
 from collections.abc import Callable
@@ -17,9 +19,6 @@ from georep.exceptions import AllRegionsUnavailableError, RegionError
 from georep.roles.state import FailoverEvidence, RoleMove, RoleSnapshot, RoleState
 from georep.send.path import Channel, Queue, SendPath, region_failed, troubles
 from georep.send.result import PendingSend, SendContext, SendResult
-
-__all__ = ["PassivePath"]
-
 
 _log = logging.getLogger("georep.sender")
 

@@ -10,6 +10,8 @@ region could be reached for.
 
 from __future__ import annotations
 
+__all__ = ["Channel", "Queue", "troubles"]
+
 import logging
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
@@ -21,8 +23,6 @@ from georep._logs import Throttled
 from georep.exceptions import RegionError
 from georep.ports import RegionSender
 from georep.send.result import SendContext
-
-__all__ = ["Channel", "Queue", "troubles"]
 
 troubles = Throttled(logging.getLogger("georep.sender"))
 """The paths' warnings that repeat while a region is down: one line, then one per 30 s."""

@@ -7,6 +7,8 @@ metric and the ledger row.
 
 from __future__ import annotations
 
+__all__ = ["SendFlow"]
+
 from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -18,8 +20,6 @@ from georep.send.result import PendingSend, SendContext, SendResult
 
 if TYPE_CHECKING:
     from georep.outbox.enqueue import OutboxLink
-
-__all__ = ["SendFlow"]
 
 _PRODUCER = SpanKind.PRODUCER
 

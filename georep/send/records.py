@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+__all__ = ["SendRecords", "error_name", "flush_ledger"]
+
 import logging
 from collections.abc import Collection, Sequence
 from typing import Any
@@ -9,8 +11,6 @@ from typing import Any
 from georep.exceptions import AllRegionsUnavailableError, RegionError
 from georep.ports import Clock, ErrorKind, Ledger, MessageCodec, RegionAttempt, SendRecord
 from georep.send.result import SendResult
-
-__all__ = ["SendRecords", "error_name", "flush_ledger"]
 
 _log = logging.getLogger("georep.sender")
 

@@ -6,6 +6,15 @@ outbox link, the ledger records); none of them imports :mod:`georep.send.sender`
 
 from __future__ import annotations
 
+__all__ = [
+    "MessagePrep",
+    "PendingSend",
+    "SendContext",
+    "SendCounts",
+    "SendResult",
+    "SenderStats",
+]
+
 import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -21,15 +30,6 @@ from georep._telemetry import SenderTelemetry
 from georep.exceptions import InvalidMessageError
 from georep.ports import Clock, MessageCodec, RegionSender
 from georep.send.ordering import SessionSequencer
-
-__all__ = [
-    "MessagePrep",
-    "PendingSend",
-    "SendContext",
-    "SendCounts",
-    "SendResult",
-    "SenderStats",
-]
 
 _TRACEPARENT = "traceparent"
 

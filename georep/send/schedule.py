@@ -3,6 +3,8 @@ the same list (or one number) back in, mapped to each region's own numbers."""
 
 from __future__ import annotations
 
+__all__ = ["SECONDARY_FLAG", "ScheduleBook", "Scheduler", "sequence_number"]
+
 import asyncio
 import contextlib
 import json
@@ -24,8 +26,6 @@ from georep.ports import RegionSender, ScheduleStore
 from georep.roles.state import RoleState
 from georep.send.passive import PassivePath
 from georep.send.result import SendContext
-
-__all__ = ["SECONDARY_FLAG", "ScheduleBook", "Scheduler", "sequence_number"]
 
 _log = logging.getLogger("georep.sender")
 

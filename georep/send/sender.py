@@ -11,6 +11,8 @@ ledger rows (:mod:`georep.send.records`). What they share is one
 
 from __future__ import annotations
 
+__all__ = ["GeoSender", "SendResult", "SenderStats"]
+
 import logging
 import warnings
 from collections.abc import Mapping, Sequence
@@ -43,8 +45,6 @@ from georep.send.wiring import SenderParts, wire
 if TYPE_CHECKING:
     from opentelemetry.metrics import MeterProvider
     from opentelemetry.trace import TracerProvider
-
-__all__ = ["GeoSender", "SendResult", "SenderStats"]
 
 _log = logging.getLogger("georep.sender")
 

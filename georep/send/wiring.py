@@ -6,6 +6,8 @@ Each collaborator gets what it uses through its constructor; nothing here import
 
 from __future__ import annotations
 
+__all__ = ["SenderParts", "SenderSettings", "wire"]
+
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
@@ -35,8 +37,6 @@ from georep.send.schedule import Scheduler
 
 if TYPE_CHECKING:
     from opentelemetry.metrics import MeterProvider
-
-__all__ = ["SenderParts", "SenderSettings", "wire"]
 
 
 class SenderSettings(Protocol):

@@ -10,6 +10,8 @@ with ``georep_regions`` (region label → that namespace's properties) and
 
 from __future__ import annotations
 
+__all__ = ["REGIONS", "TwoNamespaces", "annotate", "changed", "differences", "merge_listed", "read"]
+
 import logging
 from collections.abc import Mapping, Sequence
 from datetime import timedelta
@@ -18,8 +20,6 @@ from typing import Any, ClassVar, Final, Self
 from azure.core.exceptions import ResourceExistsError, ResourceNotFoundError
 
 from georep._endpoint import endpoint_pair
-
-__all__ = ["REGIONS", "TwoNamespaces", "annotate", "changed", "differences", "merge_listed", "read"]
 
 _log = logging.getLogger("georep.servicebus")
 

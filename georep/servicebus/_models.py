@@ -4,29 +4,6 @@ is installed before this module is imported."""
 
 from __future__ import annotations
 
-from azure.servicebus.management import (
-    AccessRights,
-    AuthorizationRule,
-    CorrelationRuleFilter,
-    EntityAvailabilityStatus,
-    EntityStatus,
-    FalseRuleFilter,
-    MessageCountDetails,
-    MessagingSku,
-    NamespaceProperties,
-    NamespaceType,
-    QueueProperties,
-    QueueRuntimeProperties,
-    RuleProperties,
-    SqlRuleAction,
-    SqlRuleFilter,
-    SubscriptionProperties,
-    SubscriptionRuntimeProperties,
-    TopicProperties,
-    TopicRuntimeProperties,
-    TrueRuleFilter,
-)
-
 __all__ = [
     "AccessRights",
     "AuthorizationRule",
@@ -49,3 +26,26 @@ __all__ = [
     "TopicRuntimeProperties",
     "TrueRuleFilter",
 ]
+
+from azure.servicebus.management import (
+    AccessRights,
+    AuthorizationRule,
+    CorrelationRuleFilter,
+    EntityAvailabilityStatus,
+    EntityStatus,
+    FalseRuleFilter,
+    MessageCountDetails,
+    MessagingSku,
+    NamespaceProperties,
+    NamespaceType,
+    QueueProperties,
+    QueueRuntimeProperties,
+    RuleProperties,
+    SqlRuleAction,
+    SqlRuleFilter,
+    SubscriptionProperties,
+    SubscriptionRuntimeProperties,
+    TopicProperties,
+    TopicRuntimeProperties,
+    TrueRuleFilter,
+)

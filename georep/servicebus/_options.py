@@ -7,6 +7,17 @@ sender and receiver the client hands out takes the ones that concern it.
 
 from __future__ import annotations
 
+__all__ = [
+    "ClientConstructors",
+    "ClientOptions",
+    "ReceiverArguments",
+    "SenderArguments",
+    "SessionListArguments",
+    "checked_options",
+    "receiver_options",
+    "sender_options",
+]
+
 from collections.abc import Mapping
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, Final, Self, TypedDict, Unpack
@@ -21,17 +32,6 @@ from georep.ports import Clock, Ledger, Outbox, RoleStore, SeenStore
 if TYPE_CHECKING:
     from opentelemetry.metrics import MeterProvider
     from opentelemetry.trace import TracerProvider
-
-__all__ = [
-    "ClientConstructors",
-    "ClientOptions",
-    "ReceiverArguments",
-    "SenderArguments",
-    "SessionListArguments",
-    "checked_options",
-    "receiver_options",
-    "sender_options",
-]
 
 
 class ClientOptions(TypedDict, total=False):

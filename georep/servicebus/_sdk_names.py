@@ -5,20 +5,6 @@ come from georep too; each package adds its own client, sender, receiver, sessio
 
 from __future__ import annotations
 
-from azure.servicebus import (
-    NEXT_AVAILABLE_SESSION,
-    ServiceBusMessage,
-    ServiceBusMessageBatch,
-    ServiceBusMessageState,
-    ServiceBusReceivedMessage,
-    ServiceBusReceiveMode,
-    ServiceBusSessionFilter,
-    ServiceBusSubQueue,
-    TransportType,
-)
-
-from georep.servicebus._options import ClientOptions, ReceiverArguments, SenderArguments
-
 __all__ = [
     "NEXT_AVAILABLE_SESSION",
     "ClientOptions",
@@ -33,6 +19,20 @@ __all__ = [
     "ServiceBusSubQueue",
     "TransportType",
 ]
+
+from azure.servicebus import (
+    NEXT_AVAILABLE_SESSION,
+    ServiceBusMessage,
+    ServiceBusMessageBatch,
+    ServiceBusMessageState,
+    ServiceBusReceivedMessage,
+    ServiceBusReceiveMode,
+    ServiceBusSessionFilter,
+    ServiceBusSubQueue,
+    TransportType,
+)
+
+from georep.servicebus._options import ClientOptions, ReceiverArguments, SenderArguments
 
 # Each drop-in package defines these itself, over two regions (its __all__ adds them).
 PACKAGE_NAMES = (

@@ -11,6 +11,8 @@ are closed when the last sync object using them lets go (a sync caller cannot aw
 
 from __future__ import annotations
 
+__all__ = ["ServiceBusClient", "ServiceBusReceiver", "ServiceBusSender", "ServiceBusSession"]
+
 import logging
 import os
 import threading
@@ -41,8 +43,6 @@ from ._options import (
     SessionListArguments,
 )
 from .aio._session import GeoSession
-
-__all__ = ["ServiceBusClient", "ServiceBusReceiver", "ServiceBusSender", "ServiceBusSession"]
 
 _log = logging.getLogger("georep.servicebus")
 _T = TypeVar("_T")

@@ -16,23 +16,6 @@ Nothing here does I/O or sleeps for real:
 
 from __future__ import annotations
 
-from georep.roles.store import InMemoryRoleStore
-from georep.testing._clock import (
-    FakeClock,
-    settle as settle,  # tests wait for ready tasks with it
-)
-from georep.testing._ledger import InMemoryLedger
-from georep.testing._messages import FakeBatch, FakeCodec, FakeMessage
-from georep.testing._outbox import InMemoryOutbox
-from georep.testing._regions import (
-    FakeReceivedMessage,
-    InMemoryRegionReceiver,
-    InMemoryRegionSender,
-)
-from georep.testing._relay import InMemoryRelayEndpoint
-from georep.testing._seen import InMemorySeenSet
-from georep.testing._sessions import InMemoryRegionSessions, InMemorySessionReceiver
-
 __all__ = [
     "FakeBatch",
     "FakeClock",
@@ -49,3 +32,20 @@ __all__ = [
     "InMemorySeenSet",
     "InMemorySessionReceiver",
 ]
+
+from georep.roles.store import InMemoryRoleStore
+from georep.testing._clock import (
+    FakeClock,
+    settle as settle,  # tests wait for ready tasks with it
+)
+from georep.testing._ledger import InMemoryLedger
+from georep.testing._messages import FakeBatch, FakeCodec, FakeMessage
+from georep.testing._outbox import InMemoryOutbox
+from georep.testing._regions import (
+    FakeReceivedMessage,
+    InMemoryRegionReceiver,
+    InMemoryRegionSender,
+)
+from georep.testing._relay import InMemoryRelayEndpoint
+from georep.testing._seen import InMemorySeenSet
+from georep.testing._sessions import InMemoryRegionSessions, InMemorySessionReceiver

@@ -6,14 +6,14 @@
 
 from __future__ import annotations
 
+__all__ = ["FakeClock", "FakeWatchdog", "settle"]
+
 import asyncio
 import heapq
 import itertools
 from collections.abc import Callable
 
 from georep._clock import Deadline
-
-__all__ = ["FakeClock", "FakeWatchdog", "settle"]
 
 
 class FakeWatchdog:

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
+__all__ = ["FaultSwitch"]
+
 import asyncio
 
 from georep._region_identity import RegionLabel
 from georep.exceptions import region_error
 from georep.ports import ErrorKind
-
-__all__ = ["FaultSwitch"]
 
 
 class FaultSwitch(RegionLabel):

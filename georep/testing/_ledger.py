@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
+__all__ = ["InMemoryLedger"]
+
 from collections.abc import Callable
 from typing import Any
 
 from georep.ledger.parquet import receive_rows, send_rows
 from georep.ports import ReceiveRecord, SendRecord
-
-__all__ = ["InMemoryLedger"]
 
 
 class InMemoryLedger:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+__all__ = ["FakeBatch", "FakeCodec", "FakeMessage"]
+
 import base64
 import json
 from collections.abc import Callable, Iterable, Sequence
@@ -9,8 +11,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from georep.exceptions import InvalidMessageError, OversizeMessageError
-
-__all__ = ["FakeBatch", "FakeCodec", "FakeMessage"]
 
 
 @dataclass

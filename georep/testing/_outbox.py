@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+__all__ = ["InMemoryOutbox"]
+
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
@@ -14,8 +16,6 @@ from georep.outbox.sqlite import (
     outbox_full_error,
 )
 from georep.ports import OutboxEntry, OutboxItems, OutboxSessions
-
-__all__ = ["InMemoryOutbox"]
 
 
 @dataclass(slots=True)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+__all__ = ["FakeReceivedMessage", "InMemoryRegionReceiver", "InMemoryRegionSender"]
+
 import dataclasses
 import itertools
 from collections.abc import Sequence
@@ -16,8 +18,6 @@ from georep.ports import Delivery, ErrorKind
 from georep.testing._clock import FakeClock
 from georep.testing._faults import FaultSwitch
 from georep.testing._messages import FakeCodec, FakeMessage
-
-__all__ = ["FakeReceivedMessage", "InMemoryRegionReceiver", "InMemoryRegionSender"]
 
 
 def dedup_value(message: Any, dedup_source: str, dedup_name: str | None) -> str | None:

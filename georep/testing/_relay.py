@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+__all__ = ["InMemoryRelayEndpoint"]
+
 import asyncio
 from collections.abc import Awaitable, Callable
 
@@ -9,8 +11,6 @@ from georep.exceptions import region_error
 from georep.ports import ErrorKind, RelayRequest, RelayResponse
 from georep.relay.endpoint import RelayEndpointBase
 from georep.testing._faults import FaultSwitch
-
-__all__ = ["InMemoryRelayEndpoint"]
 
 RelayHandler = Callable[[RelayRequest], Awaitable[RelayResponse]]
 

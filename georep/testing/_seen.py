@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+__all__ = ["InMemorySeenSet"]
+
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
@@ -11,8 +13,6 @@ from georep._policy import positive_seconds
 from georep.exceptions import StoreUnavailableError
 from georep.ports import Claims, ClaimState, Clock
 from georep.receive.dedup import _SeenSetBase
-
-__all__ = ["InMemorySeenSet"]
 
 
 @dataclass(frozen=True, slots=True)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+__all__ = ["InMemoryRegionSessions", "InMemorySessionReceiver"]
+
 import asyncio
 import dataclasses
 import itertools
@@ -17,8 +19,6 @@ from georep.testing._clock import FakeClock
 from georep.testing._faults import FaultSwitch
 from georep.testing._messages import FakeMessage
 from georep.testing._regions import FakeLabels, FakeReceivedMessage, dedup_value
-
-__all__ = ["InMemoryRegionSessions", "InMemorySessionReceiver"]
 
 
 @dataclass

@@ -26,6 +26,8 @@ process counts once; every other duplicate is a violation.
 
 from __future__ import annotations
 
+__all__ = ["EntityVerdict", "check_run", "read_history"]
+
 import json
 import shutil
 from collections import Counter, defaultdict
@@ -36,8 +38,6 @@ from pathlib import Path
 from typing import Any
 
 from georep.exceptions import ConfigurationError
-
-__all__ = ["EntityVerdict", "check_run", "read_history"]
 
 
 @dataclass

@@ -8,13 +8,13 @@ logged as one that could not begin (the run goes on).
 
 from __future__ import annotations
 
+__all__ = ["OutboxDisk"]
+
 import errno
 import os
 import shutil
 import subprocess
 from pathlib import Path
-
-__all__ = ["OutboxDisk"]
 
 #: The tmpfs's size: room for the outboxes of a soak (a few MiB each, at most).
 SIZE_MIB = 64

@@ -8,6 +8,8 @@ still running there. What each fault did (or why it could not) goes to :attr:`lo
 
 from __future__ import annotations
 
+__all__ = ["Nemesis", "Targets"]
+
 import asyncio
 import logging
 import time
@@ -17,8 +19,6 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from .schedule import NAMESPACE_FAULTS, Fault
-
-__all__ = ["Nemesis", "Targets"]
 
 _log = logging.getLogger("georep.soak.nemesis")
 

@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+__all__ = ["write_report"]
+
 import importlib.util
 import json
 from collections import Counter
@@ -13,8 +15,6 @@ from .checker import read_history
 
 if TYPE_CHECKING:
     from .runner import SoakResult
-
-__all__ = ["write_report"]
 
 
 def write_report(

@@ -7,6 +7,8 @@ loopback port with an append-only file, each worker) and stops each by its PID.
 
 from __future__ import annotations
 
+__all__ = ["SoakConfig", "SoakResult", "run_soak"]
+
 import asyncio
 import contextlib
 import json
@@ -35,8 +37,6 @@ from .disk import OutboxDisk
 from .nemesis import SESSION_QUEUE, Nemesis
 from .schedule import FAULT_KINDS, Fault, check_kinds, draw_schedule
 from .worker import APP, PAIRED_OPTIONS, WorkerSpec
-
-__all__ = ["SoakConfig", "SoakResult", "run_soak"]
 
 #: Fragments of a partitioned entity (Standard tier), as the emulator routes keys to them.
 PARTITION_COUNT = 16

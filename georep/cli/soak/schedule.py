@@ -9,12 +9,6 @@ long enough to hold one of each), the rest at random; faults may overlap, at mos
 
 from __future__ import annotations
 
-import random
-from dataclasses import asdict, dataclass
-from typing import Any, Final
-
-from georep.exceptions import ConfigurationError
-
 __all__ = [
     "FAULT_KINDS",
     "NAMESPACE_FAULTS",
@@ -22,6 +16,12 @@ __all__ = [
     "check_kinds",
     "draw_schedule",
 ]
+
+import random
+from dataclasses import asdict, dataclass
+from typing import Any, Final
+
+from georep.exceptions import ConfigurationError
 
 #: Faults the emulator injects into one namespace (region), as long as they last.
 NAMESPACE_FAULTS: Final = ("outage", "blackhole", "reject-sends", "latency", "fragment-down")

@@ -17,6 +17,8 @@ It stops sending when the runner writes ``quiet`` to ``phase``, and exits on SIG
 
 from __future__ import annotations
 
+__all__ = ["WorkerSpec", "main"]
+
 import asyncio
 import contextlib
 import faulthandler
@@ -34,8 +36,6 @@ from typing import Any
 from urllib.parse import unquote, urlparse
 
 from georep._lifecycle import wait_within
-
-__all__ = ["WorkerSpec", "main"]
 
 _log = logging.getLogger("georep.soak.worker")
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+__all__ = ["ServiceBusClient"]
+
 import asyncio
 import logging
 import os
@@ -43,8 +45,6 @@ from ._receiver import DEFAULT_RECEIVE_WAIT, ServiceBusReceiver
 from ._sender import ServiceBusSender
 from ._session import Absent, GeoSession, SessionOwnership, SessionRegions, accept_in_both
 from ._session_list import sessions_in_both
-
-__all__ = ["ServiceBusClient"]
 
 _log = logging.getLogger("georep.servicebus")
 

@@ -20,6 +20,8 @@ that is not fetched stays deferred in its region until a sweep settles it (its k
 
 from __future__ import annotations
 
+__all__ = ["DeferredBook", "DeferredMessages", "settle_found"]
+
 import asyncio
 import hashlib
 import logging
@@ -43,8 +45,6 @@ from georep.receive.outcomes import Decision, Settle, twin_reason
 from georep.receive.pull import PullReceiver, SettleProbe
 
 from ._numbers import handed_out, mark, own_number, region_of
-
-__all__ = ["DeferredBook", "DeferredMessages", "settle_found"]
 
 _log = logging.getLogger("georep.servicebus")
 

@@ -11,12 +11,12 @@ never reaches bit 62 (a few dozen partitions at most); numbers stay positive 64-
 
 from __future__ import annotations
 
+__all__ = ["SECONDARY_MARK", "handed_out", "mark", "own_number", "region_of"]
+
 import contextlib
 from typing import Any, Final
 
 from georep.send.schedule import SECONDARY_FLAG
-
-__all__ = ["SECONDARY_MARK", "handed_out", "mark", "own_number", "region_of"]
 
 SECONDARY_MARK: Final = SECONDARY_FLAG
 """The bit set on the numbers of the secondary's messages: the one the sender's scheduled

@@ -3,6 +3,8 @@ pages (each call continues where the last one ended)."""
 
 from __future__ import annotations
 
+__all__ = ["MergedPeek"]
+
 import asyncio
 import logging
 from collections import OrderedDict
@@ -15,8 +17,6 @@ from georep.ports import FINAL_STATES
 from georep.receive.pull import PullReceiver, SettleProbe
 
 from ._numbers import mark, own_number
-
-__all__ = ["MergedPeek"]
 
 _log = logging.getLogger("georep.servicebus")
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+__all__ = ["DEFAULT_RECEIVE_WAIT", "ServiceBusReceiver"]
+
 import asyncio
 from collections.abc import Awaitable, Callable, Sequence
 from datetime import UTC, datetime
@@ -33,8 +35,6 @@ if TYPE_CHECKING:
 
 Opener = Callable[["ServiceBusReceiver"], Awaitable[tuple[PullReceiver, "GeoSession"]]]
 """Opens a session receiver: locks its session in the regions and builds what pulls it."""
-
-__all__ = ["DEFAULT_RECEIVE_WAIT", "ServiceBusReceiver"]
 
 DEFAULT_RECEIVE_WAIT: Final = 60.0
 """Seconds ``receive_messages`` waits without ``max_wait_time`` on it or the receiver (the

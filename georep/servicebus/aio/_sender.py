@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+__all__ = ["ServiceBusSender"]
+
 from collections.abc import Sequence
 from dataclasses import KW_ONLY, dataclass, field
 from datetime import datetime
@@ -9,8 +11,6 @@ from typing import Any, Self
 
 from georep._lifecycle import ClosedOnAsyncExit
 from georep.send.sender import GeoSender, SendResult
-
-__all__ = ["ServiceBusSender"]
 
 
 @dataclass(eq=False, repr=False)

@@ -11,6 +11,8 @@ docs/sessions.md), so both regions see one state.
 
 from __future__ import annotations
 
+__all__ = ["Absent", "GeoSession", "SessionOwnership", "SessionRegions", "accept_in_both"]
+
 import asyncio
 import contextlib
 import logging
@@ -44,8 +46,6 @@ from georep.ports import (
     SessionStateStore,
 )
 from georep.receive.pull import PullReceiver
-
-__all__ = ["Absent", "GeoSession", "SessionOwnership", "SessionRegions", "accept_in_both"]
 
 _log = logging.getLogger("georep.servicebus")
 

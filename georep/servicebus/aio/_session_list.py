@@ -3,6 +3,8 @@ list, one entry per session."""
 
 from __future__ import annotations
 
+__all__ = ["sessions_in_both"]
+
 import asyncio
 import logging
 from collections.abc import Sequence
@@ -11,8 +13,6 @@ from datetime import datetime
 from georep._classify import every_region_refused
 from georep.exceptions import AllRegionsUnavailableError, RegionError, RegionTimeoutError
 from georep.ports import ErrorKind, RegionSessions
-
-__all__ = ["sessions_in_both"]
 
 _log = logging.getLogger("georep.servicebus")
 

@@ -15,6 +15,8 @@ messaging client), and the async client calls the sync SDK clients on worker thr
 
 from __future__ import annotations
 
+__all__ = ["Paged", "ServiceBusAdministrationClient"]
+
 import asyncio
 from collections.abc import AsyncIterator, Callable, Coroutine, Iterator, Mapping
 from functools import partial
@@ -28,8 +30,6 @@ from georep.exceptions import ClosedError
 from georep.servicebus._admin import TwoNamespaces
 from georep.servicebus.aio.management import ServiceBusAdministrationClient as _AsyncAdmin
 from georep.servicebus.aio.management._client import Listing
-
-__all__ = ["Paged", "ServiceBusAdministrationClient"]
 
 _T = TypeVar("_T")
 

@@ -11,6 +11,8 @@ awaited for a plain list.
 
 from __future__ import annotations
 
+__all__ = ["Listing", "ServiceBusAdministrationClient"]
+
 import asyncio
 from collections.abc import AsyncIterator, Callable, Coroutine, Generator, Mapping
 from functools import partial
@@ -31,8 +33,6 @@ from azure.servicebus.management import (
 from georep._lifecycle import ClosedOnAsyncExit
 from georep.exceptions import AllRegionsUnavailableError
 from georep.servicebus._admin import REGIONS, TwoNamespaces, changed, merge_listed, read
-
-__all__ = ["Listing", "ServiceBusAdministrationClient"]
 
 _T = TypeVar("_T")
 
