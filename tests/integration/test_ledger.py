@@ -16,7 +16,7 @@ from typing import Any
 
 import pyarrow.dataset as ds
 import pytest
-from _helpers import REDIS_URL
+from _helpers import REDIS_URL, create_queue
 from azure.servicebus import ServiceBusMessage
 
 import georep
@@ -31,8 +31,10 @@ pytestmark = pytest.mark.integration
 async def test_a_passive_outage_midway_leaves_failover_rows_and_one_processed_row_per_id(
     georep_emulator_factory: Callable[..., Emulator], tmp_path: Path
 ) -> None:
-    queue = f"ledger-{uuid.uuid4().hex[:8]}"
-    emu = georep_emulator_factory(queues=(queue,))
+    emu = georep_emulator_factory()
+    # Short locks: a copy the primary locked for the receiver just as the outage began is
+    # handed out again after its lock expires (as Azure does), not after the default minute.
+    queue = create_queue(emu, "ledger", lock_duration=3)
     primary, secondary = emu.connection_string("primary"), emu.connection_string("secondary")
     seen = RedisSeenSet(REDIS_URL, group=f"ledger-test-{uuid.uuid4().hex[:8]}", window=600)
     ledger = ParquetLedger(tmp_path / "ledger", flush_rows=50, flush_interval=0.5)

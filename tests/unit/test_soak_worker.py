@@ -5,6 +5,7 @@ sender acknowledges the rows of committed micro-batches."""
 from __future__ import annotations
 
 import asyncio
+import faulthandler
 import json
 import signal
 import threading
@@ -13,12 +14,14 @@ from pathlib import Path
 
 import pytest
 
-from georep.cli.soak.worker import WorkerSpec, _Worker
+from georep.cli.soak.worker import _STACK_FILES, WorkerSpec, _Worker
 
 
 @pytest.fixture
 def worker(tmp_path: Path) -> Iterator[_Worker]:
-    """A soak worker in ``tmp_path``; the signal handlers it installs are put back after."""
+    """A soak worker in ``tmp_path``; the signal handlers it installs are put back after, and
+    the stack file it keeps open for faulthandler (for the life of a worker's process) is
+    closed."""
     for sub in ("history", "stacks", "status"):
         (tmp_path / sub).mkdir()
     spec = WorkerSpec(
@@ -31,6 +34,9 @@ def worker(tmp_path: Path) -> Iterator[_Worker]:
     finally:
         signal.signal(signal.SIGTERM, previous[0])
         signal.signal(signal.SIGINT, previous[1])
+        faulthandler.unregister(signal.SIGUSR1)
+        while _STACK_FILES:
+            _STACK_FILES.pop().close()
 
 
 def test_a_worker_slow_to_exit_writes_the_stack_of_the_task_that_holds_it(
