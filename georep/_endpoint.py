@@ -24,7 +24,10 @@ from georep.exceptions import ConfigurationError
 
 @dataclass(frozen=True, repr=False)
 class NamespaceEndpoint:
-    """One region's namespace as the SDK client is opened for it.
+    """One region's namespace as the SDK client is opened for it: what the drop-in
+    ``ServiceBusClient(primary, secondary, **options)`` takes where a region needs settings
+    of its own (``custom_endpoint_address``), e.g.
+    ``NamespaceEndpoint(primary_conn, client_options={"custom_endpoint_address": ...})``.
 
     Exactly one of ``connection_string`` and ``credential`` is set; ``client_options`` are
     ``ServiceBusClient`` keyword arguments (``fully_qualified_namespace`` with a credential,

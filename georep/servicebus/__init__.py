@@ -26,6 +26,7 @@ from azure.servicebus import (
     parse_connection_string as parse_connection_string,
 )
 
+from georep._endpoint import NamespaceEndpoint as NamespaceEndpoint
 from georep.servicebus._sdk_names import *  # noqa: F403 - the SDK's names, re-exported
 from georep.servicebus._sdk_names import PACKAGE_NAMES, __all__ as _sdk_names
 

@@ -46,7 +46,10 @@ class ClientOptions(TypedDict, total=False):
     receive call to an idle region waits, default 1). Both: ``dedup_key``, ``ledger``,
     ``clock``, ``tracer_provider``, ``meter_provider``. ``client_options`` are
     ``azure.servicebus.aio.ServiceBusClient`` settings for both regions
-    (``transport_type``, ``http_proxy``, ``connection_verify``...).
+    (``transport_type``, ``http_proxy``, ``connection_verify``...); the SDK client's own
+    keyword arguments (``retry_total=``, ``logging_enable=``, ``transport_type=``... as
+    ``ServiceBusClient.from_connection_string`` takes them) may be given beside georep's
+    instead, as a program written for the SDK passes them, and apply to both regions.
 
     The caller owns ``seen``, ``outbox``, ``ledger`` and ``role_store``: the async client
     never closes them (the sync client closes them with itself, as :mod:`georep.sync` does).
@@ -70,6 +73,22 @@ class ClientOptions(TypedDict, total=False):
     tracer_provider: TracerProvider
     meter_provider: MeterProvider
     client_options: Mapping[str, Any]
+    # The SDK client's own keyword arguments (SDK_CLIENT_OPTIONS), for both regions.
+    logging_enable: bool
+    transport_type: Any
+    http_proxy: Mapping[str, Any]
+    user_agent: str
+    retry_total: int
+    retry_backoff_factor: float
+    retry_backoff_max: float
+    retry_mode: Any
+    try_timeout: float
+    connection_verify: str
+    ssl_context: Any
+    uamqp_transport: bool
+    socket_timeout: float
+    keep_alive: int
+    auth_timeout: float
 
 
 class ClientConstructors:
@@ -191,22 +210,65 @@ _RECEIVER: Final = (
 )
 _OTHERS: Final = ("seen", "poll_interval", "client_options", "clock")
 
+#: The keyword arguments of ``azure.servicebus.ServiceBusClient`` that a program written for
+#: the SDK passes to its constructor: taken beside georep's options, for both regions.
+SDK_CLIENT_OPTIONS: Final = frozenset(
+    {
+        "logging_enable",
+        "transport_type",
+        "http_proxy",
+        "user_agent",
+        "retry_total",
+        "retry_backoff_factor",
+        "retry_backoff_max",
+        "retry_mode",
+        "try_timeout",
+        "connection_verify",
+        "ssl_context",
+        "uamqp_transport",
+        "socket_timeout",
+        "keep_alive",
+        "auth_timeout",
+    }
+)
+
 
 def checked_options(options: Mapping[str, Any]) -> dict[str, Any]:
-    """``options`` as given, after checking that each is one georep knows.
+    """``options`` after checking that each is one georep or the SDK's client knows, with
+    the SDK client's own (``retry_total=``...) moved into ``client_options``.
 
     Raises:
-        ConfigurationError: An unknown option (naming it and the known ones).
+        ConfigurationError: An unknown option (naming it and the known ones), one SDK
+            setting given twice with two values, or ``custom_endpoint_address`` (one
+            namespace's address) given for both regions.
     """
+    if "custom_endpoint_address" in options:
+        raise ConfigurationError(
+            "custom_endpoint_address is one namespace's address, and this client spans two: "
+            "give each region its own, ServiceBusClient(NamespaceEndpoint(primary_conn, "
+            "client_options={'custom_endpoint_address': ...}), NamespaceEndpoint(secondary_conn, "
+            "client_options={...}), seen=...) (NamespaceEndpoint from georep.servicebus)"
+        )
     known = {*_SENDER, *_RECEIVER, *_OTHERS}
-    unknown = sorted(set(options) - known)
+    unknown = sorted(set(options) - known - SDK_CLIENT_OPTIONS)
     if unknown:
         raise ConfigurationError(
             f"unknown ServiceBusClient option(s) {', '.join(unknown)}: georep's are "
-            f"{', '.join(sorted(known))}; settings of azure-servicebus's own client go in "
-            "client_options={...}"
+            f"{', '.join(sorted(known))}, and azure-servicebus's client's are "
+            f"{', '.join(sorted(SDK_CLIENT_OPTIONS))} (or any in client_options={{...}})"
         )
-    return dict(options)
+    checked = {name: value for name, value in options.items() if name in known}
+    sdk = {name: value for name, value in options.items() if name in SDK_CLIENT_OPTIONS}
+    if sdk:
+        given = dict(checked.get("client_options") or {})
+        twice = sorted(n for n in sdk if n in given and given[n] != sdk[n])
+        if twice:
+            raise ConfigurationError(
+                f"{', '.join(twice)} given twice with two values, as a keyword and in "
+                "client_options: give each once"
+            )
+        checked["client_options"] = {**given, **sdk}
+    return checked
 
 
 def sender_options(options: Mapping[str, Any]) -> dict[str, Any]:

@@ -37,6 +37,7 @@ from georep.servicebus._options import ClientOptions, ReceiverArguments, SenderA
 # Each drop-in package defines these itself, over two regions (its __all__ adds them).
 PACKAGE_NAMES = (
     "AutoLockRenewer",
+    "NamespaceEndpoint",
     "ServiceBusClient",
     "ServiceBusReceiver",
     "ServiceBusSender",

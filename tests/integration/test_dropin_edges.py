@@ -887,3 +887,43 @@ async def test_a_loop_that_drains_until_a_short_batch_gets_every_message(
                 if len(batch) < 5:
                     break
     assert sizes == [5, 5, 5, 5, 0]
+
+
+async def test_the_sdk_clients_keywords_on_the_changed_line_reach_both_regions(
+    emu: Emulator, seen: RedisSeenSet, caplog: pytest.LogCaptureFixture
+) -> None:
+    """``from_connection_string(conn, retry_total=..., logging_enable=True, ...)`` becomes
+    ``from_connection_strings(primary, secondary, seen=seen, <the same keywords>)``: the
+    program runs, and the SDK's network trace (``logging_enable``) shows both regions'
+    connections opening."""
+    queue = f"kw-{uuid.uuid4().hex[:6]}"
+    for namespace in REGIONS:
+        emu.namespace(namespace).create_queue(queue)
+    client = dropin(
+        emu,
+        seen,
+        retry_total=2,
+        retry_backoff_factor=0.1,
+        retry_backoff_max=1,
+        retry_mode="exponential",
+        logging_enable=True,
+        user_agent="shop",
+        socket_timeout=0.5,
+        keep_alive=30,
+        auth_timeout=30,
+    )
+    caplog.set_level("DEBUG", logger="azure.servicebus._pyamqp")
+    async with client:
+        async with client.get_queue_sender(queue) as sender:
+            await sender.send_messages([ServiceBusMessage(f"m{i}") for i in range(3)])
+        got: list[str] = []
+        async with client.get_queue_receiver(queue, max_wait_time=3) as receiver:
+            async for message in receiver:
+                got.append(str(message))
+                await receiver.complete_message(message)
+    assert sorted(got) == ["m0", "m1", "m2"]
+    # The network trace (DEBUG frames) comes only with logging_enable: the sender's
+    # connection to each region opens with the user agent given.
+    opens = [r.getMessage() for r in caplog.records if r.getMessage().startswith("-> OpenFrame")]
+    senders = {line.split("'")[1] for line in opens if "SBSender" in line and "'shop " in line}
+    assert len(senders) == 2, opens[:4]

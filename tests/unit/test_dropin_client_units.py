@@ -21,6 +21,65 @@ def test_an_unknown_option_is_refused_by_name() -> None:
     with pytest.raises(ConfigurationError, match="retry_totl") as raised:
         ServiceBusClient.from_connection_strings(PRIMARY, SECONDARY, retry_totl=2)  # type: ignore[call-arg]
     assert "client_options" in str(raised.value)
+    assert "retry_total" in str(raised.value), "names the SDK settings it takes"
+
+
+@pytest.mark.parametrize("client", [georep.servicebus, georep.servicebus.aio])
+def test_the_sdk_clients_own_keywords_are_taken_beside_georeps_for_both_regions(
+    client: object,
+) -> None:
+    """A program written for the SDK passes ``retry_total=``, ``logging_enable=``... to the
+    line that makes the client: the one changed line keeps them."""
+    made = client.ServiceBusClient.from_connection_strings(  # type: ignore[attr-defined]
+        PRIMARY,
+        SECONDARY,
+        retry_total=2,
+        logging_enable=False,
+        transport_type=azure.servicebus.TransportType.AmqpOverWebsocket,
+        client_options={"user_agent": "shop"},
+    )
+    core = made if isinstance(made, ServiceBusClient) else made._core
+    for target in (core._primary, core._secondary):
+        assert dict(target.client_options) == {
+            "retry_total": 2,
+            "logging_enable": False,
+            "transport_type": azure.servicebus.TransportType.AmqpOverWebsocket,
+            "user_agent": "shop",
+        }
+    assert "retry_total" not in core._options
+
+
+def test_an_sdk_setting_given_twice_with_two_values_is_refused() -> None:
+    with pytest.raises(ConfigurationError, match="retry_total given twice"):
+        ServiceBusClient.from_connection_strings(
+            PRIMARY, SECONDARY, retry_total=2, client_options={"retry_total": 5}
+        )
+    same = ServiceBusClient.from_connection_strings(
+        PRIMARY, SECONDARY, retry_total=2, client_options={"retry_total": 2}
+    )
+    assert same._primary.client_options["retry_total"] == 2  # type: ignore[union-attr]
+
+
+def test_one_custom_endpoint_for_both_regions_is_refused_naming_the_per_region_form() -> None:
+    with pytest.raises(ConfigurationError, match="one namespace's address") as raised:
+        ServiceBusClient.from_connection_strings(
+            PRIMARY, SECONDARY, custom_endpoint_address="sb://gateway.example.net"
+        )
+    assert "NamespaceEndpoint" in str(raised.value)
+    # The form it names: one address per region.
+    client = georep.servicebus.aio.ServiceBusClient(
+        georep.servicebus.aio.NamespaceEndpoint(
+            PRIMARY, client_options={"custom_endpoint_address": "sb://gw-east.example.net"}
+        ),
+        georep.servicebus.NamespaceEndpoint(
+            SECONDARY, client_options={"custom_endpoint_address": "sb://gw-west.example.net"}
+        ),
+        retry_total=1,
+    )
+    assert [t.client_options for t in (client._primary, client._secondary)] == [  # type: ignore[union-attr]
+        {"retry_total": 1, "custom_endpoint_address": "sb://gw-east.example.net"},
+        {"retry_total": 1, "custom_endpoint_address": "sb://gw-west.example.net"},
+    ]
 
 
 @pytest.mark.parametrize(

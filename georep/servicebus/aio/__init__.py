@@ -23,6 +23,7 @@ from azure.servicebus.aio import (
     ServiceBusSession as ServiceBusSession,
 )
 
+from georep._endpoint import NamespaceEndpoint as NamespaceEndpoint
 from georep.servicebus._sdk_names import *  # noqa: F403 - the SDK's names, re-exported
 from georep.servicebus._sdk_names import PACKAGE_NAMES, __all__ as _sdk_names
 
