@@ -9,7 +9,7 @@ from __future__ import annotations
 
 __all__ = ["SendFlow"]
 
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from opentelemetry.trace import INVALID_SPAN, Span, SpanKind, Status, StatusCode
@@ -112,16 +112,25 @@ class SendFlow:
                 # what an outbox or a repair keeps of them: those copies carry the trace.
                 prep.prepare_all(messages, traceparent)
             return PendingSend(message, messages, timeout, span, prepared)
-        # A single message goes to the SDK as itself: wrapped in a list it would be
-        # re-encoded into a one-message batch.
-        if len(messages) == 1 and messages[0] is message:
-            ids = (prep.prepare(message, traceparent),)
-            return PendingSend(message, messages, timeout, span, ids)
+        # A single message goes to the SDK as itself (as the codec read it: an AMQP
+        # annotated message or a dict becomes the SDK's message): wrapped in a list it would
+        # be re-encoded into a one-message batch, 64 bytes more on the wire than the SDK
+        # sends for it, so a message just under the limit would be refused.
+        if len(messages) == 1 and (messages[0] is message or self._single(message)):
+            single = messages[0]
+            ids = (prep.prepare(single, traceparent),)
+            return PendingSend(single, messages, timeout, span, ids)
         # A batch the SDK built before we could give its messages ids is resent as a list
         # of its (now prepared) messages, so both regions see the same ids.
         return PendingSend(
             messages, messages, timeout, span, prep.prepare_all(messages, traceparent)
         )
+
+    def _single(self, payload: Any) -> bool:
+        """Whether ``payload`` is one message (not a list or a batch of one)."""
+        if self._context.codec.is_batch(payload):
+            return False
+        return isinstance(payload, Mapping) or not isinstance(payload, Iterable)
 
     def _failed(
         self,
