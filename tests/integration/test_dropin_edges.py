@@ -225,6 +225,10 @@ async def attributes_program(client: Any, queue: str, session_queue: str) -> lis
             for message in await receiver.receive_messages(1, max_wait_time=30):
                 lines.append(f"{message.session_id}: {message}")
                 await receiver.complete_message(message)
+        # The session of a closed receiver: the SDK's handler is shut down.
+        lines.append("renew after close: " + await outcome(session.renew_lock))
+        lines.append("get_state after close: " + await outcome(session.get_state))
+        lines.append("set_state after close: " + await outcome(lambda: session.set_state("x")))
     return lines
 
 

@@ -30,6 +30,7 @@ from georep._clock import SystemClock
 from georep._region_identity import RegionLabels
 from georep.exceptions import (
     AllRegionsUnavailableError,
+    ClosedError,
     ConfigurationError,
     RegionError,
     RegionUnavailableError,
@@ -338,6 +339,13 @@ class GeoSession(ServiceBusSession):
         """Called once the receiver lets go of the session (the seen-set claim on it)."""
         self.on_renew: Callable[[], Awaitable[None]] | None = None
         """Called each time georep renewed the session's locks."""
+        self._closed = False
+
+    def _check_open(self) -> None:
+        if self._closed:  # as the SDK's session, whose handler is shut down
+            raise ClosedError(
+                "this session's receiver is closed; get a new receiver for the session"
+            )
 
     def _state_store(self) -> tuple[SessionStateStore, str]:
         store = self._seen
@@ -353,7 +361,9 @@ class GeoSession(ServiceBusSession):
 
         Raises:
             StoreUnavailableError: The seen-set did not answer.
+            ClosedError: The receiver was closed (a ``ValueError``, as the SDK's).
         """
+        self._check_open()
         store, key = self._state_store()
         state = await store.get_session_state(key)
         return state  # type: ignore[return-value]  # None when unset, as the SDK's
@@ -365,7 +375,9 @@ class GeoSession(ServiceBusSession):
 
         Raises:
             StoreUnavailableError: The seen-set did not answer.
+            ClosedError: The receiver was closed (a ``ValueError``, as the SDK's).
         """
+        self._check_open()
         store, key = self._state_store()
         value = state.encode() if isinstance(state, str) else state
         await store.set_session_state(key, None if value is None else bytes(value))
@@ -375,7 +387,12 @@ class GeoSession(ServiceBusSession):
 
         Raises:
             RegionError: No region renewed it (the session lock was lost).
+            ClosedError: The receiver was closed (a ``ValueError``, as the SDK's).
         """
+        self._check_open()
+        return await self._renew()
+
+    async def _renew(self) -> datetime:
         probes = {p.inner: p for p in self._pull.regions}
         expiries: list[float] = []
         failures: list[RegionError] = []
@@ -416,7 +433,7 @@ class GeoSession(ServiceBusSession):
             except TimeoutError:
                 pass
             try:
-                await self.renew_lock()
+                await self._renew()
             except RegionError as exc:
                 _log.warning("could not renew session %r: %s", self.session_id, exc)
                 self._locked_until_utc = datetime.fromtimestamp(clock.time() + 5.0, UTC)
@@ -425,6 +442,7 @@ class GeoSession(ServiceBusSession):
 
     async def stop_keeping(self) -> None:
         """Stop renewing (the receiver closes); bounded."""
+        self._closed = True
         self._stop.set()
         on_close, self.on_close = self.on_close, None
         if on_close is not None:
