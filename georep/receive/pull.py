@@ -17,7 +17,10 @@ final (the twins of messages settled from the other region) are received and set
 program that stops receiving leaves no copy behind that its one-region run would not
 (while the program keeps asking, the receives take those twins anyway).
 Copies received beyond what was asked for wait in the buffer, claimed and with their locks
-renewed, for the next call (or go back unseen when the receiver closes).
+renewed, for the next call (or go back unseen when the receiver closes). Beyond
+``prefetch``, they wait at most :data:`IDLE_RETURN` of the application not asking: a
+program that breaks out of its receive loop and keeps the receiver open would otherwise
+keep them from every other receiver for as long as it lives.
 
 Settling. A decision returns once the region loop has it, as the SDK's ``complete_message``
 returns once its disposition is sent, without the broker's answer: the loop records it in
@@ -107,6 +110,10 @@ previous one returned stops it (a slow consumer holds no more locks than it aske
 KEEPING_UP: Final = 0.05
 """Seconds between a receive's return and the next call under which the application
 counts as keeping up."""
+IDLE_RETURN: Final = 1.0
+"""Seconds without a receive call after which the copies read ahead beyond ``prefetch``
+(the read-ahead, a chase's copies) go back unseen to their regions, for other receivers
+(a sessionless receiver: a session's messages are this receiver's anyway)."""
 OPEN_WAIT: Final = 5.0
 """Seconds :meth:`PullReceiver.open` waits at most for a region's link to open (a region
 still opening then goes on in the background)."""
@@ -872,6 +879,8 @@ class PullReceiver(AsyncResource):
             # Cleared before the shortfall is read, not when idling starts: a request that
             # comes while this turn receives or sweeps then ends the idle at once.
             fetch.wake.clear()
+            if self._buffer and self._idle_for(IDLE_RETURN) and not self._ordered:
+                self._return_beyond(self.prefetch)
             shortfall = self._room() - fetch.arriving
             if shortfall <= 0 and fetch.chase and not fetch.arriving:
                 shortfall, fetch.chase = fetch.chase, 0
@@ -912,6 +921,23 @@ class PullReceiver(AsyncResource):
                 failures += 1
                 _log.exception("the %s fetcher failed; retrying", fetch.probe.region)
                 await self._idle(fetch, min(0.1 * 2**failures, _BACKOFF_MAX), wake=False)
+
+    def _idle_for(self, seconds: float) -> bool:
+        """Whether no receive call is under way and the last returned ``seconds`` ago."""
+        returned = self._returned_at
+        return (
+            self._wanted == 0
+            and returned is not None
+            and self._clock.monotonic() - returned >= seconds
+        )
+
+    def _return_beyond(self, keep: int) -> None:
+        """Hand back unseen the copies in the buffer after its first ``keep`` (the newest:
+        the buffer's head is handed out first)."""
+        while len(self._buffer) > keep:
+            handout = self._buffer.pop()
+            if not handout.decided.done():
+                handout.decided.set_result(RETURNED)
 
     def _may_sweep(self) -> bool:
         """Whether an idle fetcher sweeps now: not while the application is between two

@@ -977,3 +977,37 @@ async def test_a_single_message_as_large_as_the_sdk_sends_is_sent(
         await sender.send_messages(make(limit))
         with pytest.raises(MessageSizeExceededError):
             await sender.send_messages(make(limit + 1))
+
+
+@pytest.mark.parametrize("mode", [ReplicationMode.ACTIVE, ReplicationMode.PASSIVE])
+async def test_a_receiver_left_open_after_its_loop_broke_holds_nothing_back(
+    emu: Emulator, seen: RedisSeenSet, mode: ReplicationMode
+) -> None:
+    """``for msg in receiver: ... break``, the receiver kept open and idle: the SDK's
+    (no prefetch) holds nothing more, so a second receiver gets every other message. georep
+    read ahead while the loop kept up, and renewed those copies' locks for as long as the
+    first receiver stayed open."""
+    queue = f"idle-{uuid.uuid4().hex[:6]}"
+    for namespace in REGIONS:
+        emu.namespace(namespace).create_queue(queue, lock_duration=LOCK_SECONDS)
+    client = dropin(emu, seen, mode=mode)
+    async with client:
+        async with client.get_queue_sender(queue) as sender:
+            await sender.send_messages([ServiceBusMessage(f"m{i}") for i in range(20)])
+        async with client.get_queue_receiver(queue, max_wait_time=5) as first:
+            handled = 0
+            async for message in first:
+                await first.complete_message(message)
+                handled += 1
+                if handled == 2:
+                    break
+            rest: list[str] = []
+            async with client.get_queue_receiver(queue) as second:
+                loop = asyncio.get_running_loop()
+                until = loop.time() + 3 * LOCK_SECONDS  # well before the idle one closes
+                while len(rest) < 18 and loop.time() < until:
+                    for message in await second.receive_messages(20, max_wait_time=1):
+                        rest.append(str(message))
+                        await second.complete_message(message)
+            assert len(rest) == 18, "the first receiver, open and idle, held some back"
+            assert await first.receive_messages(5, max_wait_time=1) == []
