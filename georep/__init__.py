@@ -82,12 +82,14 @@ if TYPE_CHECKING:
     from georep.send.sender import GeoSender, SenderStats, SendResult
 
 _WHERE: dict[str, str] = {
+    "AccessDeniedError": "georep.exceptions",
     "AllRegionsUnavailableError": "georep.exceptions",
     "AlreadySettledError": "georep.exceptions",
     "AuthenticationError": "georep.exceptions",
     "ClaimState": "georep.ports",
     "ClosedError": "georep.exceptions",
     "ConfigurationError": "georep.exceptions",
+    "CredentialsRefusedError": "georep.exceptions",
     "Corroboration": "georep._policy",
     "DEFAULT_FAILOVER_KINDS": "georep._policy",
     "DEFAULT_RELAY_FAILOVER_KINDS": "georep.relay.channel",

@@ -15,8 +15,9 @@ georep class                    also an instance of (``azure.servicebus.exceptio
 ``ServerBusyError``             ``ServiceBusServerBusyError`` + those of ``RegionUnavailableError``
 ``AllRegionsUnavailableError``  ``ServiceBusConnectionError``, ``ServiceBusCommunicationError``
 ``MessageTooLargeError``        ``MessageSizeExceededError`` (a ``ValueError``)
-``AuthenticationError``         ``ServiceBusAuthenticationError``,
-                                ``ServiceBusAuthorizationError``, ``PermissionError``
+``AuthenticationError``         ``PermissionError`` (the base of the next two)
+``CredentialsRefusedError``     ``ServiceBusAuthenticationError`` (a wrong key or token)
+``AccessDeniedError``           ``ServiceBusAuthorizationError`` (a key without the right)
 ``EntityNotFoundError``         ``MessagingEntityNotFoundError``, ``LookupError``
 ``EntityDisabledError``         ``MessagingEntityDisabledError`` + ``MessagingEntityNotFoundError``
 ``QuotaExceededError``          ``ServiceBusQuotaExceededError``
@@ -48,11 +49,13 @@ signature (:func:`mask_secrets` masks any that reaches it).
 from __future__ import annotations
 
 __all__ = [
+    "AccessDeniedError",
     "AllRegionsUnavailableError",
     "AlreadySettledError",
     "AuthenticationError",
     "ClosedError",
     "ConfigurationError",
+    "CredentialsRefusedError",
     "EmulatorError",
     "EntityDisabledError",
     "EntityNotFoundError",
@@ -394,17 +397,25 @@ class MessageTooLargeError(RegionError, sdk.MessageSizeExceededError, ValueError
     """
 
 
-class AuthenticationError(
-    RegionError,
-    sdk.ServiceBusAuthenticationError,
-    sdk.ServiceBusAuthorizationError,
-    PermissionError,
-):
-    """The region refused the credentials; check the key name and key for that namespace.
-
-    Also the SDK's ``ServiceBusAuthenticationError`` and ``ServiceBusAuthorizationError``
-    (kind ``AUTHENTICATION`` covers both: a wrong key and a key without the right).
+class AuthenticationError(RegionError, PermissionError):
+    """The region refused the credentials (:class:`CredentialsRefusedError`) or what they
+    allow (:class:`AccessDeniedError`): kind ``AUTHENTICATION`` covers both. Catch this
+    class for either; each of the two is also the SDK's class for its case, so an SDK
+    program's ``except ServiceBusAuthenticationError`` and ``except
+    ServiceBusAuthorizationError`` branches each get the one the SDK would raise there.
     """
+
+
+class CredentialsRefusedError(AuthenticationError, sdk.ServiceBusAuthenticationError):
+    """The region refused the key or token itself; check the key name and key for that
+    namespace. Also the SDK's ``ServiceBusAuthenticationError``: the class of kind
+    ``AUTHENTICATION`` (:func:`region_error`)."""
+
+
+class AccessDeniedError(AuthenticationError, sdk.ServiceBusAuthorizationError):
+    """The region took the key but it lacks the right the operation needs (``Send``,
+    ``Listen``, ``Manage``); use a policy that has it. Also the SDK's
+    ``ServiceBusAuthorizationError``."""
 
 
 class EntityNotFoundError(RegionError, sdk.MessagingEntityNotFoundError, LookupError):
@@ -494,7 +505,7 @@ _ERROR_TYPES: Mapping[ErrorKind, type[RegionError]] = MappingProxyType(
         ErrorKind.SERVER_BUSY: ServerBusyError,
         ErrorKind.SERVICE_ERROR: RegionError,
         ErrorKind.QUOTA_EXCEEDED: QuotaExceededError,
-        ErrorKind.AUTHENTICATION: AuthenticationError,
+        ErrorKind.AUTHENTICATION: CredentialsRefusedError,
         ErrorKind.ENTITY_NOT_FOUND: EntityNotFoundError,
         ErrorKind.ENTITY_DISABLED: EntityDisabledError,
         ErrorKind.MESSAGE_TOO_LARGE: MessageTooLargeError,

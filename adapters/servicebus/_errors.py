@@ -72,11 +72,16 @@ _ARGUMENT_CONDITIONS = frozenset(
 #: class that is also theirs.
 _SPECIFIC: tuple[tuple[type[BaseException], type[RegionError]], ...] = (
     (MessageNotFoundError, georep_errors.MessageNotFoundError),
+    (ServiceBusAuthorizationError, georep_errors.AccessDeniedError),
 )
 
 #: What the SDK's ValueError says when its handler was closed under a call.
 _SHUT_DOWN = "handler has already been shutdown"
 
+_ACCESS_HINT = (
+    "the key's policy lacks the right this operation needs (Send, Listen or Manage): "
+    "use a policy that has it in this namespace"
+)
 _HINTS = {
     ErrorKind.AUTHENTICATION: "check SharedAccessKeyName and SharedAccessKey for this namespace",
     ErrorKind.ENTITY_NOT_FOUND: "create the queue or topic in this namespace",
@@ -136,7 +141,7 @@ def translate_error(exc: BaseException, *, region: str, namespace: str) -> Regio
     if kind is None:
         return None
     detail = str(exc).strip() or type(exc).__name__
-    hint = _HINTS.get(kind)
+    hint = _ACCESS_HINT if isinstance(exc, ServiceBusAuthorizationError) else _HINTS.get(kind)
     message = f"{region} ({namespace}): {detail}" + (f"; {hint}" if hint else "")
     for sdk_class, specific in _SPECIFIC:
         if isinstance(exc, sdk_class):

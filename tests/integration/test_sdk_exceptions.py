@@ -30,6 +30,7 @@ from azure.servicebus.exceptions import (
     MessageSizeExceededError,
     MessagingEntityNotFoundError,
     ServiceBusAuthenticationError,
+    ServiceBusAuthorizationError,
     ServiceBusConnectionError,
     ServiceBusError,
 )
@@ -61,7 +62,7 @@ FAILURES: dict[str, tuple[type[BaseException], type[georep.GeoReplicationError]]
     "oversize-refused": (MessageSizeExceededError, georep.MessageTooLargeError),
     "batch-full": (MessageSizeExceededError, georep.OversizeMessageError),
     "unknown-entity": (MessagingEntityNotFoundError, georep.EntityNotFoundError),
-    "bad-key": (ServiceBusAuthenticationError, georep.AuthenticationError),
+    "bad-key": (ServiceBusAuthenticationError, georep.CredentialsRefusedError),
     "both-regions-down": (ServiceBusConnectionError, georep.AllRegionsUnavailableError),
 }
 
@@ -268,7 +269,8 @@ async def test_paired_sender_bad_key_is_the_sdks_authentication_error(
         error = await sdk_era(
             lambda: sender.send_messages(ServiceBusMessage("m")), ServiceBusAuthenticationError
         )
-    caught_by_every_era(error, ServiceBusAuthenticationError, georep.AuthenticationError)
+    caught_by_every_era(error, ServiceBusAuthenticationError, georep.CredentialsRefusedError)
+    assert isinstance(error, georep.AuthenticationError)
 
 
 async def test_paired_sender_with_both_namespaces_down_is_the_sdks_connection_error(
@@ -281,3 +283,77 @@ async def test_paired_sender_with_both_namespaces_down_is_the_sdks_connection_er
             ServiceBusConnectionError,
         )
     caught_by_every_era(error, ServiceBusConnectionError, georep.AllRegionsUnavailableError)
+
+
+def refusal_branch(call: Callable[[], Any]) -> str:
+    """Which of an SDK program's two ``except`` branches for refused keys ``call`` takes
+    (the SDK's classes are siblings: the first that matches wins)."""
+    try:
+        call()
+    except ServiceBusAuthenticationError as error:
+        return f"authentication {type(error).__name__}"
+    except ServiceBusAuthorizationError as error:
+        return f"authorization {type(error).__name__}"
+    return "no error"
+
+
+def test_a_key_without_the_right_takes_the_sdks_authorization_branch(
+    emu: Emulator, queue: str
+) -> None:
+    """A key that lacks the right (a ``ListenOnly`` policy sending, a ``SendOnly`` one
+    receiving): the SDK raises ``ServiceBusAuthorizationError``, so does georep (its
+    ``AccessDeniedError``, an ``AuthenticationError``); a wrong key is the SDK's
+    ``ServiceBusAuthenticationError`` in both. Before, georep's one class was both, and a
+    program's first branch took every refusal."""
+    import azure.servicebus
+
+    import georep.servicebus
+
+    regions = ("primary", "secondary")
+
+    def raw(rule: str | None) -> Any:
+        text = emu.namespace("primary").connection_string_for(rule) if rule else None
+        return azure.servicebus.ServiceBusClient.from_connection_string(
+            text or wrong_key(emu.connection_string("primary")), retry_total=0
+        )
+
+    def dropin(rule: str | None, seen: Any) -> Any:
+        texts = [
+            emu.namespace(r).connection_string_for(rule)
+            if rule
+            else wrong_key(emu.connection_string(r))
+            for r in regions
+        ]
+        return georep.servicebus.ServiceBusClient.from_connection_strings(*texts, seen=seen)
+
+    def program(make: Callable[[str | None], Any]) -> list[str]:
+        def send(client: Any) -> None:
+            with client, client.get_queue_sender(queue) as sender:
+                sender.send_messages(ServiceBusMessage("x"))
+
+        def receive(client: Any) -> None:
+            with client, client.get_queue_receiver(queue, max_wait_time=2) as receiver:
+                receiver.receive_messages(max_wait_time=2)
+
+        return [
+            "send, listen key: " + refusal_branch(lambda: send(make("ListenOnly"))),
+            "receive, send key: " + refusal_branch(lambda: receive(make("SendOnly"))),
+            "send, wrong key: " + refusal_branch(lambda: send(make(None))),
+        ]
+
+    raw_lines = program(raw)
+    assert [line.split()[-2] for line in raw_lines] == [
+        "authorization",
+        "authorization",
+        "authentication",
+    ]
+    seen = RedisSeenSet.from_url(REDIS_URL, group=f"sdkx-{uuid.uuid4().hex[:8]}")
+    georep_lines = program(lambda rule: dropin(rule, seen))
+    assert [line.rsplit(" ", 1)[0] for line in georep_lines] == [
+        line.rsplit(" ", 1)[0] for line in raw_lines
+    ]
+    assert [line.split()[-1] for line in georep_lines] == [
+        "AccessDeniedError",
+        "AccessDeniedError",
+        "CredentialsRefusedError",
+    ]

@@ -41,10 +41,10 @@ MAPPING: dict[type[errors.GeoReplicationError], tuple[tuple[type, ...], tuple[ty
     errors.ServerBusyError: ((sdk.ServiceBusServerBusyError, *_CONNECTION), ()),
     errors.AllRegionsUnavailableError: (_CONNECTION, ()),
     errors.MessageTooLargeError: ((sdk.MessageSizeExceededError,), (ValueError,)),
-    errors.AuthenticationError: (
-        (sdk.ServiceBusAuthenticationError, sdk.ServiceBusAuthorizationError),
-        (PermissionError,),
-    ),
+    errors.AuthenticationError: ((sdk.ServiceBusError,), (PermissionError,)),
+    # Siblings, as the SDK's: its except branches for each get the one the SDK raises.
+    errors.CredentialsRefusedError: ((sdk.ServiceBusAuthenticationError,), (PermissionError,)),
+    errors.AccessDeniedError: ((sdk.ServiceBusAuthorizationError,), (PermissionError,)),
     errors.EntityNotFoundError: ((sdk.MessagingEntityNotFoundError,), (LookupError,)),
     errors.EntityDisabledError: (
         (sdk.MessagingEntityDisabledError, sdk.MessagingEntityNotFoundError),

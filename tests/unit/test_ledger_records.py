@@ -130,7 +130,7 @@ async def test_a_passive_send_that_raises_writes_a_failed_row() -> None:
     assert row["message_id"] == "m-1" and row["outcome"] == "failed"
     assert row["accepted_region"] is None and row["failover"] is False
     assert row["regions"] == [
-        {"region": "primary", "outcome": "failed", "error": "AuthenticationError"}
+        {"region": "primary", "outcome": "failed", "error": "CredentialsRefusedError"}
     ]
 
 
