@@ -933,7 +933,10 @@ class PullReceiver(AsyncResource):
 
     def _return_beyond(self, keep: int) -> None:
         """Hand back unseen the copies in the buffer after its first ``keep`` (the newest:
-        the buffer's head is handed out first)."""
+        the buffer's head is handed out first), and read ahead no more until the next
+        call (else the fetchers would fetch them again at once, and hand them back a
+        second later, for as long as the program does not ask)."""
+        self.read_ahead = 0
         while len(self._buffer) > keep:
             handout = self._buffer.pop()
             if not handout.decided.done():

@@ -23,6 +23,7 @@ from georep.ports import ErrorKind
 from georep.receive.outcomes import ABANDON, COMPLETE, Decision, Settle, dead_letter_decision
 from georep.receive.pull import (
     ABANDON_WAIT,
+    IDLE_RETURN,
     KEEPING_UP,
     READ_AHEAD,
     SWEEP_AFTER,
@@ -594,6 +595,38 @@ async def test_an_application_that_keeps_up_is_served_from_copies_read_ahead(
     await world.clock.advance(KEEPING_UP * 4)
     await _take_one_by_one(world, pull, 1, gap=0.0)
     assert pull.read_ahead == 0
+    await world.close(pull)
+
+
+async def test_copies_read_ahead_go_back_once_the_application_stops_asking(
+    world: World,
+) -> None:
+    """A loop that kept up, then broke out with its receiver left open: what was read ahead
+    goes back unseen (for other receivers) once nothing was asked for ``IDLE_RETURN``, and
+    is not fetched again until the next call."""
+    for number in range(40):
+        world.primary.put(FakeMessage(b"x", f"m{number}"))
+    pull = world.pull()
+    await _take_one_by_one(world, pull, 20, gap=0.0)
+    assert len(world.primary._locked) > 0, "copies were read ahead"
+    receives = world.primary.receive
+    calls = 0
+
+    async def counted(max_messages: int, *, max_wait: float) -> list[Any]:
+        nonlocal calls
+        calls += 1
+        return await receives(max_messages, max_wait=max_wait)
+
+    world.primary.receive = counted  # type: ignore[method-assign]
+    for _ in range(int(IDLE_RETURN * 10) + 30):  # the idle second, and two more
+        await world.clock.advance(0.1)
+    assert world.primary._locked == {}, "nothing is held back from other receivers"
+    assert len(world.primary.released) >= 1 and calls == 0, "not fetched again meanwhile"
+    counts = {m.message_id: m.delivery_count for m in world.primary._available}
+    assert counts["m20"] == counts["m39"], "released unseen: counted as no delivery"
+    (handout,) = await world.run(pull.receive(1, 5))  # the next call gets them, in order
+    assert handout.message.message_id == "m20"
+    await world.run(pull.settle(handout.message, COMPLETE, "complete_message"))
     await world.close(pull)
 
 
