@@ -47,6 +47,7 @@ __all__ = [
 import concurrent.futures
 import contextlib
 import contextvars
+import inspect
 import logging
 import os
 import threading
@@ -58,7 +59,7 @@ from georep import _fork
 from georep._lifecycle import ClosedOnExit
 from georep._region_wrap import wrap_pair
 from georep._sync_runtime import RUNTIME, LoopUser, built
-from georep.exceptions import ClosedError, ForkedProcessError
+from georep.exceptions import ClosedError, ConfigurationError, ForkedProcessError
 from georep.paired import sender as _paired_sender
 from georep.ports import RegionSender
 from georep.receive import receiver as _receiver
@@ -302,6 +303,12 @@ class GeoSender(_Blocking):
         return delivered
 
 
+def _is_async(handler: Any) -> bool:
+    """Whether ``handler`` is an ``async def`` (or an object whose ``__call__`` is one)."""
+    call = type(handler).__call__ if callable(handler) else None
+    return inspect.iscoroutinefunction(handler) or inspect.iscoroutinefunction(call)
+
+
 class GeoReceiver(_Blocking):
     """Blocking :class:`georep.GeoReceiver`: :meth:`run` calls a sync handler.
 
@@ -394,6 +401,12 @@ class GeoReceiver(_Blocking):
         """
         if self._closed:
             raise ClosedError("this georep.sync.GeoReceiver is closed; create a new one")
+        if _is_async(handler):
+            raise ConfigurationError(
+                f"{getattr(handler, '__name__', handler)!r} is an async def: "
+                "georep.sync.GeoReceiver runs blocking handlers (def handle(message)); give "
+                "an async handler to georep.GeoReceiver (asyncio) instead"
+            )
         core = self._core
         loop = RUNTIME.loop
         # Per region: up to concurrency handlers, or one per held session in session mode.
@@ -405,9 +418,18 @@ class GeoReceiver(_Blocking):
         def run_handler(message: Any) -> object:
             _handler_context.receiver = self
             try:
-                return handler(message)
+                result = handler(message)
             finally:
                 _handler_context.receiver = None
+            if inspect.isawaitable(result):
+                # Never "processed": the coroutine's work did not run (a callable that
+                # returns one was not recognised as async above).
+                getattr(result, "close", lambda: None)()
+                raise ConfigurationError(
+                    "the handler returned an awaitable: georep.sync.GeoReceiver runs "
+                    "blocking handlers; use georep.GeoReceiver for async ones"
+                )
+            return result
 
         async def call(message: Any) -> object:
             # As asyncio.to_thread: the handler sees the context the core set for it.

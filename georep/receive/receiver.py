@@ -308,7 +308,10 @@ class GeoReceiver(FromNamespaces, AsyncResource):
                 redelivered, dead-lettered on its ``max_attempts``-th delivery). It may
                 decide otherwise with :meth:`complete_message`, :meth:`abandon_message`,
                 :meth:`defer_message` or :meth:`dead_letter_message` on the message it
-                was given (never with the SDK's own settle methods).
+                was given (never with the SDK's own settle methods). A plain ``def``
+                works the same but runs on the event loop, blocking it while it runs:
+                give blocking handlers to :class:`georep.sync.GeoReceiver`, which runs
+                them on worker threads (and refuses an ``async def``).
 
         Raises:
             ClosedError: The receiver was closed.

@@ -25,6 +25,7 @@ __all__ = ["RECEIVE_GRACE", "Handler", "LoopPolicy", "RegionLoop", "StorePolicy"
 import asyncio
 import contextlib
 import dataclasses
+import inspect
 import logging
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
@@ -561,7 +562,11 @@ class RegionLoop:
         error: Exception | None = None
         self._decisions.begin(message)
         try:
-            await handler(message)
+            result = handler(message)
+            # A plain ``def`` handler has run already: awaiting its None would fail it, and
+            # the message would be handed out again after its work was done.
+            if inspect.isawaitable(result):
+                await result
         except Exception as exc:
             error = exc
             span.set_status(Status(StatusCode.ERROR, type(exc).__name__))

@@ -66,6 +66,23 @@ async def test_twins_are_processed_once_and_both_copies_settled(world: World) ->
     assert geo.stats.processed == 3 and sum(geo.stats.suppressed.values()) == 3
 
 
+async def test_a_plain_def_handler_runs_once_per_message(world: World) -> None:
+    """``GeoReceiver.run`` given a plain ``def``: it returns None, which georep awaited, so
+    the handler "failed" after its work was done, the message was abandoned and its work
+    ran again on every redelivery until it was dead-lettered. Its return now means
+    processed, as an ``async def``'s."""
+    world.both("a", "b")
+    geo = world.receiver()
+
+    def handle(message: Any) -> None:
+        world.processed[message.message_id] += 1
+
+    await world.run_for(geo, 5, handle)  # type: ignore[arg-type]
+    assert world.processed == Counter({"a": 1, "b": 1})
+    assert len(world.primary.completed) == len(world.secondary.completed) == 2
+    assert not world.primary.abandoned and geo.stats.processed == 2
+
+
 async def test_copies_of_one_message_in_one_receive_turn_are_processed_once(
     world: World,
 ) -> None:

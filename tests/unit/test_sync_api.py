@@ -12,7 +12,14 @@ import georep.sync
 from georep import AllRegionsUnavailableError, ClosedError, ConfigurationError, SendResult
 from georep._sync_runtime import RUNTIME
 from georep.ports import ErrorKind
-from georep.testing import FakeMessage, InMemoryOutbox, InMemoryRegionSender
+from georep.testing import (
+    FakeClock,
+    FakeMessage,
+    InMemoryOutbox,
+    InMemoryRegionReceiver,
+    InMemoryRegionSender,
+    InMemorySeenSet,
+)
 
 
 def loop_threads() -> list[threading.Thread]:
@@ -184,3 +191,29 @@ def test_the_loop_thread_ends_when_a_leftover_task_swallows_its_cancellation(
     finally:
         let_go.set()
         thread.join(5)
+
+
+def test_a_blocking_receiver_refuses_an_async_handler_before_receiving_anything() -> None:
+    """``georep.sync.GeoReceiver.run`` calls its handler on a worker thread and takes its
+    return as "processed": given an ``async def``, that return was a coroutine never run,
+    and every message was completed unprocessed. Now refused at once, naming the fix."""
+    clock = FakeClock()
+    primary = InMemoryRegionReceiver("primary", clock=clock)
+    secondary = InMemoryRegionReceiver("secondary", clock=clock)
+    primary.put(FakeMessage(b"x", "m1"))
+
+    async def handle(message: object) -> None:
+        raise AssertionError("never called")
+
+    class Handler:
+        async def __call__(self, message: object) -> None:
+            raise AssertionError("never called")
+
+    receiver = georep.sync.GeoReceiver(primary, secondary, seen=InMemorySeenSet(clock=clock))
+    try:
+        for handler in (handle, Handler()):
+            with pytest.raises(ConfigurationError, match=r"async def.*georep\.GeoReceiver"):
+                receiver.run(handler)  # type: ignore[arg-type]
+    finally:
+        receiver.close()
+    assert primary.pending == 1 and not primary.completed, "nothing was received or settled"
