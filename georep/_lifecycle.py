@@ -25,7 +25,7 @@ from collections.abc import Awaitable, Callable, Coroutine, Iterable, Sequence
 from typing import Any, Final, Protocol, Self, TypeVar
 
 from georep import _fork
-from georep.exceptions import ClosedError
+from georep.exceptions import AllRegionsUnavailableError, ClosedError, RegionError
 from georep.ports import Clock
 
 _log = logging.getLogger("georep")
@@ -325,6 +325,55 @@ async def run_owned(tasks: Sequence[asyncio.Task[Any]], *, clock: Clock | None =
     except BaseException:
         await stop_tasks(tasks, clock=clock)
         raise
+
+
+class InFlight:
+    """The calls an object has under way, so that closing it lets them finish (bounded)
+    and a call the close cut short says so.
+
+    A call that fails because the object closed under it raises :class:`ClosedError` (a
+    ``ValueError``, as the SDK's handler raises once shut down) rather than what its
+    regions said of their closed connections ("the handler has already been shutdown",
+    read as an outage or a wrong request).
+    """
+
+    def __init__(self, closed: Callable[[], bool], what: str) -> None:
+        self._closed = closed
+        self._what = what
+        self._count = 0
+        self._landed: asyncio.Event | None = None
+
+    async def track(self, call: Awaitable[_T]) -> _T:
+        """Await ``call`` as one of the calls in flight."""
+        self._count += 1
+        try:
+            return await call
+        except (RegionError, AllRegionsUnavailableError) as exc:
+            if self._closed():
+                raise ClosedError(
+                    f"{self._what} was closed while this call was under way (what it had "
+                    "sent by then may have reached a region); use a new one"
+                ) from exc
+            raise
+        finally:
+            self._count -= 1
+            if not self._count and self._landed is not None:
+                self._landed.set()
+
+    async def landed(self, *, timeout: float, clock: Clock) -> None:
+        """Wait up to ``timeout`` for the calls in flight to end."""
+        if not self._count:
+            return
+        self._landed = asyncio.Event()
+        with contextlib.suppress(TimeoutError), clock.deadline(timeout):
+            await self._landed.wait()
+        if self._count:
+            _log.warning(
+                "%s closed with %d call(s) still under way after %.1f s",
+                self._what,
+                self._count,
+                timeout,
+            )
 
 
 async def close_in_order(

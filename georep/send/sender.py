@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 from georep._channel import batch_size, learn_max_sizes, open_failure
 from georep._clock import SystemClock
 from georep._endpoint import FromNamespaces, Target, one_entity, with_client_options_pair
-from georep._lifecycle import AsyncResource, close_all, close_in_order
+from georep._lifecycle import AsyncResource, InFlight, close_all, close_in_order
 from georep._policy import (
     DedupKey,
     DrainPolicy,
@@ -180,6 +180,9 @@ class GeoSender(FromNamespaces, AsyncResource):
         self._secondary: RegionSender = regions[1]
         _check_options(regions, self.policy, self.mode, partitioned, repair, outbox)
         self._codec = self._primary.codec
+        self._flights = InFlight(
+            lambda: self._closed, f"the GeoSender for {self._primary.entity!r}"
+        )
         if role_state is not None and role_store is not None:
             raise ConfigurationError("give role_state= or role_store=, not both")
         reports = self.policy.corroboration.reports
@@ -347,6 +350,12 @@ class GeoSender(FromNamespaces, AsyncResource):
         drainer, role_join, clock = self._drainer, self._role_join, self._clock
         await close_in_order(
             [
+                # The application's sends under way finish first (each is bounded by its
+                # attempt deadlines): closing the connections under them would fail them.
+                (
+                    "letting the calls in flight finish",
+                    partial(self._flights.landed, timeout=timeout, clock=clock),
+                ),
                 # Graceful: the entry in flight finishes (a send is bounded by the attempt
                 # deadlines), accepted entries are deleted, the rest are handed back.
                 (
@@ -423,7 +432,7 @@ class GeoSender(FromNamespaces, AsyncResource):
         attempt_timeout = (
             self.policy.attempt_seconds if timeout is None else positive_seconds(timeout, "timeout")
         )
-        return await self._parts.flow.send(message, attempt_timeout)
+        return await self._flights.track(self._parts.flow.send(message, attempt_timeout))
 
     # ------------------------------------------------------------------ scheduling
 
@@ -449,7 +458,9 @@ class GeoSender(FromNamespaces, AsyncResource):
                 the outbox: a late schedule would fire at the wrong time).
         """
         self._check_open()
-        return await self._parts.scheduler.schedule(messages, schedule_time_utc, timeout)
+        return await self._flights.track(
+            self._parts.scheduler.schedule(messages, schedule_time_utc, timeout)
+        )
 
     async def schedule_messages_by_region(
         self, messages: Any, schedule_time_utc: datetime, *, timeout: float | None = None
@@ -465,7 +476,9 @@ class GeoSender(FromNamespaces, AsyncResource):
             AllRegionsUnavailableError: No region scheduled them.
         """
         self._check_open()
-        return await self._parts.scheduler.schedule_by_region(messages, schedule_time_utc, timeout)
+        return await self._flights.track(
+            self._parts.scheduler.schedule_by_region(messages, schedule_time_utc, timeout)
+        )
 
     async def cancel_scheduled_messages(
         self,
@@ -501,7 +514,7 @@ class GeoSender(FromNamespaces, AsyncResource):
             await self.cancel_scheduled_messages_by_region(sequence_numbers, timeout=timeout)
             return
         numbers = [sequence_numbers] if isinstance(sequence_numbers, int) else sequence_numbers
-        await self._parts.scheduler.cancel(numbers, timeout)
+        await self._flights.track(self._parts.scheduler.cancel(numbers, timeout))
 
     async def cancel_scheduled_messages_by_region(
         self, sequence_numbers: Mapping[str, Sequence[int]], *, timeout: float | None = None
@@ -517,7 +530,7 @@ class GeoSender(FromNamespaces, AsyncResource):
             RegionError: A region could not cancel (the others were still cancelled).
         """
         self._check_open()
-        await self._parts.scheduler.cancel_by_region(sequence_numbers, timeout)
+        await self._flights.track(self._parts.scheduler.cancel_by_region(sequence_numbers, timeout))
 
     # ---------------------------------------------------------------------- batches
 

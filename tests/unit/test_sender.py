@@ -31,6 +31,8 @@ from georep import (
     ReplicationMode,
     RoleState,
 )
+from georep._lifecycle import InFlight
+from georep.exceptions import region_error
 from georep.testing import (
     FakeClock,
     FakeMessage,
@@ -697,3 +699,40 @@ async def test_a_batch_larger_than_a_regions_limit_is_refused_as_the_sdk_refuses
     assert (await sender.create_message_batch(max_size_in_bytes=0)).max_size_in_bytes == 600
     with pytest.raises(ConfigurationError, match="greater than 0"):
         await sender.create_message_batch(max_size_in_bytes=-1)
+
+
+async def test_closing_lets_the_sends_under_way_finish_first(clock: FakeClock) -> None:
+    """``aclose()`` while other tasks' sends are under way: they finish (each is bounded by
+    its attempt deadline) before the connections close; before, they failed with the
+    regions' "handler has already been shutdown", read as an outage or a wrong request."""
+    primary, secondary = regions(clock=clock)
+    sender = geo(primary, secondary, clock=clock, policy=FailoverPolicy(attempt_timeout=5.0))
+    primary.latency = 0.2  # one call at a time per region: the fifth lands at 1.0 s
+    sends = [asyncio.create_task(sender.send_messages(FakeMessage(b"x"))) for _ in range(5)]
+    await clock.advance(0.5)
+    closing = asyncio.create_task(sender.aclose())
+    await clock.advance(0.1)
+    assert not closing.done(), "the close waits for the sends"
+    with pytest.raises(ClosedError):
+        await sender.send_messages(FakeMessage(b"late"))  # a new one is refused at once
+    await clock.advance(1.0)
+    results = await asyncio.wait_for(asyncio.gather(*sends), 1)
+    await asyncio.wait_for(closing, 1)
+    assert all(r.accepted == ("primary",) for r in results) and len(primary.accepted) == 5
+
+
+async def test_a_call_the_close_cut_short_raises_closed_error(clock: FakeClock) -> None:
+    """Past the close's wait, what the closed connections raise reaches the caller as
+    ClosedError (a ValueError, as the SDK's shut-down handler raises)."""
+    closed = False
+    flights = InFlight(lambda: closed, "the GeoSender for 'orders'")
+
+    async def cut_short() -> None:
+        raise region_error("primary: shut down", region="primary", kind=ErrorKind.CONNECTION)
+
+    with pytest.raises(RegionError):
+        await flights.track(cut_short())  # not closed: the region's error, as it is
+    closed = True
+    with pytest.raises(ClosedError, match="closed while this call was under way"):
+        await flights.track(cut_short())
+    await flights.landed(timeout=1.0, clock=clock)  # nothing under way: at once
