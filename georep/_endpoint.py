@@ -15,10 +15,12 @@ __all__ = [
 
 import asyncio
 import inspect
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Self
 
+from georep._secrets import mask_secrets
 from georep.exceptions import ConfigurationError
 
 
@@ -127,6 +129,36 @@ def with_client_options_pair(
     )
 
 
+#: What an entity name may hold (Service Bus: letters, digits, ``.``, ``-``, ``_`` and
+#: ``/``; ``$`` for the system paths such as ``$DeadLetterQueue``), starting with a letter or
+#: digit, up to 260 characters.
+_ENTITY_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._/$-]{0,259}")
+
+
+def check_entity_names(**names: str | None) -> None:
+    """Refuse a queue, topic or subscription name Service Bus could never have, before
+    anything is opened, without echoing one that holds a key (a connection string passed
+    as the name by mistake: the SDK's error for it would carry the key).
+
+    Raises:
+        ConfigurationError: A name is not a str, or not a possible entity name.
+    """
+    for argument, name in names.items():
+        if name is None:
+            continue
+        if not isinstance(name, str):
+            raise ConfigurationError(
+                f"{argument}= must be the entity's name (a str), not {type(name).__name__}"
+            )
+        if _ENTITY_NAME.fullmatch(name) is None:
+            shown = "(a connection string?)" if "=" in name else repr(mask_secrets(name))
+            raise ConfigurationError(
+                f"{argument}= {shown} is not a Service Bus entity name: letters, digits, "
+                "'.', '-', '_' and '/', starting with a letter or digit, at most 260 "
+                "characters; the connection string goes in its own argument"
+            )
+
+
 def one_entity(queue_name: str | None, topic_name: str | None) -> None:
     """Check that a sender's ``from_connection_strings`` names exactly one entity.
 
@@ -139,6 +171,7 @@ def one_entity(queue_name: str | None, topic_name: str | None) -> None:
     if not isinstance(name, str) or not name.strip():
         which = "queue_name" if queue_name is not None else "topic_name"
         raise ConfigurationError(f"{which}= must name the entity, got {name!r}")
+    check_entity_names(queue_name=queue_name, topic_name=topic_name)
 
 
 def namespace_endpoint(

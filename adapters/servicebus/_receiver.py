@@ -15,7 +15,7 @@ from azure.servicebus import ServiceBusReceivedMessage, ServiceBusReceiveMode
 from azure.servicebus.aio import ServiceBusClient, ServiceBusReceiver
 from azure.servicebus.exceptions import MessageLockLostError
 
-from georep._endpoint import Target
+from georep._endpoint import Target, check_entity_names
 from georep.exceptions import ConfigurationError, GeoReplicationError, region_error
 from georep.ports import Delivery, ErrorKind
 from georep.receive.peek import peek_all
@@ -359,6 +359,9 @@ def open_region_receiver(
     Raises:
         ConfigurationError: The connection string is malformed (the message never shows it).
     """
+    check_entity_names(
+        queue_name=queue_name, topic_name=topic_name, subscription_name=subscription_name
+    )
     client = open_client(
         connection_string,
         region=region,

@@ -16,7 +16,7 @@ from azure.servicebus import ServiceBusMessageBatch
 from azure.servicebus.aio import ServiceBusClient, ServiceBusSender
 from azure.servicebus.exceptions import MessageNotFoundError
 
-from georep._endpoint import NamespaceEndpoint, Target, check_connection_string
+from georep._endpoint import NamespaceEndpoint, Target, check_connection_string, check_entity_names
 from georep.exceptions import ConfigurationError, GeoReplicationError, RegionError
 from georep.ports import RegionSlot
 
@@ -207,6 +207,7 @@ def open_region_sender(
     Raises:
         ConfigurationError: The connection string is malformed (the message never shows it).
     """
+    check_entity_names(queue_name=queue_name, topic_name=topic_name)
     client = open_client(
         connection_string,
         region=region,

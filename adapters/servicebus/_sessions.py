@@ -19,6 +19,7 @@ from azure.servicebus import NEXT_AVAILABLE_SESSION, ServiceBusMessageState, Ser
 from azure.servicebus.aio import ServiceBusClient, ServiceBusReceiver
 from azure.servicebus.exceptions import OperationTimeoutError, SessionCannotBeLockedError
 
+from georep._endpoint import check_entity_names
 from georep._region_identity import RegionLabels
 from georep.exceptions import ConfigurationError, GeoReplicationError
 
@@ -210,6 +211,9 @@ def open_region_sessions(
         ConfigurationError: The connection string is malformed (the message never shows
             it), or the entity is not named properly.
     """
+    check_entity_names(
+        queue_name=queue_name, topic_name=topic_name, subscription_name=subscription_name
+    )
     client = open_client(
         connection_string,
         region=region,

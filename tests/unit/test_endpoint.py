@@ -5,11 +5,17 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import traceback
 from typing import Any
 
 import pytest
 
-from georep._endpoint import NamespaceEndpoint, endpoint_pair, with_client_options
+from georep._endpoint import (
+    NamespaceEndpoint,
+    check_entity_names,
+    endpoint_pair,
+    with_client_options,
+)
 from georep.exceptions import ConfigurationError
 
 
@@ -70,3 +76,46 @@ def test_missing_credential_or_namespace_are_named() -> None:
         endpoint_pair("a", "b", None, None)
     with pytest.raises(ConfigurationError, match="primary namespace is empty"):
         endpoint_pair({"transport_type": "amqp"}, "b", object(), None)
+
+
+KEY_IN_NAME = "Endpoint=sb://east.example.net/;SharedAccessKeyName=k;SharedAccessKey=c2VjcmV0S2V5"
+
+
+@pytest.mark.parametrize(
+    ("names", "says"),
+    [
+        ({"queue_name": KEY_IN_NAME}, "queue_name= (a connection string?)"),
+        ({"topic_name": "bad name;x"}, "topic_name= 'bad name;x' is not"),
+        ({"subscription_name": "-starts-badly"}, "subscription_name= '-starts-badly'"),
+        ({"queue_name": "q" * 261}, "at most 260"),
+        ({"queue_name": 7}, "queue_name= must be the entity's name (a str), not int"),
+    ],
+)
+def test_an_impossible_entity_name_is_refused_without_echoing_a_key(
+    names: dict[str, Any], says: str
+) -> None:
+    """A connection string passed as the entity's name went to the SDK, whose error for
+    it (chained to georep's) carried the key into every printed traceback."""
+    with pytest.raises(ConfigurationError) as raised:
+        check_entity_names(**names)
+    assert says in str(raised.value)
+    assert "c2VjcmV0S2V5" not in str(raised.value)
+
+
+def test_every_kind_of_entity_name_service_bus_has_is_taken() -> None:
+    check_entity_names(
+        queue_name="orders.v2_eu-west",
+        topic_name="events",
+        subscription_name="audit",
+    )
+    check_entity_names(queue_name="events/Subscriptions/audit/$DeadLetterQueue")
+    check_entity_names(queue_name="q" * 260, topic_name=None)
+
+
+async def test_a_sender_given_a_connection_string_as_its_queue_keeps_the_key_out() -> None:
+    from georep import GeoSender
+
+    with pytest.raises(ConfigurationError) as raised:
+        GeoSender.from_connection_strings(KEY_IN_NAME, KEY_IN_NAME, queue_name=KEY_IN_NAME)
+    chain = "".join(traceback.format_exception(raised.value))
+    assert "c2VjcmV0S2V5" not in chain
