@@ -322,6 +322,12 @@ class DrainPolicy:
         for name in ("initial_backoff", "max_backoff", "lease", "idle_interval"):
             value = positive_seconds(getattr(self, name), f"DrainPolicy.{name}")
             object.__setattr__(self, name, value)
+        if as_seconds(self.initial_backoff) > as_seconds(self.max_backoff):
+            raise ConfigurationError(
+                f"DrainPolicy.initial_backoff ({as_seconds(self.initial_backoff)} s) is over "
+                f"max_backoff ({as_seconds(self.max_backoff)} s), its upper bound: raise "
+                "max_backoff or lower initial_backoff"
+            )
         count(self.batch_size, "DrainPolicy.batch_size")
 
     def backoff(self, attempts: int) -> float:

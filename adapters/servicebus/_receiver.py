@@ -22,7 +22,7 @@ from georep.receive.peek import peek_all
 from georep.send.ordering import read_stamp
 
 from ._region import SdkRegion, close_without_keep_alive_wait
-from ._sender import open_client
+from ._sender import entity_path_checked, open_client
 
 _log = logging.getLogger("georep.adapters.servicebus")
 
@@ -386,9 +386,9 @@ def open_region_receiver(
             sub_queue=sub_queue,
         )
 
-    return ServiceBusRegionReceiver(
-        new_receiver(), region=region, client=client, reopen=new_receiver
-    )
+    with entity_path_checked(region):
+        first = new_receiver()
+    return ServiceBusRegionReceiver(first, region=region, client=client, reopen=new_receiver)
 
 
 def _delivery_runs(messages: list[Any]) -> list[list[Any]] | None:

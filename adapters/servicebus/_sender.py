@@ -4,10 +4,11 @@ from __future__ import annotations
 
 __all__ = ["ServiceBusRegionSender", "open_region_sender"]
 
+import contextlib
 import functools
 import ssl
 import weakref
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from datetime import datetime
 from typing import Any
 
@@ -215,9 +216,30 @@ def open_region_sender(
         retry_backoff_factor=retry_backoff_factor,
         **client_kwargs,
     )
-    sender = (
-        client.get_queue_sender(queue_name)
-        if queue_name is not None
-        else client.get_topic_sender(str(topic_name))
-    )
+    with entity_path_checked(region):
+        sender = (
+            client.get_queue_sender(queue_name)
+            if queue_name is not None
+            else client.get_topic_sender(str(topic_name))
+        )
     return ServiceBusRegionSender(sender, region=region, client=client)
+
+
+@contextlib.contextmanager
+def entity_path_checked(region: str) -> Iterator[None]:
+    """Around the SDK's ``get_*_sender``/``get_*_receiver``: its ``ValueError`` for a
+    connection string whose ``EntityPath`` names another entity, as a ConfigurationError.
+
+    Raises:
+        ConfigurationError: The connection string's EntityPath and the entity differ.
+    """
+    try:
+        yield
+    except ValueError as exc:
+        if "EntityPath" not in str(exc):
+            raise
+        raise ConfigurationError(
+            f"the {region} connection string's EntityPath names another entity than the "
+            "one given: remove EntityPath from it (georep names the entity itself), or "
+            "name that entity"
+        ) from None

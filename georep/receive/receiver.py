@@ -161,7 +161,9 @@ class GeoReceiver(FromNamespaces, AsyncResource):
         self.seen = seen
         self.dedup_key = dedup_key
         self.lease = seconds(lease, "lease")
-        self.max_wait = seconds(max_wait, "max_wait")
+        # Greater than 0: the SDK refuses a receive that may not wait, so a receiver made
+        # with 0 would receive nothing, logging a "wrong request" for ever.
+        self.max_wait = positive_seconds(max_wait, "max_wait")
         if self.lease <= 0:
             raise ConfigurationError("lease must be greater than 0 seconds")
         self.ledger = ledger

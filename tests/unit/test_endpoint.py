@@ -119,3 +119,21 @@ async def test_a_sender_given_a_connection_string_as_its_queue_keeps_the_key_out
         GeoSender.from_connection_strings(KEY_IN_NAME, KEY_IN_NAME, queue_name=KEY_IN_NAME)
     chain = "".join(traceback.format_exception(raised.value))
     assert "c2VjcmV0S2V5" not in chain
+
+
+async def test_a_connection_string_whose_entity_path_names_another_entity_is_refused() -> None:
+    """The SDK raises a plain ValueError for it, which reached the caller as it was: not
+    georep's ConfigurationError, and naming nothing to fix."""
+    from georep import GeoReceiver, GeoSender
+    from georep.testing import InMemorySeenSet
+
+    conn = KEY_IN_NAME.replace("c2VjcmV0S2V5", "a2V5") + ";EntityPath=invoices"
+    other = KEY_IN_NAME.replace("east", "west")
+    with pytest.raises(ConfigurationError, match="primary connection string's EntityPath"):
+        GeoSender.from_connection_strings(conn, other, queue_name="orders")
+    with pytest.raises(ConfigurationError, match="remove EntityPath"):
+        GeoReceiver.from_connection_strings(
+            other, conn, queue_name="orders", seen=InMemorySeenSet()
+        )
+    taken = GeoSender.from_connection_strings(conn, other, queue_name="invoices")
+    await taken.aclose()  # the entity it names: taken (nothing connects before a send)

@@ -156,8 +156,10 @@ async def test_send_timeout_is_validated(bad: object) -> None:
 
 
 @pytest.mark.parametrize("field", ["lease", "max_wait"])
-@pytest.mark.parametrize("bad", [NAN, INF, -1.0])
+@pytest.mark.parametrize("bad", [NAN, INF, -1.0, 0.0])
 def test_receiver_durations_are_validated(field: str, bad: float) -> None:
+    """0 too: the SDK refuses a receive that may not wait, so ``max_wait=0`` received
+    nothing and logged a wrong request for ever."""
     clock = FakeClock()
     with pytest.raises(ConfigurationError, match=field):
         GeoReceiver(
@@ -167,3 +169,9 @@ def test_receiver_durations_are_validated(field: str, bad: float) -> None:
             clock=clock,
             **{field: bad},
         )
+
+
+def test_a_drain_backoff_that_starts_over_its_bound_is_refused() -> None:
+    with pytest.raises(ConfigurationError, match="initial_backoff .* is over max_backoff"):
+        DrainPolicy(initial_backoff=10, max_backoff=1)
+    assert DrainPolicy(initial_backoff=1, max_backoff=1).backoff(5) == 1.0
