@@ -7,16 +7,21 @@ drain loop itself is :class:`georep.outbox.drainer.OutboxDrainer`.
 
 from __future__ import annotations
 
-__all__ = ["OutboxLink"]
+__all__ = ["STANDARD_LIMIT", "OutboxLink"]
 
 from collections.abc import Callable, Sequence
 from dataclasses import KW_ONLY, dataclass
-from typing import Any
+from typing import Any, Final
 
-from georep.exceptions import InvalidMessageError, RegionError
+from georep.exceptions import InvalidMessageError, OversizeMessageError, RegionError
 from georep.outbox.sessions import HeldSessions
 from georep.ports import Outbox
 from georep.send.result import PendingSend, SendContext, SendResult
+
+STANDARD_LIMIT: Final = 262_144
+"""Bytes of body the outbox takes at most while no region's size limit is known (the
+standard tier's message size limit; a premium namespace's is larger, learned on first
+contact)."""
 
 
 @dataclass(frozen=True, slots=True, eq=False)
@@ -64,7 +69,23 @@ class OutboxLink:
 
         Only called when no region could be reached (never for a message a region
         refused for what it is).
+
+        Raises:
+            OversizeMessageError: No region's size limit is known yet (none was reached
+                since the sender started) and the bodies are over Service Bus's standard
+                limit: queued, the message could never be delivered once the regions
+                answer, and queueing acknowledges it.
         """
+        if self.context.regions.size_limit() is None:
+            try:
+                self.context.codec.check(messages, one_partition=False, max_size=STANDARD_LIMIT)
+            except OversizeMessageError as exc:
+                raise OversizeMessageError(
+                    f"{exc}. Not queued: no region has been reached since this sender "
+                    f"started, so their size limits are unknown, and {STANDARD_LIMIT} bytes "
+                    "(Service Bus's standard limit) is the most the outbox takes until "
+                    "then (warm_up() once a region answers learns them)"
+                ) from None
         encode = self.context.codec.encode
         # Entries name their target by namespace, not label: a later sender may have the
         # pair the other way round.

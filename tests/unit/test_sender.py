@@ -26,6 +26,7 @@ from georep import (
     MessageNotFoundError,
     MessageTooLargeError,
     OutboxFullError,
+    OversizeMessageError,
     RegionError,
     RegionUnavailableError,
     ReplicationMode,
@@ -449,6 +450,23 @@ async def test_outbox_queues_when_no_region_accepts_and_drains_after_restore(
     assert [m.body for m in secondary.accepted] == [b"0", b"1", b"2"]
     assert [m.message_id for m in secondary.accepted] == [r.message_ids[0] for r in results]
     assert sender.active_region == "secondary", "the drain fails over like a send"
+    await sender.aclose()
+
+
+async def test_a_message_over_the_standard_limit_is_not_queued_while_no_limit_is_known(
+    clock: FakeClock,
+) -> None:
+    """Both regions down since the sender started: their size limits are unknown. A 2 MB
+    message was queued (acknowledged) and later dead-lettered in the outbox when the
+    regions refused it; over the standard 256 KB it is now refused at the call, nothing
+    stored. One that fits is queued as before."""
+    sender, outbox, primary, secondary = queueing(clock=clock)
+    down(primary, secondary)
+    with pytest.raises(OversizeMessageError, match="Not queued: no region has been reached"):
+        await sender.send_messages(FakeMessage(b"x" * 2_000_000))
+    assert await outbox.depth() == 0
+    result = await sender.send_messages(FakeMessage(b"x" * 1_000))
+    assert result.queued and await outbox.depth() == 1
     await sender.aclose()
 
 
