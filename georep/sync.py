@@ -411,8 +411,9 @@ class GeoReceiver(_Blocking):
         loop = RUNTIME.loop
         # Per region: up to concurrency handlers, or one per held session in session mode.
         per_region = max(core.concurrency, getattr(core, "max_sessions", 0) + 4)
+        pool_prefix = f"georep-handler-{id(self):x}"
         pool = concurrent.futures.ThreadPoolExecutor(
-            max_workers=2 * per_region, thread_name_prefix="georep-handler"
+            max_workers=2 * per_region, thread_name_prefix=pool_prefix
         )
 
         def run_handler(message: Any) -> object:
@@ -440,7 +441,18 @@ class GeoReceiver(_Blocking):
             self._run_future = RUNTIME.submit(core.run(call))
             self._wait_for_run(self._run_future)
         finally:
-            pool.shutdown(wait=True, cancel_futures=True)
+            # Not waited for: the core has let go of its handlers by now (a handler still
+            # running past the close's bound was given up on, its message left to its lock
+            # and lease), and run() returning is what lets the application shut down.
+            pool.shutdown(wait=False, cancel_futures=True)
+            stuck = [t.name for t in threading.enumerate() if t.name.startswith(pool_prefix)]
+            if stuck:
+                _log.warning(
+                    "georep.sync.GeoReceiver.run() returns with %d handler(s) still running "
+                    "(%s): their messages go back when their locks expire",
+                    len(stuck),
+                    ", ".join(stuck),
+                )
 
     def _wait_for_run(self, future: concurrent.futures.Future[None]) -> None:
         try:

@@ -477,3 +477,33 @@ def _in_an_hour() -> Any:
     from datetime import UTC, datetime, timedelta
 
     return datetime.now(UTC) + timedelta(hours=1)
+
+
+def test_run_returns_after_close_while_a_handler_never_does(emu: Emulator, queue: str) -> None:
+    """A handler stuck for good (a dead socket without a timeout): ``close()`` from another
+    thread gives up on it within its bound, and ``run()`` returns, so the application can
+    shut down. It waited for the handler's thread, for ever."""
+    send_active(emu, queue, 1)
+    started, release = threading.Event(), threading.Event()
+
+    def handle(message: Any) -> None:
+        started.set()
+        release.wait(120)  # released at the end of the test: no thread outlives it
+
+    receiver = georep.sync.GeoReceiver.from_connection_strings(
+        emu.connection_string("primary"),
+        emu.connection_string("secondary"),
+        queue_name=queue,
+        seen=new_seen(),
+        lease=1,
+        max_wait=0.5,
+    )
+    closer = threading.Thread(target=lambda: (started.wait(30), receiver.close()))
+    closer.start()
+    began = time.monotonic()
+    try:
+        receiver.run(handle)
+        assert time.monotonic() - began < 30, "run() returned once the close gave up"
+    finally:
+        release.set()
+        closer.join(30)
