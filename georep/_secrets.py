@@ -20,6 +20,8 @@ _SECRET = re.compile(
     r"(=|%3D)(?!\.\.\.|<)([^;&\s'\"]+)"
 )
 
+_URL_PASSWORD = re.compile(r"(?i)\b([a-z][a-z0-9+.-]*://[^/\s:@]*:)([^@\s/]+)(@)")
+
 LOGGERS: Final = (
     "georep",
     "georep.adapters.servicebus",
@@ -49,11 +51,13 @@ records, so each has its own; tests/unit/test_secret_logs.py checks the list is 
 
 
 def mask_secrets(text: str) -> str:
-    """``text`` with the value of every key, SAS signature or token in it replaced by ``***``.
+    """``text`` with the value of every key, SAS signature or token in it, and the password
+    of every URL (``redis://:pw@host``, ``postgres://user:pw@host``), replaced by ``***``.
 
-    Every georep error's text goes through it, and every line georep logs (:class:`SecretMask`).
+    Every georep error's text goes through it, and every line georep logs (:class:`SecretMask`),
+    a handler's exception included.
     """
-    return _SECRET.sub(r"\1\2***", text)
+    return _URL_PASSWORD.sub(r"\1***\3", _SECRET.sub(r"\1\2***", text))
 
 
 class SecretMask(logging.Filter):

@@ -52,3 +52,22 @@ def test_a_record_whose_arguments_do_not_fit_its_format_passes_the_mask_unchange
     )
     assert SecretMask().filter(record)
     assert (record.msg, record.args) == ("%d copies", ("x",))
+
+
+@pytest.mark.parametrize(
+    ("text", "shown"),
+    [
+        ("db login failed: postgres://app:Pa55w0rd@db/prod", "postgres://app:***@db/prod"),
+        ("redis://:Pa55w0rd@127.0.0.1:6379/0 refused", "redis://:***@127.0.0.1:6379/0"),
+        ("http://host:8080/path and amqps://user@host:5671", None),
+    ],
+)
+def test_a_url_password_in_a_handlers_error_is_masked(
+    text: str, shown: str | None, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The receiver logs a failed handler's exception (receiver.md §7 keeps its text out of
+    dead-letter descriptions for the secrets it may hold): a URL's password is masked."""
+    with caplog.at_level(logging.WARNING, logger="georep.receiver"):
+        logging.getLogger("georep.receiver").warning("handler failed: %r", RuntimeError(text))
+    assert "Pa55w0rd" not in caplog.text
+    assert (shown or text) in caplog.text, "ports, paths and user names stay"
