@@ -172,6 +172,6 @@ def test_receiver_durations_are_validated(field: str, bad: float) -> None:
 
 
 def test_a_drain_backoff_that_starts_over_its_bound_is_refused() -> None:
-    with pytest.raises(ConfigurationError, match="initial_backoff .* is over max_backoff"):
+    with pytest.raises(ConfigurationError, match=r"initial_backoff .* is over max_backoff"):
         DrainPolicy(initial_backoff=10, max_backoff=1)
     assert DrainPolicy(initial_backoff=1, max_backoff=1).backoff(5) == 1.0
