@@ -103,6 +103,14 @@ def check_connection_string(connection_string: str, region: str) -> None:
             "'Endpoint=sb://NAME.servicebus.windows.net/;SharedAccessKeyName=...;"
             "SharedAccessKey=...' (copy it from the namespace's 'Shared access policies')"
         )
+    endpoint = next(v for k, v in parts.items() if k.strip().lower() == "endpoint").strip()
+    host = endpoint.split("://", 1)[-1].split("/", 1)[0].split(":", 1)[0]
+    if not host:
+        raise ConfigurationError(
+            f"the {region} connection string's Endpoint names no host: expected "
+            "'Endpoint=sb://NAME.servicebus.windows.net/;...' (copy it from the namespace's "
+            "'Shared access policies')"
+        )
 
 
 def with_client_options(target: Target, client_options: Mapping[str, Any] | None) -> Target:

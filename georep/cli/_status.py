@@ -36,6 +36,7 @@ from georep.cli._roles import (
     console,
     errors,
 )
+from georep.exceptions import ConfigurationError
 
 _log = logging.getLogger("georep.cli")
 
@@ -120,6 +121,14 @@ def status(
     backlog_source = _backlog_source(backlog, primary_namespace, secondary)
     if outbox is not None and not outbox.is_file():
         raise _fail(f"no outbox file at {outbox}; pass the SqliteOutbox path")
+    if outbox is not None:
+        from georep.outbox.sqlite import holds_an_outbox
+
+        if not holds_an_outbox(outbox):  # opened as one, it would be written into
+            raise _fail(
+                f"{outbox} is not a georep outbox (no outbox table in it); pass the "
+                "SqliteOutbox path"
+            )
     if redis_url and not app_name:
         raise _fail("no application named: pass --app NAME or set $GEOREP_APP")
     if not redis_url and regions is None and outbox is None and backlog_source is None:
@@ -136,8 +145,10 @@ def status(
             _read(report, redis_url, app_name, entity or [], regions, seen_group, ca_file,
                   timeout, outbox)
         )  # fmt: skip
-    except ValueError as exc:  # a malformed Redis URL, from redis-py
-        raise _fail(f"--redis: {exc}") from None
+    except ConfigurationError as exc:  # an outbox, a connection string: named already
+        raise _fail(str(exc)) from None
+    except ValueError as exc:  # a malformed Redis URL (redis-py), or endpoint (the SDK)
+        raise _fail(f"{_value_source(redis_url)}: {exc}") from None
     redis = report.get("redis")
     if redis is not None and not redis["reachable"] and regions is None and outbox is None:
         # Nothing else was asked for: the one source did not answer.
@@ -596,3 +607,16 @@ def _print_seen(seen: dict[str, Any]) -> None:
                 "hung or cut off from Redis)"
             )
         _line(f"  receiver {owner}: {held['claims']} in flight{expired}")
+
+
+def _value_source(redis_url: str | None) -> str:
+    """Which option a ValueError from reading the sources came from: ``--redis`` when its
+    URL does not parse, else the namespaces' connection strings."""
+    if redis_url:
+        from redis.connection import parse_url
+
+        try:
+            parse_url(redis_url)  # type: ignore[no-untyped-call]
+        except ValueError:
+            return "--redis"
+    return "--primary/--secondary (a connection string's Endpoint)"

@@ -8,7 +8,7 @@ on the disk and the connection is only ever touched by the thread that created i
 
 from __future__ import annotations
 
-__all__ = ["OutboxRecord", "SqliteOutbox"]
+__all__ = ["OutboxRecord", "SqliteOutbox", "holds_an_outbox"]
 
 import asyncio
 import contextlib
@@ -682,3 +682,19 @@ def _unusable_file_error(path: Path, error: sqlite3.Error) -> ConfigurationError
         f"cannot use {path} as an outbox: {error}; pass the path of a georep outbox file, "
         "or of a file that does not exist yet"
     )
+
+
+def holds_an_outbox(path: str | Path) -> bool:
+    """Whether ``path`` is an SQLite database with an outbox table, read without writing
+    (opening a file as a :class:`SqliteOutbox` writes the outbox's tables into it): what an
+    inspection (``georep outbox``, ``georep status --outbox``) checks first."""
+    try:
+        with contextlib.closing(
+            sqlite3.connect(f"{Path(path).resolve().as_uri()}?mode=ro", uri=True)
+        ) as database:
+            found = database.execute(
+                "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'outbox'"
+            ).fetchone()
+    except sqlite3.DatabaseError:  # not a database at all (or unreadable)
+        return False
+    return found is not None

@@ -243,6 +243,16 @@ def test_the_admin_certificate_refused_is_named_not_blamed_on_the_network(
           "--secondary", "oops"), {}, "the secondary connection string"),
         (("--outbox", "/nonexistent/outbox.db"), {}, "no outbox file at /nonexistent/outbox.db"),
         (("--redis", REDIS_URL), {}, "no application named: pass --app"),
+        # Not blamed on --redis (it was: "--redis: Invalid IPv6 URL", "--redis: cannot use
+        # ... as an outbox"), and an Endpoint without a host named (it was a traceback).
+        (("--redis", REDIS_URL, "--app", "x", "--primary",
+          "Endpoint=https://[::1;SharedAccessKeyName=k;SharedAccessKey=s3cr3t",
+          "--secondary", "Endpoint=sb://b/;SharedAccessKeyName=k;SharedAccessKey=s3cr3t"), {},
+         "--primary/--secondary (a connection string's Endpoint): Invalid IPv6 URL"),
+        (("--primary", "Endpoint=sb://;SharedAccessKeyName=k;SharedAccessKey=s3cr3t",
+          "--secondary", "Endpoint=sb://b/;SharedAccessKeyName=k;SharedAccessKey=s3cr3t"), {},
+         "the primary connection string's Endpoint names no host"),
+        (("--outbox", __file__), {}, "is not a georep outbox"),
     ],
 )  # fmt: skip
 def test_bad_input_exits_2_naming_the_fix_and_no_secret(

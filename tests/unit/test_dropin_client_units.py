@@ -90,6 +90,11 @@ def test_one_custom_endpoint_for_both_regions_is_refused_naming_the_per_region_f
         ("Endpoint=sb://east.example.net/", SECONDARY, "primary connection string lacks Shared"),
         (PRIMARY, "Endpoint=sb://west.example.net/", "secondary connection string lacks Shared"),
         ("", SECONDARY, "primary connection string is empty"),
+        (
+            "Endpoint=sb://;SharedAccessKeyName=k;SharedAccessKey=c2VjcmV0",
+            SECONDARY,
+            "primary connection string's Endpoint names no host",
+        ),
         (None, SECONDARY, "primary connection string must be a str, not NoneType"),
         (PRIMARY, b"Endpoint=sb://x/", "secondary connection string must be a str, not bytes"),
     ],

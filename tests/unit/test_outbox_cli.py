@@ -101,3 +101,23 @@ def test_a_file_that_is_not_an_outbox_exits_2_without_a_traceback(tmp_path: Path
     result = CliRunner().invoke(app, ["outbox", "list", str(path)])
     assert result.exit_code == 2 and "notes.txt" in result.output
     assert "Traceback" not in result.output
+
+
+@pytest.mark.parametrize("command", [["list"], ["purge", "--all", "--yes"], ["replay", "--all"]])
+def test_a_file_that_is_not_an_outbox_is_refused_and_left_as_it_was(
+    tmp_path: Path, command: list[str]
+) -> None:
+    """Opened as an outbox, an application's own SQLite database got the outbox's tables
+    and WAL mode written into it, and an empty file became an outbox, exit status 0."""
+    import sqlite3
+
+    database, empty = tmp_path / "app.db", tmp_path / "empty.db"
+    with sqlite3.connect(database) as connection:
+        connection.execute("CREATE TABLE customers (id INTEGER)")
+    empty.touch()
+    for path in (database, empty):
+        before = path.read_bytes()
+        result = CliRunner().invoke(app, ["outbox", command[0], str(path), *command[1:]])
+        assert result.exit_code == 2, result.output
+        assert "is not a georep outbox" in result.output
+        assert path.read_bytes() == before and not Path(f"{path}-wal").exists()
