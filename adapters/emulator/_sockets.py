@@ -4,6 +4,7 @@ from __future__ import annotations
 
 __all__ = ["bind_loopback"]
 
+import errno
 import socket
 
 
@@ -17,6 +18,8 @@ def bind_loopback(port: int) -> socket.socket:
     fail with "address already in use"). Bound and not listening, the port refuses
     connections, as a region that is down does.
     """
+    if port and port not in _OURS:
+        _check_free(port)
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     try:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -26,4 +29,29 @@ def bind_loopback(port: int) -> socket.socket:
     except BaseException:
         sock.close()
         raise
+    _OURS.add(sock.getsockname()[1])
     return sock
+
+
+#: The ports this process bound: its own outages and restores bind them again while it
+#: holds them (SO_REUSEPORT), which :func:`_check_free` would refuse.
+_OURS: set[int] = set()
+
+
+def _check_free(port: int) -> None:
+    """Refuse a port another process listens on: with SO_REUSEPORT on both sides the bind
+    would succeed, and the kernel would split the connections between the two.
+
+    Raises:
+        OSError: ``EADDRINUSE``, naming the port.
+    """
+    probe = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # TIME_WAIT is no owner
+        probe.bind(("127.0.0.1", port))
+    except OSError as exc:
+        raise OSError(
+            errno.EADDRINUSE, f"127.0.0.1:{port} is in use by another process ({exc.strerror})"
+        ) from None
+    finally:
+        probe.close()

@@ -6,6 +6,7 @@ __all__ = ["app", "main"]
 
 import asyncio
 import contextlib
+import math
 import sys
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -93,6 +94,12 @@ def emulator(
 
     if print_as not in PRINT_FORMATS:
         raise fail(console, f"--print {print_as!r}: use one of {', '.join(PRINT_FORMATS)}")
+    for number in [*(port or []), control_port]:
+        if not 0 <= number <= 65535:
+            raise fail(console, f"port {number} is not one: use 1-65535, or 0 for any free port")
+    repeated = sorted({n for n in namespace or [] if (namespace or []).count(n) > 1})
+    if repeated:
+        raise fail(console, f"--namespace {', '.join(repeated)} given twice: name each once")
     # The queue `orders` is the zero-configuration default only: an entity of any kind
     # named means the caller says what to create (a topic `orders` must not clash with it).
     named = queue or session_queue or topic or hybrid_connection
@@ -222,6 +229,14 @@ def fault(
         "--entity": entity,
         "--index": index,
     }
+    if seconds is not None and not (math.isfinite(seconds) and seconds >= 0):
+        raise fail(console, f"--seconds {seconds}: give a finite number of seconds, 0 or more")
+    if not control_url.startswith(("http://", "https://")):
+        raise fail(
+            console,
+            f"--control-url {control_url!r} is not an http:// URL: give the one "
+            "`georep emulator` prints (e.g. http://127.0.0.1:5710)",
+        )
     body = _fault_body(action, given)
     url = f"{control_url.rstrip('/')}/namespaces/{namespace}/faults/{action}"
     state = _post_fault(url, body, control_url, control_token)
@@ -850,4 +865,14 @@ app.command()(_soak.soak)
 
 
 def main() -> None:
-    app()
+    """The console entry point: a command's bad input that reaches the library
+    (``ConfigurationError``: a malformed value, a name that cannot be one) is one line on
+    stderr and exit status 2, as the commands' own checks are, not a traceback."""
+    from georep._secrets import mask_secrets
+    from georep.exceptions import ConfigurationError
+
+    try:
+        app()
+    except ConfigurationError as exc:
+        print_error(Console(stderr=True), f"error: {mask_secrets(str(exc))}")
+        raise SystemExit(2) from None

@@ -15,8 +15,11 @@ from rich.console import Console
 
 
 def print_error(console: Console, message: str) -> None:
-    """Print ``message`` on ``console`` in red, verbatim."""
-    console.print(message, style="red", soft_wrap=True, markup=False, highlight=False)
+    """Print ``message`` on ``console`` in red, verbatim but for secrets (a key, a SAS
+    signature, a URL's password: an option's value quoted back)."""
+    from georep._secrets import mask_secrets
+
+    console.print(mask_secrets(message), style="red", soft_wrap=True, markup=False, highlight=False)
 
 
 def fail(console: Console, message: str, status: int = 2) -> typer.Exit:

@@ -16,7 +16,12 @@ from opentelemetry import metrics
 from georep._channel import RegionChannel
 from georep._classify import CLIENT_FAULT_KINDS, RETRYABLE_KINDS
 from georep._clock import SystemClock
-from georep._endpoint import FromNamespaces, Target, with_client_options_pair
+from georep._endpoint import (
+    FromNamespaces,
+    Target,
+    check_connection_string,
+    with_client_options_pair,
+)
 from georep._lifecycle import AsyncResource, close_all, run_owned, start_task, stop_task
 from georep._telemetry import Instruments, InstrumentSpec
 from georep.exceptions import (
@@ -146,7 +151,14 @@ class Syphon(FromNamespaces, AsyncResource):
             client_options: ``ServiceBusClient`` settings for both namespaces, as
                 :meth:`georep.GeoSender.from_connection_strings` takes them.
             **kwargs: Passed on to :class:`Syphon` (clock, meter_provider).
+
+        Raises:
+            ConfigurationError: A malformed connection string (the primary's is used only
+                once a message is moved: checked here, not then), never showing the key.
         """
+        for target, region in ((primary, "primary"), (secondary, "secondary")):
+            if isinstance(target, str):
+                check_connection_string(target, region)
         primary, secondary = with_client_options_pair(primary, secondary, client_options)
         from georep._sdk import (
             from_backlog,

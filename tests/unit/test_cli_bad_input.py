@@ -1,0 +1,93 @@
+"""Bad input to the CLI, as an operator types it: one line naming the problem and the fix,
+exit status 2, no traceback and no secret (found by operating each command)."""
+
+from __future__ import annotations
+
+import socket
+import sys
+
+import pytest
+from typer.testing import CliRunner
+
+from georep.adapters.emulator._sockets import bind_loopback
+from georep.cli import app
+from georep.cli._app import main
+
+KEY = "c2VjcmV0a2V5MTIz"
+CONNECTION = f"Endpoint=sb://127.0.0.1:1;SharedAccessKeyName=x;SharedAccessKey={KEY}"
+
+
+def run(*args: str) -> tuple[int, str]:
+    result = CliRunner().invoke(app, list(args))
+    return result.exit_code, " ".join(result.output.split())
+
+
+@pytest.mark.parametrize(
+    ("args", "says"),
+    [
+        (("emulator", "--port", "-1"), "port -1 is not one: use 1-65535, or 0"),
+        (("emulator", "--control-port", "70000"), "port 70000 is not one"),
+        (("emulator", "--namespace", "a", "--namespace", "a"), "--namespace a given twice"),
+        (("fault", "primary", "latency", "--seconds", "inf"), "--seconds inf: give a finite"),
+        (("fault", "primary", "latency", "--seconds", "nan"), "--seconds nan: give a finite"),
+        (("fault", "primary", "outage", "--control-url", "notaurl"), "is not an http:// URL"),
+    ],
+)
+def test_a_bad_option_is_one_line_and_exit_2(args: tuple[str, ...], says: str) -> None:
+    code, output = run(*args)
+    assert code == 2 and says in output, output
+    assert "Traceback" not in output
+
+
+def test_a_url_password_given_in_an_option_is_never_printed() -> None:
+    code, output = run(
+        "fault", "primary", "outage", "--control-url", "http://ops:Sup3rS3cret@127.0.0.1:1"
+    )
+    assert code == 1 and "no emulator answers at http://ops:***@127.0.0.1:1" in output
+    assert "Sup3rS3cret" not in output
+
+
+@pytest.mark.parametrize(
+    ("argv", "says"),
+    [
+        (["syphon", "--primary-namespace", ""], "cannot make a namespace name of ''"),
+        (
+            ["syphon", "--primary-namespace", "pn", "--primary", "garbage"],
+            "the primary connection string has no 'Name=value' parts",
+        ),
+    ],
+)
+def test_bad_input_the_library_refuses_is_one_line_and_exit_2(
+    argv: list[str],
+    says: str,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """Refused by the library (ConfigurationError), not by the command's own checks: it
+    was a traceback and exit 1 (and a malformed --primary let the syphon run on)."""
+    monkeypatch.setenv("GEOREP_PRIMARY", CONNECTION)
+    monkeypatch.setenv("GEOREP_SECONDARY", CONNECTION)
+    monkeypatch.setattr(sys, "argv", ["georep", *argv])
+    with pytest.raises(SystemExit) as raised:
+        main()
+    output = " ".join(capsys.readouterr().err.split())
+    assert raised.value.code == 2 and says in output, output
+    assert "Traceback" not in output and KEY not in output
+
+
+def test_an_emulator_port_another_process_listens_on_is_refused() -> None:
+    """Both with SO_REUSEPORT, a second emulator bound the first one's port and the kernel
+    split the connections between them; its own outages still bind its ports again."""
+    other = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    other.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+    other.bind(("127.0.0.1", 0))
+    other.listen()
+    try:
+        with pytest.raises(OSError, match="is in use by another process"):
+            bind_loopback(other.getsockname()[1])
+    finally:
+        other.close()
+    ours = bind_loopback(0)
+    again = bind_loopback(ours.getsockname()[1])  # an outage's reservation of our own port
+    ours.close()
+    again.close()
