@@ -343,6 +343,15 @@ def demo(
             raise ConfigurationError(
                 f"--audit {audit!r} is not an audit engine: use one of {', '.join(AUDIT_ENGINES)}"
             )
+        from georep._endpoint import check_connection_string
+
+        for given, region in ((primary, "primary"), (secondary, "secondary")):
+            if given is not None:
+                check_connection_string(given, region)
+        if work_dir is not None and work_dir.exists() and not work_dir.is_dir():
+            raise ConfigurationError(
+                f"--work-dir {work_dir} is a file: give a directory (made if missing)"
+            )
         config = ScenarioConfig(
             work_dir=work_dir or default_work_dir(),
             mode=mode,

@@ -235,7 +235,7 @@ def _verdict_rows(
             rows.append(("time waiting for order", f"{figures['order_wait_s']['total']:,.1f} s"))
     if report is not None:
         latency = report.get("latency_ms", {}).get("overall", {})
-        if latency:
+        if latency.get("p50") is not None and latency.get("p99") is not None:
             rows.append(("latency p50 / p99", f"{latency['p50']:,.0f} / {latency['p99']:,.0f} ms"))
     return rows
 

@@ -250,6 +250,7 @@ class _Sender:
         self._syphon_task: asyncio.Task[None] | None = None
         self._client: Any = None
         self._options: Any = None
+        self._outbox: Any = None
         self._last_region = "primary"
 
     async def open(self) -> None:
@@ -350,7 +351,7 @@ class _Sender:
 
     async def flush(self, deadline: float) -> None:
         """Deliver whatever the outbox holds, until it is empty or the deadline passes."""
-        if self.config.mode in ("passive", "active"):
+        if self._outbox is not None:
             while time.monotonic() < deadline:
                 depth = await self._outbox.depth()
                 if not depth:
@@ -377,7 +378,7 @@ class _Sender:
                 await self._client.close()
             else:
                 await self._impl.aclose()
-        if self.config.mode in ("passive", "active"):
+        if self._outbox is not None:  # None when opening failed before it was made
             await self._outbox.aclose()
 
 

@@ -91,3 +91,38 @@ def test_an_emulator_port_another_process_listens_on_is_refused() -> None:
     again = bind_loopback(ours.getsockname()[1])  # an outage's reservation of our own port
     ours.close()
     again.close()
+
+
+@pytest.mark.parametrize(
+    ("args", "says"),
+    [
+        (("--primary", "garbage", "--secondary", "garbage"), "primary connection string has no"),
+        (("--work-dir", __file__), "is a file: give a directory"),
+    ],
+)
+def test_the_demo_refuses_what_it_cannot_use_before_starting_anything(
+    args: tuple[str, ...], says: str
+) -> None:
+    """A malformed connection string went on to a traceback from the demo's own teardown
+    (AttributeError: '_Sender' object has no attribute '_outbox'); a --work-dir that is a
+    file, to FileExistsError."""
+    code, output = run("demo", "--messages", "10", "--audit", "pyarrow", *args)
+    assert code == 2 and says in output, output
+    assert "Traceback" not in output
+
+
+def test_the_demo_verdict_without_latency_figures_has_no_latency_row() -> None:
+    """Regions that never answered leave an audit report with no latency quantiles: the
+    verdict table raised KeyError: 'p50'."""
+    from collections import Counter
+    from pathlib import Path
+
+    from georep.cli._demo import _verdict_rows
+    from georep.cli._scenario import ScenarioConfig, ScenarioProgress, ScenarioResult
+
+    config = ScenarioConfig(work_dir=Path(__file__), mode="passive", messages=1)
+    result = ScenarioResult(
+        config, Path(__file__), set(), Counter(), [], None, 0.0, ScenarioProgress()
+    )
+    rows = _verdict_rows(result, {"latency_ms": {"overall": {"count": 0}}}, 0, 0)
+    assert not any(label.startswith("latency") for label, _ in rows)
