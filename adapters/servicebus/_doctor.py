@@ -6,9 +6,11 @@ from __future__ import annotations
 __all__ = ["QUEUE_SETTINGS", "SUBSCRIPTION_SETTINGS", "TOPIC_SETTINGS", "check_namespaces"]
 
 import asyncio
+import contextlib
 import ssl
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 from azure.core.exceptions import (
@@ -238,18 +240,28 @@ async def _probe(
         findings.append(Finding.warning(region, message, fix))
         return
     client = ServiceBusClient.from_connection_string(connection_string, retry_total=0)
-    async with client:
+
+    async def bounded(handler: Any, call: Callable[[], Awaitable[object]]) -> None:
+        """Open ``handler``'s link, make ``call``, close it: each step within --timeout
+        (opening and closing were unbounded, and a namespace answering slowly took
+        minutes with --timeout 1)."""
+        await wait_within(handler.__aenter__(), timeout)
+        try:
+            await wait_within(call(), timeout)
+        finally:
+            with contextlib.suppress(Exception):
+                await wait_within(handler.close(), timeout)
+
+    try:
         for name, is_queue in [(q, True) for q in queues] + [(t, False) for t in topics]:
             try:
                 sender = (
                     client.get_queue_sender(name) if is_queue else client.get_topic_sender(name)
                 )
-                async with sender:
-                    await wait_within(sender.create_message_batch(), timeout)
+                await bounded(sender, sender.create_message_batch)
                 if is_queue and name not in session_queues:
                     receiver = client.get_queue_receiver(name)
-                    async with receiver:
-                        await wait_within(receiver.peek_messages(max_message_count=1), timeout)
+                    await bounded(receiver, partial(receiver.peek_messages, max_message_count=1))
             except Exception as exc:
                 error = translate_error(exc, region=region, namespace=namespace)
                 if error is None:
@@ -269,6 +281,9 @@ async def _probe(
         findings.append(
             Finding.ok(region, f"{namespace}: reachable, key accepted for send and receive")
         )
+    finally:
+        with contextlib.suppress(Exception):  # what it found is said already
+            await wait_within(client.close(), timeout)
 
 
 async def check_namespaces(

@@ -254,3 +254,16 @@ def test_doctor_cli_prints_the_persistence_warning(
     assert status == 0, output  # a warning, not a problem
     assert "warning redis: persistence is off" in " ".join(output.split())
     assert "appendonly yes" in output
+
+
+def test_a_namespace_that_answers_slowly_is_named_within_the_timeout(emu: Emulator) -> None:
+    """Every response of the primary 5 s late, ``--timeout 2``: each network step (a
+    link's opening and closing included) is bounded, so the slow region is named as timing
+    out in seconds and the other one passes. Opening a link was unbounded: the command
+    took about 50 s, and minutes with more latency."""
+    emu.namespace("primary").latency(5)
+    began = time.monotonic()
+    status, output = _doctor(emu, "--entity", "orders", "--timeout", "2")
+    assert time.monotonic() - began < 20, output
+    assert status == 1 and "problem primary: orders" in output and "TimeoutError" in output
+    assert "ok secondary" in output
