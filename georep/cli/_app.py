@@ -10,7 +10,7 @@ import math
 import sys
 from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any, TypeVar
+from typing import TYPE_CHECKING, Annotated, Any, Final, TypeVar
 
 try:
     import typer
@@ -521,7 +521,7 @@ def cost(
         )
         estimates = estimate_costs(workload, tuple(mode) if mode else MODES)
     except ConfigurationError as exc:
-        raise fail(console, str(exc)) from None
+        raise fail(console, _as_options(str(exc))) from None
     if as_json:
         _echo_costs_json(estimates, price_per_million)
     else:
@@ -871,6 +871,28 @@ app.command()(_roles.pin)
 app.command()(_roles.unpin)
 app.command()(_roles.forget)
 app.command()(_soak.soak)
+
+
+#: The cost command's options by the Workload field each sets: an error names the option.
+_COST_OPTIONS: Final = {
+    "Workload.messages_per_second": "--rate",
+    "Workload.message_size_bytes": "--size",
+    "Workload.entities": "--entities",
+    "Workload.senders": "--senders",
+    "Workload.backlog_queue_count": "--backlog-queues",
+    "Workload.syphon_hosts": "--syphon-hosts",
+    "Workload.outage_minutes_per_month": "--outage-minutes",
+    "Workload.ping_primary_interval": "--ping-interval",
+    "Workload.days": "--days",
+    "Workload.price_per_million": "--price-per-million",
+}
+
+
+def _as_options(message: str) -> str:
+    """``message`` with each Workload field named by the option that sets it."""
+    for field, option in _COST_OPTIONS.items():
+        message = message.replace(field, option)
+    return message
 
 
 def main() -> None:

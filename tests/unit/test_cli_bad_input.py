@@ -126,3 +126,18 @@ def test_the_demo_verdict_without_latency_figures_has_no_latency_row() -> None:
     )
     rows = _verdict_rows(result, {"latency_ms": {"overall": {"count": 0}}}, 0, 0)
     assert not any(label.startswith("latency") for label, _ in rows)
+
+
+@pytest.mark.parametrize(
+    ("args", "says"),
+    [
+        (("--rate", "inf"), "--rate must be a finite number 0 or more, got inf"),
+        (("--rate", "1", "--days", "0"), "--days must be a finite number greater than 0"),
+        (("--rate", "1", "--ping-interval", "0"), "--ping-interval must be greater than 0"),
+        (("--rate", "1", "--outage-minutes", "inf"), "--outage-minutes must be a finite"),
+    ],
+)
+def test_cost_names_the_option_not_the_library_field(args: tuple[str, ...], says: str) -> None:
+    """It said ``Workload.messages_per_second``, a name the command does not take."""
+    code, output = run("cost", *args)
+    assert code == 2 and says in output and "Workload." not in output, output
