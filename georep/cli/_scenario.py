@@ -14,6 +14,7 @@ __all__ = ["ScenarioConfig", "ScenarioResult", "run_scenario"]
 
 import asyncio
 import logging
+import math
 import time
 import uuid
 from collections import Counter
@@ -97,6 +98,14 @@ class ScenarioConfig:
             raise ConfigurationError("messages and receivers must be at least 1")
         if self.rate < 0 or self.outage_for <= 0:
             raise ConfigurationError("rate must be 0 or more and outage_for more than 0")
+        for option, value in (
+            ("--rate", self.rate),
+            ("--outage-at", self.outage_at),
+            ("--outage-for", self.outage_for),
+        ):
+            if value is not None and not (math.isfinite(value) and value >= 0):
+                # inf: an outage that never comes (or never ends), and a demo that never ends
+                raise ConfigurationError(f"{option} must be a finite number, 0 or more")
         if (self.primary is None) != (self.secondary is None):
             raise ConfigurationError("give both --primary and --secondary, or neither")
 

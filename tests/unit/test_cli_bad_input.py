@@ -141,3 +141,19 @@ def test_cost_names_the_option_not_the_library_field(args: tuple[str, ...], says
     """It said ``Workload.messages_per_second``, a name the command does not take."""
     code, output = run("cost", *args)
     assert code == 2 and says in output and "Workload." not in output, output
+
+
+@pytest.mark.parametrize(
+    ("args", "says"),
+    [
+        (("demo", "--messages", "10", "--outage-at", "inf"), "--outage-at must be a finite"),
+        (("demo", "--messages", "10", "--rate", "inf"), "--rate must be a finite"),
+        (("soak", "--seconds", "inf"), "--seconds/--minutes must be a finite number"),
+        (("soak", "--seconds", "5", "--report", __file__), "is a file: give a directory"),
+    ],
+)
+def test_a_run_that_could_never_end_or_write_is_refused(args: tuple[str, ...], says: str) -> None:
+    """``--outage-at inf`` ran a demo that never ended, ``soak --seconds inf`` faults for
+    ever; a --report that is a file was a NotADirectoryError traceback."""
+    code, output = run(*args)
+    assert code == 2 and says in output, output

@@ -13,6 +13,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import math
 import os
 import random
 import shutil
@@ -107,6 +108,17 @@ class SoakConfig:
     spark: bool | None = None
 
     def __post_init__(self) -> None:
+        for option, value in (
+            ("--seconds/--minutes", self.seconds),
+            ("--rate", self.rate),
+            ("--quiet-timeout", self.quiet_timeout),
+        ):
+            if not math.isfinite(value):  # inf: faults (or a wait) without an end
+                raise ConfigurationError(f"{option} must be a finite number, not {value}")
+        if self.report_dir.exists() and not self.report_dir.is_dir():
+            raise ConfigurationError(
+                f"--report {self.report_dir} is a file: give a directory (made if missing)"
+            )
         if self.processes < 1:
             raise ConfigurationError("--processes must be at least 1")
         if self.rate <= 0:
