@@ -51,6 +51,7 @@ import inspect
 import logging
 import os
 import threading
+import time
 from collections.abc import Callable, Coroutine, Mapping, Sequence
 from datetime import datetime
 from typing import Any, Self
@@ -303,6 +304,11 @@ class GeoSender(_Blocking):
         return delivered
 
 
+HANDLERS_EXIT_WAIT = 5.0
+"""Seconds :meth:`GeoReceiver.run` waits, once the receiver is closed, for its handler
+threads to end before it returns anyway (a handler stuck for good keeps its thread)."""
+
+
 def _is_async(handler: Any) -> bool:
     """Whether ``handler`` is an ``async def`` (or an object whose ``__call__`` is one)."""
     call = type(handler).__call__ if callable(handler) else None
@@ -445,6 +451,10 @@ class GeoReceiver(_Blocking):
             # running past the close's bound was given up on, its message left to its lock
             # and lease), and run() returning is what lets the application shut down.
             pool.shutdown(wait=False, cancel_futures=True)
+            # Idle workers end at once: wait for them (bounded), not for a stuck handler.
+            deadline = time.monotonic() + HANDLERS_EXIT_WAIT
+            for thread in [t for t in threading.enumerate() if t.name.startswith(pool_prefix)]:
+                thread.join(max(0.0, deadline - time.monotonic()))
             stuck = [t.name for t in threading.enumerate() if t.name.startswith(pool_prefix)]
             if stuck:
                 _log.warning(

@@ -112,14 +112,16 @@ async def test_a_poison_entry_is_dead_lettered_and_the_healthy_ones_behind_it_dr
     emu: Emulator, queue: str, tmp_path: Path
 ) -> None:
     # Both regions down: everything is queued, the oversized message too (nobody refused it
-    # yet). The secondary comes back, the primary does not: the secondary refuses the
-    # poison for what it is. Before: that refusal backed "any region" off, and the poison,
-    # always the oldest, held the healthy messages back round after round.
+    # yet: its body is under the 256 KB the outbox takes while no limit is known, the
+    # message over it only once encoded). The secondary comes back, the primary does not:
+    # the secondary refuses the poison for what it is. Before: that refusal backed "any
+    # region" off, and the poison, always the oldest, held the healthy messages back round
+    # after round.
     await fault_all(emu, "outage")
     path = tmp_path / "outbox.db"
     async with SqliteOutbox(path) as outbox:
         async with geo(emu, queue, outbox=outbox, drain=DrainPolicy(max_backoff=0.5)) as sender:
-            poison = await sender.send_messages(ServiceBusMessage(b"x" * 300_000))
+            poison = await sender.send_messages(ServiceBusMessage(b"x" * 262_100))
             healthy = [await sender.send_messages(ServiceBusMessage(f"h{n}")) for n in range(3)]
             assert poison.queued and all(r.queued for r in healthy)
             await fault(emu, "secondary", "restore")
