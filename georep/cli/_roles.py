@@ -196,6 +196,9 @@ def _role_change(*, force: bool = True) -> Callable[[Callable[..., _Change]], Ca
             **own: Any,
         ) -> None:
             change = choose(**own)
+            if any(not name.strip() for name in entity or ()):
+                # An empty name would make (or change) a role record nobody sends to.
+                raise _fail("--entity '' names nothing: give a queue, topic or service name")
             _change(redis_url, app_name, lambda c: change(c, entity or (), force), as_json)
 
         functools.update_wrapper(command, choose, updated=())

@@ -30,7 +30,7 @@ from georep.exceptions import (
     RegionError,
 )
 from georep.paired.options import PairedNamespaceOptions
-from georep.ports import Clock, RegionReceiver, RegionSender
+from georep.ports import Clock, ErrorKind, RegionReceiver, RegionSender
 
 _log = logging.getLogger("georep.syphon")
 
@@ -233,6 +233,7 @@ class Syphon(FromNamespaces, AsyncResource):
     async def _drain(self, queue: RegionReceiver) -> None:
         batch_size = self.options.syphon_batch_size
         long_poll = self.options.seconds("syphon_long_poll")
+        failures = 0
         while not self._stopping.is_set() and not self.faulted:
             # A receive call is billed when it is made, whatever it returns.
             self.stats.receive_calls += 1
@@ -245,9 +246,27 @@ class Syphon(FromNamespaces, AsyncResource):
                 if exc.kind in CLIENT_FAULT_KINDS:
                     self._side_faulted("secondary", exc)
                     return
-                _log.warning("receive from backlog queue %s failed: %s", queue.entity, exc)
-                await self._clock.sleep(self.options.seconds("syphon_retry_interval"))
+                failures += 1
+                # Said the first time and then every tenth: a queue that is missing (or a
+                # namespace that is down) fails every round, for as long as it lasts.
+                if failures % 10 == 1:
+                    hint = (
+                        " (create the backlog queues: ensure_backlog_queues)"
+                        if exc.kind is ErrorKind.ENTITY_NOT_FOUND
+                        else ""
+                    )
+                    _log.warning(
+                        "receive from backlog queue %s failed (%d time(s) in a row): %s%s",
+                        queue.entity,
+                        failures,
+                        exc,
+                        hint,
+                    )
+                retry = self.options.seconds("syphon_retry_interval")
+                # Backing off to 5 s at most: the backlog drains soon after the fault ends.
+                await self._clock.sleep(min(retry * 2 ** min(failures - 1, 6), max(retry, 5.0)))
                 continue
+            failures = 0
             for index, message in enumerate(messages):
                 if self.faulted:  # a side is unusable: hand the rest back, stop fetching
                     for rest in messages[index:]:

@@ -157,3 +157,13 @@ def test_a_run_that_could_never_end_or_write_is_refused(args: tuple[str, ...], s
     ever; a --report that is a file was a NotADirectoryError traceback."""
     code, output = run(*args)
     assert code == 2 and says in output, output
+
+
+@pytest.mark.parametrize(
+    "command", [["failover", "--to", "secondary"], ["pin", "--region", "primary"]]
+)
+def test_an_empty_entity_name_changes_no_role(command: list[str]) -> None:
+    """``--entity ''`` made a role record with an empty name."""
+    code, output = run(*command, "--entity", "", "--force", "--redis", "redis://127.0.0.1:1/0",
+                       "--app", "x")  # fmt: skip
+    assert code == 2 and "--entity '' names nothing" in output, output

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import os
 import signal
 from collections.abc import AsyncIterator, Callable
@@ -13,7 +14,7 @@ from typing import Any
 import pytest
 
 from georep import ErrorKind, PairedNamespaceOptions, Syphon
-from georep.exceptions import InvalidMessageError, MessageExpiredError
+from georep.exceptions import InvalidMessageError, MessageExpiredError, region_error
 from georep.testing import (
     FakeClock,
     FakeMessage,
@@ -269,3 +270,26 @@ def test_the_syphon_command_leaves_an_ignored_sigint_ignored(
     finally:
         signal.signal(signal.SIGINT, previous)
     assert capsys.readouterr().out.splitlines()[-1] == "syphon stopped"
+
+
+async def test_a_missing_backlog_queue_is_said_once_in_ten_rounds_with_the_fix(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Each failed round logged a warning, one a second per queue for as long as the queue
+    was missing; now the first and every tenth, naming the fix, backing off to 5 s."""
+    clock = FakeClock()
+    syphon, queues, _ = build(clock, count=1)
+    calls = 0
+
+    async def missing(*_: Any, **__: Any) -> list[Any]:
+        nonlocal calls
+        calls += 1
+        raise region_error("b0: not found", region="b0", kind=ErrorKind.ENTITY_NOT_FOUND)
+
+    queues[0].receive = missing  # type: ignore[method-assign]
+    with caplog.at_level(logging.WARNING, logger="georep.syphon"):
+        async with running(syphon, clock):
+            await clock.advance(60)
+    said = [r.getMessage() for r in caplog.records if "backlog queue" in r.getMessage()]
+    assert 1 <= len(said) <= 2 and "ensure_backlog_queues" in said[0], said
+    assert calls >= 12, "it kept trying, every 5 s at most"
