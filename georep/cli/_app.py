@@ -751,16 +751,13 @@ _All = Annotated[bool, typer.Option("--all", help="Every dead-lettered entry.")]
 
 def _existing_outbox(path: Path) -> Any:
     """The SqliteOutbox at ``path``; exit 2 if there is no file (never create one)."""
-    from georep.outbox.sqlite import SqliteOutbox, holds_an_outbox
+    from georep.exceptions import ConfigurationError
+    from georep.outbox.sqlite import SqliteOutbox, check_existing_outbox
 
-    if not path.is_file():
-        raise fail(console, f"no outbox file at {path}; pass the SqliteOutbox path")
-    if not holds_an_outbox(path):
-        # Opened as one, it would get the outbox's tables (and WAL mode) written into it.
-        raise fail(
-            console,
-            f"{path} is not a georep outbox (no outbox table in it); pass the SqliteOutbox path",
-        )
+    try:
+        check_existing_outbox(path)
+    except ConfigurationError as exc:
+        raise fail(console, str(exc)) from None
     return SqliteOutbox(path)
 
 

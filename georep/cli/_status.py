@@ -119,16 +119,13 @@ def status(
     """
     regions = _regions(primary, secondary)
     backlog_source = _backlog_source(backlog, primary_namespace, secondary)
-    if outbox is not None and not outbox.is_file():
-        raise _fail(f"no outbox file at {outbox}; pass the SqliteOutbox path")
     if outbox is not None:
-        from georep.outbox.sqlite import holds_an_outbox
+        from georep.outbox.sqlite import check_existing_outbox
 
-        if not holds_an_outbox(outbox):  # opened as one, it would be written into
-            raise _fail(
-                f"{outbox} is not a georep outbox (no outbox table in it); pass the "
-                "SqliteOutbox path"
-            )
+        try:
+            check_existing_outbox(outbox)
+        except ConfigurationError as exc:
+            raise _fail(str(exc)) from None
     if redis_url and not app_name:
         raise _fail("no application named: pass --app NAME or set $GEOREP_APP")
     if not redis_url and regions is None and outbox is None and backlog_source is None:

@@ -8,7 +8,7 @@ on the disk and the connection is only ever touched by the thread that created i
 
 from __future__ import annotations
 
-__all__ = ["OutboxRecord", "SqliteOutbox", "holds_an_outbox"]
+__all__ = ["OutboxRecord", "SqliteOutbox", "check_existing_outbox"]
 
 import asyncio
 import contextlib
@@ -684,17 +684,27 @@ def _unusable_file_error(path: Path, error: sqlite3.Error) -> ConfigurationError
     )
 
 
-def holds_an_outbox(path: str | Path) -> bool:
-    """Whether ``path`` is an SQLite database with an outbox table, read without writing
-    (opening a file as a :class:`SqliteOutbox` writes the outbox's tables into it): what an
-    inspection (``georep outbox``, ``georep status --outbox``) checks first."""
+def check_existing_outbox(path: Path) -> None:
+    """Check that ``path`` is an outbox file, read without writing (opening a file as a
+    :class:`SqliteOutbox` creates it, or writes the outbox's tables into it): what an
+    inspection (``georep outbox``, ``georep status --outbox``) checks first.
+
+    Raises:
+        ConfigurationError: No file there, or one that is no SQLite database with an
+            outbox table (an application's own database, an empty file).
+    """
+    if not path.is_file():
+        raise ConfigurationError(f"no outbox file at {path}; pass the SqliteOutbox path")
     try:
         with contextlib.closing(
-            sqlite3.connect(f"{Path(path).resolve().as_uri()}?mode=ro", uri=True)
+            sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True)
         ) as database:
             found = database.execute(
                 "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'outbox'"
             ).fetchone()
     except sqlite3.DatabaseError:  # not a database at all (or unreadable)
-        return False
-    return found is not None
+        found = None
+    if found is None:
+        raise ConfigurationError(
+            f"{path} is not a georep outbox (no outbox table in it); pass the SqliteOutbox path"
+        )
